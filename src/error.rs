@@ -1,0 +1,388 @@
+//! The client-side error type.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::InvalidKey;
+use crate::ledger::StoreError;
+use crate::phase::FailurePhase;
+use crate::BoxError;
+
+/// Errors from the client [`IdempotencyLayer`](crate::IdempotencyLayer) and the
+/// [`FrozenRetryLayer`](crate::FrozenRetryLayer).
+///
+/// Opaque, in the manner of `hyper::Error`: ask what happened with the `is_*` predicates
+/// and [`phase`](Error::phase); the message text is not part of the API. Converts into
+/// [`tower::BoxError`].
+///
+/// ```
+/// use tower_idempotency::Error;
+///
+/// fn explain(err: &Error) -> &'static str {
+///     if err.is_drift() {
+///         "the payload changed under the same operation id"
+///     } else if err.is_body_too_large() {
+///         "request too large to freeze; nothing was sent"
+///     } else {
+///         "other"
+///     }
+/// }
+/// # let _ = explain;
+/// ```
+pub struct Error {
+    inner: Box<ErrorImpl>,
+}
+
+struct ErrorImpl {
+    kind: Kind,
+    source: Option<BoxError>,
+}
+
+#[derive(Debug)]
+enum Kind {
+    MissingKey,
+    InvalidKey(InvalidKey),
+    BodyTooLarge { limit: usize, declared: Option<u64> },
+    Body,
+    Drift(Drift),
+    Busy { retry_after: Duration },
+    Store,
+    Inner { phase: FailurePhase },
+    AttemptTimeout,
+    ReplayUnavailable,
+    ResponseBody,
+}
+
+impl Error {
+    fn new(kind: Kind, source: Option<BoxError>) -> Self {
+        Self {
+            inner: Box::new(ErrorImpl { kind, source }),
+        }
+    }
+
+    pub(crate) fn missing_key() -> Self {
+        Self::new(Kind::MissingKey, None)
+    }
+
+    pub(crate) fn from_invalid_key(err: InvalidKey) -> Self {
+        Self::new(Kind::InvalidKey(err), None)
+    }
+
+    pub(crate) fn body_too_large(limit: usize, declared: Option<u64>) -> Self {
+        Self::new(Kind::BodyTooLarge { limit, declared }, None)
+    }
+
+    pub(crate) fn body(source: BoxError) -> Self {
+        Self::new(Kind::Body, Some(source))
+    }
+
+    pub(crate) fn from_drift(drift: Drift) -> Self {
+        Self::new(Kind::Drift(drift), None)
+    }
+
+    pub(crate) fn busy(retry_after: Duration) -> Self {
+        Self::new(Kind::Busy { retry_after }, None)
+    }
+
+    pub(crate) fn store(source: StoreError) -> Self {
+        Self::new(Kind::Store, Some(Box::new(source)))
+    }
+
+    pub(crate) fn inner(source: BoxError, phase: FailurePhase) -> Self {
+        Self::new(Kind::Inner { phase }, Some(source))
+    }
+
+    pub(crate) fn attempt_timeout() -> Self {
+        Self::new(Kind::AttemptTimeout, None)
+    }
+
+    pub(crate) fn replay_unavailable() -> Self {
+        Self::new(Kind::ReplayUnavailable, None)
+    }
+
+    pub(crate) fn response_body(source: BoxError) -> Self {
+        Self::new(Kind::ResponseBody, Some(source))
+    }
+
+    /// A side-effecting request carried no [`OperationId`](crate::OperationId) and no
+    /// `Idempotency-Key`, and the layer requires one. Nothing was sent.
+    pub fn is_missing_key(&self) -> bool {
+        matches!(self.inner.kind, Kind::MissingKey)
+    }
+
+    /// The caller's own `Idempotency-Key` header was malformed. Nothing was sent.
+    pub fn is_invalid_key(&self) -> bool {
+        matches!(self.inner.kind, Kind::InvalidKey(_))
+    }
+
+    /// The request body was over the freeze limit. Nothing was sent.
+    pub fn is_body_too_large(&self) -> bool {
+        matches!(self.inner.kind, Kind::BodyTooLarge { .. })
+    }
+
+    /// Reading the request body failed. Nothing was sent.
+    pub fn is_body(&self) -> bool {
+        matches!(self.inner.kind, Kind::Body)
+    }
+
+    /// The operation was seen before with a different payload; see [`Error::drift`].
+    pub fn is_drift(&self) -> bool {
+        matches!(self.inner.kind, Kind::Drift(_))
+    }
+
+    /// Another caller holds the operation's lease and waiting for it was not allowed or
+    /// ran out; see [`Error::retry_after`].
+    pub fn is_busy(&self) -> bool {
+        matches!(self.inner.kind, Kind::Busy { .. })
+    }
+
+    /// The ledger failed (unavailable, timed out, fenced). When this happens before the
+    /// request is sent, nothing was sent: the layer fails closed.
+    pub fn is_store(&self) -> bool {
+        matches!(self.inner.kind, Kind::Store)
+    }
+
+    /// The inner service failed; see [`Error::phase`] for whether the request may have left.
+    pub fn is_inner(&self) -> bool {
+        matches!(self.inner.kind, Kind::Inner { .. })
+    }
+
+    /// A per-attempt timeout of the [`FrozenRetryLayer`](crate::FrozenRetryLayer) elapsed.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.inner.kind, Kind::AttemptTimeout)
+    }
+
+    /// The operation completed before, but its response was over the recording cap, so only a
+    /// tombstone was kept: it cannot be replayed, and it is not run again either.
+    pub fn is_replay_unavailable(&self) -> bool {
+        matches!(self.inner.kind, Kind::ReplayUnavailable)
+    }
+
+    /// Reading the response body failed after the request was sent.
+    pub fn is_response_body(&self) -> bool {
+        matches!(self.inner.kind, Kind::ResponseBody)
+    }
+
+    /// The drift report, when [`is_drift`](Error::is_drift).
+    pub fn drift(&self) -> Option<&Drift> {
+        match &self.inner.kind {
+            Kind::Drift(drift) => Some(drift),
+            _ => None,
+        }
+    }
+
+    /// The key error, when [`is_invalid_key`](Error::is_invalid_key).
+    pub fn invalid_key(&self) -> Option<&InvalidKey> {
+        match &self.inner.kind {
+            Kind::InvalidKey(err) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// How long the current owner's lease still runs, when [`is_busy`](Error::is_busy).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.inner.kind {
+            Kind::Busy { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+
+    /// Whether the failed request may have left the process.
+    ///
+    /// `Some(PreWrite)`: proven never sent. `Some(_)` otherwise for failures of the inner
+    /// service, timeouts and response bodies. `None` for failures before anything was sent
+    /// that are not about the transport (a missing key, a drift, a busy operation…).
+    pub fn phase(&self) -> Option<FailurePhase> {
+        match self.inner.kind {
+            Kind::Inner { phase } => Some(phase),
+            Kind::AttemptTimeout => Some(FailurePhase::Unknown),
+            Kind::ResponseBody => Some(FailurePhase::AfterWrite),
+            _ => None,
+        }
+    }
+
+    /// The inner service's error, when [`is_inner`](Error::is_inner).
+    pub fn into_inner(self) -> Option<BoxError> {
+        match self.inner.kind {
+            Kind::Inner { .. } => self.inner.source,
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("tower_idempotency::Error");
+        d.field("kind", &self.inner.kind);
+        if let Some(source) = &self.inner.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner.kind {
+            Kind::MissingKey => f.write_str(
+                "side-effecting request has no OperationId or Idempotency-Key; nothing was sent",
+            ),
+            Kind::InvalidKey(err) => write!(f, "{err}; nothing was sent"),
+            Kind::BodyTooLarge { limit, declared } => match declared {
+                Some(len) => write!(
+                    f,
+                    "request body of {len} bytes is over the {limit}-byte limit; nothing was sent"
+                ),
+                None => write!(
+                    f,
+                    "request body is over the {limit}-byte limit; nothing was sent"
+                ),
+            },
+            Kind::Body => f.write_str("reading the request body failed; nothing was sent"),
+            Kind::Drift(drift) => fmt::Display::fmt(drift, f),
+            Kind::Busy { retry_after } => write!(
+                f,
+                "the operation is in flight elsewhere; retry after {retry_after:?}"
+            ),
+            Kind::Store => f.write_str("the idempotency ledger failed"),
+            Kind::Inner { phase } => write!(f, "the inner service failed ({phase})"),
+            Kind::AttemptTimeout => f.write_str("the attempt timed out; the request may have been sent"),
+            Kind::ReplayUnavailable => f.write_str(
+                "the operation completed before but its response was too large to record; it is not run again",
+            ),
+            Kind::ResponseBody => f.write_str("reading the response body failed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_ref()
+            .map(|source| &**source as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// The same operation arrived with a different payload.
+///
+/// Carries both fingerprints and, when both bodies are JSON objects, the top-level fields
+/// whose values differ (for example `summary` and `fulfillment_intent_id` when an agent
+/// re-ran and reworded its request).
+///
+/// ```
+/// # use tower_idempotency::{Drift, Fingerprint};
+/// let drift = Drift::between(
+///     Fingerprint::of(&http::Method::POST, "/", b"{\"a\":1,\"b\":2}"),
+///     br#"{"a":1,"b":2}"#,
+///     Fingerprint::of(&http::Method::POST, "/", b"{\"a\":1,\"b\":3}"),
+///     br#"{"a":1,"b":3}"#,
+/// );
+/// assert_eq!(drift.changed_fields(), Some(&["b".to_string()][..]));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Drift {
+    stored: Fingerprint,
+    new: Fingerprint,
+    changed_fields: Option<Vec<String>>,
+}
+
+impl Drift {
+    /// Compare a stored payload with a new one.
+    pub fn between(stored: Fingerprint, stored_body: &[u8], new: Fingerprint, new_body: &[u8]) -> Self {
+        Self {
+            stored,
+            new,
+            changed_fields: changed_json_fields(stored_body, new_body),
+        }
+    }
+
+    /// A drift known only by its fingerprints (the stored body is not available).
+    pub fn fingerprints(stored: Fingerprint, new: Fingerprint) -> Self {
+        Self {
+            stored,
+            new,
+            changed_fields: None,
+        }
+    }
+
+    /// The fingerprint the ledger holds for the operation.
+    pub fn stored(&self) -> Fingerprint {
+        self.stored
+    }
+
+    /// The fingerprint of the request just refused.
+    pub fn new_fingerprint(&self) -> Fingerprint {
+        self.new
+    }
+
+    /// Top-level JSON fields added, removed or changed, sorted; `None` when either body is
+    /// not a JSON object.
+    pub fn changed_fields(&self) -> Option<&[String]> {
+        self.changed_fields.as_deref()
+    }
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "payload drift: the operation was first sent with fingerprint {} and is now {}",
+            self.stored, self.new
+        )?;
+        if let Some(fields) = &self.changed_fields {
+            write!(f, "; changed fields: {}", fields.join(", "))?;
+        }
+        f.write_str("; nothing was sent")
+    }
+}
+
+fn changed_json_fields(old: &[u8], new: &[u8]) -> Option<Vec<String>> {
+    use serde_json::{Map, Value};
+    let old: Map<String, Value> = serde_json::from_slice(old).ok()?;
+    let new: Map<String, Value> = serde_json::from_slice(new).ok()?;
+    let mut changed: Vec<String> = old
+        .iter()
+        .filter(|(name, value)| new.get(*name) != Some(value))
+        .map(|(name, _)| name.clone())
+        .chain(new.keys().filter(|name| !old.contains_key(*name)).cloned())
+        .collect();
+    changed.sort();
+    Some(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    #[test]
+    fn drift_names_changed_added_and_removed_fields() {
+        let old = br#"{"order_id":"ord_8f21c3","summary":"a","total_cents":1,"gone":true}"#;
+        let new = br#"{"order_id":"ord_8f21c3","summary":"b","total_cents":1,"fresh":1}"#;
+        let drift = Drift::between(
+            Fingerprint::of(&Method::POST, "/", old),
+            old,
+            Fingerprint::of(&Method::POST, "/", new),
+            new,
+        );
+        assert_eq!(
+            drift.changed_fields().unwrap(),
+            ["fresh", "gone", "summary"]
+        );
+    }
+
+    #[test]
+    fn non_json_bodies_name_no_fields() {
+        let fp = Fingerprint::of(&Method::POST, "/", b"x");
+        assert_eq!(Drift::between(fp, b"x", fp, b"{}").changed_fields(), None);
+    }
+
+    #[test]
+    fn errors_are_small_and_send_sync() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<Error>();
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+    }
+}

@@ -1,0 +1,345 @@
+//! Frozen requests: capture a request's bytes once, resend exactly those bytes every time.
+//!
+//! A retry that rebuilds its request — re-running the step that produced it — sends new
+//! bytes under the old key (the second incident this crate exists to stop). A
+//! [`FrozenRequest`] is captured once, before the first network call: method, URI, version,
+//! headers and the whole body as [`Bytes`]. Each attempt is rebuilt from it by cloning
+//! `Bytes` (a reference-count increment) and the head; the body is never copied again.
+//!
+//! The body is collected under a limit (default [`DEFAULT_BODY_LIMIT`], 1 MiB) enforced
+//! twice: up front from `Content-Length` and the body's size hint, and again while the
+//! body streams in. Over the limit, freezing fails with a `BodyTooLarge`
+//! [`Error`](crate::Error) and nothing is sent. Trailers are not part of a frozen request.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use tower_idempotency::FrozenRequest;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::Error> {
+//! let req = http::Request::post("http://orders.local/orders")
+//!     .header("content-type", "application/json")
+//!     .body(Full::new(Bytes::from_static(b"{\"sku\":\"SKU-4471\"}")))
+//!     .unwrap();
+//! let (frozen, _extensions) = FrozenRequest::freeze(req, 1024).await?;
+//!
+//! let first = frozen.to_request();
+//! let second = frozen.to_request();
+//! assert_eq!(first.uri(), second.uri());
+//! assert_eq!(
+//!     first.into_body().collect().await.unwrap().to_bytes(),
+//!     second.into_body().collect().await.unwrap().to_bytes(),
+//! );
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::header::CONTENT_LENGTH;
+use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+
+use crate::fingerprint::{Fingerprint, FingerprintHasher};
+use crate::Error;
+
+/// The default limit on a request body that may be frozen: 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// A request captured once, rebuilt cheaply for every attempt.
+///
+/// Cloning a `FrozenRequest` is a reference-count increment. See the
+/// [module docs](crate::frozen).
+#[derive(Clone)]
+pub struct FrozenRequest(Arc<Frozen>);
+
+struct Frozen {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+    body: Bytes,
+    fingerprint: Fingerprint,
+}
+
+impl FrozenRequest {
+    /// Collect `req`'s body (at most `limit` bytes) and freeze the request.
+    ///
+    /// Returns the frozen request and the original request's extensions, which are not part
+    /// of what is frozen (they are in-process values, not bytes on the wire).
+    pub async fn freeze<B>(req: Request<B>, limit: usize) -> Result<(Self, Extensions), Error>
+    where
+        B: Body,
+        B::Error: Into<crate::BoxError>,
+    {
+        let (parts, body) = req.into_parts();
+        check_declared_length(&parts.headers, &body, limit)?;
+        let mut hasher = FingerprintHasher::new(&parts.method, path_and_query(&parts.uri));
+        let body = collect_limited(body, limit, &mut hasher).await?;
+        let frozen = Frozen {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            headers: parts.headers,
+            body,
+            fingerprint: hasher.finish(),
+        };
+        Ok((Self(Arc::new(frozen)), parts.extensions))
+    }
+
+    /// Assemble a frozen request from its parts (for stores decoding their records, and for
+    /// callers that already hold the bytes). The fingerprint is computed here.
+    ///
+    /// ```
+    /// # use tower_idempotency::{Fingerprint, FrozenRequest};
+    /// let frozen = FrozenRequest::from_parts(
+    ///     http::Method::POST,
+    ///     "/charges?x=1".parse().unwrap(),
+    ///     http::Version::HTTP_11,
+    ///     http::HeaderMap::new(),
+    ///     bytes::Bytes::from_static(b"{}"),
+    /// );
+    /// assert_eq!(frozen.fingerprint(), Fingerprint::of(&http::Method::POST, "/charges?x=1", b"{}"));
+    /// ```
+    pub fn from_parts(
+        method: Method,
+        uri: Uri,
+        version: Version,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Self {
+        let fingerprint = Fingerprint::of(&method, path_and_query(&uri), &body);
+        Self(Arc::new(Frozen {
+            method,
+            uri,
+            version,
+            headers,
+            body,
+            fingerprint,
+        }))
+    }
+
+    /// Build one attempt: the frozen head and body, with no extensions.
+    pub fn to_request(&self) -> Request<Full<Bytes>> {
+        self.to_request_with(Extensions::new())
+    }
+
+    /// Build one attempt carrying `extensions` (e.g. the caller's, cloned per attempt).
+    pub fn to_request_with(&self, extensions: Extensions) -> Request<Full<Bytes>> {
+        let frozen = &*self.0;
+        let mut req = Request::new(Full::new(frozen.body.clone()));
+        *req.method_mut() = frozen.method.clone();
+        *req.uri_mut() = frozen.uri.clone();
+        *req.version_mut() = frozen.version;
+        *req.headers_mut() = frozen.headers.clone();
+        *req.extensions_mut() = extensions;
+        req
+    }
+
+    /// The request method.
+    pub fn method(&self) -> &Method {
+        &self.0.method
+    }
+
+    /// The request URI.
+    pub fn uri(&self) -> &Uri {
+        &self.0.uri
+    }
+
+    /// The HTTP version.
+    pub fn version(&self) -> Version {
+        self.0.version
+    }
+
+    /// The request headers, as frozen.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.0.headers
+    }
+
+    /// The whole request body.
+    pub fn body(&self) -> &Bytes {
+        &self.0.body
+    }
+
+    /// The request's [`Fingerprint`], computed while the body was collected.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.0.fingerprint
+    }
+
+    /// Bytes this request holds in memory (head estimate plus body), for weighing caches.
+    pub fn weight(&self) -> usize {
+        let headers: usize = self
+            .0
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 32)
+            .sum();
+        std::mem::size_of::<Frozen>() + self.0.uri.to_string().len() + headers + self.0.body.len()
+    }
+}
+
+impl fmt::Debug for FrozenRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FrozenRequest")
+            .field("method", &self.0.method)
+            .field("uri", &self.0.uri)
+            .field("version", &self.0.version)
+            .field("headers", &self.0.headers)
+            .field("body_len", &self.0.body.len())
+            .field("fingerprint", &self.0.fingerprint)
+            .finish()
+    }
+}
+
+/// The path and query a fingerprint covers (`/` when the URI has none).
+pub(crate) fn path_and_query(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |pq| pq.as_str())
+}
+
+/// Refuse before reading a byte when the sender already says the body is too large.
+fn check_declared_length<B: Body>(headers: &HeaderMap, body: &B, limit: usize) -> Result<(), Error> {
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    let hinted = body.size_hint().exact().or(Some(body.size_hint().lower()));
+    let known = declared.into_iter().chain(hinted).max();
+    match known {
+        Some(len) if len > limit as u64 => Err(Error::body_too_large(limit, Some(len))),
+        _ => Ok(()),
+    }
+}
+
+/// Read the body frame by frame, hashing as it arrives and stopping the moment it passes
+/// `limit`. A single-chunk body (the common `Full<Bytes>` case) is kept without a copy.
+async fn collect_limited<B>(
+    body: B,
+    limit: usize,
+    hasher: &mut FingerprintHasher,
+) -> Result<Bytes, Error>
+where
+    B: Body,
+    B::Error: Into<crate::BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut rest: Option<BytesMut> = None;
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|err| Error::body(err.into()))?;
+        let Ok(mut chunk) = frame.into_data() else {
+            continue; // trailers are not frozen
+        };
+        let chunk = chunk.copy_to_bytes_all();
+        total = total.saturating_add(chunk.len());
+        if total > limit {
+            return Err(Error::body_too_large(limit, None));
+        }
+        hasher.update(&chunk);
+        match (&mut first, &mut rest) {
+            (None, _) => first = Some(chunk),
+            (Some(head), None) => {
+                let mut buf = BytesMut::with_capacity(head.len() + chunk.len());
+                buf.extend_from_slice(head);
+                buf.extend_from_slice(&chunk);
+                rest = Some(buf);
+            }
+            (Some(_), Some(buf)) => buf.extend_from_slice(&chunk),
+        }
+    }
+    Ok(match (first, rest) {
+        (_, Some(buf)) => buf.freeze(),
+        (Some(only), None) => only,
+        (None, None) => Bytes::new(),
+    })
+}
+
+/// Turn any [`bytes::Buf`] into [`Bytes`], without a copy when it already is one.
+trait CopyToBytesAll {
+    fn copy_to_bytes_all(&mut self) -> Bytes;
+}
+
+impl<T: bytes::Buf> CopyToBytesAll for T {
+    fn copy_to_bytes_all(&mut self) -> Bytes {
+        let len = self.remaining();
+        self.copy_to_bytes(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A body that arrives in several frames and does not announce its length.
+    struct Chunked(VecDeque<&'static [u8]>);
+
+    impl Body for Chunked {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(
+                self.0
+                    .pop_front()
+                    .map(|chunk| Ok(http_body::Frame::data(Bytes::from_static(chunk)))),
+            )
+        }
+    }
+
+    fn chunked(chunks: &[&'static [u8]]) -> Request<Chunked> {
+        Request::post("/x")
+            .body(Chunked(chunks.iter().copied().collect()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn chunked_body_is_joined_and_fingerprinted_once() {
+        let (frozen, _) = FrozenRequest::freeze(chunked(&[b"ab", b"cd", b"ef"]), 6)
+            .await
+            .unwrap();
+        assert_eq!(frozen.body().as_ref(), b"abcdef");
+        assert_eq!(
+            frozen.fingerprint(),
+            Fingerprint::of(&Method::POST, "/x", b"abcdef")
+        );
+    }
+
+    #[tokio::test]
+    async fn limit_is_enforced_while_streaming() {
+        let err = FrozenRequest::freeze(chunked(&[b"ab", b"cd", b"ef"]), 5)
+            .await
+            .unwrap_err();
+        assert!(err.is_body_too_large());
+    }
+
+    #[tokio::test]
+    async fn limit_is_enforced_from_content_length_before_reading() {
+        let mut req = chunked(&[b"ab"]);
+        req.headers_mut()
+            .insert(CONTENT_LENGTH, http::HeaderValue::from_static("10"));
+        let err = FrozenRequest::freeze(req, 5).await.unwrap_err();
+        assert!(err.is_body_too_large());
+    }
+
+    #[tokio::test]
+    async fn single_chunk_is_not_copied() {
+        let body = Bytes::from(vec![7u8; 64]);
+        let ptr = body.as_ptr();
+        let req = Request::post("/x").body(Full::new(body)).unwrap();
+        let (frozen, _) = FrozenRequest::freeze(req, 1024).await.unwrap();
+        assert_eq!(frozen.body().as_ptr(), ptr);
+        let rebuilt = frozen.to_request().into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(rebuilt.as_ptr(), ptr);
+    }
+}

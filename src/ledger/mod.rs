@@ -1,0 +1,290 @@
+//! The ledger: one state machine every store implements.
+//!
+//! A record per scoped key holds the request's [`Fingerprint`], a state, the client's
+//! [`FrozenRequest`], the outcome, and a lease (owner token and expiry).
+//!
+//! | state | meaning | what [`begin`](IdempotencyStore::begin) answers the next caller |
+//! |---|---|---|
+//! | absent | never seen, or released after a proven pre-write failure | [`Begin::Acquired`] |
+//! | in flight | an owner holds a live lease and may be sending | [`Begin::Busy`] |
+//! | in doubt | an attempt failed after its bytes may have left, or the owner's lease expired | [`Begin::Resume`] with the **stored** frozen request |
+//! | completed | outcome recorded | [`Begin::Replay`] |
+//! | any, fingerprint differs | the caller regenerated the payload | [`Begin::Drift`] |
+//!
+//! The rules that make it correct, which every implementation must keep (the conformance
+//! suite in `tower_idempotency::testing::conformance`, feature `test-util`, checks them):
+//!
+//! - **`begin` is one atomic step.** Two callers racing on one key never both acquire it.
+//! - **Fencing.** `begin` hands the owner a [`LeaseToken`]; [`complete`], [`abandon`] and
+//!   [`mark_in_doubt`] carry it, and a write whose token is not the record's current one is
+//!   refused with a [fenced](StoreError::is_fenced) error, never applied.
+//! - **Two TTLs.** The lease (short) bounds how long an owner may hold an operation in
+//!   flight; retention (long, 24 h by default) bounds how long any record is kept. An expired
+//!   lease never means "run it again": it means *in doubt*, and the next `begin` resumes with
+//!   the frozen bytes under a new token.
+//! - **The frozen request is stored at `begin`**, before any byte is sent, so a caller that
+//!   crashes and comes back resends the original bytes.
+//! - **Abandon is honest.** `abandon` releases an operation only if no attempt of it may have
+//!   been sent; once one may have, the record stays in doubt.
+//!
+//! [`complete`]: IdempotencyStore::complete
+//! [`abandon`]: IdempotencyStore::abandon
+//! [`mark_in_doubt`]: IdempotencyStore::mark_in_doubt
+//!
+//! # Bring your own store
+//!
+//! [`IdempotencyStore`] is object safe: the layers hold stores as
+//! `Arc<dyn IdempotencyStore>`, so one ledger serves any number of layers and a custom
+//! store (Postgres, DynamoDB…) plugs in without generics leaking into service types. Its
+//! methods return boxed futures ([`StoreFuture`]); one small allocation per ledger call is
+//! noise next to the ledger's own work.
+
+mod memory;
+mod record;
+
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::frozen::FrozenRequest;
+use crate::BoxError;
+
+/// The future every [`IdempotencyStore`] method returns.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// A ledger implementing the protocol in the [module docs](crate::ledger).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse};
+/// use tower_idempotency::Fingerprint;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let store = MemoryStore::new();
+/// let key = LedgerKey::from_bytes([7; 32]);
+/// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+/// let request = BeginRequest::new(key, fp, Duration::from_secs(30), Duration::from_secs(3600));
+///
+/// let Begin::Acquired { token } = store.begin(request.clone()).await? else { unreachable!() };
+/// let outcome = Outcome::Response(StoredResponse::new(
+///     http::StatusCode::CREATED, http::Version::HTTP_11, http::HeaderMap::new(), "ok".into()));
+/// store.complete(key, token, outcome, Duration::from_secs(3600)).await?;
+///
+/// assert!(matches!(store.begin(request).await?, Begin::Replay(_)));
+/// # Ok(())
+/// # }
+/// ```
+pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
+    /// Atomically claim, resume, replay or refuse the operation `request.key`.
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin>;
+
+    /// Record the outcome of an operation held under `token`; kept for `retention`.
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()>;
+
+    /// Release an operation held under `token` after a failure proven to happen before the
+    /// request was written. If an earlier attempt may have been sent, the record becomes in
+    /// doubt instead of absent.
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()>;
+
+    /// Mark an operation held under `token` in doubt: its bytes may have reached the server.
+    /// The next `begin` answers [`Begin::Resume`].
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()>;
+}
+
+/// What [`IdempotencyStore::begin`] is asked.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct BeginRequest {
+    /// The scoped ledger key.
+    pub key: LedgerKey,
+    /// The request's fingerprint; a stored record with another one answers [`Begin::Drift`].
+    pub fingerprint: Fingerprint,
+    /// The frozen request to keep with a new claim (client side); `None` on the server.
+    pub frozen: Option<FrozenRequest>,
+    /// How long the new owner may hold the operation in flight.
+    pub lease: Duration,
+    /// How long to keep the record.
+    pub retention: Duration,
+}
+
+impl BeginRequest {
+    /// A request without a frozen request (see [`BeginRequest::with_frozen`]).
+    pub fn new(key: LedgerKey, fingerprint: Fingerprint, lease: Duration, retention: Duration) -> Self {
+        Self {
+            key,
+            fingerprint,
+            frozen: None,
+            lease,
+            retention,
+        }
+    }
+
+    /// Keep `frozen` with the record, so a resumed operation resends these bytes.
+    pub fn with_frozen(mut self, frozen: FrozenRequest) -> Self {
+        self.frozen = Some(frozen);
+        self
+    }
+}
+
+/// The answer of [`IdempotencyStore::begin`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Begin {
+    /// The caller now owns the operation; send the request.
+    Acquired {
+        /// The owner's fencing token.
+        token: LeaseToken,
+    },
+    /// Another owner holds a live lease.
+    Busy {
+        /// How long that lease still runs.
+        retry_after: Duration,
+    },
+    /// A previous attempt may have been sent (it failed after writing, or its owner's lease
+    /// expired). The caller now owns the operation and must resend the **stored** request.
+    Resume {
+        /// The new owner's fencing token.
+        token: LeaseToken,
+        /// The request as first frozen (`None` when the record was made without one).
+        frozen: Option<FrozenRequest>,
+    },
+    /// The operation completed; here is its outcome.
+    Replay(Outcome),
+    /// The record holds a different fingerprint: the payload changed under the same key.
+    Drift {
+        /// The fingerprint on record.
+        stored: Fingerprint,
+        /// The request as first frozen, when stored (used to name changed fields and to
+        /// resend the original bytes under the `ResendFrozen` drift policy).
+        frozen: Option<FrozenRequest>,
+    },
+}
+
+/// A ledger failure.
+///
+/// ```
+/// use tower_idempotency::ledger::StoreError;
+///
+/// let err = StoreError::unavailable("connection refused");
+/// assert!(err.is_unavailable() && !err.is_fenced());
+/// ```
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Option<BoxError>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StoreErrorKind {
+    Unavailable,
+    Timeout,
+    Fenced,
+    Corrupt,
+}
+
+impl StoreError {
+    /// The store cannot be reached or refused the operation.
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: StoreErrorKind::Unavailable,
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store did not answer within its operation timeout.
+    pub fn timeout() -> Self {
+        Self {
+            kind: StoreErrorKind::Timeout,
+            source: None,
+        }
+    }
+
+    /// A write carried a token that is not the record's current owner's.
+    pub fn fenced() -> Self {
+        Self {
+            kind: StoreErrorKind::Fenced,
+            source: None,
+        }
+    }
+
+    /// A stored record could not be decoded.
+    pub fn corrupt(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: StoreErrorKind::Corrupt,
+            source: Some(source.into()),
+        }
+    }
+
+    /// See [`StoreError::unavailable`].
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == StoreErrorKind::Unavailable
+    }
+
+    /// See [`StoreError::timeout`].
+    pub fn is_timeout(&self) -> bool {
+        self.kind == StoreErrorKind::Timeout
+    }
+
+    /// See [`StoreError::fenced`].
+    pub fn is_fenced(&self) -> bool {
+        self.kind == StoreErrorKind::Fenced
+    }
+
+    /// See [`StoreError::corrupt`].
+    pub fn is_corrupt(&self) -> bool {
+        self.kind == StoreErrorKind::Corrupt
+    }
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Unavailable => "the ledger is unavailable",
+            StoreErrorKind::Timeout => "the ledger did not answer in time",
+            StoreErrorKind::Fenced => {
+                "the ledger refused a write from a stale owner (its lease was taken over)"
+            }
+            StoreErrorKind::Corrupt => "a ledger record could not be decoded",
+        };
+        match &self.source {
+            Some(source) => write!(f, "{what}: {source}"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|source| &**source as &(dyn std::error::Error + 'static))
+    }
+}

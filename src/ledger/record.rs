@@ -1,0 +1,460 @@
+//! The values a ledger stores, and their versioned byte encoding.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
+use sha2::{Digest, Sha256};
+
+use super::StoreError;
+use crate::frozen::FrozenRequest;
+use crate::key::{hex, update_length_prefixed, IdempotencyKey};
+
+/// The key of a ledger record: 32 bytes, already scoped.
+///
+/// Three derivations, each domain-separated so they can never collide:
+///
+/// - an [`OperationId`](crate::OperationId)'s key is used as is (its derivation already
+///   covers the scope): [`LedgerKey::for_operation`];
+/// - a caller's own `Idempotency-Key` on the client:
+///   `SHA-256("tower-idempotency/ledger/client/v1" || lp(scope) || lp(key))`;
+/// - the server: `SHA-256("tower-idempotency/ledger/server/v1" || lp(scope) || lp(method)
+///   || lp(route) || lp(key))`, so one tenant's key never touches another's record.
+///
+/// `lp(x)` is `x` behind its length as a big-endian `u64`.
+///
+/// ```
+/// use tower_idempotency::ledger::LedgerKey;
+///
+/// let a = LedgerKey::server("tenant-a", &http::Method::POST, "/charges", "k1");
+/// let b = LedgerKey::server("tenant-b", &http::Method::POST, "/charges", "k1");
+/// assert_ne!(a, b);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LedgerKey([u8; 32]);
+
+impl LedgerKey {
+    /// The record key of an operation identified by a derived [`IdempotencyKey`].
+    pub fn for_operation(key: IdempotencyKey) -> Self {
+        Self(*key.as_bytes())
+    }
+
+    /// The record key of a caller-supplied `Idempotency-Key` on the client side.
+    pub fn client_header(scope: &str, key: &str) -> Self {
+        Self::hash(b"tower-idempotency/ledger/client/v1", &[scope, key])
+    }
+
+    /// The record key of an `Idempotency-Key` received by a server.
+    pub fn server(scope: &str, method: &Method, route: &str, key: &str) -> Self {
+        Self::hash(
+            b"tower-idempotency/ledger/server/v1",
+            &[scope, method.as_str(), route, key],
+        )
+    }
+
+    fn hash(tag: &[u8], fields: &[&str]) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(tag);
+        for field in fields {
+            update_length_prefixed(&mut hasher, field.as_bytes());
+        }
+        Self(hasher.finalize().into())
+    }
+
+    /// Wrap raw bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The raw bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// 64 lowercase hex digits (how the Redis store names its keys).
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl fmt::Debug for LedgerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LedgerKey({})", self.to_hex())
+    }
+}
+
+/// A fencing token: proof of ownership of an operation's current lease.
+///
+/// 128 random bits, unique per `begin` that hands out ownership. Stores compare tokens;
+/// nothing else may be read into them.
+///
+/// ```
+/// # use tower_idempotency::ledger::LeaseToken;
+/// let token = LeaseToken::generate();
+/// assert_ne!(token, LeaseToken::generate());
+/// assert_eq!(LeaseToken::from_u128(token.as_u128()), token);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseToken(u128);
+
+impl LeaseToken {
+    /// A fresh token.
+    pub fn generate() -> Self {
+        Self(fastrand::u128(..))
+    }
+
+    /// Rebuild a token a store encoded.
+    pub const fn from_u128(value: u128) -> Self {
+        Self(value)
+    }
+
+    /// The token's value, for stores to encode.
+    pub const fn as_u128(&self) -> u128 {
+        self.0
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({:032x})", self.0)
+    }
+}
+
+/// The recorded result of a completed operation.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// A whole response, replayed to later callers.
+    Response(StoredResponse),
+    /// The response was over the recording cap: the operation is done, but cannot be
+    /// replayed. A later caller gets a clear error, never a re-execution, never a truncation.
+    Tombstone {
+        /// The status the first caller received.
+        status: StatusCode,
+    },
+}
+
+impl Outcome {
+    /// Bytes this outcome holds in memory, for weighing caches.
+    pub fn weight(&self) -> usize {
+        match self {
+            Self::Response(response) => response.weight(),
+            Self::Tombstone { .. } => 16,
+        }
+    }
+
+    /// Encode as versioned bytes (see [`Outcome::decode`]).
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::{Outcome, StoredResponse};
+    /// let outcome = Outcome::Response(StoredResponse::new(
+    ///     http::StatusCode::CREATED, http::Version::HTTP_11, http::HeaderMap::new(), "ok".into()));
+    /// let decoded = Outcome::decode(&outcome.encode()).unwrap();
+    /// let Outcome::Response(response) = decoded else { panic!() };
+    /// assert_eq!(response.body().as_ref(), b"ok");
+    /// ```
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Writer::new(ENCODING_VERSION);
+        match self {
+            Self::Response(response) => {
+                out.u8(0);
+                out.u16(response.status().as_u16());
+                out.u8(version_code(response.version()));
+                out.headers(response.headers());
+                out.bytes(response.body());
+            }
+            Self::Tombstone { status } => {
+                out.u8(1);
+                out.u16(status.as_u16());
+            }
+        }
+        out.0
+    }
+
+    /// Decode bytes made by [`Outcome::encode`] of this or an earlier release.
+    pub fn decode(bytes: &[u8]) -> Result<Self, StoreError> {
+        let mut input = Reader::new(bytes)?;
+        let outcome = match input.u8()? {
+            0 => {
+                let status = input.status()?;
+                let version = version_from_code(input.u8()?)?;
+                let headers = input.headers()?;
+                let body = Bytes::copy_from_slice(input.bytes()?);
+                Self::Response(StoredResponse::new(status, version, headers, body))
+            }
+            1 => Self::Tombstone {
+                status: input.status()?,
+            },
+            other => return Err(corrupt(format!("unknown outcome tag {other}"))),
+        };
+        input.finish()?;
+        Ok(outcome)
+    }
+}
+
+/// A response as recorded: status, version, headers and the whole body.
+///
+/// Cloning is a reference-count increment.
+#[derive(Clone)]
+pub struct StoredResponse(Arc<Stored>);
+
+struct Stored {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl StoredResponse {
+    /// Record a response.
+    pub fn new(status: StatusCode, version: Version, headers: HeaderMap, body: Bytes) -> Self {
+        Self(Arc::new(Stored {
+            status,
+            version,
+            headers,
+            body,
+        }))
+    }
+
+    /// The recorded status.
+    pub fn status(&self) -> StatusCode {
+        self.0.status
+    }
+
+    /// The recorded HTTP version.
+    pub fn version(&self) -> Version {
+        self.0.version
+    }
+
+    /// The recorded headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.0.headers
+    }
+
+    /// The recorded body.
+    pub fn body(&self) -> &Bytes {
+        &self.0.body
+    }
+
+    /// Bytes held in memory, for weighing caches.
+    pub fn weight(&self) -> usize {
+        let headers: usize = self
+            .0
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 32)
+            .sum();
+        std::mem::size_of::<Stored>() + headers + self.0.body.len()
+    }
+}
+
+impl fmt::Debug for StoredResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredResponse")
+            .field("status", &self.0.status)
+            .field("headers", &self.0.headers)
+            .field("body_len", &self.0.body.len())
+            .finish()
+    }
+}
+
+impl FrozenRequest {
+    /// Encode as versioned bytes, for stores that keep requests outside the process.
+    ///
+    /// ```
+    /// # use tower_idempotency::FrozenRequest;
+    /// let frozen = FrozenRequest::from_parts(
+    ///     http::Method::POST, "http://x.local/a".parse().unwrap(), http::Version::HTTP_11,
+    ///     http::HeaderMap::new(), "body".into());
+    /// let decoded = FrozenRequest::decode(&frozen.encode()).unwrap();
+    /// assert_eq!(decoded.fingerprint(), frozen.fingerprint());
+    /// assert_eq!(decoded.uri(), frozen.uri());
+    /// ```
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Writer::new(ENCODING_VERSION);
+        out.bytes(self.method().as_str().as_bytes());
+        out.bytes(self.uri().to_string().as_bytes());
+        out.u8(version_code(self.version()));
+        out.headers(self.headers());
+        out.bytes(self.body());
+        out.0
+    }
+
+    /// Decode bytes made by [`FrozenRequest::encode`] of this or an earlier release.
+    pub fn decode(bytes: &[u8]) -> Result<Self, StoreError> {
+        let mut input = Reader::new(bytes)?;
+        let method = Method::from_bytes(input.bytes()?).map_err(corrupt)?;
+        let uri = Uri::try_from(input.bytes()?).map_err(corrupt)?;
+        let version = version_from_code(input.u8()?)?;
+        let headers = input.headers()?;
+        let body = Bytes::copy_from_slice(input.bytes()?);
+        input.finish()?;
+        Ok(Self::from_parts(method, uri, version, headers, body))
+    }
+}
+
+/// The encoding version written today. Decoders accept every version up to this one, so a
+/// later release reads today's records.
+const ENCODING_VERSION: u8 = 1;
+
+fn corrupt(err: impl fmt::Display) -> StoreError {
+    StoreError::corrupt(err.to_string())
+}
+
+fn version_code(version: Version) -> u8 {
+    match version {
+        Version::HTTP_09 => 0,
+        Version::HTTP_10 => 1,
+        Version::HTTP_2 => 3,
+        Version::HTTP_3 => 4,
+        _ => 2,
+    }
+}
+
+fn version_from_code(code: u8) -> Result<Version, StoreError> {
+    Ok(match code {
+        0 => Version::HTTP_09,
+        1 => Version::HTTP_10,
+        2 => Version::HTTP_11,
+        3 => Version::HTTP_2,
+        4 => Version::HTTP_3,
+        other => return Err(corrupt(format!("unknown HTTP version code {other}"))),
+    })
+}
+
+/// Length-prefixed little writer: `u32` big-endian lengths before every variable field.
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn new(version: u8) -> Self {
+        Self(vec![version])
+    }
+    fn u8(&mut self, value: u8) {
+        self.0.push(value);
+    }
+    fn u16(&mut self, value: u16) {
+        self.0.extend_from_slice(&value.to_be_bytes());
+    }
+    fn u32(&mut self, value: u32) {
+        self.0.extend_from_slice(&value.to_be_bytes());
+    }
+    fn bytes(&mut self, bytes: &[u8]) {
+        let len = u32::try_from(bytes.len()).expect("records are far below 4 GiB");
+        self.u32(len);
+        self.0.extend_from_slice(bytes);
+    }
+    fn headers(&mut self, headers: &HeaderMap) {
+        self.u32(headers.len() as u32);
+        for (name, value) in headers {
+            self.bytes(name.as_str().as_bytes());
+            self.bytes(value.as_bytes());
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8]) -> Result<Self, StoreError> {
+        let mut reader = Self(bytes);
+        match reader.u8()? {
+            1 => Ok(reader),
+            other => Err(corrupt(format!(
+                "record encoding version {other} is newer than this release understands"
+            ))),
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if self.0.len() < n {
+            return Err(corrupt("record is truncated"));
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, StoreError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, StoreError> {
+        Ok(u16::from_be_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+    fn u32(&mut self) -> Result<u32, StoreError> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
+        let len = self.u32()? as usize;
+        self.take(len)
+    }
+    fn status(&mut self) -> Result<StatusCode, StoreError> {
+        StatusCode::from_u16(self.u16()?).map_err(corrupt)
+    }
+    fn headers(&mut self) -> Result<HeaderMap, StoreError> {
+        let count = self.u32()? as usize;
+        let mut headers = HeaderMap::with_capacity(count.min(256));
+        for _ in 0..count {
+            let name = HeaderName::from_bytes(self.bytes()?).map_err(corrupt)?;
+            let value = HeaderValue::from_bytes(self.bytes()?).map_err(corrupt)?;
+            headers.append(name, value);
+        }
+        Ok(headers)
+    }
+    fn finish(self) -> Result<(), StoreError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(corrupt("record has trailing bytes"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frozen_requests_round_trip_with_repeated_headers() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        let frozen = FrozenRequest::from_parts(
+            Method::PATCH,
+            "https://h.local:8443/p?q=1".parse().unwrap(),
+            Version::HTTP_2,
+            headers,
+            Bytes::from_static(b"\x00\xffbody"),
+        );
+        let decoded = FrozenRequest::decode(&frozen.encode()).unwrap();
+        assert_eq!(decoded.method(), Method::PATCH);
+        assert_eq!(decoded.uri(), frozen.uri());
+        assert_eq!(decoded.version(), Version::HTTP_2);
+        assert_eq!(decoded.headers(), frozen.headers());
+        assert_eq!(decoded.body(), frozen.body());
+    }
+
+    #[test]
+    fn tombstones_round_trip_and_garbage_is_corrupt() {
+        let tomb = Outcome::Tombstone {
+            status: StatusCode::OK,
+        };
+        assert!(matches!(
+            Outcome::decode(&tomb.encode()).unwrap(),
+            Outcome::Tombstone { status } if status == StatusCode::OK
+        ));
+        assert!(Outcome::decode(&[1, 0, 0]).unwrap_err().is_corrupt());
+        assert!(Outcome::decode(&[9]).unwrap_err().is_corrupt());
+        let mut trailing = tomb.encode();
+        trailing.push(0);
+        assert!(Outcome::decode(&trailing).unwrap_err().is_corrupt());
+    }
+
+    #[test]
+    fn ledger_key_derivations_are_domain_separated() {
+        let op = IdempotencyKey::derive("s", "k", "");
+        assert_ne!(LedgerKey::for_operation(op), LedgerKey::client_header("s", "k"));
+        assert_ne!(
+            LedgerKey::server("", &Method::POST, "/a", "k"),
+            LedgerKey::server("", &Method::POST, "/ak", "")
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! The store conformance suite: the ledger protocol, checked against any store.
+//!
+//! Every [`IdempotencyStore`] must keep the rules in the [ledger docs](crate::ledger). Run
+//! [`run_all`] against yours from a test; each check uses fresh random keys, so a shared
+//! backend's existing data does not matter. Time-dependent checks (lease expiry, retention)
+//! move time with a [`Clock`]: a paused tokio clock for stores that read tokio's time,
+//! real sleeps for stores with their own clock (Redis).
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tower_idempotency::ledger::MemoryStore;
+//! use tower_idempotency::testing::conformance::{run_all, Clock};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! run_all(Arc::new(MemoryStore::new()), Clock::tokio_paused()).await;
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+
+use crate::fingerprint::Fingerprint;
+use crate::frozen::FrozenRequest;
+use crate::ledger::{Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+
+/// The lease every check uses.
+pub const LEASE: Duration = Duration::from_millis(300);
+/// The retention every check uses, except the retention-expiry check.
+pub const RETENTION: Duration = Duration::from_secs(600);
+
+type Advance = dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+/// How the suite lets time pass.
+#[derive(Clone)]
+pub struct Clock(Arc<Advance>);
+
+impl Clock {
+    /// Advance tokio's paused clock (`#[tokio::test(start_paused = true)]`).
+    pub fn tokio_paused() -> Self {
+        Self(Arc::new(|by| Box::pin(tokio::time::advance(by))))
+    }
+
+    /// Sleep for real, for stores whose clock the test cannot move.
+    pub fn real() -> Self {
+        Self(Arc::new(|by| Box::pin(tokio::time::sleep(by))))
+    }
+
+    async fn advance(&self, by: Duration) {
+        (self.0)(by).await;
+    }
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Clock")
+    }
+}
+
+/// Run every check, panicking with the failed rule's name.
+pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
+    acquire_complete_replay(&*store).await;
+    concurrent_begin_has_one_owner(store.clone()).await;
+    busy_while_in_flight(&*store).await;
+    drift_in_every_state(&*store).await;
+    stale_owner_writes_are_fenced(&*store).await;
+    in_doubt_resumes_with_stored_bytes(&*store).await;
+    expired_lease_resumes_and_fences_old_owner(&*store, &clock).await;
+    abandon_releases_only_unsent_operations(&*store).await;
+    retention_expiry_forgets(&*store, &clock).await;
+    tombstones_replay_as_tombstones(&*store).await;
+    replay_is_byte_identical(&*store).await;
+}
+
+fn fresh_key() -> LedgerKey {
+    let mut bytes = [0u8; 32];
+    bytes[..16].copy_from_slice(&fastrand::u128(..).to_be_bytes());
+    bytes[16..].copy_from_slice(&fastrand::u128(..).to_be_bytes());
+    LedgerKey::from_bytes(bytes)
+}
+
+fn frozen(body: &'static str) -> FrozenRequest {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    FrozenRequest::from_parts(
+        Method::POST,
+        "http://provider.local/charges".parse().expect("static URI"),
+        Version::HTTP_11,
+        headers,
+        Bytes::from_static(body.as_bytes()),
+    )
+}
+
+fn request(key: LedgerKey, frozen: &FrozenRequest) -> BeginRequest {
+    BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION).with_frozen(frozen.clone())
+}
+
+fn response(body: &'static str) -> Outcome {
+    let mut headers = HeaderMap::new();
+    headers.append("x-repeated", HeaderValue::from_static("1"));
+    headers.append("x-repeated", HeaderValue::from_static("2"));
+    Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        headers,
+        Bytes::from_static(body.as_bytes()),
+    ))
+}
+
+async fn acquire(store: &dyn IdempotencyStore, request: BeginRequest) -> LeaseToken {
+    match store.begin(request).await.expect("begin") {
+        Begin::Acquired { token } => token,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+async fn resume(store: &dyn IdempotencyStore, request: BeginRequest) -> (LeaseToken, Option<FrozenRequest>) {
+    match store.begin(request).await.expect("begin") {
+        Begin::Resume { token, frozen } => (token, frozen),
+        other => panic!("expected Resume, got {other:?}"),
+    }
+}
+
+/// absent → Acquired; complete; → Replay.
+pub async fn acquire_complete_replay(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":1}");
+    let token = acquire(store, request(key, &req)).await;
+    store.complete(key, token, response("done"), RETENTION).await.expect("complete");
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"done"),
+        other => panic!("acquire_complete_replay: expected Replay, got {other:?}"),
+    }
+}
+
+/// 64 concurrent `begin`s on one absent key: exactly one Acquired, the rest Busy.
+pub async fn concurrent_begin_has_one_owner(store: Arc<dyn IdempotencyStore>) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":2}");
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let store = store.clone();
+            let request = request(key, &req);
+            tokio::spawn(async move { store.begin(request).await.expect("begin") })
+        })
+        .collect();
+    let mut acquired = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Begin::Acquired { .. } => acquired += 1,
+            Begin::Busy { .. } => {}
+            other => panic!("concurrent_begin_has_one_owner: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1, "concurrent_begin_has_one_owner: owners");
+}
+
+/// In flight under a live lease → Busy with a retry-after within the lease.
+pub async fn busy_while_in_flight(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":3}");
+    acquire(store, request(key, &req)).await;
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Busy { retry_after } => assert!(retry_after <= LEASE, "busy_while_in_flight: {retry_after:?}"),
+        other => panic!("busy_while_in_flight: expected Busy, got {other:?}"),
+    }
+}
+
+/// A different fingerprint answers Drift (with the stored fingerprint and request) whether
+/// the record is in flight, in doubt or completed.
+pub async fn drift_in_every_state(store: &dyn IdempotencyStore) {
+    let original = frozen("{\"summary\":\"a\"}");
+    let regenerated = frozen("{\"summary\":\"b\"}");
+    for state in ["in flight", "in doubt", "completed"] {
+        let key = fresh_key();
+        let token = acquire(store, request(key, &original)).await;
+        match state {
+            "in doubt" => store.mark_in_doubt(key, token, RETENTION).await.expect("mark"),
+            "completed" => store.complete(key, token, response("x"), RETENTION).await.expect("complete"),
+            _ => {}
+        }
+        match store.begin(request(key, &regenerated)).await.expect("begin") {
+            Begin::Drift { stored, frozen } => {
+                assert_eq!(stored, original.fingerprint(), "drift_in_every_state ({state})");
+                let frozen = frozen.expect("drift_in_every_state: stored request");
+                assert_eq!(frozen.body(), original.body(), "drift_in_every_state ({state})");
+            }
+            other => panic!("drift_in_every_state ({state}): expected Drift, got {other:?}"),
+        }
+    }
+}
+
+/// Writes with a token that does not own the record are refused and change nothing.
+pub async fn stale_owner_writes_are_fenced(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":4}");
+    let owner = acquire(store, request(key, &req)).await;
+    let stranger = LeaseToken::generate();
+    assert!(store.complete(key, stranger, response("no"), RETENTION).await.unwrap_err().is_fenced());
+    assert!(store.abandon(key, stranger).await.unwrap_err().is_fenced());
+    assert!(store.mark_in_doubt(key, stranger, RETENTION).await.unwrap_err().is_fenced());
+    // Writes to a key with no record are fenced too.
+    assert!(store.complete(fresh_key(), owner, response("no"), RETENTION).await.unwrap_err().is_fenced());
+    // The owner is unaffected.
+    store.complete(key, owner, response("yes"), RETENTION).await.expect("owner completes");
+    // And a completed record refuses its former owner.
+    assert!(store.complete(key, owner, response("again"), RETENTION).await.unwrap_err().is_fenced());
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"yes"),
+        other => panic!("stale_owner_writes_are_fenced: expected Replay, got {other:?}"),
+    }
+}
+
+/// In doubt → Resume with a new token and the bytes first stored.
+pub async fn in_doubt_resumes_with_stored_bytes(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":5}");
+    let first = acquire(store, request(key, &req)).await;
+    store.mark_in_doubt(key, first, RETENTION).await.expect("mark");
+    // The resuming caller brings only the fingerprint: the stored request is what it resends.
+    let bare = BeginRequest::new(key, req.fingerprint(), LEASE, RETENTION);
+    let (second, stored) = resume(store, bare).await;
+    assert_ne!(first, second, "in_doubt_resumes_with_stored_bytes: new token");
+    let stored = stored.expect("in_doubt_resumes_with_stored_bytes: stored request");
+    assert_eq!(stored.body(), req.body());
+    assert_eq!(stored.headers(), req.headers());
+    assert!(store.complete(key, first, response("stale"), RETENTION).await.unwrap_err().is_fenced());
+    store.complete(key, second, response("ok"), RETENTION).await.expect("complete");
+}
+
+/// An expired lease is in doubt, never absent: Resume; the old owner is fenced.
+pub async fn expired_lease_resumes_and_fences_old_owner(store: &dyn IdempotencyStore, clock: &Clock) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":6}");
+    let old = acquire(store, request(key, &req)).await;
+    clock.advance(LEASE + Duration::from_millis(100)).await;
+    let (new, stored) = resume(store, request(key, &req)).await;
+    assert_eq!(stored.expect("stored request").body(), req.body());
+    assert!(
+        store.complete(key, old, response("stale"), RETENTION).await.unwrap_err().is_fenced(),
+        "expired_lease_resumes_and_fences_old_owner: stale complete applied"
+    );
+    store.complete(key, new, response("fresh"), RETENTION).await.expect("complete");
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"fresh"),
+        other => panic!("expired_lease_resumes_and_fences_old_owner: expected Replay, got {other:?}"),
+    }
+}
+
+/// `abandon` after a first pre-write failure releases the key; after a resume (an earlier
+/// attempt may have been sent) it leaves the record in doubt.
+pub async fn abandon_releases_only_unsent_operations(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":7}");
+    let token = acquire(store, request(key, &req)).await;
+    store.abandon(key, token).await.expect("abandon");
+    let token = acquire(store, request(key, &req)).await;
+    store.mark_in_doubt(key, token, RETENTION).await.expect("mark");
+    let (token, _) = resume(store, request(key, &req)).await;
+    store.abandon(key, token).await.expect("abandon after resume");
+    resume(store, request(key, &req)).await;
+}
+
+/// A record past its retention is forgotten.
+pub async fn retention_expiry_forgets(store: &dyn IdempotencyStore, clock: &Clock) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":8}");
+    let retention = Duration::from_secs(1);
+    let begin = BeginRequest::new(key, req.fingerprint(), LEASE, retention).with_frozen(req.clone());
+    let token = acquire(store, begin.clone()).await;
+    store.complete(key, token, response("old"), retention).await.expect("complete");
+    assert!(matches!(store.begin(begin.clone()).await.expect("begin"), Begin::Replay(_)));
+    clock.advance(retention + Duration::from_millis(200)).await;
+    acquire(store, begin).await;
+}
+
+/// A tombstone replays as a tombstone with its status.
+pub async fn tombstones_replay_as_tombstones(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":9}");
+    let token = acquire(store, request(key, &req)).await;
+    let tomb = Outcome::Tombstone { status: StatusCode::OK };
+    store.complete(key, token, tomb, RETENTION).await.expect("complete");
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Replay(Outcome::Tombstone { status }) => assert_eq!(status, StatusCode::OK),
+        other => panic!("tombstones_replay_as_tombstones: got {other:?}"),
+    }
+}
+
+/// The replayed response has the recorded status, version, repeated headers and body bytes.
+pub async fn replay_is_byte_identical(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":10}");
+    let token = acquire(store, request(key, &req)).await;
+    let body: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let mut headers = HeaderMap::new();
+    headers.append("x-repeated", HeaderValue::from_static("1"));
+    headers.append("x-repeated", HeaderValue::from_static("2"));
+    headers.insert("content-type", HeaderValue::from_static("application/octet-stream"));
+    let outcome = Outcome::Response(StoredResponse::new(
+        StatusCode::ACCEPTED,
+        Version::HTTP_2,
+        headers.clone(),
+        Bytes::from(body.clone()),
+    ));
+    store.complete(key, token, outcome, RETENTION).await.expect("complete");
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Replay(Outcome::Response(stored)) => {
+            assert_eq!(stored.status(), StatusCode::ACCEPTED);
+            assert_eq!(stored.version(), Version::HTTP_2);
+            assert_eq!(stored.headers(), &headers);
+            assert_eq!(stored.body().as_ref(), &body[..]);
+        }
+        other => panic!("replay_is_byte_identical: got {other:?}"),
+    }
+}
+
+/// The fingerprint of the suite's requests (for stores that want to seed records).
+pub fn sample_fingerprint() -> Fingerprint {
+    frozen("{}").fingerprint()
+}

@@ -1,0 +1,17 @@
+//! `MemoryStore` against the store conformance suite.
+#![cfg(feature = "test-util")]
+
+use std::sync::Arc;
+
+use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::testing::conformance::{run_all, Clock};
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_passes_the_conformance_suite() {
+    run_all(Arc::new(MemoryStore::new()), Clock::tokio_paused()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_passes_the_conformance_suite_on_real_time_and_threads() {
+    run_all(Arc::new(MemoryStore::new()), Clock::real()).await;
+}

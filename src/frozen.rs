@@ -197,6 +197,29 @@ impl fmt::Debug for FrozenRequest {
     }
 }
 
+/// Marks a request the [`IdempotencyLayer`](crate::IdempotencyLayer) already froze, so
+/// the [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside it reuses those bytes and that
+/// fingerprint instead of collecting and hashing the body a second time.
+#[derive(Clone, Debug)]
+pub(crate) struct AlreadyFrozen(pub(crate) FrozenRequest);
+
+/// Freeze `req`, or take the frozen request an outer layer left in its extensions.
+pub(crate) async fn freeze_or_reuse<B>(
+    req: Request<B>,
+    limit: usize,
+) -> Result<(FrozenRequest, Extensions), Error>
+where
+    B: Body,
+    B::Error: Into<crate::BoxError>,
+{
+    if let Some(AlreadyFrozen(frozen)) = req.extensions().get::<AlreadyFrozen>() {
+        let frozen = frozen.clone();
+        let (parts, _same_bytes) = req.into_parts();
+        return Ok((frozen, parts.extensions));
+    }
+    FrozenRequest::freeze(req, limit).await
+}
+
 /// The path and query a fingerprint covers (`/` when the URI has none).
 pub(crate) fn path_and_query(uri: &Uri) -> &str {
     uri.path_and_query().map_or("/", |pq| pq.as_str())

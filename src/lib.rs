@@ -8,14 +8,20 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod effect;
 mod error;
 pub mod fingerprint;
 pub mod frozen;
 pub mod key;
+pub mod idempotency;
 pub mod ledger;
 pub mod phase;
+pub mod retry;
 
-pub use error::{Drift, Error};
+pub use effect::EffectClass;
+pub use error::{ConfigError, Drift, Error};
+pub use idempotency::{BusyPolicy, DriftPolicy, IdempotencyLayer, ResponseSource};
+pub use retry::FrozenRetryLayer;
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};

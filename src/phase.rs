@@ -33,7 +33,6 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::sync::Arc;
 
 /// When, relative to writing the request, a call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,9 +109,6 @@ where
         self(error)
     }
 }
-
-/// A shared, optional user classifier, as the layers hold it.
-pub(crate) type SharedClassifier = Option<Arc<dyn ClassifyPhase>>;
 
 /// The phase of `error`: the first link of its `source()` chain that `custom` or the
 /// built-in rules can place, else [`FailurePhase::Unknown`].

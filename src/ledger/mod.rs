@@ -111,6 +111,36 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     ) -> StoreFuture<'_, ()>;
 }
 
+/// A shared store is a store: layers built from one `Arc` share one ledger.
+impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        (**self).begin(request)
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        (**self).complete(key, token, outcome, retention)
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        (**self).abandon(key, token)
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        (**self).mark_in_doubt(key, token, retention)
+    }
+}
+
 /// What [`IdempotencyStore::begin`] is asked.
 #[derive(Clone, Debug)]
 #[non_exhaustive]

@@ -30,7 +30,9 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
-use crate::ledger::{Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse,
+};
 
 /// The lease every check uses.
 pub const LEASE: Duration = Duration::from_millis(300);
@@ -122,7 +124,10 @@ async fn acquire(store: &dyn IdempotencyStore, request: BeginRequest) -> LeaseTo
     }
 }
 
-async fn resume(store: &dyn IdempotencyStore, request: BeginRequest) -> (LeaseToken, Option<FrozenRequest>) {
+async fn resume(
+    store: &dyn IdempotencyStore,
+    request: BeginRequest,
+) -> (LeaseToken, Option<FrozenRequest>) {
     match store.begin(request).await.expect("begin") {
         Begin::Resume { token, frozen } => (token, frozen),
         other => panic!("expected Resume, got {other:?}"),
@@ -134,7 +139,10 @@ pub async fn acquire_complete_replay(store: &dyn IdempotencyStore) {
     let key = fresh_key();
     let req = frozen("{\"amount\":1}");
     let token = acquire(store, request(key, &req)).await;
-    store.complete(key, token, response("done"), RETENTION).await.expect("complete");
+    store
+        .complete(key, token, response("done"), RETENTION)
+        .await
+        .expect("complete");
     match store.begin(request(key, &req)).await.expect("begin") {
         Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"done"),
         other => panic!("acquire_complete_replay: expected Replay, got {other:?}"),
@@ -169,7 +177,10 @@ pub async fn busy_while_in_flight(store: &dyn IdempotencyStore) {
     let req = frozen("{\"amount\":3}");
     acquire(store, request(key, &req)).await;
     match store.begin(request(key, &req)).await.expect("begin") {
-        Begin::Busy { retry_after } => assert!(retry_after <= LEASE, "busy_while_in_flight: {retry_after:?}"),
+        Begin::Busy { retry_after } => assert!(
+            retry_after <= LEASE,
+            "busy_while_in_flight: {retry_after:?}"
+        ),
         other => panic!("busy_while_in_flight: expected Busy, got {other:?}"),
     }
 }
@@ -183,15 +194,33 @@ pub async fn drift_in_every_state(store: &dyn IdempotencyStore) {
         let key = fresh_key();
         let token = acquire(store, request(key, &original)).await;
         match state {
-            "in doubt" => store.mark_in_doubt(key, token, RETENTION).await.expect("mark"),
-            "completed" => store.complete(key, token, response("x"), RETENTION).await.expect("complete"),
+            "in doubt" => store
+                .mark_in_doubt(key, token, RETENTION)
+                .await
+                .expect("mark"),
+            "completed" => store
+                .complete(key, token, response("x"), RETENTION)
+                .await
+                .expect("complete"),
             _ => {}
         }
-        match store.begin(request(key, &regenerated)).await.expect("begin") {
+        match store
+            .begin(request(key, &regenerated))
+            .await
+            .expect("begin")
+        {
             Begin::Drift { stored, frozen } => {
-                assert_eq!(stored, original.fingerprint(), "drift_in_every_state ({state})");
+                assert_eq!(
+                    stored,
+                    original.fingerprint(),
+                    "drift_in_every_state ({state})"
+                );
                 let frozen = frozen.expect("drift_in_every_state: stored request");
-                assert_eq!(frozen.body(), original.body(), "drift_in_every_state ({state})");
+                assert_eq!(
+                    frozen.body(),
+                    original.body(),
+                    "drift_in_every_state ({state})"
+                );
             }
             other => panic!("drift_in_every_state ({state}): expected Drift, got {other:?}"),
         }
@@ -204,15 +233,34 @@ pub async fn stale_owner_writes_are_fenced(store: &dyn IdempotencyStore) {
     let req = frozen("{\"amount\":4}");
     let owner = acquire(store, request(key, &req)).await;
     let stranger = LeaseToken::generate();
-    assert!(store.complete(key, stranger, response("no"), RETENTION).await.unwrap_err().is_fenced());
+    assert!(store
+        .complete(key, stranger, response("no"), RETENTION)
+        .await
+        .unwrap_err()
+        .is_fenced());
     assert!(store.abandon(key, stranger).await.unwrap_err().is_fenced());
-    assert!(store.mark_in_doubt(key, stranger, RETENTION).await.unwrap_err().is_fenced());
+    assert!(store
+        .mark_in_doubt(key, stranger, RETENTION)
+        .await
+        .unwrap_err()
+        .is_fenced());
     // Writes to a key with no record are fenced too.
-    assert!(store.complete(fresh_key(), owner, response("no"), RETENTION).await.unwrap_err().is_fenced());
+    assert!(store
+        .complete(fresh_key(), owner, response("no"), RETENTION)
+        .await
+        .unwrap_err()
+        .is_fenced());
     // The owner is unaffected.
-    store.complete(key, owner, response("yes"), RETENTION).await.expect("owner completes");
+    store
+        .complete(key, owner, response("yes"), RETENTION)
+        .await
+        .expect("owner completes");
     // And a completed record refuses its former owner.
-    assert!(store.complete(key, owner, response("again"), RETENTION).await.unwrap_err().is_fenced());
+    assert!(store
+        .complete(key, owner, response("again"), RETENTION)
+        .await
+        .unwrap_err()
+        .is_fenced());
     match store.begin(request(key, &req)).await.expect("begin") {
         Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"yes"),
         other => panic!("stale_owner_writes_are_fenced: expected Replay, got {other:?}"),
@@ -224,20 +272,36 @@ pub async fn in_doubt_resumes_with_stored_bytes(store: &dyn IdempotencyStore) {
     let key = fresh_key();
     let req = frozen("{\"amount\":5}");
     let first = acquire(store, request(key, &req)).await;
-    store.mark_in_doubt(key, first, RETENTION).await.expect("mark");
+    store
+        .mark_in_doubt(key, first, RETENTION)
+        .await
+        .expect("mark");
     // The resuming caller brings only the fingerprint: the stored request is what it resends.
     let bare = BeginRequest::new(key, req.fingerprint(), LEASE, RETENTION);
     let (second, stored) = resume(store, bare).await;
-    assert_ne!(first, second, "in_doubt_resumes_with_stored_bytes: new token");
+    assert_ne!(
+        first, second,
+        "in_doubt_resumes_with_stored_bytes: new token"
+    );
     let stored = stored.expect("in_doubt_resumes_with_stored_bytes: stored request");
     assert_eq!(stored.body(), req.body());
     assert_eq!(stored.headers(), req.headers());
-    assert!(store.complete(key, first, response("stale"), RETENTION).await.unwrap_err().is_fenced());
-    store.complete(key, second, response("ok"), RETENTION).await.expect("complete");
+    assert!(store
+        .complete(key, first, response("stale"), RETENTION)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    store
+        .complete(key, second, response("ok"), RETENTION)
+        .await
+        .expect("complete");
 }
 
 /// An expired lease is in doubt, never absent: Resume; the old owner is fenced.
-pub async fn expired_lease_resumes_and_fences_old_owner(store: &dyn IdempotencyStore, clock: &Clock) {
+pub async fn expired_lease_resumes_and_fences_old_owner(
+    store: &dyn IdempotencyStore,
+    clock: &Clock,
+) {
     let key = fresh_key();
     let req = frozen("{\"amount\":6}");
     let old = acquire(store, request(key, &req)).await;
@@ -245,13 +309,22 @@ pub async fn expired_lease_resumes_and_fences_old_owner(store: &dyn IdempotencyS
     let (new, stored) = resume(store, request(key, &req)).await;
     assert_eq!(stored.expect("stored request").body(), req.body());
     assert!(
-        store.complete(key, old, response("stale"), RETENTION).await.unwrap_err().is_fenced(),
+        store
+            .complete(key, old, response("stale"), RETENTION)
+            .await
+            .unwrap_err()
+            .is_fenced(),
         "expired_lease_resumes_and_fences_old_owner: stale complete applied"
     );
-    store.complete(key, new, response("fresh"), RETENTION).await.expect("complete");
+    store
+        .complete(key, new, response("fresh"), RETENTION)
+        .await
+        .expect("complete");
     match store.begin(request(key, &req)).await.expect("begin") {
         Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"fresh"),
-        other => panic!("expired_lease_resumes_and_fences_old_owner: expected Replay, got {other:?}"),
+        other => {
+            panic!("expired_lease_resumes_and_fences_old_owner: expected Replay, got {other:?}")
+        }
     }
 }
 
@@ -263,9 +336,15 @@ pub async fn abandon_releases_only_unsent_operations(store: &dyn IdempotencyStor
     let token = acquire(store, request(key, &req)).await;
     store.abandon(key, token).await.expect("abandon");
     let token = acquire(store, request(key, &req)).await;
-    store.mark_in_doubt(key, token, RETENTION).await.expect("mark");
+    store
+        .mark_in_doubt(key, token, RETENTION)
+        .await
+        .expect("mark");
     let (token, _) = resume(store, request(key, &req)).await;
-    store.abandon(key, token).await.expect("abandon after resume");
+    store
+        .abandon(key, token)
+        .await
+        .expect("abandon after resume");
     resume(store, request(key, &req)).await;
 }
 
@@ -274,10 +353,17 @@ pub async fn retention_expiry_forgets(store: &dyn IdempotencyStore, clock: &Cloc
     let key = fresh_key();
     let req = frozen("{\"amount\":8}");
     let retention = Duration::from_secs(1);
-    let begin = BeginRequest::new(key, req.fingerprint(), LEASE, retention).with_frozen(req.clone());
+    let begin =
+        BeginRequest::new(key, req.fingerprint(), LEASE, retention).with_frozen(req.clone());
     let token = acquire(store, begin.clone()).await;
-    store.complete(key, token, response("old"), retention).await.expect("complete");
-    assert!(matches!(store.begin(begin.clone()).await.expect("begin"), Begin::Replay(_)));
+    store
+        .complete(key, token, response("old"), retention)
+        .await
+        .expect("complete");
+    assert!(matches!(
+        store.begin(begin.clone()).await.expect("begin"),
+        Begin::Replay(_)
+    ));
     clock.advance(retention + Duration::from_millis(200)).await;
     acquire(store, begin).await;
 }
@@ -287,8 +373,13 @@ pub async fn tombstones_replay_as_tombstones(store: &dyn IdempotencyStore) {
     let key = fresh_key();
     let req = frozen("{\"amount\":9}");
     let token = acquire(store, request(key, &req)).await;
-    let tomb = Outcome::Tombstone { status: StatusCode::OK };
-    store.complete(key, token, tomb, RETENTION).await.expect("complete");
+    let tomb = Outcome::Tombstone {
+        status: StatusCode::OK,
+    };
+    store
+        .complete(key, token, tomb, RETENTION)
+        .await
+        .expect("complete");
     match store.begin(request(key, &req)).await.expect("begin") {
         Begin::Replay(Outcome::Tombstone { status }) => assert_eq!(status, StatusCode::OK),
         other => panic!("tombstones_replay_as_tombstones: got {other:?}"),
@@ -304,14 +395,20 @@ pub async fn replay_is_byte_identical(store: &dyn IdempotencyStore) {
     let mut headers = HeaderMap::new();
     headers.append("x-repeated", HeaderValue::from_static("1"));
     headers.append("x-repeated", HeaderValue::from_static("2"));
-    headers.insert("content-type", HeaderValue::from_static("application/octet-stream"));
+    headers.insert(
+        "content-type",
+        HeaderValue::from_static("application/octet-stream"),
+    );
     let outcome = Outcome::Response(StoredResponse::new(
         StatusCode::ACCEPTED,
         Version::HTTP_2,
         headers.clone(),
         Bytes::from(body.clone()),
     ));
-    store.complete(key, token, outcome, RETENTION).await.expect("complete");
+    store
+        .complete(key, token, outcome, RETENTION)
+        .await
+        .expect("complete");
     match store.begin(request(key, &req)).await.expect("begin") {
         Begin::Replay(Outcome::Response(stored)) => {
             assert_eq!(stored.status(), StatusCode::ACCEPTED);

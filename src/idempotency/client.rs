@@ -1,0 +1,536 @@
+//! The client face: once per logical operation, before the side effect fires.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Extensions, Request, Response};
+use http_body::Body;
+use http_body_util::Full;
+use tower::ServiceExt;
+use tracing::Instrument;
+use tower_service::Service;
+
+use super::body::{buffer_up_to, Buffered, ResponseBody};
+use super::engine::{BusyPolicy, Ledger, LeaseGuard, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::{Idempotency, IdempotencyLayer, ResponseSource};
+use crate::effect::EffectClass;
+use crate::error::{ConfigError, Drift};
+use crate::frozen::{AlreadyFrozen, FrozenRequest, DEFAULT_BODY_LIMIT};
+use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
+use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::phase::{classify, ClassifyPhase, FailurePhase};
+use crate::retry::{is_retryable_status, DEFAULT_MAX_ELAPSED};
+use crate::{BoxError, Error};
+
+/// The default cap on a recorded response: 1 MiB.
+pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
+
+/// What to do when an operation comes back with a different payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DriftPolicy {
+    /// Refuse with a drift error naming both fingerprints and the changed JSON fields;
+    /// nothing is sent. The default: a changed payload is a bug worth seeing.
+    #[default]
+    Reject,
+    /// Ignore the new payload and continue the operation with the bytes first frozen
+    /// (resend them if in doubt, replay the outcome if completed).
+    ResendFrozen,
+}
+
+/// The client face's configuration (see [`ClientBuilder`]).
+#[derive(Debug)]
+pub struct Client {
+    ledger: Ledger,
+    scope: String,
+    require_key: bool,
+    drift: DriftPolicy,
+    busy: BusyPolicy,
+    body_limit: usize,
+    response_limit: usize,
+    fail_open: bool,
+    phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+}
+
+impl fmt::Debug for dyn ClassifyPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClassifyPhase")
+    }
+}
+
+/// Configures the client [`IdempotencyLayer`]; [`build`](ClientBuilder::build) checks the
+/// TTLs against the retry window.
+///
+/// | setting | default |
+/// |---|---|
+/// | scope (mixed into every key) | `""` |
+/// | key required on side effects | no: keyless calls pass through |
+/// | lease | 60 s |
+/// | retention | 24 h |
+/// | retry window checked against | 30 s (the default retry policy's max elapsed) |
+/// | busy operation | wait up to 30 s, then a busy error |
+/// | payload drift | [`DriftPolicy::Reject`] |
+/// | request body limit | 1 MiB |
+/// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
+/// | ledger unavailable | fail closed (nothing is sent) |
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+///
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+///     .scope("billing-agent")
+///     .require_key(true)
+///     .drift_policy(DriftPolicy::ResendFrozen)
+///     .lease(Duration::from_secs(120))
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+#[derive(Debug)]
+pub struct ClientBuilder {
+    store: Arc<dyn IdempotencyStore>,
+    scope: String,
+    require_key: bool,
+    lease: Duration,
+    retention: Duration,
+    retry_window: Duration,
+    drift: DriftPolicy,
+    busy: BusyPolicy,
+    body_limit: usize,
+    response_limit: usize,
+    fail_open: bool,
+    phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+}
+
+impl ClientBuilder {
+    pub(crate) fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+        Self {
+            store,
+            scope: String::new(),
+            require_key: false,
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            retry_window: DEFAULT_MAX_ELAPSED,
+            drift: DriftPolicy::Reject,
+            busy: BusyPolicy::Wait(Duration::from_secs(30)),
+            body_limit: DEFAULT_BODY_LIMIT,
+            response_limit: DEFAULT_RESPONSE_LIMIT,
+            fail_open: false,
+            phase_classifier: None,
+        }
+    }
+
+    /// Mixed into every key, so two orchestrators (or environments) sharing a ledger never
+    /// collide on equal task ids.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = scope.into();
+        self
+    }
+
+    /// Refuse side-effecting requests that carry neither an
+    /// [`OperationId`](crate::OperationId) nor an `Idempotency-Key` (a missing-key error;
+    /// nothing is sent). Off by default: such requests pass through untouched.
+    pub fn require_key(mut self, require: bool) -> Self {
+        self.require_key = require;
+        self
+    }
+
+    /// How long one owner may hold an operation in flight (default 60 s). Must outlast the
+    /// owner's longest attempt including its retries; after it, the operation is in doubt.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long records are kept (default 24 h). Must outlast the retry window plus the
+    /// lease, and should outlast your longest crash-and-resume gap.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The longest retry window of the stack inside (default 30 s, the default
+    /// [`RetryPolicy`](crate::retry::RetryPolicy)'s max elapsed); the builder checks the
+    /// lease and retention against it.
+    pub fn retry_window(mut self, window: Duration) -> Self {
+        self.retry_window = window;
+        self
+    }
+
+    /// See [`DriftPolicy`].
+    pub fn drift_policy(mut self, policy: DriftPolicy) -> Self {
+        self.drift = policy;
+        self
+    }
+
+    /// See [`BusyPolicy`].
+    pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
+        self.busy = policy;
+        self
+    }
+
+    /// The largest request body (default 1 MiB); larger ones fail before anything is sent.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = limit;
+        self
+    }
+
+    /// The largest response recorded for replay (default 1 MiB). A larger response still
+    /// reaches the caller whole; the ledger keeps a tombstone.
+    pub fn response_limit(mut self, limit: usize) -> Self {
+        self.response_limit = limit;
+        self
+    }
+
+    /// When the ledger is unavailable, send anyway (without protection) instead of failing.
+    /// Off by default; turning it on trades exactly-once for availability.
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
+    /// Teach the layer which of your transport's errors are pre-write failures.
+    pub fn classify_phase(mut self, classifier: impl ClassifyPhase) -> Self {
+        self.phase_classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// Check the settings and build the layer.
+    ///
+    /// Refuses a lease not longer than the retry window (a second caller would take over an
+    /// operation whose owner is still retrying) and a retention shorter than the retry
+    /// window plus the lease (a record would vanish while its operation can still retry).
+    pub fn build(self) -> Result<IdempotencyLayer<Client>, ConfigError> {
+        if self.lease <= self.retry_window {
+            return Err(ConfigError::new(format!(
+                "the lease ({:?}) must be longer than the retry window ({:?})",
+                self.lease, self.retry_window
+            )));
+        }
+        if self.retention < self.retry_window + self.lease {
+            return Err(ConfigError::new(format!(
+                "the retention ({:?}) must be at least the retry window plus the lease ({:?})",
+                self.retention,
+                self.retry_window + self.lease
+            )));
+        }
+        let client = Client {
+            ledger: Ledger {
+                store: self.store,
+                lease: self.lease,
+                retention: self.retention,
+            },
+            scope: self.scope,
+            require_key: self.require_key,
+            drift: self.drift,
+            busy: self.busy,
+            body_limit: self.body_limit,
+            response_limit: self.response_limit,
+            fail_open: self.fail_open,
+            phase_classifier: self.phase_classifier,
+        };
+        Ok(IdempotencyLayer::from_face(client))
+    }
+}
+
+impl IdempotencyLayer<Client> {
+    /// The client layer with default settings over `store`.
+    ///
+    /// See the [module docs](crate::idempotency) for the stack it belongs in.
+    pub fn client(store: impl IdempotencyStore) -> Self {
+        Self::client_builder(store)
+            .build()
+            .expect("the default client settings are valid")
+    }
+
+    /// Configure the client layer over `store`.
+    pub fn client_builder(store: impl IdempotencyStore) -> ClientBuilder {
+        ClientBuilder::new(Arc::new(store))
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Client>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = Error;
+    type Future = ClientFuture<ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|err| into_error(err.into(), FailurePhase::PreWrite))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let span = tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
+        ClientFuture {
+            inner: Box::pin(run(inner, self.face.clone(), req).instrument(span)),
+        }
+    }
+}
+
+/// The future of the client [`IdempotencyLayer`]: one logical operation.
+pub struct ClientFuture<T> {
+    inner: Pin<Box<dyn Future<Output = Result<Response<ResponseBody<T>>, Error>> + Send>>,
+}
+
+impl<T> Future for ClientFuture<T> {
+    type Output = Result<Response<ResponseBody<T>>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<T> fmt::Debug for ClientFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientFuture").finish_non_exhaustive()
+    }
+}
+
+/// Keep our own errors as they are; wrap anything else with its phase.
+fn into_error(error: BoxError, phase: FailurePhase) -> Error {
+    match error.downcast::<Error>() {
+        Ok(ours) => *ours,
+        Err(other) => Error::inner(other, phase),
+    }
+}
+
+/// Which ledger record a request belongs to, setting the header a derived key travels in.
+fn identify<B>(client: &Client, req: &mut Request<B>) -> Result<Option<LedgerKey>, Error> {
+    if let Some(key) = HeaderKey::from_headers(req.headers()).map_err(Error::from_invalid_key)? {
+        return Ok(Some(LedgerKey::client_header(&client.scope, key.as_str())));
+    }
+    if let Some(op) = req.extensions().get::<OperationId>() {
+        let key = op.key(&client.scope);
+        req.headers_mut().insert(&IDEMPOTENCY_KEY, key.header_value());
+        return Ok(Some(LedgerKey::for_operation(key)));
+    }
+    if client.require_key {
+        return Err(Error::missing_key());
+    }
+    Ok(None)
+}
+
+async fn run<S, B, ResBody>(
+    inner: S,
+    client: Arc<Client>,
+    mut req: Request<B>,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    let key = if EffectClass::of_request(&req).is_side_effect() {
+        identify(&client, &mut req)?
+    } else {
+        None
+    };
+    let (frozen, extensions) = FrozenRequest::freeze(req, client.body_limit).await?;
+    let Some(key) = key else {
+        return pass_through(inner, &client, &frozen, extensions).await;
+    };
+    tracing::Span::current().record("key", tracing::field::display(key.to_hex()));
+    let begin = client.ledger.request(key, frozen.fingerprint()).with_frozen(frozen.clone());
+    let answer = match client.ledger.begin(begin, client.busy).await {
+        Ok(answer) => answer,
+        Err(err) if client.fail_open => {
+            tracing::warn!(%err, "ledger unavailable; sending without protection (fail-open)");
+            return pass_through(inner, &client, &frozen, extensions).await;
+        }
+        Err(err) => return Err(Error::store(err)),
+    };
+    let answer = match answer {
+        Begin::Drift { stored, frozen: original } => match (client.drift, original) {
+            (DriftPolicy::ResendFrozen, Some(original)) => {
+                tracing::info!(key = %key.to_hex(), "payload drift; continuing with the bytes first frozen");
+                let begin = client.ledger.request(key, stored).with_frozen(original.clone());
+                client.ledger.begin(begin, client.busy).await.map_err(Error::store)?
+            }
+            (_, original) => return Err(drift_error(stored, original.as_ref(), &frozen)),
+        },
+        other => other,
+    };
+    match answer {
+        Begin::Acquired { token } => {
+            send(inner, &client, key, token, &frozen, extensions, ResponseSource::Sent).await
+        }
+        Begin::Resume { token, frozen: stored } => {
+            // Resend what was first frozen, never the request just handed to us.
+            let original = stored.unwrap_or(frozen);
+            tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
+            send(inner, &client, key, token, &original, extensions, ResponseSource::Resent).await
+        }
+        Begin::Replay(outcome) => replay(outcome),
+        Begin::Busy { retry_after } => Err(Error::busy(retry_after)),
+        Begin::Drift { stored, frozen: original } => Err(drift_error(stored, original.as_ref(), &frozen)),
+    }
+}
+
+fn drift_error(stored: crate::Fingerprint, original: Option<&FrozenRequest>, new: &FrozenRequest) -> Error {
+    let drift = match original {
+        Some(original) => Drift::between(stored, original.body(), new.fingerprint(), new.body()),
+        None => Drift::fingerprints(stored, new.fingerprint()),
+    };
+    tracing::warn!(%drift, "refusing a regenerated payload");
+    Error::from_drift(drift)
+}
+
+fn replay<T>(outcome: Outcome) -> Result<Response<ResponseBody<T>>, Error> {
+    match outcome {
+        Outcome::Response(stored) => {
+            let mut response = Response::new(ResponseBody::buffered(stored.body().clone()));
+            *response.status_mut() = stored.status();
+            *response.version_mut() = stored.version();
+            *response.headers_mut() = stored.headers().clone();
+            response.extensions_mut().insert(ResponseSource::Replayed);
+            Ok(response)
+        }
+        Outcome::Tombstone { .. } => Err(Error::replay_unavailable()),
+        // Outcomes added later are not replayable by this release.
+        #[allow(unreachable_patterns)]
+        _ => Err(Error::replay_unavailable()),
+    }
+}
+
+/// Call `inner` once with the frozen request, outside the ledger.
+async fn pass_through<S, ResBody>(
+    inner: S,
+    client: &Client,
+    frozen: &FrozenRequest,
+    mut extensions: Extensions,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    extensions.insert(AlreadyFrozen(frozen.clone()));
+    let response = call_inner(inner, frozen.to_request_with(extensions))
+        .await
+        .map_err(|error| {
+            let phase = classify(&*error, client.phase_classifier.as_deref());
+            into_error(error, phase)
+        })?;
+    Ok(response.map(ResponseBody::inner))
+}
+
+async fn call_inner<S, ResBody>(inner: S, req: Request<Full<Bytes>>) -> Result<Response<ResBody>, BoxError>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    inner.oneshot(req).await.map_err(Into::into)
+}
+
+/// Send the frozen request as the operation's owner and settle the lease by what happened.
+async fn send<S, ResBody>(
+    inner: S,
+    client: &Client,
+    key: LedgerKey,
+    token: LeaseToken,
+    frozen: &FrozenRequest,
+    mut extensions: Extensions,
+    source: ResponseSource,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    // Dropped before settling (the caller gave up), the guard marks the record in doubt:
+    // the request may already be on the wire.
+    let lease = client.ledger.hold(key, token, OnDrop::MarkInDoubt);
+    extensions.insert(AlreadyFrozen(frozen.clone()));
+    match call_inner(inner, frozen.to_request_with(extensions)).await {
+        Ok(response) => settle_response(client, lease, response, source).await,
+        Err(error) => {
+            let phase = classify(&*error, client.phase_classifier.as_deref());
+            let settled = if phase.may_have_been_sent() {
+                lease.mark_in_doubt().await
+            } else {
+                lease.abandon().await
+            };
+            if let Err(err) = settled {
+                tracing::warn!(%err, "could not settle the lease after a failure; it will expire into doubt");
+            }
+            tracing::debug!(?phase, %error, "operation failed");
+            Err(into_error(error, phase))
+        }
+    }
+}
+
+/// Record a response (or a tombstone), or leave the operation in doubt when the response
+/// says "try again" — a later run resends the frozen bytes rather than replaying a 503.
+async fn settle_response<ResBody>(
+    client: &Client,
+    lease: LeaseGuard,
+    response: Response<ResBody>,
+    source: ResponseSource,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    let status = response.status();
+    if is_retryable_status(status) || status == http::StatusCode::CONFLICT {
+        if let Err(err) = lease.mark_in_doubt().await {
+            tracing::warn!(%err, "could not mark the operation in doubt");
+        }
+        let mut response = response.map(ResponseBody::inner);
+        response.extensions_mut().insert(source);
+        return Ok(response);
+    }
+    let (mut parts, body) = response.into_parts();
+    parts.extensions.insert(source);
+    let buffered = buffer_up_to(body, client.response_limit)
+        .await
+        .map_err(Into::<BoxError>::into);
+    let buffered = match buffered {
+        Ok(buffered) => buffered,
+        Err(err) => {
+            // The server acted (it answered); only the body was lost.
+            if let Err(store_err) = lease.mark_in_doubt().await {
+                tracing::warn!(%store_err, "could not mark the operation in doubt");
+            }
+            return Err(Error::response_body(err));
+        }
+    };
+    let (outcome, body) = match buffered {
+        Buffered::Whole(bytes) => {
+            let stored = StoredResponse::new(parts.status, parts.version, parts.headers.clone(), bytes.clone());
+            (Outcome::Response(stored), ResponseBody::buffered(bytes))
+        }
+        Buffered::Overflow(prefix, rest) => {
+            tracing::info!(limit = client.response_limit, "response over the recording cap; keeping a tombstone");
+            (Outcome::Tombstone { status }, ResponseBody::overflow(prefix, rest))
+        }
+    };
+    if let Err(err) = lease.complete(outcome).await {
+        // The effect happened and the caller gets the real answer; a later run will find
+        // the record in doubt and resend the same bytes under the same key.
+        tracing::error!(%err, "could not record the outcome");
+    }
+    Ok(Response::from_parts(parts, body))
+}

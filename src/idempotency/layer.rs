@@ -1,0 +1,70 @@
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+/// Applies the ledger to a service: the client face (`IdempotencyLayer<Client>`, built by
+/// [`IdempotencyLayer::client`]).
+///
+/// See the [module docs](crate::idempotency).
+#[derive(Debug)]
+pub struct IdempotencyLayer<F> {
+    face: Arc<F>,
+}
+
+impl<F> Clone for IdempotencyLayer<F> {
+    fn clone(&self) -> Self {
+        Self {
+            face: self.face.clone(),
+        }
+    }
+}
+
+impl<F> IdempotencyLayer<F> {
+    pub(crate) fn from_face(face: F) -> Self {
+        Self { face: Arc::new(face) }
+    }
+}
+
+impl<S, F> Layer<S> for IdempotencyLayer<F> {
+    type Service = Idempotency<S, F>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency {
+            inner,
+            face: self.face.clone(),
+        }
+    }
+}
+
+/// The service of an [`IdempotencyLayer`].
+#[derive(Debug)]
+pub struct Idempotency<S, F> {
+    pub(crate) inner: S,
+    pub(crate) face: Arc<F>,
+}
+
+impl<S: Clone, F> Clone for Idempotency<S, F> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            face: self.face.clone(),
+        }
+    }
+}
+
+impl<S, F> Idempotency<S, F> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwrap the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}

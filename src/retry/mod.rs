@@ -1,0 +1,79 @@
+//! Retries that resend the request's exact bytes.
+//!
+//! A retry that re-runs the code (or the model) that produced a request sends *new* bytes
+//! under the *old* idempotency key — a reworded `summary`, a fresh `fulfillment_intent_id` —
+//! and no server-side deduplication on the key can catch it. [`FrozenRetryLayer`] freezes the
+//! request once, before the first network call ([`FrozenRequest`](crate::FrozenRequest)),
+//! and every attempt sends exactly those bytes: same method, URI, version, headers and body.
+//!
+//! The pieces are separate, as in tower's `retry`:
+//!
+//! - **what** to retry: a [`ClassifyRetry`]; the [`DefaultClassifier`] never resends a
+//!   side-effecting request without an `Idempotency-Key` once its bytes may have left;
+//! - **when**: full-jitter exponential backoff on tower's `ExponentialBackoff` schedule, or
+//!   the server's `Retry-After`;
+//! - **how much**: at most [`MAX_ATTEMPTS_CEILING`] attempts, a maximum elapsed time, and
+//!   tower's `TpsBudget`, so a fleet-wide outage is not multiplied by retries.
+//!
+//! Why a budget: with 3 attempts per call, a dependency that fails every request receives
+//! 3× its normal load exactly when it is least able to take it. The budget caps retries at
+//! a fraction (20 %) of recent calls plus a small floor, so retries help with sporadic
+//! failures and stand back during an outage.
+//!
+//! Responses carry an [`Attempts`] extension; every attempt emits a `tracing` event at
+//! `DEBUG`.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_idempotency::retry::{Attempts, RetryPolicy};
+//! use tower_idempotency::FrozenRetryLayer;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_idempotency::Error> {
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let flaky = service_fn({
+//!     let calls = calls.clone();
+//!     move |_req: Request<Full<Bytes>>| {
+//!         let n = calls.fetch_add(1, Ordering::SeqCst);
+//!         async move {
+//!             let status = if n == 0 { 503 } else { 200 };
+//!             Ok::<_, std::convert::Infallible>(
+//!                 Response::builder().status(status).body(Full::new(Bytes::new())).unwrap(),
+//!             )
+//!         }
+//!     }
+//! });
+//! let client = ServiceBuilder::new()
+//!     .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+//!     .service(flaky);
+//!
+//! // A GET is safe to resend: the 503 is retried.
+//! let req = Request::get("http://inventory.local/stock").body(Full::new(Bytes::new())).unwrap();
+//! let response = client.oneshot(req).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(response.extensions().get::<Attempts>().unwrap().get(), 2);
+//! # Ok(())
+//! # }
+//! ```
+
+mod backoff;
+mod layer;
+mod policy;
+mod service;
+
+pub use layer::FrozenRetryLayer;
+pub use policy::{
+    AttemptResult, ClassifyRetry, DefaultClassifier, RetryContext, RetryDecision, RetryPolicy,
+    RetryPolicyBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_ELAPSED, MAX_ATTEMPTS_CEILING,
+};
+pub use service::{Attempts, FrozenRetry, ResponseFuture};
+
+pub(crate) use policy::is_retryable_status;

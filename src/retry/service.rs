@@ -1,0 +1,291 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Extensions, Request, Response};
+use http_body::Body;
+use http_body_util::Full;
+use tokio::time::Instant;
+use tower::retry::budget::Budget;
+use tower::ServiceExt;
+use tower_service::Service;
+
+use super::backoff::{retry_after, FullJitter};
+use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
+use super::FrozenRetryLayer;
+use crate::effect::EffectClass;
+use crate::frozen::{freeze_or_reuse, FrozenRequest};
+use crate::phase::{classify, FailurePhase};
+use crate::{BoxError, Error};
+
+/// Resends the exact frozen bytes of a request on retry. See the [module docs](crate::retry).
+#[derive(Clone, Debug)]
+pub struct FrozenRetry<S> {
+    inner: S,
+    policy: Arc<RetryPolicy>,
+}
+
+impl<S> FrozenRetry<S> {
+    /// Wrap `inner` with `policy`.
+    pub fn new(inner: S, policy: RetryPolicy) -> Self {
+        Self {
+            inner,
+            policy: Arc::new(policy),
+        }
+    }
+
+    pub(crate) fn from_shared(inner: S, policy: Arc<RetryPolicy>) -> Self {
+        Self { inner, policy }
+    }
+
+    /// A layer wrapping services with `policy`.
+    pub fn layer(policy: RetryPolicy) -> FrozenRetryLayer {
+        FrozenRetryLayer::new(policy)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwrap the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// How many attempts produced a response: a response extension set by [`FrozenRetry`].
+///
+/// ```
+/// # use tower_idempotency::retry::Attempts;
+/// let attempts = Attempts::new(2);
+/// assert_eq!(attempts.get(), 2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempts(u32);
+
+impl Attempts {
+    /// `n` attempts.
+    pub const fn new(n: u32) -> Self {
+        Self(n)
+    }
+
+    /// The number of attempts made, the first included.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for FrozenRetry<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = Error;
+    type Future = ResponseFuture<ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Nothing has been sent when readiness fails.
+        self.inner
+            .poll_ready(cx)
+            .map_err(|err| Error::inner(err.into(), FailurePhase::PreWrite))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // Take the instance that was driven to readiness; leave a clone in its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture {
+            inner: Box::pin(run(inner, self.policy.clone(), req)),
+        }
+    }
+}
+
+/// The future of [`FrozenRetry`]: all attempts of one call.
+pub struct ResponseFuture<T> {
+    inner: Pin<Box<dyn Future<Output = Result<Response<T>, Error>> + Send>>,
+}
+
+impl<T> Future for ResponseFuture<T> {
+    type Output = Result<Response<T>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<T> fmt::Debug for ResponseFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// A failed attempt: the error, and whether the request may have left.
+struct Failure {
+    error: BoxError,
+    phase: FailurePhase,
+}
+
+impl Failure {
+    fn into_error(self) -> Error {
+        match self.error.downcast::<Error>() {
+            Ok(ours) => *ours,
+            Err(other) => Error::inner(other, self.phase),
+        }
+    }
+}
+
+async fn run<S, B, ResBody>(
+    mut inner: S,
+    policy: Arc<RetryPolicy>,
+    req: Request<B>,
+) -> Result<Response<ResBody>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let (frozen, extensions) = freeze_or_reuse(req, policy.body_limit).await?;
+    let effect = EffectClass::resolve(frozen.method(), &extensions);
+    if let Some(budget) = &policy.budget {
+        budget.deposit();
+    }
+    let deadline = Instant::now() + policy.max_elapsed;
+    let mut backoff = FullJitter::new(policy.backoff_base, policy.backoff_cap);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let result = send_once(&mut inner, &policy, &frozen, &extensions).await;
+        let delay = match &result {
+            Ok(response) => {
+                let ctx = context(&frozen, effect, attempt, AttemptResult::Response {
+                    status: response.status(),
+                    headers: response.headers(),
+                });
+                tracing::debug!(attempt, status = %response.status(), "attempt answered");
+                next_delay(&policy, &ctx, &mut backoff, retry_after(response.headers()), deadline)
+            }
+            Err(failure) => {
+                let ctx = context(&frozen, effect, attempt, AttemptResult::Error {
+                    phase: failure.phase,
+                    error: &*failure.error,
+                });
+                tracing::debug!(attempt, phase = ?failure.phase, error = %failure.error, "attempt failed");
+                next_delay(&policy, &ctx, &mut backoff, None, deadline)
+            }
+        };
+        match delay {
+            Some(delay) => {
+                tracing::debug!(attempt, ?delay, "retrying with the frozen request");
+                tokio::time::sleep(delay).await;
+            }
+            None => {
+                return match result {
+                    Ok(mut response) => {
+                        response.extensions_mut().insert(Attempts(attempt));
+                        Ok(response)
+                    }
+                    Err(failure) => Err(failure.into_error()),
+                };
+            }
+        }
+    }
+}
+
+fn context<'a>(
+    request: &'a FrozenRequest,
+    effect: EffectClass,
+    attempt: u32,
+    result: AttemptResult<'a>,
+) -> RetryContext<'a> {
+    RetryContext {
+        request,
+        effect,
+        attempt,
+        result,
+    }
+}
+
+/// Send one attempt of exactly the frozen bytes.
+async fn send_once<S, ResBody>(
+    inner: &mut S,
+    policy: &RetryPolicy,
+    frozen: &FrozenRequest,
+    extensions: &Extensions,
+) -> Result<Response<ResBody>, Failure>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    let ready = inner.ready().await.map_err(|err| Failure {
+        error: err.into(),
+        phase: FailurePhase::PreWrite,
+    })?;
+    let call = ready.call(frozen.to_request_with(extensions.clone()));
+    let outcome = match policy.attempt_timeout {
+        Some(limit) => match tokio::time::timeout(limit, call).await {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => {
+                return Err(Failure {
+                    error: Box::new(Error::attempt_timeout()),
+                    phase: FailurePhase::Unknown,
+                })
+            }
+        },
+        None => call.await,
+    };
+    outcome.map_err(|err| {
+        let error: BoxError = err.into();
+        let phase = classify(&*error, policy.phase_classifier.as_deref());
+        Failure { error, phase }
+    })
+}
+
+/// The delay before the next attempt, or `None` to stop here.
+fn next_delay(
+    policy: &RetryPolicy,
+    ctx: &RetryContext<'_>,
+    backoff: &mut FullJitter,
+    server_asked: Option<std::time::Duration>,
+    deadline: Instant,
+) -> Option<std::time::Duration> {
+    if ctx.attempt >= policy.max_attempts || policy.classifier.classify(ctx) == RetryDecision::Stop {
+        return None;
+    }
+    let now = Instant::now();
+    let delay = match server_asked {
+        // A server that asks us to come back after our deadline gets its answer now.
+        Some(asked) if now + asked > deadline => {
+            tracing::debug!(?asked, "Retry-After points past the deadline; not retrying");
+            return None;
+        }
+        Some(asked) => asked.min(policy.backoff_cap),
+        None => backoff.next_delay(),
+    };
+    if now + delay > deadline {
+        tracing::debug!("the next retry would start past the deadline; not retrying");
+        return None;
+    }
+    if let Some(budget) = &policy.budget {
+        if !budget.withdraw() {
+            tracing::debug!("retry budget exhausted; not retrying");
+            return None;
+        }
+    }
+    Some(delay)
+}

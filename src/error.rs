@@ -51,6 +51,7 @@ enum Kind {
     Inner { phase: FailurePhase },
     AttemptTimeout,
     ReplayUnavailable,
+    InDoubt,
     ResponseBody,
 }
 
@@ -99,6 +100,10 @@ impl Error {
 
     pub(crate) fn replay_unavailable() -> Self {
         Self::new(Kind::ReplayUnavailable, None)
+    }
+
+    pub(crate) fn in_doubt() -> Self {
+        Self::new(Kind::InDoubt, None)
     }
 
     pub(crate) fn response_body(source: BoxError) -> Self {
@@ -157,6 +162,13 @@ impl Error {
     /// tombstone was kept: it cannot be replayed, and it is not run again either.
     pub fn is_replay_unavailable(&self) -> bool {
         matches!(self.inner.kind, Kind::ReplayUnavailable)
+    }
+
+    /// An earlier attempt of the operation may have reached a server that does not
+    /// deduplicate on `Idempotency-Key`, so it is not sent again: reconcile it out of band.
+    /// See [`ClientBuilder::provider_deduplicates`](crate::idempotency::ClientBuilder::provider_deduplicates).
+    pub fn is_in_doubt(&self) -> bool {
+        matches!(self.inner.kind, Kind::InDoubt)
     }
 
     /// Reading the response body failed after the request was sent.
@@ -251,6 +263,9 @@ impl fmt::Display for Error {
             Kind::ReplayUnavailable => f.write_str(
                 "the operation completed before but its response was too large to record; it is not run again",
             ),
+            Kind::InDoubt => f.write_str(
+                "an earlier attempt may have reached a server that ignores idempotency keys; not sending it again",
+            ),
             Kind::ResponseBody => f.write_str("reading the response body failed"),
         }
     }
@@ -290,7 +305,12 @@ pub struct Drift {
 
 impl Drift {
     /// Compare a stored payload with a new one.
-    pub fn between(stored: Fingerprint, stored_body: &[u8], new: Fingerprint, new_body: &[u8]) -> Self {
+    pub fn between(
+        stored: Fingerprint,
+        stored_body: &[u8],
+        new: Fingerprint,
+        new_body: &[u8],
+    ) -> Self {
         Self {
             stored,
             new,

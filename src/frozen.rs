@@ -9,7 +9,7 @@
 //! The body is collected under a limit (default [`DEFAULT_BODY_LIMIT`], 1 MiB) enforced
 //! twice: up front from `Content-Length` and the body's size hint, and again while the
 //! body streams in. Over the limit, freezing fails with a `BodyTooLarge`
-//! [`Error`](crate::Error) and nothing is sent. Trailers are not part of a frozen request.
+//! [`Error`] and nothing is sent. Trailers are not part of a frozen request.
 //!
 //! # Example
 //!
@@ -203,6 +203,11 @@ impl fmt::Debug for FrozenRequest {
 #[derive(Clone, Debug)]
 pub(crate) struct AlreadyFrozen(pub(crate) FrozenRequest);
 
+/// Tells the [`FrozenRetryLayer`](crate::FrozenRetryLayer) that the server ignores
+/// `Idempotency-Key`: a keyed side effect is then no safer to resend than an unkeyed one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NoResendAfterWrite;
+
 /// Freeze `req`, or take the frozen request an outer layer left in its extensions.
 pub(crate) async fn freeze_or_reuse<B>(
     req: Request<B>,
@@ -226,7 +231,11 @@ pub(crate) fn path_and_query(uri: &Uri) -> &str {
 }
 
 /// Refuse before reading a byte when the sender already says the body is too large.
-fn check_declared_length<B: Body>(headers: &HeaderMap, body: &B, limit: usize) -> Result<(), Error> {
+fn check_declared_length<B: Body>(
+    headers: &HeaderMap,
+    body: &B,
+    limit: usize,
+) -> Result<(), Error> {
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
@@ -362,7 +371,13 @@ mod tests {
         let req = Request::post("/x").body(Full::new(body)).unwrap();
         let (frozen, _) = FrozenRequest::freeze(req, 1024).await.unwrap();
         assert_eq!(frozen.body().as_ptr(), ptr);
-        let rebuilt = frozen.to_request().into_body().collect().await.unwrap().to_bytes();
+        let rebuilt = frozen
+            .to_request()
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
         assert_eq!(rebuilt.as_ptr(), ptr);
     }
 }

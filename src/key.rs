@@ -324,9 +324,7 @@ impl fmt::Display for InvalidKey {
                 f,
                 "the Idempotency-Key holds byte 0x{byte:02x}; only visible ASCII is allowed"
             ),
-            Self::BadSfString => {
-                f.write_str("the Idempotency-Key is not a valid RFC 8941 string")
-            }
+            Self::BadSfString => f.write_str("the Idempotency-Key is not a valid RFC 8941 string"),
             Self::Repeated => f.write_str("the Idempotency-Key header appears more than once"),
         }
     }

@@ -112,10 +112,16 @@ where
 
 /// The phase of `error`: the first link of its `source()` chain that `custom` or the
 /// built-in rules can place, else [`FailurePhase::Unknown`].
-pub fn classify(error: &(dyn StdError + 'static), custom: Option<&dyn ClassifyPhase>) -> FailurePhase {
+pub fn classify(
+    error: &(dyn StdError + 'static),
+    custom: Option<&dyn ClassifyPhase>,
+) -> FailurePhase {
     let mut link: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(err) = link {
-        if let Some(phase) = custom.and_then(|c| c.classify(err)).or_else(|| builtin(err)) {
+        if let Some(phase) = custom
+            .and_then(|c| c.classify(err))
+            .or_else(|| builtin(err))
+        {
             return phase;
         }
         link = err.source();

@@ -93,7 +93,9 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Buffered { bytes } => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Buffered { bytes } => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
             Kind::Overflow { prefix, rest } => {
                 let extra = prefix.as_ref().map_or(0, |b| b.len() as u64);
                 let inner = rest.size_hint();
@@ -147,5 +149,7 @@ where
             return Ok(Buffered::Overflow(read, body));
         }
     }
-    Ok(Buffered::Whole(joined.map(|b| b.freeze()).or(first).unwrap_or_default()))
+    Ok(Buffered::Whole(
+        joined.map(|b| b.freeze()).or(first).unwrap_or_default(),
+    ))
 }

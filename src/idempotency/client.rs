@@ -12,15 +12,15 @@ use http::{Extensions, Request, Response};
 use http_body::Body;
 use http_body_util::Full;
 use tower::ServiceExt;
-use tracing::Instrument;
 use tower_service::Service;
+use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
-use super::engine::{BusyPolicy, Ledger, LeaseGuard, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
 use crate::error::{ConfigError, Drift};
-use crate::frozen::{AlreadyFrozen, FrozenRequest, DEFAULT_BODY_LIMIT};
+use crate::frozen::{AlreadyFrozen, FrozenRequest, NoResendAfterWrite, DEFAULT_BODY_LIMIT};
 use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
 use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::phase::{classify, ClassifyPhase, FailurePhase};
@@ -54,6 +54,7 @@ pub struct Client {
     body_limit: usize,
     response_limit: usize,
     fail_open: bool,
+    provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
 }
 
@@ -78,6 +79,7 @@ impl fmt::Debug for dyn ClassifyPhase {
 /// | request body limit | 1 MiB |
 /// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
 /// | ledger unavailable | fail closed (nothing is sent) |
+/// | provider deduplicates on `Idempotency-Key` | yes: in-doubt operations are resent |
 ///
 /// ```
 /// use std::time::Duration;
@@ -105,6 +107,7 @@ pub struct ClientBuilder {
     body_limit: usize,
     response_limit: usize,
     fail_open: bool,
+    provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
 }
 
@@ -122,6 +125,7 @@ impl ClientBuilder {
             body_limit: DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             fail_open: false,
+            provider_deduplicates: true,
             phase_classifier: None,
         }
     }
@@ -195,6 +199,20 @@ impl ClientBuilder {
         self
     }
 
+    /// Whether the server deduplicates on `Idempotency-Key` (default `true`, as payment
+    /// providers do).
+    ///
+    /// Resending an operation whose first attempt may have arrived is only safe when the
+    /// server recognises the key. Set this to `false` for a server that ignores keys: the
+    /// layer then never resends once bytes may have left — the retry layer inside stops
+    /// treating the key as making the request retry-safe, and an operation found in doubt
+    /// fails with an [in-doubt error](crate::Error::is_in_doubt) for you to reconcile,
+    /// instead of being sent again. At most once, rather than exactly once.
+    pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
+        self.provider_deduplicates = deduplicates;
+        self
+    }
+
     /// Teach the layer which of your transport's errors are pre-write failures.
     pub fn classify_phase(mut self, classifier: impl ClassifyPhase) -> Self {
         self.phase_classifier = Some(Arc::new(classifier));
@@ -233,6 +251,7 @@ impl ClientBuilder {
             body_limit: self.body_limit,
             response_limit: self.response_limit,
             fail_open: self.fail_open,
+            provider_deduplicates: self.provider_deduplicates,
             phase_classifier: self.phase_classifier,
         };
         Ok(IdempotencyLayer::from_face(client))
@@ -279,7 +298,8 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let span = tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
+        let span =
+            tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
         ClientFuture {
             inner: Box::pin(run(inner, self.face.clone(), req).instrument(span)),
         }
@@ -288,8 +308,11 @@ where
 
 /// The future of the client [`IdempotencyLayer`]: one logical operation.
 pub struct ClientFuture<T> {
-    inner: Pin<Box<dyn Future<Output = Result<Response<ResponseBody<T>>, Error>> + Send>>,
+    inner: BoxedOperation<T>,
 }
+
+type BoxedOperation<T> =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<T>>, Error>> + Send>>;
 
 impl<T> Future for ClientFuture<T> {
     type Output = Result<Response<ResponseBody<T>>, Error>;
@@ -320,7 +343,8 @@ fn identify<B>(client: &Client, req: &mut Request<B>) -> Result<Option<LedgerKey
     }
     if let Some(op) = req.extensions().get::<OperationId>() {
         let key = op.key(&client.scope);
-        req.headers_mut().insert(&IDEMPOTENCY_KEY, key.header_value());
+        req.headers_mut()
+            .insert(&IDEMPOTENCY_KEY, key.header_value());
         return Ok(Some(LedgerKey::for_operation(key)));
     }
     if client.require_key {
@@ -352,7 +376,10 @@ where
         return pass_through(inner, &client, &frozen, extensions).await;
     };
     tracing::Span::current().record("key", tracing::field::display(key.to_hex()));
-    let begin = client.ledger.request(key, frozen.fingerprint()).with_frozen(frozen.clone());
+    let begin = client
+        .ledger
+        .request(key, frozen.fingerprint())
+        .with_frozen(frozen.clone());
     let answer = match client.ledger.begin(begin, client.busy).await {
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
@@ -362,11 +389,21 @@ where
         Err(err) => return Err(Error::store(err)),
     };
     let answer = match answer {
-        Begin::Drift { stored, frozen: original } => match (client.drift, original) {
+        Begin::Drift {
+            stored,
+            frozen: original,
+        } => match (client.drift, original) {
             (DriftPolicy::ResendFrozen, Some(original)) => {
                 tracing::info!(key = %key.to_hex(), "payload drift; continuing with the bytes first frozen");
-                let begin = client.ledger.request(key, stored).with_frozen(original.clone());
-                client.ledger.begin(begin, client.busy).await.map_err(Error::store)?
+                let begin = client
+                    .ledger
+                    .request(key, stored)
+                    .with_frozen(original.clone());
+                client
+                    .ledger
+                    .begin(begin, client.busy)
+                    .await
+                    .map_err(Error::store)?
             }
             (_, original) => return Err(drift_error(stored, original.as_ref(), &frozen)),
         },
@@ -374,21 +411,57 @@ where
     };
     match answer {
         Begin::Acquired { token } => {
-            send(inner, &client, key, token, &frozen, extensions, ResponseSource::Sent).await
+            send(
+                inner,
+                &client,
+                key,
+                token,
+                &frozen,
+                extensions,
+                ResponseSource::Sent,
+            )
+            .await
         }
-        Begin::Resume { token, frozen: stored } => {
+        Begin::Resume { token, .. } if !client.provider_deduplicates => {
+            // The server would run it again: leave it in doubt for someone to reconcile.
+            let lease = client.ledger.hold(key, token, OnDrop::MarkInDoubt);
+            if let Err(err) = lease.mark_in_doubt().await {
+                tracing::warn!(%err, "could not return the operation to doubt");
+            }
+            Err(Error::in_doubt())
+        }
+        Begin::Resume {
+            token,
+            frozen: stored,
+        } => {
             // Resend what was first frozen, never the request just handed to us.
             let original = stored.unwrap_or(frozen);
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
-            send(inner, &client, key, token, &original, extensions, ResponseSource::Resent).await
+            send(
+                inner,
+                &client,
+                key,
+                token,
+                &original,
+                extensions,
+                ResponseSource::Resent,
+            )
+            .await
         }
         Begin::Replay(outcome) => replay(outcome),
         Begin::Busy { retry_after } => Err(Error::busy(retry_after)),
-        Begin::Drift { stored, frozen: original } => Err(drift_error(stored, original.as_ref(), &frozen)),
+        Begin::Drift {
+            stored,
+            frozen: original,
+        } => Err(drift_error(stored, original.as_ref(), &frozen)),
     }
 }
 
-fn drift_error(stored: crate::Fingerprint, original: Option<&FrozenRequest>, new: &FrozenRequest) -> Error {
+fn drift_error(
+    stored: crate::Fingerprint,
+    original: Option<&FrozenRequest>,
+    new: &FrozenRequest,
+) -> Error {
     let drift = match original {
         Some(original) => Drift::between(stored, original.body(), new.fingerprint(), new.body()),
         None => Drift::fingerprints(stored, new.fingerprint()),
@@ -435,7 +508,10 @@ where
     Ok(response.map(ResponseBody::inner))
 }
 
-async fn call_inner<S, ResBody>(inner: S, req: Request<Full<Bytes>>) -> Result<Response<ResBody>, BoxError>
+async fn call_inner<S, ResBody>(
+    inner: S,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<ResBody>, BoxError>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
@@ -463,6 +539,9 @@ where
     // the request may already be on the wire.
     let lease = client.ledger.hold(key, token, OnDrop::MarkInDoubt);
     extensions.insert(AlreadyFrozen(frozen.clone()));
+    if !client.provider_deduplicates {
+        extensions.insert(NoResendAfterWrite);
+    }
     match call_inner(inner, frozen.to_request_with(extensions)).await {
         Ok(response) => settle_response(client, lease, response, source).await,
         Err(error) => {
@@ -519,12 +598,23 @@ where
     };
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
-            let stored = StoredResponse::new(parts.status, parts.version, parts.headers.clone(), bytes.clone());
+            let stored = StoredResponse::new(
+                parts.status,
+                parts.version,
+                parts.headers.clone(),
+                bytes.clone(),
+            );
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }
         Buffered::Overflow(prefix, rest) => {
-            tracing::info!(limit = client.response_limit, "response over the recording cap; keeping a tombstone");
-            (Outcome::Tombstone { status }, ResponseBody::overflow(prefix, rest))
+            tracing::info!(
+                limit = client.response_limit,
+                "response over the recording cap; keeping a tombstone"
+            );
+            (
+                Outcome::Tombstone { status },
+                ResponseBody::overflow(prefix, rest),
+            )
         }
     };
     if let Err(err) = lease.complete(outcome).await {

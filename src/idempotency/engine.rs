@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ledger::{Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError};
+use crate::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
+};
 
 /// The default lease: how long one owner may hold an operation in flight.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -61,7 +63,11 @@ impl Ledger {
     }
 
     /// `begin`, waiting per `busy` while another owner holds the operation.
-    pub(crate) async fn begin(&self, request: BeginRequest, busy: BusyPolicy) -> Result<Begin, StoreError> {
+    pub(crate) async fn begin(
+        &self,
+        request: BeginRequest,
+        busy: BusyPolicy,
+    ) -> Result<Begin, StoreError> {
         let give_up_at = match busy {
             BusyPolicy::Wait(limit) => Instant::now() + limit,
             BusyPolicy::Fail => Instant::now(),
@@ -77,7 +83,9 @@ impl Ledger {
                 return Ok(answer);
             }
             // Never sleep past the owner's lease (it turns in doubt then) or our own limit.
-            let nap = pause.min(retry_after.max(Duration::from_millis(1))).min(give_up_at - now);
+            let nap = pause
+                .min(retry_after.max(Duration::from_millis(1)))
+                .min(give_up_at - now);
             tokio::time::sleep(nap).await;
             pause = (pause * 2).min(MAX_BUSY_POLL);
         }
@@ -103,6 +111,7 @@ pub(crate) enum OnDrop {
     /// waiting out the lease.
     MarkInDoubt,
     /// The work is known not to have taken effect: release the key.
+    #[allow(dead_code)] // the server face releases keys of handlers that never started
     Abandon,
 }
 
@@ -121,7 +130,10 @@ impl LeaseGuard {
     pub(crate) async fn complete(mut self, outcome: Outcome) -> Result<(), StoreError> {
         self.settled = true;
         let ledger = &self.ledger;
-        ledger.store.complete(self.key, self.token, outcome, ledger.retention).await
+        ledger
+            .store
+            .complete(self.key, self.token, outcome, ledger.retention)
+            .await
     }
 
     pub(crate) async fn abandon(mut self) -> Result<(), StoreError> {
@@ -132,7 +144,10 @@ impl LeaseGuard {
     pub(crate) async fn mark_in_doubt(mut self) -> Result<(), StoreError> {
         self.settled = true;
         let ledger = &self.ledger;
-        ledger.store.mark_in_doubt(self.key, self.token, ledger.retention).await
+        ledger
+            .store
+            .mark_in_doubt(self.key, self.token, ledger.retention)
+            .await
     }
 }
 
@@ -146,8 +161,12 @@ impl Drop for LeaseGuard {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, key, token, retention) =
-            (self.ledger.store.clone(), self.key, self.token, self.ledger.retention);
+        let (store, key, token, retention) = (
+            self.ledger.store.clone(),
+            self.key,
+            self.token,
+            self.ledger.retention,
+        );
         let on_drop = self.on_drop;
         runtime.spawn(async move {
             let settled = match on_drop {

@@ -21,7 +21,9 @@ impl<F> Clone for IdempotencyLayer<F> {
 
 impl<F> IdempotencyLayer<F> {
     pub(crate) fn from_face(face: F) -> Self {
-        Self { face: Arc::new(face) }
+        Self {
+            face: Arc::new(face),
+        }
     }
 }
 

@@ -9,7 +9,9 @@ use moka::policy::EvictionPolicy;
 use moka::Expiry;
 use tokio::time::Instant;
 
-use super::{Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture};
+use super::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
+};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
 
@@ -154,7 +156,10 @@ struct Record {
 
 #[derive(Debug)]
 enum State {
-    InFlight { token: LeaseToken, lease_until: Instant },
+    InFlight {
+        token: LeaseToken,
+        lease_until: Instant,
+    },
     InDoubt,
     Completed(Outcome),
 }
@@ -166,11 +171,18 @@ impl Record {
             State::Completed(outcome) => outcome.weight(),
             _ => 0,
         };
-        let total = std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>() + frozen + outcome;
+        let total =
+            std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>() + frozen + outcome;
         u32::try_from(total).unwrap_or(u32::MAX)
     }
 
-    fn with_state(&self, state: State, may_have_sent: bool, retention: Duration, now: Instant) -> Arc<Self> {
+    fn with_state(
+        &self,
+        state: State,
+        may_have_sent: bool,
+        retention: Duration,
+        now: Instant,
+    ) -> Arc<Self> {
         Arc::new(Self {
             fingerprint: self.fingerprint,
             frozen: self.frozen.clone(),
@@ -190,7 +202,12 @@ impl Record {
 struct RetentionExpiry;
 
 impl Expiry<LedgerKey, Arc<Record>> for RetentionExpiry {
-    fn expire_after_create(&self, _: &LedgerKey, record: &Arc<Record>, _: std::time::Instant) -> Option<Duration> {
+    fn expire_after_create(
+        &self,
+        _: &LedgerKey,
+        record: &Arc<Record>,
+        _: std::time::Instant,
+    ) -> Option<Duration> {
         Some(record.retention)
     }
 
@@ -205,7 +222,11 @@ impl Expiry<LedgerKey, Arc<Record>> for RetentionExpiry {
     }
 }
 
-fn decide_begin(current: Option<&Record>, request: BeginRequest, now: Instant) -> (Op<Arc<Record>>, Begin) {
+fn decide_begin(
+    current: Option<&Record>,
+    request: BeginRequest,
+    now: Instant,
+) -> (Op<Arc<Record>>, Begin) {
     let Some(record) = current else {
         let token = LeaseToken::generate();
         let record = Record {
@@ -229,15 +250,23 @@ fn decide_begin(current: Option<&Record>, request: BeginRequest, now: Instant) -
         return (Op::Nop, drift);
     }
     match &record.state {
-        State::InFlight { lease_until, .. } if *lease_until > now => {
-            (Op::Nop, Begin::Busy { retry_after: *lease_until - now })
-        }
+        State::InFlight { lease_until, .. } if *lease_until > now => (
+            Op::Nop,
+            Begin::Busy {
+                retry_after: *lease_until - now,
+            },
+        ),
         // An expired lease is in doubt: the owner may have sent and died. Hand the operation
         // to this caller under a new token, with the bytes first frozen.
         State::InFlight { .. } | State::InDoubt => {
             let token = LeaseToken::generate();
             let lease_until = now + request.lease;
-            let next = record.with_state(State::InFlight { token, lease_until }, true, request.retention, now);
+            let next = record.with_state(
+                State::InFlight { token, lease_until },
+                true,
+                request.retention,
+                now,
+            );
             let frozen = record.frozen.clone();
             (Op::Put(next), Begin::Resume { token, frozen })
         }
@@ -249,17 +278,30 @@ impl IdempotencyStore for MemoryStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
         Box::pin(async move {
             let key = request.key;
-            Ok(self.transition(key, |current, now| decide_begin(current, request, now)).await)
+            Ok(self
+                .transition(key, |current, now| decide_begin(current, request, now))
+                .await)
         })
     }
 
-    fn complete(&self, key: LedgerKey, token: LeaseToken, outcome: Outcome, retention: Duration) -> StoreFuture<'_, ()> {
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             self.transition(key, |current, now| match current {
                 Some(record) if record.owned_by(token) => {
                     let may_have_sent = record.may_have_sent;
                     (
-                        Op::Put(record.with_state(State::Completed(outcome), may_have_sent, retention, now)),
+                        Op::Put(record.with_state(
+                            State::Completed(outcome),
+                            may_have_sent,
+                            retention,
+                            now,
+                        )),
                         Ok(()),
                     )
                 }
@@ -276,7 +318,10 @@ impl IdempotencyStore for MemoryStore {
                 // send new bytes. Keep it in doubt so the next caller resumes instead.
                 Some(record) if record.owned_by(token) && record.may_have_sent => {
                     let retention = record.retention;
-                    (Op::Put(record.with_state(State::InDoubt, true, retention, now)), Ok(()))
+                    (
+                        Op::Put(record.with_state(State::InDoubt, true, retention, now)),
+                        Ok(()),
+                    )
                 }
                 Some(record) if record.owned_by(token) => (Op::Remove, Ok(())),
                 _ => (Op::Nop, Err(StoreError::fenced())),
@@ -285,12 +330,18 @@ impl IdempotencyStore for MemoryStore {
         })
     }
 
-    fn mark_in_doubt(&self, key: LedgerKey, token: LeaseToken, retention: Duration) -> StoreFuture<'_, ()> {
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             self.transition(key, |current, now| match current {
-                Some(record) if record.owned_by(token) => {
-                    (Op::Put(record.with_state(State::InDoubt, true, retention, now)), Ok(()))
-                }
+                Some(record) if record.owned_by(token) => (
+                    Op::Put(record.with_state(State::InDoubt, true, retention, now)),
+                    Ok(()),
+                ),
                 _ => (Op::Nop, Err(StoreError::fenced())),
             })
             .await

@@ -377,10 +377,14 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16, StoreError> {
-        Ok(u16::from_be_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_be_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     fn u32(&mut self) -> Result<u32, StoreError> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
         let len = self.u32()? as usize;
@@ -451,7 +455,10 @@ mod tests {
     #[test]
     fn ledger_key_derivations_are_domain_separated() {
         let op = IdempotencyKey::derive("s", "k", "");
-        assert_ne!(LedgerKey::for_operation(op), LedgerKey::client_header("s", "k"));
+        assert_ne!(
+            LedgerKey::for_operation(op),
+            LedgerKey::client_header("s", "k")
+        );
         assert_ne!(
             LedgerKey::server("", &Method::POST, "/a", "k"),
             LedgerKey::server("", &Method::POST, "/ak", "")

@@ -56,7 +56,10 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     }
     let date = httpdate::parse_http_date(text).ok()?;
     // A date in the past means "now".
-    Some(date.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
+    Some(
+        date.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 #[cfg(test)]
@@ -104,10 +107,14 @@ mod tests {
         let mut seen_low = false;
         let mut seen_high = false;
         for _ in 0..200 {
-            let delay = FullJitter::new(Duration::from_millis(100), Duration::from_secs(1)).next_delay();
+            let delay =
+                FullJitter::new(Duration::from_millis(100), Duration::from_secs(1)).next_delay();
             seen_low |= delay < Duration::from_millis(30);
             seen_high |= delay > Duration::from_millis(70);
         }
-        assert!(seen_low && seen_high, "delays are drawn from the whole range");
+        assert!(
+            seen_low && seen_high,
+            "delays are drawn from the whole range"
+        );
     }
 }

@@ -54,6 +54,9 @@ pub struct RetryContext<'a> {
     pub effect: EffectClass,
     /// The attempt just made, from 1.
     pub attempt: u32,
+    /// Whether the server is known to deduplicate on `Idempotency-Key` (`false` when the
+    /// client [`IdempotencyLayer`](crate::IdempotencyLayer) was told it does not).
+    pub key_honoured: bool,
     /// How it ended.
     pub result: AttemptResult<'a>,
 }
@@ -62,7 +65,8 @@ impl RetryContext<'_> {
     /// Whether resending is harmless: a read or idempotent write, or a request carrying an
     /// `Idempotency-Key` the server can deduplicate on.
     pub fn is_retry_safe(&self) -> bool {
-        !self.effect.is_side_effect() || self.request.headers().contains_key(&IDEMPOTENCY_KEY)
+        !self.effect.is_side_effect()
+            || (self.key_honoured && self.request.headers().contains_key(&IDEMPOTENCY_KEY))
     }
 }
 

@@ -17,7 +17,7 @@ use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use super::FrozenRetryLayer;
 use crate::effect::EffectClass;
-use crate::frozen::{freeze_or_reuse, FrozenRequest};
+use crate::frozen::{freeze_or_reuse, FrozenRequest, NoResendAfterWrite};
 use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
 
@@ -162,6 +162,7 @@ where
 {
     let (frozen, extensions) = freeze_or_reuse(req, policy.body_limit).await?;
     let effect = EffectClass::resolve(frozen.method(), &extensions);
+    let key_honoured = extensions.get::<NoResendAfterWrite>().is_none();
     if let Some(budget) = &policy.budget {
         budget.deposit();
     }
@@ -173,18 +174,36 @@ where
         let result = send_once(&mut inner, &policy, &frozen, &extensions).await;
         let delay = match &result {
             Ok(response) => {
-                let ctx = context(&frozen, effect, attempt, AttemptResult::Response {
-                    status: response.status(),
-                    headers: response.headers(),
-                });
+                let ctx = context(
+                    &frozen,
+                    effect,
+                    key_honoured,
+                    attempt,
+                    AttemptResult::Response {
+                        status: response.status(),
+                        headers: response.headers(),
+                    },
+                );
                 tracing::debug!(attempt, status = %response.status(), "attempt answered");
-                next_delay(&policy, &ctx, &mut backoff, retry_after(response.headers()), deadline)
+                next_delay(
+                    &policy,
+                    &ctx,
+                    &mut backoff,
+                    retry_after(response.headers()),
+                    deadline,
+                )
             }
             Err(failure) => {
-                let ctx = context(&frozen, effect, attempt, AttemptResult::Error {
-                    phase: failure.phase,
-                    error: &*failure.error,
-                });
+                let ctx = context(
+                    &frozen,
+                    effect,
+                    key_honoured,
+                    attempt,
+                    AttemptResult::Error {
+                        phase: failure.phase,
+                        error: &*failure.error,
+                    },
+                );
                 tracing::debug!(attempt, phase = ?failure.phase, error = %failure.error, "attempt failed");
                 next_delay(&policy, &ctx, &mut backoff, None, deadline)
             }
@@ -210,12 +229,14 @@ where
 fn context<'a>(
     request: &'a FrozenRequest,
     effect: EffectClass,
+    key_honoured: bool,
     attempt: u32,
     result: AttemptResult<'a>,
 ) -> RetryContext<'a> {
     RetryContext {
         request,
         effect,
+        key_honoured,
         attempt,
         result,
     }
@@ -264,7 +285,8 @@ fn next_delay(
     server_asked: Option<std::time::Duration>,
     deadline: Instant,
 ) -> Option<std::time::Duration> {
-    if ctx.attempt >= policy.max_attempts || policy.classifier.classify(ctx) == RetryDecision::Stop {
+    if ctx.attempt >= policy.max_attempts || policy.classifier.classify(ctx) == RetryDecision::Stop
+    {
         return None;
     }
     let now = Instant::now();

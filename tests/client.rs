@@ -1,0 +1,615 @@
+//! The client `IdempotencyLayer`, over the public API.
+#![cfg(feature = "test-util")]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_idempotency::idempotency::{Client, Idempotency};
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
+    StoreFuture,
+};
+use tower_idempotency::phase::FailurePhase;
+use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
+use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::{
+    BusyPolicy, DriftPolicy, EffectClass, FrozenRequest, FrozenRetryLayer, IdempotencyLayer,
+    OperationId, ResponseSource,
+};
+
+const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock: 200 units of SKU-4471, expedited freight","total_cents":184200,"fulfillment_intent_id":"fi_9a7e21"}"#;
+const REGENERATED: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock order for 200 units of SKU-4471 - expediting after prior submission failed to confirm","total_cents":184200,"fulfillment_intent_id":"fi_c02b6f"}"#;
+
+fn op() -> OperationId {
+    OperationId::new("task-9", "create-order")
+}
+
+fn key_hex() -> String {
+    op().key("").to_hex()
+}
+
+fn post(body: &'static str) -> Request<Full<Bytes>> {
+    let mut req = Request::post("http://orders.local/orders")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    req.extensions_mut().insert(op());
+    req
+}
+
+type Stack = Idempotency<FrozenRetry<SideEffectService>, Client>;
+
+fn stack_with(layer: IdempotencyLayer<Client>, provider: &SideEffectService) -> Stack {
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    ServiceBuilder::new()
+        .layer(layer)
+        .layer(FrozenRetryLayer::new(policy))
+        .service(provider.clone())
+}
+
+fn stack(store: &Arc<MemoryStore>, provider: &SideEffectService) -> Stack {
+    stack_with(IdempotencyLayer::client(store.clone()), provider)
+}
+
+async fn body_of<B: http_body::Body>(response: Response<B>) -> Bytes
+where
+    B::Error: std::fmt::Debug,
+{
+    response.into_body().collect().await.unwrap().to_bytes()
+}
+
+async fn live_records(store: &MemoryStore) -> u64 {
+    store.run_pending_tasks().await;
+    store.entry_count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn sixty_four_concurrent_callers_fire_one_effect_and_share_its_outcome() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::builder()
+        .latency(Duration::from_millis(200))
+        .build();
+    let svc = stack(&store, &provider);
+    let callers: Vec<_> = (0..64)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
+                (response.status(), body_of(response).await)
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for caller in callers {
+        outcomes.push(caller.await.unwrap());
+    }
+    assert_eq!(provider.effects(), 1);
+    assert_eq!(
+        provider.calls(),
+        1,
+        "the other 63 never reached the provider"
+    );
+    let (status, body) = &outcomes[0];
+    assert_eq!(*status, StatusCode::CREATED);
+    assert!(
+        outcomes.iter().all(|o| o == &outcomes[0]),
+        "every caller got the same outcome"
+    );
+    assert!(String::from_utf8_lossy(body).contains("eff_1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_callers_on_two_threads_fire_one_effect() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack(&store, &provider);
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let callers: Vec<_> = (0..64)
+        .map(|_| {
+            let (svc, barrier) = (svc.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                body_of(svc.oneshot(post(ORIGINAL)).await.unwrap()).await
+            })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for caller in callers {
+        bodies.push(caller.await.unwrap());
+    }
+    assert_eq!(provider.effects(), 1);
+    assert!(bodies.iter().all(|b| b == &bodies[0]));
+}
+
+#[tokio::test]
+async fn a_completed_operation_replays_without_calling_the_provider() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack(&store, &provider);
+    let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        first.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Sent)
+    );
+    let first_headers = first.headers().clone();
+    let first_body = body_of(first).await;
+
+    let again = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        again.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Replayed)
+    );
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers(), &first_headers);
+    assert_eq!(body_of(again).await, first_body);
+    assert_eq!(provider.calls(), 1);
+    assert_eq!(provider.effects_for_key(&key_hex()), 1);
+}
+
+#[tokio::test]
+async fn the_derived_key_travels_as_an_sf_string() {
+    let provider = SideEffectService::new();
+    let svc = stack(&Arc::new(MemoryStore::new()), &provider);
+    svc.oneshot(post(ORIGINAL)).await.unwrap();
+    let sent = &provider.attempts()[0];
+    assert_eq!(
+        sent.headers()["idempotency-key"],
+        format!("\"{}\"", key_hex()).as_str()
+    );
+}
+
+#[tokio::test]
+async fn a_callers_own_key_is_sent_unchanged_and_deduplicates() {
+    let provider = SideEffectService::new();
+    let svc = stack(&Arc::new(MemoryStore::new()), &provider);
+    for _ in 0..2 {
+        let req = Request::post("http://mail.local/send")
+            .header("idempotency-key", "welcome-mail-7")
+            .body(Full::new(Bytes::from_static(b"hello")))
+            .unwrap();
+        svc.clone().oneshot(req).await.unwrap();
+    }
+    assert_eq!(provider.calls(), 1);
+    assert_eq!(
+        provider.attempts()[0].headers()["idempotency-key"],
+        "welcome-mail-7"
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_caller_key_fails_before_anything_is_sent() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack(&store, &provider);
+    let req = Request::post("http://mail.local/send")
+        .header("idempotency-key", "has space")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let err = svc.oneshot(req).await.unwrap_err();
+    assert!(err.is_invalid_key(), "{err}");
+    assert_eq!(provider.calls(), 0);
+    assert_eq!(live_records(&store).await, 0);
+}
+
+#[tokio::test]
+async fn a_keyless_side_effect_passes_through_or_fails_when_keys_are_required() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let keyless = || {
+        Request::post("http://mail.local/send")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let lenient = stack(&store, &provider);
+    lenient.oneshot(keyless()).await.unwrap();
+    assert_eq!(provider.effects_without_key(), 1);
+    assert_eq!(
+        live_records(&store).await,
+        0,
+        "pass-through never touches the ledger"
+    );
+
+    let strict = stack_with(
+        IdempotencyLayer::client_builder(store.clone())
+            .require_key(true)
+            .build()
+            .unwrap(),
+        &provider,
+    );
+    let err = strict.oneshot(keyless()).await.unwrap_err();
+    assert!(err.is_missing_key(), "{err}");
+    assert_eq!(provider.calls(), 1, "nothing more was sent");
+}
+
+#[tokio::test]
+async fn reads_pass_through_without_a_key_or_a_record() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack(&store, &provider);
+    let mut req = Request::get("http://orders.local/orders/1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    req.extensions_mut().insert(op());
+    svc.clone().oneshot(req).await.unwrap();
+    // A POST declared a read by its extension is treated the same.
+    let mut search = post(ORIGINAL);
+    search.extensions_mut().insert(EffectClass::Read);
+    svc.oneshot(search).await.unwrap();
+    assert_eq!(provider.calls(), 2);
+    assert!(provider
+        .attempts()
+        .iter()
+        .all(|a| !a.headers().contains_key("idempotency-key")));
+    assert_eq!(live_records(&store).await, 0);
+}
+
+#[tokio::test]
+async fn an_oversized_body_fails_before_anything_is_sent_or_recorded() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack_with(
+        IdempotencyLayer::client_builder(store.clone())
+            .body_limit(16)
+            .build()
+            .unwrap(),
+        &provider,
+    );
+    let err = svc.oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(err.is_body_too_large(), "{err}");
+    assert_eq!(provider.calls(), 0);
+    assert_eq!(live_records(&store).await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn drift_is_rejected_naming_the_fields_that_changed() {
+    let store = Arc::new(MemoryStore::new());
+    // The first attempt commits and answers 500; retries are exhausted; the agent re-runs.
+    let provider = SideEffectService::new().with_faults([Fault::ServerError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        commit: true,
+    }]);
+    let layer = IdempotencyLayer::client(store.clone());
+    let one_shot = RetryPolicy::builder().max_attempts(1).build().unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(FrozenRetryLayer::new(one_shot))
+        .service(provider.clone());
+    let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+
+    let err = svc.oneshot(post(REGENERATED)).await.unwrap_err();
+    assert!(err.is_drift(), "{err}");
+    let drift = err.drift().unwrap();
+    assert_eq!(
+        drift.changed_fields().unwrap(),
+        ["fulfillment_intent_id", "summary"]
+    );
+    assert_ne!(drift.stored(), drift.new_fingerprint());
+    assert!(err.to_string().contains("fulfillment_intent_id"));
+    assert_eq!(
+        provider.calls(),
+        1,
+        "the regenerated request was never sent"
+    );
+    assert_eq!(provider.effects(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn drift_under_resend_frozen_sends_the_original_bytes() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new().with_faults([Fault::ServerError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        commit: true,
+    }]);
+    let one_shot = RetryPolicy::builder().max_attempts(1).build().unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(store.clone())
+                .drift_policy(DriftPolicy::ResendFrozen)
+                .build()
+                .unwrap(),
+        )
+        .layer(FrozenRetryLayer::new(one_shot))
+        .service(provider.clone());
+    svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    let resumed = svc.oneshot(post(REGENERATED)).await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::CREATED);
+    assert_eq!(
+        resumed.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Resent)
+    );
+    let attempts = provider.attempts();
+    assert_eq!(attempts.len(), 2);
+    assert!(attempts.iter().all(|a| a.body() == ORIGINAL.as_bytes()));
+    assert_eq!(provider.effects(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_client_is_resumed_with_the_frozen_bytes() {
+    let store = Arc::new(MemoryStore::new());
+    // The provider commits and the answer never comes back; then the orchestrator dies.
+    let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
+    let before_crash = stack(&store, &provider);
+    let in_flight = tokio::spawn(async move { before_crash.oneshot(post(ORIGINAL)).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(provider.effects(), 1);
+    in_flight.abort(); // the whole client stack is dropped; the ledger survives
+    let _ = in_flight.await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+
+    // A fresh stack; the agent re-ran and produced a different payload.
+    let after_restart = stack_with(
+        IdempotencyLayer::client_builder(store.clone())
+            .drift_policy(DriftPolicy::ResendFrozen)
+            .build()
+            .unwrap(),
+        &provider,
+    );
+    let response = after_restart.oneshot(post(REGENERATED)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        response.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Resent)
+    );
+    assert!(String::from_utf8_lossy(&body_of(response).await).contains("eff_1"));
+    assert_eq!(provider.effects(), 1);
+    assert!(provider
+        .attempts()
+        .iter()
+        .all(|a| a.body() == ORIGINAL.as_bytes()));
+}
+
+/// A process that died right after `begin` (no chance to mark anything): its lease expires
+/// into doubt, and the next run resends what it froze.
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_resumes_with_the_stored_request_and_fences_the_dead_owner() {
+    let store = Arc::new(MemoryStore::new());
+    let key = op().key("");
+    let mut headers = http::HeaderMap::new();
+    headers.insert("idempotency-key", key.header_value());
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    let frozen = FrozenRequest::from_parts(
+        http::Method::POST,
+        "http://orders.local/orders".parse().unwrap(),
+        http::Version::HTTP_11,
+        headers,
+        Bytes::from_static(ORIGINAL.as_bytes()),
+    );
+    let lease = Duration::from_secs(60);
+    let begin = BeginRequest::new(
+        LedgerKey::for_operation(key),
+        frozen.fingerprint(),
+        lease,
+        Duration::from_secs(86_400),
+    )
+    .with_frozen(frozen);
+    let Begin::Acquired { token: dead_owner } = store.begin(begin).await.unwrap() else {
+        panic!("expected to acquire");
+    };
+
+    let provider = SideEffectService::new();
+    let svc = stack_with(
+        IdempotencyLayer::client_builder(store.clone())
+            .busy_policy(BusyPolicy::Fail)
+            .build()
+            .unwrap(),
+        &provider,
+    );
+    let err = svc.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    assert!(err.retry_after().unwrap() <= lease);
+    assert_eq!(provider.calls(), 0);
+
+    tokio::time::advance(lease + Duration::from_secs(1)).await;
+    let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        response.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Resent)
+    );
+    assert_eq!(provider.effects(), 1);
+    assert_eq!(provider.attempts()[0].body(), ORIGINAL.as_bytes());
+
+    let stale = store
+        .complete(
+            LedgerKey::for_operation(key),
+            dead_owner,
+            Outcome::Tombstone {
+                status: StatusCode::OK,
+            },
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap_err();
+    assert!(stale.is_fenced());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retryable_answer_after_the_last_retry_is_resent_later_not_replayed() {
+    let store = Arc::new(MemoryStore::new());
+    let unavailable = Fault::ServerError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        commit: false,
+    };
+    let provider = SideEffectService::new().with_faults(vec![unavailable; 3]);
+    let svc = stack(&store, &provider);
+    let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let later = svc.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(later.status(), StatusCode::CREATED);
+    assert_eq!(
+        later.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Resent)
+    );
+    assert_eq!(provider.effects(), 1);
+}
+
+#[tokio::test]
+async fn an_oversized_response_reaches_its_caller_whole_and_is_never_run_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let big: Bytes = (0..2 * 1024 * 1024)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<_>>()
+        .into();
+    let provider = service_fn({
+        let (runs, big) = (runs.clone(), big.clone());
+        move |_req: Request<Full<Bytes>>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let big = big.clone();
+            async move { Ok::<_, Infallible>(Response::new(Full::new(big))) }
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .service(provider);
+    let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        body_of(first).await,
+        big,
+        "the first caller gets every byte"
+    );
+    let err = svc.oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(err.is_replay_unavailable(), "{err}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A store that is down.
+#[derive(Debug)]
+struct DownStore;
+
+impl IdempotencyStore for DownStore {
+    fn begin(&self, _: BeginRequest) -> StoreFuture<'_, Begin> {
+        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+    }
+    fn complete(
+        &self,
+        _: LedgerKey,
+        _: LeaseToken,
+        _: Outcome,
+        _: Duration,
+    ) -> StoreFuture<'_, ()> {
+        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+    }
+    fn abandon(&self, _: LedgerKey, _: LeaseToken) -> StoreFuture<'_, ()> {
+        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+    }
+    fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+    }
+}
+
+#[tokio::test]
+async fn a_ledger_outage_fails_closed_unless_opted_out() {
+    let provider = SideEffectService::new();
+    let closed = stack_with(IdempotencyLayer::client(DownStore), &provider);
+    let err = closed.oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(err.is_store(), "{err}");
+    assert_eq!(
+        provider.calls(),
+        0,
+        "no side effect fires without the ledger"
+    );
+
+    let open = stack_with(
+        IdempotencyLayer::client_builder(DownStore)
+            .fail_open(true)
+            .build()
+            .unwrap(),
+        &provider,
+    );
+    assert_eq!(
+        open.oneshot(post(ORIGINAL)).await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(provider.effects(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pre_write_failure_releases_the_operation() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new().with_faults([Fault::RefuseBeforeSend]);
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store.clone()))
+        .service(provider.clone());
+    let err = svc.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert_eq!(err.phase(), Some(FailurePhase::PreWrite));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // Released, not in doubt: the next run is a first send.
+    let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        response.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Sent)
+    );
+    assert_eq!(provider.effects(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_users_own_error_type_is_classified_by_their_classifier() {
+    #[derive(Debug)]
+    struct CircuitOpen;
+    impl std::fmt::Display for CircuitOpen {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("circuit open")
+        }
+    }
+    impl std::error::Error for CircuitOpen {}
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let breaker = service_fn({
+        let calls = calls.clone();
+        move |_req: Request<Full<Bytes>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    Err(CircuitOpen)
+                } else {
+                    Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                }
+            }
+        }
+    });
+    let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+        .classify_phase(|err: &(dyn std::error::Error + 'static)| {
+            err.is::<CircuitOpen>().then_some(FailurePhase::PreWrite)
+        })
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new().layer(layer).service(breaker);
+    let err = svc.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert_eq!(err.phase(), Some(FailurePhase::PreWrite));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        response.extensions().get::<ResponseSource>(),
+        Some(&ResponseSource::Sent)
+    );
+}
+
+#[test]
+fn the_builder_refuses_ttls_shorter_than_the_retry_window() {
+    let short_retention = IdempotencyLayer::client_builder(MemoryStore::new())
+        .retry_window(Duration::from_secs(30))
+        .lease(Duration::from_secs(60))
+        .retention(Duration::from_secs(80))
+        .build();
+    assert!(short_retention
+        .unwrap_err()
+        .to_string()
+        .contains("retention"));
+    let short_lease = IdempotencyLayer::client_builder(MemoryStore::new())
+        .retry_window(Duration::from_secs(30))
+        .lease(Duration::from_secs(30))
+        .build();
+    assert!(short_lease.unwrap_err().to_string().contains("lease"));
+}

@@ -1,4 +1,104 @@
 //! Exactly-once side effects for retried HTTP calls, as tower middleware.
+//!
+//! Two failures charge customers twice, and this crate exists to stop both:
+//!
+//! 1. **Timeout + retry.** The provider charged the card; the answer was lost; the caller
+//!    timed out and retried; the card was charged again. The cure: a deterministic key
+//!    owned by the orchestrator — derived from its `(task_id, step_id)`, never from the
+//!    payload or the model — and a ledger consulted *before* the side effect fires, which
+//!    replays the recorded outcome on a repeat.
+//! 2. **The retry regenerated the request.** The "retry" re-ran the agent, which reworded
+//!    a `summary` and minted a fresh `fulfillment_intent_id` under the same key; no
+//!    server-side deduplication can catch that. The cure: freeze the exact request bytes
+//!    once, before the first network call, and make every retry resend those bytes.
+//!
+//! # The stack
+//!
+//! ```text
+//! ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::client(store))   // once per logical operation
+//!     .layer(FrozenRetryLayer::new(policy))     // freezes bytes, resends them on retry
+//!     .service(hyper_util_client)               // or reqwest through an adapter
+//! ```
+//!
+//! The order matters: idempotency outside, retry inside, so the ledger is consulted once
+//! per logical operation and every retry inside reuses its key and its frozen bytes. The
+//! body is buffered and hashed once even with both layers stacked.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::Request;
+//! use http_body_util::Full;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_idempotency::testing::{Fault, SideEffectService};
+//! use tower_idempotency::{
+//!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
+//! };
+//! # use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_idempotency::Error> {
+//! // A payments provider that charges, then never answers the first time.
+//! let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
+//!
+//! let client = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::client(MemoryStore::new()))
+//!     .layer(FrozenRetryLayer::new(
+//!         RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build().unwrap(),
+//!     ))
+//!     .service(provider.clone());
+//!
+//! let mut charge = Request::post("http://payments.local/charges")
+//!     .body(Full::new(Bytes::from(r#"{"order_id":"order_42","amount_cents":1999}"#)))
+//!     .unwrap();
+//! charge.extensions_mut().insert(OperationId::new("task-7", "charge_customer"));
+//!
+//! let response = client.oneshot(charge).await?;
+//! assert_eq!(response.status(), 201); // the first charge's answer, on the retry
+//! assert_eq!(provider.effects(), 1);  // charged once
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! A ledger record per operation moves through four states (see [`ledger`] for the rules
+//! every store keeps):
+//!
+//! ```text
+//!            begin                    response recorded
+//!  absent ──────────▶ in flight ─────────────────────────▶ completed ──▶ replayed
+//!    ▲                 │    │                                   to every later caller
+//!    │  failure proven │    │ failure after the bytes may have left,
+//!    └─ before writing ┘    │ a "try again" answer, or the lease expired
+//!                           ▼
+//!                       in doubt ──begin──▶ in flight again, resending the FROZEN bytes
+//! ```
+//!
+//! A different payload under a known operation is *drift*: refused (naming the changed
+//! JSON fields) or answered with the original bytes, per [`DriftPolicy`].
+//!
+//! # Layout
+//!
+//! - [`key`]: [`OperationId`], [`IdempotencyKey`] and its published derivation, the
+//!   `Idempotency-Key` header parser.
+//! - [`fingerprint`], [`frozen`]: what a request says, and its bytes captured once.
+//! - [`ledger`]: the [`IdempotencyStore`](ledger::IdempotencyStore) protocol,
+//!   [`MemoryStore`](ledger::MemoryStore) (moka) and, with feature `redis`, `RedisStore`.
+//! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine with a client face and a
+//!   server face.
+//! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
+//! - [`phase`]: whether a failed call may have reached the server.
+//! - `testing` (feature `test-util`): a fault-injecting provider double and the store
+//!   conformance suite.
+//!
+//! # Features
+//!
+//! | feature | default | what |
+//! |---|---|---|
+//! | `hyper-util` | yes | classify `hyper_util` client errors (connect failures are pre-write) |
+//! | `redis` | no | `RedisStore`, the shared ledger for many replicas and crash-and-resume |
+//! | `test-util` | no | `SideEffectService` and the conformance suite |
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,

@@ -1,0 +1,487 @@
+//! The incidents this crate exists to stop, reproduced over real loopback HTTP.
+//!
+//! An axum "provider" plays a payments API (deduplicates on `Idempotency-Key`, as Stripe
+//! does) and a fulfillment service (deduplicates internally on `fulfillment_intent_id`, as
+//! in the second incident). An orchestrator calls them through a hyper-util client, first
+//! with the stack teams write by hand, then with ours:
+//!
+//! 1. **Charge after a timeout.** The charge lands, the answer is slow, the caller's timeout
+//!    fires, the retry charges again.
+//! 2. **The retry regenerated the request.** The fulfillment service answers a transient
+//!    500 after writing the row; the "retry" re-runs the agent, which rewords `summary` and
+//!    mints a fresh `fulfillment_intent_id`. Then the orchestrator re-runs the whole agent
+//!    step, which our layer catches as drift, naming the fields that changed.
+//! 3. **Crash and resume.** The orchestrator dies after its request left; it comes back,
+//!    the agent regenerates the payload, and the call is made again.
+//!
+//! Every count in the final table is read from the provider's own records.
+//!
+//! ```text
+//! cargo run --example agent_incidents
+//! ```
+//!
+//! With `REDIS_URL` set (and the `redis` feature on), the ledger is Redis and scenario 3's
+//! crash kills a real child process.
+
+use std::collections::HashMap;
+use std::future::{ready, Ready};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use tower::retry::Policy;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
+use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::{
+    DriftPolicy, FrozenRetryLayer, HeaderKey, IdempotencyLayer, OperationId, ResponseSource,
+};
+
+// ---------------------------------------------------------------------------------------
+// The provider: a payments API and a fulfillment service, with scripted trouble.
+// ---------------------------------------------------------------------------------------
+
+/// What the next request to a route suffers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Trouble {
+    None,
+    /// Do the work, then answer only after this long (the caller has given up by then).
+    SlowAnswer(Duration),
+    /// Do the work, then answer 500 (connection pool exhausted on the way out).
+    ErrorAfterWrite,
+}
+
+#[derive(Default)]
+struct Books {
+    /// Charges per order id.
+    charges: Vec<Value>,
+    /// Responses remembered per `Idempotency-Key` (payments deduplicate on the key).
+    charges_by_key: HashMap<String, Value>,
+    /// Fulfillment rows; the service deduplicates on `fulfillment_intent_id` only.
+    orders: Vec<Value>,
+    next_trouble: HashMap<&'static str, Trouble>,
+}
+
+#[derive(Clone, Default)]
+struct Provider(Arc<Mutex<Books>>);
+
+impl Provider {
+    fn trouble_next(&self, route: &'static str, trouble: Trouble) {
+        self.0.lock().unwrap().next_trouble.insert(route, trouble);
+    }
+
+    fn take_trouble(&self, route: &'static str) -> Trouble {
+        self.0
+            .lock()
+            .unwrap()
+            .next_trouble
+            .remove(route)
+            .unwrap_or(Trouble::None)
+    }
+
+    fn charges_for(&self, order_id: &str) -> usize {
+        let books = self.0.lock().unwrap();
+        books.charges.iter().filter(|c| c["order_id"] == order_id).count()
+    }
+
+    fn order_rows_for(&self, order_id: &str) -> usize {
+        let books = self.0.lock().unwrap();
+        books.orders.iter().filter(|o| o["order_id"] == order_id).count()
+    }
+
+    fn order_rows(&self, order_id: &str) -> Vec<Value> {
+        let books = self.0.lock().unwrap();
+        books
+            .orders
+            .iter()
+            .filter(|o| o["order_id"] == order_id)
+            .cloned()
+            .collect()
+    }
+}
+
+async fn answer_after(trouble: Trouble, status: StatusCode, body: Value) -> (StatusCode, Json<Value>) {
+    match trouble {
+        Trouble::SlowAnswer(delay) => {
+            tokio::time::sleep(delay).await;
+            (status, Json(body))
+        }
+        Trouble::ErrorAfterWrite => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": "connection pool exhausted"})),
+        ),
+        Trouble::None => (status, Json(body)),
+    }
+}
+
+/// `POST /charges`: charges a card; deduplicates on `Idempotency-Key` like Stripe.
+async fn charge(State(provider): State<Provider>, headers: HeaderMap, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+    let key = HeaderKey::from_headers(&headers).ok().flatten();
+    let trouble = provider.take_trouble("charges");
+    let receipt = {
+        let mut books = provider.0.lock().unwrap();
+        match key.as_ref().and_then(|k| books.charges_by_key.get(k.as_str())) {
+            Some(earlier) => earlier.clone(),
+            None => {
+                let charge = json!({
+                    "charge_id": format!("ch_{}", books.charges.len() + 1),
+                    "order_id": body["order_id"],
+                    "amount_cents": body["amount_cents"],
+                });
+                books.charges.push(charge.clone());
+                if let Some(key) = &key {
+                    books.charges_by_key.insert(key.as_str().to_owned(), charge.clone());
+                }
+                charge
+            }
+        }
+    };
+    answer_after(trouble, StatusCode::CREATED, receipt).await
+}
+
+/// `POST /orders`: creates a fulfillment row; deduplicates on `fulfillment_intent_id`.
+async fn create_order(State(provider): State<Provider>, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+    let trouble = provider.take_trouble("orders");
+    let row = {
+        let mut books = provider.0.lock().unwrap();
+        let existing = books
+            .orders
+            .iter()
+            .find(|o| o["fulfillment_intent_id"] == body["fulfillment_intent_id"])
+            .cloned();
+        existing.unwrap_or_else(|| {
+            books.orders.push(body.clone());
+            body
+        })
+    };
+    answer_after(trouble, StatusCode::CREATED, row).await
+}
+
+async fn start_provider() -> (Provider, String) {
+    let provider = Provider::default();
+    let app = Router::new()
+        .route("/charges", post(charge))
+        .route("/orders", post(create_order))
+        .with_state(provider.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (provider, base)
+}
+
+// ---------------------------------------------------------------------------------------
+// The agent: asked twice, it never writes the same tool call twice.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Agent {
+    runs: u32,
+}
+
+impl Agent {
+    /// Reason about the restock and produce the `create_order` tool call.
+    fn create_order_call(&mut self) -> Value {
+        self.runs += 1;
+        let summary = if self.runs == 1 {
+            "Restock: 200 units of SKU-4471, expedited freight".to_owned()
+        } else {
+            "Restock order for 200 units of SKU-4471 - expediting after prior submission failed to confirm"
+                .to_owned()
+        };
+        json!({
+            "order_id": "ord_8f21c3",
+            "summary": summary,
+            "total_cents": 184200,
+            // A fresh UUID-like id on every run: nothing told the model to keep the old one.
+            "fulfillment_intent_id": format!("fi_{:06x}", fresh_id()),
+        })
+    }
+}
+
+fn fresh_id() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u8(1);
+    (hasher.finish() & 0xff_ffff) as u32
+}
+
+fn json_post(uri: &str, body: &Value) -> Request<Full<Bytes>> {
+    Request::post(uri)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// The stacks.
+// ---------------------------------------------------------------------------------------
+
+type Hyper = HyperClient<HttpConnector, Full<Bytes>>;
+
+fn hyper_client() -> Hyper {
+    HyperClient::builder(TokioExecutor::new()).build_http()
+}
+
+/// The retry policy teams write by hand with `tower::retry`: buffer, clone, retry on error.
+#[derive(Clone)]
+struct NaiveRetry {
+    retries_left: usize,
+}
+
+impl<Res> Policy<Request<Full<Bytes>>, Res, BoxError> for NaiveRetry {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut Request<Full<Bytes>>, result: &mut Result<Res, BoxError>) -> Option<Self::Future> {
+        if result.is_err() && self.retries_left > 0 {
+            self.retries_left -= 1;
+            Some(ready(()))
+        } else {
+            None
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        Some(req.clone())
+    }
+}
+
+const CALL_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn our_retry_policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .attempt_timeout(CALL_TIMEOUT)
+        .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .build()
+        .expect("valid retry policy")
+}
+
+fn ledger() -> Arc<dyn IdempotencyStore> {
+    Arc::new(MemoryStore::new())
+}
+
+// ---------------------------------------------------------------------------------------
+// The scenarios.
+// ---------------------------------------------------------------------------------------
+
+struct Row {
+    scenario: &'static str,
+    naive: usize,
+    ours: usize,
+    note: String,
+}
+
+async fn charge_after_timeout(provider: &Provider, base: &str) -> Row {
+    let uri = format!("{base}/charges");
+    let body = json!({"order_id": "order_42", "amount_cents": 1999});
+
+    // Naive: tower::retry around a timeout, no key.
+    provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
+    let naive = ServiceBuilder::new()
+        .retry(NaiveRetry { retries_left: 2 })
+        .timeout(CALL_TIMEOUT)
+        .service(hyper_client().map_err(BoxError::from));
+    let naive_result = naive.oneshot(json_post(&uri, &body)).await;
+    let naive_charges = provider.charges_for("order_42");
+    println!("  naive: {} after retrying; charges for order_42: {naive_charges}", status_of(&naive_result));
+
+    // Ours: the key comes from (task_id, step_id); retries resend the frozen bytes.
+    let body = json!({"order_id": "order_43", "amount_cents": 1999});
+    provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
+    let ours = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(ledger()))
+        .layer(FrozenRetryLayer::new(our_retry_policy()))
+        .service(hyper_client());
+    let mut req = json_post(&uri, &body);
+    req.extensions_mut().insert(OperationId::new("task-1", "charge_customer"));
+    let response = ours.oneshot(req).await.expect("our stack gets the real answer");
+    let receipt = response.into_body().collect().await.unwrap().to_bytes();
+    let our_charges = provider.charges_for("order_43");
+    println!(
+        "  ours:  201 {}; charges for order_43: {our_charges}",
+        String::from_utf8_lossy(&receipt)
+    );
+    Row {
+        scenario: "1. charge after a timeout",
+        naive: naive_charges,
+        ours: our_charges,
+        note: "the retry carried the derived key; the provider answered with the first charge".into(),
+    }
+}
+
+async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
+    let uri = format!("{base}/orders");
+
+    // Naive: "retry" = ask the agent again and send whatever it produces.
+    let mut agent = Agent::default();
+    provider.trouble_next("orders", Trouble::ErrorAfterWrite);
+    let client = hyper_client();
+    for _attempt in 0..3 {
+        let call = agent.create_order_call();
+        let response = client.request(json_post(&uri, &call)).await.unwrap();
+        if response.status().is_success() {
+            break;
+        }
+    }
+    let naive_rows = provider.order_rows_for("ord_8f21c3");
+    println!("  naive: the agent ran {} times; rows for ord_8f21c3: {naive_rows}", agent.runs);
+    for row in provider.order_rows("ord_8f21c3") {
+        println!("         {} {}", row["fulfillment_intent_id"], row["summary"]);
+    }
+
+    // Ours: the agent runs once; the retry resends its frozen bytes.
+    let mut agent = Agent::default();
+    let store = ledger();
+    let ours = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(FrozenRetryLayer::new(our_retry_policy()))
+        .service(hyper_client());
+    let call = agent.create_order_call();
+    let restock = |call: &Value| {
+        let mut call = call.clone();
+        call["order_id"] = json!("ord_restock_2");
+        let mut req = json_post(&uri, &call);
+        req.extensions_mut().insert(OperationId::new("task-2", "create_order"));
+        req
+    };
+    provider.trouble_next("orders", Trouble::ErrorAfterWrite);
+    let response = ours.clone().oneshot(restock(&call)).await.unwrap();
+    println!("  ours:  {} after a 500; the agent ran {} time", response.status(), agent.runs);
+
+    // The orchestrator re-runs the whole agent step: new bytes under the same operation.
+    let rerun = agent.create_order_call();
+    let err = ours
+        .oneshot(restock(&rerun))
+        .await
+        .expect_err("a regenerated payload is refused");
+    let fields = err
+        .drift()
+        .and_then(|d| d.changed_fields())
+        .map(|f| f.join(", "))
+        .unwrap_or_default();
+    println!("  ours:  the agent re-run was refused as drift; changed fields: {fields}");
+    let our_rows = provider.order_rows_for("ord_restock_2");
+    println!("         rows for ord_restock_2: {our_rows}");
+    Row {
+        scenario: "2. 500, then a retry that regenerated the request",
+        naive: naive_rows,
+        ours: our_rows,
+        note: format!("re-run caught as drift: {fields}"),
+    }
+}
+
+async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
+    let uri = format!("{base}/orders");
+
+    // Naive: the orchestrator dies mid-call; on resume the agent step runs again.
+    let order = |call: &Value, order_id: &str| {
+        let mut call = call.clone();
+        call["order_id"] = json!(order_id);
+        call
+    };
+    let mut agent = Agent::default();
+    provider.trouble_next("orders", Trouble::SlowAnswer(Duration::from_millis(800)));
+    let first = order(&agent.create_order_call(), "ord_crash_naive");
+    let in_flight = tokio::spawn({
+        let req = json_post(&uri, &first);
+        async move { hyper_client().request(req).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    in_flight.abort(); // the orchestrator process is gone
+    let resumed = order(&agent.create_order_call(), "ord_crash_naive");
+    hyper_client().request(json_post(&uri, &resumed)).await.unwrap();
+    let naive_rows = provider.order_rows_for("ord_crash_naive");
+    println!("  naive: crashed, resumed, re-ran the agent; rows: {naive_rows}");
+
+    // Ours: same crash; the resumed stack resends what was frozen before the first send.
+    let store = ledger();
+    let mut agent = Agent::default();
+    let op = OperationId::new("task-3", "create_order");
+    provider.trouble_next("orders", Trouble::SlowAnswer(Duration::from_millis(800)));
+    let first = order(&agent.create_order_call(), "ord_crash_ours");
+    let in_flight = tokio::spawn({
+        let stack = ServiceBuilder::new()
+            .layer(IdempotencyLayer::client(store.clone()))
+            .layer(FrozenRetryLayer::new(our_retry_policy()))
+            .service(hyper_client());
+        let mut req = json_post(&uri, &first);
+        req.extensions_mut().insert(op.clone());
+        async move { stack.oneshot(req).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    in_flight.abort(); // the whole client stack is dropped; only the ledger survives
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let after_restart = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(store.clone())
+                .drift_policy(DriftPolicy::ResendFrozen)
+                .build()
+                .expect("valid client settings"),
+        )
+        .layer(FrozenRetryLayer::new(our_retry_policy()))
+        .service(hyper_client());
+    let regenerated = order(&agent.create_order_call(), "ord_crash_ours");
+    let mut req = json_post(&uri, &regenerated);
+    req.extensions_mut().insert(op);
+    let response = after_restart.oneshot(req).await.expect("resumed");
+    let source = response.extensions().get::<ResponseSource>().copied();
+    let row: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let our_rows = provider.order_rows_for("ord_crash_ours");
+    println!(
+        "  ours:  resumed ({source:?}); the provider answered with {} (the first run's id); rows: {our_rows}",
+        row["fulfillment_intent_id"]
+    );
+    assert_eq!(row["fulfillment_intent_id"], first["fulfillment_intent_id"]);
+    Row {
+        scenario: "3. crash after sending, then resume",
+        naive: naive_rows,
+        ours: our_rows,
+        note: "resent the frozen bytes, not the regenerated payload".into(),
+    }
+}
+
+fn status_of<B, E: std::fmt::Display>(result: &Result<http::Response<B>, E>) -> String {
+    match result {
+        Ok(response) => response.status().to_string(),
+        Err(err) => format!("error ({err})"),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let (provider, base) = start_provider().await;
+    println!("provider listening on {base}\n");
+
+    println!("1. charge_customer(order_42): the answer is slower than the caller's timeout");
+    let one = charge_after_timeout(&provider, &base).await;
+    println!("\n2. create_order: a transient 500 after the row was written");
+    let two = retry_regenerated_the_request(&provider, &base).await;
+    println!("\n3. create_order: the orchestrator crashes after sending, then resumes");
+    let three = crash_and_resume(&provider, &base).await;
+
+    let rows = [one, two, three];
+    println!("\n{:<52} {:>13} {:>12}", "scenario", "naive effects", "our effects");
+    println!("{}", "-".repeat(79));
+    for row in &rows {
+        println!("{:<52} {:>13} {:>12}", row.scenario, row.naive, row.ours);
+    }
+    println!();
+    for row in &rows {
+        println!("{}: {}", row.scenario, row.note);
+    }
+    let held = rows.iter().all(|r| r.naive >= 2 && r.ours == 1);
+    if !held {
+        eprintln!("\nexpected every naive count >= 2 and every count of ours == 1");
+        std::process::exit(1);
+    }
+}

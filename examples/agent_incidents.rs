@@ -91,12 +91,20 @@ impl Provider {
 
     fn charges_for(&self, order_id: &str) -> usize {
         let books = self.0.lock().unwrap();
-        books.charges.iter().filter(|c| c["order_id"] == order_id).count()
+        books
+            .charges
+            .iter()
+            .filter(|c| c["order_id"] == order_id)
+            .count()
     }
 
     fn order_rows_for(&self, order_id: &str) -> usize {
         let books = self.0.lock().unwrap();
-        books.orders.iter().filter(|o| o["order_id"] == order_id).count()
+        books
+            .orders
+            .iter()
+            .filter(|o| o["order_id"] == order_id)
+            .count()
     }
 
     fn order_rows(&self, order_id: &str) -> Vec<Value> {
@@ -110,7 +118,11 @@ impl Provider {
     }
 }
 
-async fn answer_after(trouble: Trouble, status: StatusCode, body: Value) -> (StatusCode, Json<Value>) {
+async fn answer_after(
+    trouble: Trouble,
+    status: StatusCode,
+    body: Value,
+) -> (StatusCode, Json<Value>) {
     match trouble {
         Trouble::SlowAnswer(delay) => {
             tokio::time::sleep(delay).await;
@@ -125,12 +137,19 @@ async fn answer_after(trouble: Trouble, status: StatusCode, body: Value) -> (Sta
 }
 
 /// `POST /charges`: charges a card; deduplicates on `Idempotency-Key` like Stripe.
-async fn charge(State(provider): State<Provider>, headers: HeaderMap, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+async fn charge(
+    State(provider): State<Provider>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
     let key = HeaderKey::from_headers(&headers).ok().flatten();
     let trouble = provider.take_trouble("charges");
     let receipt = {
         let mut books = provider.0.lock().unwrap();
-        match key.as_ref().and_then(|k| books.charges_by_key.get(k.as_str())) {
+        match key
+            .as_ref()
+            .and_then(|k| books.charges_by_key.get(k.as_str()))
+        {
             Some(earlier) => earlier.clone(),
             None => {
                 let charge = json!({
@@ -140,7 +159,9 @@ async fn charge(State(provider): State<Provider>, headers: HeaderMap, Json(body)
                 });
                 books.charges.push(charge.clone());
                 if let Some(key) = &key {
-                    books.charges_by_key.insert(key.as_str().to_owned(), charge.clone());
+                    books
+                        .charges_by_key
+                        .insert(key.as_str().to_owned(), charge.clone());
                 }
                 charge
             }
@@ -150,7 +171,10 @@ async fn charge(State(provider): State<Provider>, headers: HeaderMap, Json(body)
 }
 
 /// `POST /orders`: creates a fulfillment row; deduplicates on `fulfillment_intent_id`.
-async fn create_order(State(provider): State<Provider>, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+async fn create_order(
+    State(provider): State<Provider>,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
     let trouble = provider.take_trouble("orders");
     let row = {
         let mut books = provider.0.lock().unwrap();
@@ -241,7 +265,11 @@ struct NaiveRetry {
 impl<Res> Policy<Request<Full<Bytes>>, Res, BoxError> for NaiveRetry {
     type Future = Ready<()>;
 
-    fn retry(&mut self, _: &mut Request<Full<Bytes>>, result: &mut Result<Res, BoxError>) -> Option<Self::Future> {
+    fn retry(
+        &mut self,
+        _: &mut Request<Full<Bytes>>,
+        result: &mut Result<Res, BoxError>,
+    ) -> Option<Self::Future> {
         if result.is_err() && self.retries_left > 0 {
             self.retries_left -= 1;
             Some(ready(()))
@@ -292,7 +320,10 @@ async fn charge_after_timeout(provider: &Provider, base: &str) -> Row {
         .service(hyper_client().map_err(BoxError::from));
     let naive_result = naive.oneshot(json_post(&uri, &body)).await;
     let naive_charges = provider.charges_for("order_42");
-    println!("  naive: {} after retrying; charges for order_42: {naive_charges}", status_of(&naive_result));
+    println!(
+        "  naive: {} after retrying; charges for order_42: {naive_charges}",
+        status_of(&naive_result)
+    );
 
     // Ours: the key comes from (task_id, step_id); retries resend the frozen bytes.
     let body = json!({"order_id": "order_43", "amount_cents": 1999});
@@ -302,8 +333,12 @@ async fn charge_after_timeout(provider: &Provider, base: &str) -> Row {
         .layer(FrozenRetryLayer::new(our_retry_policy()))
         .service(hyper_client());
     let mut req = json_post(&uri, &body);
-    req.extensions_mut().insert(OperationId::new("task-1", "charge_customer"));
-    let response = ours.oneshot(req).await.expect("our stack gets the real answer");
+    req.extensions_mut()
+        .insert(OperationId::new("task-1", "charge_customer"));
+    let response = ours
+        .oneshot(req)
+        .await
+        .expect("our stack gets the real answer");
     let receipt = response.into_body().collect().await.unwrap().to_bytes();
     let our_charges = provider.charges_for("order_43");
     println!(
@@ -314,7 +349,8 @@ async fn charge_after_timeout(provider: &Provider, base: &str) -> Row {
         scenario: "1. charge after a timeout",
         naive: naive_charges,
         ours: our_charges,
-        note: "the retry carried the derived key; the provider answered with the first charge".into(),
+        note: "the retry carried the derived key; the provider answered with the first charge"
+            .into(),
     }
 }
 
@@ -333,9 +369,15 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
         }
     }
     let naive_rows = provider.order_rows_for("ord_8f21c3");
-    println!("  naive: the agent ran {} times; rows for ord_8f21c3: {naive_rows}", agent.runs);
+    println!(
+        "  naive: the agent ran {} times; rows for ord_8f21c3: {naive_rows}",
+        agent.runs
+    );
     for row in provider.order_rows("ord_8f21c3") {
-        println!("         {} {}", row["fulfillment_intent_id"], row["summary"]);
+        println!(
+            "         {} {}",
+            row["fulfillment_intent_id"], row["summary"]
+        );
     }
 
     // Ours: the agent runs once; the retry resends its frozen bytes.
@@ -350,12 +392,17 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
         let mut call = call.clone();
         call["order_id"] = json!("ord_restock_2");
         let mut req = json_post(&uri, &call);
-        req.extensions_mut().insert(OperationId::new("task-2", "create_order"));
+        req.extensions_mut()
+            .insert(OperationId::new("task-2", "create_order"));
         req
     };
     provider.trouble_next("orders", Trouble::ErrorAfterWrite);
     let response = ours.clone().oneshot(restock(&call)).await.unwrap();
-    println!("  ours:  {} after a 500; the agent ran {} time", response.status(), agent.runs);
+    println!(
+        "  ours:  {} after a 500; the agent ran {} time",
+        response.status(),
+        agent.runs
+    );
 
     // The orchestrator re-runs the whole agent step: new bytes under the same operation.
     let rerun = agent.create_order_call();
@@ -398,7 +445,10 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     tokio::time::sleep(Duration::from_millis(200)).await;
     in_flight.abort(); // the orchestrator process is gone
     let resumed = order(&agent.create_order_call(), "ord_crash_naive");
-    hyper_client().request(json_post(&uri, &resumed)).await.unwrap();
+    hyper_client()
+        .request(json_post(&uri, &resumed))
+        .await
+        .unwrap();
     let naive_rows = provider.order_rows_for("ord_crash_naive");
     println!("  naive: crashed, resumed, re-ran the agent; rows: {naive_rows}");
 
@@ -435,7 +485,8 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     req.extensions_mut().insert(op);
     let response = after_restart.oneshot(req).await.expect("resumed");
     let source = response.extensions().get::<ResponseSource>().copied();
-    let row: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let row: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let our_rows = provider.order_rows_for("ord_crash_ours");
     println!(
         "  ours:  resumed ({source:?}); the provider answered with {} (the first run's id); rows: {our_rows}",
@@ -470,7 +521,10 @@ async fn main() {
     let three = crash_and_resume(&provider, &base).await;
 
     let rows = [one, two, three];
-    println!("\n{:<52} {:>13} {:>12}", "scenario", "naive effects", "our effects");
+    println!(
+        "\n{:<52} {:>13} {:>12}",
+        "scenario", "naive effects", "our effects"
+    );
     println!("{}", "-".repeat(79));
     for row in &rows {
         println!("{:<52} {:>13} {:>12}", row.scenario, row.naive, row.ours);

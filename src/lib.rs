@@ -112,19 +112,19 @@ mod effect;
 mod error;
 pub mod fingerprint;
 pub mod frozen;
-pub mod key;
 pub mod idempotency;
+pub mod key;
 pub mod ledger;
 pub mod phase;
 pub mod retry;
 
 pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};
-pub use idempotency::{BusyPolicy, DriftPolicy, IdempotencyLayer, ResponseSource};
-pub use retry::FrozenRetryLayer;
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
+pub use idempotency::{BusyPolicy, DriftPolicy, IdempotencyLayer, ResponseSource};
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
+pub use retry::FrozenRetryLayer;
 
 /// A type-erased error, as tower uses.
 pub type BoxError = tower::BoxError;

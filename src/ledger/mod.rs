@@ -42,7 +42,6 @@
 mod memory;
 mod record;
 
-
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
 
@@ -159,7 +158,12 @@ pub struct BeginRequest {
 
 impl BeginRequest {
     /// A request without a frozen request (see [`BeginRequest::with_frozen`]).
-    pub fn new(key: LedgerKey, fingerprint: Fingerprint, lease: Duration, retention: Duration) -> Self {
+    pub fn new(
+        key: LedgerKey,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> Self {
         Self {
             key,
             fingerprint,

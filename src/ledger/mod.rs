@@ -41,9 +41,15 @@
 
 mod memory;
 mod record;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{RedisStore, RedisStoreBuilder};
 
 use std::fmt;
 use std::future::Future;

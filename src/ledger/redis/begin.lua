@@ -1,0 +1,63 @@
+-- begin: claim, resume, replay or refuse an operation, atomically.
+--
+-- KEYS[1]  the record
+-- ARGV[1]  the caller's fingerprint (64 hex)
+-- ARGV[2]  a fresh owner token (32 hex), made by the client: used only if ownership is handed out
+-- ARGV[3]  the lease in ms
+-- ARGV[4]  the retention in ms (the key's PX TTL)
+-- ARGV[5]  the encoded frozen request (absent on the server side)
+local key = KEYS[1]
+local fp, token = ARGV[1], ARGV[2]
+local lease_ms, retention_ms = tonumber(ARGV[3]), ARGV[4]
+local frozen = ARGV[5]
+
+-- The frozen request and the outcome can be large: read them only when the answer needs them.
+local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms')
+local bad = unreadable(key, r[1])
+if bad then return bad end
+local now = now_ms()
+
+if r[1] == false then
+  -- Absent (never seen, released, or past its retention). The lease is a field, not the
+  -- key's TTL: when it runs out the record must still be there, in doubt, never absent.
+  local fields = {'v', VERSION, 'fp', fp, 'state', 'in_flight', 'token', token,
+                  'lease_until_ms', now + lease_ms, 'sent', '0', 'retention_ms', retention_ms,
+                  'created_ms', now, 'attempts', 1}
+  if frozen then
+    fields[#fields + 1] = 'frozen'
+    fields[#fields + 1] = frozen
+  end
+  redis.call('HSET', key, unpack(fields))
+  redis.call('PEXPIRE', key, retention_ms)
+  return {'acquired'}
+end
+
+-- Same key, different payload: whatever the state, the caller regenerated its request.
+if r[2] ~= fp then
+  return {'drift', r[2], redis.call('HGET', key, 'frozen')}
+end
+
+local state = r[3]
+if state == 'completed' then
+  return {'replay', redis.call('HGET', key, 'outcome')}
+elseif state == 'in_flight' then
+  local lease_until = tonumber(r[4])
+  if lease_until == nil then
+    return {'corrupt', 'in-flight record without a lease'}
+  end
+  if lease_until > now then
+    return {'busy', lease_until - now}
+  end
+  -- The lease ran out: the owner may have sent and died. Fall through to resume.
+elseif state ~= 'in_doubt' then
+  return {'corrupt', 'unknown record state'}
+end
+
+-- In doubt (or an expired lease): hand the operation over under the new token, with the
+-- bytes first frozen. Once resumed, an earlier attempt may have been sent, so the record
+-- can never be released again ('sent' = 1), only completed or put back in doubt.
+redis.call('HSET', key, 'state', 'in_flight', 'token', token, 'lease_until_ms', now + lease_ms,
+           'sent', '1', 'retention_ms', retention_ms)
+redis.call('HINCRBY', key, 'attempts', 1)
+redis.call('PEXPIRE', key, retention_ms)
+return {'resume', redis.call('HGET', key, 'frozen')}

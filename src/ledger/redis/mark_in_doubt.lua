@@ -1,0 +1,18 @@
+-- mark_in_doubt: the owner's attempt failed after its bytes may have left.
+--
+-- KEYS[1]  the record
+-- ARGV[1]  the owner's token (32 hex)
+-- ARGV[2]  the retention in ms
+local key, token, retention_ms = KEYS[1], ARGV[1], ARGV[2]
+
+local r = redis.call('HMGET', key, 'v', 'state', 'token')
+local bad = unreadable(key, r[1])
+if bad then return bad end
+if r[2] ~= 'in_flight' or r[3] ~= token then
+  return {'fenced'}
+end
+
+redis.call('HSET', key, 'state', 'in_doubt', 'sent', '1', 'retention_ms', retention_ms)
+redis.call('HDEL', key, 'token', 'lease_until_ms')
+redis.call('PEXPIRE', key, retention_ms)
+return {'ok'}

@@ -1,0 +1,747 @@
+//! The Redis ledger: one record per operation, shared by every process that talks to the
+//! same Redis.
+//!
+//! [`RedisStore`] implements the [ledger protocol](crate::ledger) with single-key Lua scripts,
+//! so many replicas of a service share one ledger, and an orchestrator that crashes and
+//! comes back finds its operations where it left them. Use [`MemoryStore`](super::MemoryStore)
+//! when one process is all there is.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, RedisStore};
+//! use tower_idempotency::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+//! let store = RedisStore::builder("redis://127.0.0.1:6379/")
+//!     .prefix("payments:idem:")
+//!     .operation_timeout(Duration::from_millis(500))
+//!     .connect()
+//!     .await?;
+//!
+//! let key = LedgerKey::from_bytes([7; 32]);
+//! let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+//! let request = BeginRequest::new(key, fp, Duration::from_secs(30), Duration::from_secs(86_400));
+//! match store.begin(request).await? {
+//!     Begin::Acquired { .. } => { /* send the request, then `complete` */ }
+//!     Begin::Replay(_) => { /* done before: return the recorded outcome */ }
+//!     _ => { /* busy, resume or drift: see the ledger docs */ }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! - **One key per record**, `<prefix><64 hex digits of the LedgerKey>` (prefix `idem:` by
+//!   default), and every script touches only that key. A script is atomic on its key, so
+//!   `begin` is one step with no check-then-set, and the scripts stay valid under any
+//!   key-slot sharding.
+//! - **One round trip per ledger operation.** The four scripts are loaded when the store
+//!   connects and invoked by SHA (`EVALSHA`); if Redis has forgotten them (a restart,
+//!   `SCRIPT FLUSH`, a failover) the call loads the script and retries once. A fresh
+//!   operation costs two commands (`begin`, `complete`), a replay one.
+//! - **Owner tokens** are 128 random bits made by the client, passed to `begin`, and
+//!   compared by `complete`, `abandon` and `mark_in_doubt` inside their scripts: a stale
+//!   owner's write is refused ([fenced](super::StoreError::is_fenced)), never applied.
+//! - **Redis's clock judges leases.** `begin` reads `TIME` inside the script, so skew
+//!   between application hosts cannot make a live lease look expired.
+//! - **Two TTLs.** The key's `PX` TTL is the record's retention; the lease is a field inside
+//!   the record. When a lease runs out the record is still there and reads as *in doubt*,
+//!   never as absent.
+//! - **Fail closed.** Every operation is bounded by the
+//!   [operation timeout](RedisStoreBuilder::operation_timeout) (1 s by default). When Redis
+//!   is unreachable or slow, each call returns an
+//!   [unavailable](super::StoreError::is_unavailable) or [timeout](super::StoreError::is_timeout)
+//!   error, never a claim. The connection is a [`redis::aio::ConnectionManager`], which
+//!   reconnects by itself: when Redis comes back, the same store works again.
+//!
+//! A timed-out (or dropped) call may still have run on Redis. A `begin` that did then left a
+//! claim under a token nobody knows: the next caller sees the operation busy until the lease
+//! ends, then resumes it with the frozen bytes; slower, never a second fresh run. A
+//! `complete` that did not run leaves the operation in flight the same way, to be resumed
+//! after its lease.
+//!
+//! # Record layout
+//!
+//! Each record is a Redis hash:
+//!
+//! | field | value |
+//! |---|---|
+//! | `v` | record format version, `1` today |
+//! | `fp` | the request [`Fingerprint`], 64 hex digits |
+//! | `state` | `in_flight`, `in_doubt` or `completed` |
+//! | `token` | the owner's token, 32 hex digits (only while `in_flight`) |
+//! | `lease_until_ms` | end of the owner's lease, Redis time in ms since the epoch (only while `in_flight`) |
+//! | `sent` | `1` once an attempt may have been sent (after a resume or an in-doubt mark), else `0`; `abandon` only releases a `0` record |
+//! | `retention_ms` | the retention last asked for, reapplied when `abandon` keeps a record |
+//! | `created_ms` | when the operation was first claimed, Redis time |
+//! | `attempts` | how many times ownership was handed out (the first claim and each resume) |
+//! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |
+//! | `outcome` | the recorded outcome, [`Outcome::encode`](super::Outcome::encode) (only when `completed`) |
+//!
+//! The key's TTL (`PTTL`) is the retention, refreshed on every transition. A later release
+//! reads version-1 records; this release refuses a record with an unknown version (or one that
+//! is not a hash written by it) as [corrupt](super::StoreError::is_corrupt) rather than
+//! misread it.
+//!
+//! # Durability
+//!
+//! The ledger is only as durable as the Redis behind it, and a lost record can mean an
+//! operation runs twice: the next `begin` finds nothing and answers `Acquired`.
+//!
+//! - **Replication is asynchronous.** Redis acknowledges a write before its replicas have
+//!   it. If the primary fails right after, the promoted replica may not have the record.
+//!   Nothing on the client side can detect this.
+//! - **Persistence is per node.** With snapshots only (RDB), a restart loses everything since
+//!   the last snapshot. `appendonly yes` with `appendfsync always` fsyncs the log before
+//!   Redis replies, so a restarted node keeps every record it acknowledged, at the price of
+//!   an fsync per event-loop turn. `appendfsync everysec` bounds the loss to about the last
+//!   second or two of acknowledged records (a crash of the Redis process alone usually loses
+//!   nothing, the writes having reached the OS; a power or kernel failure loses that window).
+//!   Neither helps when a failover promotes a replica that lagged.
+//! - **`WAIT numreplicas timeout`** makes a client wait until its earlier writes reached that
+//!   many replicas (in memory, not necessarily on disk). It narrows the failover window but
+//!   does not close it: on timeout the write stays applied without the replicas, and the
+//!   failover may promote a replica that did not acknowledge (`WAITAOF`, Redis 7.2, does the
+//!   same for fsyncs, with the same limits). `RedisStore` does not issue either: they block
+//!   the connection they are sent on, and this store multiplexes every operation over one
+//!   connection, so one `WAIT` would stall them all; it would also add a round trip.
+//! - **Eviction forgets.** Set `maxmemory-policy noeviction` on the ledger's Redis. Every
+//!   record has a TTL, so the `volatile-*` policies, like the `allkeys-*` ones, may drop live
+//!   records under memory pressure. With `noeviction` a full Redis refuses new claims (the
+//!   store fails closed) instead of forgetting old ones.
+//!
+//! For operations where a duplicate is expensive, run the ledger's Redis with
+//! `appendonly yes` and `appendfsync always`, on a primary you fail over manually (or not at
+//! all), and keep the downstream service's own idempotency key as the last line of defence:
+//! this crate sends the same `Idempotency-Key` on every resume.
+//!
+//! # Sizing the lease and the retention
+//!
+//! - **Lease**: longer than the longest time one owner may hold an operation, that is its
+//!   longest attempt *including every retry inside it* (the retry layer's maximum elapsed
+//!   time plus a per-attempt timeout). A lease that runs out under a live owner lets another
+//!   caller resume and resend the same bytes concurrently. A lease that is too long only
+//!   delays the resume after an owner crashed: other callers see the operation busy.
+//! - **Retention** (24 h by default in the layers): longer than the longest retry window
+//!   *plus* the longest gap in which a crashed orchestrator may come back and re-run the
+//!   same operation. A record that expires first is forgotten, and the re-run executes again.
+//!   Redis memory grows with retention: each record holds its frozen request and response
+//!   (each capped at 1 MiB by default), so size `maxmemory` for your rate times retention.
+//!
+//! # Limits
+//!
+//! - Redis 5 or later (multi-field `HSET`, script effects replication); tested with Redis 7.
+//! - One endpoint: the store talks to one Redis (or a proxy in front of one). The scripts are
+//!   cluster-safe, but this store does not speak the Redis Cluster protocol.
+//! - Store operations run on the real clock. Under a paused tokio clock
+//!   (`start_paused = true`) the operation timeout fires as soon as the runtime idles waiting
+//!   for Redis, so test code using `RedisStore` must use real time.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, RedisError, Script, ScriptInvocation, Value};
+
+use super::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
+};
+use crate::fingerprint::Fingerprint;
+use crate::frozen::FrozenRequest;
+
+/// The key prefix unless [`RedisStoreBuilder::prefix`] says otherwise.
+const DEFAULT_PREFIX: &str = "idem:";
+const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The manager's reconnect backoff is exponential; capping it bounds how long after Redis
+/// comes back the store notices. The default (uncapped, six retries) can sleep for seconds.
+const DEFAULT_RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+/// Lua numbers are doubles and `PEXPIRE` rejects times that overflow when added to the
+/// clock: clamp leases and retentions to about 139 years, far beyond any real use.
+const MAX_TTL_MS: u128 = 1 << 42;
+
+// The scripts' sources. The prelude is prepended at compile time because Redis scripts
+// cannot include files.
+const BEGIN_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("begin.lua"));
+const COMPLETE_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("complete.lua"));
+const ABANDON_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("abandon.lua"));
+const MARK_IN_DOUBT_LUA: &str = concat!(
+    include_str!("prelude.lua"),
+    include_str!("mark_in_doubt.lua")
+);
+
+// Each script is hashed once per process; `Script` invokes by SHA and loads on NOSCRIPT.
+static BEGIN: LazyLock<Script> = LazyLock::new(|| Script::new(BEGIN_LUA));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
+static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(ABANDON_LUA));
+static MARK_IN_DOUBT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_IN_DOUBT_LUA));
+
+/// The distributed ledger on Redis. See the [module docs](self) for how it works, the record
+/// layout and what durability to expect.
+///
+/// Cloning is cheap: clones share one multiplexed connection.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use tower_idempotency::ledger::{IdempotencyStore, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+/// // The layers take any store behind an `Arc`.
+/// let shared: Arc<dyn IdempotencyStore> = Arc::new(store);
+/// # let _ = shared;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    // `ConnectionManager` is an `Arc` inside; each operation clones it (no lock, no pool).
+    manager: ConnectionManager,
+    prefix: Arc<str>,
+    operation_timeout: Duration,
+    /// `host:port` for `Debug`, without the credentials a URL may carry.
+    addr: Arc<str>,
+}
+
+/// Builds a [`RedisStore`]; from [`RedisStore::builder`] or
+/// [`RedisStore::builder_with_client`].
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::ledger::RedisStore;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let store = RedisStore::builder("redis://ledger.internal:6379/0")
+///     .prefix("orders:idem:")
+///     .operation_timeout(Duration::from_millis(300))
+///     .connection_timeout(Duration::from_millis(250))
+///     .connect()
+///     .await?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStoreBuilder {
+    target: Target,
+    prefix: String,
+    operation_timeout: Duration,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    manager_config: Option<ConnectionManagerConfig>,
+}
+
+#[derive(Clone)]
+enum Target {
+    // Parsed at `connect`, so the builder stays infallible and chainable.
+    Url(String),
+    Client(Client),
+}
+
+impl RedisStore {
+    /// Configure a store for the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
+    /// or `rediss://` when the `redis` crate is built with TLS).
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379/").connect().await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// Configure a store on an existing [`redis::Client`] (for connection settings a URL
+    /// cannot express, e.g. built from a [`redis::ConnectionInfo`]).
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let store = RedisStore::builder_with_client(client).connect().await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder_with_client(client: Client) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Client(client))
+    }
+
+    /// Connect to the Redis at `url` with the default settings (prefix `idem:`, 1 s
+    /// operation timeout); short for `RedisStore::builder(url).connect()`.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// The Redis key holding the record of `key`: the prefix and 64 hex digits. For operators
+    /// and tests; the store computes it itself.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::{LedgerKey, RedisStore};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// let key = LedgerKey::from_bytes([0xab; 32]);
+    /// assert_eq!(store.redis_key(&key), format!("idem:{}", "ab".repeat(32)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn redis_key(&self, key: &LedgerKey) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 64);
+        out.push_str(&self.prefix);
+        out.push_str(&key.to_hex());
+        out
+    }
+
+    /// Run one script invocation: one `EVALSHA` (plus `SCRIPT LOAD` and a retry when Redis
+    /// lost the script), bounded by the operation timeout.
+    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> Result<Vec<Value>, StoreError> {
+        // A clone per call is how `ConnectionManager` is meant to be shared: it is an `Arc`.
+        let mut connection = self.manager.clone();
+        let reply = tokio::time::timeout(
+            self.operation_timeout,
+            invocation.invoke_async::<Value>(&mut connection),
+        )
+        .await
+        .map_err(|_elapsed| StoreError::timeout())?
+        .map_err(from_redis)?;
+        match reply {
+            Value::Array(items) if !items.is_empty() => Ok(items),
+            other => Err(StoreError::corrupt(format!(
+                "unexpected reply from a ledger script: {other:?}"
+            ))),
+        }
+    }
+
+    /// Run a transition that answers only `ok`, `fenced` or `corrupt`.
+    async fn settle(&self, invocation: &ScriptInvocation<'_>) -> Result<(), StoreError> {
+        let reply = self.invoke(invocation).await?;
+        match tag(&reply)? {
+            b"ok" => Ok(()),
+            b"fenced" => Err(StoreError::fenced()),
+            _ => Err(unexpected(&reply)),
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("addr", &self.addr)
+            .field("prefix", &self.prefix)
+            .field("operation_timeout", &self.operation_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    fn new(target: Target) -> Self {
+        Self {
+            target,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            manager_config: None,
+        }
+    }
+
+    /// The prefix of every key the store writes (default `idem:`). Give each ledger sharing
+    /// a Redis database its own prefix.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// let builder = RedisStore::builder("redis://127.0.0.1/").prefix("billing:idem:");
+    /// # let _ = builder;
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The most any store operation may take, waiting for a connection included (default
+    /// 1 s). Past it the operation fails with a [timeout](StoreError::is_timeout) error, so a
+    /// stalled Redis fails requests closed and fast instead of hanging them.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// let builder = RedisStore::builder("redis://127.0.0.1/")
+    ///     .operation_timeout(Duration::from_millis(200));
+    /// # let _ = builder;
+    /// ```
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// How long one attempt to (re)connect may take (default 1 s). Reconnection runs in the
+    /// background; operations meanwhile fail within their operation timeout.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// let builder = RedisStore::builder("redis://127.0.0.1/")
+    ///     .connection_timeout(Duration::from_millis(250));
+    /// # let _ = builder;
+    /// ```
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long the connection waits for one reply before failing it (default 1 s). The
+    /// operation timeout bounds the whole operation anyway; this one frees the connection's
+    /// bookkeeping for replies that never come.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// let builder = RedisStore::builder("redis://127.0.0.1/")
+    ///     .response_timeout(Duration::from_millis(500));
+    /// # let _ = builder;
+    /// ```
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Start from this connection manager configuration (reconnect backoff, concurrency
+    /// limits, credentials providers…) instead of the store's defaults (reconnect backoff
+    /// capped at 1 s). The [connection](Self::connection_timeout) and
+    /// [response](Self::response_timeout) timeouts of this builder are applied on top.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// let config = redis::aio::ConnectionManagerConfig::new()
+    ///     .set_max_delay(Duration::from_millis(500))
+    ///     .set_number_of_retries(10);
+    /// let builder = RedisStore::builder("redis://127.0.0.1/").connection_manager_config(config);
+    /// # let _ = builder;
+    /// ```
+    pub fn connection_manager_config(mut self, config: ConnectionManagerConfig) -> Self {
+        self.manager_config = Some(config);
+        self
+    }
+
+    /// Connect and load the ledger scripts.
+    ///
+    /// Fails with an [unavailable](StoreError::is_unavailable) error when the URL is invalid
+    /// or Redis cannot be reached (and have the scripts loaded) within the connection timeout
+    /// plus the operation timeout. Once connected, the store reconnects by itself.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// match RedisStore::builder("redis://127.0.0.1:6379/").connect().await {
+    ///     Ok(store) => drop(store), // hand it to the layers
+    ///     Err(err) => eprintln!("no ledger, refusing to start: {err}"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        let client = match self.target {
+            Target::Url(url) => Client::open(url.as_str()).map_err(from_redis)?,
+            Target::Client(client) => client,
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        let config = self
+            .manager_config
+            .unwrap_or_else(|| {
+                ConnectionManagerConfig::new().set_max_delay(DEFAULT_RECONNECT_MAX_DELAY)
+            })
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.response_timeout));
+        // Lazy, so the first connection (and the manager's retry loop around it, which could
+        // run for many seconds against a dead server) happens under our own bound below; if
+        // that bound passes, dropping the manager cancels the loop.
+        let manager =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(from_redis)?;
+
+        // Loading the scripts up front proves the connection and keeps the `NOSCRIPT`
+        // fallback off the hot path; it is one pipelined round trip.
+        let mut load = ::redis::pipe();
+        for code in [BEGIN_LUA, COMPLETE_LUA, ABANDON_LUA, MARK_IN_DOUBT_LUA] {
+            load.cmd("SCRIPT").arg("LOAD").arg(code);
+        }
+        let bound = self.connection_timeout + self.operation_timeout;
+        let mut connection = manager.clone();
+        match tokio::time::timeout(bound, load.query_async::<Vec<String>>(&mut connection)).await {
+            Ok(Ok(_shas)) => {}
+            Ok(Err(err)) => return Err(from_redis(err)),
+            Err(_elapsed) => {
+                return Err(StoreError::unavailable(format!(
+                    "could not reach Redis at {addr} within {bound:?}"
+                )))
+            }
+        }
+
+        Ok(RedisStore {
+            manager,
+            prefix: self.prefix.into(),
+            operation_timeout: self.operation_timeout,
+            addr: addr.into(),
+        })
+    }
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL may carry a password: show only where it points.
+        let target = match &self.target {
+            Target::Url(_) => "url",
+            Target::Client(_) => "client",
+        };
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &target)
+            .field("prefix", &self.prefix)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("manager_config", &self.manager_config)
+            .finish()
+    }
+}
+
+impl IdempotencyStore for RedisStore {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        Box::pin(async move {
+            // Made here, not in the script: Redis has no good randomness to offer scripts, and
+            // the token is only kept if the script hands ownership out.
+            let token = LeaseToken::generate();
+            let mut invocation = BEGIN.prepare_invoke();
+            invocation
+                .key(self.redis_key(&request.key))
+                .arg(request.fingerprint.to_hex())
+                .arg(token_hex(token))
+                .arg(millis(request.lease, 0))
+                .arg(millis(request.retention, 1));
+            if let Some(frozen) = &request.frozen {
+                invocation.arg(frozen.encode());
+            }
+            let reply = self.invoke(&invocation).await?;
+            decode_begin(&reply, token)
+        })
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut invocation = COMPLETE.prepare_invoke();
+            invocation
+                .key(self.redis_key(&key))
+                .arg(token_hex(token))
+                .arg(outcome.encode())
+                .arg(millis(retention, 1));
+            self.settle(&invocation).await
+        })
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut invocation = ABANDON.prepare_invoke();
+            invocation.key(self.redis_key(&key)).arg(token_hex(token));
+            self.settle(&invocation).await
+        })
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut invocation = MARK_IN_DOUBT.prepare_invoke();
+            invocation
+                .key(self.redis_key(&key))
+                .arg(token_hex(token))
+                .arg(millis(retention, 1));
+            self.settle(&invocation).await
+        })
+    }
+}
+
+/// Turn `begin`'s reply into the protocol's answer; `token` is the one offered to the script.
+fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, StoreError> {
+    match tag(reply)? {
+        b"acquired" => Ok(Begin::Acquired { token }),
+        b"busy" => match reply.get(1) {
+            Some(Value::Int(ms)) => Ok(Begin::Busy {
+                retry_after: Duration::from_millis(u64::try_from(*ms).unwrap_or(0)),
+            }),
+            _ => Err(unexpected(reply)),
+        },
+        b"resume" => Ok(Begin::Resume {
+            token,
+            frozen: optional_frozen(reply.get(1))?,
+        }),
+        b"replay" => match reply.get(1) {
+            Some(Value::BulkString(bytes)) => Ok(Begin::Replay(Outcome::decode(bytes)?)),
+            _ => Err(StoreError::corrupt("completed record without an outcome")),
+        },
+        b"drift" => {
+            let stored = match reply.get(1) {
+                Some(Value::BulkString(hex)) => parse_fingerprint(hex)?,
+                _ => return Err(unexpected(reply)),
+            };
+            Ok(Begin::Drift {
+                stored,
+                frozen: optional_frozen(reply.get(2))?,
+            })
+        }
+        _ => Err(unexpected(reply)),
+    }
+}
+
+/// The reply's tag, with `corrupt` replies already turned into errors.
+fn tag(reply: &[Value]) -> Result<&[u8], StoreError> {
+    match reply.first() {
+        Some(Value::BulkString(tag)) if tag == b"corrupt" => {
+            let detail = match reply.get(1) {
+                Some(Value::BulkString(detail)) => String::from_utf8_lossy(detail).into_owned(),
+                _ => "unreadable record".to_owned(),
+            };
+            Err(StoreError::corrupt(detail))
+        }
+        Some(Value::BulkString(tag)) => Ok(tag),
+        _ => Err(unexpected(reply)),
+    }
+}
+
+fn unexpected(reply: &[Value]) -> StoreError {
+    StoreError::corrupt(format!("unexpected reply from a ledger script: {reply:?}"))
+}
+
+fn optional_frozen(value: Option<&Value>) -> Result<Option<FrozenRequest>, StoreError> {
+    match value {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::BulkString(bytes)) => FrozenRequest::decode(bytes).map(Some),
+        Some(other) => Err(StoreError::corrupt(format!(
+            "frozen request stored as {other:?}"
+        ))),
+    }
+}
+
+fn parse_fingerprint(hex: &[u8]) -> Result<Fingerprint, StoreError> {
+    let mut bytes = [0u8; 32];
+    if hex.len() != 64 {
+        return Err(StoreError::corrupt(
+            "stored fingerprint is not 64 hex digits",
+        ));
+    }
+    for (byte, pair) in bytes.iter_mut().zip(hex.chunks_exact(2)) {
+        *byte = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
+    }
+    Ok(Fingerprint::from_bytes(bytes))
+}
+
+fn hex_digit(digit: u8) -> Result<u8, StoreError> {
+    match digit {
+        b'0'..=b'9' => Ok(digit - b'0'),
+        b'a'..=b'f' => Ok(digit - b'a' + 10),
+        _ => Err(StoreError::corrupt(
+            "stored fingerprint is not lowercase hex",
+        )),
+    }
+}
+
+/// Tokens travel as 32 hex digits: readable in `HGETALL`, compared as plain strings in Lua.
+fn token_hex(token: LeaseToken) -> String {
+    format!("{:032x}", token.as_u128())
+}
+
+/// A duration in whole milliseconds, clamped to `[min, MAX_TTL_MS]`. Retentions use a
+/// minimum of 1 because `PEXPIRE key 0` deletes the key on the spot.
+fn millis(duration: Duration, min: u128) -> u64 {
+    // The clamp keeps the value below 2^42, so the cast is lossless.
+    duration.as_millis().clamp(min, MAX_TTL_MS) as u64
+}
+
+/// Redis failures are `unavailable` (fail closed); a reply timeout is a timeout; a key of the
+/// wrong type under our prefix is a record we cannot read.
+fn from_redis(err: RedisError) -> StoreError {
+    if err.code() == Some("WRONGTYPE") {
+        StoreError::corrupt(err)
+    } else if err.is_timeout() {
+        StoreError::timeout()
+    } else {
+        StoreError::unavailable(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_round_trip_through_hex() {
+        let fp = Fingerprint::of(&http::Method::POST, "/x", b"{}");
+        assert_eq!(parse_fingerprint(fp.to_hex().as_bytes()).unwrap(), fp);
+        assert!(parse_fingerprint(b"zz").unwrap_err().is_corrupt());
+        assert!(parse_fingerprint(&[b'G'; 64]).unwrap_err().is_corrupt());
+    }
+
+    #[test]
+    fn durations_are_clamped_for_lua_and_pexpire() {
+        assert_eq!(millis(Duration::ZERO, 1), 1);
+        assert_eq!(millis(Duration::ZERO, 0), 0);
+        assert_eq!(millis(Duration::from_micros(1500), 1), 1);
+        assert_eq!(millis(Duration::MAX, 1), 1 << 42);
+    }
+
+    #[test]
+    fn tokens_are_32_hex_digits() {
+        assert_eq!(token_hex(LeaseToken::from_u128(0xab)).len(), 32);
+        assert_eq!(token_hex(LeaseToken::from_u128(u128::MAX)), "f".repeat(32));
+    }
+
+    #[test]
+    fn corrupt_replies_become_corrupt_errors() {
+        let reply = [
+            Value::BulkString(b"corrupt".to_vec()),
+            Value::BulkString(b"record format version 2".to_vec()),
+        ];
+        assert!(decode_begin(&reply, LeaseToken::generate())
+            .unwrap_err()
+            .is_corrupt());
+        let garbage = [Value::Int(3)];
+        assert!(decode_begin(&garbage, LeaseToken::generate())
+            .unwrap_err()
+            .is_corrupt());
+    }
+}

@@ -1,0 +1,647 @@
+//! `RedisStore` against real Redis servers: the conformance suite, round trips, outages,
+//! latency, fencing, sharing between instances and record versioning.
+//!
+//! Each test starts its own `redis-server` (see `support/redis.rs`), or uses `REDIS_URL` for
+//! the tests that do not kill, pause or count commands on the server. Without
+//! `redis-server` they are skipped with a notice (`REQUIRE_REDIS=1` makes that a failure).
+#![cfg(feature = "redis")]
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, Version};
+use redis::aio::MultiplexedConnection;
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RedisStore, StoreError,
+    StoredResponse,
+};
+use tower_idempotency::FrozenRequest;
+
+use redis_support::{redis_url, RedisServer};
+
+const RETENTION: Duration = Duration::from_secs(600);
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A prefix of its own per test, so tests sharing a `REDIS_URL` never meet.
+fn unique_prefix() -> String {
+    format!("idem-test:{:016x}:", fastrand::u64(..))
+}
+
+fn fresh_key() -> LedgerKey {
+    let mut bytes = [0u8; 32];
+    fastrand::fill(&mut bytes);
+    LedgerKey::from_bytes(bytes)
+}
+
+fn frozen(body: &'static str) -> FrozenRequest {
+    FrozenRequest::from_parts(
+        Method::POST,
+        "http://provider.local/charges".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from_static(body.as_bytes()),
+    )
+}
+
+fn request(key: LedgerKey, frozen: &FrozenRequest, lease: Duration) -> BeginRequest {
+    BeginRequest::new(key, frozen.fingerprint(), lease, RETENTION).with_frozen(frozen.clone())
+}
+
+fn response(body: &'static str) -> Outcome {
+    Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from_static(body.as_bytes()),
+    ))
+}
+
+async fn connect(url: &str, prefix: &str) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+async fn admin(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection")
+}
+
+fn assert_replay(begin: Begin, body: &[u8]) {
+    match begin {
+        Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), body),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+}
+
+fn assert_failed_closed(result: Result<Begin, StoreError>, what: &str) {
+    match result {
+        Err(err) => assert!(
+            err.is_unavailable() || err.is_timeout(),
+            "{what}: unexpected error kind {err:?}"
+        ),
+        Ok(begin) => panic!("{what}: the store answered {begin:?} without Redis"),
+    }
+}
+
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_passes_the_conformance_suite() {
+    use tower_idempotency::testing::conformance::{run_all, Clock};
+
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    // Redis judges leases and retention by its own clock, so the suite sleeps for real.
+    run_all(Arc::new(store), Clock::real()).await;
+}
+
+/// `INFO commandstats` as `command -> (calls, failed_calls)`.
+async fn command_stats(admin: &mut MultiplexedConnection) -> HashMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, fields) = line.split_once(':')?;
+            let field = |wanted: &str| {
+                fields
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(k, _)| *k == wanted)
+                    .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            Some((name.to_owned(), (field("calls"), field("failed_calls"))))
+        })
+        // The test's own bookkeeping commands are not the store's.
+        .filter(|(name, _)| name != "info" && !name.starts_with("config"))
+        .collect()
+}
+
+/// The commands the scripts run inside Redis: counted by `INFO commandstats`, but never
+/// sent over the network.
+const SCRIPT_COMMANDS: [&str; 9] = [
+    "hmget", "hget", "exists", "time", "hset", "hdel", "hincrby", "pexpire", "del",
+];
+
+/// The commands that came over the network, sorted.
+fn network(stats: &HashMap<String, (u64, u64)>) -> Vec<(&str, (u64, u64))> {
+    let mut sent: Vec<_> = stats
+        .iter()
+        .filter(|(name, _)| !SCRIPT_COMMANDS.contains(&name.as_str()))
+        .map(|(name, counts)| (name.as_str(), *counts))
+        .collect();
+    sent.sort();
+    sent
+}
+
+async fn reset_stats(admin: &mut MultiplexedConnection) {
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(admin)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_round_trip_per_ledger_operation() {
+    // A private server: anyone else's commands would spoil the counts.
+    let Some(server) = RedisServer::spawn().await else {
+        return;
+    };
+    let store = connect(&server.url(), "idem:").await;
+    let mut admin = admin(&server.url()).await;
+    let req = frozen("{\"amount\":1}");
+
+    // Warm up: the connection is made and the scripts are cached (connect loads them).
+    let key = fresh_key();
+    let Begin::Acquired { token } = store.begin(request(key, &req, LEASE)).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store
+        .complete(key, token, response("warm"), RETENTION)
+        .await
+        .unwrap();
+
+    // Fresh operation: begin + complete = two EVALSHA, nothing else over the network.
+    reset_stats(&mut admin).await;
+    let key = fresh_key();
+    let Begin::Acquired { token } = store.begin(request(key, &req, LEASE)).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store
+        .complete(key, token, response("done"), RETENTION)
+        .await
+        .unwrap();
+    let stats = command_stats(&mut admin).await;
+    eprintln!("fresh operation: {stats:?}");
+    assert_eq!(network(&stats), [("evalsha", (2, 0))], "fresh: {stats:?}");
+    // And what the two scripts did inside Redis: begin reads, finds nothing (EXISTS tells a
+    // missing record from one without a version), reads the clock, writes and sets the TTL;
+    // complete reads, writes, drops the lease fields and refreshes the TTL.
+    let inside: HashMap<&str, u64> = stats
+        .iter()
+        .filter(|(name, _)| name.as_str() != "evalsha")
+        .map(|(name, (calls, _))| (name.as_str(), *calls))
+        .collect();
+    let expected = [
+        ("hmget", 2),
+        ("exists", 1),
+        ("time", 1),
+        ("hset", 2),
+        ("hdel", 1),
+        ("pexpire", 2),
+    ];
+    assert_eq!(inside, HashMap::from(expected), "fresh: {stats:?}");
+
+    // Replay: one EVALSHA, which reads the record, the clock and the outcome.
+    reset_stats(&mut admin).await;
+    assert_replay(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        b"done",
+    );
+    let stats = command_stats(&mut admin).await;
+    eprintln!("replay: {stats:?}");
+    assert_eq!(network(&stats), [("evalsha", (1, 0))], "replay: {stats:?}");
+    assert_eq!(stats.get("hget"), Some(&(1, 0)), "replay: {stats:?}");
+    assert_eq!(
+        stats.get("hset"),
+        None,
+        "a replay writes nothing: {stats:?}"
+    );
+
+    // Cold path: Redis forgot the scripts (restart, failover, SCRIPT FLUSH). Each script
+    // answers NOSCRIPT once, is loaded, and the call is retried; then it is warm again.
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    reset_stats(&mut admin).await;
+    let key = fresh_key();
+    let Begin::Acquired { token } = store.begin(request(key, &req, LEASE)).await.unwrap() else {
+        panic!("expected Acquired after SCRIPT FLUSH")
+    };
+    store
+        .complete(key, token, response("cold"), RETENTION)
+        .await
+        .unwrap();
+    assert_replay(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        b"cold",
+    );
+    let stats = command_stats(&mut admin).await;
+    eprintln!("cold path: {stats:?}");
+    // begin: NOSCRIPT, load, retry; complete: the same; the replay is warm.
+    assert_eq!(
+        network(&stats),
+        [("evalsha", (5, 2)), ("script|load", (2, 0))],
+        "cold: {stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn fails_closed_while_redis_is_down_and_recovers_when_it_returns() {
+    let Some(mut server) = RedisServer::spawn().await else {
+        return;
+    };
+    let timeout = Duration::from_millis(500);
+    let store = RedisStore::builder(server.url())
+        .operation_timeout(timeout)
+        .connection_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let req = frozen("{\"amount\":2}");
+    let before = fresh_key();
+    let Begin::Acquired { token } = store.begin(request(before, &req, LEASE)).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+
+    server.stop();
+    for attempt in 0..3 {
+        let started = Instant::now();
+        let result = store.begin(request(fresh_key(), &req, LEASE)).await;
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < timeout + Duration::from_millis(250),
+            "attempt {attempt} took {elapsed:?}"
+        );
+        assert_failed_closed(result, "begin while Redis is down");
+    }
+    let err = store
+        .complete(before, token, response("lost"), RETENTION)
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable() || err.is_timeout(), "{err:?}");
+
+    // Same port, same store: the connection manager reconnects by itself.
+    server.restart().await;
+    let restarted = Instant::now();
+    let deadline = restarted + Duration::from_secs(15);
+    let key = fresh_key();
+    let token = loop {
+        match store.begin(request(key, &req, LEASE)).await {
+            Ok(Begin::Acquired { token }) => {
+                eprintln!("recovered {:?} after the restart", restarted.elapsed());
+                break token;
+            }
+            Ok(other) => panic!("expected Acquired after the restart, got {other:?}"),
+            Err(err) => {
+                assert!(err.is_unavailable() || err.is_timeout(), "{err:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "the store did not recover: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    store
+        .complete(key, token, response("back"), RETENTION)
+        .await
+        .unwrap();
+    assert_replay(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        b"back",
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_redis_trips_the_operation_timeout_fast() {
+    let Some(server) = RedisServer::spawn().await else {
+        return;
+    };
+    let timeout = Duration::from_millis(200);
+    let store = RedisStore::builder(server.url())
+        .operation_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let req = frozen("{\"amount\":3}");
+    store
+        .begin(request(fresh_key(), &req, LEASE))
+        .await
+        .unwrap();
+
+    server.pause();
+    for _ in 0..2 {
+        let started = Instant::now();
+        let err = store
+            .begin(request(fresh_key(), &req, LEASE))
+            .await
+            .expect_err("no answer while Redis is stopped");
+        let elapsed = started.elapsed();
+        assert!(err.is_timeout(), "{err:?}");
+        assert!(
+            elapsed >= timeout && elapsed < timeout + Duration::from_millis(300),
+            "timed out after {elapsed:?}"
+        );
+    }
+    server.resume();
+
+    // The late replies of the abandoned calls must not be handed to later ones.
+    let key = fresh_key();
+    assert!(matches!(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+    assert!(matches!(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        Begin::Busy { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_stale_owner_is_fenced_after_its_lease_is_taken_over() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    let req = frozen("{\"amount\":4}");
+    let key = fresh_key();
+    let lease = Duration::from_millis(200);
+
+    let Begin::Acquired { token: stale } = store.begin(request(key, &req, lease)).await.unwrap()
+    else {
+        panic!("expected Acquired")
+    };
+    match store.begin(request(key, &req, lease)).await.unwrap() {
+        Begin::Busy { retry_after } => assert!(retry_after <= lease, "{retry_after:?}"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+
+    let Begin::Resume {
+        token: current,
+        frozen,
+    } = store.begin(request(key, &req, LEASE)).await.unwrap()
+    else {
+        panic!("expected Resume after the lease ran out")
+    };
+    assert_eq!(frozen.expect("stored request").body(), req.body());
+    assert_ne!(stale, current);
+
+    // Every write of the stale owner is refused and changes nothing.
+    let fenced = store
+        .complete(key, stale, response("stale"), RETENTION)
+        .await;
+    assert!(fenced.unwrap_err().is_fenced());
+    assert!(store
+        .mark_in_doubt(key, stale, RETENTION)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    assert!(store.abandon(key, stale).await.unwrap_err().is_fenced());
+    assert!(matches!(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        Begin::Busy { .. }
+    ));
+
+    store
+        .complete(key, current, response("current"), RETENTION)
+        .await
+        .unwrap();
+    assert_replay(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        b"current",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_store_instances_share_one_ledger() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    // Two connects: two connection managers, two TCP connections, as two processes would.
+    let a = connect(redis.url(), &prefix).await;
+    let b = connect(redis.url(), &prefix).await;
+    let req = frozen("{\"amount\":5}");
+
+    let key = fresh_key();
+    let Begin::Acquired { token } = a.begin(request(key, &req, LEASE)).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    assert!(matches!(
+        b.begin(request(key, &req, LEASE)).await.unwrap(),
+        Begin::Busy { .. }
+    ));
+    a.complete(key, token, response("from a"), RETENTION)
+        .await
+        .unwrap();
+    assert_replay(b.begin(request(key, &req, LEASE)).await.unwrap(), b"from a");
+
+    let key = fresh_key();
+    let stores = [Arc::new(a), Arc::new(b)];
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = stores[i % 2].clone();
+            let request = request(key, &req, LEASE);
+            tokio::spawn(async move { store.begin(request).await.unwrap() })
+        })
+        .collect();
+    let (mut acquired, mut busy) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Begin::Acquired { .. } => acquired += 1,
+            Begin::Busy { .. } => busy += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((acquired, busy), (1, 63));
+}
+
+#[tokio::test]
+async fn records_of_an_unknown_version_are_corrupt_not_misread() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    let mut admin = admin(redis.url()).await;
+    let req = frozen("{\"amount\":6}");
+
+    // A record as a later release might write it: same field names, version 2.
+    let key = fresh_key();
+    let redis_key = store.redis_key(&key);
+    let () = redis::cmd("HSET")
+        .arg(&redis_key)
+        .arg(&[
+            ("v", "2"),
+            ("fp", req.fingerprint().to_hex().as_str()),
+            ("state", "completed"),
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let err = store.begin(request(key, &req, LEASE)).await.unwrap_err();
+    assert!(err.is_corrupt(), "{err:?}");
+    assert!(err.to_string().contains("version 2"), "{err}");
+    let token = LeaseToken::generate();
+    let err = store
+        .complete(key, token, response("x"), RETENTION)
+        .await
+        .unwrap_err();
+    assert!(err.is_corrupt(), "{err:?}");
+    assert!(store.abandon(key, token).await.unwrap_err().is_corrupt());
+    assert!(store
+        .mark_in_doubt(key, token, RETENTION)
+        .await
+        .unwrap_err()
+        .is_corrupt());
+    // Untouched.
+    let v: String = redis::cmd("HGET")
+        .arg(&redis_key)
+        .arg("v")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(v, "2");
+
+    // A hash that is not ours, and a key of another type, are refused the same way.
+    let key = fresh_key();
+    let () = redis::cmd("HSET")
+        .arg(store.redis_key(&key))
+        .arg("something")
+        .arg("else")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(store
+        .begin(request(key, &req, LEASE))
+        .await
+        .unwrap_err()
+        .is_corrupt());
+    let key = fresh_key();
+    let () = redis::cmd("SET")
+        .arg(store.redis_key(&key))
+        .arg("a string")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(store
+        .begin(request(key, &req, LEASE))
+        .await
+        .unwrap_err()
+        .is_corrupt());
+}
+
+#[tokio::test]
+async fn records_have_the_documented_layout_and_the_lease_is_not_the_ttl() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    let mut admin = admin(redis.url()).await;
+    let req = frozen("{\"amount\":7}");
+    let key = fresh_key();
+    let lease = Duration::from_millis(100);
+
+    let Begin::Acquired { token } = store.begin(request(key, &req, lease)).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    let redis_key = store.redis_key(&key);
+    assert!(redis_key.ends_with(&key.to_hex()));
+    let fields: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
+        .arg(&redis_key)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let text = |name: &str| String::from_utf8(fields[name].clone()).unwrap();
+    assert_eq!(text("v"), "1");
+    assert_eq!(text("state"), "in_flight");
+    assert_eq!(text("fp"), req.fingerprint().to_hex());
+    assert_eq!(text("token"), format!("{:032x}", token.as_u128()));
+    assert_eq!(text("sent"), "0");
+    assert_eq!(text("attempts"), "1");
+    assert_eq!(text("retention_ms"), RETENTION.as_millis().to_string());
+    assert_eq!(
+        FrozenRequest::decode(&fields["frozen"]).unwrap().body(),
+        req.body()
+    );
+    assert!(!fields.contains_key("outcome"));
+
+    // The key lives for the retention, not the lease: after the lease the record is still
+    // there, and reads as in doubt.
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&redis_key)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        ttl > (RETENTION - Duration::from_secs(60)).as_millis() as i64,
+        "PTTL {ttl}"
+    );
+    let Begin::Resume { token, .. } = store.begin(request(key, &req, lease)).await.unwrap() else {
+        panic!("expected Resume")
+    };
+    store
+        .complete(key, token, response("done"), RETENTION)
+        .await
+        .unwrap();
+    let fields: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
+        .arg(&redis_key)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(fields["state"], b"completed");
+    assert_eq!(fields["sent"], b"1");
+    assert_eq!(fields["attempts"], b"2");
+    assert!(!fields.contains_key("token") && !fields.contains_key("lease_until_ms"));
+    assert!(matches!(
+        Outcome::decode(&fields["outcome"]).unwrap(),
+        Outcome::Response(_)
+    ));
+}
+
+#[tokio::test]
+async fn connecting_to_nothing_fails_closed_and_fast() {
+    // No server needed: a loopback port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let err = RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+        .operation_timeout(Duration::from_millis(200))
+        .connection_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let err = RedisStore::builder("not a url")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+}
+
+#[test]
+fn debug_output_never_shows_credentials() {
+    let builder = RedisStore::builder("redis://:hunter2@127.0.0.1:6379/");
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+}

@@ -41,6 +41,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower::retry::Policy;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_idempotency::idempotency::Client;
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{
@@ -289,12 +290,62 @@ fn our_retry_policy() -> RetryPolicy {
     RetryPolicy::builder()
         .attempt_timeout(CALL_TIMEOUT)
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .max_elapsed(Duration::from_secs(1))
         .build()
         .expect("valid retry policy")
 }
 
-fn ledger() -> Arc<dyn IdempotencyStore> {
-    Arc::new(MemoryStore::new())
+/// Where the ledger lives: in this process, or in Redis when `REDIS_URL` is set (and the
+/// `redis` feature is on), where it outlives the processes that use it.
+#[derive(Clone, Debug)]
+enum LedgerChoice {
+    Memory,
+    #[cfg(feature = "redis")]
+    Redis {
+        url: String,
+        prefix: String,
+    },
+}
+
+static LEDGER: std::sync::OnceLock<LedgerChoice> = std::sync::OnceLock::new();
+
+fn choose_ledger() -> LedgerChoice {
+    #[cfg(feature = "redis")]
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        // A namespace per run, so records of earlier runs never answer for this one.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let prefix = format!("agent_incidents:{nanos}:");
+        return LedgerChoice::Redis { url, prefix };
+    }
+    LedgerChoice::Memory
+}
+
+async fn ledger() -> Arc<dyn IdempotencyStore> {
+    match LEDGER.get().expect("ledger chosen in main") {
+        LedgerChoice::Memory => Arc::new(MemoryStore::new()),
+        #[cfg(feature = "redis")]
+        LedgerChoice::Redis { url, prefix } => Arc::new(
+            tower_idempotency::ledger::RedisStore::builder(url.clone())
+                .prefix(prefix.clone())
+                .connect()
+                .await
+                .expect("REDIS_URL is reachable"),
+        ),
+    }
+}
+
+/// Our client layer. The lease is short so that, after a crash nothing could clean up
+/// after (a SIGKILL), the resumed orchestrator waits seconds, not a minute.
+fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<Client> {
+    IdempotencyLayer::client_builder(store)
+        .lease(Duration::from_secs(2))
+        .retry_window(Duration::from_secs(1))
+        .drift_policy(drift)
+        .build()
+        .expect("valid client settings")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -329,7 +380,7 @@ async fn charge_after_timeout(provider: &Provider, base: &str) -> Row {
     let body = json!({"order_id": "order_43", "amount_cents": 1999});
     provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
     let ours = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(ledger()))
+        .layer(our_layer(ledger().await, DriftPolicy::Reject))
         .layer(FrozenRetryLayer::new(our_retry_policy()))
         .service(hyper_client());
     let mut req = json_post(&uri, &body);
@@ -382,9 +433,8 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
 
     // Ours: the agent runs once; the retry resends its frozen bytes.
     let mut agent = Agent::default();
-    let store = ledger();
     let ours = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(our_layer(ledger().await, DriftPolicy::Reject))
         .layer(FrozenRetryLayer::new(our_retry_policy()))
         .service(hyper_client());
     let call = agent.create_order_call();
@@ -453,31 +503,47 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     println!("  naive: crashed, resumed, re-ran the agent; rows: {naive_rows}");
 
     // Ours: same crash; the resumed stack resends what was frozen before the first send.
-    let store = ledger();
+    let store = ledger().await;
     let mut agent = Agent::default();
     let op = OperationId::new("task-3", "create_order");
     provider.trouble_next("orders", Trouble::SlowAnswer(Duration::from_millis(800)));
     let first = order(&agent.create_order_call(), "ord_crash_ours");
-    let in_flight = tokio::spawn({
-        let stack = ServiceBuilder::new()
-            .layer(IdempotencyLayer::client(store.clone()))
-            .layer(FrozenRetryLayer::new(our_retry_policy()))
-            .service(hyper_client());
-        let mut req = json_post(&uri, &first);
-        req.extensions_mut().insert(op.clone());
-        async move { stack.oneshot(req).await }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    in_flight.abort(); // the whole client stack is dropped; only the ledger survives
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    match LEDGER.get().expect("ledger chosen") {
+        LedgerChoice::Memory => {
+            let in_flight = tokio::spawn(send_as_orchestrator(
+                store.clone(),
+                uri.clone(),
+                first.clone(),
+            ));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            in_flight.abort(); // the whole client stack is dropped; only the ledger survives
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            println!("  ours:  the orchestrator task was dropped mid-call (in-process ledger)");
+        }
+        #[cfg(feature = "redis")]
+        LedgerChoice::Redis { url, prefix } => {
+            // A real process boundary: a child orchestrator sends, then is SIGKILLed.
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--orchestrator-child",
+                    url,
+                    prefix,
+                    &uri,
+                    &first.to_string(),
+                ])
+                .spawn()
+                .expect("spawn the orchestrator process");
+            while provider.order_rows_for("ord_crash_ours") == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            child.kill().expect("SIGKILL");
+            child.wait().unwrap();
+            println!("  ours:  orchestrator process {} was SIGKILLed after its request left (Redis ledger)", child.id());
+        }
+    }
 
     let after_restart = ServiceBuilder::new()
-        .layer(
-            IdempotencyLayer::client_builder(store.clone())
-                .drift_policy(DriftPolicy::ResendFrozen)
-                .build()
-                .expect("valid client settings"),
-        )
+        .layer(our_layer(store.clone(), DriftPolicy::ResendFrozen))
         .layer(FrozenRetryLayer::new(our_retry_policy()))
         .service(hyper_client());
     let regenerated = order(&agent.create_order_call(), "ord_crash_ours");
@@ -501,6 +567,25 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     }
 }
 
+/// One orchestrator run of the `create_order` step through our stack.
+async fn send_as_orchestrator(
+    store: Arc<dyn IdempotencyStore>,
+    uri: String,
+    call: Value,
+) -> Result<
+    http::Response<tower_idempotency::idempotency::ResponseBody<hyper::body::Incoming>>,
+    tower_idempotency::Error,
+> {
+    let stack = ServiceBuilder::new()
+        .layer(our_layer(store, DriftPolicy::ResendFrozen))
+        .layer(FrozenRetryLayer::new(our_retry_policy()))
+        .service(hyper_client());
+    let mut req = json_post(&uri, &call);
+    req.extensions_mut()
+        .insert(OperationId::new("task-3", "create_order"));
+    stack.oneshot(req).await
+}
+
 fn status_of<B, E: std::fmt::Display>(result: &Result<http::Response<B>, E>) -> String {
     match result {
         Ok(response) => response.status().to_string(),
@@ -510,7 +595,25 @@ fn status_of<B, E: std::fmt::Display>(result: &Result<http::Response<B>, E>) -> 
 
 #[tokio::main]
 async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    #[cfg(feature = "redis")]
+    if args.get(1).map(String::as_str) == Some("--orchestrator-child") {
+        // The doomed orchestrator of scenario 3: send, and be killed while waiting.
+        let [url, prefix, uri, body] = [&args[2], &args[3], &args[4], &args[5]];
+        LEDGER
+            .set(LedgerChoice::Redis {
+                url: url.clone(),
+                prefix: prefix.clone(),
+            })
+            .unwrap();
+        let call: Value = serde_json::from_str(body).unwrap();
+        let _ = send_as_orchestrator(ledger().await, uri.clone(), call).await;
+        return;
+    }
+    let _ = args;
+    LEDGER.set(choose_ledger()).unwrap();
     let (provider, base) = start_provider().await;
+    println!("ledger: {:?}", LEDGER.get().unwrap());
     println!("provider listening on {base}\n");
 
     println!("1. charge_customer(order_42): the answer is slower than the caller's timeout");

@@ -613,3 +613,64 @@ fn the_builder_refuses_ttls_shorter_than_the_retry_window() {
         .build();
     assert!(short_lease.unwrap_err().to_string().contains("lease"));
 }
+
+/// A body that counts the frames read out of it.
+struct CountedBody {
+    chunks: std::collections::VecDeque<Bytes>,
+    reads: Arc<AtomicUsize>,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let next = self.chunks.pop_front();
+        if next.is_some() {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+        }
+        std::task::Poll::Ready(next.map(|chunk| Ok(http_body::Frame::data(chunk))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_body_is_read_once_per_operation_with_both_layers_stacked() {
+    let reads = Arc::new(AtomicUsize::new(0));
+    let provider = SideEffectService::new().with_faults(vec![
+        Fault::ServerError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            commit: false,
+        };
+        2
+    ]);
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+        .service(provider.clone());
+    let body = CountedBody {
+        chunks: [&b"{\"order_id\":"[..], b"\"order_42\"", b"}"]
+            .into_iter()
+            .map(Bytes::from_static)
+            .collect(),
+        reads: reads.clone(),
+    };
+    let mut req = Request::post("http://payments.local/charges")
+        .body(body)
+        .unwrap();
+    req.extensions_mut().insert(op());
+    let response = svc.oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(provider.attempts().len(), 3);
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        3,
+        "each chunk was read exactly once"
+    );
+    assert!(provider
+        .attempts()
+        .iter()
+        .all(|a| a.body().as_ref() == b"{\"order_id\":\"order_42\"}"));
+}

@@ -122,7 +122,9 @@ pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
-pub use idempotency::{BusyPolicy, DriftPolicy, IdempotencyLayer, ResponseSource};
+pub use idempotency::{
+    BusyPolicy, DriftPolicy, IdempotencyLayer, InDoubtPolicy, ResponseSource, ServerErrorPolicy,
+};
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
 pub use retry::FrozenRetryLayer;
 

@@ -2,8 +2,10 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-/// Applies the ledger to a service: the client face (`IdempotencyLayer<Client>`, built by
-/// [`IdempotencyLayer::client`]).
+/// Applies the ledger to a service, with one of two faces: the client face
+/// (`IdempotencyLayer<Client>`, built by [`IdempotencyLayer::client`]) for callers of
+/// side-effecting APIs, or the server face (`IdempotencyLayer<Server>`, built by
+/// [`IdempotencyLayer::server`]) in front of the handlers that perform the effects.
 ///
 /// See the [module docs](crate::idempotency).
 #[derive(Debug)]

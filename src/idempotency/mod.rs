@@ -78,19 +78,170 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # The server face
+//!
+//! For a service that performs the side effect: IETF `Idempotency-Key` semantics
+//! (draft-ietf-httpapi-idempotency-key-header) in front of your handlers, as a plain tower
+//! layer. It wraps any `Service<Request<RequestBody<B>>>` (an axum `Router` or handler, a
+//! hyper service) and keeps its error type, so it drops into `Router::layer` with
+//! `Infallible` intact: every idempotency outcome is an HTTP response.
+//!
+//! ```
+//! use axum::body::Body;
+//! use axum::http::{Request, StatusCode};
+//! use axum::routing::post;
+//! use axum::Router;
+//! use tower::ServiceExt;
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+//!
+//! async fn charge() -> (StatusCode, &'static str) {
+//!     (StatusCode::CREATED, r#"{"charge_id":"ch_1"}"#)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new()
+//!     .route("/charges", post(charge))
+//!     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+//! // axum::serve(listener, app).await
+//!
+//! let charge_order_42 = || {
+//!     Request::post("/charges")
+//!         .header("idempotency-key", "\"order-42\"")
+//!         .body(Body::from(r#"{"order_id":"order-42","amount_cents":1999}"#))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(charge_order_42()).await.unwrap();
+//! let retry = app.clone().oneshot(charge_order_42()).await.unwrap(); // the answer was lost
+//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true"); // the handler ran once
+//! # let _ = first;
+//! # }
+//! ```
+//!
+//! `examples/axum_server.rs` is a complete payments service built this way
+//! (`cargo run --example axum_server`). Prefer `Router::route_layer` to `Router::layer`:
+//! with `layer`, a `POST` to an unknown path gets the layer's `400` instead of axum's `404`.
+//!
+//! ## What it answers
+//!
+//! Side-effecting requests (by default `POST` and `PATCH`; see
+//! [`ServerBuilder::side_effect_methods`]) go through the ledger. Everything else (`GET`,
+//! `HEAD`, `OPTIONS`, `PUT`, `DELETE`… by default) passes straight through, its body
+//! untouched, without touching the ledger. Problem bodies are RFC 9457
+//! `application/problem+json`; their `type` URIs are listed in [`problem`].
+//!
+//! | situation | status and body | ledger |
+//! |---|---|---|
+//! | side-effecting, no `Idempotency-Key` | `400` [`key-missing`](problem::KEY_MISSING) (passed through when the key is [optional](ServerBuilder::require_key)) | not touched |
+//! | key malformed: empty, over 255 characters, not visible ASCII, control characters, bad RFC 8941 string, header repeated | `400` [`key-invalid`](problem::KEY_INVALID), with `reason` | not touched |
+//! | body over the limit (1 MiB), by `Content-Length` or while reading | `413` [`body-too-large`](problem::BODY_TOO_LARGE) | not touched: no lease |
+//! | body could not be read | `400` [`body-unreadable`](problem::BODY_UNREADABLE) | not touched |
+//! | ledger unavailable | `503` [`ledger-unavailable`](problem::LEDGER_UNAVAILABLE) with `Retry-After`; the handler does not run (fail closed). Opt-in [fail open](ServerBuilder::fail_open): the handler's response with `Idempotency-Fail-Open: true` | — |
+//! | new key | the handler's response | recorded |
+//! | same key, in flight | `409` [`in-flight`](problem::IN_FLIGHT) with `Retry-After` | unchanged |
+//! | same key, other method, path, query or body | `422` [`payload-mismatch`](problem::PAYLOAD_MISMATCH) | unchanged |
+//! | same key, completed | the recorded status, allow-listed headers and byte-identical body, with `Idempotent-Replayed: true`; the handler does not run | unchanged |
+//! | same key, completed with a response over the cap (1 MiB) | `410` [`response-not-recorded`](problem::RESPONSE_NOT_RECORDED), never a re-run, never a truncated body | unchanged |
+//! | same key, in doubt (see below) | `500` [`outcome-unknown`](problem::OUTCOME_UNKNOWN) by default, or the handler runs again | stays in doubt / recorded |
+//!
+//! ## Scoping
+//!
+//! The ledger key is `LedgerKey::server(scope, method, route, key)`
+//! ([`LedgerKey::server`](crate::ledger::LedgerKey::server)), a hash: the scope, the raw
+//! key and credentials are never stored or logged. `scope` comes from
+//! [`ServerBuilder::scope`], a function of the request head naming the tenant or
+//! principal. One scope can never read, block or probe another's keys: a foreign key
+//! behaves exactly like an unused one (no `409`, no `422`, no replay).
+//!
+//! **Without a scope function**, the scope is a hash of the `Authorization` header: every
+//! credential gets its own keys, with no configuration, and nothing leaks between API
+//! clients. It is the safest default that needs no knowledge of your authentication, but
+//! not the best setting: a token that rotates between a request and its retry changes the
+//! scope (the retry runs again), and requests without `Authorization` (cookie sessions,
+//! anonymous endpoints) share one scope. Put authentication **outside** this layer and
+//! derive the scope from the principal it found, as the example does; unauthenticated
+//! requests then never reach the ledger either.
+//!
+//! `route` comes from [`ServerBuilder::route`]; the default is the URI path. With axum, use
+//! the route template from its `MatchedPath` extension (see [`ServerBuilder`]).
+//!
+//! ## Handler failures, cancellation and expired leases
+//!
+//! - **A `5xx` from the handler** is recorded and replayed by default
+//!   ([`ServerErrorPolicy::Record`], as Stripe does): a handler can fail *after* its effect,
+//!   and only it knows. [`ServerErrorPolicy::Release`] releases the key instead, so a retry
+//!   runs the handler again; choose it when your `5xx` reliably means "nothing happened".
+//!   A panic caught by tower-http's `CatchPanicLayer` *inside* this layer is such a `5xx`.
+//! - **In doubt.** A key whose handler started and never finished cannot be "resent" by a
+//!   server: the handler panicked with nothing catching it, was cancelled, its response body
+//!   failed, or it ran past its lease (60 s by default: make it longer than your slowest
+//!   handler). By default ([`InDoubtPolicy::OutcomeUnknown`], **at most once**) every later
+//!   request with the key gets `500` [`outcome-unknown`](problem::OUTCOME_UNKNOWN): the
+//!   layer cannot know whether the effect happened, and running it again is the double
+//!   charge this crate exists to stop. [`InDoubtPolicy::RunAgain`] (**at least once**) runs
+//!   the handler again; use it when the handler's own effects are idempotent, e.g. it
+//!   passes the key (a [`HeaderKey`](crate::HeaderKey) in the request's extensions) on to
+//!   its payment provider.
+//! - **A panic** unwinding through this layer puts the key in doubt at once, not when the
+//!   lease ends, and keeps unwinding (hyper then closes the connection, as without us).
+//! - **The client goes away.** hyper drops the request's future. The handler of a keyed
+//!   request runs on its own task and **keeps running**: its outcome is recorded and the
+//!   client's retry gets the replay. With
+//!   [`cancel_on_disconnect(true)`](ServerBuilder::cancel_on_disconnect), the handler is
+//!   dropped with the request and the key goes in doubt at once.
+//!
+//! With the client face calling a server behind this layer: `409` and `5xx` answers leave
+//! the client's operation in doubt, to be resent later under the same key (an
+//! `outcome-unknown` stays so, truthfully); `410` and `422` are final.
+//!
+//! ## Replay
+//!
+//! A replay has the recorded status and body (byte for byte) and only the headers of an
+//! allow-list, [`DEFAULT_REPLAY_HEADERS`] (`Content-Type`, `Content-Encoding`,
+//! `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`,
+//! `Cache-Control`, `Vary`, `Link`), configurable with [`ServerBuilder::replay_headers`].
+//! Other headers are not even stored. `Set-Cookie`, `WWW-Authenticate`, `Authorization`,
+//! `Date`, `Content-Length` and hop-by-hop headers can never be replayed: the builder
+//! refuses them. Place layers that vary the response per caller (compression, CORS) and
+//! rate limiting (a `429` would be recorded) **outside** this layer.
+//!
+//! ## Bodies
+//!
+//! A keyed request's body is read whole, under the limit, and fingerprinted in the same
+//! pass ([`FrozenRequest::freeze`](crate::FrozenRequest::freeze)); the handler receives
+//! those bytes as a [`RequestBody`]. Responses are recorded up to
+//! [`response_limit`](ServerBuilder::response_limit); larger ones stream on to the first
+//! caller whole and leave a tombstone.
+//!
+//! ## Tracing
+//!
+//! Each keyed request runs in a `DEBUG` span `idempotency` with `face = "server"`, `key`
+//! (the ledger key's hex: a hash, free of the scope), `outcome` (`executed`,
+//! `executed-again`, `replayed`, `in-flight`, `payload-mismatch`, `outcome-unknown`,
+//! `response-not-recorded`, `ledger-unavailable`, `fail-open`, `body-too-large`,
+//! `body-unreadable`) and, when the handler ran, `settled` (`recorded`, `tombstone`,
+//! `released`, `in-doubt`, `not-recorded`). Refused keys are `DEBUG` events.
 
 mod body;
 mod client;
 mod engine;
 mod layer;
+mod server;
 
 pub use body::ResponseBody;
 pub use client::{Client, ClientBuilder, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
+pub use server::{
+    problem, InDoubtPolicy, RequestBody, Server, ServerBuilder, ServerErrorPolicy, ServerFuture,
+    DEFAULT_REPLAY_HEADERS, IDEMPOTENCY_FAIL_OPEN, IDEMPOTENT_REPLAYED,
+};
 
 /// Where a response came from: a response extension set by the client
-/// [`IdempotencyLayer`] on every response of a side-effecting operation.
+/// [`IdempotencyLayer`] on every response of a side-effecting operation. (The server face
+/// marks replays with the `Idempotent-Replayed: true` header instead.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResponseSource {

@@ -1,12 +1,14 @@
-//! The in-process ledger on `moka`.
+//! The in-process ledger: open operations in a sharded map, outcomes in `moka`.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use moka::future::Cache;
-use moka::ops::compute::Op;
 use moka::policy::EvictionPolicy;
 use moka::Expiry;
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::{
@@ -18,22 +20,43 @@ use crate::frozen::FrozenRequest;
 /// The default byte budget of a [`MemoryStore`]: 64 MiB.
 const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
-/// The embedded ledger: a byte-weighed `moka` cache in this process.
+/// Shards of the open-operation map: enough that unrelated keys rarely share a lock on a
+/// many-core machine, few enough to stay small.
+const SHARDS: usize = 64;
+
+/// The embedded ledger, in this process.
 ///
-/// - **Atomic**: every transition runs inside moka's per-key `and_compute_with`, so two
-///   callers racing on one key are serialised; there is no check-then-set.
-/// - **Byte-weighed**: each record weighs its key, its bookkeeping, its frozen request and
-///   its recorded response; the cache holds at most [`max_bytes`](MemoryStoreBuilder::max_bytes)
-///   (64 MiB by default) and evicts least-recently-used records beyond it. LRU rather than
-///   moka's default TinyLFU on purpose: TinyLFU may refuse to admit a brand-new record, and a
-///   refused claim would let a concurrent caller claim the same operation again.
-/// - **Two clocks of expiry**: leases and retention are checked against
-///   [`tokio::time::Instant`] on every access (so they follow a paused test clock), and moka
-///   drops each record when its retention ends to reclaim the memory.
+/// Records live in one of two places, by state:
 ///
-/// Size the cap for your retention: an evicted record is a forgotten operation. Use
-/// [`RedisStore`](crate::ledger) when several processes share operations or an orchestrator
-/// must resume after a crash.
+/// - **Open operations** (in flight or in doubt) sit in a sharded map and are **never
+///   evicted**: they are exactly the records whose loss would let a second caller send the
+///   same operation (an in-flight claim forgotten) or lose the bytes a resume must resend
+///   (an in-doubt record forgotten). They leave when they complete, when they are released
+///   after a pre-write failure, or when their retention ends.
+/// - **Completed operations** sit in a `moka` cache weighed in bytes (key, bookkeeping,
+///   frozen request and recorded response), holding at most
+///   [`max_bytes`](MemoryStoreBuilder::max_bytes) (64 MiB by default) and evicting the
+///   least recently used beyond it. LRU rather than moka's default TinyLFU on purpose:
+///   TinyLFU may refuse to admit a new outcome at all. A completed record heavier than the
+///   whole budget is kept as a tombstone (status only), so it answers "done, not
+///   replayable" instead of being dropped on arrival.
+///
+/// Every transition of a key runs under its shard's lock, from the first read to the last
+/// write (moka calls included), so `begin` is one atomic step: two callers racing on a key
+/// never both acquire it. The lock is per shard, held for a map lookup and at most one
+/// moka operation.
+///
+/// Leases and retention are checked against [`tokio::time::Instant`] on every access (so
+/// they follow a paused test clock); moka also drops each outcome when its retention ends,
+/// to reclaim the memory.
+///
+/// Size the budget for your retention: an evicted outcome is a forgotten operation, and a
+/// forgotten operation runs again. Use `RedisStore` (feature `redis`) when several
+/// processes share operations or an orchestrator must resume after a crash.
+///
+/// Keeping open claims out of moka is also the fast path: a claim is a map insert under
+/// an uncontended lock instead of a moka write (moka's housekeeping makes each write cost
+/// microseconds), and a fresh operation writes to moka once, when it completes.
 ///
 /// # Example
 ///
@@ -45,7 +68,24 @@ const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// ```
 #[derive(Clone, Debug)]
 pub struct MemoryStore {
-    cache: Cache<LedgerKey, Arc<Record>>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    open: Box<[Mutex<HashMap<LedgerKey, Open>>]>,
+    open_bytes: AtomicU64,
+    completed: Cache<LedgerKey, Arc<Completed>>,
+    max_bytes: u64,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("max_bytes", &self.max_bytes)
+            .field("completed", &self.completed.entry_count())
+            .field("open_bytes", &self.open_bytes.load(Ordering::Relaxed))
+            .finish()
+    }
 }
 
 /// Builds a [`MemoryStore`].
@@ -55,7 +95,7 @@ pub struct MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// The byte budget for all records (default 64 MiB).
+    /// The byte budget for completed records (default 64 MiB).
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
         self
@@ -63,13 +103,21 @@ impl MemoryStoreBuilder {
 
     /// Build the store.
     pub fn build(self) -> MemoryStore {
-        let cache = Cache::builder()
+        let completed = Cache::builder()
             .max_capacity(self.max_bytes)
-            .weigher(|_key: &LedgerKey, record: &Arc<Record>| record.weight())
+            .weigher(|_key: &LedgerKey, record: &Arc<Completed>| record.weight)
             .eviction_policy(EvictionPolicy::lru())
             .expire_after(RetentionExpiry)
             .build();
-        MemoryStore { cache }
+        let open = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                open,
+                open_bytes: AtomicU64::new(0),
+                completed,
+                max_bytes: self.max_bytes,
+            }),
+        }
     }
 }
 
@@ -92,8 +140,8 @@ impl MemoryStore {
         }
     }
 
-    /// The bytes the store's records weigh now (after [`run_pending_tasks`](Self::run_pending_tasks),
-    /// exactly; otherwise as of moka's last housekeeping).
+    /// The bytes the store's records weigh now: open operations exactly, completed ones as of
+    /// moka's last housekeeping (exactly, after [`run_pending_tasks`](Self::run_pending_tasks)).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -104,49 +152,192 @@ impl MemoryStore {
     /// # }
     /// ```
     pub fn weighted_size(&self) -> u64 {
-        self.cache.weighted_size()
+        self.inner.completed.weighted_size() + self.inner.open_bytes.load(Ordering::Relaxed)
     }
 
-    /// The number of records (as of moka's last housekeeping).
+    /// The number of records: completed ones as of moka's last housekeeping, plus open ones.
     pub fn entry_count(&self) -> u64 {
-        self.cache.entry_count()
+        let open: usize = self
+            .inner
+            .open
+            .iter()
+            .map(|shard| shard.try_lock().map_or(0, |map| map.len()))
+            .sum();
+        self.inner.completed.entry_count() + open as u64
     }
 
-    /// Run moka's pending housekeeping (evictions, expirations) now.
+    /// Run moka's pending housekeeping (evictions, expirations) now, and drop open
+    /// operations past their retention.
     pub async fn run_pending_tasks(&self) {
-        self.cache.run_pending_tasks().await;
+        self.inner.completed.run_pending_tasks().await;
+        let now = Instant::now();
+        for shard in self.inner.open.iter() {
+            let mut open = shard.lock().await;
+            self.sweep(&mut open, now);
+        }
     }
 
-    /// Apply `transition` to the live record of `key` atomically, returning its answer.
-    async fn transition<T>(
+    fn shard(&self, key: &LedgerKey) -> &Mutex<HashMap<LedgerKey, Open>> {
+        // Ledger keys are SHA-256 digests: any of their bytes is already uniform.
+        &self.inner.open[usize::from(key.as_bytes()[0]) % SHARDS]
+    }
+
+    /// Drop open operations whose retention ended.
+    fn sweep(&self, open: &mut HashMap<LedgerKey, Open>, now: Instant) {
+        open.retain(|_, record| {
+            let keep = record.retain_until > now;
+            if !keep {
+                self.forget_open_bytes(record);
+            }
+            keep
+        });
+    }
+
+    fn insert_open(&self, open: &mut HashMap<LedgerKey, Open>, key: LedgerKey, record: Open) {
+        self.inner
+            .open_bytes
+            .fetch_add(record.weight(), Ordering::Relaxed);
+        if let Some(old) = open.insert(key, record) {
+            self.forget_open_bytes(&old);
+        }
+        // Amortised cleanup: open operations past their retention (abandoned in-doubt
+        // records) are dropped whenever a shard doubles.
+        if open.len() >= 64 && open.len().is_power_of_two() {
+            self.sweep(open, Instant::now());
+        }
+    }
+
+    fn remove_open(&self, open: &mut HashMap<LedgerKey, Open>, key: &LedgerKey) -> Option<Open> {
+        let record = open.remove(key)?;
+        self.forget_open_bytes(&record);
+        Some(record)
+    }
+
+    fn forget_open_bytes(&self, record: &Open) {
+        self.inner
+            .open_bytes
+            .fetch_sub(record.weight(), Ordering::Relaxed);
+    }
+
+    /// The live completed record of `key`, if any.
+    async fn completed(&self, key: &LedgerKey, now: Instant) -> Option<Arc<Completed>> {
+        self.inner
+            .completed
+            .get(key)
+            .await
+            .filter(|record| record.retain_until > now)
+    }
+
+    async fn begin_locked(&self, request: BeginRequest) -> Begin {
+        let now = Instant::now();
+        let mut open = self.shard(&request.key).lock().await;
+        let live = open
+            .get(&request.key)
+            .filter(|record| record.retain_until > now)
+            .map(Open::clone_shallow);
+        if let Some(record) = live {
+            return self.begin_on_open(&mut open, record, request, now);
+        }
+        if let Some(done) = self.completed(&request.key, now).await {
+            return if done.fingerprint == request.fingerprint {
+                Begin::Replay(done.outcome.clone())
+            } else {
+                Begin::Drift {
+                    stored: done.fingerprint,
+                    frozen: done.frozen.clone(),
+                }
+            };
+        }
+        let token = LeaseToken::generate();
+        let record = Open {
+            fingerprint: request.fingerprint,
+            frozen: request.frozen,
+            token: Some(token),
+            lease_until: now + request.lease,
+            may_have_sent: false,
+            retention: request.retention,
+            retain_until: now + request.retention,
+        };
+        self.insert_open(&mut open, request.key, record);
+        Begin::Acquired { token }
+    }
+
+    fn begin_on_open(
+        &self,
+        open: &mut HashMap<LedgerKey, Open>,
+        record: Open,
+        request: BeginRequest,
+        now: Instant,
+    ) -> Begin {
+        if record.fingerprint != request.fingerprint {
+            return Begin::Drift {
+                stored: record.fingerprint,
+                frozen: record.frozen,
+            };
+        }
+        if record.token.is_some() && record.lease_until > now {
+            return Begin::Busy {
+                retry_after: record.lease_until - now,
+            };
+        }
+        // In doubt, or in flight under an expired lease (the owner may have sent and died):
+        // hand the operation to this caller under a new token, with the bytes first frozen.
+        let token = LeaseToken::generate();
+        let frozen = record.frozen.clone();
+        let resumed = Open {
+            token: Some(token),
+            lease_until: now + request.lease,
+            may_have_sent: true,
+            retention: request.retention,
+            retain_until: now + request.retention,
+            ..record
+        };
+        self.insert_open(open, request.key, resumed);
+        Begin::Resume { token, frozen }
+    }
+
+    /// Run `settle` on the open record of `key` owned by `token`, or refuse as fenced.
+    async fn settle(
         &self,
         key: LedgerKey,
-        transition: impl FnOnce(Option<&Record>, Instant) -> (Op<Arc<Record>>, T),
-    ) -> T {
-        let mut answer = None;
+        token: LeaseToken,
+        settle: impl FnOnce(&Self, &mut HashMap<LedgerKey, Open>, Open, Instant) -> Settled,
+    ) -> Result<(), StoreError> {
         let now = Instant::now();
-        self.cache
-            .entry(key)
-            .and_compute_with(|entry| {
-                // A record past its retention is gone, whether or not moka has reaped it.
-                let live = entry
-                    .map(|entry| entry.into_value())
-                    .filter(|record| record.retain_until > now);
-                let (op, result) = transition(live.as_deref(), now);
-                answer = Some(result);
-                std::future::ready(op)
-            })
-            .await;
-        answer.expect("and_compute_with always runs its closure")
+        let mut open = self.shard(&key).lock().await;
+        let owned = open
+            .get(&key)
+            .is_some_and(|record| record.token == Some(token) && record.retain_until > now);
+        if !owned {
+            return Err(StoreError::fenced());
+        }
+        let record = self
+            .remove_open(&mut open, &key)
+            .expect("checked under the same lock");
+        match settle(self, &mut open, record, now) {
+            Settled::Done => {}
+            Settled::Complete(done) => {
+                // Inserted while the shard is still locked: no `begin` of this key can run
+                // between the open record leaving and the outcome arriving.
+                self.inner.completed.insert(key, Arc::new(done)).await;
+            }
+        }
+        Ok(())
     }
 }
 
-/// One ledger record.
+enum Settled {
+    Done,
+    Complete(Completed),
+}
+
+/// An operation in flight (`token` set) or in doubt (`token` empty).
 #[derive(Debug)]
-struct Record {
+struct Open {
     fingerprint: Fingerprint,
     frozen: Option<FrozenRequest>,
-    state: State,
+    token: Option<LeaseToken>,
+    lease_until: Instant,
     /// Whether any attempt of this operation may have reached the server; once true, the
     /// record can only be resumed or completed, never released.
     may_have_sent: bool,
@@ -154,58 +345,86 @@ struct Record {
     retain_until: Instant,
 }
 
-#[derive(Debug)]
-enum State {
-    InFlight {
-        token: LeaseToken,
-        lease_until: Instant,
-    },
-    InDoubt,
-    Completed(Outcome),
-}
-
-impl Record {
-    fn weight(&self) -> u32 {
+impl Open {
+    fn weight(&self) -> u64 {
         let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight);
-        let outcome = match &self.state {
-            State::Completed(outcome) => outcome.weight(),
-            _ => 0,
-        };
-        let total =
-            std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>() + frozen + outcome;
-        u32::try_from(total).unwrap_or(u32::MAX)
+        (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>() + frozen) as u64
     }
 
-    fn with_state(
-        &self,
-        state: State,
-        may_have_sent: bool,
-        retention: Duration,
-        now: Instant,
-    ) -> Arc<Self> {
-        Arc::new(Self {
+    fn clone_shallow(&self) -> Self {
+        Self {
             fingerprint: self.fingerprint,
             frozen: self.frozen.clone(),
-            state,
-            may_have_sent,
-            retention,
-            retain_until: now + retention,
-        })
-    }
-
-    fn owned_by(&self, token: LeaseToken) -> bool {
-        matches!(self.state, State::InFlight { token: owner, .. } if owner == token)
+            token: self.token,
+            lease_until: self.lease_until,
+            may_have_sent: self.may_have_sent,
+            retention: self.retention,
+            retain_until: self.retain_until,
+        }
     }
 }
 
-/// moka's own expiry: drop a record's memory when its retention ends.
+/// A completed operation.
+#[derive(Debug)]
+struct Completed {
+    fingerprint: Fingerprint,
+    /// Kept to name the fields that changed when a later request drifts.
+    frozen: Option<FrozenRequest>,
+    outcome: Outcome,
+    retention: Duration,
+    retain_until: Instant,
+    weight: u32,
+}
+
+impl Completed {
+    fn new(
+        open: Open,
+        outcome: Outcome,
+        retention: Duration,
+        now: Instant,
+        max_bytes: u64,
+    ) -> Self {
+        let mut done = Self {
+            fingerprint: open.fingerprint,
+            frozen: open.frozen,
+            outcome,
+            retention,
+            retain_until: now + retention,
+            weight: 0,
+        };
+        done.weight = done.measure();
+        if u64::from(done.weight) > max_bytes {
+            // Heavier than the whole budget: moka would drop it on arrival and the
+            // operation would be forgotten. Keep the fact that it is done instead.
+            let status = match &done.outcome {
+                Outcome::Response(response) => response.status(),
+                Outcome::Tombstone { status } => *status,
+            };
+            done.frozen = None;
+            done.outcome = Outcome::Tombstone { status };
+            done.weight = done.measure();
+        }
+        done
+    }
+
+    fn measure(&self) -> u32 {
+        let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight);
+        let total = std::mem::size_of::<LedgerKey>()
+            + std::mem::size_of::<Self>()
+            + frozen
+            + self.outcome.weight();
+        u32::try_from(total).unwrap_or(u32::MAX)
+    }
+}
+
+/// moka's own expiry: drop an outcome's memory when its retention ends.
 struct RetentionExpiry;
 
-impl Expiry<LedgerKey, Arc<Record>> for RetentionExpiry {
+impl Expiry<LedgerKey, Arc<Completed>> for RetentionExpiry {
     fn expire_after_create(
         &self,
         _: &LedgerKey,
-        record: &Arc<Record>,
+        record: &Arc<Completed>,
         _: std::time::Instant,
     ) -> Option<Duration> {
         Some(record.retention)
@@ -214,7 +433,7 @@ impl Expiry<LedgerKey, Arc<Record>> for RetentionExpiry {
     fn expire_after_update(
         &self,
         _: &LedgerKey,
-        record: &Arc<Record>,
+        record: &Arc<Completed>,
         _: std::time::Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
@@ -222,66 +441,9 @@ impl Expiry<LedgerKey, Arc<Record>> for RetentionExpiry {
     }
 }
 
-fn decide_begin(
-    current: Option<&Record>,
-    request: BeginRequest,
-    now: Instant,
-) -> (Op<Arc<Record>>, Begin) {
-    let Some(record) = current else {
-        let token = LeaseToken::generate();
-        let record = Record {
-            fingerprint: request.fingerprint,
-            frozen: request.frozen,
-            state: State::InFlight {
-                token,
-                lease_until: now + request.lease,
-            },
-            may_have_sent: false,
-            retention: request.retention,
-            retain_until: now + request.retention,
-        };
-        return (Op::Put(Arc::new(record)), Begin::Acquired { token });
-    };
-    if record.fingerprint != request.fingerprint {
-        let drift = Begin::Drift {
-            stored: record.fingerprint,
-            frozen: record.frozen.clone(),
-        };
-        return (Op::Nop, drift);
-    }
-    match &record.state {
-        State::InFlight { lease_until, .. } if *lease_until > now => (
-            Op::Nop,
-            Begin::Busy {
-                retry_after: *lease_until - now,
-            },
-        ),
-        // An expired lease is in doubt: the owner may have sent and died. Hand the operation
-        // to this caller under a new token, with the bytes first frozen.
-        State::InFlight { .. } | State::InDoubt => {
-            let token = LeaseToken::generate();
-            let lease_until = now + request.lease;
-            let next = record.with_state(
-                State::InFlight { token, lease_until },
-                true,
-                request.retention,
-                now,
-            );
-            let frozen = record.frozen.clone();
-            (Op::Put(next), Begin::Resume { token, frozen })
-        }
-        State::Completed(outcome) => (Op::Nop, Begin::Replay(outcome.clone())),
-    }
-}
-
 impl IdempotencyStore for MemoryStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(async move {
-            let key = request.key;
-            Ok(self
-                .transition(key, |current, now| decide_begin(current, request, now))
-                .await)
-        })
+        Box::pin(async move { Ok(self.begin_locked(request).await) })
     }
 
     fn complete(
@@ -292,20 +454,9 @@ impl IdempotencyStore for MemoryStore {
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            self.transition(key, |current, now| match current {
-                Some(record) if record.owned_by(token) => {
-                    let may_have_sent = record.may_have_sent;
-                    (
-                        Op::Put(record.with_state(
-                            State::Completed(outcome),
-                            may_have_sent,
-                            retention,
-                            now,
-                        )),
-                        Ok(()),
-                    )
-                }
-                _ => (Op::Nop, Err(StoreError::fenced())),
+            let max_bytes = self.inner.max_bytes;
+            self.settle(key, token, move |_, _, record, now| {
+                Settled::Complete(Completed::new(record, outcome, retention, now, max_bytes))
             })
             .await
         })
@@ -313,18 +464,17 @@ impl IdempotencyStore for MemoryStore {
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            self.transition(key, |current, now| match current {
+            self.settle(key, token, |store, open, record, _| {
                 // An earlier attempt may have been sent: releasing would let the next caller
                 // send new bytes. Keep it in doubt so the next caller resumes instead.
-                Some(record) if record.owned_by(token) && record.may_have_sent => {
-                    let retention = record.retention;
-                    (
-                        Op::Put(record.with_state(State::InDoubt, true, retention, now)),
-                        Ok(()),
-                    )
+                if record.may_have_sent {
+                    let in_doubt = Open {
+                        token: None,
+                        ..record
+                    };
+                    store.insert_open(open, key, in_doubt);
                 }
-                Some(record) if record.owned_by(token) => (Op::Remove, Ok(())),
-                _ => (Op::Nop, Err(StoreError::fenced())),
+                Settled::Done
             })
             .await
         })
@@ -337,12 +487,16 @@ impl IdempotencyStore for MemoryStore {
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            self.transition(key, |current, now| match current {
-                Some(record) if record.owned_by(token) => (
-                    Op::Put(record.with_state(State::InDoubt, true, retention, now)),
-                    Ok(()),
-                ),
-                _ => (Op::Nop, Err(StoreError::fenced())),
+            self.settle(key, token, |store, open, record, now| {
+                let in_doubt = Open {
+                    token: None,
+                    may_have_sent: true,
+                    retention,
+                    retain_until: now + retention,
+                    ..record
+                };
+                store.insert_open(open, key, in_doubt);
+                Settled::Done
             })
             .await
         })

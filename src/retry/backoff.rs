@@ -51,8 +51,10 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         return None;
     }
     let text = value.to_str().ok()?.trim();
-    if let Ok(seconds) = text.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        // delay-seconds may have any number of digits; too many for a u64 still means
+        // "later than any deadline", not garbage.
+        return Some(Duration::from_secs(text.parse::<u64>().unwrap_or(u64::MAX)));
     }
     let date = httpdate::parse_http_date(text).ok()?;
     // A date in the past means "now".

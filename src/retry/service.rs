@@ -3,6 +3,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Extensions, Request, Response};
@@ -166,8 +167,13 @@ where
     if let Some(budget) = &policy.budget {
         budget.deposit();
     }
-    let deadline = Instant::now() + policy.max_elapsed;
-    let mut backoff = FullJitter::new(policy.backoff_base, policy.backoff_cap);
+    let now = Instant::now();
+    // An absurd max elapsed means "no deadline", not an overflow.
+    let deadline = now
+        .checked_add(policy.max_elapsed)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+    // Made on the first retry: most calls never need one.
+    let mut backoff: Option<FullJitter> = None;
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -281,10 +287,10 @@ where
 fn next_delay(
     policy: &RetryPolicy,
     ctx: &RetryContext<'_>,
-    backoff: &mut FullJitter,
-    server_asked: Option<std::time::Duration>,
+    backoff: &mut Option<FullJitter>,
+    server_asked: Option<Duration>,
     deadline: Instant,
-) -> Option<std::time::Duration> {
+) -> Option<Duration> {
     if ctx.attempt >= policy.max_attempts || policy.classifier.classify(ctx) == RetryDecision::Stop
     {
         return None;
@@ -292,14 +298,16 @@ fn next_delay(
     let now = Instant::now();
     let delay = match server_asked {
         // A server that asks us to come back after our deadline gets its answer now.
-        Some(asked) if now + asked > deadline => {
+        Some(asked) if starts_past(deadline, now, asked) => {
             tracing::debug!(?asked, "Retry-After points past the deadline; not retrying");
             return None;
         }
         Some(asked) => asked.min(policy.backoff_cap),
-        None => backoff.next_delay(),
+        None => backoff
+            .get_or_insert_with(|| FullJitter::new(policy.backoff_base, policy.backoff_cap))
+            .next_delay(),
     };
-    if now + delay > deadline {
+    if starts_past(deadline, now, delay) {
         tracing::debug!("the next retry would start past the deadline; not retrying");
         return None;
     }
@@ -310,4 +318,12 @@ fn next_delay(
         }
     }
     Some(delay)
+}
+
+/// Whether an attempt `delay` from `now` would start after `deadline` (without overflowing
+/// on absurd delays).
+fn starts_past(deadline: Instant, now: Instant, delay: Duration) -> bool {
+    deadline
+        .checked_duration_since(now)
+        .is_none_or(|left| delay > left)
 }

@@ -1,0 +1,212 @@
+//! A small payments service whose charges happen once per `Idempotency-Key`.
+//!
+//! ```text
+//! cargo run --example axum_server            # PORT=3000, CHARGE_LATENCY_MS=20
+//!
+//! curl -i localhost:3000/charges -H 'authorization: tenant-a' \
+//!      -H 'idempotency-key: "order-42-charge"' -H 'content-type: application/json' \
+//!      -d '{"order_id":"order-42","amount_cents":1999}'
+//! # the same command again: the same 201, with `idempotent-replayed: true`
+//! curl -s 'localhost:3000/charges?order_id=order-42' -H 'authorization: tenant-a'
+//! ```
+//!
+//! - `POST /charges` takes `{"order_id", "amount_cents"}`, needs an `Idempotency-Key`,
+//!   waits `CHARGE_LATENCY_MS` for the (simulated) payment provider, records the charge and
+//!   answers `201` with `{"charge_id", "order_id", "amount_cents"}`.
+//! - `GET /charges?order_id=X` lists the caller's charges for that order.
+//! - The tenant is the `Authorization` header's value; without one, `401`.
+//!
+//! Authentication runs **outside** the idempotency layer, so the layer can scope keys by
+//! the authenticated tenant (one tenant's key never meets another's) and unauthenticated
+//! requests never reach the ledger.
+//!
+//! The tests in `tests/server.rs` include this file and drive [`app`] over real TCP.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{MatchedPath, Query, Request, State};
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
+use tower_idempotency::{BoxError, IdempotencyLayer};
+
+/// The authenticated caller: here simply the `Authorization` header's value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Tenant(pub String);
+
+/// The body of `POST /charges`.
+#[derive(Debug, Deserialize)]
+pub struct NewCharge {
+    pub order_id: String,
+    pub amount_cents: i64,
+}
+
+/// A recorded charge, as `POST /charges` and `GET /charges` return it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    pub charge_id: String,
+    pub order_id: String,
+    pub amount_cents: i64,
+}
+
+#[derive(Clone)]
+struct Payments {
+    charges: Arc<Mutex<HashMap<Tenant, Vec<Charge>>>>,
+    next_id: Arc<AtomicU64>,
+    provider_latency: Duration,
+}
+
+/// The whole service over an idempotency `store`; the payment provider takes
+/// `provider_latency` per charge.
+pub fn app(store: impl IdempotencyStore, provider_latency: Duration) -> Router {
+    let idempotency = IdempotencyLayer::server_builder(store)
+        // Keys belong to the tenant the authentication middleware found.
+        .scope(|parts| {
+            parts
+                .extensions
+                .get::<Tenant>()
+                .map(|t| t.0.clone())
+                .unwrap_or_default()
+        })
+        .route(route_template)
+        .build()
+        .expect("valid idempotency settings");
+    let payments = Payments {
+        charges: Arc::default(),
+        next_id: Arc::new(AtomicU64::new(1)),
+        provider_latency,
+    };
+    Router::new()
+        .route("/charges", post(create_charge).get(list_charges))
+        // `route_layer`: requests to unknown paths get their plain 404, not a missing-key 400.
+        .route_layer(idempotency)
+        // Added last, so it runs first: no tenant, no ledger access.
+        .route_layer(middleware::from_fn(authenticate))
+        .with_state(payments)
+}
+
+/// `/charges`, not `/charges/ch_1`: the route, not the concrete path, names the endpoint.
+fn route_template(parts: &Parts) -> String {
+    match parts.extensions.get::<MatchedPath>() {
+        Some(route) => route.as_str().to_owned(),
+        None => parts.uri.path().to_owned(),
+    }
+}
+
+async fn authenticate(mut req: Request, next: Next) -> Response {
+    let tenant = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| !value.is_empty())
+        .map(|value| Tenant(value.to_owned()));
+    match tenant {
+        Some(tenant) => {
+            req.extensions_mut().insert(tenant);
+            next.run(req).await
+        }
+        None => (
+            StatusCode::UNAUTHORIZED,
+            [(WWW_AUTHENTICATE, "Bearer")],
+            "an Authorization header naming the tenant is required\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn create_charge(
+    State(payments): State<Payments>,
+    Extension(tenant): Extension<Tenant>,
+    payload: Result<Json<NewCharge>, JsonRejection>,
+) -> Result<(StatusCode, Json<Charge>), (StatusCode, String)> {
+    let Json(new) =
+        payload.map_err(|rejection| (StatusCode::BAD_REQUEST, rejection.body_text()))?;
+    // The payment provider's round trip.
+    tokio::time::sleep(payments.provider_latency).await;
+    let charge = Charge {
+        charge_id: format!("ch_{}", payments.next_id.fetch_add(1, Ordering::Relaxed)),
+        order_id: new.order_id,
+        amount_cents: new.amount_cents,
+    };
+    payments
+        .charges
+        .lock()
+        .expect("no handler panics while holding the lock")
+        .entry(tenant)
+        .or_default()
+        .push(charge.clone());
+    Ok((StatusCode::CREATED, Json(charge)))
+}
+
+#[derive(Deserialize)]
+struct ChargesOf {
+    order_id: String,
+}
+
+async fn list_charges(
+    State(payments): State<Payments>,
+    Extension(tenant): Extension<Tenant>,
+    Query(query): Query<ChargesOf>,
+) -> Json<Vec<Charge>> {
+    let charges = payments
+        .charges
+        .lock()
+        .expect("no handler panics while holding the lock");
+    let of_order = charges
+        .get(&tenant)
+        .into_iter()
+        .flatten()
+        .filter(|charge| charge.order_id == query.order_id)
+        .cloned()
+        .collect();
+    Json(of_order)
+}
+
+/// The idempotency ledger: the one place that decides which store backs the service.
+#[allow(dead_code)]
+async fn ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
+    // One process: the embedded store. Several replicas need a shared one.
+    Ok(Arc::new(MemoryStore::new()))
+}
+
+#[allow(dead_code)]
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .map_err(|_| format!("{name}={value:?} is not valid").into()),
+        Err(_) => Ok(default),
+    }
+}
+
+#[allow(dead_code)]
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_idempotency=debug".into()),
+        )
+        .init();
+    let port: u16 = env_or("PORT", 3000)?;
+    let latency = Duration::from_millis(env_or("CHARGE_LATENCY_MS", 20)?);
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app(ledger().await?, latency))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,1080 @@
+//! The server face: IETF `Idempotency-Key` semantics in front of handlers.
+//!
+//! The user-facing documentation lives in the [module docs](crate::idempotency); this
+//! file keeps the reasons next to the code.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{HeaderMap, Method, Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use sha2::{Digest, Sha256};
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::body::{buffer_up_to, Buffered, ResponseBody};
+use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
+use crate::effect::EffectClass;
+use crate::error::ConfigError;
+use crate::frozen::{FrozenRequest, DEFAULT_BODY_LIMIT};
+use crate::key::{hex, update_length_prefixed, HeaderKey};
+use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::BoxError;
+
+mod body;
+pub mod problem;
+
+pub use body::RequestBody;
+
+/// `Idempotent-Replayed: true` marks a response replayed from the ledger: the handler was
+/// not called for this request.
+pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// `Idempotency-Fail-Open: true` marks a response produced while the ledger was unavailable
+/// by a layer built with [`fail_open`](ServerBuilder::fail_open): the key was **not**
+/// checked, so a retry may run the handler again.
+pub static IDEMPOTENCY_FAIL_OPEN: HeaderName = HeaderName::from_static("idempotency-fail-open");
+
+/// The response headers recorded and replayed by default.
+///
+/// They describe the representation and where it lives, and stay true when replayed:
+/// `Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Location`, `Location`,
+/// `ETag`, `Last-Modified`, `Cache-Control`, `Vary`, `Link`. Left out on purpose:
+/// `Retry-After` and `Expires` (relative to the first response's time, stale on replay),
+/// `Content-Length` (recomputed from the body), and everything that must never be replayed
+/// (see [`ServerBuilder::replay_headers`]).
+///
+/// ```
+/// use http::header::HeaderName;
+/// use tower_idempotency::{idempotency::DEFAULT_REPLAY_HEADERS, ledger::MemoryStore, IdempotencyLayer};
+///
+/// // Also replay a request id header of your own.
+/// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+///     .replay_headers(
+///         DEFAULT_REPLAY_HEADERS.iter().cloned().chain([HeaderName::from_static("x-charge-id")]),
+///     )
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub const DEFAULT_REPLAY_HEADERS: &[HeaderName] = &[
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::CACHE_CONTROL,
+    header::VARY,
+    header::LINK,
+];
+
+/// Headers never recorded nor replayed, whatever the configuration: credentials and
+/// session state of the first caller, per-response values, hop-by-hop headers.
+const NEVER_REPLAYED: &[&str] = &[
+    "set-cookie",
+    "set-cookie2",
+    "www-authenticate",
+    "proxy-authenticate",
+    "authentication-info",
+    "proxy-authentication-info",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "date",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "idempotent-replayed",
+    "idempotency-fail-open",
+];
+
+/// What to do with a `5xx` response from the handler.
+///
+/// ```
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, ServerErrorPolicy};
+///
+/// // My handler's 5xx always means "rolled back, nothing happened".
+/// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+///     .server_error_policy(ServerErrorPolicy::Release)
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ServerErrorPolicy {
+    /// Record the `5xx` like any other response and replay it to retries (as Stripe does).
+    /// The default: a handler can fail *after* its side effect, and only the handler knows
+    /// whether it did; recording never runs an effect twice.
+    #[default]
+    Record,
+    /// Release the key: the next request with it runs the handler again. Choose it when
+    /// your handler's `5xx` reliably means nothing happened (its effect and its failure
+    /// share one transaction), so clients' retries get a fresh attempt.
+    Release,
+}
+
+/// What to do with a key whose earlier attempt started and never finished: its handler
+/// panicked (with nothing catching it), its request future was cancelled, its response body
+/// failed, or it ran past its lease. The ledger holds such a key *in doubt*.
+///
+/// A server cannot "resend" like a client can: the only choices are to run the handler
+/// again or to refuse.
+///
+/// ```
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, InDoubtPolicy};
+///
+/// // The handler passes the key to its payment provider, which deduplicates on it.
+/// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+///     .in_doubt_policy(InDoubtPolicy::RunAgain)
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum InDoubtPolicy {
+    /// Answer every later request with the key `500`
+    /// [`outcome-unknown`](problem::OUTCOME_UNKNOWN) until the record's retention ends:
+    /// **at most once**. The default, because the layer cannot know whether the handler's
+    /// effect happened, and running it again is exactly the double charge this crate exists
+    /// to prevent.
+    #[default]
+    OutcomeUnknown,
+    /// Run the handler again for a request with the same fingerprint: **at least once**.
+    /// Safe only when the handler's own effects are idempotent, e.g. its downstream calls
+    /// carry the key (it is in the request's extensions as a [`HeaderKey`]).
+    RunAgain,
+}
+
+type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+
+/// The server face's configuration (see [`ServerBuilder`] and the
+/// [module docs](crate::idempotency#the-server-face)).
+pub struct Server {
+    ledger: Ledger,
+    scope: Arc<ScopeFn>,
+    route: Arc<ScopeFn>,
+    methods: Vec<Method>,
+    require_key: bool,
+    busy: BusyPolicy,
+    body_limit: usize,
+    response_limit: usize,
+    replay_headers: Vec<HeaderName>,
+    server_errors: ServerErrorPolicy,
+    in_doubt: InDoubtPolicy,
+    fail_open: bool,
+    cancel_on_disconnect: bool,
+    retry_after: Duration,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("ledger", &self.ledger)
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("busy", &self.busy)
+            .field("body_limit", &self.body_limit)
+            .field("response_limit", &self.response_limit)
+            .field("replay_headers", &self.replay_headers)
+            .field("server_errors", &self.server_errors)
+            .field("in_doubt", &self.in_doubt)
+            .field("fail_open", &self.fail_open)
+            .field("cancel_on_disconnect", &self.cancel_on_disconnect)
+            .field("retry_after", &self.retry_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures the server [`IdempotencyLayer`]; [`build`](ServerBuilder::build) checks the
+/// settings.
+///
+/// | setting | default |
+/// |---|---|
+/// | [scope](ServerBuilder::scope) | a hash of the `Authorization` header (absent: one shared anonymous scope) |
+/// | [route](ServerBuilder::route) | the URI path |
+/// | [side-effecting methods](ServerBuilder::side_effect_methods) | `POST`, `PATCH` |
+/// | [key required](ServerBuilder::require_key) on them | yes: `400` without one |
+/// | [lease](ServerBuilder::lease) | 60 s |
+/// | [retention](ServerBuilder::retention) | 24 h |
+/// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
+/// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
+/// | [recorded response cap](ServerBuilder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
+/// | [replayed headers](ServerBuilder::replay_headers) | [`DEFAULT_REPLAY_HEADERS`] |
+/// | [handler `5xx`](ServerBuilder::server_error_policy) | [`ServerErrorPolicy::Record`] |
+/// | [in-doubt key](ServerBuilder::in_doubt_policy) | [`InDoubtPolicy::OutcomeUnknown`] |
+/// | [ledger unavailable](ServerBuilder::fail_open) | fail closed (`503`) |
+/// | [client goes away](ServerBuilder::cancel_on_disconnect) | the handler runs to completion |
+/// | [`Retry-After`](ServerBuilder::retry_after) of `409`/`503` | 1 s |
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::extract::MatchedPath;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, InDoubtPolicy};
+///
+/// #[derive(Clone)]
+/// struct Tenant(String); // put there by your authentication middleware
+///
+/// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+///     .scope(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()).unwrap_or_default())
+///     .route(|parts| match parts.extensions.get::<MatchedPath>() {
+///         Some(route) => route.as_str().to_owned(),
+///         None => parts.uri.path().to_owned(),
+///     })
+///     .lease(Duration::from_secs(30))
+///     .in_doubt_policy(InDoubtPolicy::RunAgain)
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub struct ServerBuilder {
+    store: Arc<dyn IdempotencyStore>,
+    scope: Arc<ScopeFn>,
+    route: Arc<ScopeFn>,
+    methods: Vec<Method>,
+    require_key: bool,
+    lease: Duration,
+    retention: Duration,
+    busy: BusyPolicy,
+    body_limit: usize,
+    response_limit: usize,
+    replay_headers: Vec<HeaderName>,
+    server_errors: ServerErrorPolicy,
+    in_doubt: InDoubtPolicy,
+    fail_open: bool,
+    cancel_on_disconnect: bool,
+    retry_after: Duration,
+}
+
+impl fmt::Debug for ServerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerBuilder")
+            .field("store", &self.store)
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("lease", &self.lease)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default scope: a hash of the `Authorization` header's values, so each credential
+/// gets its own keys and the credential itself is never part of a key input kept anywhere.
+/// Without the header, every request shares one anonymous scope (`""`).
+fn authorization_scope(parts: &Parts) -> String {
+    let mut values = parts
+        .headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .peekable();
+    if values.peek().is_none() {
+        return String::new();
+    }
+    let mut hasher = Sha256::new();
+    hasher.update(b"tower-idempotency/scope/authorization/v1");
+    for value in values {
+        update_length_prefixed(&mut hasher, value.as_bytes());
+    }
+    hex(&hasher.finalize())
+}
+
+fn uri_path(parts: &Parts) -> String {
+    parts.uri.path().to_owned()
+}
+
+impl ServerBuilder {
+    fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+        Self {
+            store,
+            scope: Arc::new(authorization_scope),
+            route: Arc::new(uri_path),
+            methods: vec![Method::POST, Method::PATCH],
+            require_key: true,
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            busy: BusyPolicy::Fail,
+            body_limit: DEFAULT_BODY_LIMIT,
+            response_limit: DEFAULT_RESPONSE_LIMIT,
+            replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
+            server_errors: ServerErrorPolicy::Record,
+            in_doubt: InDoubtPolicy::OutcomeUnknown,
+            fail_open: false,
+            cancel_on_disconnect: false,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    /// Who owns a key: a function of the request head giving the tenant or principal.
+    /// Keys of different scopes never meet: another scope's key behaves exactly like an
+    /// unused one (no `409`, no `422`, no replay).
+    ///
+    /// The default hashes the `Authorization` header, which keeps credentials apart but
+    /// has two limits: a client whose token rotates between a request and its retry gets
+    /// a new scope (the retry runs again), and requests without the header (cookie
+    /// sessions, anonymous endpoints) all share one scope. Set a scope from your
+    /// authenticated principal instead: put authentication **outside** this layer and read
+    /// what it inserted into the request's extensions.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .scope(|parts| {
+    ///         parts.headers.get("x-tenant-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn scope<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> String + Send + Sync + 'static,
+    {
+        self.scope = Arc::new(scope);
+        self
+    }
+
+    /// Which endpoint a request is for, as part of its ledger key (default: the URI path).
+    /// With axum, prefer the route template from its `MatchedPath` extension, so that
+    /// reusing a key on `/orders/1` and `/orders/2` is caught as a reuse (`422`); see the
+    /// [`ServerBuilder`] example.
+    pub fn route<F>(mut self, route: F) -> Self
+    where
+        F: Fn(&Parts) -> String + Send + Sync + 'static,
+    {
+        self.route = Arc::new(route);
+        self
+    }
+
+    /// The methods that go through the ledger (default `POST` and `PATCH`). Safe methods
+    /// (`GET`, `HEAD`, `OPTIONS`, `TRACE`) are refused at build time: they pass straight
+    /// through without touching the ledger. An [`EffectClass`](crate::EffectClass) in a
+    /// request's extensions (set by a layer outside this one) overrides the method.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .side_effect_methods([Method::POST, Method::PATCH, Method::DELETE])
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn side_effect_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Answer `400` to a side-effecting request without an `Idempotency-Key` (the default,
+    /// as the IETF draft recommends for endpoints documented to need one). With `false`,
+    /// such requests pass through untouched, unprotected; a malformed key is still a `400`.
+    pub fn require_key(mut self, require: bool) -> Self {
+        self.require_key = require;
+        self
+    }
+
+    /// How long one request may hold its key in flight (default 60 s). Make it longer than
+    /// your slowest handler: a handler still running when its lease ends is taken for dead,
+    /// and the key goes in doubt (see [`InDoubtPolicy`]).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long outcomes are kept for replay (default 24 h); must be longer than the lease.
+    /// Make it outlast your clients' longest retry window.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// What a request finds when its key is in flight: `409` at once (the default,
+    /// [`BusyPolicy::Fail`], as the IETF draft specifies), or wait up to a bound for the
+    /// first request's outcome and replay it ([`BusyPolicy::Wait`]; still busy then, `409`).
+    pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
+        self.busy = policy;
+        self
+    }
+
+    /// The largest request body of a keyed request (default 1 MiB). Larger ones get `413`
+    /// before any lease is taken, from `Content-Length` when declared, else once the body
+    /// passes the limit while it is read.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = limit;
+        self
+    }
+
+    /// The largest response recorded for replay (default 1 MiB). A larger response still
+    /// reaches the first caller whole; the ledger keeps a tombstone, and a retry gets `410`
+    /// [`response-not-recorded`](problem::RESPONSE_NOT_RECORDED), never a re-execution or a
+    /// truncated body.
+    pub fn response_limit(mut self, limit: usize) -> Self {
+        self.response_limit = limit;
+        self
+    }
+
+    /// The response headers recorded and replayed (replacing [`DEFAULT_REPLAY_HEADERS`]).
+    /// Headers that must never be replayed are refused at build time: `Set-Cookie`,
+    /// `WWW-Authenticate`, `Proxy-Authenticate`, `Authentication-Info`, `Authorization`,
+    /// `Cookie`, `Date`, `Content-Length`, and the hop-by-hop headers (`Connection`,
+    /// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`).
+    pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.replay_headers = headers.into_iter().collect();
+        self
+    }
+
+    /// See [`ServerErrorPolicy`] (default [`Record`](ServerErrorPolicy::Record)).
+    pub fn server_error_policy(mut self, policy: ServerErrorPolicy) -> Self {
+        self.server_errors = policy;
+        self
+    }
+
+    /// See [`InDoubtPolicy`] (default [`OutcomeUnknown`](InDoubtPolicy::OutcomeUnknown)).
+    pub fn in_doubt_policy(mut self, policy: InDoubtPolicy) -> Self {
+        self.in_doubt = policy;
+        self
+    }
+
+    /// When the ledger is unavailable, run the handler anyway, unprotected, and mark the
+    /// response `Idempotency-Fail-Open: true`, instead of answering `503`. Off by default:
+    /// it trades exactly-once for availability.
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
+    /// Whether a handler is cancelled when its client goes away (default `false`).
+    ///
+    /// By default the handler of a keyed request runs on its own task and finishes even if
+    /// the connection closes (hyper drops the request future then): its outcome is recorded
+    /// and the client's retry gets the replay. With `true`, the handler's future is dropped
+    /// with the request, wherever it was; since it may have done part of its work, its key
+    /// goes in doubt at once (see [`InDoubtPolicy`]).
+    pub fn cancel_on_disconnect(mut self, cancel: bool) -> Self {
+        self.cancel_on_disconnect = cancel;
+        self
+    }
+
+    /// The `Retry-After` of `409` and `503` answers (default 1 s; sent in whole seconds,
+    /// at least 1). A `409` never advises longer than the first request's remaining lease.
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// Check the settings and build the layer.
+    ///
+    /// Refuses a zero lease, a retention not longer than the lease (an in-flight record
+    /// would vanish while its handler runs, letting a duplicate in), safe methods among the
+    /// side-effecting ones, and headers that must never be replayed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let err = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .replay_headers([http::header::SET_COOKIE])
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("set-cookie"));
+    /// ```
+    pub fn build(self) -> Result<IdempotencyLayer<Server>, ConfigError> {
+        if self.lease.is_zero() {
+            return Err(ConfigError::new("the lease must be longer than zero"));
+        }
+        if self.retention <= self.lease {
+            return Err(ConfigError::new(format!(
+                "the retention ({:?}) must be longer than the lease ({:?})",
+                self.retention, self.lease
+            )));
+        }
+        if let Some(safe) = self
+            .methods
+            .iter()
+            .find(|m| EffectClass::of_method(m) == EffectClass::Read)
+        {
+            return Err(ConfigError::new(format!(
+                "{safe} is a safe method; it cannot be side-effecting"
+            )));
+        }
+        if let Some(never) = self
+            .replay_headers
+            .iter()
+            .find(|name| NEVER_REPLAYED.contains(&name.as_str()))
+        {
+            return Err(ConfigError::new(format!(
+                "the {never} header must never be replayed"
+            )));
+        }
+        let server = Server {
+            ledger: Ledger {
+                store: self.store,
+                lease: self.lease,
+                retention: self.retention,
+            },
+            scope: self.scope,
+            route: self.route,
+            methods: self.methods,
+            require_key: self.require_key,
+            busy: self.busy,
+            body_limit: self.body_limit,
+            response_limit: self.response_limit,
+            replay_headers: self.replay_headers,
+            server_errors: self.server_errors,
+            in_doubt: self.in_doubt,
+            fail_open: self.fail_open,
+            cancel_on_disconnect: self.cancel_on_disconnect,
+            retry_after: self.retry_after,
+        };
+        Ok(IdempotencyLayer::from_face(server))
+    }
+}
+
+impl IdempotencyLayer<Server> {
+    /// The server layer with default settings over `store`.
+    ///
+    /// See the [module docs](crate::idempotency#the-server-face) and [`ServerBuilder`]
+    /// for what the defaults are and why.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/charges", post(|| async { "charged" }))
+    ///     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    /// # let _ = app;
+    /// ```
+    pub fn server(store: impl IdempotencyStore) -> Self {
+        Self::server_builder(store)
+            .build()
+            .expect("the default server settings are valid")
+    }
+
+    /// Configure the server layer over `store`.
+    pub fn server_builder(store: impl IdempotencyStore) -> ServerBuilder {
+        ServerBuilder::new(Arc::new(store))
+    }
+}
+
+impl Server {
+    fn is_side_effect<B>(&self, req: &Request<B>) -> bool {
+        match req.extensions().get::<EffectClass>() {
+            Some(class) => class.is_side_effect(),
+            None => self.methods.contains(req.method()),
+        }
+    }
+
+    fn replayable(&self, headers: &HeaderMap) -> HeaderMap {
+        let mut kept = HeaderMap::new();
+        for (name, value) in headers {
+            if self.replay_headers.contains(name) {
+                kept.append(name.clone(), value.clone());
+            }
+        }
+        kept
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Server>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ServerFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let server = &*self.face;
+        // Reads and keyless requests cost one method check: no span, no box, no buffering.
+        if !server.is_side_effect(&req) {
+            return ServerFuture::pass_through(self.inner.call(req.map(RequestBody::streaming)));
+        }
+        let key = match HeaderKey::from_headers(req.headers()) {
+            Ok(Some(key)) => key,
+            Ok(None) if !server.require_key => {
+                return ServerFuture::pass_through(
+                    self.inner.call(req.map(RequestBody::streaming)),
+                );
+            }
+            Ok(None) => {
+                tracing::debug!(outcome = "key-missing", method = %req.method(), "refused: no Idempotency-Key");
+                return ServerFuture::answer(problem::key_missing(req.method()));
+            }
+            Err(invalid) => {
+                tracing::debug!(outcome = "key-invalid", %invalid, "refused: malformed Idempotency-Key");
+                return ServerFuture::answer(problem::key_invalid(&invalid));
+            }
+        };
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let span = tracing::debug_span!(
+            "idempotency",
+            face = "server",
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            settled = tracing::field::Empty,
+        );
+        let future = run(inner, self.face.clone(), key, req).instrument(span);
+        ServerFuture::ledger(Box::pin(future))
+    }
+}
+
+type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+
+pin_project! {
+    /// The future of the server [`IdempotencyLayer`].
+    ///
+    /// Requests outside the ledger poll the inner service's future in place; keyed ones
+    /// run boxed, since they await the body, the ledger and the handler in turn.
+    pub struct ServerFuture<F, B, E> {
+        #[pin]
+        kind: FutureKind<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = FutureKindProj]
+    enum FutureKind<F, B, E> {
+        PassThrough { #[pin] future: F },
+        Answer { response: Option<Response<ResponseBody<B>>> },
+        Ledger { future: BoxedResponse<B, E> },
+    }
+}
+
+impl<F, B, E> ServerFuture<F, B, E> {
+    fn pass_through(future: F) -> Self {
+        Self {
+            kind: FutureKind::PassThrough { future },
+        }
+    }
+
+    fn answer(response: Response<ResponseBody<B>>) -> Self {
+        Self {
+            kind: FutureKind::Answer {
+                response: Some(response),
+            },
+        }
+    }
+
+    fn ledger(future: BoxedResponse<B, E>) -> Self {
+        Self {
+            kind: FutureKind::Ledger { future },
+        }
+    }
+}
+
+impl<F, B, E> Future for ServerFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            FutureKindProj::PassThrough { future } => {
+                future.poll(cx).map_ok(|r| r.map(ResponseBody::inner))
+            }
+            FutureKindProj::Answer { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("ServerFuture polled after completion"))),
+            FutureKindProj::Ledger { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, B, E> fmt::Debug for ServerFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            FutureKind::PassThrough { .. } => "PassThrough",
+            FutureKind::Answer { .. } => "Answer",
+            FutureKind::Ledger { .. } => "Ledger",
+        };
+        f.debug_struct("ServerFuture").field("kind", &kind).finish()
+    }
+}
+
+/// Record what the layer decided for this request (once per request).
+fn outcome(what: &'static str) {
+    tracing::Span::current().record("outcome", what);
+}
+
+/// Record how a handler run's lease was settled (once per run).
+fn settled(how: &'static str) {
+    tracing::Span::current().record("settled", how);
+}
+
+/// One keyed request: body, ledger, then the handler or a stored answer.
+async fn run<S, B, ResBody>(
+    inner: S,
+    server: Arc<Server>,
+    key: HeaderKey,
+    req: Request<B>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let ledger_key = {
+        // The scope stays in this block: it may name a tenant, and neither logs nor the
+        // ledger ever see it, only the hash it goes into.
+        let scope = (server.scope)(&parts);
+        let route = (server.route)(&parts);
+        LedgerKey::server(&scope, &parts.method, &route, key.as_str())
+    };
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        span.record("key", tracing::field::display(ledger_key.to_hex()));
+    }
+
+    // Read, limit and fingerprint the body in one pass, before any lease is taken: a
+    // refused body leaves the key unused.
+    let (frozen, mut extensions) =
+        match FrozenRequest::freeze(Request::from_parts(parts, body), server.body_limit).await {
+            Ok(frozen) => frozen,
+            Err(err) if err.is_body_too_large() => {
+                outcome("body-too-large");
+                return Ok(problem::body_too_large(server.body_limit));
+            }
+            Err(err) => {
+                outcome("body-unreadable");
+                tracing::debug!(%err, "could not read the request body");
+                return Ok(problem::body_unreadable());
+            }
+        };
+    // Handlers can pass the key on to their own downstream calls.
+    extensions.insert(key);
+    let request = frozen
+        .to_request_with(extensions)
+        .map(|_| RequestBody::buffered(frozen.body().clone()));
+
+    let begin = server.ledger.request(ledger_key, frozen.fingerprint());
+    drop(frozen);
+    let answer = match server.ledger.begin(begin, server.busy).await {
+        Ok(answer) => answer,
+        Err(err) if server.fail_open => {
+            outcome("fail-open");
+            tracing::warn!(%err, "ledger unavailable; running the handler unprotected (fail-open)");
+            let mut response = call(inner, request).await?.map(ResponseBody::inner);
+            response.headers_mut().insert(
+                IDEMPOTENCY_FAIL_OPEN.clone(),
+                HeaderValue::from_static("true"),
+            );
+            return Ok(response);
+        }
+        Err(err) => {
+            outcome("ledger-unavailable");
+            tracing::error!(%err, "ledger unavailable; refusing the request (fail closed)");
+            return Ok(problem::ledger_unavailable(server.retry_after));
+        }
+    };
+    match answer {
+        Begin::Acquired { token } => {
+            outcome("executed");
+            execute(inner, server, ledger_key, token, request).await
+        }
+        Begin::Resume { token, .. } => match server.in_doubt {
+            InDoubtPolicy::RunAgain => {
+                outcome("executed-again");
+                tracing::info!("key in doubt; running the handler again (at least once)");
+                execute(inner, server, ledger_key, token, request).await
+            }
+            InDoubtPolicy::OutcomeUnknown => {
+                outcome("outcome-unknown");
+                // We now own the record; put it back in doubt so every later request gets
+                // this same answer. Dropped before that, the guard does it for us.
+                let lease = server.ledger.hold(ledger_key, token, OnDrop::MarkInDoubt);
+                if let Err(err) = lease.mark_in_doubt().await {
+                    tracing::warn!(%err, "could not keep the key in doubt; its lease will expire into doubt");
+                }
+                Ok(problem::outcome_unknown())
+            }
+        },
+        Begin::Replay(stored) => Ok(replay(&server, stored)),
+        Begin::Busy { retry_after } => {
+            outcome("in-flight");
+            Ok(problem::in_flight(retry_after.min(server.retry_after)))
+        }
+        Begin::Drift { .. } => {
+            outcome("payload-mismatch");
+            Ok(problem::payload_mismatch())
+        }
+    }
+}
+
+async fn call<S, B, ResBody>(
+    mut inner: S,
+    request: Request<RequestBody<B>>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
+{
+    // `inner` is the instance our caller polled ready (taken in `call`).
+    inner.call(request).await
+}
+
+fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
+    match stored {
+        Outcome::Response(stored) => {
+            outcome("replayed");
+            let mut response = Response::new(ResponseBody::buffered(stored.body().clone()));
+            *response.status_mut() = stored.status();
+            // Filtered when recorded; filtered again in case the record was made under a
+            // wider allow-list (another release, another replica's configuration).
+            *response.headers_mut() = server.replayable(stored.headers());
+            response.headers_mut().insert(
+                IDEMPOTENT_REPLAYED.clone(),
+                HeaderValue::from_static("true"),
+            );
+            response
+        }
+        Outcome::Tombstone { status } => {
+            outcome("response-not-recorded");
+            problem::response_not_recorded(status)
+        }
+        // Outcomes added later are not replayable by this release.
+        #[allow(unreachable_patterns)]
+        _ => {
+            outcome("response-not-recorded");
+            problem::outcome_unknown()
+        }
+    }
+}
+
+/// Run the handler as the key's owner and settle the lease by what it answered.
+async fn execute<S, B, ResBody>(
+    inner: S,
+    server: Arc<Server>,
+    key: LedgerKey,
+    token: LeaseToken,
+    request: Request<RequestBody<B>>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes>,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    // Dropped unsettled (a panic unwinding, a cancelled future), the guard puts the key
+    // in doubt at once: the handler may have done part of its work. Never `Abandon` here:
+    // nothing proves the handler did nothing.
+    let lease = server.ledger.hold(key, token, OnDrop::MarkInDoubt);
+    // `inner` is the instance our caller polled ready (taken in `call`). Calling it here,
+    // not in the task, leaves only its future to move there.
+    let mut inner = inner;
+    let handling = inner.call(request);
+    let detach = !server.cancel_on_disconnect;
+    let work = async move {
+        match handling.await {
+            Ok(response) => Ok(settle(&server, lease, response).await),
+            Err(err) => {
+                // No response: the handler's fate is unknown.
+                settled("in-doubt");
+                if let Err(store_err) = lease.mark_in_doubt().await {
+                    tracing::warn!(%store_err, "could not mark the key in doubt");
+                }
+                Err(err)
+            }
+        }
+    };
+    if !detach {
+        return work.await;
+    }
+    // The handler runs on its own task: if the client goes away (hyper drops our future),
+    // it still finishes and its outcome is recorded, so the client's retry gets a replay
+    // instead of an unknown outcome.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return work.await;
+    };
+    match runtime.spawn(work.in_current_span()).await {
+        Ok(result) => result,
+        // A panicking handler panics here too, as if it had run in place: whatever catches
+        // panics outside this layer sees it. The guard, dropped in the task, already put
+        // the key in doubt.
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // The runtime is shutting down and dropped the handler wherever it was.
+        Err(_) => Ok(problem::outcome_unknown()),
+    }
+}
+
+/// Record the handler's response (or a tombstone), or release the key for a `5xx` under
+/// [`ServerErrorPolicy::Release`].
+async fn settle<ResBody>(
+    server: &Server,
+    lease: LeaseGuard,
+    response: Response<ResBody>,
+) -> Response<ResponseBody<ResBody>>
+where
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    let status = response.status();
+    if status.is_server_error() && server.server_errors == ServerErrorPolicy::Release {
+        settled("released");
+        if let Err(err) = lease.abandon().await {
+            tracing::warn!(%err, "could not release the key after a 5xx");
+        }
+        return response.map(ResponseBody::inner);
+    }
+    let (parts, body) = response.into_parts();
+    // The body's error type need not be `Send`; make it a `BoxError` before awaiting again.
+    let buffered = buffer_up_to(body, server.response_limit)
+        .await
+        .map_err(Into::<BoxError>::into);
+    let buffered = match buffered {
+        Ok(buffered) => buffered,
+        Err(err) => {
+            // The handler acted, but its answer is lost: the outcome is unknown, to this
+            // caller as to the next.
+            tracing::warn!(%err, "the handler's response body failed");
+            settled("in-doubt");
+            if let Err(store_err) = lease.mark_in_doubt().await {
+                tracing::warn!(%store_err, "could not mark the key in doubt");
+            }
+            return problem::outcome_unknown();
+        }
+    };
+    let (recorded, body, how) = match buffered {
+        Buffered::Whole(bytes) => {
+            let headers = server.replayable(&parts.headers);
+            let stored = StoredResponse::new(status, parts.version, headers, bytes.clone());
+            (
+                Outcome::Response(stored),
+                ResponseBody::buffered(bytes),
+                "recorded",
+            )
+        }
+        Buffered::Overflow(prefix, rest) => {
+            tracing::info!(
+                limit = server.response_limit,
+                "response over the recording cap; keeping a tombstone"
+            );
+            (
+                Outcome::Tombstone { status },
+                ResponseBody::overflow(prefix, rest),
+                "tombstone",
+            )
+        }
+    };
+    match lease.complete(recorded).await {
+        Ok(()) => settled(how),
+        Err(err) => {
+            // The handler's effect happened and this caller gets its answer; a retry will
+            // find the key in doubt once the lease ends (or at once, if it was taken over).
+            settled("not-recorded");
+            tracing::error!(%err, "could not record the outcome");
+        }
+    }
+    Response::from_parts(parts, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::MemoryStore;
+
+    fn parts(auth: &[&'static str]) -> Parts {
+        let mut req = Request::post("/charges");
+        for value in auth {
+            req = req.header(header::AUTHORIZATION, *value);
+        }
+        req.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn default_scope_hashes_credentials_and_never_holds_them() {
+        assert_eq!(authorization_scope(&parts(&[])), "");
+        let a = authorization_scope(&parts(&["Bearer a"]));
+        let b = authorization_scope(&parts(&["Bearer b"]));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 64);
+        assert!(!a.contains("Bearer"));
+        assert_eq!(a, authorization_scope(&parts(&["Bearer a"])));
+        assert_ne!(
+            authorization_scope(&parts(&["a", "b"])),
+            authorization_scope(&parts(&["ab"]))
+        );
+    }
+
+    #[test]
+    fn build_refuses_unsafe_settings() {
+        let builder = || IdempotencyLayer::server_builder(MemoryStore::new());
+        assert!(builder()
+            .side_effect_methods([Method::GET])
+            .build()
+            .is_err());
+        assert!(builder()
+            .side_effect_methods([Method::PUT, Method::DELETE])
+            .build()
+            .is_ok());
+        assert!(builder().replay_headers([header::DATE]).build().is_err());
+        assert!(builder()
+            .replay_headers([header::TRANSFER_ENCODING])
+            .build()
+            .is_err());
+        assert!(builder().lease(Duration::ZERO).build().is_err());
+        let err = builder()
+            .lease(Duration::from_secs(10))
+            .retention(Duration::from_secs(10))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("retention"));
+    }
+
+    #[test]
+    fn only_allow_listed_headers_are_kept() {
+        let service = tower_layer::Layer::layer(&IdempotencyLayer::server(MemoryStore::new()), ());
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::SET_COOKIE,
+            HeaderValue::from_static("session=secret"),
+        );
+        headers.append(header::LINK, HeaderValue::from_static("</a>; rel=a"));
+        headers.append(header::LINK, HeaderValue::from_static("</b>; rel=b"));
+        let kept = service.face.replayable(&headers);
+        assert_eq!(kept.len(), 3);
+        assert!(kept.get(header::SET_COOKIE).is_none());
+        assert_eq!(kept.get_all(header::LINK).iter().count(), 2);
+    }
+}

@@ -1,0 +1,469 @@
+//! `MemoryStore`: its byte cap, its two clocks of expiry, and its use behind an `Arc`.
+//!
+//! These drive the ledger protocol directly (`begin`, `complete`, …) with distinct
+//! `LedgerKey`s; the protocol itself is the conformance suite's business (tests/conformance.rs).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome,
+    StoredResponse,
+};
+use tower_idempotency::{Fingerprint, FrozenRequest, IdempotencyLayer};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+const MS: Duration = Duration::from_millis(1);
+
+/// A distinct key per `n` (and per test, through `salt`).
+fn key(salt: u8, n: u32) -> LedgerKey {
+    let mut bytes = [salt; 32];
+    bytes[..4].copy_from_slice(&n.to_be_bytes());
+    LedgerKey::from_bytes(bytes)
+}
+
+fn fingerprint(n: u32) -> Fingerprint {
+    Fingerprint::of(
+        &Method::POST,
+        "/charges",
+        format!("{{\"n\":{n}}}").as_bytes(),
+    )
+}
+
+fn begin_request(key: LedgerKey, n: u32) -> BeginRequest {
+    BeginRequest::new(key, fingerprint(n), LEASE, RETENTION)
+}
+
+fn response(body: Bytes) -> Outcome {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        headers,
+        body,
+    ))
+}
+
+async fn acquire(store: &impl IdempotencyStore, request: BeginRequest) -> LeaseToken {
+    match store.begin(request).await.unwrap() {
+        Begin::Acquired { token } => token,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+fn replayed_body(begin: Begin) -> Bytes {
+    match begin {
+        Begin::Replay(Outcome::Response(response)) => response.body().clone(),
+        other => panic!("expected a replayed response, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The byte cap
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn byte_cap_holds_after_ten_times_its_size_in_outcomes() {
+    const OPS: u32 = 1000;
+    const BODY: usize = 10 * KIB;
+    let store = MemoryStore::builder().max_bytes(MIB as u64).build();
+
+    for n in 0..OPS {
+        let key = key(1, n);
+        let token = acquire(&store, begin_request(key, n)).await;
+        let body = Bytes::from(vec![(n % 251) as u8; BODY]);
+        store
+            .complete(key, token, response(body), RETENTION)
+            .await
+            .unwrap();
+    }
+    store.run_pending_tasks().await;
+
+    // 10 MiB of outcomes went in; at most 1 MiB stays.
+    let weight = store.weighted_size();
+    assert!(
+        weight <= MIB as u64,
+        "weighted_size {weight} over the 1 MiB cap"
+    );
+    let entries = store.entry_count();
+    assert!(
+        entries <= (MIB / BODY) as u64,
+        "{entries} records of more than {BODY} bytes each cannot fit in 1 MiB"
+    );
+    // LRU fills the budget rather than emptying the cache.
+    assert!(entries >= 50, "only {entries} records kept");
+    assert!(
+        weight >= (entries as usize * BODY) as u64,
+        "{weight} for {entries}"
+    );
+
+    // The most recent operations are still on record and replay their bodies.
+    for n in OPS - 20..OPS {
+        let body = replayed_body(store.begin(begin_request(key(1, n), n)).await.unwrap());
+        assert_eq!(body.len(), BODY, "operation {n}");
+        assert!(body.iter().all(|b| *b == (n % 251) as u8), "operation {n}");
+    }
+    // The oldest were evicted: to this store they are new operations.
+    for n in 0..5 {
+        acquire(&store, begin_request(key(1, n), n)).await;
+    }
+}
+
+#[tokio::test]
+async fn byte_pressure_never_hands_out_an_operation_still_in_flight() {
+    let store = MemoryStore::builder().max_bytes(MIB as u64).build();
+    let in_flight = key(15, u32::MAX);
+    acquire(&store, begin_request(in_flight, 0)).await;
+
+    // Other operations complete meanwhile, ten times the cap's worth.
+    for n in 0..1000 {
+        let token = acquire(&store, begin_request(key(15, n), n)).await;
+        let body = Bytes::from(vec![0; 10 * KIB]);
+        store
+            .complete(key(15, n), token, response(body), RETENTION)
+            .await
+            .unwrap();
+    }
+    store.run_pending_tasks().await;
+
+    // The first owner's lease (30 s) is still live: nobody else may own the operation.
+    match store.begin(begin_request(in_flight, 0)).await.unwrap() {
+        Begin::Busy { .. } => {}
+        other => panic!("a second owner for an operation in flight: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_record_heavier_than_the_cap_is_never_forgotten_silently() {
+    let store = MemoryStore::builder().max_bytes(MIB as u64).build();
+    let frozen = frozen_of(2 * MIB);
+    let request =
+        BeginRequest::new(key(16, 0), frozen.fingerprint(), LEASE, RETENTION).with_frozen(frozen);
+    match store.begin(request.clone()).await {
+        // Refusing the claim up front is a fine answer: nothing was sent.
+        Err(_) => {}
+        Ok(Begin::Acquired { .. }) => {
+            store.run_pending_tasks().await;
+            let again = store.begin(request).await;
+            assert!(
+                !matches!(again, Ok(Begin::Acquired { .. })),
+                "the operation was forgotten while its first owner holds it"
+            );
+        }
+        Ok(other) => panic!("unexpected {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Lease and retention, on a paused clock
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn lease_reports_busy_until_its_last_millisecond() {
+    let store = MemoryStore::new();
+    let key = key(2, 0);
+    acquire(&store, begin_request(key, 0)).await;
+
+    tokio::time::advance(LEASE - MS).await;
+    match store.begin(begin_request(key, 0)).await.unwrap() {
+        Begin::Busy { retry_after } => assert_eq!(retry_after, MS),
+        other => panic!("expected Busy 1 ms before the lease ends, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_lease_resumes_with_the_frozen_bytes_never_acquires() {
+    let store = MemoryStore::new();
+    let key = key(3, 0);
+    let frozen = FrozenRequest::from_parts(
+        Method::POST,
+        "http://payments.local/charges".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from_static(b"{\"n\":0}"),
+    );
+    let first = acquire(&store, begin_request(key, 0).with_frozen(frozen.clone())).await;
+
+    tokio::time::advance(LEASE + MS).await;
+    let (second, resumed) = match store.begin(begin_request(key, 0)).await.unwrap() {
+        Begin::Resume { token, frozen } => (token, frozen),
+        other => panic!("expected Resume 1 ms after the lease ended, got {other:?}"),
+    };
+    assert_ne!(second, first, "the new owner has a new token");
+    let resumed = resumed.expect("the frozen request was stored at begin");
+    assert_eq!(resumed.body(), frozen.body());
+    assert_eq!(resumed.fingerprint(), frozen.fingerprint());
+
+    // The resumed operation holds a fresh lease…
+    match store.begin(begin_request(key, 0)).await.unwrap() {
+        Begin::Busy { retry_after } => assert_eq!(retry_after, LEASE),
+        other => panic!("expected Busy under the new lease, got {other:?}"),
+    }
+    // …and the stale owner is fenced out.
+    let stale = store
+        .complete(key, first, response("late".into()), RETENTION)
+        .await;
+    assert!(stale.unwrap_err().is_fenced());
+    store
+        .complete(key, second, response("ok".into()), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed_body(store.begin(begin_request(key, 0)).await.unwrap()),
+        "ok"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_boundary_busy_at_minus_1ms_resume_at_plus_1ms() {
+    let store = MemoryStore::new();
+    let key = key(4, 0);
+    acquire(&store, begin_request(key, 0)).await;
+
+    tokio::time::advance(LEASE - MS).await;
+    assert!(matches!(
+        store.begin(begin_request(key, 0)).await.unwrap(),
+        Begin::Busy { .. }
+    ));
+    tokio::time::advance(2 * MS).await;
+    assert!(matches!(
+        store.begin(begin_request(key, 0)).await.unwrap(),
+        Begin::Resume { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retention_replays_until_its_last_millisecond_then_forgets() {
+    let retention = Duration::from_secs(600);
+    let store = MemoryStore::new();
+    let key = key(5, 0);
+    let request = BeginRequest::new(key, fingerprint(0), LEASE, retention);
+    let token = acquire(&store, request.clone()).await;
+    store
+        .complete(key, token, response("charged".into()), retention)
+        .await
+        .unwrap();
+
+    tokio::time::advance(retention - MS).await;
+    assert_eq!(
+        replayed_body(store.begin(request.clone()).await.unwrap()),
+        "charged"
+    );
+
+    tokio::time::advance(2 * MS).await;
+    match store.begin(request).await.unwrap() {
+        Begin::Acquired { .. } => {}
+        other => panic!("expected Acquired 1 ms after retention ended, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retention_counts_from_completion_not_from_begin() {
+    let retention = Duration::from_secs(600);
+    let store = MemoryStore::new();
+    let key = key(6, 0);
+    let request = BeginRequest::new(key, fingerprint(0), LEASE, retention);
+    let token = acquire(&store, request.clone()).await;
+    tokio::time::advance(Duration::from_secs(20)).await;
+    store
+        .complete(key, token, response("charged".into()), retention)
+        .await
+        .unwrap();
+
+    // 600 s after begin, but only 580 s after completion: still on record.
+    tokio::time::advance(retention - Duration::from_secs(20)).await;
+    replayed_body(store.begin(request.clone()).await.unwrap());
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert!(matches!(
+        store.begin(request).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_doubt_operation_resumes_until_its_retention_ends() {
+    let retention = Duration::from_secs(600);
+    let store = MemoryStore::new();
+    let key = key(7, 0);
+    let request = BeginRequest::new(key, fingerprint(0), LEASE, retention);
+    let token = acquire(&store, request.clone()).await;
+    store.mark_in_doubt(key, token, retention).await.unwrap();
+
+    tokio::time::advance(retention - MS).await;
+    let token = match store.begin(request.clone()).await.unwrap() {
+        Begin::Resume { token, .. } => token,
+        other => panic!("expected Resume 1 ms before retention ends, got {other:?}"),
+    };
+    // Each write renews the retention from its own time.
+    store.mark_in_doubt(key, token, retention).await.unwrap();
+    tokio::time::advance(retention + MS).await;
+    assert!(matches!(
+        store.begin(request).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared stores
+// ---------------------------------------------------------------------------------------
+
+/// The whole protocol round trip, through any store.
+async fn round_trip(store: &impl IdempotencyStore, salt: u8) {
+    let key = key(salt, 0);
+    let token = acquire(store, begin_request(key, 0)).await;
+    assert!(matches!(
+        store.begin(begin_request(key, 0)).await.unwrap(),
+        Begin::Busy { .. }
+    ));
+    store
+        .complete(key, token, response("done".into()), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed_body(store.begin(begin_request(key, 0)).await.unwrap()),
+        "done"
+    );
+    assert!(matches!(
+        store.begin(begin_request(key, 1)).await.unwrap(),
+        Begin::Drift { .. }
+    ));
+}
+
+fn assert_store<S: IdempotencyStore + Clone>() {}
+
+#[tokio::test]
+async fn arc_of_memory_store_is_a_store_sharing_one_ledger() {
+    assert_store::<Arc<MemoryStore>>();
+    let store = Arc::new(MemoryStore::new());
+    round_trip(&store, 8).await;
+
+    // A clone of the Arc is the same ledger.
+    let other = Arc::clone(&store);
+    assert_eq!(
+        replayed_body(other.begin(begin_request(key(8, 0), 0)).await.unwrap()),
+        "done"
+    );
+    // And so is the store itself behind it.
+    round_trip(&*store, 9).await;
+    replayed_body(other.begin(begin_request(key(9, 0), 0)).await.unwrap());
+}
+
+#[tokio::test]
+async fn arc_of_dyn_store_is_a_store_sharing_one_ledger() {
+    assert_store::<Arc<dyn IdempotencyStore>>();
+    let memory = Arc::new(MemoryStore::new());
+    let store: Arc<dyn IdempotencyStore> = memory.clone();
+    round_trip(&store, 10).await;
+    replayed_body(memory.begin(begin_request(key(10, 0), 0)).await.unwrap());
+}
+
+#[test]
+fn shared_stores_plug_into_the_client_layer() {
+    let memory = Arc::new(MemoryStore::new());
+    let dynamic: Arc<dyn IdempotencyStore> = memory.clone();
+    let _ = IdempotencyLayer::client(memory.clone());
+    let _ = IdempotencyLayer::client(dynamic);
+    let _ = IdempotencyLayer::client(MemoryStore::clone(&memory));
+}
+
+#[tokio::test]
+async fn clones_of_a_memory_store_share_one_ledger() {
+    let store = MemoryStore::new();
+    let clone = store.clone();
+    let token = acquire(&store, begin_request(key(11, 0), 0)).await;
+    assert!(matches!(
+        clone.begin(begin_request(key(11, 0), 0)).await.unwrap(),
+        Begin::Busy { .. }
+    ));
+    clone
+        .complete(key(11, 0), token, response("x".into()), RETENTION)
+        .await
+        .unwrap();
+    replayed_body(store.begin(begin_request(key(11, 0), 0)).await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------
+// Weights
+// ---------------------------------------------------------------------------------------
+
+fn frozen_of(body_len: usize) -> FrozenRequest {
+    FrozenRequest::from_parts(
+        Method::POST,
+        "http://mail.local/send".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from(vec![b'x'; body_len]),
+    )
+}
+
+#[tokio::test]
+async fn a_record_weighs_its_frozen_request_body() {
+    let store = MemoryStore::new();
+    store.run_pending_tasks().await;
+    assert_eq!(store.weighted_size(), 0);
+
+    let key = key(12, 0);
+    let frozen = frozen_of(100 * KIB);
+    let request =
+        BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION).with_frozen(frozen);
+    let token = acquire(&store, request).await;
+    store.run_pending_tasks().await;
+    let in_flight = store.weighted_size();
+    assert!(
+        in_flight > (100 * KIB) as u64,
+        "a record holding a 100 KiB request weighs {in_flight}"
+    );
+    // Key and bookkeeping are counted too, but they are small.
+    assert!(in_flight < (101 * KIB) as u64, "{in_flight}");
+
+    // Completing it adds the recorded response's body.
+    store
+        .complete(
+            key,
+            token,
+            response(Bytes::from(vec![0; 50 * KIB])),
+            RETENTION,
+        )
+        .await
+        .unwrap();
+    store.run_pending_tasks().await;
+    let completed = store.weighted_size();
+    assert!(
+        completed > (150 * KIB) as u64,
+        "request 100 KiB + response 50 KiB weigh {completed}"
+    );
+    assert_eq!(store.entry_count(), 1);
+}
+
+#[tokio::test]
+async fn a_record_without_bodies_weighs_little() {
+    let store = MemoryStore::new();
+    acquire(&store, begin_request(key(13, 0), 0)).await;
+    store.run_pending_tasks().await;
+    let weight = store.weighted_size();
+    assert!(weight > 32 && weight < KIB as u64, "{weight}");
+}
+
+#[tokio::test]
+async fn weights_add_up_over_records() {
+    let store = MemoryStore::new();
+    for n in 0..10 {
+        let frozen = frozen_of(10 * KIB);
+        let request = BeginRequest::new(key(14, n), frozen.fingerprint(), LEASE, RETENTION)
+            .with_frozen(frozen);
+        acquire(&store, request).await;
+    }
+    store.run_pending_tasks().await;
+    assert_eq!(store.entry_count(), 10);
+    let weight = store.weighted_size();
+    assert!(
+        weight > (100 * KIB) as u64 && weight < (110 * KIB) as u64,
+        "{weight}"
+    );
+}

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! cargo run --example axum_server            # PORT=3000, CHARGE_LATENCY_MS=20
+//! # several instances on one shared ledger:
+//! LEDGER=redis REDIS_URL=redis://127.0.0.1:6379/ PORT=3001 cargo run --features redis --example axum_server
 //!
 //! curl -i localhost:3000/charges -H 'authorization: tenant-a' \
 //!      -H 'idempotency-key: "order-42-charge"' -H 'content-type: application/json' \
@@ -174,9 +176,35 @@ async fn list_charges(
 
 /// The idempotency ledger: the one place that decides which store backs the service.
 #[allow(dead_code)]
+/// The ledger: the embedded store for one process, or Redis (`LEDGER=redis` and
+/// `REDIS_URL`, with the `redis` feature) so several instances share one ledger.
+#[allow(dead_code)]
 async fn ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
-    // One process: the embedded store. Several replicas need a shared one.
-    Ok(Arc::new(MemoryStore::new()))
+    match std::env::var("LEDGER").as_deref() {
+        Ok("redis") => redis_ledger().await,
+        Ok("memory") | Err(_) => Ok(Arc::new(MemoryStore::new())),
+        Ok(other) => Err(format!("LEDGER={other:?}: expected `memory` or `redis`").into()),
+    }
+}
+
+#[allow(dead_code)]
+#[cfg(feature = "redis")]
+async fn redis_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
+    let url = std::env::var("REDIS_URL").map_err(|_| "LEDGER=redis needs REDIS_URL")?;
+    let store = tower_idempotency::ledger::RedisStore::builder(url)
+        .prefix("payments:idem:")
+        .connect()
+        .await?;
+    Ok(Arc::new(store))
+}
+
+#[allow(dead_code)]
+#[cfg(not(feature = "redis"))]
+async fn redis_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
+    Err(
+        "LEDGER=redis needs the `redis` feature: cargo run --features redis --example axum_server"
+            .into(),
+    )
 }
 
 #[allow(dead_code)]

@@ -8,6 +8,10 @@
 #[path = "support/redis.rs"]
 mod redis_support;
 
+#[path = "../examples/axum_server.rs"]
+#[allow(dead_code)]
+mod axum_server;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -225,4 +229,73 @@ async fn a_redis_outage_fails_closed_and_the_same_client_recovers() {
     let response = recovered.expect("the same client works once Redis is back");
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(provider.effects(), 1);
+}
+
+/// Two replicas of the payments service, each with its own connection to one Redis:
+/// 64 identical requests split between them charge once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_charge_once_for_sixty_four_concurrent_requests() {
+    let Some(redis) = RedisServer::spawn().await else {
+        return;
+    };
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::builder(redis.url())
+            .prefix("replicas:")
+            .connect()
+            .await
+            .unwrap();
+        let app = axum_server::app(store, Duration::from_millis(200));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        replicas.push(addr);
+    }
+    let client = HyperClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let calls: Vec<_> = (0..64)
+        .map(|i| {
+            let (client, addr) = (client.clone(), replicas[i % 2]);
+            tokio::spawn(async move {
+                let req = Request::post(format!("http://{addr}/charges"))
+                    .header("authorization", "tenant-a")
+                    .header("idempotency-key", "\"order-42-charge\"")
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from_static(
+                        br#"{"order_id":"order_42","amount_cents":1999}"#,
+                    )))
+                    .unwrap();
+                let response = client.request(req).await.unwrap();
+                let replayed = response.headers().contains_key("idempotent-replayed");
+                (response.status(), replayed)
+            })
+        })
+        .collect();
+    let mut fresh = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            (StatusCode::CREATED, false) => fresh += 1,
+            (StatusCode::CREATED, true) | (StatusCode::CONFLICT, _) => {}
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(fresh, 1, "one request ran the handler");
+
+    let mut charges = 0;
+    for addr in &replicas {
+        let list = Request::get(format!("http://{addr}/charges?order_id=order_42"))
+            .header("authorization", "tenant-a")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let body = client
+            .request(list)
+            .await
+            .unwrap()
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+        let listed: Vec<axum_server::Charge> = serde_json::from_slice(&body.to_bytes()).unwrap();
+        charges += listed.len();
+    }
+    assert_eq!(charges, 1, "exactly one charge across both replicas");
 }

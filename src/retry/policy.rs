@@ -106,11 +106,13 @@ pub trait ClassifyRetry: Send + Sync + fmt::Debug + 'static {
 /// The default retry rules (DESIGN §6).
 ///
 /// - A failure proven to happen **before the write** is always retried: nothing left.
-/// - A `408`, `429`, `500`, `502`, `503` or `504`, or a failure after the request may have
+/// - A `408`, `429`, `500`, `502`, `503` or `504`, a `409` with `Retry-After` to a keyed
+///   request (the IETF draft's "still in progress"), or a failure after the request may have
 ///   left (timeout, reset, unknown), is retried **only when the request is retry-safe**:
 ///   a read or idempotent write, or a request carrying an `Idempotency-Key`. A
 ///   side-effecting request without a key is never resent once its bytes may have left.
-/// - Everything else (`2xx`, `3xx`, `400`, `401`, `403`, `404`, `422`…) is final.
+/// - Everything else (`2xx`, `3xx`, `400`, `401`, `403`, `404`, `422`, a `409` without
+///   `Retry-After`…) is final.
 ///
 /// ```
 /// use tower_idempotency::retry::{DefaultClassifier, ClassifyRetry};
@@ -118,6 +120,14 @@ pub trait ClassifyRetry: Send + Sync + fmt::Debug + 'static {
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultClassifier;
+
+/// The IETF draft's answer to a key whose first request is still being processed: `409`
+/// with `Retry-After`. Only a keyed request can receive it, and it asks to come back.
+fn is_in_progress(status: StatusCode, headers: &HeaderMap, ctx: &RetryContext<'_>) -> bool {
+    status == StatusCode::CONFLICT
+        && headers.contains_key(http::header::RETRY_AFTER)
+        && ctx.request.headers().contains_key(&IDEMPOTENCY_KEY)
+}
 
 /// Statuses that mean "try again later" rather than "no".
 pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
@@ -132,8 +142,9 @@ impl ClassifyRetry for DefaultClassifier {
                 ..
             } => true,
             AttemptResult::Error { .. } => ctx.is_retry_safe(),
-            AttemptResult::Response { status, .. } => {
-                is_retryable_status(status) && ctx.is_retry_safe()
+            AttemptResult::Response { status, headers } => {
+                (is_retryable_status(status) || is_in_progress(status, headers, ctx))
+                    && ctx.is_retry_safe()
             }
         };
         if retry {

@@ -174,9 +174,7 @@ async fn list_charges(
     Json(of_order)
 }
 
-/// The idempotency ledger: the one place that decides which store backs the service.
-#[allow(dead_code)]
-/// The ledger: the embedded store for one process, or Redis (`LEDGER=redis` and
+/// The ledger: the one place that decides which store backs the service: the embedded store for one process, or Redis (`LEDGER=redis` and
 /// `REDIS_URL`, with the `redis` feature) so several instances share one ledger.
 #[allow(dead_code)]
 async fn ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {

@@ -2,7 +2,6 @@
 //! inside, hyper-util) against the demo payments service (axum with the server layer).
 
 #[path = "../examples/axum_server.rs"]
-#[allow(dead_code)]
 mod axum_server;
 
 use std::time::Duration;

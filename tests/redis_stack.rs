@@ -9,7 +9,6 @@
 mod redis_support;
 
 #[path = "../examples/axum_server.rs"]
-#[allow(dead_code)]
 mod axum_server;
 
 use std::process::{Command, Stdio};

@@ -6,7 +6,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 pin_project! {
-    /// The response body of the client [`IdempotencyLayer`](crate::IdempotencyLayer).
+    /// The response body of the [`IdempotencyLayer`](crate::IdempotencyLayer), both faces.
     ///
     /// A recorded or replayed response is one buffer; a response over the recording cap is
     /// the part read so far followed by the rest of the inner body, so the caller receives

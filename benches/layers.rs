@@ -1,0 +1,460 @@
+//! What each layer costs per call, over a no-op inner service and a 1 KiB POST body.
+//!
+//! Every variant builds its request the same way (method, URI, two headers, a 1 KiB
+//! `Bytes` body shared by reference count), calls the service once and reads the response
+//! body, so the differences between variants are the layers' own work:
+//!
+//! | variant | stack |
+//! |---|---|
+//! | `bare` | the no-op service |
+//! | `tower_retry_clone` | the hand-written way: buffer the body, `tower::retry` with a policy cloning the request per attempt |
+//! | `frozen_retry` | `FrozenRetryLayer` (default policy: budget, backoff) |
+//! | `frozen_retry_no_budget` | `FrozenRetryLayer` without the retry budget |
+//! | `client_fresh` | client `IdempotencyLayer` (`MemoryStore`), a new `OperationId` per call |
+//! | `client_replay` | client `IdempotencyLayer`, the same `OperationId` every call (replayed) |
+//! | `stack_fresh` | client `IdempotencyLayer` over `FrozenRetryLayer`, a new `OperationId` per call |
+//! | `server_bare` | the no-op handler (it reads the body), with an `Idempotency-Key` header |
+//! | `server_fresh` | server `IdempotencyLayer` (`MemoryStore`), a new key per call |
+//! | `server_replay` | server `IdempotencyLayer`, the same key every call (replayed) |
+//!
+//! The stores are `MemoryStore::new()` (64 MiB): the fresh variants fill theirs within the
+//! first seconds, so most of their samples run with the store evicting one record per new
+//! operation, as a long-running process does.
+//!
+//! `components` prices pieces of the hot path alone (fingerprint, freeze, rebuilding an
+//! attempt from the frozen request); `key_derivation` what a fresh client call adds before
+//! the ledger: building the `OperationId` from a counter, deriving its key, its header value.
+//!
+//! Run: `cargo bench --bench layers` (about a minute).
+
+use std::convert::Infallible;
+use std::future::{ready, Future, Ready};
+use std::hint::black_box;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::header::{CONTENT_TYPE, USER_AGENT};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use tokio::runtime::Runtime;
+use tower::retry::{Policy, RetryLayer};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::{
+    BoxError, Fingerprint, FrozenRequest, FrozenRetryLayer, IdempotencyLayer, OperationId,
+};
+
+const BODY_LEN: usize = 1024;
+
+/// Distinct ids for fresh operations, across every sample of every benchmark.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// The request every variant sends: `POST /charges`, two headers, the shared 1 KiB body.
+#[derive(Clone)]
+struct Template {
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Template {
+    fn new(body_len: usize) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(USER_AGENT, HeaderValue::from_static("bench/1"));
+        Self {
+            uri: Uri::from_static("http://payments.local/charges"),
+            headers,
+            body: json_body(body_len),
+        }
+    }
+
+    fn request(&self) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+
+    /// With a fresh `OperationId`: the client layer derives a new key from it.
+    fn fresh_operation(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.extensions_mut()
+            .insert(OperationId::new("bench-task", next_id().to_string()));
+        req
+    }
+
+    fn fixed_operation(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.extensions_mut()
+            .insert(OperationId::new("bench-task", "replayed-step"));
+        req
+    }
+
+    /// With a fresh `Idempotency-Key` (a UUID-sized sf-string), as a server receives it.
+    fn fresh_key(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.headers_mut()
+            .insert("idempotency-key", key_header(next_id()));
+        req
+    }
+
+    fn fixed_key(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.headers_mut()
+            .insert("idempotency-key", key_header(u64::MAX));
+        req
+    }
+}
+
+/// `"0000…<n as hex>"`: 36 characters inside quotes, like a UUID.
+fn key_header(n: u64) -> HeaderValue {
+    let text = format!("\"00000000-0000-4000-8000-{:012x}\"", n & 0xffff_ffff_ffff);
+    HeaderValue::from_str(&text).expect("visible ASCII")
+}
+
+/// A JSON object of exactly `len` bytes (`len` 0 gives an empty body).
+fn json_body(len: usize) -> Bytes {
+    if len == 0 {
+        return Bytes::new();
+    }
+    let head = br#"{"order_id":"order_42","amount_cents":1999,"summary":""#;
+    let tail = br#""}"#;
+    let mut out = Vec::with_capacity(len);
+    if len < head.len() + tail.len() {
+        out.resize(len, b' ');
+    } else {
+        out.extend_from_slice(head);
+        out.resize(len - tail.len(), b'x');
+        out.extend_from_slice(tail);
+    }
+    Bytes::from(out)
+}
+
+fn created() -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(
+        br#"{"id":"ch_1","status":"succeeded"}"#,
+    )));
+    *response.status_mut() = StatusCode::CREATED;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The no-op client-side service: drops the request, answers `201` at once.
+#[derive(Clone, Copy, Debug)]
+struct Noop;
+
+impl<B> Service<Request<B>> for Noop {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        drop(black_box(req));
+        ready(Ok(created()))
+    }
+}
+
+/// The no-op handler: reads the request body, answers `201`.
+fn handler<B>() -> impl Service<
+    Request<B>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
+> + Clone
+       + Send
+       + 'static
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+{
+    tower::service_fn(|req: Request<B>| async move {
+        let body = req.into_body().collect().await.ok().map(|c| c.to_bytes());
+        black_box(body);
+        Ok::<_, Infallible>(created())
+    })
+}
+
+// --- The hand-written alternative to `FrozenRetryLayer` -------------------------------
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Buffer the body into `Bytes` so that `tower::retry` can clone the request.
+#[derive(Clone, Debug)]
+struct BufferBody<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for BufferBody<S>
+where
+    S: Service<Request<Full<Bytes>>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<S::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+            inner
+                .call(Request::from_parts(parts, Full::new(bytes)))
+                .await
+                .map_err(Into::into)
+        })
+    }
+}
+
+/// Retry up to `n` attempts on 408/429/5xx or an error; clone the request per attempt.
+#[derive(Clone, Copy, Debug)]
+struct CloneAttempts(u32);
+
+impl<ResBody, E> Policy<Request<Full<Bytes>>, Response<ResBody>, E> for CloneAttempts {
+    type Future = Ready<()>;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Full<Bytes>>,
+        result: &mut Result<Response<ResBody>, E>,
+    ) -> Option<Self::Future> {
+        let retryable = match result {
+            Ok(response) => matches!(response.status().as_u16(), 408 | 429 | 500 | 502..=504),
+            Err(_) => true,
+        };
+        if retryable && self.0 > 1 {
+            self.0 -= 1;
+            Some(ready(()))
+        } else {
+            None
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut clone = Request::new(req.body().clone());
+        *clone.method_mut() = req.method().clone();
+        *clone.uri_mut() = req.uri().clone();
+        *clone.version_mut() = req.version();
+        *clone.headers_mut() = req.headers().clone();
+        Some(clone)
+    }
+}
+
+// --- Driving a service ---------------------------------------------------------------
+
+/// Time `iters` calls of `svc`, each with a request from `make` and its body read.
+async fn drive<S, ResBody>(
+    svc: &mut S,
+    make: impl Fn() -> Request<Full<Bytes>>,
+    iters: u64,
+) -> Duration
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+{
+    let start = Instant::now();
+    for _ in 0..iters {
+        let req = make();
+        let response = svc
+            .ready()
+            .await
+            .expect("ready")
+            .call(req)
+            .await
+            .expect("call");
+        black_box(response.into_body().collect().await.is_ok());
+    }
+    start.elapsed()
+}
+
+fn bench_service<S, ResBody, M>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &Runtime,
+    name: &str,
+    svc: S,
+    make: M,
+) where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+    M: Fn() -> Request<Full<Bytes>> + Clone,
+{
+    c.bench_function(name, |b| {
+        b.to_async(rt).iter_custom(|iters| {
+            let mut svc = svc.clone();
+            let make = make.clone();
+            async move { drive(&mut svc, make, iters).await }
+        })
+    });
+}
+
+fn layers(c: &mut Criterion) {
+    let rt = runtime();
+    let template = Template::new(BODY_LEN);
+    let mut group = c.benchmark_group("layers_1KiB");
+
+    let t = template.clone();
+    bench_service(&mut group, &rt, "bare", Noop, move || t.request());
+
+    let hand_written = ServiceBuilder::new()
+        .layer_fn(|inner| BufferBody { inner })
+        .layer(RetryLayer::new(CloneAttempts(3)))
+        .service(Noop);
+    let t = template.clone();
+    bench_service(
+        &mut group,
+        &rt,
+        "tower_retry_clone",
+        hand_written,
+        move || t.request(),
+    );
+
+    let frozen = ServiceBuilder::new()
+        .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+        .service(Noop);
+    let t = template.clone();
+    bench_service(&mut group, &rt, "frozen_retry", frozen, move || t.request());
+
+    let frozen = ServiceBuilder::new()
+        .layer(FrozenRetryLayer::new(
+            RetryPolicy::builder().no_budget().build().expect("policy"),
+        ))
+        .service(Noop);
+    let t = template.clone();
+    bench_service(
+        &mut group,
+        &rt,
+        "frozen_retry_no_budget",
+        frozen,
+        move || t.request(),
+    );
+
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .service(Noop);
+    let t = template.clone();
+    bench_service(&mut group, &rt, "client_fresh", client.clone(), move || {
+        t.fresh_operation()
+    });
+    let t = template.clone();
+    bench_service(&mut group, &rt, "client_replay", client, move || {
+        t.fixed_operation()
+    });
+
+    let stack = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+        .service(Noop);
+    let t = template.clone();
+    bench_service(&mut group, &rt, "stack_fresh", stack, move || {
+        t.fresh_operation()
+    });
+
+    let t = template.clone();
+    bench_service(&mut group, &rt, "server_bare", handler(), move || {
+        t.fresh_key()
+    });
+
+    let server = ServiceBuilder::new()
+        .layer(IdempotencyLayer::server(MemoryStore::new()))
+        .service(handler());
+    let t = template.clone();
+    bench_service(&mut group, &rt, "server_fresh", server.clone(), move || {
+        t.fresh_key()
+    });
+    let t = template.clone();
+    bench_service(&mut group, &rt, "server_replay", server, move || {
+        t.fixed_key()
+    });
+    group.finish();
+}
+
+/// The pieces of the hot path, alone.
+fn components(c: &mut Criterion) {
+    let rt = runtime();
+    let template = Template::new(BODY_LEN);
+    let mut group = c.benchmark_group("components");
+    group.bench_function("fingerprint_1KiB", |b| {
+        b.iter(|| Fingerprint::of(&Method::POST, "/charges", black_box(&template.body)))
+    });
+    group.bench_function("freeze_1KiB", |b| {
+        b.to_async(&rt).iter(|| {
+            let req = template.request();
+            async move { FrozenRequest::freeze(req, 1 << 20).await.expect("freeze") }
+        })
+    });
+    let rt2 = runtime();
+    let (frozen, _) = rt2
+        .block_on(FrozenRequest::freeze(template.request(), 1 << 20))
+        .expect("freeze");
+    group.bench_function("rebuild_attempt", |b| b.iter(|| frozen.to_request()));
+    group.bench_function("build_request", |b| b.iter(|| template.request()));
+    group.finish();
+}
+
+fn key_derivation(c: &mut Criterion) {
+    let mut group = c.benchmark_group("key_derivation");
+    group.bench_function("operation_id_from_counter", |b| {
+        b.iter(|| OperationId::new("bench-task", next_id().to_string()))
+    });
+    let op = OperationId::new("bench-task", "12345678");
+    group.bench_function("derive_key", |b| b.iter(|| black_box(&op).key("")));
+    let key = op.key("");
+    group.bench_function("header_value", |b| {
+        b.iter(|| black_box(&key).header_value())
+    });
+    group.bench_function("all_three", |b| {
+        b.iter(|| {
+            OperationId::new("bench-task", next_id().to_string())
+                .key("")
+                .header_value()
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .noise_threshold(0.03);
+    targets = layers, components, key_derivation
+}
+criterion_main!(benches);

@@ -38,7 +38,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
@@ -65,7 +65,9 @@ struct Frozen {
     version: Version,
     headers: HeaderMap,
     body: Bytes,
-    fingerprint: Fingerprint,
+    /// Computed on first use, in one pass over the contiguous body: a request that only
+    /// passes through the retry layer is never hashed at all.
+    fingerprint: OnceLock<Fingerprint>,
 }
 
 impl FrozenRequest {
@@ -80,21 +82,20 @@ impl FrozenRequest {
     {
         let (parts, body) = req.into_parts();
         check_declared_length(&parts.headers, &body, limit)?;
-        let mut hasher = FingerprintHasher::new(&parts.method, path_and_query(&parts.uri));
-        let body = collect_limited(body, limit, &mut hasher).await?;
+        let body = collect_limited(body, limit).await?;
         let frozen = Frozen {
             method: parts.method,
             uri: parts.uri,
             version: parts.version,
             headers: parts.headers,
             body,
-            fingerprint: hasher.finish(),
+            fingerprint: OnceLock::new(),
         };
         Ok((Self(Arc::new(frozen)), parts.extensions))
     }
 
     /// Assemble a frozen request from its parts (for stores decoding their records, and for
-    /// callers that already hold the bytes). The fingerprint is computed here.
+    /// callers that already hold the bytes).
     ///
     /// ```
     /// # use tower_idempotency::{Fingerprint, FrozenRequest};
@@ -114,14 +115,13 @@ impl FrozenRequest {
         headers: HeaderMap,
         body: Bytes,
     ) -> Self {
-        let fingerprint = Fingerprint::of(&method, path_and_query(&uri), &body);
         Self(Arc::new(Frozen {
             method,
             uri,
             version,
             headers,
             body,
-            fingerprint,
+            fingerprint: OnceLock::new(),
         }))
     }
 
@@ -167,20 +167,27 @@ impl FrozenRequest {
         &self.0.body
     }
 
-    /// The request's [`Fingerprint`], computed while the body was collected.
+    /// The request's [`Fingerprint`], computed once, on first use.
     pub fn fingerprint(&self) -> Fingerprint {
-        self.0.fingerprint
+        *self.0.fingerprint.get_or_init(|| {
+            let frozen = &*self.0;
+            let mut hasher = FingerprintHasher::new(&frozen.method, path_and_query(&frozen.uri));
+            hasher.update(&frozen.body);
+            hasher.finish()
+        })
     }
 
     /// Bytes this request holds in memory (head estimate plus body), for weighing caches.
     pub fn weight(&self) -> usize {
-        let headers: usize = self
-            .0
-            .headers
-            .iter()
-            .map(|(name, value)| name.as_str().len() + value.len() + 32)
-            .sum();
-        std::mem::size_of::<Frozen>() + self.0.uri.to_string().len() + headers + self.0.body.len()
+        let uri = &self.0.uri;
+        // The URI's parts, measured without formatting it.
+        let uri_len = uri.scheme_str().map_or(0, str::len)
+            + uri.authority().map_or(0, |a| a.as_str().len())
+            + path_and_query(uri).len();
+        std::mem::size_of::<Frozen>()
+            + uri_len
+            + headers_weight(&self.0.headers)
+            + self.0.body.len()
     }
 }
 
@@ -192,9 +199,21 @@ impl fmt::Debug for FrozenRequest {
             .field("version", &self.0.version)
             .field("headers", &self.0.headers)
             .field("body_len", &self.0.body.len())
-            .field("fingerprint", &self.0.fingerprint)
+            .field("fingerprint", &self.fingerprint())
             .finish()
     }
+}
+
+/// Bytes a header map holds in memory: its table (a `HeaderMap` with one entry already
+/// allocates about 600 bytes) and each name and value.
+pub(crate) fn headers_weight(headers: &HeaderMap) -> usize {
+    const TABLE: usize = 512;
+    const PER_ENTRY: usize = 48;
+    TABLE
+        + headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + PER_ENTRY)
+            .sum::<usize>()
 }
 
 /// Marks a request the [`IdempotencyLayer`](crate::IdempotencyLayer) already froze, so
@@ -248,13 +267,8 @@ fn check_declared_length<B: Body>(
     }
 }
 
-/// Read the body frame by frame, hashing as it arrives and stopping the moment it passes
-/// `limit`. A single-chunk body (the common `Full<Bytes>` case) is kept without a copy.
-async fn collect_limited<B>(
-    body: B,
-    limit: usize,
-    hasher: &mut FingerprintHasher,
-) -> Result<Bytes, Error>
+/// Read the body frame by frame, stopping the moment it passes `limit`. A single-chunk body (the common `Full<Bytes>` case) is kept without a copy.
+async fn collect_limited<B>(body: B, limit: usize) -> Result<Bytes, Error>
 where
     B: Body,
     B::Error: Into<crate::BoxError>,
@@ -273,7 +287,6 @@ where
         if total > limit {
             return Err(Error::body_too_large(limit, None));
         }
-        hasher.update(&chunk);
         match (&mut first, &mut rest) {
             (None, _) => first = Some(chunk),
             (Some(head), None) => {

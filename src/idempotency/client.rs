@@ -375,7 +375,10 @@ where
     let Some(key) = key else {
         return pass_through(inner, &client, &frozen, extensions).await;
     };
-    tracing::Span::current().record("key", tracing::field::display(key.to_hex()));
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        span.record("key", tracing::field::display(key.to_hex()));
+    }
     let begin = client
         .ledger
         .request(key, frozen.fingerprint())
@@ -598,11 +601,13 @@ where
     };
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
+            // The record gets its own exact-size copy: a body sliced out of the transport's
+            // read buffer would otherwise keep that whole buffer alive for the retention.
             let stored = StoredResponse::new(
                 parts.status,
                 parts.version,
                 parts.headers.clone(),
-                bytes.clone(),
+                Bytes::copy_from_slice(&bytes),
             );
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }

@@ -12,7 +12,8 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
+    Begin, BeginRequest, DigestState, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
+    StoreFuture,
 };
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
@@ -72,9 +73,9 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    open: Box<[Mutex<HashMap<LedgerKey, Open>>]>,
+    open: Box<[Mutex<OpenShard>]>,
     open_bytes: AtomicU64,
-    completed: Cache<LedgerKey, Arc<Completed>>,
+    completed: Cache<LedgerKey, Arc<Completed>, DigestState>,
     max_bytes: u64,
 }
 
@@ -108,8 +109,10 @@ impl MemoryStoreBuilder {
             .weigher(|_key: &LedgerKey, record: &Arc<Completed>| record.weight)
             .eviction_policy(EvictionPolicy::lru())
             .expire_after(RetentionExpiry)
-            .build();
-        let open = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
+            .build_with_hasher(DigestState::default());
+        let open = (0..SHARDS)
+            .map(|_| Mutex::new(OpenShard::default()))
+            .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 open,
@@ -177,13 +180,13 @@ impl MemoryStore {
         }
     }
 
-    fn shard(&self, key: &LedgerKey) -> &Mutex<HashMap<LedgerKey, Open>> {
+    fn shard(&self, key: &LedgerKey) -> &Mutex<OpenShard> {
         // Ledger keys are SHA-256 digests: any of their bytes is already uniform.
         &self.inner.open[usize::from(key.as_bytes()[0]) % SHARDS]
     }
 
     /// Drop open operations whose retention ended.
-    fn sweep(&self, open: &mut HashMap<LedgerKey, Open>, now: Instant) {
+    fn sweep(&self, open: &mut OpenShard, now: Instant) {
         open.retain(|_, record| {
             let keep = record.retain_until > now;
             if !keep {
@@ -193,7 +196,7 @@ impl MemoryStore {
         });
     }
 
-    fn insert_open(&self, open: &mut HashMap<LedgerKey, Open>, key: LedgerKey, record: Open) {
+    fn insert_open(&self, open: &mut OpenShard, key: LedgerKey, record: Open) {
         self.inner
             .open_bytes
             .fetch_add(record.weight(), Ordering::Relaxed);
@@ -207,7 +210,7 @@ impl MemoryStore {
         }
     }
 
-    fn remove_open(&self, open: &mut HashMap<LedgerKey, Open>, key: &LedgerKey) -> Option<Open> {
+    fn remove_open(&self, open: &mut OpenShard, key: &LedgerKey) -> Option<Open> {
         let record = open.remove(key)?;
         self.forget_open_bytes(&record);
         Some(record)
@@ -264,7 +267,7 @@ impl MemoryStore {
 
     fn begin_on_open(
         &self,
-        open: &mut HashMap<LedgerKey, Open>,
+        open: &mut OpenShard,
         record: Open,
         request: BeginRequest,
         now: Instant,
@@ -301,7 +304,7 @@ impl MemoryStore {
         &self,
         key: LedgerKey,
         token: LeaseToken,
-        settle: impl FnOnce(&Self, &mut HashMap<LedgerKey, Open>, Open, Instant) -> Settled,
+        settle: impl FnOnce(&Self, &mut OpenShard, Open, Instant) -> Settled,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut open = self.shard(&key).lock().await;
@@ -325,6 +328,9 @@ impl MemoryStore {
         Ok(())
     }
 }
+
+/// One shard of the open operations.
+type OpenShard = HashMap<LedgerKey, Open, DigestState>;
 
 enum Settled {
     Done,

@@ -46,6 +46,7 @@ mod record;
 pub mod redis;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub(crate) use record::DigestState;
 pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

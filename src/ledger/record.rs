@@ -84,6 +84,32 @@ impl fmt::Debug for LedgerKey {
     }
 }
 
+/// Hashes a [`LedgerKey`] for in-memory maps by taking its leading bytes: the key is
+/// already a SHA-256 digest, so hashing it again (SipHash, by default) buys nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // The trailing bytes: the leading ones already pick `MemoryStore`'s shard, and a
+        // map's buckets should not all see the same few values.
+        let mut word = [0u8; 8];
+        let n = bytes.len().min(8);
+        word[..n].copy_from_slice(&bytes[bytes.len() - n..]);
+        self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+    }
+
+    // The length prefix of the key's byte array is the same for every key.
+    fn write_usize(&mut self, _: usize) {}
+}
+
+/// Builds [`DigestHasher`]s.
+pub(crate) type DigestState = std::hash::BuildHasherDefault<DigestHasher>;
+
 /// A fencing token: proof of ownership of an operation's current lease.
 ///
 /// 128 random bits, unique per `begin` that hands out ownership. Stores compare tokens;
@@ -239,13 +265,9 @@ impl StoredResponse {
 
     /// Bytes held in memory, for weighing caches.
     pub fn weight(&self) -> usize {
-        let headers: usize = self
-            .0
-            .headers
-            .iter()
-            .map(|(name, value)| name.as_str().len() + value.len() + 32)
-            .sum();
-        std::mem::size_of::<Stored>() + headers + self.0.body.len()
+        std::mem::size_of::<Stored>()
+            + crate::frozen::headers_weight(&self.0.headers)
+            + self.0.body.len()
     }
 }
 

@@ -414,8 +414,12 @@ impl Completed {
     }
 
     fn measure(&self) -> u32 {
+        // What moka spends per entry besides the value (its node, deque and timer entries,
+        // the key's `Arc`): about 280 bytes in 7 allocations, measured.
+        const MOKA_ENTRY: usize = 320;
         let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight);
-        let total = std::mem::size_of::<LedgerKey>()
+        let total = MOKA_ENTRY
+            + std::mem::size_of::<LedgerKey>()
             + std::mem::size_of::<Self>()
             + frozen
             + self.outcome.weight();

@@ -84,8 +84,11 @@ impl fmt::Debug for LedgerKey {
     }
 }
 
-/// Hashes a [`LedgerKey`] for in-memory maps by taking its leading bytes: the key is
-/// already a SHA-256 digest, so hashing it again (SipHash, by default) buys nothing.
+/// Hashes a [`LedgerKey`] for in-memory maps: an FxHash-style fold of its four words.
+///
+/// Keys the layers make are SHA-256 digests, so a keyed, DoS-resistant hash (SipHash, the
+/// default) buys nothing but time; every byte still goes into the fold, so keys built by
+/// hand ([`LedgerKey::from_bytes`]) with long constant runs spread as well.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct DigestHasher(u64);
 
@@ -95,12 +98,12 @@ impl std::hash::Hasher for DigestHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // The trailing bytes: the leading ones already pick `MemoryStore`'s shard, and a
-        // map's buckets should not all see the same few values.
-        let mut word = [0u8; 8];
-        let n = bytes.len().min(8);
-        word[..n].copy_from_slice(&bytes[bytes.len() - n..]);
-        self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+        const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(SEED);
+        }
     }
 
     // The length prefix of the key's byte array is the same for every key.
@@ -472,6 +475,23 @@ mod tests {
         let mut trailing = tomb.encode();
         trailing.push(0);
         assert!(Outcome::decode(&trailing).unwrap_err().is_corrupt());
+    }
+
+    #[test]
+    fn digest_hashing_spreads_keys_built_by_hand() {
+        use std::hash::BuildHasher;
+        let state = DigestState::default();
+        let mut low_bits = std::collections::HashSet::new();
+        let mut hashes = std::collections::HashSet::new();
+        for n in 0u64..4096 {
+            let mut bytes = [0xf1; 32];
+            bytes[..8].copy_from_slice(&n.to_le_bytes());
+            let hash = state.hash_one(LedgerKey::from_bytes(bytes));
+            hashes.insert(hash);
+            low_bits.insert(hash & 0xfff);
+        }
+        assert_eq!(hashes.len(), 4096);
+        assert!(low_bits.len() > 2000, "buckets spread: {}", low_bits.len());
     }
 
     #[test]

@@ -273,6 +273,9 @@ where
     B: Body,
     B::Error: Into<crate::BoxError>,
 {
+    // What the body says it will hold (hyper knows it from Content-Length), so a body that
+    // arrives in chunks is joined into one allocation of the right size, not doubled into.
+    let expected = usize::try_from(body.size_hint().lower()).map_or(limit, |n| n.min(limit));
     let mut body = std::pin::pin!(body);
     let mut first: Option<Bytes> = None;
     let mut rest: Option<BytesMut> = None;
@@ -290,7 +293,7 @@ where
         match (&mut first, &mut rest) {
             (None, _) => first = Some(chunk),
             (Some(head), None) => {
-                let mut buf = BytesMut::with_capacity(head.len() + chunk.len());
+                let mut buf = BytesMut::with_capacity(expected.max(head.len() + chunk.len()));
                 buf.extend_from_slice(head);
                 buf.extend_from_slice(&chunk);
                 rest = Some(buf);

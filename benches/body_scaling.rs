@@ -20,10 +20,13 @@
 //!
 //! Run: `cargo bench --bench body_scaling` (about two minutes).
 
+mod common;
+
+use common::{handler, next_id, runtime, BufferBody, CloneAttempts, Noop};
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,15 +36,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderValue, Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use tokio::runtime::Runtime;
-use tower::retry::{Policy, RetryLayer};
+use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{BoxError, Fingerprint, FrozenRetryLayer, IdempotencyLayer, OperationId};
+use tower_idempotency::{Fingerprint, FrozenRetryLayer, IdempotencyLayer, OperationId};
 
 // --- Counting allocations ----------------------------------------------------------------
 
@@ -83,19 +86,6 @@ static GLOBAL: Counting = Counting;
 
 const SIZES: [usize; 4] = [0, 1024, 64 * 1024, 1024 * 1024];
 const CHUNK: usize = 16 * 1024;
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
-fn next_id() -> u64 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
 
 fn body_of(len: usize) -> Bytes {
     Bytes::from((0..len).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>())
@@ -144,120 +134,6 @@ impl Body for Chunks {
     fn size_hint(&self) -> SizeHint {
         // As a socket body without Content-Length: nothing known in advance.
         SizeHint::default()
-    }
-}
-
-fn created() -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(br#"{"id":"ch_1"}"#)));
-    *response.status_mut() = StatusCode::CREATED;
-    response
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Noop;
-
-impl<B> Service<Request<B>> for Noop {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        drop(black_box(req));
-        ready(Ok(created()))
-    }
-}
-
-fn handler<B>() -> impl Service<
-    Request<B>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
-> + Clone
-       + Send
-       + 'static
-where
-    B: Body + Send + 'static,
-    B::Data: Send,
-{
-    tower::service_fn(|req: Request<B>| async move {
-        let body = req.into_body().collect().await.ok().map(|c| c.to_bytes());
-        black_box(body);
-        Ok::<_, Infallible>(created())
-    })
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-#[derive(Clone, Debug)]
-struct BufferBody<S> {
-    inner: S,
-}
-
-impl<S, B> Service<Request<B>> for BufferBody<S>
-where
-    S: Service<Request<Full<Bytes>>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-{
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = BoxFuture<Result<S::Response, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
-            inner
-                .call(Request::from_parts(parts, Full::new(bytes)))
-                .await
-                .map_err(Into::into)
-        })
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct CloneAttempts(u32);
-
-impl<ResBody, E> Policy<Request<Full<Bytes>>, Response<ResBody>, E> for CloneAttempts {
-    type Future = Ready<()>;
-
-    fn retry(
-        &mut self,
-        _req: &mut Request<Full<Bytes>>,
-        result: &mut Result<Response<ResBody>, E>,
-    ) -> Option<Self::Future> {
-        let retryable = match result {
-            Ok(response) => matches!(response.status().as_u16(), 408 | 429 | 500 | 502..=504),
-            Err(_) => true,
-        };
-        if retryable && self.0 > 1 {
-            self.0 -= 1;
-            Some(ready(()))
-        } else {
-            None
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut clone = Request::new(req.body().clone());
-        *clone.method_mut() = req.method().clone();
-        *clone.uri_mut() = req.uri().clone();
-        *clone.version_mut() = req.version();
-        *clone.headers_mut() = req.headers().clone();
-        Some(clone)
     }
 }
 

@@ -27,45 +27,31 @@
 //!
 //! Run: `cargo bench --bench layers` (about a minute).
 
-use std::convert::Infallible;
-use std::future::{ready, Future, Ready};
+mod common;
+
+use common::{handler, next_id, runtime, BufferBody, CloneAttempts, Noop};
+
 use std::hint::black_box;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::header::{CONTENT_TYPE, USER_AGENT};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::runtime::Runtime;
-use tower::retry::{Policy, RetryLayer};
+use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{
-    BoxError, Fingerprint, FrozenRequest, FrozenRetryLayer, IdempotencyLayer, OperationId,
+    Fingerprint, FrozenRequest, FrozenRetryLayer, IdempotencyLayer, OperationId,
 };
 
 const BODY_LEN: usize = 1024;
 
 /// Distinct ids for fresh operations, across every sample of every benchmark.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
-fn next_id() -> u64 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
 /// The request every variant sends: `POST /charges`, two headers, the shared 1 KiB body.
 #[derive(Clone)]
 struct Template {
@@ -147,131 +133,6 @@ fn json_body(len: usize) -> Bytes {
         out.extend_from_slice(tail);
     }
     Bytes::from(out)
-}
-
-fn created() -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(
-        br#"{"id":"ch_1","status":"succeeded"}"#,
-    )));
-    *response.status_mut() = StatusCode::CREATED;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
-/// The no-op client-side service: drops the request, answers `201` at once.
-#[derive(Clone, Copy, Debug)]
-struct Noop;
-
-impl<B> Service<Request<B>> for Noop {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        drop(black_box(req));
-        ready(Ok(created()))
-    }
-}
-
-/// The no-op handler: reads the request body, answers `201`.
-fn handler<B>() -> impl Service<
-    Request<B>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
-> + Clone
-       + Send
-       + 'static
-where
-    B: Body + Send + 'static,
-    B::Data: Send,
-{
-    tower::service_fn(|req: Request<B>| async move {
-        let body = req.into_body().collect().await.ok().map(|c| c.to_bytes());
-        black_box(body);
-        Ok::<_, Infallible>(created())
-    })
-}
-
-// --- The hand-written alternative to `FrozenRetryLayer` -------------------------------
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// Buffer the body into `Bytes` so that `tower::retry` can clone the request.
-#[derive(Clone, Debug)]
-struct BufferBody<S> {
-    inner: S,
-}
-
-impl<S, B> Service<Request<B>> for BufferBody<S>
-where
-    S: Service<Request<Full<Bytes>>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-{
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = BoxFuture<Result<S::Response, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
-            inner
-                .call(Request::from_parts(parts, Full::new(bytes)))
-                .await
-                .map_err(Into::into)
-        })
-    }
-}
-
-/// Retry up to `n` attempts on 408/429/5xx or an error; clone the request per attempt.
-#[derive(Clone, Copy, Debug)]
-struct CloneAttempts(u32);
-
-impl<ResBody, E> Policy<Request<Full<Bytes>>, Response<ResBody>, E> for CloneAttempts {
-    type Future = Ready<()>;
-
-    fn retry(
-        &mut self,
-        _req: &mut Request<Full<Bytes>>,
-        result: &mut Result<Response<ResBody>, E>,
-    ) -> Option<Self::Future> {
-        let retryable = match result {
-            Ok(response) => matches!(response.status().as_u16(), 408 | 429 | 500 | 502..=504),
-            Err(_) => true,
-        };
-        if retryable && self.0 > 1 {
-            self.0 -= 1;
-            Some(ready(()))
-        } else {
-            None
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut clone = Request::new(req.body().clone());
-        *clone.method_mut() = req.method().clone();
-        *clone.uri_mut() = req.uri().clone();
-        *clone.version_mut() = req.version();
-        *clone.headers_mut() = req.headers().clone();
-        Some(clone)
-    }
 }
 
 // --- Driving a service ---------------------------------------------------------------

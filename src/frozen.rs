@@ -80,9 +80,7 @@ impl FrozenRequest {
         B: Body,
         B::Error: Into<crate::BoxError>,
     {
-        let (parts, body) = req.into_parts();
-        check_declared_length(&parts.headers, &body, limit)?;
-        let body = collect_limited(body, limit).await?;
+        let (parts, body) = collect_request(req, limit).await?;
         let frozen = Frozen {
             method: parts.method,
             uri: parts.uri,
@@ -242,6 +240,23 @@ where
         return Ok((frozen, parts.extensions));
     }
     FrozenRequest::freeze(req, limit).await
+}
+
+/// Read a request's whole body under `limit` (checked from `Content-Length` and the size
+/// hint before reading, and while reading), keeping its head as it is. For callers that
+/// need the bytes but not a [`FrozenRequest`] (the server face never stores one).
+pub(crate) async fn collect_request<B>(
+    req: Request<B>,
+    limit: usize,
+) -> Result<(http::request::Parts, Bytes), Error>
+where
+    B: Body,
+    B::Error: Into<crate::BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    check_declared_length(&parts.headers, &body, limit)?;
+    let body = collect_limited(body, limit).await?;
+    Ok((parts, body))
 }
 
 /// The path and query a fingerprint covers (`/` when the URI has none).

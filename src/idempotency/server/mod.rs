@@ -25,7 +25,8 @@ use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAU
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
-use crate::frozen::{FrozenRequest, DEFAULT_BODY_LIMIT};
+use crate::fingerprint::Fingerprint;
+use crate::frozen::{collect_request, path_and_query, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed, HeaderKey};
 use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
@@ -762,11 +763,12 @@ where
         span.record("key", tracing::field::display(ledger_key.to_hex()));
     }
 
-    // Read, limit and fingerprint the body in one pass, before any lease is taken: a
-    // refused body leaves the key unused.
-    let (frozen, mut extensions) =
-        match FrozenRequest::freeze(Request::from_parts(parts, body), server.body_limit).await {
-            Ok(frozen) => frozen,
+    // Read and limit the body before any lease is taken: a refused body leaves the key
+    // unused. The head is kept as it came; the handler's request is assembled from it only
+    // when the handler is to run (never for a replay, a 409 or a 422).
+    let (mut parts, body) =
+        match collect_request(Request::from_parts(parts, body), server.body_limit).await {
+            Ok(collected) => collected,
             Err(err) if err.is_body_too_large() => {
                 outcome("body-too-large");
                 return Ok(problem::body_too_large(server.body_limit));
@@ -778,19 +780,17 @@ where
             }
         };
     // Handlers can pass the key on to their own downstream calls.
-    extensions.insert(key);
-    let request = frozen
-        .to_request_with(extensions)
-        .map(|_| RequestBody::buffered(frozen.body().clone()));
+    parts.extensions.insert(key);
+    let fingerprint = Fingerprint::of(&parts.method, path_and_query(&parts.uri), &body);
+    let request = move || Request::from_parts(parts, RequestBody::buffered(body));
 
-    let begin = server.ledger.request(ledger_key, frozen.fingerprint());
-    drop(frozen);
+    let begin = server.ledger.request(ledger_key, fingerprint);
     let answer = match server.ledger.begin(begin, server.busy).await {
         Ok(answer) => answer,
         Err(err) if server.fail_open => {
             outcome("fail-open");
             tracing::warn!(%err, "ledger unavailable; running the handler unprotected (fail-open)");
-            let mut response = call(inner, request).await?.map(ResponseBody::inner);
+            let mut response = call(inner, request()).await?.map(ResponseBody::inner);
             response.headers_mut().insert(
                 IDEMPOTENCY_FAIL_OPEN.clone(),
                 HeaderValue::from_static("true"),
@@ -806,13 +806,13 @@ where
     match answer {
         Begin::Acquired { token } => {
             outcome("executed");
-            execute(inner, server, ledger_key, token, request).await
+            execute(inner, server, ledger_key, token, request()).await
         }
         Begin::Resume { token, .. } => match server.in_doubt {
             InDoubtPolicy::RunAgain => {
                 outcome("executed-again");
                 tracing::info!("key in doubt; running the handler again (at least once)");
-                execute(inner, server, ledger_key, token, request).await
+                execute(inner, server, ledger_key, token, request()).await
             }
             InDoubtPolicy::OutcomeUnknown => {
                 outcome("outcome-unknown");

@@ -30,9 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{MatchedPath, Query, Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
-use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -80,7 +79,6 @@ pub fn app(store: impl IdempotencyStore, provider_latency: Duration) -> Router {
                 .map(|t| t.0.clone())
                 .unwrap_or_default()
         })
-        .route(route_template)
         .build()
         .expect("valid idempotency settings");
     let payments = Payments {
@@ -95,14 +93,6 @@ pub fn app(store: impl IdempotencyStore, provider_latency: Duration) -> Router {
         // Added last, so it runs first: no tenant, no ledger access.
         .route_layer(middleware::from_fn(authenticate))
         .with_state(payments)
-}
-
-/// `/charges`, not `/charges/ch_1`: the route, not the concrete path, names the endpoint.
-fn route_template(parts: &Parts) -> String {
-    match parts.extensions.get::<MatchedPath>() {
-        Some(route) => route.as_str().to_owned(),
-        None => parts.uri.path().to_owned(),
-    }
 }
 
 async fn authenticate(mut req: Request, next: Next) -> Response {

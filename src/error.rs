@@ -94,6 +94,15 @@ impl Error {
         Self::new(Kind::Inner { phase }, Some(source))
     }
 
+    /// This error, knowing that an earlier attempt of the same call may have been sent as
+    /// far as `earlier`: "may have been sent" is sticky across attempts.
+    pub(crate) fn after_earlier_attempts(mut self, earlier: FailurePhase) -> Self {
+        if let Kind::Inner { phase } = &mut self.inner.kind {
+            *phase = phase.strongest(earlier);
+        }
+        self
+    }
+
     pub(crate) fn attempt_timeout() -> Self {
         Self::new(Kind::AttemptTimeout, None)
     }
@@ -146,6 +155,27 @@ impl Error {
     /// request is sent, nothing was sent: the layer fails closed.
     pub fn is_store(&self) -> bool {
         matches!(self.inner.kind, Kind::Store)
+    }
+
+    /// The ledger refused the operation because its memory budget is full of records it
+    /// must keep (see [`StoreError::is_full`]). Nothing was sent; retry later, or give the
+    /// store a larger budget.
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn should_shed_load(err: &Error) -> bool {
+    ///     err.is_ledger_full()
+    /// }
+    /// # let _ = should_shed_load;
+    /// ```
+    pub fn is_ledger_full(&self) -> bool {
+        matches!(self.inner.kind, Kind::Store)
+            && self
+                .inner
+                .source
+                .as_ref()
+                .and_then(|source| source.downcast_ref::<StoreError>())
+                .is_some_and(StoreError::is_full)
     }
 
     /// The inner service failed; see [`Error::phase`] for whether the request may have left.

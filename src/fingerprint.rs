@@ -3,9 +3,15 @@
 //! ```text
 //! fingerprint = SHA-256( "tower-idempotency/fingerprint/v1"
 //!                        || u64_be(len(method)) || method
-//!                        || u64_be(len(path_and_query)) || path_and_query
+//!                        || u64_be(len(target)) || target
 //!                        || body )
 //! ```
+//!
+//! `target` is the request target as the client sent it: `scheme://authority/path?query`
+//! for an absolute URI (what a client sends through the layers), the path and query alone
+//! for an origin-form one (what a server receives). So one key reused against another host,
+//! another resource or another method is a different fingerprint: a drift, never a replay
+//! of the other request's outcome.
 //!
 //! The body comes last and is hashed as it streams in, so a request's bytes are read once
 //! and hashed once. Headers are left out on purpose: they carry the idempotency key itself,
@@ -30,16 +36,16 @@ use crate::key::{hex, update_length_prefixed};
 
 const FINGERPRINT_TAG: &[u8] = b"tower-idempotency/fingerprint/v1";
 
-/// SHA-256 over a request's method, path-and-query and raw body bytes.
+/// SHA-256 over a request's method, target and raw body bytes.
 ///
 /// See the [module docs](crate::fingerprint) for the exact encoding.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
-    /// The fingerprint of a whole request.
-    pub fn of(method: &Method, path_and_query: &str, body: &[u8]) -> Self {
-        let mut hasher = FingerprintHasher::new(method, path_and_query);
+    /// The fingerprint of a whole request; `target` as in the [module docs](crate::fingerprint).
+    pub fn of(method: &Method, target: &str, body: &[u8]) -> Self {
+        let mut hasher = FingerprintHasher::new(method, &[target]);
         hasher.update(body);
         hasher.finish()
     }
@@ -78,16 +84,43 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// The fingerprint of a request to `uri`, hashing its target in pieces.
+    pub(crate) fn of_request(method: &Method, uri: &http::Uri, body: &[u8]) -> Self {
+        let mut hasher = FingerprintHasher::for_target(method, uri);
+        hasher.update(body);
+        hasher.finish()
+    }
+}
+
 /// Incremental fingerprinting: the head first, then body chunks as they arrive.
 pub(crate) struct FingerprintHasher(Sha256);
 
 impl FingerprintHasher {
-    pub(crate) fn new(method: &Method, path_and_query: &str) -> Self {
+    /// Start with the method and the target, given in pieces that are hashed as if joined
+    /// (so an absolute URI need not be formatted into a new string first).
+    pub(crate) fn new(method: &Method, target: &[&str]) -> Self {
         let mut hasher = Sha256::new();
         hasher.update(FINGERPRINT_TAG);
         update_length_prefixed(&mut hasher, method.as_str().as_bytes());
-        update_length_prefixed(&mut hasher, path_and_query.as_bytes());
+        let len: usize = target.iter().map(|piece| piece.len()).sum();
+        hasher.update((len as u64).to_be_bytes());
+        for piece in target {
+            hasher.update(piece.as_bytes());
+        }
         Self(hasher)
+    }
+
+    /// Start with the method and `uri` as the client sent it: absolute when it has a scheme
+    /// and an authority, else its path and query.
+    pub(crate) fn for_target(method: &Method, uri: &http::Uri) -> Self {
+        let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        match (uri.scheme_str(), uri.authority()) {
+            (Some(scheme), Some(authority)) => {
+                Self::new(method, &[scheme, "://", authority.as_str(), path])
+            }
+            _ => Self::new(method, &[path]),
+        }
     }
 
     pub(crate) fn update(&mut self, chunk: &[u8]) {
@@ -105,7 +138,7 @@ mod tests {
 
     #[test]
     fn streaming_equals_one_shot() {
-        let mut hasher = FingerprintHasher::new(&Method::POST, "/a?b=c");
+        let mut hasher = FingerprintHasher::new(&Method::POST, &["/a?b=c"]);
         hasher.update(b"hello ");
         hasher.update(b"world");
         assert_eq!(

@@ -46,7 +46,7 @@ use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 
-use crate::fingerprint::{Fingerprint, FingerprintHasher};
+use crate::fingerprint::Fingerprint;
 use crate::Error;
 
 /// The default limit on a request body that may be frozen: 1 MiB.
@@ -169,9 +169,7 @@ impl FrozenRequest {
     pub fn fingerprint(&self) -> Fingerprint {
         *self.0.fingerprint.get_or_init(|| {
             let frozen = &*self.0;
-            let mut hasher = FingerprintHasher::new(&frozen.method, path_and_query(&frozen.uri));
-            hasher.update(&frozen.body);
-            hasher.finish()
+            Fingerprint::of_request(&frozen.method, &frozen.uri, &frozen.body)
         })
     }
 
@@ -214,19 +212,55 @@ pub(crate) fn headers_weight(headers: &HeaderMap) -> usize {
             .sum::<usize>()
 }
 
-/// Marks a request the [`IdempotencyLayer`](crate::IdempotencyLayer) already froze, so
-/// the [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside it reuses those bytes and that
-/// fingerprint instead of collecting and hashing the body a second time.
+/// What the client [`IdempotencyLayer`](crate::IdempotencyLayer) leaves in a request's
+/// extensions for the [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside it, and what the
+/// retry layer tells it back.
+///
+/// The retry layer sends what it is handed (a layer in between may have added a header);
+/// when it is handed the very bytes the idempotency layer froze, it reuses their fingerprint
+/// instead of hashing them again. Every attempt that may have left is reported here, so
+/// "may have been sent" survives later attempts that were refused before writing.
 #[derive(Clone, Debug)]
-pub(crate) struct AlreadyFrozen(pub(crate) FrozenRequest);
+pub(crate) struct Handoff(Arc<HandoffState>);
 
-/// Tells the [`FrozenRetryLayer`](crate::FrozenRetryLayer) that the server ignores
-/// `Idempotency-Key`: a keyed side effect is then no safer to resend than an unkeyed one.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct NoResendAfterWrite;
+#[derive(Debug)]
+struct HandoffState {
+    frozen: FrozenRequest,
+    /// The server ignores `Idempotency-Key`: a keyed side effect is then no safer to resend
+    /// than an unkeyed one.
+    key_ignored: bool,
+    sent: std::sync::atomic::AtomicBool,
+}
 
-/// Freeze `req`, or take the frozen request an outer layer left in its extensions.
-pub(crate) async fn freeze_or_reuse<B>(
+impl Handoff {
+    pub(crate) fn new(frozen: FrozenRequest, key_ignored: bool) -> Self {
+        Self(Arc::new(HandoffState {
+            frozen,
+            key_ignored,
+            sent: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    pub(crate) fn key_ignored(&self) -> bool {
+        self.0.key_ignored
+    }
+
+    /// An attempt of this operation may have reached the server.
+    pub(crate) fn attempt_may_have_left(&self) {
+        self.0
+            .sent
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether any attempt so far may have reached the server.
+    pub(crate) fn may_have_been_sent(&self) -> bool {
+        self.0.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Freeze the request the retry layer was handed, reusing the fingerprint an outer
+/// idempotency layer computed when the bytes are the ones it froze.
+pub(crate) async fn freeze_handed<B>(
     req: Request<B>,
     limit: usize,
 ) -> Result<(FrozenRequest, Extensions), Error>
@@ -234,12 +268,27 @@ where
     B: Body,
     B::Error: Into<crate::BoxError>,
 {
-    if let Some(AlreadyFrozen(frozen)) = req.extensions().get::<AlreadyFrozen>() {
-        let frozen = frozen.clone();
-        let (parts, _same_bytes) = req.into_parts();
-        return Ok((frozen, parts.extensions));
+    let (frozen, extensions) = FrozenRequest::freeze(req, limit).await?;
+    if let Some(handoff) = extensions.get::<Handoff>() {
+        frozen.reuse_fingerprint_of(&handoff.0.frozen);
     }
-    FrozenRequest::freeze(req, limit).await
+    Ok((frozen, extensions))
+}
+
+impl FrozenRequest {
+    /// Take `earlier`'s fingerprint when it covers exactly what this request says: the same
+    /// method and target, and the same body buffer (a single-chunk body is frozen without a
+    /// copy, so "the same buffer" is a pointer comparison, not a second pass over the bytes).
+    fn reuse_fingerprint_of(&self, earlier: &FrozenRequest) {
+        let (now, then) = (&*self.0, &*earlier.0);
+        let same = now.method == then.method
+            && now.uri == then.uri
+            && now.body.as_ptr() == then.body.as_ptr()
+            && now.body.len() == then.body.len();
+        if let (true, Some(fingerprint)) = (same, then.fingerprint.get()) {
+            let _ = now.fingerprint.set(*fingerprint);
+        }
+    }
 }
 
 /// Read a request's whole body under `limit` (checked from `Content-Length` and the size

@@ -84,7 +84,7 @@
 //!   `Idempotency-Key` header parser.
 //! - [`fingerprint`], [`frozen`]: what a request says, and its bytes captured once.
 //! - [`ledger`]: the [`IdempotencyStore`](ledger::IdempotencyStore) protocol,
-//!   [`MemoryStore`](ledger::MemoryStore) (moka) and, with feature `redis`, `RedisStore`.
+//!   [`MemoryStore`](ledger::MemoryStore) (in process, byte-budgeted) and, with feature `redis`, `RedisStore`.
 //! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine with a client face and a
 //!   server face.
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.

@@ -58,6 +58,25 @@ impl FailurePhase {
     }
 }
 
+impl FailurePhase {
+    /// The phase of a call whose attempts failed in `self` and `other`: once one attempt may
+    /// have been sent, the call may have been. `AfterWrite` beats `Unknown` beats `PreWrite`.
+    pub(crate) fn strongest(self, other: Self) -> Self {
+        fn rank(phase: FailurePhase) -> u8 {
+            match phase {
+                FailurePhase::PreWrite => 0,
+                FailurePhase::Unknown => 1,
+                FailurePhase::AfterWrite => 2,
+            }
+        }
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
 impl fmt::Display for FailurePhase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

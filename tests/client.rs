@@ -507,6 +507,9 @@ impl IdempotencyStore for DownStore {
     fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
         Box::pin(async { Err(StoreError::unavailable("connection refused")) })
     }
+    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+    }
 }
 
 #[tokio::test]
@@ -597,7 +600,7 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
 }
 
 #[test]
-fn the_builder_refuses_ttls_shorter_than_the_retry_window() {
+fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
     let short_retention = IdempotencyLayer::client_builder(MemoryStore::new())
         .retry_window(Duration::from_secs(30))
         .lease(Duration::from_secs(60))
@@ -607,11 +610,33 @@ fn the_builder_refuses_ttls_shorter_than_the_retry_window() {
         .unwrap_err()
         .to_string()
         .contains("retention"));
-    let short_lease = IdempotencyLayer::client_builder(MemoryStore::new())
+    // A lease shorter than the retry window is fine: a live owner renews it.
+    IdempotencyLayer::client_builder(MemoryStore::new())
         .retry_window(Duration::from_secs(30))
-        .lease(Duration::from_secs(30))
+        .lease(Duration::from_secs(5))
+        .build()
+        .expect("short leases are renewed");
+    let short_protection = IdempotencyLayer::client_builder(MemoryStore::new())
+        .retry_window(Duration::from_secs(30))
+        .lease(Duration::from_secs(5))
+        .protected_window(Duration::from_secs(20))
         .build();
-    assert!(short_lease.unwrap_err().to_string().contains("lease"));
+    assert!(short_protection
+        .unwrap_err()
+        .to_string()
+        .contains("protected window"));
+    let policy = tower_idempotency::retry::RetryPolicy::builder()
+        .max_elapsed(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let from_policy = IdempotencyLayer::client_builder(MemoryStore::new())
+        .retry_policy(&policy)
+        .retention(Duration::from_secs(300))
+        .build();
+    assert!(
+        from_policy.unwrap_err().to_string().contains("retention"),
+        "the real policy's window is checked"
+    );
 }
 
 /// A body that counts the frames read out of it.

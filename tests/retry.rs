@@ -640,22 +640,44 @@ async fn retry_after_http_date_delays_the_next_attempt_until_that_date() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_zero_retries_immediately() {
-    let upstream = Upstream::scripted([Step::RetryAfter(503, "0")], Step::Status(200));
-    let res = upstream.behind(unbudgeted()).oneshot(get()).await.unwrap();
-    assert_eq!(attempts_of(&res), 2);
-    assert_eq!(upstream.gaps(), [Duration::ZERO]);
+async fn retry_after_zero_or_in_the_past_never_shortens_the_backoff() {
+    // `Retry-After` may lengthen a pause, never shorten it: `0` and a past date fall back to
+    // the full-jitter backoff (uniform in [0, 100 ms] for the first retry), over many runs.
+    for asked in ["0", "Wed, 21 Oct 2015 07:28:00 GMT"] {
+        let mut total = Duration::ZERO;
+        for _ in 0..20 {
+            let upstream = Upstream::scripted([Step::RetryAfter(503, asked)], Step::Status(200));
+            let res = upstream.behind(unbudgeted()).oneshot(get()).await.unwrap();
+            assert_eq!(attempts_of(&res), 2);
+            let gap = upstream.gaps()[0];
+            assert!(gap <= Duration::from_millis(101), "{asked}: {gap:?}");
+            total += gap;
+        }
+        assert!(
+            total > Duration::from_millis(100),
+            "{asked}: 20 retries in {total:?} is a burst, not a backoff"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_in_the_past_retries_immediately() {
-    let upstream = Upstream::scripted(
-        [Step::RetryAfter(503, "Wed, 21 Oct 2015 07:28:00 GMT")],
-        Step::Status(200),
+async fn five_attempts_answered_retry_after_zero_do_not_happen_at_once() {
+    let upstream = Upstream::always(Step::RetryAfter(503, "0"));
+    let policy = RetryPolicy::builder()
+        .max_attempts(5)
+        .no_budget()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let res = upstream.behind(policy).oneshot(get()).await.unwrap();
+    assert_eq!(attempts_of(&res), 5);
+    // Four full-jitter pauses under ceilings of 100, 200, 400 and 800 ms: together under
+    // 10 ms about once in a billion runs.
+    assert!(
+        start.elapsed() > Duration::from_millis(10),
+        "{:?}",
+        start.elapsed()
     );
-    let res = upstream.behind(unbudgeted()).oneshot(get()).await.unwrap();
-    assert_eq!(attempts_of(&res), 2);
-    assert_eq!(upstream.gaps(), [Duration::ZERO]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1113,15 +1135,16 @@ async fn no_attempt_starts_past_max_elapsed() {
 
 #[tokio::test(start_paused = true)]
 async fn max_elapsed_stops_retrying_when_slow_attempts_use_up_the_window() {
-    // Each attempt takes 100 ms and asks to be retried at once: attempts start at 0, 100 and
-    // 200 ms; the fourth would start at 300 ms, past the 250 ms deadline.
+    // Each attempt takes 100 ms and the backoff is a millisecond at most: attempts start at
+    // about 0, 100 and 200 ms; the fourth would start after 300 ms, past the 250 ms deadline.
     let upstream = Upstream::always(Step::Slow(
         Duration::from_millis(100),
-        Box::new(Step::RetryAfter(503, "0")),
+        Box::new(Step::Status(503)),
     ));
     let policy = RetryPolicy::builder()
         .max_attempts(5)
         .max_elapsed(Duration::from_millis(250))
+        .backoff(Duration::from_micros(500), Duration::from_micros(500))
         .no_budget()
         .build()
         .unwrap();
@@ -1130,11 +1153,13 @@ async fn max_elapsed_stops_retrying_when_slow_attempts_use_up_the_window() {
     assert_eq!(res.status(), 503);
     assert_eq!(attempts_of(&res), 3);
     let starts: Vec<_> = upstream.seen().iter().map(|s| s.at - start).collect();
-    assert_eq!(
-        starts,
-        [0, 100, 200].map(Duration::from_millis),
-        "attempt start times"
-    );
+    for (start, expected) in starts.iter().zip([0, 100, 200]) {
+        let expected = Duration::from_millis(expected);
+        assert!(
+            *start >= expected && *start <= expected + Duration::from_millis(3),
+            "attempt start times {starts:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

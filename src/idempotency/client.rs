@@ -20,11 +20,11 @@ use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAU
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
 use crate::error::{ConfigError, Drift};
-use crate::frozen::{AlreadyFrozen, FrozenRequest, NoResendAfterWrite, DEFAULT_BODY_LIMIT};
+use crate::frozen::{FrozenRequest, Handoff, DEFAULT_BODY_LIMIT};
 use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
 use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::phase::{classify, ClassifyPhase, FailurePhase};
-use crate::retry::{is_retryable_status, DEFAULT_MAX_ELAPSED};
+use crate::retry::{is_in_progress_answer, is_retryable_status, RetryPolicy, DEFAULT_MAX_ELAPSED};
 use crate::{BoxError, Error};
 
 /// The default cap on a recorded response: 1 MiB.
@@ -71,9 +71,10 @@ impl fmt::Debug for dyn ClassifyPhase {
 /// |---|---|
 /// | scope (mixed into every key) | `""` |
 /// | key required on side effects | no: keyless calls pass through |
-/// | lease | 60 s |
+/// | lease (renewed by a live owner) | 10 s |
 /// | retention | 24 h |
-/// | retry window checked against | 30 s (the default retry policy's max elapsed) |
+/// | retry window checked against | 30 s (the default retry policy's); see [`retry_policy`](ClientBuilder::retry_policy) |
+/// | protected window (never evicted) | retry window + lease |
 /// | busy operation | wait up to 30 s, then a busy error |
 /// | payload drift | [`DriftPolicy::Reject`] |
 /// | request body limit | 1 MiB |
@@ -102,6 +103,7 @@ pub struct ClientBuilder {
     lease: Duration,
     retention: Duration,
     retry_window: Duration,
+    protected: Option<Duration>,
     drift: DriftPolicy,
     busy: BusyPolicy,
     body_limit: usize,
@@ -120,6 +122,7 @@ impl ClientBuilder {
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
             retry_window: DEFAULT_MAX_ELAPSED,
+            protected: None,
             drift: DriftPolicy::Reject,
             busy: BusyPolicy::Wait(Duration::from_secs(30)),
             body_limit: DEFAULT_BODY_LIMIT,
@@ -145,8 +148,10 @@ impl ClientBuilder {
         self
     }
 
-    /// How long one owner may hold an operation in flight (default 60 s). Must outlast the
-    /// owner's longest attempt including its retries; after it, the operation is in doubt.
+    /// How long an owner may hold an operation in flight without renewing it (default
+    /// 10 s). A live owner renews its lease every third of it while an attempt is under way,
+    /// so the lease never has to cover a slow call: it is how soon after an owner **died**
+    /// (a crashed orchestrator) the next run of the operation may resume it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -160,10 +165,40 @@ impl ClientBuilder {
     }
 
     /// The longest retry window of the stack inside (default 30 s, the default
-    /// [`RetryPolicy`](crate::retry::RetryPolicy)'s max elapsed); the builder checks the
-    /// lease and retention against it.
+    /// [`RetryPolicy`]'s); prefer [`retry_policy`](Self::retry_policy), which reads it off
+    /// the policy you stack. The builder checks the retention against it, and it sets the
+    /// default protected window.
     pub fn retry_window(mut self, window: Duration) -> Self {
         self.retry_window = window;
+        self
+    }
+
+    /// Take the retry window from the policy of the
+    /// [`FrozenRetryLayer`](crate::FrozenRetryLayer) stacked inside: its maximum elapsed
+    /// time plus one per-attempt timeout (the last attempt may start at the deadline).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer};
+    ///
+    /// let policy = RetryPolicy::builder().max_elapsed(Duration::from_secs(90)).build().unwrap();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .retry_policy(&policy)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn retry_policy(mut self, policy: &RetryPolicy) -> Self {
+        self.retry_window = policy.retry_window();
+        self
+    }
+
+    /// How long after its last transition a record is never evicted from a store with a
+    /// memory budget (default: the retry window plus the lease, at least). Inside it, a
+    /// full store refuses new operations rather than forget this one; past it, the record
+    /// may be evicted before its retention ends. Clamped to the retention.
+    pub fn protected_window(mut self, window: Duration) -> Self {
+        self.protected = Some(window);
         self
     }
 
@@ -221,21 +256,24 @@ impl ClientBuilder {
 
     /// Check the settings and build the layer.
     ///
-    /// Refuses a lease not longer than the retry window (a second caller would take over an
-    /// operation whose owner is still retrying) and a retention shorter than the retry
-    /// window plus the lease (a record would vanish while its operation can still retry).
+    /// Refuses a zero lease, a retention shorter than the retry window plus the lease (a
+    /// record would vanish while its operation can still retry) and a protected window
+    /// shorter than that (a full store could evict an operation still being retried).
     pub fn build(self) -> Result<IdempotencyLayer<Client>, ConfigError> {
-        if self.lease <= self.retry_window {
-            return Err(ConfigError::new(format!(
-                "the lease ({:?}) must be longer than the retry window ({:?})",
-                self.lease, self.retry_window
-            )));
+        let must_keep = self.retry_window + self.lease;
+        if self.lease.is_zero() {
+            return Err(ConfigError::new("the lease must be longer than zero"));
         }
-        if self.retention < self.retry_window + self.lease {
+        if self.retention < must_keep {
             return Err(ConfigError::new(format!(
                 "the retention ({:?}) must be at least the retry window plus the lease ({:?})",
-                self.retention,
-                self.retry_window + self.lease
+                self.retention, must_keep
+            )));
+        }
+        let protected = self.protected.unwrap_or(must_keep);
+        if protected < must_keep {
+            return Err(ConfigError::new(format!(
+                "the protected window ({protected:?}) must be at least the retry window plus the lease ({must_keep:?})"
             )));
         }
         let client = Client {
@@ -243,6 +281,7 @@ impl ClientBuilder {
                 store: self.store,
                 lease: self.lease,
                 retention: self.retention,
+                protected: protected.min(self.retention),
             },
             scope: self.scope,
             require_key: self.require_key,
@@ -337,9 +376,21 @@ fn into_error(error: BoxError, phase: FailurePhase) -> Error {
 }
 
 /// Which ledger record a request belongs to, setting the header a derived key travels in.
+///
+/// A caller's own `Idempotency-Key` names an operation **at its target**: the same key sent
+/// to two hosts is two operations, and one's record never answers the other. An
+/// [`OperationId`] names one operation, wherever it is sent: sent to another target (or
+/// with another method, path or body) it is a drift, never a replay of the first target's
+/// answer, since the fingerprint covers the whole target.
 fn identify<B>(client: &Client, req: &mut Request<B>) -> Result<Option<LedgerKey>, Error> {
     if let Some(key) = HeaderKey::from_headers(req.headers()).map_err(Error::from_invalid_key)? {
-        return Ok(Some(LedgerKey::client_header(&client.scope, key.as_str())));
+        let uri = req.uri();
+        return Ok(Some(LedgerKey::client_header(
+            &client.scope,
+            uri.scheme_str().unwrap_or(""),
+            uri.authority().map_or("", |a| a.as_str()),
+            key.as_str(),
+        )));
     }
     if let Some(op) = req.extensions().get::<OperationId>() {
         let key = op.key(&client.scope);
@@ -379,10 +430,14 @@ where
     if !span.is_disabled() {
         span.record("key", tracing::field::display(key.to_hex()));
     }
-    let begin = client
+    let mut begin = client
         .ledger
         .request(key, frozen.fingerprint())
         .with_frozen(frozen.clone());
+    if !client.provider_deduplicates {
+        // The server would run an in-doubt operation again: only ever look at one.
+        begin = begin.probe();
+    }
     let answer = match client.ledger.begin(begin, client.busy).await {
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
@@ -391,25 +446,29 @@ where
         }
         Err(err) => return Err(Error::store(err)),
     };
+    // What this operation sends if it is to be sent: the bytes first frozen, once the
+    // ledger has shown them to us, never the request just handed in.
+    let mut to_send = frozen.clone();
     let answer = match answer {
         Begin::Drift {
             stored,
-            frozen: original,
-        } => match (client.drift, original) {
-            (DriftPolicy::ResendFrozen, Some(original)) => {
-                tracing::info!(key = %key.to_hex(), "payload drift; continuing with the bytes first frozen");
-                let begin = client
-                    .ledger
-                    .request(key, stored)
-                    .with_frozen(original.clone());
-                client
-                    .ledger
-                    .begin(begin, client.busy)
-                    .await
-                    .map_err(Error::store)?
+            frozen: Some(original),
+        } if client.drift == DriftPolicy::ResendFrozen => {
+            tracing::info!(key = %key.to_hex(), "payload drift; continuing with the bytes first frozen");
+            let mut begin = client
+                .ledger
+                .request(key, stored)
+                .with_frozen(original.clone());
+            if !client.provider_deduplicates {
+                begin = begin.probe();
             }
-            (_, original) => return Err(drift_error(stored, original.as_ref(), &frozen)),
-        },
+            to_send = original;
+            client
+                .ledger
+                .begin(begin, client.busy)
+                .await
+                .map_err(Error::store)?
+        }
         other => other,
     };
     match answer {
@@ -419,18 +478,14 @@ where
                 &client,
                 key,
                 token,
-                &frozen,
+                &to_send,
                 extensions,
                 ResponseSource::Sent,
             )
             .await
         }
-        Begin::Resume { token, .. } if !client.provider_deduplicates => {
-            // The server would run it again: leave it in doubt for someone to reconcile.
-            let lease = client.ledger.hold(key, token, OnDrop::MarkInDoubt);
-            if let Err(err) = lease.mark_in_doubt().await {
-                tracing::warn!(%err, "could not return the operation to doubt");
-            }
+        Begin::InDoubt => {
+            // The server would run it again: leave it in doubt, untouched, to reconcile.
             Err(Error::in_doubt())
         }
         Begin::Resume {
@@ -438,7 +493,7 @@ where
             frozen: stored,
         } => {
             // Resend what was first frozen, never the request just handed to us.
-            let original = stored.unwrap_or(frozen);
+            let original = stored.unwrap_or(to_send);
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
             send(
                 inner,
@@ -457,6 +512,9 @@ where
             stored,
             frozen: original,
         } => Err(drift_error(stored, original.as_ref(), &frozen)),
+        // Answers added later are not understood by this release: send nothing.
+        #[allow(unreachable_patterns)]
+        _ => Err(Error::in_doubt()),
     }
 }
 
@@ -495,13 +553,12 @@ async fn pass_through<S, ResBody>(
     inner: S,
     client: &Client,
     frozen: &FrozenRequest,
-    mut extensions: Extensions,
+    extensions: Extensions,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
 {
-    extensions.insert(AlreadyFrozen(frozen.clone()));
     let response = call_inner(inner, frozen.to_request_with(extensions))
         .await
         .map_err(|error| {
@@ -541,15 +598,16 @@ where
     // Dropped before settling (the caller gave up), the guard marks the record in doubt:
     // the request may already be on the wire.
     let lease = client.ledger.hold(key, token, OnDrop::MarkInDoubt);
-    extensions.insert(AlreadyFrozen(frozen.clone()));
-    if !client.provider_deduplicates {
-        extensions.insert(NoResendAfterWrite);
-    }
-    match call_inner(inner, frozen.to_request_with(extensions)).await {
+    let handoff = Handoff::new(frozen.clone(), !client.provider_deduplicates);
+    extensions.insert(handoff.clone());
+    let call = call_inner(inner, frozen.to_request_with(extensions));
+    match lease.renewing(call).await {
         Ok(response) => settle_response(client, lease, response, source).await,
         Err(error) => {
             let phase = classify(&*error, client.phase_classifier.as_deref());
-            let settled = if phase.may_have_been_sent() {
+            // Sticky: an earlier attempt inside (reported by the retry layer) may have left
+            // even when the last one was refused before writing.
+            let settled = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
                 lease.mark_in_doubt().await
             } else {
                 lease.abandon().await
@@ -576,7 +634,9 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let status = response.status();
-    if is_retryable_status(status) || status == http::StatusCode::CONFLICT {
+    // Only answers that mean "come back later" leave the operation open; any other
+    // answer, a business `409` ("already exists") included, is its final outcome.
+    if is_retryable_status(status) || is_in_progress_answer(status, response.headers()) {
         if let Err(err) = lease.mark_in_doubt().await {
             tracing::warn!(%err, "could not mark the operation in doubt");
         }
@@ -586,7 +646,8 @@ where
     }
     let (mut parts, body) = response.into_parts();
     parts.extensions.insert(source);
-    let buffered = buffer_up_to(body, client.response_limit)
+    let buffered = lease
+        .renewing(buffer_up_to(body, client.response_limit))
         .await
         .map_err(Into::<BoxError>::into);
     let buffered = match buffered {

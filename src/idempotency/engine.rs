@@ -1,6 +1,8 @@
-//! The ledger engine both faces of the layer share: claiming, waiting, and settling a lease.
+//! The ledger engine both faces of the layer share: claiming, waiting, holding and settling
+//! a lease.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,8 +12,10 @@ use crate::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
 };
 
-/// The default lease: how long one owner may hold an operation in flight.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The default lease: how long an owner may hold an operation in flight without renewing
+/// it. Live owners renew (every third of the lease), so the lease only bounds how long a
+/// **dead** owner's operation stays busy before the next caller may resume it.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// The default retention of ledger records.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -19,6 +23,15 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 /// [`MAX_BUSY_POLL`]. Stores are not asked to notify waiters, so any store works.
 const FIRST_BUSY_POLL: Duration = Duration::from_millis(5);
 const MAX_BUSY_POLL: Duration = Duration::from_millis(250);
+
+/// How often a store call whose answer was lost (a timeout, a dropped connection) is asked
+/// again, and the first pause between two tries (doubling, capped at [`MAX_STORE_RETRY`]).
+const BEGIN_TRIES: u32 = 3;
+const FIRST_STORE_RETRY: Duration = Duration::from_millis(25);
+const MAX_STORE_RETRY: Duration = Duration::from_secs(1);
+/// How long a claim nobody will use (its `begin` reply was lost) is retried in the background
+/// before it is left to read as in doubt.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(10 * 60);
 
 /// What to do when another caller holds the operation in flight.
 ///
@@ -39,12 +52,14 @@ pub enum BusyPolicy {
     Fail,
 }
 
-/// The store and the two TTLs, shared by every request of a layer.
+/// The store and its timings, shared by every request of a layer.
 #[derive(Clone)]
 pub(crate) struct Ledger {
     pub(crate) store: Arc<dyn IdempotencyStore>,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
+    /// How long after its last transition a record must never be evicted.
+    pub(crate) protected: Duration,
 }
 
 impl fmt::Debug for Ledger {
@@ -53,13 +68,20 @@ impl fmt::Debug for Ledger {
             .field("store", &self.store)
             .field("lease", &self.lease)
             .field("retention", &self.retention)
+            .field("protected", &self.protected)
             .finish()
     }
+}
+
+/// A store error after which the store may or may not have applied the call.
+fn is_ambiguous(err: &StoreError) -> bool {
+    err.is_timeout() || err.is_unavailable()
 }
 
 impl Ledger {
     pub(crate) fn request(&self, key: LedgerKey, fingerprint: crate::Fingerprint) -> BeginRequest {
         BeginRequest::new(key, fingerprint, self.lease, self.retention)
+            .with_protected_window(self.protected)
     }
 
     /// `begin`, waiting per `busy` while another owner holds the operation.
@@ -74,7 +96,7 @@ impl Ledger {
         };
         let mut pause = FIRST_BUSY_POLL;
         loop {
-            let answer = self.store.begin(request.clone()).await?;
+            let answer = self.begin_once(&request).await?;
             let Begin::Busy { retry_after } = answer else {
                 return Ok(answer);
             };
@@ -91,6 +113,50 @@ impl Ledger {
         }
     }
 
+    /// One `begin`, asked again (same token) when its answer was lost: the store recognises
+    /// a claim it already made for this token and answers it again. If no answer comes, the
+    /// claim it may have made is released in the background, so the key does not stay
+    /// claimed by nobody once the store is back.
+    async fn begin_once(&self, request: &BeginRequest) -> Result<Begin, StoreError> {
+        let mut pause = FIRST_STORE_RETRY;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.store.begin(request.clone()).await {
+                Ok(answer) => return Ok(answer),
+                Err(err) if is_ambiguous(&err) && tries < BEGIN_TRIES => {
+                    tracing::debug!(%err, tries, "begin failed; asking again with the same token");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_STORE_RETRY);
+                }
+                Err(err) => {
+                    if is_ambiguous(&err) {
+                        self.release_unused(request.key, request.token);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    /// Release, in the background, a claim that may have been made under `token` but will
+    /// not be used: nothing was sent under it. A claim that resumed an in-doubt operation
+    /// goes back to doubt (the store's `abandon` never releases one that may have been sent).
+    fn release_unused(&self, key: LedgerKey, token: LeaseToken) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let ledger = self.clone();
+        runtime.spawn(async move {
+            let deadline = Instant::now() + RELEASE_PATIENCE;
+            if let Err(err) = ledger.apply(key, token, &Settle::Abandon, deadline).await {
+                if !err.is_fenced() {
+                    tracing::warn!(%err, "could not release an unused claim; it will read as in doubt");
+                }
+            }
+        });
+    }
+
     /// Hold the lease of `key` under `token`; settle it with the guard's methods.
     pub(crate) fn hold(&self, key: LedgerKey, token: LeaseToken, on_drop: OnDrop) -> LeaseGuard {
         LeaseGuard {
@@ -98,62 +164,151 @@ impl Ledger {
             key,
             token,
             on_drop,
-            settled: false,
+            pending: None,
+            done: false,
+        }
+    }
+
+    /// Apply `settle` under `token`, asking again while the store's answer is lost or the
+    /// store is away, until `deadline`. A `fenced` answer after a lost one most likely means
+    /// the lost one applied (the record left our hands through our own write).
+    async fn apply(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        settle: &Settle,
+        deadline: Instant,
+    ) -> Result<(), StoreError> {
+        let mut pause = FIRST_STORE_RETRY;
+        let mut lost_one = false;
+        loop {
+            let result = match settle {
+                Settle::Complete(outcome) => {
+                    self.store
+                        .complete(key, token, outcome.clone(), self.retention)
+                        .await
+                }
+                Settle::Abandon => self.store.abandon(key, token).await,
+                Settle::MarkInDoubt => self.store.mark_in_doubt(key, token, self.retention).await,
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(err) if err.is_fenced() && lost_one => {
+                    tracing::debug!(
+                        ?settle,
+                        "fenced after a lost answer: the earlier call applied"
+                    );
+                    return Ok(());
+                }
+                Err(err) if is_ambiguous(&err) && Instant::now() + pause < deadline => {
+                    lost_one = true;
+                    tracing::debug!(%err, ?settle, "settling failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_STORE_RETRY);
+                }
+                Err(err) => return Err(err),
+            }
         }
     }
 }
 
-/// What a [`LeaseGuard`] does when it is dropped unsettled: the request future was dropped
-/// (the caller went away) or a panic unwound through it.
+/// What a [`LeaseGuard`] does when it is dropped before settling: the request future was
+/// dropped (the caller went away) or a panic unwound through it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OnDrop {
     /// The request may have been sent: the record goes in doubt at once, rather than
     /// waiting out the lease.
     MarkInDoubt,
-    /// The work is known not to have taken effect: release the key.
-    #[allow(dead_code)] // the server face releases keys of handlers that never started
-    Abandon,
 }
 
-/// An owned lease. Settle it with exactly one of `complete`, `abandon`, `mark_in_doubt`;
-/// dropped unsettled, it settles itself per its [`OnDrop`] in a background task, so a
-/// cancelled or panicking request never leaves its key in flight until the lease runs out.
+/// How a lease is settled.
+#[derive(Clone, Debug)]
+enum Settle {
+    Complete(Outcome),
+    Abandon,
+    MarkInDoubt,
+}
+
+/// An owned lease. Settle it with exactly one of `complete`, `abandon`, `mark_in_doubt`.
+///
+/// A settle is finished even if its caller is dropped halfway through the store call: the
+/// guard keeps what it was asked to do and completes it in a background task. Dropped
+/// before any settle, it applies its [`OnDrop`] the same way, so a cancelled or panicking
+/// request never leaves its key in flight until the lease runs out.
 pub(crate) struct LeaseGuard {
     ledger: Ledger,
     key: LedgerKey,
     token: LeaseToken,
     on_drop: OnDrop,
-    settled: bool,
+    /// The settle under way, if any: what a drop must finish.
+    pending: Option<Settle>,
+    done: bool,
 }
 
 impl LeaseGuard {
-    pub(crate) async fn complete(mut self, outcome: Outcome) -> Result<(), StoreError> {
-        self.settled = true;
-        let ledger = &self.ledger;
-        ledger
-            .store
-            .complete(self.key, self.token, outcome, ledger.retention)
-            .await
+    /// Record `outcome`, retrying a lost write inside the lease.
+    pub(crate) async fn complete(self, outcome: Outcome) -> Result<(), StoreError> {
+        self.settle(Settle::Complete(outcome)).await
     }
 
-    pub(crate) async fn abandon(mut self) -> Result<(), StoreError> {
-        self.settled = true;
-        self.ledger.store.abandon(self.key, self.token).await
+    /// Release the operation: nothing of it was sent.
+    pub(crate) async fn abandon(self) -> Result<(), StoreError> {
+        self.settle(Settle::Abandon).await
     }
 
-    pub(crate) async fn mark_in_doubt(mut self) -> Result<(), StoreError> {
-        self.settled = true;
-        let ledger = &self.ledger;
-        ledger
-            .store
-            .mark_in_doubt(self.key, self.token, ledger.retention)
-            .await
+    /// Leave the operation in doubt: its bytes may have left.
+    pub(crate) async fn mark_in_doubt(self) -> Result<(), StoreError> {
+        self.settle(Settle::MarkInDoubt).await
+    }
+
+    async fn settle(mut self, settle: Settle) -> Result<(), StoreError> {
+        self.pending = Some(settle.clone());
+        // An owner holding the outcome keeps trying to record it for as long as its lease
+        // would last: a write lost to a store restart is retried, not given up at once.
+        let deadline = Instant::now() + self.ledger.lease;
+        let result = self
+            .ledger
+            .apply(self.key, self.token, &settle, deadline)
+            .await;
+        self.done = true;
+        result
+    }
+
+    /// Run `work` while keeping the lease alive: renewed every third of the lease, so a
+    /// slow but live owner is never taken for dead and overtaken.
+    pub(crate) async fn renewing<F: Future>(&self, work: F) -> F::Output {
+        tokio::select! {
+            biased;
+            output = work => output,
+            never = self.renew_forever() => match never {},
+        }
+    }
+
+    async fn renew_forever(&self) -> std::convert::Infallible {
+        let every = (self.ledger.lease / 3).max(Duration::from_millis(1));
+        loop {
+            tokio::time::sleep(every).await;
+            let renewed = self
+                .ledger
+                .store
+                .renew(self.key, self.token, self.ledger.lease)
+                .await;
+            match renewed {
+                Ok(()) => {}
+                Err(err) if err.is_fenced() => {
+                    // Taken over: our later writes will be refused, never applied.
+                    tracing::warn!("the lease was taken over while its owner was working");
+                    return std::future::pending().await;
+                }
+                Err(err) => tracing::warn!(%err, "could not renew the lease; trying again"),
+            }
+        }
     }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        if self.settled {
+        if self.done {
             return;
         }
         // Without a runtime (a runtime shutting down), the lease expiring is the fallback:
@@ -161,20 +316,14 @@ impl Drop for LeaseGuard {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, key, token, retention) = (
-            self.ledger.store.clone(),
-            self.key,
-            self.token,
-            self.ledger.retention,
-        );
-        let on_drop = self.on_drop;
+        let settle = self.pending.take().unwrap_or(match self.on_drop {
+            OnDrop::MarkInDoubt => Settle::MarkInDoubt,
+        });
+        let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
         runtime.spawn(async move {
-            let settled = match on_drop {
-                OnDrop::MarkInDoubt => store.mark_in_doubt(key, token, retention).await,
-                OnDrop::Abandon => store.abandon(key, token).await,
-            };
-            if let Err(err) = settled {
-                tracing::warn!(%err, ?on_drop, "could not settle an abandoned lease; it will expire");
+            let deadline = Instant::now() + ledger.lease;
+            if let Err(err) = ledger.apply(key, token, &settle, deadline).await {
+                tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
             }
         });
     }

@@ -108,6 +108,7 @@
 //!
 //! let charge_order_42 = || {
 //!     Request::post("/charges")
+//!         .header("authorization", "Bearer sk_live_alice") // keys are scoped by caller
 //!         .header("idempotency-key", "\"order-42\"")
 //!         .body(Body::from(r#"{"order_id":"order-42","amount_cents":1999}"#))
 //!         .unwrap()
@@ -236,7 +237,8 @@ pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use server::{
     problem, InDoubtPolicy, RequestBody, Server, ServerBuilder, ServerErrorPolicy, ServerFuture,
-    DEFAULT_REPLAY_HEADERS, IDEMPOTENCY_FAIL_OPEN, IDEMPOTENT_REPLAYED,
+    DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW, IDEMPOTENCY_FAIL_OPEN,
+    IDEMPOTENT_REPLAYED,
 };
 
 /// Where a response came from: a response extension set by the client

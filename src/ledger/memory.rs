@@ -1,14 +1,10 @@
-//! The in-process ledger: open operations in a sharded map, outcomes in `moka`.
+//! The in-process ledger: every record in a sharded map, under one byte budget.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use moka::future::Cache;
-use moka::policy::EvictionPolicy;
-use moka::Expiry;
-use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::{
@@ -21,43 +17,55 @@ use crate::frozen::FrozenRequest;
 /// The default byte budget of a [`MemoryStore`]: 64 MiB.
 const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Shards of the open-operation map: enough that unrelated keys rarely share a lock on a
-/// many-core machine, few enough to stay small.
+/// Shards of the record map: enough that unrelated keys rarely share a lock on a many-core
+/// machine, few enough to stay small.
 const SHARDS: usize = 64;
+
+/// What a record costs besides its own fields and the requests and responses it holds: the
+/// map's slot and control byte, the eviction index's node, allocator rounding.
+const PER_RECORD_OVERHEAD: u64 = 96;
+
+/// Kept free in every open record's weight, so that completing it can always fall back to
+/// a tombstone without needing a byte more than the claim already holds.
+const TOMBSTONE_RESERVE: u64 = 16;
 
 /// The embedded ledger, in this process.
 ///
-/// Records live in one of two places, by state:
+/// Every record — in flight, in doubt or completed — sits in one sharded map and counts
+/// against one byte budget, [`max_bytes`](MemoryStoreBuilder::max_bytes) (64 MiB by
+/// default): its key, its bookkeeping, its frozen request and its recorded response.
+/// [`weighted_size`](MemoryStore::weighted_size) is that count, exactly, at every moment.
 ///
-/// - **Open operations** (in flight or in doubt) sit in a sharded map and are **never
-///   evicted**: they are exactly the records whose loss would let a second caller send the
-///   same operation (an in-flight claim forgotten) or lose the bytes a resume must resend
-///   (an in-doubt record forgotten). They leave when they complete, when they are released
-///   after a pre-write failure, or when their retention ends.
-/// - **Completed operations** sit in a `moka` cache weighed in bytes (key, bookkeeping,
-///   frozen request and recorded response), holding at most
-///   [`max_bytes`](MemoryStoreBuilder::max_bytes) (64 MiB by default) and evicting the
-///   least recently used beyond it. LRU rather than moka's default TinyLFU on purpose:
-///   TinyLFU may refuse to admit a new outcome at all. A completed record heavier than the
-///   whole budget is kept as a tombstone (status only), so it answers "done, not
-///   replayable" instead of being dropped on arrival.
+/// The budget is kept without ever forgetting an operation that may still be retried:
+///
+/// - **Open operations** (in flight or in doubt) are never evicted: forgetting one would
+///   let a second caller send the same operation, or lose the bytes a resume must resend.
+///   They leave when they complete, when they are released after a pre-write failure, or
+///   when their retention ends.
+/// - **Completed operations inside their protected window** (the
+///   [`BeginRequest::protected`] window the layers set: at least their retry window plus
+///   the lease, measured from completion) are never evicted either.
+/// - **Completed operations past their protected window** but inside their retention may
+///   be evicted to make room, those whose window ended first going first; each eviction is
+///   counted ([`evictions`](MemoryStore::evictions)).
+/// - When the budget is full of records it must keep, `begin` **refuses new claims** with
+///   a [full](StoreError::is_full) error and a warning (the layers fail closed: nothing is
+///   sent), instead of forgetting an operation. Completing an operation never fails for
+///   room: an outcome that does not fit is kept as a tombstone (status only), in the room
+///   its claim already held.
 ///
 /// Every transition of a key runs under its shard's lock, from the first read to the last
-/// write (moka calls included), so `begin` is one atomic step: two callers racing on a key
-/// never both acquire it. The lock is per shard, held for a map lookup and at most one
-/// moka operation.
+/// write, so `begin` is one atomic step: two callers racing on a key never both acquire
+/// it. Nothing is awaited under a lock: every operation completes on its first poll.
 ///
 /// Leases and retention are checked against [`tokio::time::Instant`] on every access (so
-/// they follow a paused test clock); moka also drops each outcome when its retention ends,
-/// to reclaim the memory.
+/// they follow a paused test clock). Records past their retention are dropped when next
+/// touched, when their room is needed, and by
+/// [`run_pending_tasks`](MemoryStore::run_pending_tasks).
 ///
-/// Size the budget for your retention: an evicted outcome is a forgotten operation, and a
-/// forgotten operation runs again. Use `RedisStore` (feature `redis`) when several
-/// processes share operations or an orchestrator must resume after a crash.
-///
-/// Keeping open claims out of moka is also the fast path: a claim is a map insert under
-/// an uncontended lock instead of a moka write (moka's housekeeping makes each write cost
-/// microseconds), and a fresh operation writes to moka once, when it completes.
+/// Size the budget for your rate times the protected window. Use `RedisStore` (feature
+/// `redis`) when several processes share operations or an orchestrator must resume after
+/// a crash.
 ///
 /// # Example
 ///
@@ -65,7 +73,7 @@ const SHARDS: usize = 64;
 /// use tower_idempotency::ledger::MemoryStore;
 ///
 /// let store = MemoryStore::builder().max_bytes(16 * 1024 * 1024).build();
-/// # let _ = store;
+/// assert_eq!(store.weighted_size(), 0);
 /// ```
 #[derive(Clone, Debug)]
 pub struct MemoryStore {
@@ -73,30 +81,44 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    open: Box<[Mutex<OpenShard>]>,
-    open_bytes: AtomicU64,
-    completed: Cache<LedgerKey, Arc<Completed>, DigestState>,
+    shards: Box<[Mutex<Shard>]>,
+    /// Bytes held by every record, open or completed.
+    used: AtomicU64,
     max_bytes: u64,
+    /// Completed records by the end of their protected window: the eviction order.
+    evictable: Mutex<BTreeMap<(Instant, u64), LedgerKey>>,
+    /// Hands out the sequence numbers that tell two lives of one key apart.
+    next_seq: AtomicU64,
+    evictions: AtomicU64,
+    refused: AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("max_bytes", &self.max_bytes)
-            .field("completed", &self.completed.entry_count())
-            .field("open_bytes", &self.open_bytes.load(Ordering::Relaxed))
+            .field("used", &self.used.load(Ordering::Relaxed))
+            .field("evictions", &self.evictions.load(Ordering::Relaxed))
+            .field("refused", &self.refused.load(Ordering::Relaxed))
             .finish()
     }
 }
 
 /// Builds a [`MemoryStore`].
+///
+/// ```
+/// use tower_idempotency::ledger::MemoryStore;
+///
+/// let store = MemoryStore::builder().max_bytes(8 << 20).build();
+/// # let _ = store;
+/// ```
 #[derive(Clone, Debug)]
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
 }
 
 impl MemoryStoreBuilder {
-    /// The byte budget for completed records (default 64 MiB).
+    /// The byte budget for every record the store holds (default 64 MiB).
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
         self
@@ -104,21 +126,16 @@ impl MemoryStoreBuilder {
 
     /// Build the store.
     pub fn build(self) -> MemoryStore {
-        let completed = Cache::builder()
-            .max_capacity(self.max_bytes)
-            .weigher(|_key: &LedgerKey, record: &Arc<Completed>| record.weight)
-            .eviction_policy(EvictionPolicy::lru())
-            .expire_after(RetentionExpiry)
-            .build_with_hasher(DigestState::default());
-        let open = (0..SHARDS)
-            .map(|_| Mutex::new(OpenShard::default()))
-            .collect();
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
         MemoryStore {
             inner: Arc::new(Inner {
-                open,
-                open_bytes: AtomicU64::new(0),
-                completed,
+                shards,
+                used: AtomicU64::new(0),
                 max_bytes: self.max_bytes,
+                evictable: Mutex::new(BTreeMap::new()),
+                next_seq: AtomicU64::new(0),
+                evictions: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
             }),
         }
     }
@@ -143,317 +160,436 @@ impl MemoryStore {
         }
     }
 
-    /// The bytes the store's records weigh now: open operations exactly, completed ones as of
-    /// moka's last housekeeping (exactly, after [`run_pending_tasks`](Self::run_pending_tasks)).
+    /// The bytes every record held now weighs, open and completed alike; never above the
+    /// budget.
+    ///
+    /// ```
+    /// let store = tower_idempotency::ledger::MemoryStore::new();
+    /// assert_eq!(store.weighted_size(), 0);
+    /// ```
+    pub fn weighted_size(&self) -> u64 {
+        self.inner.used.load(Ordering::Relaxed)
+    }
+
+    /// The byte budget.
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.max_bytes
+    }
+
+    /// The number of records held now (including any past their retention not yet dropped).
+    pub fn entry_count(&self) -> u64 {
+        self.inner.shards.iter().map(|s| lock(s).len() as u64).sum()
+    }
+
+    /// How many completed records were evicted past their protected window to make room.
+    pub fn evictions(&self) -> u64 {
+        self.inner.evictions.load(Ordering::Relaxed)
+    }
+
+    /// How many claims were refused because the budget was full of records to keep.
+    pub fn refused_claims(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Drop every record past its retention now.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let store = tower_idempotency::ledger::MemoryStore::new();
     /// store.run_pending_tasks().await;
-    /// assert_eq!(store.weighted_size(), 0);
+    /// assert_eq!(store.entry_count(), 0);
     /// # }
     /// ```
-    pub fn weighted_size(&self) -> u64 {
-        self.inner.completed.weighted_size() + self.inner.open_bytes.load(Ordering::Relaxed)
-    }
-
-    /// The number of records: completed ones as of moka's last housekeeping, plus open ones.
-    pub fn entry_count(&self) -> u64 {
-        let open: usize = self
-            .inner
-            .open
-            .iter()
-            .map(|shard| shard.try_lock().map_or(0, |map| map.len()))
-            .sum();
-        self.inner.completed.entry_count() + open as u64
-    }
-
-    /// Run moka's pending housekeeping (evictions, expirations) now, and drop open
-    /// operations past their retention.
     pub async fn run_pending_tasks(&self) {
-        self.inner.completed.run_pending_tasks().await;
         let now = Instant::now();
-        for shard in self.inner.open.iter() {
-            let mut open = shard.lock().await;
-            self.sweep(&mut open, now);
+        for shard in self.inner.shards.iter() {
+            let mut shard = lock(shard);
+            self.sweep(&mut shard, now);
         }
     }
 
-    fn shard(&self, key: &LedgerKey) -> &Mutex<OpenShard> {
+    fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {
         // Ledger keys are SHA-256 digests: any of their bytes is already uniform.
-        &self.inner.open[usize::from(key.as_bytes()[0]) % SHARDS]
+        &self.inner.shards[usize::from(key.as_bytes()[0]) % SHARDS]
     }
 
-    /// Drop open operations whose retention ended.
-    fn sweep(&self, open: &mut OpenShard, now: Instant) {
-        open.retain(|_, record| {
-            let keep = record.retain_until > now;
-            if !keep {
-                self.forget_open_bytes(record);
-            }
-            keep
-        });
-    }
-
-    fn insert_open(&self, open: &mut OpenShard, key: LedgerKey, record: Open) {
-        self.inner
-            .open_bytes
-            .fetch_add(record.weight(), Ordering::Relaxed);
-        if let Some(old) = open.insert(key, record) {
-            self.forget_open_bytes(&old);
-        }
-        // Amortised cleanup: open operations past their retention (abandoned in-doubt
-        // records) are dropped whenever a shard doubles.
-        if open.len() >= 64 && open.len().is_power_of_two() {
-            self.sweep(open, Instant::now());
+    /// Drop a shard's records whose retention ended.
+    fn sweep(&self, shard: &mut Shard, now: Instant) {
+        let expired: Vec<LedgerKey> = shard
+            .iter()
+            .filter(|(_, record)| record.retain_until <= now)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in expired {
+            self.remove(shard, &key);
         }
     }
 
-    fn remove_open(&self, open: &mut OpenShard, key: &LedgerKey) -> Option<Open> {
-        let record = open.remove(key)?;
-        self.forget_open_bytes(&record);
+    /// Take `key`'s record out of the map and the budget.
+    fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Record> {
+        let record = shard.remove(key)?;
+        self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
+        if let State::Completed { protect_until, .. } = record.state {
+            lock(&self.inner.evictable).remove(&(protect_until, record.seq));
+        }
         Some(record)
     }
 
-    fn forget_open_bytes(&self, record: &Open) {
-        self.inner
-            .open_bytes
-            .fetch_sub(record.weight(), Ordering::Relaxed);
-    }
-
-    /// The live completed record of `key`, if any.
-    async fn completed(&self, key: &LedgerKey, now: Instant) -> Option<Arc<Completed>> {
-        self.inner
-            .completed
-            .get(key)
-            .await
-            .filter(|record| record.retain_until > now)
-    }
-
-    async fn begin_locked(&self, request: BeginRequest) -> Begin {
-        let now = Instant::now();
-        let mut open = self.shard(&request.key).lock().await;
-        let live = open
-            .get(&request.key)
-            .filter(|record| record.retain_until > now)
-            .map(Open::clone_shallow);
-        if let Some(record) = live {
-            return self.begin_on_open(&mut open, record, request, now);
+    /// Put `record` in the map, replacing `key`'s, if the budget has room for the
+    /// difference; hand it back (`Some`) otherwise.
+    #[must_use]
+    fn insert_if_room(&self, shard: &mut Shard, key: LedgerKey, record: Record) -> Option<Record> {
+        let old = shard.get(&key).map_or(0, |old| old.weight);
+        if record.weight > old {
+            let grow = record.weight - old;
+            let fits = self
+                .inner
+                .used
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                    (used + grow <= self.inner.max_bytes).then_some(used + grow)
+                })
+                .is_ok();
+            if !fits {
+                return Some(record);
+            }
+        } else {
+            self.inner
+                .used
+                .fetch_sub(old - record.weight, Ordering::Relaxed);
         }
-        if let Some(done) = self.completed(&request.key, now).await {
-            return if done.fingerprint == request.fingerprint {
-                Begin::Replay(done.outcome.clone())
-            } else {
-                Begin::Drift {
-                    stored: done.fingerprint,
-                    frozen: done.frozen.clone(),
+        if let State::Completed { protect_until, .. } = record.state {
+            lock(&self.inner.evictable).insert((protect_until, record.seq), key);
+        }
+        if let Some(old) = shard.insert(key, record) {
+            if let State::Completed { protect_until, .. } = old.state {
+                lock(&self.inner.evictable).remove(&(protect_until, old.seq));
+            }
+        }
+        None
+    }
+
+    /// Evict completed records past their protected window (and any record past its
+    /// retention met on the way) until `needed` bytes are free; `false` if they cannot be.
+    ///
+    /// Takes no shard lock while holding the eviction index's, and is called with no shard
+    /// lock held, so locks are only ever taken shard first.
+    fn make_room(&self, needed: u64, now: Instant) -> bool {
+        let mut swept = false;
+        loop {
+            if self.inner.used.load(Ordering::Relaxed) + needed <= self.inner.max_bytes {
+                return true;
+            }
+            let front = {
+                let mut evictable = lock(&self.inner.evictable);
+                match evictable.first_key_value() {
+                    Some((&(protect_until, seq), &key)) if protect_until <= now => {
+                        evictable.remove(&(protect_until, seq));
+                        Some((key, seq))
+                    }
+                    _ => None,
                 }
             };
+            let Some((key, seq)) = front else {
+                if swept {
+                    return false;
+                }
+                // Nothing left to evict: open records past their retention (abandoned in
+                // doubt) are the only other bytes that may go. Rare, so a full sweep.
+                swept = true;
+                for shard in self.inner.shards.iter() {
+                    self.sweep(&mut lock(shard), now);
+                }
+                continue;
+            };
+            let mut shard = lock(self.shard(&key));
+            if shard.get(&key).is_some_and(|record| record.seq == seq) {
+                let record = shard.remove(&key).expect("checked under the same lock");
+                self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
+                if record.retain_until > now {
+                    self.inner.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
-        let token = LeaseToken::generate();
-        let record = Open {
-            fingerprint: request.fingerprint,
-            frozen: request.frozen,
-            token: Some(token),
-            lease_until: now + request.lease,
-            may_have_sent: false,
-            retention: request.retention,
-            retain_until: now + request.retention,
-        };
-        self.insert_open(&mut open, request.key, record);
-        Begin::Acquired { token }
     }
 
-    fn begin_on_open(
-        &self,
-        open: &mut OpenShard,
-        record: Open,
-        request: BeginRequest,
-        now: Instant,
-    ) -> Begin {
+    fn seq(&self) -> u64 {
+        self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn begin_now(&self, request: BeginRequest) -> Result<Begin, StoreError> {
+        let now = Instant::now();
+        let mut shard = lock(self.shard(&request.key));
+        if let Some(record) = shard.get(&request.key) {
+            if record.retain_until > now {
+                return Ok(self.begin_on_existing(&mut shard, request, now));
+            }
+            self.remove(&mut shard, &request.key);
+        }
+        // Absent: a new claim, if the budget has room for it.
+        let record = Record::claim(&request, now, self.seq());
+        let Some(record) = self.insert_if_room(&mut shard, request.key, record) else {
+            return Ok(acquired(&request));
+        };
+        let needed = record.weight;
+        drop(shard);
+        if self.make_room(needed, now) {
+            let mut shard = lock(self.shard(&request.key));
+            if shard.contains_key(&request.key) {
+                // Someone claimed it meanwhile: answer as that record says.
+                drop(shard);
+                return self.begin_now(request);
+            }
+            if self
+                .insert_if_room(&mut shard, request.key, record)
+                .is_none()
+            {
+                return Ok(acquired(&request));
+            }
+        }
+        self.inner.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            max_bytes = self.inner.max_bytes,
+            used = self.weighted_size(),
+            "the memory ledger is full of records inside their protected window; refusing a new \
+             operation (raise max_bytes or shorten the protected window)"
+        );
+        Err(StoreError::full())
+    }
+
+    fn begin_on_existing(&self, shard: &mut Shard, request: BeginRequest, now: Instant) -> Begin {
+        let record = shard.get_mut(&request.key).expect("checked by the caller");
         if record.fingerprint != request.fingerprint {
             return Begin::Drift {
                 stored: record.fingerprint,
-                frozen: record.frozen,
+                frozen: record.frozen.clone(),
             };
         }
-        if record.token.is_some() && record.lease_until > now {
-            return Begin::Busy {
-                retry_after: record.lease_until - now,
-            };
+        match &mut record.state {
+            State::Completed { outcome, .. } => Begin::Replay(outcome.clone()),
+            // Our own claim, asked again after a lost reply: the same answer.
+            State::InFlight { token, resumed, .. } if *token == request.token => {
+                if *resumed {
+                    Begin::Resume {
+                        token: *token,
+                        frozen: record.frozen.clone(),
+                    }
+                } else {
+                    acquired(&request)
+                }
+            }
+            State::InFlight { lease_until, .. } if *lease_until > now => Begin::Busy {
+                retry_after: *lease_until - now,
+            },
+            // In doubt, or in flight under an expired lease (the owner may have sent and
+            // died). A probe is told so and changes nothing.
+            _ if !request.take_over => Begin::InDoubt,
+            state => {
+                // Hand the operation over under the caller's token, with the bytes first
+                // frozen. Its retention is not extended: only a completion starts a new life.
+                *state = State::InFlight {
+                    token: request.token,
+                    lease_until: now + request.lease,
+                    resumed: true,
+                };
+                Begin::Resume {
+                    token: request.token,
+                    frozen: record.frozen.clone(),
+                }
+            }
         }
-        // In doubt, or in flight under an expired lease (the owner may have sent and died):
-        // hand the operation to this caller under a new token, with the bytes first frozen.
-        let token = LeaseToken::generate();
-        let frozen = record.frozen.clone();
-        let resumed = Open {
-            token: Some(token),
-            lease_until: now + request.lease,
-            may_have_sent: true,
-            retention: request.retention,
-            retain_until: now + request.retention,
-            ..record
-        };
-        self.insert_open(open, request.key, resumed);
-        Begin::Resume { token, frozen }
     }
 
     /// Run `settle` on the open record of `key` owned by `token`, or refuse as fenced.
-    async fn settle(
+    fn settle<T>(
         &self,
         key: LedgerKey,
         token: LeaseToken,
-        settle: impl FnOnce(&Self, &mut OpenShard, Open, Instant) -> Settled,
-    ) -> Result<(), StoreError> {
+        settle: impl FnOnce(&Self, &mut Shard, Instant) -> T,
+    ) -> Result<T, StoreError> {
         let now = Instant::now();
-        let mut open = self.shard(&key).lock().await;
-        let owned = open
+        let mut shard = lock(self.shard(&key));
+        let owned = shard
             .get(&key)
-            .is_some_and(|record| record.token == Some(token) && record.retain_until > now);
+            .is_some_and(|record| record.retain_until > now && record.state.is_owned_by(token));
         if !owned {
             return Err(StoreError::fenced());
         }
-        let record = self
-            .remove_open(&mut open, &key)
-            .expect("checked under the same lock");
-        match settle(self, &mut open, record, now) {
-            Settled::Done => {}
-            Settled::Complete(done) => {
-                // Inserted while the shard is still locked: no `begin` of this key can run
-                // between the open record leaving and the outcome arriving.
-                self.inner.completed.insert(key, Arc::new(done)).await;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One shard of the open operations.
-type OpenShard = HashMap<LedgerKey, Open, DigestState>;
-
-enum Settled {
-    Done,
-    Complete(Completed),
-}
-
-/// An operation in flight (`token` set) or in doubt (`token` empty).
-#[derive(Debug)]
-struct Open {
-    fingerprint: Fingerprint,
-    frozen: Option<FrozenRequest>,
-    token: Option<LeaseToken>,
-    lease_until: Instant,
-    /// Whether any attempt of this operation may have reached the server; once true, the
-    /// record can only be resumed or completed, never released.
-    may_have_sent: bool,
-    retention: Duration,
-    retain_until: Instant,
-}
-
-impl Open {
-    fn weight(&self) -> u64 {
-        let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight);
-        (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>() + frozen) as u64
+        Ok(settle(self, &mut shard, now))
     }
 
-    fn clone_shallow(&self) -> Self {
-        Self {
-            fingerprint: self.fingerprint,
-            frozen: self.frozen.clone(),
-            token: self.token,
-            lease_until: self.lease_until,
-            may_have_sent: self.may_have_sent,
-            retention: self.retention,
-            retain_until: self.retain_until,
-        }
-    }
-}
-
-/// A completed operation.
-#[derive(Debug)]
-struct Completed {
-    fingerprint: Fingerprint,
-    /// Kept to name the fields that changed when a later request drifts.
-    frozen: Option<FrozenRequest>,
-    outcome: Outcome,
-    retention: Duration,
-    retain_until: Instant,
-    weight: u32,
-}
-
-impl Completed {
-    fn new(
-        open: Open,
+    fn complete_now(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
         outcome: Outcome,
         retention: Duration,
-        now: Instant,
-        max_bytes: u64,
-    ) -> Self {
+    ) -> Result<(), StoreError> {
+        let needed = self.settle(key, token, |store, shard, now| {
+            let open = shard.get(&key).expect("owned");
+            let open_weight = open.weight;
+            let done = open.completed(outcome.clone(), retention, now, store.seq());
+            store
+                .insert_if_room(shard, key, done)
+                .map(|done| done.weight - open_weight)
+        })?;
+        let Some(needed) = needed else {
+            return Ok(());
+        };
+        // No room for the whole outcome: evict what may be evicted, then settle for less.
+        let room = self.make_room(needed, Instant::now());
+        self.settle(key, token, |store, shard, now| {
+            let open = shard.get(&key).expect("owned");
+            let whole = open.completed(outcome.clone(), retention, now, store.seq());
+            let left_out = if room {
+                store.insert_if_room(shard, key, whole)
+            } else {
+                Some(whole)
+            };
+            if let Some(whole) = left_out {
+                store.complete_as_tombstone(shard, key, whole);
+            }
+        })
+    }
+
+    /// Keep the fact that an operation is done when its outcome does not fit: a tombstone
+    /// is never heavier than the claim it replaces (see [`TOMBSTONE_RESERVE`]).
+    fn complete_as_tombstone(&self, shard: &mut Shard, key: LedgerKey, mut done: Record) {
+        tracing::warn!(
+            max_bytes = self.inner.max_bytes,
+            "the memory ledger has no room for an outcome; keeping a tombstone (the operation \
+             is done, but cannot be replayed)"
+        );
+        done.frozen = None;
+        if let State::Completed { outcome, .. } = &mut done.state {
+            *outcome = Outcome::Tombstone {
+                status: outcome_status(outcome),
+            };
+        }
+        done.weight = done.measure();
+        if self.insert_if_room(shard, key, done).is_some() {
+            unreachable!("a tombstone never outweighs the claim it replaces");
+        }
+    }
+}
+
+fn acquired(request: &BeginRequest) -> Begin {
+    Begin::Acquired {
+        token: request.token,
+    }
+}
+
+fn outcome_status(outcome: &Outcome) -> http::StatusCode {
+    match outcome {
+        Outcome::Response(response) => response.status(),
+        Outcome::Tombstone { status } => *status,
+    }
+}
+
+/// A poisoned lock only means another caller panicked mid-transition; every transition
+/// writes its record in one assignment, so the map is still consistent.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One shard of the records.
+type Shard = HashMap<LedgerKey, Record, DigestState>;
+
+/// A record, in whichever state.
+#[derive(Debug)]
+struct Record {
+    fingerprint: Fingerprint,
+    /// The frozen request: resent on resume, shown when a later request drifts.
+    frozen: Option<FrozenRequest>,
+    state: State,
+    /// When the record's retention ends.
+    retain_until: Instant,
+    /// How long a completion of this record stays protected from eviction.
+    protected: Duration,
+    /// Tells this life of the key from a later one (in the eviction index).
+    seq: u64,
+    /// Bytes counted against the budget.
+    weight: u64,
+}
+
+#[derive(Debug)]
+enum State {
+    /// An owner holds the lease. `resumed`: ownership came from a resume, so an earlier
+    /// attempt may have been sent and the record can never be released.
+    InFlight {
+        token: LeaseToken,
+        lease_until: Instant,
+        resumed: bool,
+    },
+    /// An attempt may have been sent; the next claim resumes.
+    InDoubt,
+    /// Done; replayed until its retention ends. Never evicted before `protect_until`.
+    Completed {
+        outcome: Outcome,
+        protect_until: Instant,
+    },
+}
+
+impl State {
+    fn is_owned_by(&self, owner: LeaseToken) -> bool {
+        matches!(self, Self::InFlight { token, .. } if *token == owner)
+    }
+}
+
+impl Record {
+    fn claim(request: &BeginRequest, now: Instant, seq: u64) -> Self {
+        let mut record = Self {
+            fingerprint: request.fingerprint,
+            frozen: request.frozen.clone(),
+            state: State::InFlight {
+                token: request.token,
+                lease_until: now + request.lease,
+                resumed: false,
+            },
+            retain_until: now + request.retention,
+            protected: request.protected_window(),
+            seq,
+            weight: 0,
+        };
+        record.weight = record.measure();
+        record
+    }
+
+    /// This (open) record, completed with `outcome`.
+    fn completed(&self, outcome: Outcome, retention: Duration, now: Instant, seq: u64) -> Self {
         let mut done = Self {
-            fingerprint: open.fingerprint,
-            frozen: open.frozen,
-            outcome,
-            retention,
+            fingerprint: self.fingerprint,
+            frozen: self.frozen.clone(),
+            state: State::Completed {
+                outcome,
+                protect_until: now + self.protected.min(retention),
+            },
             retain_until: now + retention,
+            protected: self.protected,
+            seq,
             weight: 0,
         };
         done.weight = done.measure();
-        if u64::from(done.weight) > max_bytes {
-            // Heavier than the whole budget: moka would drop it on arrival and the
-            // operation would be forgotten. Keep the fact that it is done instead.
-            let status = match &done.outcome {
-                Outcome::Response(response) => response.status(),
-                Outcome::Tombstone { status } => *status,
-            };
-            done.frozen = None;
-            done.outcome = Outcome::Tombstone { status };
-            done.weight = done.measure();
-        }
         done
     }
 
-    fn measure(&self) -> u32 {
-        // What moka spends per entry besides the value (its node, deque and timer entries,
-        // the key's `Arc`): about 280 bytes in 7 allocations, measured.
-        const MOKA_ENTRY: usize = 320;
-        let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight);
-        let total = MOKA_ENTRY
-            + std::mem::size_of::<LedgerKey>()
-            + std::mem::size_of::<Self>()
+    fn measure(&self) -> u64 {
+        let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight) as u64;
+        let state = match &self.state {
+            State::Completed { outcome, .. } => outcome.weight() as u64,
+            _ => TOMBSTONE_RESERVE,
+        };
+        PER_RECORD_OVERHEAD
+            + (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>()) as u64
             + frozen
-            + self.outcome.weight();
-        u32::try_from(total).unwrap_or(u32::MAX)
-    }
-}
-
-/// moka's own expiry: drop an outcome's memory when its retention ends.
-struct RetentionExpiry;
-
-impl Expiry<LedgerKey, Arc<Completed>> for RetentionExpiry {
-    fn expire_after_create(
-        &self,
-        _: &LedgerKey,
-        record: &Arc<Completed>,
-        _: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(record.retention)
-    }
-
-    fn expire_after_update(
-        &self,
-        _: &LedgerKey,
-        record: &Arc<Completed>,
-        _: std::time::Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(record.retention)
+            + state
     }
 }
 
 impl IdempotencyStore for MemoryStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(async move { Ok(self.begin_locked(request).await) })
+        let answer = self.begin_now(request);
+        Box::pin(std::future::ready(answer))
     }
 
     fn complete(
@@ -463,31 +599,25 @@ impl IdempotencyStore for MemoryStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let max_bytes = self.inner.max_bytes;
-            self.settle(key, token, move |_, _, record, now| {
-                Settled::Complete(Completed::new(record, outcome, retention, now, max_bytes))
-            })
-            .await
-        })
+        Box::pin(std::future::ready(
+            self.complete_now(key, token, outcome, retention),
+        ))
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            self.settle(key, token, |store, open, record, _| {
-                // An earlier attempt may have been sent: releasing would let the next caller
-                // send new bytes. Keep it in doubt so the next caller resumes instead.
-                if record.may_have_sent {
-                    let in_doubt = Open {
-                        token: None,
-                        ..record
-                    };
-                    store.insert_open(open, key, in_doubt);
+        let settled = self.settle(key, token, |store, shard, _| {
+            let record = shard.get_mut(&key).expect("owned");
+            match record.state {
+                // No attempt can have left: forget it, the next caller starts afresh.
+                State::InFlight { resumed: false, .. } => {
+                    store.remove(shard, &key);
                 }
-                Settled::Done
-            })
-            .await
-        })
+                // An earlier attempt may have been sent: releasing would let the next
+                // caller send new bytes. Keep it in doubt so the next caller resumes.
+                _ => record.state = State::InDoubt,
+            }
+        });
+        Box::pin(std::future::ready(settled))
     }
 
     fn mark_in_doubt(
@@ -496,19 +626,22 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            self.settle(key, token, |store, open, record, now| {
-                let in_doubt = Open {
-                    token: None,
-                    may_have_sent: true,
-                    retention,
-                    retain_until: now + retention,
-                    ..record
-                };
-                store.insert_open(open, key, in_doubt);
-                Settled::Done
-            })
-            .await
-        })
+        let settled = self.settle(key, token, |_, shard, now| {
+            let record = shard.get_mut(&key).expect("owned");
+            record.state = State::InDoubt;
+            // A real attempt failed: keep the record at least `retention` from now.
+            record.retain_until = record.retain_until.max(now + retention);
+        });
+        Box::pin(std::future::ready(settled))
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        let settled = self.settle(key, token, |_, shard, now| {
+            let record = shard.get_mut(&key).expect("owned");
+            if let State::InFlight { lease_until, .. } = &mut record.state {
+                *lease_until = now + lease;
+            }
+        });
+        Box::pin(std::future::ready(settled))
     }
 }

@@ -11,25 +11,46 @@
 //! | completed | outcome recorded | [`Begin::Replay`] |
 //! | any, fingerprint differs | the caller regenerated the payload | [`Begin::Drift`] |
 //!
+//! A `begin` that is a [probe](BeginRequest::probe) is answered [`Begin::InDoubt`] where a
+//! claim would be answered [`Begin::Resume`], and changes nothing.
+//!
 //! The rules that make it correct, which every implementation must keep (the conformance
-//! suite in `tower_idempotency::testing::conformance`, feature `test-util`, checks them):
+//! suite and the reference model in `tower_idempotency::testing`, feature `test-util`,
+//! check them):
 //!
 //! - **`begin` is one atomic step.** Two callers racing on one key never both acquire it.
-//! - **Fencing.** `begin` hands the owner a [`LeaseToken`]; [`complete`], [`abandon`] and
-//!   [`mark_in_doubt`] carry it, and a write whose token is not the record's current one is
+//! - **`begin` is idempotent for its caller.** The caller brings the token it will own the
+//!   operation under ([`BeginRequest::token`]); a `begin` whose reply was lost can be sent
+//!   again with the same token and answers the same claim again ([`Begin::Acquired`] or
+//!   [`Begin::Resume`]) instead of [`Begin::Busy`], so no claim is left that nobody holds.
+//! - **Fencing.** [`complete`], [`abandon`], [`mark_in_doubt`] and [`renew`] carry the
+//!   owner's [`LeaseToken`], and a write whose token is not the record's current one is
 //!   refused with a [fenced](StoreError::is_fenced) error, never applied.
 //! - **Two TTLs.** The lease (short) bounds how long an owner may hold an operation in
-//!   flight; retention (long, 24 h by default) bounds how long any record is kept. An expired
-//!   lease never means "run it again": it means *in doubt*, and the next `begin` resumes with
-//!   the frozen bytes under a new token.
+//!   flight without renewing it; retention (long, 24 h by default) bounds how long any
+//!   record is kept. An expired lease never means "run it again": it means *in doubt*, and
+//!   the next `begin` resumes with the frozen bytes under a new token.
+//! - **A live owner keeps its lease.** An owner still working calls [`renew`] (fenced), so a
+//!   lease can be short (a dead owner's operation is resumable within seconds) without a
+//!   slow live owner ever being overtaken.
 //! - **The frozen request is stored at `begin`**, before any byte is sent, so a caller that
 //!   crashes and comes back resends the original bytes.
-//! - **Abandon is honest.** `abandon` releases an operation only if no attempt of it may have
-//!   been sent; once one may have, the record stays in doubt.
+//! - **"May have been sent" is sticky.** `abandon` releases an operation only if no attempt
+//!   of it may have been sent; once one may have (it was resumed or marked in doubt), the
+//!   record can only be resumed or completed, never released.
+//! - **A probe changes nothing.** A `begin` that will not take an in-doubt operation over
+//!   ([`BeginRequest::probe`]) is answered [`Begin::InDoubt`] and leaves the record — its
+//!   owner, its attempts and its retention — exactly as it was.
+//! - **Bounded, and never silently forgetful.** A store with a memory budget counts every
+//!   record against it, open or completed. A record inside its *protected window*
+//!   ([`BeginRequest::protected`], measured from its last transition) is never evicted;
+//!   when the budget is full of protected records, `begin` refuses new claims with a
+//!   [full](StoreError::is_full) error (fail closed) rather than forget one.
 //!
 //! [`complete`]: IdempotencyStore::complete
 //! [`abandon`]: IdempotencyStore::abandon
 //! [`mark_in_doubt`]: IdempotencyStore::mark_in_doubt
+//! [`renew`]: IdempotencyStore::renew
 //!
 //! # Bring your own store
 //!
@@ -115,6 +136,11 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()>;
+
+    /// Extend the lease of an operation held under `token` to `lease` from now: its owner is
+    /// alive and still working. Fenced like every other write; a lease that ran out but was
+    /// not taken over yet may still be renewed by its owner.
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()>;
 }
 
 /// A shared store is a store: layers built from one `Arc` share one ledger.
@@ -145,9 +171,26 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
     ) -> StoreFuture<'_, ()> {
         (**self).mark_in_doubt(key, token, retention)
     }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        (**self).renew(key, token, lease)
+    }
 }
 
 /// What [`IdempotencyStore::begin`] is asked.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::ledger::{BeginRequest, LedgerKey};
+/// use tower_idempotency::Fingerprint;
+///
+/// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+/// let request = BeginRequest::new(LedgerKey::from_bytes([1; 32]), fp, Duration::from_secs(10), Duration::from_secs(3600))
+///     .with_protected_window(Duration::from_secs(120));
+/// // A retried `begin` (its reply was lost) sends the same token, and recognises its claim.
+/// let retried = request.clone();
+/// assert_eq!(retried.token, request.token);
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct BeginRequest {
@@ -157,14 +200,25 @@ pub struct BeginRequest {
     pub fingerprint: Fingerprint,
     /// The frozen request to keep with a new claim (client side); `None` on the server.
     pub frozen: Option<FrozenRequest>,
-    /// How long the new owner may hold the operation in flight.
+    /// The token the caller will own the operation under if `begin` hands it out. Sending
+    /// the same request again (same token) after a lost reply answers the same claim.
+    pub token: LeaseToken,
+    /// How long the new owner may hold the operation in flight before renewing.
     pub lease: Duration,
     /// How long to keep the record.
     pub retention: Duration,
+    /// How long after its last transition the record must never be evicted, whatever the
+    /// memory pressure (at least the callers' retry window plus the lease). Clamped to the
+    /// retention.
+    pub protected: Duration,
+    /// `false` for a probe: an in-doubt operation is answered [`Begin::InDoubt`] and left
+    /// untouched, instead of being handed to this caller with [`Begin::Resume`].
+    pub take_over: bool,
 }
 
 impl BeginRequest {
-    /// A request without a frozen request (see [`BeginRequest::with_frozen`]).
+    /// A request under a fresh token, without a frozen request (see
+    /// [`BeginRequest::with_frozen`]), protected for its whole retention.
     pub fn new(
         key: LedgerKey,
         fingerprint: Fingerprint,
@@ -175,8 +229,11 @@ impl BeginRequest {
             key,
             fingerprint,
             frozen: None,
+            token: LeaseToken::generate(),
             lease,
             retention,
+            protected: retention,
+            take_over: true,
         }
     }
 
@@ -184,6 +241,29 @@ impl BeginRequest {
     pub fn with_frozen(mut self, frozen: FrozenRequest) -> Self {
         self.frozen = Some(frozen);
         self
+    }
+
+    /// Own the operation under `token` (e.g. one kept across a crash).
+    pub fn with_token(mut self, token: LeaseToken) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// The record's protected window (default: its whole retention).
+    pub fn with_protected_window(mut self, protected: Duration) -> Self {
+        self.protected = protected.min(self.retention);
+        self
+    }
+
+    /// Make this `begin` a probe: it never takes an in-doubt operation over.
+    pub fn probe(mut self) -> Self {
+        self.take_over = false;
+        self
+    }
+
+    /// The protected window, never longer than the retention.
+    pub fn protected_window(&self) -> Duration {
+        self.protected.min(self.retention)
     }
 }
 
@@ -211,6 +291,9 @@ pub enum Begin {
     },
     /// The operation completed; here is its outcome.
     Replay(Outcome),
+    /// The operation is in doubt (an attempt may have been sent, or its owner's lease ran
+    /// out) and this `begin` was a [probe](BeginRequest::probe): nothing was changed.
+    InDoubt,
     /// The record holds a different fingerprint: the payload changed under the same key.
     Drift {
         /// The fingerprint on record.
@@ -240,6 +323,7 @@ enum StoreErrorKind {
     Timeout,
     Fenced,
     Corrupt,
+    Full,
 }
 
 impl StoreError {
@@ -273,6 +357,25 @@ impl StoreError {
             kind: StoreErrorKind::Corrupt,
             source: Some(source.into()),
         }
+    }
+
+    /// The store's memory budget is full of records it must not forget (inside their
+    /// protected window, or still open): it refuses new claims rather than evict one.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::StoreError;
+    /// assert!(StoreError::full().is_full());
+    /// ```
+    pub fn full() -> Self {
+        Self {
+            kind: StoreErrorKind::Full,
+            source: None,
+        }
+    }
+
+    /// See [`StoreError::full`].
+    pub fn is_full(&self) -> bool {
+        self.kind == StoreErrorKind::Full
     }
 
     /// See [`StoreError::unavailable`].
@@ -314,6 +417,9 @@ impl fmt::Display for StoreError {
                 "the ledger refused a write from a stale owner (its lease was taken over)"
             }
             StoreErrorKind::Corrupt => "a ledger record could not be decoded",
+            StoreErrorKind::Full => {
+                "the ledger is full of records it must keep; refusing new operations"
+            }
         };
         match &self.source {
             Some(source) => write!(f, "{what}: {source}"),

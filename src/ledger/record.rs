@@ -18,18 +18,24 @@ use crate::key::{hex, update_length_prefixed, IdempotencyKey};
 /// - an [`OperationId`](crate::OperationId)'s key is used as is (its derivation already
 ///   covers the scope): [`LedgerKey::for_operation`];
 /// - a caller's own `Idempotency-Key` on the client:
-///   `SHA-256("tower-idempotency/ledger/client/v1" || lp(scope) || lp(key))`;
-/// - the server: `SHA-256("tower-idempotency/ledger/server/v1" || lp(scope) || lp(method)
-///   || lp(route) || lp(key))`, so one tenant's key never touches another's record.
+///   `SHA-256("tower-idempotency/ledger/client/v2" || lp(scope) || lp(scheme) ||
+///   lp(authority) || lp(key))`, so one key sent to two hosts is two operations;
+/// - the server: `SHA-256("tower-idempotency/ledger/server/v2" || lp(scope) || lp(key))`,
+///   so one tenant's key never touches another's record, and one key is one request
+///   whatever method or path it is reused on (the fingerprint tells those apart: a reuse
+///   is a `422`, never a second execution).
 ///
 /// `lp(x)` is `x` behind its length as a big-endian `u64`.
 ///
 /// ```
 /// use tower_idempotency::ledger::LedgerKey;
 ///
-/// let a = LedgerKey::server("tenant-a", &http::Method::POST, "/charges", "k1");
-/// let b = LedgerKey::server("tenant-b", &http::Method::POST, "/charges", "k1");
+/// let a = LedgerKey::server("tenant-a", "k1");
+/// let b = LedgerKey::server("tenant-b", "k1");
 /// assert_ne!(a, b);
+/// let payments = LedgerKey::client_header("", "https", "payments.example", "k1");
+/// let shipping = LedgerKey::client_header("", "https", "shipping.example", "k1");
+/// assert_ne!(payments, shipping);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LedgerKey([u8; 32]);
@@ -40,17 +46,18 @@ impl LedgerKey {
         Self(*key.as_bytes())
     }
 
-    /// The record key of a caller-supplied `Idempotency-Key` on the client side.
-    pub fn client_header(scope: &str, key: &str) -> Self {
-        Self::hash(b"tower-idempotency/ledger/client/v1", &[scope, key])
+    /// The record key of a caller-supplied `Idempotency-Key` on the client side, sent to
+    /// the target `scheme://authority`.
+    pub fn client_header(scope: &str, scheme: &str, authority: &str, key: &str) -> Self {
+        Self::hash(
+            b"tower-idempotency/ledger/client/v2",
+            &[scope, scheme, authority, key],
+        )
     }
 
-    /// The record key of an `Idempotency-Key` received by a server.
-    pub fn server(scope: &str, method: &Method, route: &str, key: &str) -> Self {
-        Self::hash(
-            b"tower-idempotency/ledger/server/v1",
-            &[scope, method.as_str(), route, key],
-        )
+    /// The record key of an `Idempotency-Key` received by a server, in `scope`.
+    pub fn server(scope: &str, key: &str) -> Self {
+        Self::hash(b"tower-idempotency/ledger/server/v2", &[scope, key])
     }
 
     fn hash(tag: &[u8], fields: &[&str]) -> Self {
@@ -499,11 +506,12 @@ mod tests {
         let op = IdempotencyKey::derive("s", "k", "");
         assert_ne!(
             LedgerKey::for_operation(op),
-            LedgerKey::client_header("s", "k")
+            LedgerKey::client_header("s", "", "", "k")
         );
+        assert_ne!(LedgerKey::server("a", "k"), LedgerKey::server("ak", ""));
         assert_ne!(
-            LedgerKey::server("", &Method::POST, "/a", "k"),
-            LedgerKey::server("", &Method::POST, "/ak", "")
+            LedgerKey::client_header("", "https", "a.example", "k"),
+            LedgerKey::client_header("", "https", "a.exampl", "ek")
         );
     }
 }

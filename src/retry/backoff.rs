@@ -43,8 +43,21 @@ impl FullJitter {
 /// How long the server asked us to wait, if it did in a form we understand.
 ///
 /// `Retry-After` is either delay-seconds (`120`) or an HTTP-date; anything else (garbage,
-/// negative numbers, several values) is ignored and the backoff applies.
-pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+/// negative numbers, several values) is `None`, and the backoff applies. A date in the
+/// past is `Some(0)`; the [`FrozenRetryLayer`](crate::FrozenRetryLayer) never waits less
+/// than its backoff whatever this says.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::retry::retry_after;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("retry-after", "120".parse().unwrap());
+/// assert_eq!(retry_after(&headers), Some(Duration::from_secs(120)));
+/// headers.insert("retry-after", "soon".parse().unwrap());
+/// assert_eq!(retry_after(&headers), None);
+/// ```
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let mut values = headers.get_all(RETRY_AFTER).iter();
     let value = values.next()?;
     if values.next().is_some() {

@@ -68,6 +68,7 @@ mod layer;
 mod policy;
 mod service;
 
+pub use backoff::retry_after;
 pub use layer::FrozenRetryLayer;
 pub use policy::{
     AttemptResult, ClassifyRetry, DefaultClassifier, RetryContext, RetryDecision, RetryPolicy,
@@ -76,4 +77,4 @@ pub use policy::{
 };
 pub use service::{Attempts, FrozenRetry, ResponseFuture};
 
-pub(crate) use policy::is_retryable_status;
+pub(crate) use policy::{is_in_progress_answer, is_retryable_status};

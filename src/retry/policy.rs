@@ -124,9 +124,14 @@ pub struct DefaultClassifier;
 /// The IETF draft's answer to a key whose first request is still being processed: `409`
 /// with `Retry-After`. Only a keyed request can receive it, and it asks to come back.
 fn is_in_progress(status: StatusCode, headers: &HeaderMap, ctx: &RetryContext<'_>) -> bool {
-    status == StatusCode::CONFLICT
-        && headers.contains_key(http::header::RETRY_AFTER)
-        && ctx.request.headers().contains_key(&IDEMPOTENCY_KEY)
+    is_in_progress_answer(status, headers) && ctx.request.headers().contains_key(&IDEMPOTENCY_KEY)
+}
+
+/// A `409` that says "the first request with this key is still in progress, come back":
+/// the IETF draft's answer carries `Retry-After`. Any other `409` ("order already exists")
+/// is a final business answer.
+pub(crate) fn is_in_progress_answer(status: StatusCode, headers: &HeaderMap) -> bool {
+    status == StatusCode::CONFLICT && headers.contains_key(http::header::RETRY_AFTER)
 }
 
 /// Statuses that mean "try again later" rather than "no".
@@ -167,7 +172,7 @@ impl ClassifyRetry for DefaultClassifier {
 /// | retry budget | tower's `TpsBudget`: 10 s window, 10 retries/s floor, 20 % of calls |
 /// | max elapsed (first attempt to last retry) | 30 s |
 /// | per-attempt timeout | none |
-/// | `Retry-After` | honoured (seconds or HTTP-date), capped at the backoff cap; past the deadline it ends retrying |
+/// | `Retry-After` | honoured (seconds or HTTP-date) when longer than the backoff, capped at the backoff cap; never shortens the backoff (`0`, past dates and garbage fall back to it); past the deadline it ends retrying |
 /// | request body limit | 1 MiB |
 ///
 /// ```
@@ -230,6 +235,24 @@ impl RetryPolicy {
     /// Size the idempotency ledger's retention above this plus its lease.
     pub fn max_elapsed(&self) -> Duration {
         self.max_elapsed
+    }
+
+    /// The longest time one call may keep retrying: the maximum elapsed time plus one
+    /// per-attempt timeout (the last attempt may start at the deadline).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .max_elapsed(Duration::from_secs(20))
+    ///     .attempt_timeout(Duration::from_secs(2))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policy.retry_window(), Duration::from_secs(22));
+    /// ```
+    pub fn retry_window(&self) -> Duration {
+        self.max_elapsed + self.attempt_timeout.unwrap_or_default()
     }
 }
 

@@ -18,7 +18,7 @@ use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use super::FrozenRetryLayer;
 use crate::effect::EffectClass;
-use crate::frozen::{freeze_or_reuse, FrozenRequest, NoResendAfterWrite};
+use crate::frozen::{freeze_handed, FrozenRequest, Handoff};
 use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
 
@@ -142,11 +142,13 @@ struct Failure {
 }
 
 impl Failure {
-    fn into_error(self) -> Error {
-        match self.error.downcast::<Error>() {
+    /// The call's error; `earlier` is the furthest an earlier attempt may have got.
+    fn into_error(self, earlier: FailurePhase) -> Error {
+        let error = match self.error.downcast::<Error>() {
             Ok(ours) => *ours,
             Err(other) => Error::inner(other, self.phase),
-        }
+        };
+        error.after_earlier_attempts(earlier)
     }
 }
 
@@ -161,9 +163,13 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    let (frozen, extensions) = freeze_or_reuse(req, policy.body_limit).await?;
+    let (frozen, extensions) = freeze_handed(req, policy.body_limit).await?;
     let effect = EffectClass::resolve(frozen.method(), &extensions);
-    let key_honoured = extensions.get::<NoResendAfterWrite>().is_none();
+    let handoff = extensions.get::<Handoff>().cloned();
+    let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
+    // How far any attempt so far may have got: once one may have been sent, the call may
+    // have been, whatever later attempts did.
+    let mut furthest = FailurePhase::PreWrite;
     if let Some(budget) = &policy.budget {
         budget.deposit();
     }
@@ -178,6 +184,17 @@ where
     loop {
         attempt += 1;
         let result = send_once(&mut inner, &policy, &frozen, &extensions).await;
+        let reached = match &result {
+            Ok(_) => FailurePhase::AfterWrite,
+            Err(failure) => failure.phase,
+        };
+        if reached.may_have_been_sent() {
+            if let Some(handoff) = &handoff {
+                handoff.attempt_may_have_left();
+            }
+        }
+        let earlier = furthest;
+        furthest = furthest.strongest(reached);
         let delay = match &result {
             Ok(response) => {
                 let ctx = context(
@@ -225,7 +242,7 @@ where
                         response.extensions_mut().insert(Attempts(attempt));
                         Ok(response)
                     }
-                    Err(failure) => Err(failure.into_error()),
+                    Err(failure) => Err(failure.into_error(earlier)),
                 };
             }
         }
@@ -296,16 +313,19 @@ fn next_delay(
         return None;
     }
     let now = Instant::now();
+    // A server that asks us to come back after our deadline gets its answer now.
+    if let Some(asked) = server_asked.filter(|asked| starts_past(deadline, now, *asked)) {
+        tracing::debug!(?asked, "Retry-After points past the deadline; not retrying");
+        return None;
+    }
+    let backoff = backoff
+        .get_or_insert_with(|| FullJitter::new(policy.backoff_base, policy.backoff_cap))
+        .next_delay();
+    // `Retry-After` may lengthen the pause (up to the cap), never shorten it: a `0` or a
+    // date in the past would otherwise turn the retries into a burst.
     let delay = match server_asked {
-        // A server that asks us to come back after our deadline gets its answer now.
-        Some(asked) if starts_past(deadline, now, asked) => {
-            tracing::debug!(?asked, "Retry-After points past the deadline; not retrying");
-            return None;
-        }
-        Some(asked) => asked.min(policy.backoff_cap),
-        None => backoff
-            .get_or_insert_with(|| FullJitter::new(policy.backoff_base, policy.backoff_cap))
-            .next_delay(),
+        Some(asked) => backoff.max(asked.min(policy.backoff_cap)),
+        None => backoff,
     };
     if starts_past(deadline, now, delay) {
         tracing::debug!("the next retry would start past the deadline; not retrying");

@@ -26,7 +26,7 @@ use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::fingerprint::Fingerprint;
-use crate::frozen::{collect_request, path_and_query, DEFAULT_BODY_LIMIT};
+use crate::frozen::{collect_request, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed, HeaderKey};
 use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
@@ -166,12 +166,37 @@ pub enum InDoubtPolicy {
 
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 
+/// The default protected window of a server record: how long after it completes it is
+/// never evicted from a store with a memory budget, so the clients' retries find it.
+pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(5 * 60);
+
+/// Whose keys a request's key is among.
+#[derive(Clone)]
+enum Scope {
+    /// A hash of the `Authorization` header; a keyed request without one is refused.
+    Authorization,
+    /// One scope for every caller, chosen explicitly.
+    Unscoped,
+    /// The user's function of the request head.
+    Custom(Arc<ScopeFn>),
+}
+
+impl Scope {
+    /// The scope of a request, or `None` when it has no principal to be scoped by.
+    fn of(&self, parts: &Parts) -> Option<String> {
+        match self {
+            Self::Authorization => authorization_scope(parts),
+            Self::Unscoped => Some(String::new()),
+            Self::Custom(scope) => Some(scope(parts)),
+        }
+    }
+}
+
 /// The server face's configuration (see [`ServerBuilder`] and the
 /// [module docs](crate::idempotency#the-server-face)).
 pub struct Server {
     ledger: Ledger,
-    scope: Arc<ScopeFn>,
-    route: Arc<ScopeFn>,
+    scope: Scope,
     methods: Vec<Method>,
     require_key: bool,
     busy: BusyPolicy,
@@ -209,12 +234,12 @@ impl fmt::Debug for Server {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [scope](ServerBuilder::scope) | a hash of the `Authorization` header (absent: one shared anonymous scope) |
-/// | [route](ServerBuilder::route) | the URI path |
+/// | [scope](ServerBuilder::scope) | a hash of the `Authorization` header; a keyed request without one gets `400` [`scope-missing`](problem::SCOPE_MISSING) |
 /// | [side-effecting methods](ServerBuilder::side_effect_methods) | `POST`, `PATCH` |
 /// | [key required](ServerBuilder::require_key) on them | yes: `400` without one |
-/// | [lease](ServerBuilder::lease) | 60 s |
+/// | [lease](ServerBuilder::lease) (renewed while the handler runs) | 10 s |
 /// | [retention](ServerBuilder::retention) | 24 h |
+/// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 5 min |
 /// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
 /// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
 /// | [recorded response cap](ServerBuilder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
@@ -227,7 +252,6 @@ impl fmt::Debug for Server {
 ///
 /// ```
 /// use std::time::Duration;
-/// use axum::extract::MatchedPath;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, InDoubtPolicy};
 ///
 /// #[derive(Clone)]
@@ -235,10 +259,6 @@ impl fmt::Debug for Server {
 ///
 /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
 ///     .scope(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()).unwrap_or_default())
-///     .route(|parts| match parts.extensions.get::<MatchedPath>() {
-///         Some(route) => route.as_str().to_owned(),
-///         None => parts.uri.path().to_owned(),
-///     })
 ///     .lease(Duration::from_secs(30))
 ///     .in_doubt_policy(InDoubtPolicy::RunAgain)
 ///     .build()
@@ -247,12 +267,12 @@ impl fmt::Debug for Server {
 /// ```
 pub struct ServerBuilder {
     store: Arc<dyn IdempotencyStore>,
-    scope: Arc<ScopeFn>,
-    route: Arc<ScopeFn>,
+    scope: Scope,
     methods: Vec<Method>,
     require_key: bool,
     lease: Duration,
     retention: Duration,
+    protected: Duration,
     busy: BusyPolicy,
     body_limit: usize,
     response_limit: usize,
@@ -278,38 +298,44 @@ impl fmt::Debug for ServerBuilder {
 
 /// The default scope: a hash of the `Authorization` header's values, so each credential
 /// gets its own keys and the credential itself is never part of a key input kept anywhere.
-/// Without the header, every request shares one anonymous scope (`""`).
-fn authorization_scope(parts: &Parts) -> String {
+/// Without the header there is no principal: `None`, and the request is refused.
+fn authorization_scope(parts: &Parts) -> Option<String> {
     let mut values = parts
         .headers
         .get_all(header::AUTHORIZATION)
         .iter()
         .peekable();
-    if values.peek().is_none() {
-        return String::new();
-    }
+    values.peek()?;
     let mut hasher = Sha256::new();
     hasher.update(b"tower-idempotency/scope/authorization/v1");
     for value in values {
         update_length_prefixed(&mut hasher, value.as_bytes());
     }
-    hex(&hasher.finalize())
+    Some(hex(&hasher.finalize()))
 }
 
-fn uri_path(parts: &Parts) -> String {
-    parts.uri.path().to_owned()
+/// The request target as the client sent it. A router that nests this layer under a
+/// prefix (`Router::nest("/accounts/{id}", …)`) hands it a URI with the prefix stripped;
+/// with feature `axum`, the layer reads the original from axum's `OriginalUri` extension,
+/// so `/accounts/1/charges` and `/accounts/2/charges` never look like one request.
+fn original_target(parts: &Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = parts.extensions.get() {
+        return uri;
+    }
+    &parts.uri
 }
 
 impl ServerBuilder {
     fn new(store: Arc<dyn IdempotencyStore>) -> Self {
         Self {
             store,
-            scope: Arc::new(authorization_scope),
-            route: Arc::new(uri_path),
+            scope: Scope::Authorization,
             methods: vec![Method::POST, Method::PATCH],
             require_key: true,
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
+            protected: DEFAULT_LEASE + DEFAULT_SERVER_PROTECTED_WINDOW,
             busy: BusyPolicy::Fail,
             body_limit: DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
@@ -326,12 +352,16 @@ impl ServerBuilder {
     /// Keys of different scopes never meet: another scope's key behaves exactly like an
     /// unused one (no `409`, no `422`, no replay).
     ///
-    /// The default hashes the `Authorization` header, which keeps credentials apart but
-    /// has two limits: a client whose token rotates between a request and its retry gets
-    /// a new scope (the retry runs again), and requests without the header (cookie
-    /// sessions, anonymous endpoints) all share one scope. Set a scope from your
-    /// authenticated principal instead: put authentication **outside** this layer and read
-    /// what it inserted into the request's extensions.
+    /// **Without a scope function**, the scope is a hash of the `Authorization` header, so
+    /// every credential gets its own keys with no configuration, and a keyed request
+    /// **without** `Authorization` is refused with `400`
+    /// [`scope-missing`](problem::SCOPE_MISSING): there is no silent shared scope in which
+    /// one anonymous caller, sending another's key and body, would be served the other's
+    /// recorded response. Set a scope from your authenticated principal instead when your
+    /// callers authenticate otherwise (cookie sessions, mTLS, API keys in other headers) or
+    /// their tokens rotate between a request and its retry: put authentication **outside**
+    /// this layer and read what it inserted into the request's extensions. A scope function
+    /// is trusted: whatever it returns is the scope, `""` included.
     ///
     /// ```
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
@@ -348,19 +378,22 @@ impl ServerBuilder {
     where
         F: Fn(&Parts) -> String + Send + Sync + 'static,
     {
-        self.scope = Arc::new(scope);
+        self.scope = Scope::Custom(Arc::new(scope));
         self
     }
 
-    /// Which endpoint a request is for, as part of its ledger key (default: the URI path).
-    /// With axum, prefer the route template from its `MatchedPath` extension, so that
-    /// reusing a key on `/orders/1` and `/orders/2` is caught as a reuse (`422`); see the
-    /// [`ServerBuilder`] example.
-    pub fn route<F>(mut self, route: F) -> Self
-    where
-        F: Fn(&Parts) -> String + Send + Sync + 'static,
-    {
-        self.route = Arc::new(route);
+    /// One scope for every caller: any caller who sends another's key with the same request
+    /// is served its recorded response. Choose it only when every caller is one principal
+    /// (a service called by one trusted peer) or keys are unguessable secrets.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new()).unscoped().build().unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn unscoped(mut self) -> Self {
+        self.scope = Scope::Unscoped;
         self
     }
 
@@ -392,11 +425,22 @@ impl ServerBuilder {
         self
     }
 
-    /// How long one request may hold its key in flight (default 60 s). Make it longer than
-    /// your slowest handler: a handler still running when its lease ends is taken for dead,
-    /// and the key goes in doubt (see [`InDoubtPolicy`]).
+    /// How long a request may hold its key in flight without renewing it (default 10 s).
+    /// While the handler runs, the layer renews the lease every third of it, so a slow
+    /// handler is never taken for dead; the lease is how soon a key whose process died
+    /// mid-handler reads as in doubt (see [`InDoubtPolicy`]).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// How long after it completes a key's record is never evicted from a store with a
+    /// memory budget (default the lease plus 5 minutes): cover your clients' retry windows.
+    /// When the budget is full of such records, new keys get `503`
+    /// [`ledger-full`](problem::LEDGER_FULL) rather than an outcome being forgotten.
+    /// Clamped to the retention.
+    pub fn protected_window(mut self, window: Duration) -> Self {
+        self.protected = window;
         self
     }
 
@@ -530,9 +574,9 @@ impl ServerBuilder {
                 store: self.store,
                 lease: self.lease,
                 retention: self.retention,
+                protected: self.protected.min(self.retention),
             },
             scope: self.scope,
-            route: self.route,
             methods: self.methods,
             require_key: self.require_key,
             busy: self.busy,
@@ -754,9 +798,11 @@ where
     let ledger_key = {
         // The scope stays in this block: it may name a tenant, and neither logs nor the
         // ledger ever see it, only the hash it goes into.
-        let scope = (server.scope)(&parts);
-        let route = (server.route)(&parts);
-        LedgerKey::server(&scope, &parts.method, &route, key.as_str())
+        let Some(scope) = server.scope.of(&parts) else {
+            outcome("scope-missing");
+            return Ok(problem::scope_missing());
+        };
+        LedgerKey::server(&scope, key.as_str())
     };
     let span = tracing::Span::current();
     if !span.is_disabled() {
@@ -781,10 +827,17 @@ where
         };
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
-    let fingerprint = Fingerprint::of(&parts.method, path_and_query(&parts.uri), &body);
+    // One key is one request: the method, the target as the client sent it and the body.
+    // A reuse with anything else is a mismatch, never a second run and never a replay.
+    let fingerprint = Fingerprint::of_request(&parts.method, original_target(&parts), &body);
     let request = move || Request::from_parts(parts, RequestBody::buffered(body));
 
-    let begin = server.ledger.request(ledger_key, fingerprint);
+    let mut begin = server.ledger.request(ledger_key, fingerprint);
+    if server.in_doubt == InDoubtPolicy::OutcomeUnknown {
+        // An in-doubt key is only ever looked at: answering it never changes its record,
+        // so a client that keeps retrying cannot keep it alive.
+        begin = begin.probe();
+    }
     let answer = match server.ledger.begin(begin, server.busy).await {
         Ok(answer) => answer,
         Err(err) if server.fail_open => {
@@ -797,6 +850,10 @@ where
             );
             return Ok(response);
         }
+        Err(err) if err.is_full() => {
+            outcome("ledger-full");
+            return Ok(problem::ledger_full(server.retry_after));
+        }
         Err(err) => {
             outcome("ledger-unavailable");
             tracing::error!(%err, "ledger unavailable; refusing the request (fail closed)");
@@ -808,23 +865,16 @@ where
             outcome("executed");
             execute(inner, server, ledger_key, token, request()).await
         }
-        Begin::Resume { token, .. } => match server.in_doubt {
-            InDoubtPolicy::RunAgain => {
-                outcome("executed-again");
-                tracing::info!("key in doubt; running the handler again (at least once)");
-                execute(inner, server, ledger_key, token, request()).await
-            }
-            InDoubtPolicy::OutcomeUnknown => {
-                outcome("outcome-unknown");
-                // We now own the record; put it back in doubt so every later request gets
-                // this same answer. Dropped before that, the guard does it for us.
-                let lease = server.ledger.hold(ledger_key, token, OnDrop::MarkInDoubt);
-                if let Err(err) = lease.mark_in_doubt().await {
-                    tracing::warn!(%err, "could not keep the key in doubt; its lease will expire into doubt");
-                }
-                Ok(problem::outcome_unknown())
-            }
-        },
+        Begin::Resume { token, .. } => {
+            // Only asked for under `RunAgain`: a probe is answered `InDoubt` instead.
+            outcome("executed-again");
+            tracing::info!("key in doubt; running the handler again (at least once)");
+            execute(inner, server, ledger_key, token, request()).await
+        }
+        Begin::InDoubt => {
+            outcome("outcome-unknown");
+            Ok(problem::outcome_unknown())
+        }
         Begin::Replay(stored) => Ok(replay(&server, stored)),
         Begin::Busy { retry_after } => {
             outcome("in-flight");
@@ -833,6 +883,12 @@ where
         Begin::Drift { .. } => {
             outcome("payload-mismatch");
             Ok(problem::payload_mismatch())
+        }
+        // Answers added later are not understood by this release: run nothing.
+        #[allow(unreachable_patterns)]
+        _ => {
+            outcome("outcome-unknown");
+            Ok(problem::outcome_unknown())
         }
     }
 }
@@ -902,7 +958,8 @@ where
     let handling = inner.call(request);
     let detach = !server.cancel_on_disconnect;
     let work = async move {
-        match handling.await {
+        // A live handler keeps its lease, however slow it is.
+        match lease.renewing(handling).await {
             Ok(response) => Ok(settle(&server, lease, response).await),
             Err(err) => {
                 // No response: the handler's fate is unknown.
@@ -955,7 +1012,8 @@ where
     }
     let (parts, body) = response.into_parts();
     // The body's error type need not be `Send`; make it a `BoxError` before awaiting again.
-    let buffered = buffer_up_to(body, server.response_limit)
+    let buffered = lease
+        .renewing(buffer_up_to(body, server.response_limit))
         .await
         .map_err(Into::<BoxError>::into);
     let buffered = match buffered {
@@ -1020,17 +1078,18 @@ mod tests {
 
     #[test]
     fn default_scope_hashes_credentials_and_never_holds_them() {
-        assert_eq!(authorization_scope(&parts(&[])), "");
+        assert_eq!(authorization_scope(&parts(&[])), None);
         let a = authorization_scope(&parts(&["Bearer a"]));
         let b = authorization_scope(&parts(&["Bearer b"]));
         assert_ne!(a, b);
-        assert_eq!(a.len(), 64);
-        assert!(!a.contains("Bearer"));
         assert_eq!(a, authorization_scope(&parts(&["Bearer a"])));
         assert_ne!(
             authorization_scope(&parts(&["a", "b"])),
             authorization_scope(&parts(&["ab"]))
         );
+        let a = a.unwrap();
+        assert_eq!(a.len(), 64);
+        assert!(!a.contains("Bearer"));
     }
 
     #[test]

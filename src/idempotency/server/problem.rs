@@ -27,6 +27,8 @@
 //! | 410 | `#response-not-recorded` | [`RESPONSE_NOT_RECORDED`] |
 //! | 500 | `#outcome-unknown` | [`OUTCOME_UNKNOWN`] |
 //! | 503 | `#ledger-unavailable` | [`LEDGER_UNAVAILABLE`] |
+//! | 503 | `#ledger-full` | [`LEDGER_FULL`] |
+//! | 400 | `#scope-missing` | [`SCOPE_MISSING`] |
 //!
 //! # key-missing
 //!
@@ -91,6 +93,23 @@
 //! is not called. Retry later with the same key. (When the layer is built with
 //! [`fail_open`](crate::idempotency::ServerBuilder::fail_open), the handler runs instead and
 //! its response carries `Idempotency-Fail-Open: true`.)
+//!
+//! # ledger-full
+//!
+//! **503**, with `Retry-After`. The ledger's memory budget is full of records it must not
+//! forget (operations still open, or completed inside their protected window), so it
+//! refuses new keys rather than evict an outcome a retry may still need. The handler was
+//! not called. Retry later with the same key; operators should give the store a larger
+//! budget (see [`MemoryStore`](crate::ledger::MemoryStore)).
+//!
+//! # scope-missing
+//!
+//! **400.** A keyed request carried no `Authorization` header, and the layer scopes keys by
+//! it (its default): without a principal, the key would land in a scope shared by every
+//! anonymous caller, where one caller could be served another's recorded response. The
+//! handler was not called and the ledger was not touched. Send the request with your
+//! credentials; operators whose callers authenticate otherwise (cookies, mTLS, API-key
+//! headers) give the layer a [scope function](crate::idempotency::ServerBuilder::scope).
 
 use std::time::Duration;
 
@@ -137,6 +156,10 @@ problem_types! {
     OUTCOME_UNKNOWN = "outcome-unknown";
     /// 503: the ledger is unavailable; nothing ran ([docs](self#ledger-unavailable)).
     LEDGER_UNAVAILABLE = "ledger-unavailable";
+    /// 503: the ledger is full of records it must keep; nothing ran ([docs](self#ledger-full)).
+    LEDGER_FULL = "ledger-full";
+    /// 400: a keyed request without a principal to scope its key ([docs](self#scope-missing)).
+    SCOPE_MISSING = "scope-missing";
 }
 
 /// The media type of every problem body.
@@ -303,6 +326,29 @@ pub(crate) fn ledger_unavailable<T>(retry_after: Duration) -> Response<ResponseB
         None,
     );
     with_retry_after(response, retry_after)
+}
+
+pub(crate) fn ledger_full<T>(retry_after: Duration) -> Response<ResponseBody<T>> {
+    let response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        LEDGER_FULL,
+        "Idempotency ledger full",
+        "the request was not handled because the idempotency ledger has no room for a new key; retry later with the same key"
+            .to_owned(),
+        None,
+    );
+    with_retry_after(response, retry_after)
+}
+
+pub(crate) fn scope_missing<T>() -> Response<ResponseBody<T>> {
+    problem(
+        StatusCode::BAD_REQUEST,
+        SCOPE_MISSING,
+        "Credentials required with an Idempotency-Key",
+        "keys are scoped by the Authorization header and this request has none; send your credentials"
+            .to_owned(),
+        None,
+    )
 }
 
 #[cfg(test)]

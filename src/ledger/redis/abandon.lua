@@ -4,7 +4,7 @@
 -- ARGV[1]  the owner's token (32 hex)
 local key, token = KEYS[1], ARGV[1]
 
-local r = redis.call('HMGET', key, 'v', 'state', 'token', 'sent', 'retention_ms')
+local r = redis.call('HMGET', key, 'v', 'state', 'token', 'sent')
 local bad = unreadable(key, r[1])
 if bad then return bad end
 if r[2] ~= 'in_flight' or r[3] ~= token then
@@ -16,12 +16,9 @@ if r[4] == '0' then
   redis.call('DEL', key)
   return {'ok'}
 end
-if r[5] == false then
-  return {'corrupt', 'record without a retention'}
-end
 -- An earlier attempt may have been sent. Releasing would let the next caller send new
--- bytes; keep it in doubt so the next caller resumes with the frozen ones instead.
+-- bytes; keep it in doubt (its TTL as it was) so the next caller resumes with the frozen
+-- ones instead.
 redis.call('HSET', key, 'state', 'in_doubt', 'sent', '1')
 redis.call('HDEL', key, 'token', 'lease_until_ms')
-redis.call('PEXPIRE', key, r[5])
 return {'ok'}

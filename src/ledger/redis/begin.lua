@@ -5,14 +5,16 @@
 -- ARGV[2]  a fresh owner token (32 hex), made by the client: used only if ownership is handed out
 -- ARGV[3]  the lease in ms
 -- ARGV[4]  the retention in ms (the key's PX TTL)
--- ARGV[5]  the encoded frozen request (absent on the server side)
+-- ARGV[5]  '1' to take an in-doubt operation over (resume), '0' for a probe that changes nothing
+-- ARGV[6]  the encoded frozen request (absent on the server side)
 local key = KEYS[1]
 local fp, token = ARGV[1], ARGV[2]
 local lease_ms, retention_ms = tonumber(ARGV[3]), ARGV[4]
-local frozen = ARGV[5]
+local take_over = ARGV[5] == '1'
+local frozen = ARGV[6]
 
 -- The frozen request and the outcome can be large: read them only when the answer needs them.
-local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms')
+local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent')
 local bad = unreadable(key, r[1])
 if bad then return bad end
 local now = now_ms()
@@ -40,6 +42,13 @@ end
 local state = r[3]
 if state == 'completed' then
   return {'replay', redis.call('HGET', key, 'outcome')}
+elseif state == 'in_flight' and r[5] == token then
+  -- Our own claim, asked for again because the reply to the first ask was lost: the same
+  -- answer, so no claim is ever left that nobody holds.
+  if r[6] == '1' then
+    return {'resume', redis.call('HGET', key, 'frozen')}
+  end
+  return {'acquired'}
 elseif state == 'in_flight' then
   local lease_until = tonumber(r[4])
   if lease_until == nil then
@@ -53,11 +62,15 @@ elseif state ~= 'in_doubt' then
   return {'corrupt', 'unknown record state'}
 end
 
--- In doubt (or an expired lease): hand the operation over under the new token, with the
--- bytes first frozen. Once resumed, an earlier attempt may have been sent, so the record
--- can never be released again ('sent' = 1), only completed or put back in doubt.
+-- In doubt (or an expired lease). A probe is told so, and nothing changes.
+if not take_over then
+  return {'in_doubt'}
+end
+-- Hand the operation over under the new token, with the bytes first frozen. Once resumed,
+-- an earlier attempt may have been sent, so the record can never be released again
+-- ('sent' = 1), only completed or put back in doubt. The key's TTL is left as it is: only
+-- a completion or a failed attempt starts a record's retention again.
 redis.call('HSET', key, 'state', 'in_flight', 'token', token, 'lease_until_ms', now + lease_ms,
-           'sent', '1', 'retention_ms', retention_ms)
+           'sent', '1')
 redis.call('HINCRBY', key, 'attempts', 1)
-redis.call('PEXPIRE', key, retention_ms)
 return {'resume', redis.call('HGET', key, 'frozen')}

@@ -14,5 +14,9 @@ end
 
 redis.call('HSET', key, 'state', 'in_doubt', 'sent', '1', 'retention_ms', retention_ms)
 redis.call('HDEL', key, 'token', 'lease_until_ms')
-redis.call('PEXPIRE', key, retention_ms)
+-- A real attempt failed: keep the record at least the retention from now (never shorter
+-- than it already had).
+if redis.call('PTTL', key) < tonumber(retention_ms) then
+  redis.call('PEXPIRE', key, retention_ms)
+end
 return {'ok'}

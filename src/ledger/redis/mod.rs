@@ -39,7 +39,7 @@
 //!   default), and every script touches only that key. A script is atomic on its key, so
 //!   `begin` is one step with no check-then-set, and the scripts stay valid under any
 //!   key-slot sharding.
-//! - **One round trip per ledger operation.** The four scripts are loaded when the store
+//! - **One round trip per ledger operation.** The five scripts are loaded when the store
 //!   connects and invoked by SHA (`EVALSHA`); if Redis has forgotten them (a restart,
 //!   `SCRIPT FLUSH`, a failover) the call loads the script and retries once. A fresh
 //!   operation costs two commands (`begin`, `complete`), a replay one.
@@ -58,11 +58,12 @@
 //!   error, never a claim. The connection is a [`redis::aio::ConnectionManager`], which
 //!   reconnects by itself: when Redis comes back, the same store works again.
 //!
-//! A timed-out (or dropped) call may still have run on Redis. A `begin` that did then left a
-//! claim under a token nobody knows: the next caller sees the operation busy until the lease
-//! ends, then resumes it with the frozen bytes; slower, never a second fresh run. A
-//! `complete` that did not run leaves the operation in flight the same way, to be resumed
-//! after its lease.
+//! A timed-out (or dropped) call may still have run on Redis. The layers ask again: a
+//! `begin` sent again with its caller's token recognises the claim it made and answers it
+//! again, and a `complete` whose answer was lost is retried inside the lease (a `fenced`
+//! answer after a lost one means the first applied). A claim whose `begin` never got an
+//! answer is released in the background once Redis is back, so the key is usable again
+//! rather than stuck in flight and then in doubt.
 //!
 //! # Record layout
 //!
@@ -75,14 +76,16 @@
 //! | `state` | `in_flight`, `in_doubt` or `completed` |
 //! | `token` | the owner's token, 32 hex digits (only while `in_flight`) |
 //! | `lease_until_ms` | end of the owner's lease, Redis time in ms since the epoch (only while `in_flight`) |
-//! | `sent` | `1` once an attempt may have been sent (after a resume or an in-doubt mark), else `0`; `abandon` only releases a `0` record |
+//! | `sent` | `1` once an attempt may have been sent (after a resume or an in-doubt mark), else `0`; `abandon` only releases a `0` record, and a `begin` recognising its own claim answers `resume` for a `1` one |
 //! | `retention_ms` | the retention last asked for, reapplied when `abandon` keeps a record |
 //! | `created_ms` | when the operation was first claimed, Redis time |
 //! | `attempts` | how many times ownership was handed out (the first claim and each resume) |
 //! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |
 //! | `outcome` | the recorded outcome, [`Outcome::encode`](super::Outcome::encode) (only when `completed`) |
 //!
-//! The key's TTL (`PTTL`) is the retention, refreshed on every transition. A later release
+//! The key's TTL (`PTTL`) is the retention: set by the first claim, by a completion and by
+//! an in-doubt mark (never shortened); a resume, an abandon, a renewal and a probe leave it
+//! as it is, so retrying an in-doubt key never keeps it alive. A later release
 //! reads version-1 records; this release refuses a record with an unknown version (or one that
 //! is not a hash written by it) as [corrupt](super::StoreError::is_corrupt) rather than
 //! misread it.
@@ -111,8 +114,10 @@
 //!   connection, so one `WAIT` would stall them all; it would also add a round trip.
 //! - **Eviction forgets.** Set `maxmemory-policy noeviction` on the ledger's Redis. Every
 //!   record has a TTL, so the `volatile-*` policies, like the `allkeys-*` ones, may drop live
-//!   records under memory pressure. With `noeviction` a full Redis refuses new claims (the
-//!   store fails closed) instead of forgetting old ones.
+//!   records under memory pressure; the store reads the policy when it connects and logs a
+//!   warning when it is not `noeviction`. With `noeviction` a full Redis refuses new claims
+//!   (`OOM`, reported as a [full](super::StoreError::is_full) store: the layers fail closed)
+//!   instead of forgetting old ones.
 //!
 //! For operations where a duplicate is expensive, run the ledger's Redis with
 //! `appendonly yes` and `appendfsync always`, on a primary you fail over manually (or not at
@@ -175,12 +180,14 @@ const MARK_IN_DOUBT_LUA: &str = concat!(
     include_str!("prelude.lua"),
     include_str!("mark_in_doubt.lua")
 );
+const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 
 // Each script is hashed once per process; `Script` invokes by SHA and loads on NOSCRIPT.
 static BEGIN: LazyLock<Script> = LazyLock::new(|| Script::new(BEGIN_LUA));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
 static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(ABANDON_LUA));
 static MARK_IN_DOUBT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_IN_DOUBT_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 
 /// The distributed ledger on Redis. See the [module docs](self) for how it works, the record
 /// layout and what durability to expect.
@@ -490,7 +497,13 @@ impl RedisStoreBuilder {
         // Loading the scripts up front proves the connection and keeps the `NOSCRIPT`
         // fallback off the hot path; it is one pipelined round trip.
         let mut load = ::redis::pipe();
-        for code in [BEGIN_LUA, COMPLETE_LUA, ABANDON_LUA, MARK_IN_DOUBT_LUA] {
+        for code in [
+            BEGIN_LUA,
+            COMPLETE_LUA,
+            ABANDON_LUA,
+            MARK_IN_DOUBT_LUA,
+            RENEW_LUA,
+        ] {
             load.cmd("SCRIPT").arg("LOAD").arg(code);
         }
         let bound = self.connection_timeout + self.operation_timeout;
@@ -505,12 +518,43 @@ impl RedisStoreBuilder {
             }
         }
 
+        warn_if_ledger_keys_can_be_evicted(&manager, &addr, bound).await;
+
         Ok(RedisStore {
             manager,
             prefix: self.prefix.into(),
             operation_timeout: self.operation_timeout,
             addr: addr.into(),
         })
+    }
+}
+
+/// Say so, loudly, when the server's `maxmemory-policy` may evict ledger keys: an evicted
+/// record is a forgotten operation, and a forgotten operation runs again. Every record has
+/// a TTL, so the `volatile-*` policies evict them as readily as the `allkeys-*` ones. A
+/// server that refuses `CONFIG GET` (managed offerings often do) is not asked twice.
+async fn warn_if_ledger_keys_can_be_evicted(
+    manager: &ConnectionManager,
+    addr: &str,
+    bound: Duration,
+) {
+    let mut connection = manager.clone();
+    let mut ask = ::redis::cmd("CONFIG");
+    ask.arg("GET").arg("maxmemory-policy");
+    let reply = tokio::time::timeout(bound, ask.query_async::<Vec<String>>(&mut connection)).await;
+    match reply {
+        Ok(Ok(pair)) => match pair.get(1).map(String::as_str) {
+            Some("noeviction") | None => {}
+            Some(policy) => tracing::warn!(
+                %addr,
+                policy,
+                "the ledger's Redis may evict ledger records under memory pressure \
+                 (maxmemory-policy {policy}); an evicted record lets its operation run again. \
+                 Set maxmemory-policy noeviction: a full Redis then refuses new operations \
+                 (fail closed) instead"
+            ),
+        },
+        _ => tracing::debug!(%addr, "could not read maxmemory-policy; make sure it is noeviction"),
     }
 }
 
@@ -535,16 +579,18 @@ impl fmt::Debug for RedisStoreBuilder {
 impl IdempotencyStore for RedisStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
         Box::pin(async move {
-            // Made here, not in the script: Redis has no good randomness to offer scripts, and
-            // the token is only kept if the script hands ownership out.
-            let token = LeaseToken::generate();
+            // The caller's token, not one made in the script: Redis has no good randomness
+            // to offer scripts, and a `begin` sent again after a lost reply must bring the
+            // same token to recognise its own claim.
+            let token = request.token;
             let mut invocation = BEGIN.prepare_invoke();
             invocation
                 .key(self.redis_key(&request.key))
                 .arg(request.fingerprint.to_hex())
                 .arg(token_hex(token))
                 .arg(millis(request.lease, 0))
-                .arg(millis(request.retention, 1));
+                .arg(millis(request.retention, 1))
+                .arg(if request.take_over { "1" } else { "0" });
             if let Some(frozen) = &request.frozen {
                 invocation.arg(frozen.encode());
             }
@@ -594,6 +640,17 @@ impl IdempotencyStore for RedisStore {
             self.settle(&invocation).await
         })
     }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut invocation = RENEW.prepare_invoke();
+            invocation
+                .key(self.redis_key(&key))
+                .arg(token_hex(token))
+                .arg(millis(lease, 1));
+            self.settle(&invocation).await
+        })
+    }
 }
 
 /// Turn `begin`'s reply into the protocol's answer; `token` is the one offered to the script.
@@ -610,6 +667,7 @@ fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, StoreError>
             token,
             frozen: optional_frozen(reply.get(1))?,
         }),
+        b"in_doubt" => Ok(Begin::InDoubt),
         b"replay" => match reply.get(1) {
             Some(Value::BulkString(bytes)) => Ok(Begin::Replay(Outcome::decode(bytes)?)),
             _ => Err(StoreError::corrupt("completed record without an outcome")),
@@ -697,6 +755,10 @@ fn millis(duration: Duration, min: u128) -> u64 {
 fn from_redis(err: RedisError) -> StoreError {
     if err.code() == Some("WRONGTYPE") {
         StoreError::corrupt(err)
+    } else if err.code() == Some("OOM") {
+        // `maxmemory` reached under `noeviction`: Redis refuses the write rather than
+        // forget a record, which is exactly the full store of the protocol.
+        StoreError::full()
     } else if err.is_timeout() {
         StoreError::timeout()
     } else {

@@ -3,8 +3,8 @@
 -- Every script touches exactly one key, KEYS[1], and declares it, so the scripts stay valid
 -- under any key-slot sharding (Redis Cluster).
 --
--- Replies are arrays whose first element is a tag ('acquired', 'busy', 'resume', 'replay',
--- 'drift', 'ok', 'fenced', 'corrupt'), never Lua errors, so the Rust side can tell a
+-- Replies are arrays whose first element is a tag ('acquired', 'busy', 'resume', 'in_doubt',
+-- 'replay', 'drift', 'ok', 'fenced', 'corrupt'), never Lua errors, so the Rust side can tell a
 -- refused write from a broken server.
 
 -- The record format this release writes and reads.

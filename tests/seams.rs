@@ -1,0 +1,996 @@
+//! Where the pieces meet: the retry layer and the idempotency layer, the server face and
+//! axum's router, one tenant and another, an attempt and the next, the engine and a store
+//! that loses answers.
+//!
+//! Each test is named after the guarantee it proves and the defect it pins (`defect N`
+//! refers to the reliability review that found it). Time is tokio's paused clock, except
+//! against Redis, which judges leases by its own clock.
+#![cfg(feature = "test-util")]
+
+#[path = "support/redis.rs"]
+#[cfg(feature = "redis")]
+mod redis_support;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::{patch, post as route_post};
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_idempotency::idempotency::problem;
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
+    StoreFuture,
+};
+use tower_idempotency::phase::FailurePhase;
+use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::{
+    BusyPolicy, DriftPolicy, Fingerprint, FrozenRequest, FrozenRetryLayer, IdempotencyLayer,
+    InDoubtPolicy, OperationId, ResponseSource,
+};
+
+const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock: 200 units of SKU-4471","fulfillment_intent_id":"fi_9a7e21"}"#;
+const REGENERATED: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock order for 200 units of SKU-4471 after a failed submission","fulfillment_intent_id":"fi_c02b6f"}"#;
+const ORDERS: &str = "http://orders.local/orders";
+
+fn op() -> OperationId {
+    OperationId::new("task-9", "create-order")
+}
+
+fn post(body: &'static str) -> Request<Full<Bytes>> {
+    let mut req = Request::post(ORDERS)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    req.extensions_mut().insert(op());
+    req
+}
+
+fn fast_policy(attempt_timeout: Duration) -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(3)
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .attempt_timeout(attempt_timeout)
+        .no_budget()
+        .build()
+        .unwrap()
+}
+
+async fn body_of<B: http_body::Body>(response: Response<B>) -> Bytes
+where
+    B::Error: std::fmt::Debug,
+{
+    response.into_body().collect().await.unwrap().to_bytes()
+}
+
+fn source<B>(response: &Response<B>) -> Option<ResponseSource> {
+    response.extensions().get::<ResponseSource>().copied()
+}
+
+// ---------------------------------------------------------------------------------------
+// A store that loses answers, fails writes or is slow: the engine's side of the seam
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct Faults {
+    /// `begin`s that apply, then lose their reply (a timeout after the script ran).
+    lost_begin_replies: AtomicU32,
+    /// `complete`s that fail without applying (Redis restarting).
+    failed_completes: AtomicU32,
+    /// How long each `complete` takes before it applies.
+    complete_delay_ms: AtomicU64,
+}
+
+fn take(counter: &AtomicU32) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+#[derive(Clone, Debug)]
+struct FlakyStore {
+    inner: Arc<dyn IdempotencyStore>,
+    faults: Arc<Faults>,
+}
+
+impl FlakyStore {
+    fn new(inner: impl IdempotencyStore) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            faults: Arc::default(),
+        }
+    }
+}
+
+impl IdempotencyStore for FlakyStore {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        Box::pin(async move {
+            let answer = self.inner.begin(request).await;
+            if take(&self.faults.lost_begin_replies) {
+                return Err(StoreError::timeout());
+            }
+            answer
+        })
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let delay = self.faults.complete_delay_ms.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            if take(&self.faults.failed_completes) {
+                return Err(StoreError::unavailable("injected: the ledger restarted"));
+            }
+            self.inner.complete(key, token, outcome, retention).await
+        })
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.inner.abandon(key, token)
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.mark_in_doubt(key, token, retention)
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        self.inner.renew(key, token, lease)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Defect 1: "may have been sent" is sticky across the attempts of an operation
+// ---------------------------------------------------------------------------------------
+
+/// Attempt 1 reaches the provider (it commits, then answers 503 or never answers), attempts
+/// 2 and 3 are refused at connect. The operation must stay in doubt: the agent's
+/// regenerated payload is refused, and the same payload resends the frozen bytes.
+async fn sent_then_refused_stays_in_doubt(store: Arc<dyn IdempotencyStore>, first: Fault) {
+    let provider = SideEffectService::new().with_faults([
+        first.clone(),
+        Fault::RefuseBeforeSend,
+        Fault::RefuseBeforeSend,
+    ]);
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_millis(
+            300,
+        ))))
+        .service(provider.clone());
+
+    let err = client.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(
+        err.phase().is_some_and(FailurePhase::may_have_been_sent),
+        "{first:?}: the first attempt may have been sent, whatever the last one did: {err:?}"
+    );
+    assert_eq!(provider.calls(), 3);
+    assert_eq!(provider.effects(), 1);
+
+    // The agent re-runs its step and regenerates the payload: refused, nothing sent.
+    let err = client.clone().oneshot(post(REGENERATED)).await.unwrap_err();
+    assert!(
+        err.is_drift(),
+        "{first:?}: the operation was released: {err:?}"
+    );
+    assert_eq!(
+        provider.calls(),
+        3,
+        "{first:?}: the regenerated payload was sent"
+    );
+
+    // The same step, once the provider is back: the frozen bytes, the provider's answer.
+    let res = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&res), Some(ResponseSource::Resent), "{first:?}");
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(provider.effects(), 1, "{first:?}: charged twice");
+    for attempt in provider.attempts() {
+        assert_eq!(&attempt.body()[..], ORIGINAL.as_bytes());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_sent_attempt_then_refused_retries_never_releases_the_operation() {
+    for first in [
+        Fault::ServerError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            commit: true,
+        },
+        Fault::CommitThenTimeout,
+    ] {
+        sent_then_refused_stays_in_doubt(Arc::new(MemoryStore::new()), first).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_a_sent_attempt_then_refused_retries_never_releases_the_operation() {
+    let Some(redis) = redis_support::redis_url().await else {
+        return;
+    };
+    for (n, first) in [
+        Fault::ServerError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            commit: true,
+        },
+        Fault::CommitThenTimeout,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
+            .prefix(format!("seams:sent:{}:{n}:", std::process::id()))
+            .connect()
+            .await
+            .unwrap();
+        sent_then_refused_stays_in_doubt(Arc::new(store), first).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_layer_alone_reports_a_sticky_phase() {
+    let provider = SideEffectService::new().with_faults([
+        Fault::ServerError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            commit: false,
+        },
+        Fault::RefuseBeforeSend,
+        Fault::RefuseBeforeSend,
+    ]);
+    let client = ServiceBuilder::new()
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider.clone());
+    let get = Request::get("http://inventory.local/stock")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let err = client.oneshot(get).await.unwrap_err();
+    assert_eq!(err.phase(), Some(FailurePhase::AfterWrite), "{err:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Defect 6: the retry layer sends what it is handed
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_layer_between_the_two_keeps_its_change_on_every_attempt() {
+    let provider = SideEffectService::new().with_faults([Fault::ServerError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        commit: false,
+    }]);
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .map_request(|mut req: Request<Full<Bytes>>| {
+            req.headers_mut().insert(
+                http::header::AUTHORIZATION,
+                HeaderValue::from_static("Bearer sk_test_1"),
+            );
+            req
+        })
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider.clone());
+    let res = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let attempts = provider.attempts();
+    assert_eq!(attempts.len(), 2);
+    for attempt in &attempts {
+        assert_eq!(
+            attempt.headers().get(http::header::AUTHORIZATION),
+            Some(&HeaderValue::from_static("Bearer sk_test_1")),
+            "the middle layer's header was thrown away"
+        );
+        assert_eq!(attempt.headers(), attempts[0].headers());
+        assert_eq!(attempt.body(), attempts[0].body());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Defect 7: ResendFrozen never sends the regenerated bytes
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn resend_frozen_sends_the_first_bytes_even_when_the_owner_releases_meanwhile() {
+    let store = Arc::new(MemoryStore::new());
+    // Another caller owns the operation with the original bytes, marked so we can tell.
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-frozen-by", HeaderValue::from_static("first-owner"));
+    let original = FrozenRequest::from_parts(
+        Method::POST,
+        ORDERS.parse().unwrap(),
+        http::Version::HTTP_11,
+        headers,
+        Bytes::from_static(ORIGINAL.as_bytes()),
+    );
+    let key = LedgerKey::for_operation(op().key(""));
+    let claim = BeginRequest::new(
+        key,
+        original.fingerprint(),
+        Duration::from_secs(10),
+        Duration::from_secs(3600),
+    )
+    .with_frozen(original.clone());
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("the first owner claims the operation");
+    };
+
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(store.clone())
+                .drift_policy(DriftPolicy::ResendFrozen)
+                .busy_policy(BusyPolicy::Wait(Duration::from_secs(30)))
+                .build()
+                .unwrap(),
+        )
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider.clone());
+    let waiting = tokio::spawn(client.oneshot(post(REGENERATED)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The first owner's attempt failed before writing: it releases the operation.
+    store.abandon(key, token).await.unwrap();
+
+    let res = waiting.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let attempts = provider.attempts();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        &attempts[0].body()[..],
+        ORIGINAL.as_bytes(),
+        "ResendFrozen sent the regenerated bytes"
+    );
+    assert_eq!(attempts[0].headers()["x-frozen-by"], "first-owner");
+}
+
+// ---------------------------------------------------------------------------------------
+// Defect 8: a caller's own key never answers for another target
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_key_sent_to_two_hosts_is_two_operations() {
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider.clone());
+    let to = |host: &str| {
+        Request::post(format!("http://{host}/v1/orders"))
+            .header("idempotency-key", "\"order-42\"")
+            .body(Full::new(Bytes::from_static(b"{\"order\":42}")))
+            .unwrap()
+    };
+    let payments = client
+        .clone()
+        .oneshot(to("payments.example"))
+        .await
+        .unwrap();
+    let shipping = client
+        .clone()
+        .oneshot(to("shipping.example"))
+        .await
+        .unwrap();
+    assert_eq!(source(&payments), Some(ResponseSource::Sent));
+    assert_eq!(
+        source(&shipping),
+        Some(ResponseSource::Sent),
+        "shipping was answered with the payments record"
+    );
+    assert_eq!(provider.effects(), 2);
+    // Each target replays its own.
+    let again = client.oneshot(to("shipping.example")).await.unwrap();
+    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(body_of(again).await, body_of(shipping).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operation_id_sent_to_another_target_is_a_drift_never_a_replay() {
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider.clone());
+    client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    let mut elsewhere = post(ORIGINAL);
+    *elsewhere.uri_mut() = "http://orders-eu.local/orders".parse().unwrap();
+    let err = client.oneshot(elsewhere).await.unwrap_err();
+    assert!(err.is_drift(), "{err:?}");
+    assert_eq!(provider.calls(), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Defect 11: a cancelled settle still settles
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_dropped_while_its_outcome_is_recorded_still_records_it() {
+    let store = FlakyStore::new(MemoryStore::new());
+    store
+        .faults
+        .complete_delay_ms
+        .store(5_000, Ordering::SeqCst);
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider.clone());
+    // The caller gives up while `complete` is under way.
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(1),
+        client.clone().oneshot(post(ORIGINAL)),
+    );
+    assert!(gave_up.await.is_err());
+    store.faults.complete_delay_ms.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    let started = tokio::time::Instant::now();
+    let res = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        source(&res),
+        Some(ResponseSource::Replayed),
+        "the dropped caller's outcome was not recorded"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the key was held"
+    );
+    assert_eq!(provider.calls(), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Defect 13: only an "in progress" 409 is a try-again
+// ---------------------------------------------------------------------------------------
+
+fn conflict_provider(
+    retry_after: Option<&'static str>,
+    calls: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
+       + Send {
+    service_fn(move |_req: Request<Full<Bytes>>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut res = Response::builder().status(StatusCode::CONFLICT);
+            if let Some(after) = retry_after {
+                res = res.header("retry-after", after);
+            }
+            Ok::<_, Infallible>(
+                res.body(Full::new(Bytes::from_static(
+                    b"{\"error\":\"order_exists\"}",
+                )))
+                .unwrap(),
+            )
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_business_409_is_a_final_recorded_outcome() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(conflict_provider(None, calls.clone()));
+    let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CONFLICT);
+    let again = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a final 409 was resent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_in_progress_409_leaves_the_operation_open() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(conflict_provider(Some("1"), calls.clone()));
+    client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "retried inside");
+    let again = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&again), Some(ResponseSource::Resent));
+}
+
+// ---------------------------------------------------------------------------------------
+// Defect 14: a live owner keeps its lease (client face)
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_live_client_owner_is_never_overtaken() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new().with_faults([Fault::Latency(Duration::from_secs(20))]);
+    let layer = |busy| {
+        IdempotencyLayer::client_builder(store.clone())
+            .lease(Duration::from_secs(3))
+            .busy_policy(busy)
+            .build()
+            .unwrap()
+    };
+    // The default policy has no per-attempt timeout: one attempt may outlast many leases.
+    let slow = ServiceBuilder::new()
+        .layer(layer(BusyPolicy::Fail))
+        .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+        .service(provider.clone());
+    let first = tokio::spawn(slow.clone().oneshot(post(ORIGINAL)));
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let err = slow.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(
+        err.is_busy(),
+        "a second caller took over a live owner: {err:?}"
+    );
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(source(&first), Some(ResponseSource::Sent));
+    let replay = slow.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&replay), Some(ResponseSource::Replayed));
+    assert_eq!(provider.calls(), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// The server face: routers, scopes, probes, and a ledger that loses answers
+// ---------------------------------------------------------------------------------------
+
+/// A handler that counts its runs and answers with the run number and the path it saw.
+fn counting_handler(
+    runs: Arc<AtomicUsize>,
+) -> impl Fn(http::Uri) -> std::future::Ready<(StatusCode, String)> + Clone + Send + Sync + 'static
+{
+    move |uri: http::Uri| {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        std::future::ready((
+            StatusCode::CREATED,
+            format!("{{\"run\":{n},\"path\":\"{uri}\"}}"),
+        ))
+    }
+}
+
+fn keyed(method: Method, path: &str, key: &str, body: &'static str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", "Bearer alice")
+        .header("idempotency-key", format!("\"{key}\""))
+        .body(Body::from(body))
+        .unwrap()
+}
+
+async fn answer(app: &Router, req: Request<Body>) -> (StatusCode, Option<String>, String) {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status();
+    let replayed = res
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = String::from_utf8(body_of(res).await.to_vec()).unwrap();
+    (status, replayed, body)
+}
+
+fn problem_type(body: &str) -> String {
+    let value: serde_json::Value = serde_json::from_str(body).unwrap();
+    value["type"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Defect 2, over loopback TCP: behind `Router::nest`, the layer sees `/charges` for every
+/// account; it must judge `/accounts/1/charges` and `/accounts/2/charges` apart.
+#[tokio::test]
+async fn nested_routers_never_replay_another_resources_response() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let account = Router::new()
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .layer(IdempotencyLayer::server(MemoryStore::new()));
+    let app = Router::new().nest("/accounts/{id}", account);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let charge = |account: u32, key: &str| {
+        Request::post(format!("http://{addr}/accounts/{account}/charges"))
+            .header("authorization", "Bearer alice")
+            .header("idempotency-key", format!("\"{key}\""))
+            .body(Full::new(Bytes::from_static(b"{\"amount_cents\":1999}")))
+            .unwrap()
+    };
+    let first = client.request(charge(1, "k")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let other = client.request(charge(2, "k")).await.unwrap();
+    assert!(
+        other.headers().get("idempotent-replayed").is_none(),
+        "account 2 was answered with account 1's charge"
+    );
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        problem_type(std::str::from_utf8(&body_of(other).await).unwrap()),
+        problem::PAYLOAD_MISMATCH
+    );
+    // Its own retry still replays its own charge; a new key charges account 2.
+    let retry = client.request(charge(1, "k")).await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let account_2 = client.request(charge(2, "k2")).await.unwrap();
+    assert_eq!(account_2.status(), StatusCode::CREATED);
+    assert!(String::from_utf8(body_of(account_2).await.to_vec())
+        .unwrap()
+        .contains("/charges"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// Defect 3: one key is one request; reused with another method or path it is a 422.
+#[tokio::test]
+async fn the_same_key_on_another_method_or_path_is_a_mismatch_never_a_second_run() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = counting_handler(runs.clone());
+    let app = Router::new()
+        .route(
+            "/orders/{id}",
+            route_post(handler.clone()).merge(patch(handler)),
+        )
+        .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    let (status, _, _) = answer(&app, keyed(Method::POST, "/orders/1", "k", "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for (method, path) in [(Method::PATCH, "/orders/1"), (Method::POST, "/orders/2")] {
+        let (status, replayed, body) = answer(&app, keyed(method.clone(), path, "k", "{}")).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{method} {path}");
+        assert_eq!(replayed, None);
+        assert_eq!(problem_type(&body), problem::PAYLOAD_MISMATCH);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Defect 9: no silent shared scope for requests without a principal.
+#[tokio::test]
+async fn keyed_requests_without_a_principal_are_refused_unless_scoped_explicitly() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let cookie = |who: &str| {
+        Request::post("/charges")
+            .header("cookie", format!("session={who}"))
+            .header("idempotency-key", "\"alice-charge-1\"")
+            .body(Body::from("{\"amount_cents\":1999}"))
+            .unwrap()
+    };
+    let default = Router::new()
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    for who in ["alice", "bob"] {
+        let (status, _, body) = answer(&default, cookie(who)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(problem_type(&body), problem::SCOPE_MISSING);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // With the session as the scope, Bob sending Alice's key runs his own charge.
+    let scoped = Router::new()
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .route_layer(
+            IdempotencyLayer::server_builder(MemoryStore::new())
+                .scope(|parts| {
+                    parts
+                        .headers
+                        .get("cookie")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .build()
+                .unwrap(),
+        );
+    let (alice, _, alice_body) = answer(&scoped, cookie("alice")).await;
+    let (bob, bob_replayed, bob_body) = answer(&scoped, cookie("bob")).await;
+    assert_eq!((alice, bob), (StatusCode::CREATED, StatusCode::CREATED));
+    assert_eq!(bob_replayed, None, "Bob was served Alice's response");
+    assert_ne!(alice_body, bob_body);
+}
+
+/// Defects 4 and 5 on the server: one tenant's traffic never evicts another's protected
+/// outcome; a budget full of protected records refuses new keys with 503.
+#[tokio::test(start_paused = true)]
+async fn one_tenants_traffic_never_makes_another_tenants_charge_run_twice() {
+    let store = MemoryStore::builder().max_bytes(64 * 1024).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .route_layer(
+            IdempotencyLayer::server_builder(store.clone())
+                .scope(|parts| {
+                    parts
+                        .headers
+                        .get("x-tenant")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .protected_window(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        );
+    let as_tenant = |tenant: &str, key: String| {
+        Request::post("/charges")
+            .header("x-tenant", tenant)
+            .header("idempotency-key", format!("\"{key}\""))
+            .body(Body::from("{\"amount_cents\":1999}"))
+            .unwrap()
+    };
+    let (status, _, a_body) = answer(&app, as_tenant("a", "a-1".into())).await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    // Tenant B's ordinary traffic, until the budget is full of protected records.
+    let mut refused = None;
+    for n in 0..10_000 {
+        let res = app
+            .clone()
+            .oneshot(as_tenant("b", format!("b-{n}")))
+            .await
+            .unwrap();
+        assert!(store.weighted_size() <= store.max_bytes());
+        if res.status() == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(res.headers().contains_key("retry-after"));
+            let body = String::from_utf8(body_of(res).await.to_vec()).unwrap();
+            assert_eq!(problem_type(&body), problem::LEDGER_FULL);
+            refused = Some(n);
+            break;
+        }
+        assert_eq!(res.status(), StatusCode::CREATED);
+    }
+    let refused = refused.expect("a full budget refuses new keys");
+    assert!(refused > 10, "refused after {refused}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1 + refused);
+    assert_eq!(store.evictions(), 0);
+
+    // A's retry, seconds later: its outcome, not a second charge.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (status, replayed, body) = answer(&app, as_tenant("a", "a-1".into())).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (StatusCode::CREATED, Some("true"))
+    );
+    assert_eq!(body, a_body);
+
+    // Past the protected window, old outcomes make room (counted), and B is served again.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let (status, _, _) = answer(&app, as_tenant("b", "b-late".into())).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(store.evictions() > 0);
+}
+
+/// Defects 4 and 5 on the client: open records count; a full budget refuses new operations
+/// with a typed error and sends nothing; no in-doubt record is lost.
+#[tokio::test(start_paused = true)]
+async fn a_provider_outage_cannot_grow_the_client_ledger_past_its_budget() {
+    const BUDGET: u64 = 256 * 1024;
+    let store = MemoryStore::builder().max_bytes(BUDGET).build();
+    // During the outage every attempt answers 503 (nothing committed).
+    let outage = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let provider = SideEffectService::new();
+    let flaky = service_fn({
+        let (outage, calls, provider) = (outage.clone(), calls.clone(), provider.clone());
+        move |req: Request<Full<Bytes>>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let (down, provider) = (outage.load(Ordering::SeqCst), provider.clone());
+            async move {
+                if down {
+                    let res = Response::builder()
+                        .status(503)
+                        .body(Full::new(Bytes::new()));
+                    return Ok(res.unwrap());
+                }
+                let res = provider.oneshot(req).await?;
+                Ok::<_, tower_idempotency::BoxError>(res)
+            }
+        }
+    });
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(flaky);
+    let body = Bytes::from(vec![b'x'; 10 * 1024]);
+    let charge = |n: u32| {
+        let mut req = Request::post(ORDERS).body(Full::new(body.clone())).unwrap();
+        req.extensions_mut()
+            .insert(OperationId::new("outage", n.to_string()));
+        req
+    };
+    let mut in_doubt = Vec::new();
+    let mut refused = 0;
+    for n in 0..100 {
+        let calls_before = calls.load(Ordering::SeqCst);
+        match client.clone().oneshot(charge(n)).await {
+            Ok(res) => {
+                assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+                in_doubt.push(n);
+            }
+            Err(err) => {
+                assert!(err.is_ledger_full(), "{err:?}");
+                assert_eq!(
+                    calls.load(Ordering::SeqCst),
+                    calls_before,
+                    "sent without a record"
+                );
+                refused += 1;
+            }
+        }
+        assert!(store.weighted_size() <= BUDGET, "{}", store.weighted_size());
+    }
+    assert!(refused > 0, "100 × 10 KiB in doubt fit a 256 KiB budget?");
+    assert!(!in_doubt.is_empty());
+    // The provider is back: every in-doubt operation resumes with its own frozen bytes.
+    outage.store(false, Ordering::SeqCst);
+    for n in &in_doubt {
+        let res = client.clone().oneshot(charge(*n)).await.unwrap();
+        assert_eq!(source(&res), Some(ResponseSource::Resent), "operation {n}");
+    }
+    assert_eq!(provider.effects(), in_doubt.len());
+}
+
+/// Defect 10: probing an in-doubt key never extends its life.
+#[tokio::test(start_paused = true)]
+async fn probes_of_an_in_doubt_key_never_extend_it() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let retention = Duration::from_secs(10 * 60);
+    let app = Router::new()
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .route_layer(
+            IdempotencyLayer::server_builder(store.clone())
+                .scope(|_| "t".to_owned())
+                .retention(retention)
+                .build()
+                .unwrap(),
+        );
+    // A replica claimed the key and died mid-handler.
+    let key = LedgerKey::server("t", "k");
+    let fingerprint = Fingerprint::of(&Method::POST, "/charges", b"{}");
+    let claim = BeginRequest::new(key, fingerprint, Duration::from_secs(10), retention);
+    store.begin(claim).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(11)).await;
+
+    // The client keeps retrying, once a minute, for nine minutes.
+    for _ in 0..9 {
+        let (status, _, body) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(problem_type(&body), problem::OUTCOME_UNKNOWN);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    // Ten minutes after the claim, its retention is over, probes or not.
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    let (status, _, _) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+    assert_eq!(status, StatusCode::CREATED, "the probes kept the key alive");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Defects 15 and 16: the engine resolves lost answers, on every store
+// ---------------------------------------------------------------------------------------
+
+fn server_on(store: FlakyStore, runs: Arc<AtomicUsize>) -> Router {
+    Router::new()
+        .route("/charges", route_post(counting_handler(runs)))
+        .route_layer(IdempotencyLayer::server(store))
+}
+
+async fn a_begin_whose_reply_is_lost_is_recognised(store: FlakyStore) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = server_on(store.clone(), runs.clone());
+    let key = format!("lost-begin-{}", fastrand::u64(..));
+    store.faults.lost_begin_replies.store(1, Ordering::SeqCst);
+    let (status, _, first) = answer(&app, keyed(Method::POST, "/charges", &key, "{}")).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, replayed, again) = answer(&app, keyed(Method::POST, "/charges", &key, "{}")).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (StatusCode::CREATED, Some("true"))
+    );
+    assert_eq!(again, first);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn a_begin_that_never_got_an_answer_leaves_the_key_runnable(store: FlakyStore) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = server_on(store.clone(), runs.clone());
+    let key = format!("no-answer-{}", fastrand::u64(..));
+    store.faults.lost_begin_replies.store(3, Ordering::SeqCst);
+    let (status, _, body) = answer(&app, keyed(Method::POST, "/charges", &key, "{}")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The ledger is back; the claim nobody holds is released in the background.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, replayed, body) = answer(&app, keyed(Method::POST, "/charges", &key, "{}")).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, None), "{body}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn a_lost_completion_write_is_retried_inside_the_lease(store: FlakyStore) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = server_on(store.clone(), runs.clone());
+    let key = format!("lost-complete-{}", fastrand::u64(..));
+    store.faults.failed_completes.store(2, Ordering::SeqCst);
+    let (status, _, first) = answer(&app, keyed(Method::POST, "/charges", &key, "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, replayed, again) = answer(&app, keyed(Method::POST, "/charges", &key, "{}")).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (StatusCode::CREATED, Some("true")),
+        "{again}"
+    );
+    assert_eq!(again, first);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_lost_ledger_answers_resolve() {
+    a_begin_whose_reply_is_lost_is_recognised(FlakyStore::new(MemoryStore::new())).await;
+    a_begin_that_never_got_an_answer_leaves_the_key_runnable(FlakyStore::new(MemoryStore::new()))
+        .await;
+    a_lost_completion_write_is_retried_inside_the_lease(FlakyStore::new(MemoryStore::new())).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_lost_ledger_answers_resolve() {
+    let Some(redis) = redis_support::redis_url().await else {
+        return;
+    };
+    let store = || async {
+        FlakyStore::new(
+            tower_idempotency::ledger::RedisStore::builder(redis.url())
+                .prefix(format!(
+                    "seams:lost:{}:{}:",
+                    std::process::id(),
+                    fastrand::u32(..)
+                ))
+                .connect()
+                .await
+                .unwrap(),
+        )
+    };
+    a_begin_whose_reply_is_lost_is_recognised(store().await).await;
+    a_begin_that_never_got_an_answer_leaves_the_key_runnable(store().await).await;
+    a_lost_completion_write_is_retried_inside_the_lease(store().await).await;
+}
+
+/// The in-doubt policy still runs the handler again when asked to (at least once).
+#[tokio::test(start_paused = true)]
+async fn run_again_takes_an_in_doubt_key_over() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .route_layer(
+            IdempotencyLayer::server_builder(store.clone())
+                .scope(|_| "t".to_owned())
+                .in_doubt_policy(InDoubtPolicy::RunAgain)
+                .build()
+                .unwrap(),
+        );
+    let key = LedgerKey::server("t", "k");
+    let fingerprint = Fingerprint::of(&Method::POST, "/charges", b"{}");
+    let claim = BeginRequest::new(
+        key,
+        fingerprint,
+        Duration::from_secs(10),
+        Duration::from_secs(3600),
+    );
+    store.begin(claim).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let (status, replayed, _) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, None));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -17,17 +17,32 @@
 //!    [required](ClientBuilder::require_key).
 //! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent).
 //! 3. `begin` in the ledger, storing the frozen request before any byte leaves.
-//! 4. **Acquired**: send. A response is recorded (up to 1 MiB; a larger one reaches the
-//!    caller whole and is kept as a tombstone). A response meaning "try again" (`408`, `409`,
-//!    `429`, `5xx`) leaves the operation *in doubt*, so a later run resends rather than
-//!    replaying the failure. An error proven pre-write releases the operation; any other
-//!    error leaves it in doubt.
+//! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
+//!    never taken for a dead owner's). A response is recorded (up to 1 MiB; a larger one
+//!    reaches the caller whole and is kept as a tombstone). A response meaning "try again"
+//!    (`408`, `429`, `5xx`, and a `409` with `Retry-After`: "still in progress") leaves the
+//!    operation *in doubt*, so a later run resends rather than replaying the failure; any
+//!    other `409` ("already exists") is a final answer, recorded like a `201`. An error
+//!    releases the operation only when **no** attempt of it may have been sent: "may have
+//!    been sent" is sticky across the retries inside, so attempts refused at connect after
+//!    one that reached the server leave the operation in doubt. A recording lost to a
+//!    ledger outage is retried inside the lease.
 //! 5. **Replay**: return the recorded response without calling the inner service, marked
 //!    with [`ResponseSource::Replayed`].
 //! 6. **Resume** (in doubt): resend the **stored** frozen bytes under the same key.
 //! 7. **Busy**: wait for the owner (bounded, [`BusyPolicy`]) or fail.
-//! 8. **Drift** (same operation, different payload): refuse, naming the changed JSON
-//!    fields, or resend the original bytes ([`DriftPolicy`]).
+//! 8. **Drift** (same operation, different payload or target): refuse, naming the changed
+//!    JSON fields, or resend the original bytes ([`DriftPolicy`]) — never the new ones.
+//! 9. **Full** (a store with a memory budget has no room for a record it may not forget):
+//!    fail with [`Error::is_ledger_full`](crate::Error::is_ledger_full); nothing is sent.
+//!
+//! Layers between this one and the [`FrozenRetryLayer`](crate::FrozenRetryLayer) (a
+//! `map_request` adding `Authorization`, a tracing header) keep their changes: the retry
+//! layer resends what it was handed, byte for byte, reusing the body and fingerprint this
+//! layer computed. A caller's own `Idempotency-Key` names an operation **at its target**
+//! (scheme, host, port): the same key sent to two hosts is two operations. An
+//! [`OperationId`](crate::OperationId) names one operation wherever it is sent: sent to
+//! another target it is a drift, never a replay of the first target's answer.
 //!
 //! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
 //! the same whichever path a request takes.
@@ -139,34 +154,44 @@
 //! | key malformed: empty, over 255 characters, not visible ASCII, control characters, bad RFC 8941 string, header repeated | `400` [`key-invalid`](problem::KEY_INVALID), with `reason` | not touched |
 //! | body over the limit (1 MiB), by `Content-Length` or while reading | `413` [`body-too-large`](problem::BODY_TOO_LARGE) | not touched: no lease |
 //! | body could not be read | `400` [`body-unreadable`](problem::BODY_UNREADABLE) | not touched |
+//! | keyed, but no principal to scope the key by (no `Authorization`, no scope function) | `400` [`scope-missing`](problem::SCOPE_MISSING) | not touched |
 //! | ledger unavailable | `503` [`ledger-unavailable`](problem::LEDGER_UNAVAILABLE) with `Retry-After`; the handler does not run (fail closed). Opt-in [fail open](ServerBuilder::fail_open): the handler's response with `Idempotency-Fail-Open: true` | — |
+//! | ledger full of records it must keep | `503` [`ledger-full`](problem::LEDGER_FULL) with `Retry-After`; the handler does not run | not touched |
 //! | new key | the handler's response | recorded |
 //! | same key, in flight | `409` [`in-flight`](problem::IN_FLIGHT) with `Retry-After` | unchanged |
-//! | same key, other method, path, query or body | `422` [`payload-mismatch`](problem::PAYLOAD_MISMATCH) | unchanged |
+//! | same key, other method, path (as the client sent it), query or body | `422` [`payload-mismatch`](problem::PAYLOAD_MISMATCH): one key is one request, never a second run | unchanged |
 //! | same key, completed | the recorded status, allow-listed headers and byte-identical body, with `Idempotent-Replayed: true`; the handler does not run | unchanged |
 //! | same key, completed with a response over the cap (1 MiB) | `410` [`response-not-recorded`](problem::RESPONSE_NOT_RECORDED), never a re-run, never a truncated body | unchanged |
 //! | same key, in doubt (see below) | `500` [`outcome-unknown`](problem::OUTCOME_UNKNOWN) by default, or the handler runs again | stays in doubt / recorded |
 //!
 //! ## Scoping
 //!
-//! The ledger key is `LedgerKey::server(scope, method, route, key)`
+//! The ledger key is `LedgerKey::server(scope, key)`
 //! ([`LedgerKey::server`](crate::ledger::LedgerKey::server)), a hash: the scope, the raw
-//! key and credentials are never stored or logged. `scope` comes from
-//! [`ServerBuilder::scope`], a function of the request head naming the tenant or
-//! principal. One scope can never read, block or probe another's keys: a foreign key
-//! behaves exactly like an unused one (no `409`, no `422`, no replay).
+//! key and credentials are never stored or logged. One key is one request: the method, the
+//! request target and the body are its [fingerprint](crate::Fingerprint), so a key reused
+//! with another method, path, query or body is a `422`, never a second execution and never
+//! a replay of the other request's answer (as the IETF draft and Stripe treat it).
+//!
+//! The target is judged **as the client sent it**. `Router::nest("/accounts/{id}", …)`
+//! strips its prefix from the URI the layer sees; with feature `axum` the layer reads
+//! axum's `OriginalUri` instead, so `POST /accounts/1/charges` and
+//! `POST /accounts/2/charges` never look like one request. Without the feature, put the
+//! layer on the outer router, or outside `nest`.
+//!
+//! `scope` comes from [`ServerBuilder::scope`], a function of the request head naming the
+//! tenant or principal. One scope can never read, block or probe another's keys: a foreign
+//! key behaves exactly like an unused one (no `409`, no `422`, no replay).
 //!
 //! **Without a scope function**, the scope is a hash of the `Authorization` header: every
 //! credential gets its own keys, with no configuration, and nothing leaks between API
-//! clients. It is the safest default that needs no knowledge of your authentication, but
-//! not the best setting: a token that rotates between a request and its retry changes the
-//! scope (the retry runs again), and requests without `Authorization` (cookie sessions,
-//! anonymous endpoints) share one scope. Put authentication **outside** this layer and
-//! derive the scope from the principal it found, as the example does; unauthenticated
-//! requests then never reach the ledger either.
-//!
-//! `route` comes from [`ServerBuilder::route`]; the default is the URI path. With axum, use
-//! the route template from its `MatchedPath` extension (see [`ServerBuilder`]).
+//! clients. A keyed request **without** `Authorization` is refused with `400`
+//! [`scope-missing`](problem::SCOPE_MISSING): there is no silent shared scope in which one
+//! cookie-session caller, sending another's key and body, would be served the other's
+//! recorded response. Callers that authenticate otherwise (cookies, mTLS, API keys in other
+//! headers), or whose tokens rotate between a request and its retry, need a scope function:
+//! put authentication **outside** this layer and derive the scope from the principal it
+//! found, as the example does. [`ServerBuilder::unscoped`] opts into one scope for all.
 //!
 //! ## Handler failures, cancellation and expired leases
 //!
@@ -177,14 +202,16 @@
 //!   A panic caught by tower-http's `CatchPanicLayer` *inside* this layer is such a `5xx`.
 //! - **In doubt.** A key whose handler started and never finished cannot be "resent" by a
 //!   server: the handler panicked with nothing catching it, was cancelled, its response body
-//!   failed, or it ran past its lease (60 s by default: make it longer than your slowest
-//!   handler). By default ([`InDoubtPolicy::OutcomeUnknown`], **at most once**) every later
+//!   failed, or its process died (its lease, renewed while the handler runs, then runs out:
+//!   10 s by default). By default ([`InDoubtPolicy::OutcomeUnknown`], **at most once**) every later
 //!   request with the key gets `500` [`outcome-unknown`](problem::OUTCOME_UNKNOWN): the
 //!   layer cannot know whether the effect happened, and running it again is the double
 //!   charge this crate exists to stop. [`InDoubtPolicy::RunAgain`] (**at least once**) runs
 //!   the handler again; use it when the handler's own effects are idempotent, e.g. it
 //!   passes the key (a [`HeaderKey`](crate::HeaderKey) in the request's extensions) on to
-//!   its payment provider.
+//!   its payment provider. Answering an in-doubt key under `OutcomeUnknown` is a probe:
+//!   it never changes the record, so a client that keeps retrying cannot keep the key alive
+//!   past its retention.
 //! - **A panic** unwinding through this layer puts the key in doubt at once, not when the
 //!   lease ends, and keeps unwinding (hyper then closes the connection, as without us).
 //! - **The client goes away.** hyper drops the request's future. The handler of a keyed
@@ -193,9 +220,10 @@
 //!   [`cancel_on_disconnect(true)`](ServerBuilder::cancel_on_disconnect), the handler is
 //!   dropped with the request and the key goes in doubt at once.
 //!
-//! With the client face calling a server behind this layer: `409` and `5xx` answers leave
-//! the client's operation in doubt, to be resent later under the same key (an
-//! `outcome-unknown` stays so, truthfully); `410` and `422` are final.
+//! With the client face calling a server behind this layer: `409 in-flight` (it carries
+//! `Retry-After`), `503` and other `5xx` answers leave the client's operation in doubt, to
+//! be resent later under the same key (an `outcome-unknown` stays so, truthfully); `410`
+//! and `422` are final.
 //!
 //! ## Replay
 //!
@@ -221,8 +249,8 @@
 //! Each keyed request runs in a `DEBUG` span `idempotency` with `face = "server"`, `key`
 //! (the ledger key's hex: a hash, free of the scope), `outcome` (`executed`,
 //! `executed-again`, `replayed`, `in-flight`, `payload-mismatch`, `outcome-unknown`,
-//! `response-not-recorded`, `ledger-unavailable`, `fail-open`, `body-too-large`,
-//! `body-unreadable`) and, when the handler ran, `settled` (`recorded`, `tombstone`,
+//! `response-not-recorded`, `ledger-unavailable`, `ledger-full`, `scope-missing`,
+//! `fail-open`, `body-too-large`, `body-unreadable`) and, when the handler ran, `settled` (`recorded`, `tombstone`,
 //! `released`, `in-doubt`, `not-recorded`). Refused keys are `DEBUG` events.
 
 mod body;

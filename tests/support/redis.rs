@@ -80,16 +80,39 @@ pub async fn redis_url() -> Option<RedisHandle> {
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// With `appendonly yes` and `appendfsync always`, the directory of its log.
+    durable: Option<std::path::PathBuf>,
 }
 
 impl RedisServer {
     /// Start a private server on a free loopback port (see the module docs). `None`: skip.
     pub async fn spawn() -> Option<Self> {
+        Self::spawn_with(None).await
+    }
+
+    /// Start a private server that fsyncs every write to an append-only file before it
+    /// answers (`appendfsync always`), so a [`restart`](Self::restart) keeps every record it
+    /// acknowledged: the setting the ledger's docs recommend.
+    pub async fn spawn_durable() -> Option<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "tower-idempotency-redis-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("create the append-only file's directory");
+        Self::spawn_with(Some(dir)).await
+    }
+
+    async fn spawn_with(durable: Option<std::path::PathBuf>) -> Option<Self> {
         // Picking a free port and binding it are two steps; another process may take the port
         // in between. Retry with another port if the server does not come up.
         for _ in 0..5 {
             let port = free_port();
-            let mut server = Self { port, child: None };
+            let mut server = Self {
+                port,
+                child: None,
+                durable: durable.clone(),
+            };
             match server.start_child() {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
@@ -168,12 +191,27 @@ impl RedisServer {
     }
 
     fn start_child(&mut self) -> std::io::Result<()> {
-        let child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"]);
+        match &self.durable {
+            Some(dir) => command
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                ])
+                .args(["--dir", &dir.to_string_lossy()]),
             // No snapshots, no append-only file: nothing is written, nothing survives a kill.
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+            None => command
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--dir", &std::env::temp_dir().to_string_lossy()]),
+        };
+        let child = command
             .args(["--daemonize", "no", "--loglevel", "warning"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -213,6 +251,9 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         // SIGKILL also ends a paused (SIGSTOPped) server.
         self.stop();
+        if let Some(dir) = &self.durable {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -428,6 +428,19 @@ impl SideEffectService {
         self.lock().faults.iter().cloned().collect()
     }
 
+    /// Drop the faults still queued (the provider is healthy from now on), keeping every
+    /// count and record.
+    ///
+    /// ```
+    /// # use tower_idempotency::testing::{Fault, SideEffectService};
+    /// let provider = SideEffectService::new().with_faults([Fault::RefuseBeforeSend]);
+    /// provider.clear_faults();
+    /// assert!(provider.pending_faults().is_empty());
+    /// ```
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
     /// Effects committed in total.
     pub fn effects(&self) -> usize {
         self.lock().effects

@@ -645,3 +645,95 @@ fn debug_output_never_shows_credentials() {
     let shown = format!("{builder:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
 }
+
+/// A `tracing` writer that keeps what it is given.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn connecting_warns_when_redis_may_evict_ledger_records() {
+    // A private server: the test changes its configuration.
+    let Some(server) = RedisServer::spawn().await else {
+        return;
+    };
+    let mut admin = admin(&server.url()).await;
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let captured = captured.clone();
+            move || captured.clone()
+        })
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    connect(&server.url(), "idem:").await;
+    assert!(
+        captured.0.lock().unwrap().is_empty(),
+        "noeviction (redis-server's default) is what the ledger needs: no warning"
+    );
+
+    for policy in ["allkeys-lru", "volatile-ttl"] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        captured.0.lock().unwrap().clear();
+        connect(&server.url(), "idem:").await;
+        let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            logged.contains("WARN") && logged.contains(policy) && logged.contains("noeviction"),
+            "{policy}: {logged}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_full_redis_under_noeviction_refuses_claims_as_a_full_store() {
+    let Some(server) = RedisServer::spawn().await else {
+        return;
+    };
+    let mut admin = admin(&server.url()).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("4mb")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let store = connect(&server.url(), "idem:").await;
+    let body: &'static str = Box::leak("x".repeat(64 * 1024).into_boxed_str());
+    let big = frozen(body);
+    let mut kept = Vec::new();
+    let refused = loop {
+        let key = fresh_key();
+        match store.begin(request(key, &big, LEASE)).await {
+            Ok(Begin::Acquired { token }) => kept.push((key, token)),
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(err) => break err,
+        }
+        assert!(
+            kept.len() < 1000,
+            "4 MiB held {} records of 64 KiB",
+            kept.len()
+        );
+    };
+    assert!(refused.is_full(), "{refused:?}");
+    // Nothing already claimed was forgotten to make room.
+    for (key, token) in kept {
+        store.renew(key, token, LEASE).await.expect("still claimed");
+    }
+}

@@ -80,6 +80,10 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     retention_expiry_forgets(&*store, &clock).await;
     tombstones_replay_as_tombstones(&*store).await;
     replay_is_byte_identical(&*store).await;
+    a_repeated_begin_recognises_its_own_claim(&*store).await;
+    probes_change_nothing(&*store, &clock).await;
+    renewal_keeps_a_live_owner(&*store, &clock).await;
+    renewal_is_fenced(&*store).await;
 }
 
 fn fresh_key() -> LedgerKey {
@@ -418,6 +422,131 @@ pub async fn replay_is_byte_identical(store: &dyn IdempotencyStore) {
         }
         other => panic!("replay_is_byte_identical: got {other:?}"),
     }
+}
+
+/// A `begin` sent again with the same token (its reply was lost) answers the same claim
+/// again, `Acquired` for a fresh claim and `Resume` for a resumed one; another token is
+/// still `Busy`.
+pub async fn a_repeated_begin_recognises_its_own_claim(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":11}");
+    let claim = request(key, &req);
+    let token = acquire(store, claim.clone()).await;
+    assert_eq!(token, claim.token, "a_repeated_begin: the caller's token");
+    match store.begin(claim.clone()).await.expect("begin") {
+        Begin::Acquired { token: again } => assert_eq!(again, token),
+        other => panic!("a_repeated_begin: expected Acquired again, got {other:?}"),
+    }
+    assert!(matches!(
+        store.begin(request(key, &req)).await.expect("begin"),
+        Begin::Busy { .. }
+    ));
+    store
+        .mark_in_doubt(key, token, RETENTION)
+        .await
+        .expect("mark");
+    let resume_claim = request(key, &req);
+    let (resumed, _) = resume(store, resume_claim.clone()).await;
+    match store.begin(resume_claim).await.expect("begin") {
+        Begin::Resume { token, frozen } => {
+            assert_eq!(token, resumed, "a_repeated_begin: the resumed claim");
+            assert_eq!(frozen.expect("stored request").body(), req.body());
+        }
+        other => panic!("a_repeated_begin: expected Resume again, got {other:?}"),
+    }
+}
+
+/// A probe of an in-doubt operation (or one whose lease ran out) answers `InDoubt` and
+/// changes nothing: the record can still be resumed, and the stale owner of an expired
+/// lease can still complete it.
+pub async fn probes_change_nothing(store: &dyn IdempotencyStore, clock: &Clock) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":12}");
+    let token = acquire(store, request(key, &req)).await;
+    store
+        .mark_in_doubt(key, token, RETENTION)
+        .await
+        .expect("mark");
+    for _ in 0..3 {
+        match store
+            .begin(request(key, &req).probe())
+            .await
+            .expect("begin")
+        {
+            Begin::InDoubt => {}
+            other => panic!("probes_change_nothing: expected InDoubt, got {other:?}"),
+        }
+    }
+    resume(store, request(key, &req)).await;
+
+    let key = fresh_key();
+    let owner = acquire(store, request(key, &req)).await;
+    clock.advance(LEASE + Duration::from_millis(100)).await;
+    assert!(matches!(
+        store
+            .begin(request(key, &req).probe())
+            .await
+            .expect("begin"),
+        Begin::InDoubt
+    ));
+    // Nobody took the operation over: its owner may still record what it did.
+    store
+        .complete(key, owner, response("late"), RETENTION)
+        .await
+        .expect("probes_change_nothing: the owner completes after a probe");
+}
+
+/// An owner that renews is never overtaken, however long it works.
+pub async fn renewal_keeps_a_live_owner(store: &dyn IdempotencyStore, clock: &Clock) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":13}");
+    let owner = acquire(store, request(key, &req)).await;
+    for _ in 0..3 {
+        clock.advance(LEASE / 2).await;
+        store.renew(key, owner, LEASE).await.expect("renew");
+    }
+    // Well past the first lease, the operation is still in flight.
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Busy { .. } => {}
+        other => panic!("renewal_keeps_a_live_owner: expected Busy, got {other:?}"),
+    }
+    store
+        .complete(key, owner, response("slow"), RETENTION)
+        .await
+        .expect("complete");
+}
+
+/// `renew` is fenced: a stranger, a settled operation or a taken-over lease refuse it.
+pub async fn renewal_is_fenced(store: &dyn IdempotencyStore) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":14}");
+    let owner = acquire(store, request(key, &req)).await;
+    assert!(store
+        .renew(key, LeaseToken::generate(), LEASE)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    store
+        .mark_in_doubt(key, owner, RETENTION)
+        .await
+        .expect("mark");
+    assert!(store
+        .renew(key, owner, LEASE)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    let (new_owner, _) = resume(store, request(key, &req)).await;
+    assert!(store
+        .renew(key, owner, LEASE)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    store.renew(key, new_owner, LEASE).await.expect("renew");
+    assert!(store
+        .renew(fresh_key(), new_owner, LEASE)
+        .await
+        .unwrap_err()
+        .is_fenced());
 }
 
 /// The fingerprint of the suite's requests (for stores that want to seed records).

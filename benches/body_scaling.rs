@@ -44,7 +44,7 @@ use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{Fingerprint, FrozenRetryLayer, IdempotencyLayer, OperationId};
+use tower_idempotency::{Fingerprint, FrozenRetryLayer, OperationId};
 
 // --- Counting allocations ----------------------------------------------------------------
 
@@ -273,12 +273,12 @@ fn body_scaling(c: &mut Criterion) {
             chunked,
         );
         let stack = ServiceBuilder::new()
-            .layer(IdempotencyLayer::client(MemoryStore::new()))
+            .layer(common::client_layer(MemoryStore::new()))
             .layer(FrozenRetryLayer::new(RetryPolicy::default()))
             .service(Noop);
         bench(&mut group, &rt, "stack_fresh", size, stack, fresh_operation);
         let server = ServiceBuilder::new()
-            .layer(IdempotencyLayer::server(MemoryStore::new()))
+            .layer(common::server_layer(MemoryStore::new()))
             .service(handler());
         bench(&mut group, &rt, "server_fresh", size, server, fresh_key);
     }

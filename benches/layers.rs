@@ -45,9 +45,7 @@ use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{
-    Fingerprint, FrozenRequest, FrozenRetryLayer, IdempotencyLayer, OperationId,
-};
+use tower_idempotency::{Fingerprint, FrozenRequest, FrozenRetryLayer, OperationId};
 
 const BODY_LEN: usize = 1024;
 
@@ -226,7 +224,7 @@ fn layers(c: &mut Criterion) {
     );
 
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(common::client_layer(MemoryStore::new()))
         .service(Noop);
     let t = template.clone();
     bench_service(&mut group, &rt, "client_fresh", client.clone(), move || {
@@ -238,7 +236,7 @@ fn layers(c: &mut Criterion) {
     });
 
     let stack = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(common::client_layer(MemoryStore::new()))
         .layer(FrozenRetryLayer::new(RetryPolicy::default()))
         .service(Noop);
     let t = template.clone();
@@ -252,7 +250,7 @@ fn layers(c: &mut Criterion) {
     });
 
     let server = ServiceBuilder::new()
-        .layer(IdempotencyLayer::server(MemoryStore::new()))
+        .layer(common::server_layer(MemoryStore::new()))
         .service(handler());
     let t = template.clone();
     bench_service(&mut group, &rt, "server_fresh", server.clone(), move || {

@@ -87,7 +87,8 @@ fn outcome() -> Outcome {
 
 /// Claim and complete the new operation `key`.
 async fn begin_complete<S: IdempotencyStore>(store: &S, key: LedgerKey, outcome: &Outcome) {
-    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION);
+    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
+        .with_protected_window(Duration::ZERO);
     let Begin::Acquired { token } = store.begin(request).await.expect("begin") else {
         panic!("a fresh key must be acquired");
     };
@@ -99,7 +100,8 @@ async fn begin_complete<S: IdempotencyStore>(store: &S, key: LedgerKey, outcome:
 
 /// `begin` on the completed operation `key`: its outcome.
 async fn replay<S: IdempotencyStore>(store: &S, key: LedgerKey) {
-    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION);
+    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
+        .with_protected_window(Duration::ZERO);
     match store.begin(request).await.expect("begin") {
         Begin::Replay(outcome) => {
             black_box(outcome);

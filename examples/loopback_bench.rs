@@ -263,11 +263,13 @@ async fn fill_to_cap(store: &MemoryStore, kind: RecordKind) -> u64 {
                     let mut buf = bytes::BytesMut::with_capacity(8 * 1024);
                     buf.extend_from_slice(text.as_bytes());
                     let request = BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION)
+                        .with_protected_window(Duration::ZERO)
                         .with_frozen(frozen);
                     (request, buf.split().freeze())
                 }
                 RecordKind::Server => (
-                    BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION),
+                    BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION)
+                        .with_protected_window(Duration::ZERO),
                     Bytes::from(text.into_bytes()),
                 ),
             };
@@ -313,7 +315,7 @@ fn bare_app() -> Router {
 fn layered_app(store: impl IdempotencyStore) -> Router {
     Router::new()
         .route("/charges", post(charge))
-        .layer(IdempotencyLayer::server(store))
+        .layer(server_layer(store))
 }
 
 async fn serve(app: Router) -> SocketAddr {
@@ -534,6 +536,34 @@ fn fastrand_seed() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// How long a completed record stays protected from eviction here: short, so a store at its
+/// cap keeps evicting its oldest records (the steady state measured) instead of filling with
+/// protected ones and refusing new operations, as the defaults would at these rates.
+const PROTECTION: Duration = Duration::from_millis(50);
+
+/// The client layer as measured: the defaults, with [`PROTECTION`].
+fn client_layer(
+    store: impl IdempotencyStore,
+) -> IdempotencyLayer<tower_idempotency::idempotency::Client> {
+    IdempotencyLayer::client_builder(store)
+        .lease(PROTECTION)
+        .retry_window(Duration::ZERO)
+        .protected_window(PROTECTION)
+        .build()
+        .expect("valid settings")
+}
+
+/// The server layer as measured: the defaults, one scope, with [`PROTECTION`].
+fn server_layer(
+    store: impl IdempotencyStore,
+) -> IdempotencyLayer<tower_idempotency::idempotency::Server> {
+    IdempotencyLayer::server_builder(store)
+        .unscoped()
+        .protected_window(PROTECTION)
+        .build()
+        .expect("valid settings")
+}
+
 fn main() {
     let settings = Arc::new(Settings::from_env());
     let started = Instant::now();
@@ -626,7 +656,7 @@ fn main() {
             "client_stack",
             "client_bare",
             ServiceBuilder::new()
-                .layer(IdempotencyLayer::client(client_store.clone()))
+                .layer(client_layer(client_store.clone()))
                 .layer(retry())
                 .service(http.clone()),
             Template::new(bare_addr, &body, Marking::FreshOperation),
@@ -635,7 +665,7 @@ fn main() {
             "client_stack_copied",
             "client_bare",
             ServiceBuilder::new()
-                .layer(IdempotencyLayer::client(client_copied_store.clone()))
+                .layer(client_layer(client_copied_store.clone()))
                 .layer(retry())
                 .map_response(|r: Response<hyper::body::Incoming>| r.map(Copied))
                 .service(http.clone()),
@@ -666,7 +696,7 @@ fn main() {
             "client_stack_redis",
             "client_bare",
             ServiceBuilder::new()
-                .layer(IdempotencyLayer::client(store))
+                .layer(client_layer(store))
                 .layer(retry())
                 .service(http.clone()),
             Template::new(bare_addr, &body, Marking::FreshOperation),

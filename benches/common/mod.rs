@@ -155,3 +155,32 @@ impl<ResBody, E> Policy<Request<Full<Bytes>>, Response<ResBody>, E> for CloneAtt
         Some(clone)
     }
 }
+
+/// How long a completed record stays protected from eviction in the benches: short, so a
+/// store at its cap keeps evicting the oldest records (the steady state measured here) instead
+/// of filling with protected ones and refusing new operations, as the defaults would at these
+/// rates (that refusal is tested in tests/seams.rs, not timed).
+pub const BENCH_PROTECTION: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The client layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].
+pub fn client_layer(
+    store: tower_idempotency::ledger::MemoryStore,
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::Client> {
+    tower_idempotency::IdempotencyLayer::client_builder(store)
+        .lease(BENCH_PROTECTION)
+        .retry_window(std::time::Duration::ZERO)
+        .protected_window(BENCH_PROTECTION)
+        .build()
+        .expect("valid bench settings")
+}
+
+/// The server layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].
+pub fn server_layer(
+    store: tower_idempotency::ledger::MemoryStore,
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::Server> {
+    tower_idempotency::IdempotencyLayer::server_builder(store)
+        .unscoped()
+        .protected_window(BENCH_PROTECTION)
+        .build()
+        .expect("valid bench settings")
+}

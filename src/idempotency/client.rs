@@ -277,12 +277,7 @@ impl ClientBuilder {
             )));
         }
         let client = Client {
-            ledger: Ledger {
-                store: self.store,
-                lease: self.lease,
-                retention: self.retention,
-                protected: protected.min(self.retention),
-            },
+            ledger: Ledger::new(self.store, self.lease, self.retention, protected),
             scope: self.scope,
             require_key: self.require_key,
             drift: self.drift,

@@ -32,6 +32,10 @@ const MAX_STORE_RETRY: Duration = Duration::from_secs(1);
 /// How long a claim nobody will use (its `begin` reply was lost) is retried in the background
 /// before it is left to read as in doubt.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10 * 60);
+/// At most this many such releases run at once per layer: during a long ledger outage every
+/// refused request would otherwise leave a task behind. Past it, the claim (if it exists)
+/// reads as in doubt once its lease runs out, which is never a second run.
+const MAX_PENDING_RELEASES: usize = 256;
 
 /// What to do when another caller holds the operation in flight.
 ///
@@ -60,6 +64,8 @@ pub(crate) struct Ledger {
     pub(crate) retention: Duration,
     /// How long after its last transition a record must never be evicted.
     pub(crate) protected: Duration,
+    /// Background releases of unused claims under way (see [`MAX_PENDING_RELEASES`]).
+    pub(crate) pending_releases: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl fmt::Debug for Ledger {
@@ -79,6 +85,21 @@ fn is_ambiguous(err: &StoreError) -> bool {
 }
 
 impl Ledger {
+    pub(crate) fn new(
+        store: Arc<dyn IdempotencyStore>,
+        lease: Duration,
+        retention: Duration,
+        protected: Duration,
+    ) -> Self {
+        Self {
+            store,
+            lease,
+            retention,
+            protected: protected.min(retention),
+            pending_releases: Arc::default(),
+        }
+    }
+
     pub(crate) fn request(&self, key: LedgerKey, fingerprint: crate::Fingerprint) -> BeginRequest {
         BeginRequest::new(key, fingerprint, self.lease, self.retention)
             .with_protected_window(self.protected)
@@ -143,9 +164,22 @@ impl Ledger {
     /// not be used: nothing was sent under it. A claim that resumed an in-doubt operation
     /// goes back to doubt (the store's `abandon` never releases one that may have been sent).
     fn release_unused(&self, key: LedgerKey, token: LeaseToken) {
+        use std::sync::atomic::Ordering::Relaxed;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let pending = &self.pending_releases;
+        if pending
+            .fetch_update(Relaxed, Relaxed, |n| {
+                (n < MAX_PENDING_RELEASES).then_some(n + 1)
+            })
+            .is_err()
+        {
+            tracing::debug!(
+                "too many claims to release in the background; this one will read as in doubt"
+            );
+            return;
+        }
         let ledger = self.clone();
         runtime.spawn(async move {
             let deadline = Instant::now() + RELEASE_PATIENCE;
@@ -154,6 +188,7 @@ impl Ledger {
                     tracing::warn!(%err, "could not release an unused claim; it will read as in doubt");
                 }
             }
+            ledger.pending_releases.fetch_sub(1, Relaxed);
         });
     }
 

@@ -1,11 +1,14 @@
 //! The testing kit (feature `test-util`): prove "one effect per operation" in your own tests.
 //!
 //! - [`conformance`]: the ledger protocol checked against any [`IdempotencyStore`](crate::ledger::IdempotencyStore).
+//! - [`model`]: a reference model of the ledger protocol, and a checker that runs any op
+//!   sequence against a store and the model side by side (for property tests).
 //! - [`effects`]: [`SideEffectService`], a provider double that counts effects per key and
 //!   injects faults (commit then time out, refuse, 5xx, panic, latency), in-process or over HTTP.
 
 pub mod conformance;
 pub mod effects;
+pub mod model;
 
 pub use effects::{
     CapturedRequest, Fault, ServeHandle, SideEffectService, SideEffectServiceBuilder,

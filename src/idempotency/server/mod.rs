@@ -570,12 +570,7 @@ impl ServerBuilder {
             )));
         }
         let server = Server {
-            ledger: Ledger {
-                store: self.store,
-                lease: self.lease,
-                retention: self.retention,
-                protected: self.protected.min(self.retention),
-            },
+            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected),
             scope: self.scope,
             methods: self.methods,
             require_key: self.require_key,

@@ -115,11 +115,14 @@ impl FingerprintHasher {
     /// and an authority, else its path and query.
     pub(crate) fn for_target(method: &Method, uri: &http::Uri) -> Self {
         let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        // `http://h?q` and `http://h/?q` are one resource (an empty path is `/`, RFC 9110
+        // §4.2.3), and a URI decoded from its text form always has the `/`.
+        let slash = if path.starts_with('?') { "/" } else { "" };
         match (uri.scheme_str(), uri.authority()) {
             (Some(scheme), Some(authority)) => {
-                Self::new(method, &[scheme, "://", authority.as_str(), path])
+                Self::new(method, &[scheme, "://", authority.as_str(), slash, path])
             }
-            _ => Self::new(method, &[path]),
+            _ => Self::new(method, &[slash, path]),
         }
     }
 

@@ -431,7 +431,9 @@ impl<'a> Reader<'a> {
         for _ in 0..count {
             let name = HeaderName::from_bytes(self.bytes()?).map_err(corrupt)?;
             let value = HeaderValue::from_bytes(self.bytes()?).map_err(corrupt)?;
-            headers.append(name, value);
+            // A `HeaderMap` holds a bounded number of names and panics past it; a forged
+            // record must be refused, not crash its reader.
+            headers.try_append(name, value).map_err(corrupt)?;
         }
         Ok(headers)
     }

@@ -230,6 +230,8 @@ struct HandoffState {
     /// than an unkeyed one.
     key_ignored: bool,
     sent: std::sync::atomic::AtomicBool,
+    /// The retry window of the retry layer inside, in ms, once it reported it (0: none).
+    retry_window_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Handoff {
@@ -238,6 +240,7 @@ impl Handoff {
             frozen,
             key_ignored,
             sent: std::sync::atomic::AtomicBool::new(false),
+            retry_window_ms: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -250,6 +253,26 @@ impl Handoff {
         self.0
             .sent
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The retry layer inside reports the longest it may keep retrying.
+    pub(crate) fn report_retry_window(&self, window: std::time::Duration) {
+        let ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.0
+            .retry_window_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The retry window the retry layer inside reported, if it did.
+    pub(crate) fn retry_window(&self) -> Option<std::time::Duration> {
+        match self
+            .0
+            .retry_window_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            ms => Some(std::time::Duration::from_millis(ms)),
+        }
     }
 
     /// Whether any attempt so far may have reached the server.

@@ -56,6 +56,10 @@ pub struct Client {
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    /// The retry window the builder checked the TTLs against.
+    retry_window: Duration,
+    /// Whether the mismatch with the real retry policy was already reported.
+    warned_window: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for dyn ClassifyPhase {
@@ -287,6 +291,8 @@ impl ClientBuilder {
             fail_open: self.fail_open,
             provider_deduplicates: self.provider_deduplicates,
             phase_classifier: self.phase_classifier,
+            retry_window: self.retry_window,
+            warned_window: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(IdempotencyLayer::from_face(client))
     }
@@ -359,6 +365,29 @@ impl<T> Future for ClientFuture<T> {
 impl<T> fmt::Debug for ClientFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientFuture").finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// The builder checked the TTLs against `retry_window`; the retry layer inside reports
+    /// its real one. A longer real window can outlive the protected window or the retention
+    /// (a record could be evicted or expire while its operation still retries): say so,
+    /// once, naming the fix.
+    fn check_real_retry_window(&self, handoff: &Handoff) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(real) = handoff.retry_window() else {
+            return;
+        };
+        if real <= self.retry_window || self.warned_window.swap(true, Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            configured = ?self.retry_window,
+            real = ?real,
+            "the retry policy inside retries longer than the idempotency layer was told: \
+             build the layer with `.retry_policy(&policy)` so its protected window and \
+             retention cover the real retry window"
+        );
     }
 }
 
@@ -596,7 +625,9 @@ where
     let handoff = Handoff::new(frozen.clone(), !client.provider_deduplicates);
     extensions.insert(handoff.clone());
     let call = call_inner(inner, frozen.to_request_with(extensions));
-    match lease.renewing(call).await {
+    let result = lease.renewing(call).await;
+    client.check_real_retry_window(&handoff);
+    match result {
         Ok(response) => settle_response(client, lease, response, source).await,
         Err(error) => {
             let phase = classify(&*error, client.phase_classifier.as_deref());

@@ -166,6 +166,9 @@ where
     let (frozen, extensions) = freeze_handed(req, policy.body_limit).await?;
     let effect = EffectClass::resolve(frozen.method(), &extensions);
     let handoff = extensions.get::<Handoff>().cloned();
+    if let Some(handoff) = &handoff {
+        handoff.report_retry_window(policy.retry_window());
+    }
     let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
     // How far any attempt so far may have got: once one may have been sent, the call may
     // have been, whatever later attempts did.

@@ -385,6 +385,9 @@ fn call() -> impl Strategy<Value = Call> {
 
 #[derive(Default)]
 struct Handler {
+    /// Every duration of the case is divided by this (a store on the real clock runs the
+    /// same case faster).
+    slowdown_divisor: u64,
     plan: Mutex<Vec<Handling>>,
     /// Commits per (tenant, key), and the body each commit answered.
     commits: Mutex<HashMap<(String, String), Vec<String>>>,
@@ -427,7 +430,7 @@ async fn handle(State(handler): State<Arc<Handler>>, headers: HeaderMap) -> (Sta
             panic!("the handler died after committing");
         }
         Handling::SlowCommit(ms) => {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            tokio::time::sleep(Duration::from_millis(ms / handler.slowdown_divisor)).await;
             (StatusCode::CREATED, commit(&handler))
         }
     }
@@ -446,17 +449,58 @@ proptest! {
             .start_paused(true)
             .build()
             .unwrap();
-        runtime.block_on(server_case_holds(plan, calls));
+        runtime.block_on(async {
+            let store = MemoryStore::builder().max_bytes(BUDGET).build();
+            server_case_holds(plan, calls, Arc::new(store.clone()), 1).await;
+            assert!(store.weighted_size() <= BUDGET);
+        });
     }
 }
 
-async fn server_case_holds(plan: Vec<Handling>, calls: Vec<Call>) {
-    let handler = Arc::new(Handler::default());
-    *handler.plan.lock().unwrap() = plan.into_iter().rev().collect();
-    let store = MemoryStore::builder().max_bytes(BUDGET).build();
-    let layer = IdempotencyLayer::server_builder(store.clone())
+#[cfg(feature = "redis")]
+proptest! {
+    #![proptest_config(cases(4))]
+
+    #[test]
+    fn server_face_on_redis_is_at_most_once_and_never_mixes_tenants(
+        plan in prop::collection::vec(handling(), 0..12),
+        calls in prop::collection::vec(call(), 1..16),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let Some(redis) = redis_support::redis_url().await else {
+                return;
+            };
+            let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
+                .prefix(format!("randomized-server:{}:{}:", std::process::id(), fastrand::u64(..)))
+                .connect()
+                .await
+                .unwrap();
+            // Redis judges leases by its own clock: the same case, ten times faster.
+            server_case_holds(plan, calls, Arc::new(store), 10).await;
+        });
+    }
+}
+
+async fn server_case_holds(
+    plan: Vec<Handling>,
+    calls: Vec<Call>,
+    store: Arc<dyn IdempotencyStore>,
+    slowdown_divisor: u64,
+) {
+    let ms = |ms: u64| Duration::from_millis(ms / slowdown_divisor);
+    let handler = Arc::new(Handler {
+        slowdown_divisor,
+        plan: Mutex::new(plan.into_iter().rev().collect()),
+        commits: Mutex::default(),
+    });
+    let lease = LEASE / slowdown_divisor as u32;
+    let layer = IdempotencyLayer::server_builder(store)
         .scope(|parts| parts.headers["x-tenant"].to_str().unwrap_or("").to_owned())
-        .lease(LEASE)
+        .lease(lease)
         .build()
         .unwrap();
     // A panic unwinds through our layer (the key goes in doubt) and is caught outside it.
@@ -470,7 +514,7 @@ async fn server_case_holds(plan: Vec<Handling>, calls: Vec<Call>) {
     let mut created: Vec<((usize, usize), String, bool)> = Vec::new();
     let mut in_flight = Vec::new();
     for call in &calls {
-        tokio::time::sleep(Duration::from_millis(call.pause)).await;
+        tokio::time::sleep(ms(call.pause)).await;
         first_body
             .entry((call.tenant, call.key))
             .or_insert(call.body);
@@ -481,7 +525,7 @@ async fn server_case_holds(plan: Vec<Handling>, calls: Vec<Call>) {
             .unwrap();
         let app = app.clone();
         let slot = (call.tenant, call.key);
-        let hang_up = call.hang_up.map(Duration::from_millis);
+        let hang_up = call.hang_up.map(ms);
         in_flight.push(tokio::spawn(async move {
             let answer = async {
                 let res = app.oneshot(req).await.unwrap();
@@ -514,7 +558,25 @@ async fn server_case_holds(plan: Vec<Handling>, calls: Vec<Call>) {
             }
         }
     }
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Every handler has finished and every dead owner's lease has run out: no key may still
+    // be in flight.
+    tokio::time::sleep(ms(10_000)).await;
+    for &(tenant, key) in first_body.keys() {
+        let req = Request::post("/charges")
+            .header("x-tenant", format!("tenant-{tenant}"))
+            .header("idempotency-key", format!("\"key-{key}\""))
+            .body(Body::from(format!(
+                "{{\"body\":{}}}",
+                first_body[&(tenant, key)]
+            )))
+            .unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        assert_ne!(
+            res.status(),
+            StatusCode::CONFLICT,
+            "tenant {tenant} key {key} is still in flight after every lease ran out"
+        );
+    }
 
     let commits = handler.commits.lock().unwrap();
     for ((tenant, key), runs) in commits.iter() {
@@ -534,5 +596,4 @@ async fn server_case_holds(plan: Vec<Handling>, calls: Vec<Call>) {
         );
         assert!(body.contains(&format!("\"tenant\":\"tenant-{tenant}\"")));
     }
-    assert!(store.weighted_size() <= BUDGET);
 }

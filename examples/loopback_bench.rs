@@ -51,6 +51,9 @@
 //! `LOOPBACK_VARIANTS` (a comma-separated subset, with their baselines; prefix `=` for
 //! exactly that subset), `LOOPBACK_TOPOLOGY=shared` (one two-worker runtime for both sides).
 
+#[path = "../benches/common/mod.rs"]
+mod common;
+
 use std::future::Future;
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -73,7 +76,7 @@ use tokio::runtime::Runtime;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId};
+use tower_idempotency::{FrozenRetryLayer, OperationId};
 
 const BODY_LEN: usize = 1024;
 const SERVER_THREAD: &str = "lb-server";
@@ -315,7 +318,7 @@ fn bare_app() -> Router {
 fn layered_app(store: impl IdempotencyStore) -> Router {
     Router::new()
         .route("/charges", post(charge))
-        .layer(server_layer(store))
+        .layer(common::server_layer(store))
 }
 
 async fn serve(app: Router) -> SocketAddr {
@@ -536,34 +539,6 @@ fn fastrand_seed() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// How long a completed record stays protected from eviction here: short, so a store at its
-/// cap keeps evicting its oldest records (the steady state measured) instead of filling with
-/// protected ones and refusing new operations, as the defaults would at these rates.
-const PROTECTION: Duration = Duration::from_millis(50);
-
-/// The client layer as measured: the defaults, with [`PROTECTION`].
-fn client_layer(
-    store: impl IdempotencyStore,
-) -> IdempotencyLayer<tower_idempotency::idempotency::Client> {
-    IdempotencyLayer::client_builder(store)
-        .lease(PROTECTION)
-        .retry_window(Duration::ZERO)
-        .protected_window(PROTECTION)
-        .build()
-        .expect("valid settings")
-}
-
-/// The server layer as measured: the defaults, one scope, with [`PROTECTION`].
-fn server_layer(
-    store: impl IdempotencyStore,
-) -> IdempotencyLayer<tower_idempotency::idempotency::Server> {
-    IdempotencyLayer::server_builder(store)
-        .unscoped()
-        .protected_window(PROTECTION)
-        .build()
-        .expect("valid settings")
-}
-
 fn main() {
     let settings = Arc::new(Settings::from_env());
     let started = Instant::now();
@@ -656,7 +631,7 @@ fn main() {
             "client_stack",
             "client_bare",
             ServiceBuilder::new()
-                .layer(client_layer(client_store.clone()))
+                .layer(common::client_layer(client_store.clone()))
                 .layer(retry())
                 .service(http.clone()),
             Template::new(bare_addr, &body, Marking::FreshOperation),
@@ -665,7 +640,7 @@ fn main() {
             "client_stack_copied",
             "client_bare",
             ServiceBuilder::new()
-                .layer(client_layer(client_copied_store.clone()))
+                .layer(common::client_layer(client_copied_store.clone()))
                 .layer(retry())
                 .map_response(|r: Response<hyper::body::Incoming>| r.map(Copied))
                 .service(http.clone()),
@@ -696,7 +671,7 @@ fn main() {
             "client_stack_redis",
             "client_bare",
             ServiceBuilder::new()
-                .layer(client_layer(store))
+                .layer(common::client_layer(store))
                 .layer(retry())
                 .service(http.clone()),
             Template::new(bare_addr, &body, Marking::FreshOperation),

@@ -22,6 +22,9 @@
 //! stdout: one line per scenario,
 //! `memory: scenario=<name> ops=<n> cap_mib=128 baseline_mib=<b> peak_mib=<p> growth_mib=<p-b> growth_over_cap=<r> ...`.
 
+#[path = "../benches/common/mod.rs"]
+mod common;
+
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::hint::black_box;
@@ -36,12 +39,10 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use std::time::Duration;
 use tower::{Service, ServiceBuilder, ServiceExt};
-
-use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
+use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId};
+use tower_idempotency::{FrozenRetryLayer, OperationId};
 
 const CAP: u64 = 128 * 1024 * 1024;
 const OPS: u64 = 1_000_000;
@@ -201,7 +202,7 @@ fn in_process(scenario: &str, ops: u64, alloc: ResponseAlloc, server: bool) -> R
     rt.block_on(async {
         if server {
             let mut svc = ServiceBuilder::new()
-                .layer(server_layer(store.clone()))
+                .layer(common::server_layer(store.clone()))
                 .service(noop);
             for i in 0..ops {
                 let mut req = post(&uri, i);
@@ -211,7 +212,7 @@ fn in_process(scenario: &str, ops: u64, alloc: ResponseAlloc, server: bool) -> R
             }
         } else {
             let mut svc = ServiceBuilder::new()
-                .layer(client_layer(store.clone()))
+                .layer(common::client_layer(store.clone()))
                 .layer(FrozenRetryLayer::new(RetryPolicy::default()))
                 .service(noop);
             for i in 0..ops {
@@ -280,7 +281,7 @@ fn loopback(ops: u64) -> Report {
     let next = Arc::new(AtomicU64::new(0));
     client_rt.block_on(async {
         let svc = ServiceBuilder::new()
-            .layer(client_layer(store.clone()))
+            .layer(common::client_layer(store.clone()))
             .layer(FrozenRetryLayer::new(RetryPolicy::default()))
             .service(http);
         let mut tasks = tokio::task::JoinSet::new();
@@ -333,34 +334,6 @@ fn run(scenario: &str) {
         other => panic!("unknown scenario {other}; one of {SCENARIOS:?}"),
     };
     report.print(scenario);
-}
-
-/// How long a completed record stays protected from eviction here: short, so a store at its
-/// cap keeps evicting its oldest records (the steady state measured) instead of filling with
-/// protected ones and refusing new operations, as the defaults would at these rates.
-const PROTECTION: Duration = Duration::from_millis(50);
-
-/// The client layer as measured: the defaults, with [`PROTECTION`].
-fn client_layer(
-    store: impl IdempotencyStore,
-) -> IdempotencyLayer<tower_idempotency::idempotency::Client> {
-    IdempotencyLayer::client_builder(store)
-        .lease(PROTECTION)
-        .retry_window(Duration::ZERO)
-        .protected_window(PROTECTION)
-        .build()
-        .expect("valid settings")
-}
-
-/// The server layer as measured: the defaults, one scope, with [`PROTECTION`].
-fn server_layer(
-    store: impl IdempotencyStore,
-) -> IdempotencyLayer<tower_idempotency::idempotency::Server> {
-    IdempotencyLayer::server_builder(store)
-        .unscoped()
-        .protected_window(PROTECTION)
-        .build()
-        .expect("valid settings")
 }
 
 fn main() {

@@ -9,6 +9,9 @@
 #[path = "support/redis.rs"]
 mod redis_support;
 
+#[path = "support/capture.rs"]
+mod capture;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -646,20 +649,6 @@ fn debug_output_never_shows_credentials() {
     assert!(!shown.contains("hunter2"), "{shown}");
 }
 
-/// A `tracing` writer that keeps what it is given.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn connecting_warns_when_redis_may_evict_ledger_records() {
     // A private server: the test changes its configuration.
@@ -667,19 +656,11 @@ async fn connecting_warns_when_redis_may_evict_ledger_records() {
         return;
     };
     let mut admin = admin(&server.url()).await;
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let captured = captured.clone();
-            move || captured.clone()
-        })
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (logs, _default) = capture::warnings();
 
     connect(&server.url(), "idem:").await;
     assert!(
-        captured.0.lock().unwrap().is_empty(),
+        logs.text().is_empty(),
         "noeviction (redis-server's default) is what the ledger needs: no warning"
     );
 
@@ -691,9 +672,9 @@ async fn connecting_warns_when_redis_may_evict_ledger_records() {
             .query_async(&mut admin)
             .await
             .unwrap();
-        captured.0.lock().unwrap().clear();
+        logs.clear();
         connect(&server.url(), "idem:").await;
-        let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let logged = logs.text();
         assert!(
             logged.contains("WARN") && logged.contains(policy) && logged.contains("noeviction"),
             "{policy}: {logged}"

@@ -11,6 +11,9 @@
 #[cfg(feature = "redis")]
 mod redis_support;
 
+#[path = "support/capture.rs"]
+mod capture;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -995,33 +998,9 @@ async fn run_again_takes_an_in_doubt_key_over() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// A `tracing` writer that keeps what it is given.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Defect 14's second half: the TTLs are checked against the retry policy really stacked
-/// inside, not only the window the builder was told.
 #[tokio::test(start_paused = true)]
 async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let captured = captured.clone();
-            move || captured.clone()
-        })
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (logs, _default) = capture::warnings();
     let long = RetryPolicy::builder()
         .max_elapsed(Duration::from_secs(600))
         .build()
@@ -1036,7 +1015,7 @@ async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
         req.extensions_mut().insert(OperationId::new("t", step));
         told.clone().oneshot(req).await.unwrap();
     }
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = logs.text();
     assert_eq!(
         logged.matches("retry_policy(&policy)").count(),
         1,
@@ -1044,7 +1023,7 @@ async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
     );
 
     // Built from the real policy, it has nothing to say.
-    captured.0.lock().unwrap().clear();
+    logs.clear();
     let checked = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
@@ -1055,5 +1034,5 @@ async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
         .layer(FrozenRetryLayer::new(long))
         .service(provider);
     checked.oneshot(post(ORIGINAL)).await.unwrap();
-    assert!(captured.0.lock().unwrap().is_empty());
+    assert!(logs.text().is_empty());
 }

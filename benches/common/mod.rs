@@ -1,5 +1,6 @@
-//! What the benches share: a no-op service and handler, the hand-written `tower::retry`
-//! alternative to `FrozenRetryLayer`, and the runtime.
+//! What the benches (and the measuring examples) share: a no-op service and handler, the
+//! hand-written `tower::retry` alternative to `FrozenRetryLayer`, the runtime, and the layers
+//! as measured.
 #![allow(dead_code)] // each bench uses its own part of it
 
 use std::convert::Infallible;
@@ -164,7 +165,7 @@ pub const BENCH_PROTECTION: std::time::Duration = std::time::Duration::from_mill
 
 /// The client layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].
 pub fn client_layer(
-    store: tower_idempotency::ledger::MemoryStore,
+    store: impl tower_idempotency::ledger::IdempotencyStore,
 ) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::Client> {
     tower_idempotency::IdempotencyLayer::client_builder(store)
         .lease(BENCH_PROTECTION)
@@ -174,9 +175,10 @@ pub fn client_layer(
         .expect("valid bench settings")
 }
 
-/// The server layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].
+/// The server layer as the benches run it: the default settings, one scope, with
+/// [`BENCH_PROTECTION`].
 pub fn server_layer(
-    store: tower_idempotency::ledger::MemoryStore,
+    store: impl tower_idempotency::ledger::IdempotencyStore,
 ) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::Server> {
     tower_idempotency::IdempotencyLayer::server_builder(store)
         .unscoped()

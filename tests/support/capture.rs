@@ -1,0 +1,54 @@
+//! Test support: capture what `tracing` logs, to assert on warnings.
+//!
+//! ```ignore
+//! #[path = "support/capture.rs"]
+//! mod capture;
+//!
+//! let (logs, _default) = capture::warnings();
+//! // … run the code under test on this thread …
+//! assert!(logs.text().contains("noeviction"));
+//! ```
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+
+/// What was logged at `WARN` and above, as text.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Forget what was logged so far.
+    pub fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Capture warnings on this thread (a current-thread runtime's tasks included) until the
+/// returned guard is dropped.
+pub fn warnings() -> (Logs, tracing::subscriber::DefaultGuard) {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}

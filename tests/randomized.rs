@@ -177,6 +177,31 @@ async fn crash_or_finish<F: Future>(future: F, crash_after: Option<Duration>) ->
 }
 
 const LEASE: Duration = Duration::from_secs(2);
+
+/// Run `case` on a fresh current-thread runtime (real time) against a `RedisStore` with a key
+/// prefix of its own; skipped (loudly) without `redis-server`.
+#[cfg(feature = "redis")]
+fn on_redis<F: Future<Output = ()>>(case: impl FnOnce(Arc<dyn IdempotencyStore>) -> F) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let Some(redis) = redis_support::redis_url().await else {
+            return;
+        };
+        let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
+            .prefix(format!(
+                "randomized:{}:{}:",
+                std::process::id(),
+                fastrand::u64(..)
+            ))
+            .connect()
+            .await
+            .unwrap();
+        case(Arc::new(store)).await;
+    });
+}
 const BUDGET: u64 = 4 * 1024 * 1024;
 
 async fn client_case_holds(
@@ -314,21 +339,7 @@ proptest! {
 
     #[test]
     fn client_stack_on_redis_is_exactly_once_under_random_faults(case in client_case()) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let Some(redis) = redis_support::redis_url().await else {
-                return;
-            };
-            let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
-                .prefix(format!("randomized:{}:{}:", std::process::id(), fastrand::u64(..)))
-                .connect()
-                .await
-                .unwrap();
-            client_case_holds(case, Arc::new(store), None).await;
-        });
+        on_redis(|store| client_case_holds(case, store, None));
     }
 }
 
@@ -466,22 +477,8 @@ proptest! {
         plan in prop::collection::vec(handling(), 0..12),
         calls in prop::collection::vec(call(), 1..16),
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let Some(redis) = redis_support::redis_url().await else {
-                return;
-            };
-            let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
-                .prefix(format!("randomized-server:{}:{}:", std::process::id(), fastrand::u64(..)))
-                .connect()
-                .await
-                .unwrap();
-            // Redis judges leases by its own clock: the same case, ten times faster.
-            server_case_holds(plan, calls, Arc::new(store), 10).await;
-        });
+        // Redis judges leases by its own clock: the same case, ten times faster.
+        on_redis(|store| server_case_holds(plan, calls, store, 10));
     }
 }
 

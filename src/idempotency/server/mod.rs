@@ -969,20 +969,71 @@ where
     if !detach {
         return work.await;
     }
-    // The handler runs on its own task: if the client goes away (hyper drops our future),
-    // it still finishes and its outcome is recorded, so the client's retry gets a replay
-    // instead of an unknown outcome.
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return work.await;
-    };
-    match runtime.spawn(work.in_current_span()).await {
-        Ok(result) => result,
-        // A panicking handler panics here too, as if it had run in place: whatever catches
-        // panics outside this layer sees it. The guard, dropped in the task, already put
+    // The handler runs in place; if the client goes away (hyper drops our future), what is
+    // left of it moves to a task of its own and still finishes, so its outcome is recorded
+    // and the client's retry gets a replay instead of an unknown outcome. Handing over only
+    // on a drop spares every other request a task of its own.
+    FinishOnDrop::new(Box::pin(work)).await
+}
+
+/// A boxed piece of work that, dropped before it finishes, finishes in the background.
+///
+/// Not when it panicked: a poll that never returned leaves `polling` set, and the work is
+/// then dropped where it stands (its lease guard puts the key in doubt at once) while the
+/// panic goes on to whatever catches it outside, as without this layer.
+struct FinishOnDrop<T: Send + 'static> {
+    work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    polling: bool,
+    span: tracing::Span,
+}
+
+impl<T: Send + 'static> FinishOnDrop<T> {
+    fn new(work: Pin<Box<dyn Future<Output = T> + Send>>) -> Self {
+        Self {
+            work: Some(work),
+            polling: false,
+            span: tracing::Span::current(),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = &mut *self;
+        let work = this
+            .work
+            .as_mut()
+            .expect("FinishOnDrop polled after completion");
+        this.polling = true;
+        let polled = work.as_mut().poll(cx);
+        this.polling = false;
+        let output = std::task::ready!(polled);
+        this.work = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        if self.polling || std::thread::panicking() {
+            return;
+        }
+        // Without a runtime (one shutting down) the work is dropped, and its guard leaves
         // the key in doubt.
-        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-        // The runtime is shutting down and dropped the handler wherever it was.
-        Err(_) => Ok(problem::outcome_unknown()),
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let span = std::mem::replace(&mut self.span, tracing::Span::none());
+            runtime.spawn(
+                async move {
+                    drop(work.await);
+                }
+                .instrument(span),
+            );
+        }
     }
 }
 

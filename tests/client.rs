@@ -611,7 +611,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .to_string()
         .contains("retention"));
     // A lease shorter than the retry window is fine: a live owner renews it.
-    IdempotencyLayer::client_builder(MemoryStore::new())
+    let _renewed = IdempotencyLayer::client_builder(MemoryStore::new())
         .retry_window(Duration::from_secs(30))
         .lease(Duration::from_secs(5))
         .build()

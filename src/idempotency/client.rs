@@ -100,6 +100,7 @@ impl fmt::Debug for dyn ClassifyPhase {
 /// # let _ = layer;
 /// ```
 #[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct ClientBuilder {
     store: Arc<dyn IdempotencyStore>,
     scope: String,

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 ///
 /// See the [module docs](crate::idempotency).
 #[derive(Debug)]
+#[must_use = "a layer does nothing until it wraps a service"]
 pub struct IdempotencyLayer<F> {
     face: Arc<F>,
 }

@@ -113,6 +113,7 @@ impl std::fmt::Debug for Inner {
 /// # let _ = store;
 /// ```
 #[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
 }

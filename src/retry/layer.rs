@@ -9,6 +9,7 @@ use super::service::FrozenRetry;
 ///
 /// See the [module docs](crate::retry) for an example.
 #[derive(Clone, Debug, Default)]
+#[must_use = "a layer does nothing until it wraps a service"]
 pub struct FrozenRetryLayer {
     policy: Arc<RetryPolicy>,
 }

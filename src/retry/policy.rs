@@ -264,6 +264,7 @@ fn default_budget() -> TpsBudget {
 
 /// Builds a [`RetryPolicy`]; [`build`](RetryPolicyBuilder::build) refuses invalid settings.
 #[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct RetryPolicyBuilder {
     max_attempts: u32,
     backoff_base: Duration,

@@ -265,6 +265,7 @@ impl fmt::Debug for Server {
 ///     .unwrap();
 /// # let _ = layer;
 /// ```
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct ServerBuilder {
     store: Arc<dyn IdempotencyStore>,
     scope: Scope,

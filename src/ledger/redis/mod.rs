@@ -241,6 +241,7 @@ pub struct RedisStore {
 /// # }
 /// ```
 #[derive(Clone)]
+#[must_use = "a builder does nothing until `connect` is called"]
 pub struct RedisStoreBuilder {
     target: Target,
     prefix: String,

@@ -263,6 +263,7 @@ impl CapturedRequest {
 /// assert_eq!(naive.pending_faults(), [Fault::CommitThenTimeout]);
 /// ```
 #[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct SideEffectServiceBuilder {
     honour_keys: bool,
     latency: Duration,
@@ -284,7 +285,6 @@ impl SideEffectServiceBuilder {
     /// (replay, `409`, `422`; the default, `true`) or ignored like a naive provider that
     /// commits every call (`false`). Turn it off to prove that *your* side, not the
     /// provider's, keeps effects to one.
-    #[must_use]
     pub fn honour_keys(mut self, honour: bool) -> Self {
         self.honour_keys = honour;
         self
@@ -292,14 +292,12 @@ impl SideEffectServiceBuilder {
 
     /// How long every call (except a refused one) takes before it is answered; default
     /// none. Slept with [`tokio::time::sleep`], so a paused test clock works.
-    #[must_use]
     pub fn latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
         self
     }
 
     /// Queue `faults`, after any queued before.
-    #[must_use]
     pub fn faults(mut self, faults: impl IntoIterator<Item = Fault>) -> Self {
         self.faults.extend(faults);
         self
@@ -405,7 +403,6 @@ impl SideEffectService {
     }
 
     /// Configure a provider: key honouring, base latency, faults.
-    #[must_use]
     pub fn builder() -> SideEffectServiceBuilder {
         SideEffectServiceBuilder::default()
     }

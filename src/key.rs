@@ -146,10 +146,9 @@ impl IdempotencyKey {
 
     /// The key as an `Idempotency-Key` header value: an RFC 8941 sf-string, `"<hex>"`.
     pub fn header_value(&self) -> HeaderValue {
-        let mut quoted = Vec::with_capacity(66);
-        quoted.push(b'"');
-        quoted.extend_from_slice(self.to_hex().as_bytes());
-        quoted.push(b'"');
+        // Written on the stack: the header value's own buffer is the one allocation.
+        let mut quoted = [b'"'; 66];
+        hex_into(&self.0, &mut quoted[1..65]);
         HeaderValue::from_bytes(&quoted).expect("hex digits in quotes are a valid header value")
     }
 }
@@ -175,13 +174,18 @@ pub(crate) fn update_length_prefixed(hasher: &mut Sha256, bytes: &[u8]) {
 
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut out = vec![0; bytes.len() * 2];
+    hex_into(bytes, &mut out);
+    String::from_utf8(out).expect("hex digits are ASCII")
+}
+
+/// Write `bytes` as lowercase hex into `out`, two digits per byte.
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(DIGITS[usize::from(byte >> 4)] as char);
-        out.push(DIGITS[usize::from(byte & 0xf)] as char);
+    for (byte, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
     }
-    out
 }
 
 /// A key read from an `Idempotency-Key` header: 1 to 255 visible ASCII characters.

@@ -91,6 +91,17 @@ impl Fingerprint {
         hasher.update(body);
         hasher.finish()
     }
+
+    /// The fingerprint of a request a server received, its target in origin form: a client
+    /// may send `POST /charges` or, through a proxy, `POST http://host/charges`, and both
+    /// name one resource of this server (RFC 9112 §3.2.2).
+    pub(crate) fn of_received(method: &Method, uri: &http::Uri, body: &[u8]) -> Self {
+        let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let slash = if path.starts_with('?') { "/" } else { "" };
+        let mut hasher = FingerprintHasher::new(method, &[slash, path]);
+        hasher.update(body);
+        hasher.finish()
+    }
 }
 
 /// Incremental fingerprinting: the head first, then body chunks as they arrive.

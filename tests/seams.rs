@@ -1036,3 +1036,40 @@ async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
     checked.oneshot(post(ORIGINAL)).await.unwrap();
     assert!(logs.text().is_empty());
 }
+
+/// Over the wire, a client may send the request target in origin form (`POST /charges`) or,
+/// as through a proxy, in absolute form (`POST http://host/charges`): one resource, one
+/// request (RFC 9112 §3.2.2), so the retry is a replay, not a mismatch.
+#[tokio::test]
+async fn a_retry_in_absolute_form_replays_the_origin_form_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let send = |target: String| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "POST {target} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer alice\r\n\
+             idempotency-key: \"k\"\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        answer
+    };
+    let first = send("/charges".to_owned()).await;
+    assert!(first.starts_with("HTTP/1.1 201"), "{first}");
+    let again = send(format!("http://{addr}/charges")).await;
+    assert!(again.starts_with("HTTP/1.1 201"), "{again}");
+    assert!(
+        again
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true"),
+        "{again}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

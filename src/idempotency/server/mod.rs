@@ -825,7 +825,7 @@ where
     parts.extensions.insert(key);
     // One key is one request: the method, the target as the client sent it and the body.
     // A reuse with anything else is a mismatch, never a second run and never a replay.
-    let fingerprint = Fingerprint::of_request(&parts.method, original_target(&parts), &body);
+    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &body);
     let request = move || Request::from_parts(parts, RequestBody::buffered(body));
 
     let mut begin = server.ledger.request(ledger_key, fingerprint);

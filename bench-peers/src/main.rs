@@ -516,9 +516,7 @@ async fn probe(server: &Server, http: &HttpClient, body: &Bytes) -> Probe {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..PROBE_DUPLICATES {
         // On a bare connection, hyper sends the URI as given: origin-form and a `Host`
-        // header, as the pooled client sends them, so that all 65 requests are the same
-        // request (an absolute-form target is a different target to tower-idempotency's
-        // fingerprint).
+        // header, as the pooled client sends them.
         let mut req = charge_request(
             &"/charges".parse().expect("a URI"),
             body,

@@ -1,0 +1,786 @@
+//! Deterministic per-operation cost: one named variant, run N times and nothing else, so
+//! that callgrind can count its instructions, and a counting allocator for allocations.
+//!
+//! ```text
+//! cargo build --release --example op_cost
+//! op_cost list                        # the variants, one a line
+//! op_cost <variant> <N>               # set the variant up, then run N operations
+//! op_cost <variant> 0                 # the setup alone
+//! op_cost allocs [N]                  # allocations per operation of every variant (native)
+//! scripts/op_cost.sh                  # all of it under callgrind, as a table
+//! ```
+//!
+//! Every variant mirrors what `benches/layers.rs` and `benches/ledger.rs` time (and shares
+//! `benches/common`): the layer variants send `POST /charges` with two headers and a 1 KiB
+//! body shared by reference count, call the service once and read the response body.
+//!
+//! | variant | what one operation is |
+//! |---|---|
+//! | `bare` | the no-op service |
+//! | `tower_retry_clone` | buffer the body, `tower::retry` with a policy cloning the request per attempt |
+//! | `frozen_retry` | `FrozenRetryLayer` (default policy) |
+//! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
+//! | `stack_fresh` / `stack_replay` | client `IdempotencyLayer` over `FrozenRetryLayer`, the same two ways |
+//! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
+//! | `server_fresh` / `server_replay` | server `IdempotencyLayer` over the handler, a new key per call / always the same key |
+//! | `store_begin_complete_{1k,100k,1m}` | `begin` + `complete` of a new operation in a `MemoryStore` at that many live records |
+//! | `store_replay_{1k,100k,1m}` | `begin` of a completed operation picked at random in such a store |
+//! | `sha256_1kib` | one SHA-256 of the 1 KiB body (`sha2`), to price SHA separately |
+//!
+//! Setup happens before the measured loop: building the stack, filling its store and warming
+//! up. The layers' stores (`MemoryStore::new()`, 64 MiB) are filled through the measured
+//! service itself until they are at their cap and evicting, then left 60 ms so that every
+//! prefilled record is past the benches' 50 ms protected window: each new operation of the
+//! loop then evicts one old record, the steady state the benches reach after their first
+//! seconds. The ledger stores are built and filled as `benches/ledger.rs` does (a cap of
+//! live records x one record's weight, plus 2 %); `begin_complete` ones are then fed new
+//! operations until they evict, so that every measured operation evicts one record. Replays
+//! are checked to be replays, and every operation to answer `201`, outside the loop.
+//!
+//! Instructions: the loop is bracketed by callgrind's start/stop-instrumentation client
+//! requests (x86-64; no-ops outside valgrind), so `valgrind --tool=callgrind
+//! --instr-atstart=no` runs the setup at valgrind's lowest slowdown and counts only the loop.
+//! The cost of one operation is `(Ir(N2) - Ir(N1)) / (N2 - N1)` over two runs, which
+//! cancels whatever the setup and the loop's first steps cost (the same holds with
+//! `--instr-atstart=yes`, only slower).
+//!
+//! Allocations: the global allocator wraps `System` and counts every `alloc`,
+//! `alloc_zeroed` and `realloc` (each one allocation, the bytes asked for) with relaxed
+//! atomics; `dealloc` is not counted. The counts are read around the measured loop. The
+//! counting runs under callgrind too: a few instructions per allocation, in every variant.
+//!
+//! stdout of a run: `variant=<v> ops=<n> allocs=<a> bytes=<b> allocs_per_op=<x>
+//! bytes_per_op=<y> evictions=<e> refused=<r>` (the last two from the variant's store, over
+//! the loop; `-` without one).
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use common::{handler, next_id, runtime, BufferBody, CloneAttempts, Noop};
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, LOCATION, USER_AGENT};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use sha2::{Digest, Sha256};
+use tower::retry::RetryLayer;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse,
+};
+use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::{Fingerprint, FrozenRetryLayer, OperationId, ResponseSource};
+
+const BODY_LEN: usize = 1024;
+
+/// Every variant, in the order the table prints them.
+const VARIANTS: &[&str] = &[
+    "bare",
+    "tower_retry_clone",
+    "frozen_retry",
+    "client_fresh",
+    "client_replay",
+    "stack_fresh",
+    "stack_replay",
+    "server_bare",
+    "server_fresh",
+    "server_replay",
+    "store_begin_complete_1k",
+    "store_begin_complete_100k",
+    "store_begin_complete_1m",
+    "store_replay_1k",
+    "store_replay_100k",
+    "store_replay_1m",
+    "sha256_1kib",
+];
+
+// --- Counting allocations -------------------------------------------------------------
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+struct Counting;
+
+// SAFETY: every call is forwarded to `System` unchanged; counting has no effect on memory.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+// --- Callgrind client requests ---------------------------------------------------------
+
+/// `VG_USERREQ_TOOL_BASE('C', 'T')` from valgrind's `callgrind.h`.
+const CALLGRIND_BASE: u64 = (b'C' as u64) << 24 | (b'T' as u64) << 16;
+const CALLGRIND_START_INSTRUMENTATION: u64 = CALLGRIND_BASE + 4;
+const CALLGRIND_STOP_INSTRUMENTATION: u64 = CALLGRIND_BASE + 5;
+/// `VG_USERREQ__RUNNING_ON_VALGRIND` from `valgrind.h`.
+const RUNNING_ON_VALGRIND: u64 = 0x1001;
+
+/// A valgrind client request (`VALGRIND_DO_CLIENT_REQUEST_EXPR` of `valgrind.h`): outside
+/// valgrind the magic sequence does nothing (the four rotations add up to 128 bits) and
+/// `0` comes back.
+#[cfg(target_arch = "x86_64")]
+fn client_request(request: u64) -> u64 {
+    let args: [u64; 6] = [request, 0, 0, 0, 0, 0];
+    let mut result: u64 = 0;
+    // SAFETY: the sequence leaves every register as it found it except `rdx` (the result,
+    // declared) and the flags (clobbered by default); valgrind only reads `args`.
+    unsafe {
+        std::arch::asm!(
+            "rol rdi, 3",
+            "rol rdi, 13",
+            "rol rdi, 61",
+            "rol rdi, 51",
+            "xchg rbx, rbx",
+            inout("rdx") result,
+            in("rax") args.as_ptr(),
+            inout("rdi") 0u64 => _,
+            options(nostack),
+        );
+    }
+    result
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn client_request(_request: u64) -> u64 {
+    0
+}
+
+// --- The measured window --------------------------------------------------------------
+
+/// What the measured loop did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    allocs: u64,
+    bytes: u64,
+}
+
+/// Counters at the start of the measured loop; instrumentation on from here.
+struct Window(Counts);
+
+impl Window {
+    #[inline(never)]
+    fn open() -> Self {
+        let start = Counts {
+            allocs: ALLOCS.load(Ordering::Relaxed),
+            bytes: BYTES.load(Ordering::Relaxed),
+        };
+        client_request(CALLGRIND_START_INSTRUMENTATION);
+        Window(start)
+    }
+
+    #[inline(never)]
+    fn close(self) -> Counts {
+        client_request(CALLGRIND_STOP_INSTRUMENTATION);
+        Counts {
+            allocs: ALLOCS.load(Ordering::Relaxed) - self.0.allocs,
+            bytes: BYTES.load(Ordering::Relaxed) - self.0.bytes,
+        }
+    }
+}
+
+/// What a variant reports besides its counts: its store's evictions and refused claims over
+/// the loop.
+#[derive(Clone, Copy, Debug, Default)]
+struct StoreDelta {
+    evictions: u64,
+    refused: u64,
+}
+
+struct StoreWatch {
+    store: MemoryStore,
+    evictions: u64,
+    refused: u64,
+}
+
+impl StoreWatch {
+    fn new(store: &MemoryStore) -> Self {
+        Self {
+            store: store.clone(),
+            evictions: store.evictions(),
+            refused: store.refused_claims(),
+        }
+    }
+
+    fn delta(&self) -> StoreDelta {
+        StoreDelta {
+            evictions: self.store.evictions() - self.evictions,
+            refused: self.store.refused_claims() - self.refused,
+        }
+    }
+}
+
+// --- The request every layer variant sends (as benches/layers.rs) ----------------------
+
+#[derive(Clone)]
+struct Template {
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Template {
+    fn new(body_len: usize) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(USER_AGENT, HeaderValue::from_static("bench/1"));
+        Self {
+            uri: Uri::from_static("http://payments.local/charges"),
+            headers,
+            body: json_body(body_len),
+        }
+    }
+
+    fn request(&self) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+
+    fn fresh_operation(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.extensions_mut()
+            .insert(OperationId::new("bench-task", next_id().to_string()));
+        req
+    }
+
+    fn fixed_operation(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.extensions_mut()
+            .insert(OperationId::new("bench-task", "replayed-step"));
+        req
+    }
+
+    fn fresh_key(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.headers_mut()
+            .insert("idempotency-key", key_header(next_id()));
+        req
+    }
+
+    fn fixed_key(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.headers_mut()
+            .insert("idempotency-key", key_header(u64::MAX));
+        req
+    }
+}
+
+/// `"0000…<n as hex>"`: 36 characters inside quotes, like a UUID.
+fn key_header(n: u64) -> HeaderValue {
+    let text = format!("\"00000000-0000-4000-8000-{:012x}\"", n & 0xffff_ffff_ffff);
+    HeaderValue::from_str(&text).expect("visible ASCII")
+}
+
+/// A JSON object of exactly `len` bytes.
+fn json_body(len: usize) -> Bytes {
+    let head = br#"{"order_id":"order_42","amount_cents":1999,"summary":""#;
+    let tail = br#""}"#;
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(head);
+    out.resize(len - tail.len(), b'x');
+    out.extend_from_slice(tail);
+    Bytes::from(out)
+}
+
+// --- Driving a service ---------------------------------------------------------------
+
+/// The measured loop of the layer variants: `n` calls, each with a request from `make` and
+/// its response body read, as `benches/layers.rs` times them.
+async fn drive<S, ResBody>(svc: &mut S, make: &impl Fn() -> Request<Full<Bytes>>, n: u64)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+{
+    for _ in 0..n {
+        let req = make();
+        let response = svc
+            .ready()
+            .await
+            .expect("ready")
+            .call(req)
+            .await
+            .expect("call");
+        black_box(response.into_body().collect().await.is_ok());
+    }
+}
+
+/// What a checked call answered.
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+}
+
+/// One call outside the loop, its answer checked: `201` and its body read.
+async fn checked_call<S, ResBody>(svc: &mut S, req: Request<Full<Bytes>>) -> Answer
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+    ResBody::Error: std::fmt::Debug,
+{
+    let response = svc
+        .ready()
+        .await
+        .expect("ready")
+        .call(req)
+        .await
+        .expect("call");
+    let replayed = response.extensions().get::<ResponseSource>() == Some(&ResponseSource::Replayed)
+        || response
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes())
+            == Some(b"true");
+    let status = response.status();
+    response.into_body().collect().await.expect("response body");
+    assert_eq!(status, StatusCode::CREATED, "a variant must answer 201");
+    Answer { status, replayed }
+}
+
+/// Warm up: `count` checked calls.
+async fn warm<S, ResBody>(svc: &mut S, make: &impl Fn() -> Request<Full<Bytes>>, count: u64)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+    ResBody::Error: std::fmt::Debug,
+{
+    for _ in 0..count {
+        black_box(checked_call(svc, make()).await.status);
+    }
+}
+
+/// Fill `store` through `svc` with new operations until it is at its cap and has evicted
+/// `settle` records, then wait out the benches' protected window, so that the loop evicts
+/// one old record per new operation.
+async fn fill_to_cap<S, ResBody>(
+    svc: &mut S,
+    store: &MemoryStore,
+    make_fresh: &impl Fn() -> Request<Full<Bytes>>,
+) where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+    ResBody::Error: std::fmt::Debug,
+{
+    const SETTLE: u64 = 1_000;
+    while store.evictions() < SETTLE {
+        let answer = checked_call(svc, make_fresh()).await;
+        assert!(!answer.replayed, "a new operation must not be a replay");
+    }
+    assert_eq!(store.refused_claims(), 0, "the fill was refused room");
+    std::thread::sleep(common::BENCH_PROTECTION + Duration::from_millis(10));
+}
+
+/// Which request a layer variant sends, and how its setup prepares the store.
+enum Plan {
+    /// No store: warm up, then the same request shape every call.
+    Plain,
+    /// A new operation per call: fill the store to its cap first.
+    Fresh,
+    /// The same operation every call: fill the store, record the operation, check replays.
+    Replay,
+}
+
+async fn service_variant<S, ResBody>(
+    mut svc: S,
+    store: Option<&MemoryStore>,
+    plan: Plan,
+    make_fresh: impl Fn() -> Request<Full<Bytes>>,
+    make_fixed: impl Fn() -> Request<Full<Bytes>>,
+    n: u64,
+) -> (Counts, Option<StoreDelta>)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+    ResBody::Error: std::fmt::Debug,
+{
+    if let Some(store) = store {
+        fill_to_cap(&mut svc, store, &make_fresh).await;
+    }
+    let counts;
+    match plan {
+        Plan::Plain => {
+            warm(&mut svc, &make_fresh, 1_000).await;
+            let window = Window::open();
+            drive(&mut svc, &make_fresh, n).await;
+            counts = window.close();
+        }
+        Plan::Fresh => {
+            let watch = StoreWatch::new(store.expect("a store"));
+            let window = Window::open();
+            drive(&mut svc, &make_fresh, n).await;
+            counts = window.close();
+            let delta = watch.delta();
+            assert_eq!(delta.refused, 0, "new operations were refused room");
+            assert!(
+                delta.evictions >= n,
+                "every new operation must evict a record ({} for {n})",
+                delta.evictions
+            );
+            assert!(!checked_call(&mut svc, make_fresh()).await.replayed);
+            return (counts, Some(delta));
+        }
+        Plan::Replay => {
+            let first = checked_call(&mut svc, make_fixed()).await;
+            assert!(
+                !first.replayed,
+                "the first call of the fixed operation runs"
+            );
+            for _ in 0..100 {
+                assert!(checked_call(&mut svc, make_fixed()).await.replayed);
+            }
+            let watch = StoreWatch::new(store.expect("a store"));
+            let window = Window::open();
+            drive(&mut svc, &make_fixed, n).await;
+            counts = window.close();
+            assert!(
+                checked_call(&mut svc, make_fixed()).await.replayed,
+                "still a replay after the loop"
+            );
+            return (counts, Some(watch.delta()));
+        }
+    }
+    (counts, None)
+}
+
+// --- The ledger alone (as benches/ledger.rs) -------------------------------------------
+
+const LEASE: Duration = Duration::from_secs(60);
+const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Keys of new operations, never reused (above every prefilled index).
+static NEXT_FRESH: AtomicU64 = AtomicU64::new(1 << 40);
+
+fn key(i: u64) -> LedgerKey {
+    let mut bytes = [0x5a; 32];
+    bytes[..8].copy_from_slice(&i.to_le_bytes());
+    bytes[24..].copy_from_slice(&i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes());
+    LedgerKey::from_bytes(bytes)
+}
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint::of(&Method::POST, "/charges", br#"{"order_id":"order_42"}"#)
+}
+
+fn outcome() -> Outcome {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(LOCATION, HeaderValue::from_static("/charges/ch_1"));
+    Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        headers,
+        Bytes::from_static(br#"{"id":"ch_1","status":"succeeded","amount_cents":1999}"#),
+    ))
+}
+
+async fn begin_complete<S: IdempotencyStore>(store: &S, key: LedgerKey, outcome: &Outcome) {
+    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
+        .with_protected_window(Duration::ZERO);
+    let Begin::Acquired { token } = store.begin(request).await.expect("begin") else {
+        panic!("a fresh key must be acquired");
+    };
+    store
+        .complete(key, token, outcome.clone(), RETENTION)
+        .await
+        .expect("complete");
+}
+
+async fn replay<S: IdempotencyStore>(store: &S, key: LedgerKey) {
+    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
+        .with_protected_window(Duration::ZERO);
+    match store.begin(request).await.expect("begin") {
+        Begin::Replay(outcome) => {
+            black_box(outcome);
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+/// xorshift64*: which prefilled record a replay reads.
+struct Picker(u64);
+
+impl Picker {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+async fn record_weight() -> u64 {
+    let store = MemoryStore::new();
+    for i in 0..100 {
+        begin_complete(&store, key(i), &outcome()).await;
+    }
+    store.run_pending_tasks().await;
+    store.weighted_size() / store.entry_count()
+}
+
+/// `live` completed records in a store capped at their weight plus 2 %, as the ledger bench
+/// builds it.
+async fn filled_store(live: u64, outcome: &Outcome) -> MemoryStore {
+    let weight = record_weight().await;
+    let store = MemoryStore::builder()
+        .max_bytes(live * weight * 102 / 100)
+        .build();
+    for i in 0..live {
+        begin_complete(&store, key(i), outcome).await;
+    }
+    store.run_pending_tasks().await;
+    assert_eq!(store.entry_count(), live, "the fill must not evict");
+    store
+}
+
+async fn store_begin_complete(live: u64, n: u64) -> (Counts, Option<StoreDelta>) {
+    let outcome = outcome();
+    let store = filled_store(live, &outcome).await;
+    // Past the 2 % headroom: from here on every new operation evicts one record.
+    while store.evictions() < 100 {
+        let fresh = NEXT_FRESH.fetch_add(1, Ordering::Relaxed);
+        begin_complete(&store, key(fresh), &outcome).await;
+    }
+    let watch = StoreWatch::new(&store);
+    let window = Window::open();
+    for _ in 0..n {
+        let fresh = NEXT_FRESH.fetch_add(1, Ordering::Relaxed);
+        begin_complete(&store, key(fresh), &outcome).await;
+    }
+    let counts = window.close();
+    let delta = watch.delta();
+    assert_eq!(delta.refused, 0);
+    assert!(delta.evictions >= n, "every new operation must evict");
+    (counts, Some(delta))
+}
+
+async fn store_replay(live: u64, n: u64) -> (Counts, Option<StoreDelta>) {
+    let store = filled_store(live, &outcome()).await;
+    let mut warm_picker = Picker(0x0fed_cba9_8765_4321);
+    for _ in 0..1_000 {
+        replay(&store, key(warm_picker.next(live))).await;
+    }
+    // A fixed seed: the longer run's picks start with the shorter run's.
+    let mut picker = Picker(0x1234_5678_9abc_def1);
+    let watch = StoreWatch::new(&store);
+    let window = Window::open();
+    for _ in 0..n {
+        replay(&store, key(picker.next(live))).await;
+    }
+    let counts = window.close();
+    (counts, Some(watch.delta()))
+}
+
+fn sha256_1kib(n: u64) -> Counts {
+    let body = json_body(BODY_LEN);
+    for _ in 0..1_000 {
+        black_box(Sha256::digest(black_box(&body[..])));
+    }
+    let window = Window::open();
+    for _ in 0..n {
+        black_box(Sha256::digest(black_box(&body[..])));
+    }
+    window.close()
+}
+
+// --- Variants --------------------------------------------------------------------------
+
+fn live_records(suffix: &str) -> u64 {
+    match suffix {
+        "1k" => 1_000,
+        "100k" => 100_000,
+        "1m" => 1_000_000,
+        other => panic!("unknown store size {other:?} (1k, 100k or 1m)"),
+    }
+}
+
+fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
+    let rt = runtime();
+    let t = Template::new(BODY_LEN);
+    let fresh_op = || t.fresh_operation();
+    let fixed_op = || t.fixed_operation();
+    let plain = || t.request();
+    rt.block_on(async {
+        match variant {
+            "bare" => service_variant(Noop, None, Plan::Plain, plain, plain, n).await,
+            "tower_retry_clone" => {
+                let svc = ServiceBuilder::new()
+                    .layer_fn(|inner| BufferBody { inner })
+                    .layer(RetryLayer::new(CloneAttempts(3)))
+                    .service(Noop);
+                service_variant(svc, None, Plan::Plain, plain, plain, n).await
+            }
+            "frozen_retry" => {
+                let svc = ServiceBuilder::new()
+                    .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+                    .service(Noop);
+                service_variant(svc, None, Plan::Plain, plain, plain, n).await
+            }
+            "client_fresh" | "client_replay" => {
+                let store = MemoryStore::new();
+                let svc = ServiceBuilder::new()
+                    .layer(common::client_layer(store.clone()))
+                    .service(Noop);
+                let plan = if variant == "client_fresh" {
+                    Plan::Fresh
+                } else {
+                    Plan::Replay
+                };
+                service_variant(svc, Some(&store), plan, fresh_op, fixed_op, n).await
+            }
+            "stack_fresh" | "stack_replay" => {
+                let store = MemoryStore::new();
+                let svc = ServiceBuilder::new()
+                    .layer(common::client_layer(store.clone()))
+                    .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+                    .service(Noop);
+                let plan = if variant == "stack_fresh" {
+                    Plan::Fresh
+                } else {
+                    Plan::Replay
+                };
+                service_variant(svc, Some(&store), plan, fresh_op, fixed_op, n).await
+            }
+            "server_bare" => {
+                let fresh_key = || t.fresh_key();
+                service_variant(handler(), None, Plan::Plain, fresh_key, fresh_key, n).await
+            }
+            "server_fresh" | "server_replay" => {
+                let store = MemoryStore::new();
+                let svc = ServiceBuilder::new()
+                    .layer(common::server_layer(store.clone()))
+                    .service(handler());
+                let plan = if variant == "server_fresh" {
+                    Plan::Fresh
+                } else {
+                    Plan::Replay
+                };
+                let fresh_key = || t.fresh_key();
+                let fixed_key = || t.fixed_key();
+                service_variant(svc, Some(&store), plan, fresh_key, fixed_key, n).await
+            }
+            "sha256_1kib" => (sha256_1kib(n), None),
+            other => {
+                if let Some(size) = other.strip_prefix("store_begin_complete_") {
+                    store_begin_complete(live_records(size), n).await
+                } else if let Some(size) = other.strip_prefix("store_replay_") {
+                    store_replay(live_records(size), n).await
+                } else {
+                    panic!("unknown variant {other:?}; `op_cost list` names them")
+                }
+            }
+        }
+    })
+}
+
+fn report(variant: &str, n: u64, counts: Counts, delta: Option<StoreDelta>) {
+    let per_op = |x: u64| {
+        if n == 0 {
+            0.0
+        } else {
+            x as f64 / n as f64
+        }
+    };
+    let (evictions, refused) = match delta {
+        Some(d) => (d.evictions.to_string(), d.refused.to_string()),
+        None => ("-".to_owned(), "-".to_owned()),
+    };
+    println!(
+        "variant={variant} ops={n} allocs={} bytes={} allocs_per_op={:.3} bytes_per_op={:.1} evictions={evictions} refused={refused}",
+        counts.allocs,
+        counts.bytes,
+        per_op(counts.allocs),
+        per_op(counts.bytes),
+    );
+}
+
+fn usage() -> ! {
+    eprintln!("usage: op_cost list | op_cost <variant> <N> | op_cost allocs [N [variant...]]");
+    std::process::exit(2)
+}
+
+fn check_variant(variant: &str) {
+    if !VARIANTS.contains(&variant) {
+        eprintln!("unknown variant {variant:?}; `op_cost list` names them");
+        usage();
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["list"] => {
+            for v in VARIANTS {
+                println!("{v}");
+            }
+        }
+        ["allocs", rest @ ..] => {
+            // Natively, each variant in a process of its own (its report line is the answer).
+            assert!(
+                client_request(RUNNING_ON_VALGRIND) == 0,
+                "run `allocs` natively, not under valgrind"
+            );
+            let n = rest.first().copied().unwrap_or("10000");
+            n.parse::<u64>().unwrap_or_else(|_| usage());
+            let variants = if rest.len() > 1 { &rest[1..] } else { VARIANTS };
+            let me = std::env::current_exe().expect("own path");
+            for &variant in variants {
+                check_variant(variant);
+                let status = Command::new(&me)
+                    .args([variant, n])
+                    .status()
+                    .expect("run a variant");
+                assert!(status.success(), "variant {variant} failed: {status}");
+            }
+        }
+        [variant, n] => {
+            check_variant(variant);
+            let n: u64 = n.parse().unwrap_or_else(|_| usage());
+            let (counts, delta) = run(variant, n);
+            report(variant, n, counts, delta);
+            // Skip tearing a million-record store down: nothing is left to measure.
+            std::process::exit(0);
+        }
+        _ => usage(),
+    }
+}

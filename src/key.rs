@@ -196,10 +196,19 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// Write `bytes` as lowercase hex into `out`, two digits per byte.
 fn hex_into(bytes: &[u8], out: &mut [u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    // Both digits of a byte in one table load: keys are hex-encoded on every request.
+    const PAIRS: [[u8; 2]; 256] = {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut pairs = [[0u8; 2]; 256];
+        let mut i = 0;
+        while i < 256 {
+            pairs[i] = [DIGITS[i >> 4], DIGITS[i & 0xf]];
+            i += 1;
+        }
+        pairs
+    };
     for (byte, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0xf)];
+        pair.copy_from_slice(&PAIRS[usize::from(*byte)]);
     }
 }
 

@@ -284,9 +284,8 @@ impl MemoryStore {
             let front = {
                 let mut evictable = lock(&self.inner.evictable);
                 match evictable.first_key_value() {
-                    Some((&(protect_until, seq), &key)) if protect_until <= now => {
-                        evictable.remove(&(protect_until, seq));
-                        Some((key, seq))
+                    Some((&(protect_until, _), _)) if protect_until <= now => {
+                        evictable.pop_first().map(|((_, seq), key)| (key, seq))
                     }
                     _ => None,
                 }
@@ -558,7 +557,10 @@ impl Record {
 
     /// This (open) record, completed with `outcome`.
     fn completed(&self, outcome: Outcome, retention: Duration, now: Instant, seq: u64) -> Self {
-        let mut done = Self {
+        // The same key, bookkeeping and frozen request: only the outcome's bytes are new, in
+        // place of the reserve an open record keeps for a tombstone.
+        let weight = self.weight - TOMBSTONE_RESERVE + outcome.weight() as u64;
+        Self {
             fingerprint: self.fingerprint,
             frozen: self.frozen.clone(),
             state: State::Completed {
@@ -568,10 +570,8 @@ impl Record {
             retain_until: now + retention,
             protected: self.protected,
             seq,
-            weight: 0,
-        };
-        done.weight = done.measure();
-        done
+            weight,
+        }
     }
 
     fn measure(&self) -> u64 {

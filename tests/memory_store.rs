@@ -466,7 +466,9 @@ async fn weights_add_up_over_records() {
     assert_eq!(store.entry_count(), 10);
     let weight = store.weighted_size();
     assert!(
-        weight > (100 * KIB) as u64 && weight < (112 * KIB) as u64,
+        // Each record: its 10 KiB body, its head and ~1.5 KiB of bookkeeping (map slot,
+        // index entry, allocations: see `PER_RECORD_OVERHEAD`).
+        weight > (100 * KIB) as u64 && weight < (116 * KIB) as u64,
         "{weight}"
     );
 }

@@ -1073,3 +1073,43 @@ async fn a_retry_in_absolute_form_replays_the_origin_form_request() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Defect 5's last hidden bytes: hyper hands out header values (and bodies) as slices of its
+/// read buffer. A recorded response must own exact-size copies, or each record would keep a
+/// whole transport buffer alive, unseen by the store's budget.
+#[tokio::test(start_paused = true)]
+async fn a_recorded_response_keeps_no_transport_buffer_alive() {
+    let read_buffer = Bytes::from(vec![b'a'; 8192]);
+    let range = read_buffer.as_ptr() as usize..read_buffer.as_ptr() as usize + read_buffer.len();
+    let provider = service_fn({
+        let read_buffer = read_buffer.clone();
+        move |_req: Request<Full<Bytes>>| {
+            let value = HeaderValue::from_maybe_shared(read_buffer.slice(0..16)).unwrap();
+            let body = read_buffer.slice(16..64);
+            async move {
+                let mut res = Response::new(Full::new(body));
+                *res.status_mut() = StatusCode::CREATED;
+                res.headers_mut().insert("x-charge-id", value);
+                Ok::<_, Infallible>(res)
+            }
+        }
+    });
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .service(provider);
+    client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    let replay = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&replay), Some(ResponseSource::Replayed));
+    let value = replay.headers()["x-charge-id"].as_bytes();
+    assert_eq!(value, &b"aaaaaaaaaaaaaaaa"[..]);
+    assert!(
+        !range.contains(&(value.as_ptr() as usize)),
+        "the header pins the read buffer"
+    );
+    let body = body_of(replay).await;
+    assert_eq!(body.len(), 48);
+    assert!(
+        !range.contains(&(body.as_ptr() as usize)),
+        "the body pins the read buffer"
+    );
+}

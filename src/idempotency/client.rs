@@ -648,6 +648,25 @@ where
     }
 }
 
+/// `headers` with every value copied into one exact-size buffer of their own.
+fn detached_headers(headers: &http::HeaderMap) -> http::HeaderMap {
+    let total = headers.values().map(|value| value.len()).sum();
+    let mut values = bytes::BytesMut::with_capacity(total);
+    for value in headers.values() {
+        values.extend_from_slice(value.as_bytes());
+    }
+    let mut values = values.freeze();
+    let mut detached = http::HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let own = values.split_to(value.len());
+        let mut own = http::HeaderValue::from_maybe_shared(own)
+            .expect("the bytes of a valid header value are a valid header value");
+        own.set_sensitive(value.is_sensitive());
+        detached.append(name.clone(), own);
+    }
+    detached
+}
+
 /// Record a response (or a tombstone), or leave the operation in doubt when the response
 /// says "try again" — a later run resends the frozen bytes rather than replaying a 503.
 async fn settle_response<ResBody>(
@@ -689,12 +708,13 @@ where
     };
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
-            // The record gets its own exact-size copy: a body sliced out of the transport's
-            // read buffer would otherwise keep that whole buffer alive for the retention.
+            // The record gets its own exact-size copies: a body or header value sliced out
+            // of the transport's read buffer (hyper hands out both so) would otherwise keep
+            // that whole buffer alive for the retention, unseen by the store's budget.
             let stored = StoredResponse::new(
                 parts.status,
                 parts.version,
-                parts.headers.clone(),
+                detached_headers(&parts.headers),
                 Bytes::copy_from_slice(&bytes),
             );
             (Outcome::Response(stored), ResponseBody::buffered(bytes))

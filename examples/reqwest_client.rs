@@ -1,68 +1,27 @@
-//! The same layers in front of reqwest, against a loopback server.
+//! The same layers in front of reqwest, against a loopback server (feature `reqwest`).
 //!
-//! reqwest's `Client` is a `tower::Service<reqwest::Request>`; the layers speak
-//! `http::Request<Full<Bytes>>`. A ten-line adapter bridges them with reqwest's own
-//! conversions, and a [`ClassifyPhase`] teaches the layers that a reqwest connect error
-//! happened before anything was written.
+//! `tower_idempotency::reqwest::ReqwestService` bridges a `reqwest::Client` to the
+//! `http::Request<Full<Bytes>>` the layers send, and with the feature on the layers know
+//! that a reqwest connect error happened before anything was written.
 //!
 //! ```text
-//! cargo run --example reqwest_client
+//! cargo run --features reqwest --example reqwest_client
 //! ```
 
 use std::collections::HashMap;
-use std::error::Error as StdError;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
-use tower_idempotency::phase::FailurePhase;
+use tower_idempotency::reqwest::ReqwestService;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
-
-/// `http::Request<Full<Bytes>>` in, `http::Response<reqwest::Body>` out.
-#[derive(Clone, Debug)]
-struct Reqwest(reqwest::Client);
-
-impl Service<http::Request<Full<Bytes>>> for Reqwest {
-    type Response = http::Response<reqwest::Body>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Full<Bytes>>) -> Self::Future {
-        let client = self.0.clone();
-        Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            // A frozen body is one buffer: collecting it is a move, not a copy.
-            let body = body.collect().await?.to_bytes();
-            let req = reqwest::Request::try_from(http::Request::from_parts(parts, body))?;
-            let response = client.execute(req).await?;
-            Ok(http::Response::from(response))
-        })
-    }
-}
-
-/// reqwest reports connect failures (refused, DNS, TLS) apart from everything else.
-fn reqwest_phases(error: &(dyn StdError + 'static)) -> Option<FailurePhase> {
-    let error = error.downcast_ref::<reqwest::Error>()?;
-    if error.is_connect() {
-        Some(FailurePhase::PreWrite)
-    } else {
-        Some(FailurePhase::Unknown)
-    }
-}
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -102,16 +61,15 @@ async fn main() -> Result<(), BoxError> {
 
     let retry = RetryPolicy::builder()
         .attempt_timeout(Duration::from_millis(200))
-        .classify_phase(reqwest_phases)
         .build()?;
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
-                .classify_phase(reqwest_phases)
+                .retry_policy(&retry)
                 .build()?,
         )
         .layer(FrozenRetryLayer::new(retry))
-        .service(Reqwest(reqwest::Client::new()));
+        .service(ReqwestService::new(reqwest::Client::new()));
 
     for run in 1..=2 {
         let mut req = http::Request::post(format!("http://{addr}/charges"))

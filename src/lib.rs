@@ -98,6 +98,8 @@
 //! |---|---|---|
 //! | `hyper-util` | yes | classify `hyper_util` client errors (connect failures are pre-write) |
 //! | `redis` | no | `RedisStore`, the shared ledger for many replicas and crash-and-resume |
+//! | `reqwest` | no | [`reqwest::ReqwestService`](crate::reqwest): the layers in front of a `reqwest::Client`, its errors classified by phase |
+//! | `axum` | no | the server face reads axum's `OriginalUri` (behind `Router::nest`) |
 //! | `test-util` | no | `SideEffectService` and the conformance suite |
 #![forbid(unsafe_code)]
 #![warn(
@@ -116,6 +118,9 @@ pub mod idempotency;
 pub mod key;
 pub mod ledger;
 pub mod phase;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod reqwest;
 pub mod retry;
 
 pub use effect::EffectClass;

@@ -14,6 +14,8 @@
 //! - `hyper_util::client::legacy::Error` (feature `hyper-util`): `is_connect()` is pre-write;
 //! - `std::io::Error` of kind `ConnectionRefused`, `AddrNotAvailable` or `NotFound` is
 //!   pre-write (they come from `connect`);
+//! - `reqwest::Error` (feature `reqwest`): `is_connect()` is pre-write, anything else may
+//!   have been sent;
 //! - `tower::timeout::error::Elapsed` is unknown: the request may have been sent.
 //!
 //! Teach it your own error types with a [`ClassifyPhase`] implementation, passed to the
@@ -157,6 +159,10 @@ fn builtin(err: &(dyn StdError + 'static)) -> Option<FailurePhase> {
         // The legacy client reports connect failures (refused, DNS, TLS handshake) apart
         // from everything that happens after a connection was handed a request.
         return hyper.is_connect().then_some(FailurePhase::PreWrite);
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(reqwest) = err.downcast_ref::<::reqwest::Error>() {
+        return Some(crate::reqwest::phase(reqwest));
     }
     if let Some(io) = err.downcast_ref::<std::io::Error>() {
         use std::io::ErrorKind::*;

@@ -1,0 +1,122 @@
+//! reqwest, first class (feature `reqwest`): the layers in front of a [`reqwest::Client`].
+//!
+//! reqwest's `Client` is a `tower::Service<reqwest::Request>`; the layers speak
+//! `http::Request<Full<Bytes>>`. [`ReqwestService`] bridges the two with reqwest's own
+//! conversions, moving the frozen body (one buffer) rather than copying it, and answers
+//! `http::Response<reqwest::Body>`, so responses stream as reqwest hands them out.
+//!
+//! With this feature on, [`phase::classify`](crate::phase::classify) knows reqwest's errors: a
+//! connect error (refused, DNS, TLS handshake) happened **before** the request was written
+//! and releases the operation; any other failure (a timeout once the request was handed to
+//! a connection, a reset, a body error) may have been sent and leaves it in doubt. No
+//! `classify_phase` is needed.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_idempotency::reqwest::ReqwestService;
+//! use tower_idempotency::{
+//!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower::BoxError> {
+//! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
+//! let client = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(&policy).build()?)
+//!     .layer(FrozenRetryLayer::new(policy))
+//!     .service(ReqwestService::new(reqwest::Client::new()));
+//!
+//! let mut charge = http::Request::post("https://payments.example/v1/charges")
+//!     .header("content-type", "application/json")
+//!     .body(Full::new(Bytes::from(r#"{"order_id":"order_42","amount_cents":1999}"#)))?;
+//! charge.extensions_mut().insert(OperationId::new("task-7", "charge_customer"));
+//! let response = client.oneshot(charge).await?;
+//! # let _ = response;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use tower_service::Service;
+
+use crate::phase::FailurePhase;
+use crate::BoxError;
+
+/// A [`reqwest::Client`] as a `Service<http::Request<Full<Bytes>>>`, the shape the layers
+/// send. See the [module docs](self).
+///
+/// ```
+/// use tower_idempotency::reqwest::ReqwestService;
+///
+/// let service = ReqwestService::new(reqwest::Client::new());
+/// assert!(format!("{service:?}").contains("ReqwestService"));
+/// ```
+#[derive(Clone)]
+pub struct ReqwestService {
+    client: ::reqwest::Client,
+}
+
+impl ReqwestService {
+    /// Send through `client` (its connection pool, TLS and timeouts are its own).
+    pub fn new(client: ::reqwest::Client) -> Self {
+        Self { client }
+    }
+
+    /// The client requests are sent through.
+    pub fn client(&self) -> &::reqwest::Client {
+        &self.client
+    }
+}
+
+impl fmt::Debug for ReqwestService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReqwestService").finish_non_exhaustive()
+    }
+}
+
+/// The future of [`ReqwestService`].
+pub type ReqwestFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<::reqwest::Body>, BoxError>> + Send>>;
+
+impl Service<http::Request<Full<Bytes>>> for ReqwestService {
+    type Response = http::Response<::reqwest::Body>;
+    type Error = BoxError;
+    type Future = ReqwestFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // reqwest's pool makes room (or a connection) inside `execute`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Full<Bytes>>) -> Self::Future {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            // A frozen body is one buffer: collecting it is a move, not a copy.
+            let body = body.collect().await?.to_bytes();
+            let req = ::reqwest::Request::try_from(http::Request::from_parts(parts, body))?;
+            let response = client.execute(req).await?;
+            Ok(http::Response::from(response))
+        })
+    }
+}
+
+/// The phase of a reqwest error: connect errors are pre-write, the rest may have been sent.
+pub(crate) fn phase(error: &::reqwest::Error) -> FailurePhase {
+    if error.is_connect() {
+        FailurePhase::PreWrite
+    } else {
+        FailurePhase::Unknown
+    }
+}

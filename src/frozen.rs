@@ -281,6 +281,13 @@ impl Handoff {
     }
 }
 
+/// Left by a [`FrozenRetryLayer`](crate::FrozenRetryLayer) on the attempts of a request no
+/// idempotency layer handed it, so an [`IdempotencyLayer`](crate::IdempotencyLayer) inside
+/// it can tell that the layers are stacked the wrong way round. Zero-sized: inserting it
+/// allocates nothing but, at most, the extensions' map.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RetriedOutside;
+
 /// Freeze the request the retry layer was handed, reusing the fingerprint an outer
 /// idempotency layer computed when the bytes are the ones it froze.
 pub(crate) async fn freeze_handed<B>(

@@ -1113,3 +1113,94 @@ async fn a_recorded_response_keeps_no_transport_buffer_alive() {
         "the body pins the read buffer"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The client stack as one piece, and the mistakes it prevents or reports
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn the_stack_builder_stacks_in_order_and_shares_its_settings() {
+    let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
+    let stack = IdempotencyLayer::client_stack(MemoryStore::new())
+        .retry_policy(fast_policy(Duration::from_secs(1)))
+        .body_limit(64)
+        .build()
+        .unwrap();
+    let client = ServiceBuilder::new().layer(stack).service(provider.clone());
+    // The idempotency layer outside, the retry layer inside: one effect, the real answer.
+    let mut small = Request::post(ORDERS)
+        .body(Full::new(Bytes::from_static(b"{\"n\":1}")))
+        .unwrap();
+    small.extensions_mut().insert(op());
+    let res = client.clone().oneshot(small).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(provider.effects(), 1);
+    assert_eq!(provider.calls(), 2);
+    // The body limit holds for the stack: nothing is sent over it.
+    let err = client.oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(err.is_body_too_large(), "{err:?}");
+    assert_eq!(provider.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_layer_outside_the_idempotency_layer_is_reported_once() {
+    let (logs, _default) = capture::warnings();
+    let provider = SideEffectService::new();
+    let wrong = ServiceBuilder::new()
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .service(provider.clone());
+    for step in ["a", "b"] {
+        let mut req = post(ORIGINAL);
+        req.extensions_mut().insert(OperationId::new("t", step));
+        wrong.clone().oneshot(req).await.unwrap();
+    }
+    assert_eq!(
+        logs.text().matches("client_stack").count(),
+        1,
+        "{}",
+        logs.text()
+    );
+
+    // The right order says nothing.
+    logs.clear();
+    let policy = fast_policy(Duration::from_secs(1));
+    let right = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .retry_policy(&policy)
+                .build()
+                .unwrap(),
+        )
+        .layer(FrozenRetryLayer::new(policy))
+        .service(provider);
+    right.oneshot(post(ORIGINAL)).await.unwrap();
+    assert!(logs.text().is_empty(), "{}", logs.text());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unprotected_side_effect_is_marked_and_reported() {
+    let (logs, _default) = capture::warnings();
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider);
+    for _ in 0..2 {
+        let keyless = Request::post(ORDERS)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let res = client.clone().oneshot(keyless).await.unwrap();
+        assert_eq!(source(&res), Some(ResponseSource::Unprotected));
+    }
+    assert_eq!(
+        logs.text().matches("unprotected").count(),
+        1,
+        "{}",
+        logs.text()
+    );
+    // A read is not a side effect: no marker.
+    let read = Request::get(ORDERS).body(Full::new(Bytes::new())).unwrap();
+    let res = client.oneshot(read).await.unwrap();
+    assert_eq!(source(&res), None);
+}

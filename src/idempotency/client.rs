@@ -20,7 +20,7 @@ use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAU
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
 use crate::error::{ConfigError, Drift};
-use crate::frozen::{FrozenRequest, Handoff, DEFAULT_BODY_LIMIT};
+use crate::frozen::{FrozenRequest, Handoff, RetriedOutside, DEFAULT_BODY_LIMIT};
 use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
 use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::phase::{classify, ClassifyPhase, FailurePhase};
@@ -60,6 +60,10 @@ pub struct Client {
     retry_window: Duration,
     /// Whether the mismatch with the real retry policy was already reported.
     warned_window: std::sync::atomic::AtomicBool,
+    /// Whether an unprotected side effect was already reported.
+    warned_unprotected: std::sync::atomic::AtomicBool,
+    /// Whether a retry layer outside this one was already reported.
+    warned_order: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for dyn ClassifyPhase {
@@ -259,6 +263,12 @@ impl ClientBuilder {
         self
     }
 
+    /// The same, sharing a classifier with the retry layer.
+    pub(crate) fn shared_phase_classifier(mut self, classifier: Arc<dyn ClassifyPhase>) -> Self {
+        self.phase_classifier = Some(classifier);
+        self
+    }
+
     /// Check the settings and build the layer.
     ///
     /// Refuses a zero lease, a retention shorter than the retry window plus the lease (a
@@ -294,6 +304,8 @@ impl ClientBuilder {
             phase_classifier: self.phase_classifier,
             retry_window: self.retry_window,
             warned_window: std::sync::atomic::AtomicBool::new(false),
+            warned_unprotected: std::sync::atomic::AtomicBool::new(false),
+            warned_order: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(IdempotencyLayer::from_face(client))
     }
@@ -370,6 +382,40 @@ impl<T> fmt::Debug for ClientFuture<T> {
 }
 
 impl Client {
+    /// A side effect without an `OperationId` or a key passed through, unprotected: the retry
+    /// layer inside will not resend it once it may have left, but a caller's own retry runs
+    /// it again. Visible in every response (`ResponseSource::Unprotected`) and a `DEBUG`
+    /// event, and once as a warning.
+    fn report_unprotected(&self, frozen: &FrozenRequest) {
+        use std::sync::atomic::Ordering::Relaxed;
+        tracing::debug!(method = %frozen.method(), uri = %frozen.uri(), "side effect sent without an OperationId or Idempotency-Key: unprotected");
+        if !self.warned_unprotected.swap(true, Relaxed) {
+            tracing::warn!(
+                method = %frozen.method(),
+                uri = %frozen.uri(),
+                "a side-effecting request passed through unprotected (no OperationId, no \
+                 Idempotency-Key); insert an OperationId, or build the layer with \
+                 require_key(true) to refuse such requests"
+            );
+        }
+    }
+
+    /// A `FrozenRetryLayer` **outside** this layer marks the requests it retries: each of its
+    /// attempts would then consult the ledger on its own, so a retry after a lost answer is
+    /// a replay at best and a busy error at worst. Said once, naming the fix.
+    fn check_layer_order<B>(&self, req: &Request<B>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if req.extensions().get::<RetriedOutside>().is_some()
+            && !self.warned_order.swap(true, Relaxed)
+        {
+            tracing::warn!(
+                "FrozenRetryLayer is outside IdempotencyLayer: put the idempotency layer \
+                 outside (first in ServiceBuilder), or build both with \
+                 IdempotencyLayer::client_stack"
+            );
+        }
+    }
+
     /// The builder checked the TTLs against `retry_window`; the retry layer inside reports
     /// its real one. A longer real window can outlive the protected window or the retention
     /// (a record could be evicted or expire while its operation still retries): say so,
@@ -442,14 +488,23 @@ where
     ResBody: Body<Data = Bytes> + Unpin,
     ResBody::Error: Into<BoxError>,
 {
-    let key = if EffectClass::of_request(&req).is_side_effect() {
+    let side_effect = EffectClass::of_request(&req).is_side_effect();
+    let key = if side_effect {
+        client.check_layer_order(&req);
         identify(&client, &mut req)?
     } else {
         None
     };
     let (frozen, extensions) = FrozenRequest::freeze(req, client.body_limit).await?;
     let Some(key) = key else {
-        return pass_through(inner, &client, &frozen, extensions).await;
+        let mut response = pass_through(inner, &client, &frozen, extensions).await?;
+        if side_effect {
+            client.report_unprotected(&frozen);
+            response
+                .extensions_mut()
+                .insert(ResponseSource::Unprotected);
+        }
+        return Ok(response);
     };
     let span = tracing::Span::current();
     if !span.is_disabled() {

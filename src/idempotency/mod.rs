@@ -13,8 +13,12 @@
 //!
 //! 1. Find the key: the caller's own `Idempotency-Key` header, else one derived from the
 //!    request's [`OperationId`](crate::OperationId) (and sent as `Idempotency-Key`). With
-//!    neither, the request passes through, or fails with a missing-key error when
-//!    [required](ClientBuilder::require_key).
+//!    neither, the request passes through, marked [`ResponseSource::Unprotected`] (and
+//!    reported once as a warning), or fails with a missing-key error when
+//!    [required](ClientBuilder::require_key). Passing through is the default because it is
+//!    safe against the retry layer inside (it never resends a keyless side effect once it
+//!    may have left) and because many `POST`s a client sends are not operations an
+//!    orchestrator names; a caller's own retry of such a request is what stays unprotected.
 //! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent).
 //! 3. `begin` in the ledger, storing the frozen request before any byte leaves.
 //! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
@@ -46,6 +50,12 @@
 //!
 //! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
 //! the same whichever path a request takes.
+//!
+//! [`IdempotencyLayer::client_stack`] builds both layers in the right order from one
+//! configuration ([`ClientStackBuilder`]): the body limit and the phase classifier apply to
+//! both, and the ledger's TTLs are checked against the retry policy really stacked inside.
+//! Stacked by hand the wrong way round (the retry layer outside), the layers say so once, as
+//! a warning naming the fix.
 //!
 //! # Example
 //!
@@ -258,6 +268,7 @@ mod client;
 mod engine;
 mod layer;
 mod server;
+mod stack;
 
 pub use body::ResponseBody;
 pub use client::{Client, ClientBuilder, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
@@ -268,9 +279,10 @@ pub use server::{
     DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW, IDEMPOTENCY_FAIL_OPEN,
     IDEMPOTENT_REPLAYED,
 };
+pub use stack::{ClientStack, ClientStackBuilder};
 
 /// Where a response came from: a response extension set by the client
-/// [`IdempotencyLayer`] on every response of a side-effecting operation. (The server face
+/// [`IdempotencyLayer`] on every response of a side-effecting request. (The server face
 /// marks replays with the `Idempotent-Replayed: true` header instead.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -281,4 +293,8 @@ pub enum ResponseSource {
     Resent,
     /// The recorded response of a completed operation; the inner service was not called.
     Replayed,
+    /// A side effect without an [`OperationId`](crate::OperationId) or an `Idempotency-Key`:
+    /// sent once, outside the ledger, unprotected against a caller's own retry. See
+    /// [`ClientBuilder::require_key`].
+    Unprotected,
 }

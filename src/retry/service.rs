@@ -18,7 +18,8 @@ use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use super::FrozenRetryLayer;
 use crate::effect::EffectClass;
-use crate::frozen::{freeze_handed, FrozenRequest, Handoff};
+use crate::frozen::{freeze_handed, FrozenRequest, Handoff, RetriedOutside};
+use crate::key::OperationId;
 use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
 
@@ -163,9 +164,13 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    let (frozen, extensions) = freeze_handed(req, policy.body_limit).await?;
+    let (frozen, mut extensions) = freeze_handed(req, policy.body_limit).await?;
     let effect = EffectClass::resolve(frozen.method(), &extensions);
     let handoff = extensions.get::<Handoff>().cloned();
+    if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some() {
+        // An operation no idempotency layer handed us: one may sit inside us, wrongly.
+        extensions.insert(RetriedOutside);
+    }
     if let Some(handoff) = &handoff {
         handoff.report_retry_window(policy.retry_window());
     }

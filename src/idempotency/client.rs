@@ -16,6 +16,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
+use super::decision::{self, Decision, Face, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
@@ -453,21 +454,25 @@ fn into_error(error: BoxError, phase: FailurePhase) -> Error {
 /// [`OperationId`] names one operation, wherever it is sent: sent to another target (or
 /// with another method, path or body) it is a drift, never a replay of the first target's
 /// answer, since the fingerprint covers the whole target.
-fn identify<B>(client: &Client, req: &mut Request<B>) -> Result<Option<LedgerKey>, Error> {
+fn identify<B>(
+    client: &Client,
+    req: &mut Request<B>,
+) -> Result<Option<(LedgerKey, WireKey)>, Error> {
     if let Some(key) = HeaderKey::from_headers(req.headers()).map_err(Error::from_invalid_key)? {
         let uri = req.uri();
-        return Ok(Some(LedgerKey::client_header(
+        let ledger_key = LedgerKey::client_header(
             &client.scope,
             uri.scheme_str().unwrap_or(""),
             uri.authority().map_or("", |a| a.as_str()),
             key.as_str(),
-        )));
+        );
+        return Ok(Some((ledger_key, WireKey::Header(key))));
     }
     if let Some(op) = req.extensions().get::<OperationId>() {
         let key = op.key(&client.scope);
         req.headers_mut()
             .insert(&IDEMPOTENCY_KEY, key.header_value());
-        return Ok(Some(LedgerKey::for_operation(key)));
+        return Ok(Some((LedgerKey::for_operation(key), WireKey::Derived(key))));
     }
     if client.require_key {
         return Err(Error::missing_key());
@@ -496,7 +501,7 @@ where
         None
     };
     let (frozen, extensions) = FrozenRequest::freeze(req, client.body_limit).await?;
-    let Some(key) = key else {
+    let Some((key, wire)) = key else {
         let mut response = pass_through(inner, &client, &frozen, extensions).await?;
         if side_effect {
             client.report_unprotected(&frozen);
@@ -508,7 +513,7 @@ where
     };
     let span = tracing::Span::current();
     if !span.is_disabled() {
-        span.record("key", tracing::field::display(key.to_hex()));
+        span.record("key", tracing::field::display(decision::KeyDigest(&wire)));
     }
     let mut begin = client
         .ledger
@@ -524,7 +529,15 @@ where
             tracing::warn!(%err, "ledger unavailable; sending without protection (fail-open)");
             return pass_through(inner, &client, &frozen, extensions).await;
         }
-        Err(err) => return Err(Error::store(err)),
+        Err(err) => {
+            let decided = if err.is_full() {
+                Decision::Full
+            } else {
+                Decision::Unavailable
+            };
+            decision::log(Face::Client, decided, &wire);
+            return Err(Error::store(err));
+        }
     };
     // What this operation sends if it is to be sent: the bytes first frozen, once the
     // ledger has shown them to us, never the request just handed in.
@@ -551,12 +564,13 @@ where
         }
         other => other,
     };
+    decision::log(Face::Client, decision_of(&answer), &wire);
     match answer {
         Begin::Acquired { token } => {
             send(
                 inner,
                 &client,
-                key,
+                (key, &wire),
                 token,
                 &to_send,
                 extensions,
@@ -578,7 +592,7 @@ where
             send(
                 inner,
                 &client,
-                key,
+                (key, &wire),
                 token,
                 &original,
                 extensions,
@@ -595,6 +609,21 @@ where
         // Answers added later are not understood by this release: send nothing.
         #[allow(unreachable_patterns)]
         _ => Err(Error::in_doubt()),
+    }
+}
+
+/// How a `begin` answer is logged.
+pub(crate) fn decision_of(answer: &Begin) -> Decision {
+    match answer {
+        Begin::Acquired { .. } => Decision::Acquired,
+        Begin::Resume { .. } => Decision::Resumed,
+        Begin::Replay(_) => Decision::Replayed,
+        Begin::Busy { .. } => Decision::Busy,
+        Begin::InDoubt => Decision::InDoubt,
+        Begin::Drift { .. } => Decision::Drift,
+        // Answers added later are refused like an in-doubt operation.
+        #[allow(unreachable_patterns)]
+        _ => Decision::InDoubt,
     }
 }
 
@@ -663,7 +692,7 @@ where
 async fn send<S, ResBody>(
     inner: S,
     client: &Client,
-    key: LedgerKey,
+    (key, wire): (LedgerKey, &WireKey),
     token: LeaseToken,
     frozen: &FrozenRequest,
     mut extensions: Extensions,
@@ -684,14 +713,16 @@ where
     let result = lease.renewing(call).await;
     client.check_real_retry_window(&handoff);
     match result {
-        Ok(response) => settle_response(client, lease, response, source).await,
+        Ok(response) => settle_response(client, lease, response, source, wire).await,
         Err(error) => {
             let phase = classify(&*error, client.phase_classifier.as_deref());
             // Sticky: an earlier attempt inside (reported by the retry layer) may have left
             // even when the last one was refused before writing.
             let settled = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
+                decision::log(Face::Client, Decision::InDoubt, wire);
                 lease.mark_in_doubt().await
             } else {
+                decision::log(Face::Client, Decision::Released, wire);
                 lease.abandon().await
             };
             if let Err(err) = settled {
@@ -729,6 +760,7 @@ async fn settle_response<ResBody>(
     lease: LeaseGuard,
     response: Response<ResBody>,
     source: ResponseSource,
+    wire: &WireKey,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     ResBody: Body<Data = Bytes> + Unpin,
@@ -738,6 +770,7 @@ where
     // Only answers that mean "come back later" leave the operation open; any other
     // answer, a business `409` ("already exists") included, is its final outcome.
     if is_retryable_status(status) || is_in_progress_answer(status, response.headers()) {
+        decision::log(Face::Client, Decision::InDoubt, wire);
         if let Err(err) = lease.mark_in_doubt().await {
             tracing::warn!(%err, "could not mark the operation in doubt");
         }

@@ -257,14 +257,29 @@
 //! ## Tracing
 //!
 //! Each keyed request runs in a `DEBUG` span `idempotency` with `face = "server"`, `key`
-//! (the ledger key's hex: a hash, free of the scope), `outcome` (`executed`,
+//! (the key's digest, as in the decision events below: never the key itself, never the
+//! scope or a credential), `outcome` (`executed`,
 //! `executed-again`, `replayed`, `in-flight`, `payload-mismatch`, `outcome-unknown`,
 //! `response-not-recorded`, `ledger-unavailable`, `ledger-full`, `scope-missing`,
 //! `fail-open`, `body-too-large`, `body-unreadable`) and, when the handler ran, `settled` (`recorded`, `tombstone`,
 //! `released`, `in-doubt`, `not-recorded`). Refused keys are `DEBUG` events.
+//!
+//! ## Decision events (both faces)
+//!
+//! Every ledger decision is one event `idempotency decision`, inside the request's span,
+//! with the fields `idempotency.face` (`client`, `server`), `idempotency.decision`
+//! (`acquired`, `replayed`, `resumed`, `busy`, `drift`, `in_doubt`, `released`, `full`,
+//! `unavailable`) and `idempotency.key.digest`: the first 16 hex digits of
+//! `SHA-256("tower-idempotency/log/v1" || key)` over the `Idempotency-Key` as it travels
+//! (unquoted). A client and the server it calls log the same digest for one operation, so
+//! their logs join; neither logs the key itself, the scope or a credential. Levels: `WARN`
+//! for `drift`, `full` and `unavailable`, `INFO` for `in_doubt` and `resumed`, `DEBUG` for
+//! the rest. The client span `idempotency` (`face = "client"`) carries the same digest as
+//! `key`.
 
 mod body;
 mod client;
+mod decision;
 mod engine;
 mod layer;
 mod server;

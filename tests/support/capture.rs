@@ -42,13 +42,19 @@ impl std::io::Write for Logs {
 /// Capture warnings on this thread (a current-thread runtime's tasks included) until the
 /// returned guard is dropped.
 pub fn warnings() -> (Logs, tracing::subscriber::DefaultGuard) {
+    events(tracing::Level::WARN)
+}
+
+/// Capture events at `level` and above on this thread until the guard is dropped.
+pub fn events(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
     let subscriber = tracing_subscriber::fmt()
         .with_writer({
             let logs = logs.clone();
             move || logs.clone()
         })
-        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_max_level(level)
         .finish();
     (logs, tracing::subscriber::set_default(subscriber))
 }

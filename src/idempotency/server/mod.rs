@@ -21,6 +21,8 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
+use super::client::decision_of;
+use super::decision::{self, Decision, Face, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::effect::EffectClass;
@@ -800,10 +802,6 @@ where
         };
         LedgerKey::server(&scope, key.as_str())
     };
-    let span = tracing::Span::current();
-    if !span.is_disabled() {
-        span.record("key", tracing::field::display(ledger_key.to_hex()));
-    }
 
     // Read and limit the body before any lease is taken: a refused body leaves the key
     // unused. The head is kept as it came; the handler's request is assembled from it only
@@ -821,6 +819,17 @@ where
                 return Ok(problem::body_unreadable());
             }
         };
+    // Kept for the decision events only when one could be recorded: it is a copy.
+    let wire = tracing::enabled!(tracing::Level::WARN).then(|| WireKey::Header(key.clone()));
+    let span = tracing::Span::current();
+    if let (false, Some(wire)) = (span.is_disabled(), &wire) {
+        span.record("key", tracing::field::display(decision::KeyDigest(wire)));
+    }
+    let decided = |decision| {
+        if let Some(wire) = &wire {
+            decision::log(Face::Server, decision, wire);
+        }
+    };
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
     // One key is one request: the method, the target as the client sent it and the body.
@@ -848,14 +857,17 @@ where
         }
         Err(err) if err.is_full() => {
             outcome("ledger-full");
+            decided(Decision::Full);
             return Ok(problem::ledger_full(server.retry_after));
         }
         Err(err) => {
             outcome("ledger-unavailable");
+            decided(Decision::Unavailable);
             tracing::error!(%err, "ledger unavailable; refusing the request (fail closed)");
             return Ok(problem::ledger_unavailable(server.retry_after));
         }
     };
+    decided(decision_of(&answer));
     match answer {
         Begin::Acquired { token } => {
             outcome("executed");

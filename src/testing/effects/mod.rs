@@ -458,6 +458,35 @@ impl SideEffectService {
         self.lock().effects_by_key.get(key).copied().unwrap_or(0)
     }
 
+    /// Effects committed for the operation `op` of a client layer built with `scope` (`""`
+    /// unless [`ClientBuilder::scope`](crate::idempotency::ClientBuilder::scope) set one):
+    /// the key the layer derives and sends for it.
+    ///
+    /// ```
+    /// # use bytes::Bytes;
+    /// # use http_body_util::Full;
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// # use tower_idempotency::{ledger::MemoryStore, testing::SideEffectService, IdempotencyLayer, OperationId};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let provider = SideEffectService::new();
+    /// let client = ServiceBuilder::new()
+    ///     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).scope("billing").build().unwrap())
+    ///     .service(provider.clone());
+    /// let op = OperationId::new("task-7", "charge");
+    /// let mut req = http::Request::post("http://payments.local/charges")
+    ///     .body(Full::new(Bytes::from_static(b"{}")))
+    ///     .unwrap();
+    /// req.extensions_mut().insert(op.clone());
+    /// client.oneshot(req).await.unwrap();
+    /// assert_eq!(provider.effects_for_operation(&op, "billing"), 1);
+    /// assert_eq!(provider.effects_for_operation(&op, ""), 0);
+    /// # }
+    /// ```
+    pub fn effects_for_operation(&self, op: &crate::OperationId, scope: &str) -> usize {
+        self.effects_for_key(&op.key(scope).to_hex())
+    }
+
     /// Effects committed for requests without a (valid) key.
     pub fn effects_without_key(&self) -> usize {
         self.lock().effects_without_key

@@ -100,6 +100,7 @@
 //! | `redis` | no | `RedisStore`, the shared ledger for many replicas and crash-and-resume |
 //! | `reqwest` | no | [`reqwest::ReqwestService`](crate::reqwest): the layers in front of a `reqwest::Client`, its errors classified by phase |
 //! | `axum` | no | the server face reads axum's `OriginalUri` (behind `Router::nest`) |
+//! | `metrics` | no | `idempotency_decisions_total` (labels `face`, `decision`) and `idempotency_ledger_call_seconds` (labels `call`, `result`) through the `metrics` facade |
 //! | `test-util` | no | `SideEffectService` and the conformance suite |
 #![forbid(unsafe_code)]
 #![warn(

@@ -6,6 +6,9 @@
 //! as it travels (unquoted), so a client's and a server's logs of one operation can be
 //! joined, while neither ever logs the key itself (a caller's own key may be a secret) or a
 //! credential. It is computed only when an event is recorded.
+//!
+//! With feature `metrics`, each decision also counts in `idempotency_decisions_total`
+//! (labels `face`, `decision`).
 
 use std::fmt;
 
@@ -95,6 +98,9 @@ impl fmt::Display for KeyDigest<'_> {
 /// Record `decision` as one event, at a level that says how much it deserves attention.
 pub(crate) fn log(face: Face, decision: Decision, key: &WireKey) {
     let (face, what, digest) = (face.as_str(), decision.as_str(), KeyDigest(key));
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idempotency_decisions_total", "face" => face, "decision" => what)
+        .increment(1);
     match decision {
         Decision::Drift | Decision::Full | Decision::Unavailable => tracing::warn!(
             idempotency.face = face,

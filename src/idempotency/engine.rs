@@ -143,7 +143,10 @@ impl Ledger {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.store.begin(request.clone()).await {
+            let started = start();
+            let answer = self.store.begin(request.clone()).await;
+            observe("begin", started, &answer);
+            match answer {
                 Ok(answer) => return Ok(answer),
                 Err(err) if is_ambiguous(&err) && tries < BEGIN_TRIES => {
                     tracing::debug!(%err, tries, "begin failed; asking again with the same token");
@@ -217,6 +220,7 @@ impl Ledger {
         let mut pause = FIRST_STORE_RETRY;
         let mut lost_one = false;
         loop {
+            let started = start();
             let result = match settle {
                 Settle::Complete(outcome) => {
                     self.store
@@ -226,6 +230,7 @@ impl Ledger {
                 Settle::Abandon => self.store.abandon(key, token).await,
                 Settle::MarkInDoubt => self.store.mark_in_doubt(key, token, self.retention).await,
             };
+            observe(settle.call(), started, &result);
             match result {
                 Ok(()) => return Ok(()),
                 Err(err) if err.is_fenced() && lost_one => {
@@ -262,6 +267,50 @@ enum Settle {
     Complete(Outcome),
     Abandon,
     MarkInDoubt,
+}
+
+impl Settle {
+    /// The store call, as metrics name it.
+    fn call(&self) -> &'static str {
+        match self {
+            Self::Complete(_) => "complete",
+            Self::Abandon => "abandon",
+            Self::MarkInDoubt => "mark_in_doubt",
+        }
+    }
+}
+
+/// With feature `metrics`, how long a store call took, in `idempotency_ledger_call_seconds`
+/// (labels `call`, and `result`: `ok`, `fenced`, `full`, `timeout`, `unavailable`, `corrupt`).
+#[cfg(feature = "metrics")]
+fn observe<T>(call: &'static str, started: Started, result: &Result<T, StoreError>) {
+    let result = match result {
+        Ok(_) => "ok",
+        Err(err) if err.is_fenced() => "fenced",
+        Err(err) if err.is_full() => "full",
+        Err(err) if err.is_timeout() => "timeout",
+        Err(err) if err.is_unavailable() => "unavailable",
+        Err(_) => "corrupt",
+    };
+    metrics::histogram!("idempotency_ledger_call_seconds", "call" => call, "result" => result)
+        .record(started.elapsed().as_secs_f64());
+}
+
+#[cfg(not(feature = "metrics"))]
+fn observe<T>(_: &'static str, _: Started, _: &Result<T, StoreError>) {}
+
+/// When a store call started: read only when metrics will be recorded.
+#[cfg(feature = "metrics")]
+type Started = std::time::Instant;
+#[cfg(not(feature = "metrics"))]
+#[derive(Clone, Copy)]
+struct Started;
+
+fn start() -> Started {
+    #[cfg(feature = "metrics")]
+    return std::time::Instant::now();
+    #[cfg(not(feature = "metrics"))]
+    Started
 }
 
 /// An owned lease. Settle it with exactly one of `complete`, `abandon`, `mark_in_doubt`.
@@ -323,11 +372,13 @@ impl LeaseGuard {
         let every = (self.ledger.lease / 3).max(Duration::from_millis(1));
         loop {
             tokio::time::sleep(every).await;
+            let started = start();
             let renewed = self
                 .ledger
                 .store
                 .renew(self.key, self.token, self.ledger.lease)
                 .await;
+            observe("renew", started, &renewed);
             match renewed {
                 Ok(()) => {}
                 Err(err) if err.is_fenced() => {

@@ -1,0 +1,80 @@
+//! The `metrics` feature: decisions counted per face and outcome, ledger calls timed.
+#![cfg(all(feature = "metrics", feature = "test-util"))]
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::testing::SideEffectService;
+use tower_idempotency::{IdempotencyLayer, OperationId};
+
+#[test]
+fn decisions_are_counted_and_ledger_calls_timed() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let client = ServiceBuilder::new()
+                .layer(IdempotencyLayer::client(MemoryStore::new()))
+                .service(SideEffectService::new());
+            for _ in 0..2 {
+                let mut req = Request::post("http://payments.local/charges")
+                    .body(Full::new(Bytes::from_static(b"{}")))
+                    .unwrap();
+                req.extensions_mut()
+                    .insert(OperationId::new("task", "charge"));
+                client.clone().oneshot(req).await.unwrap();
+            }
+        })
+    });
+
+    let mut counters = Vec::new();
+    let mut histograms = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (kind, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        match (kind, value) {
+            (MetricKind::Counter, DebugValue::Counter(n)) => {
+                counters.push((key.name().to_owned(), labels, n))
+            }
+            (MetricKind::Histogram, DebugValue::Histogram(samples)) => {
+                histograms.push((key.name().to_owned(), labels, samples.len()))
+            }
+            _ => {}
+        }
+    }
+    let counter = |decision: &str| {
+        counters
+            .iter()
+            .find(|(name, labels, _)| {
+                name == "idempotency_decisions_total"
+                    && labels.contains(&"face=client".to_owned())
+                    && labels.contains(&format!("decision={decision}"))
+            })
+            .map(|(_, _, n)| *n)
+    };
+    assert_eq!(counter("acquired"), Some(1), "{counters:?}");
+    assert_eq!(counter("replayed"), Some(1), "{counters:?}");
+    let timed = |call: &str| {
+        histograms
+            .iter()
+            .find(|(name, labels, _)| {
+                name == "idempotency_ledger_call_seconds"
+                    && labels.contains(&format!("call={call}"))
+                    && labels.contains(&"result=ok".to_owned())
+            })
+            .map(|(_, _, n)| *n)
+    };
+    assert_eq!(timed("begin"), Some(2), "{histograms:?}");
+    assert_eq!(timed("complete"), Some(1), "{histograms:?}");
+}

@@ -46,7 +46,7 @@ use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::testing::{crash_after, Fault, SideEffectService};
 use tower_idempotency::{BusyPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId};
 
 fn cases(default: u32) -> ProptestConfig {
@@ -160,22 +160,6 @@ fn payload(op: usize, regenerated: bool) -> Bytes {
     ))
 }
 
-/// Drive `future` until it finishes, or leak it `crash_after` into it: a process that dies
-/// runs no destructor, so no lease is settled and no record written.
-async fn crash_or_finish<F: Future>(future: F, crash_after: Option<Duration>) -> Option<F::Output> {
-    let mut future = Box::pin(future);
-    match crash_after {
-        None => Some(future.await),
-        Some(after) => tokio::select! {
-            output = &mut future => Some(output),
-            () = tokio::time::sleep(after) => {
-                std::mem::forget(future);
-                None
-            }
-        },
-    }
-}
-
 const LEASE: Duration = Duration::from_secs(2);
 
 /// Run `case` on a fresh current-thread runtime (real time) against a `RedisStore` with a key
@@ -252,11 +236,11 @@ async fn client_case_holds(
     for run in &case.runs {
         tokio::time::sleep(Duration::from_millis(run.pause)).await;
         first_payload.entry(run.op).or_insert(run.regenerated);
-        let outcome = crash_or_finish(
-            send(run.op, run.regenerated),
-            run.crash_after.map(Duration::from_millis),
-        )
-        .await;
+        // A crash leaks the run's future: nothing of it settles, as when a process dies.
+        let outcome = match run.crash_after {
+            Some(ms) => crash_after(send(run.op, run.regenerated), Duration::from_millis(ms)).await,
+            None => Some(send(run.op, run.regenerated).await),
+        };
         if let Some(Ok(res)) = outcome {
             if res.status() == StatusCode::CREATED {
                 saw_created.insert(run.op, true);

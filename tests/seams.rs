@@ -1205,69 +1205,50 @@ async fn an_unprotected_side_effect_is_marked_and_reported() {
     assert_eq!(source(&res), None);
 }
 
-/// One event per ledger decision, on both faces, joinable by one key digest that is neither
-/// the key nor a credential.
-#[tokio::test(flavor = "current_thread")]
-async fn both_faces_log_each_decision_under_one_key_digest() {
-    let (logs, _default) = capture::events(tracing::Level::DEBUG);
+/// The kit's fault layer around a handler, inside the server layer: a handler that charges
+/// then panics leaves its key in doubt (never run again by default); one that charges then
+/// loses its answer to a 500 has that 500 recorded; a slow one makes its duplicate wait.
+#[tokio::test(start_paused = true)]
+async fn the_fault_layer_shows_what_a_handlers_failures_do_to_its_keys() {
+    use tower_idempotency::testing::{FaultLayer, HandlerFault};
     let runs = Arc::new(AtomicUsize::new(0));
+    let faults = FaultLayer::new().with_faults([
+        HandlerFault::PanicAfterHandler,
+        HandlerFault::FailAfterHandler(StatusCode::BAD_GATEWAY),
+        HandlerFault::Delay(Duration::from_secs(2)),
+    ]);
     let app = Router::new()
-        .route("/orders", route_post(counting_handler(runs.clone())))
-        .route_layer(IdempotencyLayer::server(MemoryStore::new()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Full<Bytes>>();
-    let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
-        .service(http);
-    let order = || {
-        let mut req = Request::post(format!("http://{addr}/orders"))
-            .header("authorization", "Bearer sk_live_secret")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
-        req.extensions_mut().insert(op());
-        req
-    };
-    client.clone().oneshot(order()).await.unwrap();
-    client.oneshot(order()).await.unwrap();
+        .route("/charges", route_post(counting_handler(runs.clone())))
+        .route_layer(faults.clone())
+        .route_layer(IdempotencyLayer::server(MemoryStore::new()))
+        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let charge = |key: &str| keyed(Method::POST, "/charges", key, "{}");
 
-    let text = logs.text();
-    let decisions: Vec<&str> = text
-        .lines()
-        .filter(|line| line.contains("idempotency decision"))
-        .collect();
-    let digest_of = |line: &str| {
-        let at = line.find("idempotency.key.digest=").expect("a digest") + 23;
-        line[at..at + 16].to_owned()
-    };
-    assert_eq!(decisions.len(), 3, "{text}");
-    assert!(
-        decisions[0].contains("idempotency.face=\"client\"")
-            && decisions[0].contains("\"acquired\""),
-        "{text}"
+    let (status, _, _) = answer(&app, charge("panics")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    // The unwinding guard settles in a task of its own (nothing runs in place while a panic
+    // unwinds): let it.
+    tokio::task::yield_now().await;
+    let (_, _, body) = answer(&app, charge("panics")).await;
+    assert_eq!(problem_type(&body), problem::OUTCOME_UNKNOWN);
+
+    let (status, _, _) = answer(&app, charge("lost-answer")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (status, replayed, _) = answer(&app, charge("lost-answer")).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (StatusCode::BAD_GATEWAY, Some("true"))
     );
-    assert!(
-        decisions[1].contains("idempotency.face=\"server\"")
-            && decisions[1].contains("\"acquired\""),
-        "{text}"
-    );
-    assert!(
-        decisions[2].contains("idempotency.face=\"client\"")
-            && decisions[2].contains("\"replayed\""),
-        "{text}"
-    );
-    let digest = digest_of(decisions[0]);
-    assert!(
-        decisions.iter().all(|line| digest_of(line) == digest),
-        "{text}"
-    );
-    // Never the key, never the credential.
-    let key = op().key("").to_hex();
-    assert!(
-        !text.contains(&key) && !text.contains("sk_live_secret"),
-        "{text}"
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let slow = tokio::spawn({
+        let app = app.clone();
+        async move { answer(&app, charge("slow")).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, _, body) = answer(&app, charge("slow")).await;
+    assert_eq!(problem_type(&body), problem::IN_FLIGHT);
+    assert_eq!(slow.await.unwrap().0, StatusCode::CREATED);
+
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "each handler ran once");
+    assert_eq!(faults.calls(), 3);
 }

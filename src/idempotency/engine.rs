@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Context;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -406,11 +407,21 @@ impl Drop for LeaseGuard {
             OnDrop::MarkInDoubt => Settle::MarkInDoubt,
         });
         let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
-        runtime.spawn(async move {
+        let mut settling = Box::pin(async move {
             let deadline = Instant::now() + ledger.lease;
             if let Err(err) = ledger.apply(key, token, &settle, deadline).await {
                 tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
             }
         });
+        // A store that answers at once (`MemoryStore`) settles here and now, so the very next
+        // request already sees the key settled; one that must wait finishes in a task. Not
+        // while a panic unwinds: nothing that could panic again runs then.
+        if !std::thread::panicking() {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            if settling.as_mut().poll(&mut cx).is_ready() {
+                return;
+            }
+        }
+        runtime.spawn(settling);
     }
 }

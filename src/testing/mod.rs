@@ -5,11 +5,15 @@
 //!   sequence against a store and the model side by side (for property tests).
 //! - [`effects`]: [`SideEffectService`], a provider double that counts effects per key and
 //!   injects faults (commit then time out, refuse, 5xx, panic, latency), in-process or over HTTP.
+//! - [`faults`]: [`FaultLayer`], faults around your **own** handlers (panic, delay, fail or
+//!   hang after the work), and [`crash_after`], a hard crash at a chosen point of an operation.
 
 pub mod conformance;
 pub mod effects;
+pub mod faults;
 pub mod model;
 
 pub use effects::{
     CapturedRequest, Fault, ServeHandle, SideEffectService, SideEffectServiceBuilder,
 };
+pub use faults::{crash_after, FaultLayer, FaultService, HandlerFault};

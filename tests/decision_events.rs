@@ -1,5 +1,6 @@
-//! Decision events, in a test binary of their own: `tracing`'s level filter is global, so
-//! a `DEBUG` capture must not share its process with tests installing other subscribers.
+//! The decision events of both faces, in a test binary of its own: `tracing`'s level
+//! filter and callsite interest are global, so a `DEBUG` capture must not share a process
+//! with tests that log through the same callsites under other subscribers, or none.
 #![cfg(feature = "test-util")]
 
 #[path = "support/capture.rs"]
@@ -8,7 +9,7 @@ mod capture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use axum::routing::post;
+use axum::routing::post as route_post;
 use axum::Router;
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -38,7 +39,7 @@ async fn both_faces_log_each_decision_under_one_key_digest() {
     let (logs, _default) = capture::events(tracing::Level::DEBUG);
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
-        .route("/orders", post(counting_handler(runs.clone())))
+        .route("/orders", route_post(counting_handler(runs.clone())))
         .route_layer(IdempotencyLayer::server(MemoryStore::new()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -11,9 +11,6 @@
 #[cfg(feature = "redis")]
 mod redis_support;
 
-#[path = "support/capture.rs"]
-mod capture;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -998,45 +995,6 @@ async fn run_again_takes_an_in_doubt_key_over() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
-    let (logs, _default) = capture::warnings();
-    let long = RetryPolicy::builder()
-        .max_elapsed(Duration::from_secs(600))
-        .build()
-        .unwrap();
-    let provider = SideEffectService::new();
-    let told = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
-        .layer(FrozenRetryLayer::new(long.clone()))
-        .service(provider.clone());
-    for step in ["a", "b"] {
-        let mut req = post(ORIGINAL);
-        req.extensions_mut().insert(OperationId::new("t", step));
-        told.clone().oneshot(req).await.unwrap();
-    }
-    let logged = logs.text();
-    assert_eq!(
-        logged.matches("retry_policy(&policy)").count(),
-        1,
-        "{logged}"
-    );
-
-    // Built from the real policy, it has nothing to say.
-    logs.clear();
-    let checked = ServiceBuilder::new()
-        .layer(
-            IdempotencyLayer::client_builder(MemoryStore::new())
-                .retry_policy(&long)
-                .build()
-                .unwrap(),
-        )
-        .layer(FrozenRetryLayer::new(long))
-        .service(provider);
-    checked.oneshot(post(ORIGINAL)).await.unwrap();
-    assert!(logs.text().is_empty());
-}
-
 /// Over the wire, a client may send the request target in origin form (`POST /charges`) or,
 /// as through a proxy, in absolute form (`POST http://host/charges`): one resource, one
 /// request (RFC 9112 §3.2.2), so the retry is a replay, not a mismatch.
@@ -1140,69 +1098,6 @@ async fn the_stack_builder_stacks_in_order_and_shares_its_settings() {
     let err = client.oneshot(post(ORIGINAL)).await.unwrap_err();
     assert!(err.is_body_too_large(), "{err:?}");
     assert_eq!(provider.calls(), 2);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_retry_layer_outside_the_idempotency_layer_is_reported_once() {
-    let (logs, _default) = capture::warnings();
-    let provider = SideEffectService::new();
-    let wrong = ServiceBuilder::new()
-        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
-        .service(provider.clone());
-    for step in ["a", "b"] {
-        let mut req = post(ORIGINAL);
-        req.extensions_mut().insert(OperationId::new("t", step));
-        wrong.clone().oneshot(req).await.unwrap();
-    }
-    assert_eq!(
-        logs.text().matches("client_stack").count(),
-        1,
-        "{}",
-        logs.text()
-    );
-
-    // The right order says nothing.
-    logs.clear();
-    let policy = fast_policy(Duration::from_secs(1));
-    let right = ServiceBuilder::new()
-        .layer(
-            IdempotencyLayer::client_builder(MemoryStore::new())
-                .retry_policy(&policy)
-                .build()
-                .unwrap(),
-        )
-        .layer(FrozenRetryLayer::new(policy))
-        .service(provider);
-    right.oneshot(post(ORIGINAL)).await.unwrap();
-    assert!(logs.text().is_empty(), "{}", logs.text());
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_unprotected_side_effect_is_marked_and_reported() {
-    let (logs, _default) = capture::warnings();
-    let provider = SideEffectService::new();
-    let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
-        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
-        .service(provider);
-    for _ in 0..2 {
-        let keyless = Request::post(ORDERS)
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
-        let res = client.clone().oneshot(keyless).await.unwrap();
-        assert_eq!(source(&res), Some(ResponseSource::Unprotected));
-    }
-    assert_eq!(
-        logs.text().matches("unprotected").count(),
-        1,
-        "{}",
-        logs.text()
-    );
-    // A read is not a side effect: no marker.
-    let read = Request::get(ORDERS).body(Full::new(Bytes::new())).unwrap();
-    let res = client.oneshot(read).await.unwrap();
-    assert_eq!(source(&res), None);
 }
 
 /// The kit's fault layer around a handler, inside the server layer: a handler that charges

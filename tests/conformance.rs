@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use tower_idempotency::ledger::MemoryStore;
-use tower_idempotency::testing::conformance::{run_all, Clock};
+use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
 
 #[tokio::test(start_paused = true)]
 async fn memory_store_passes_the_conformance_suite() {
     run_all(Arc::new(MemoryStore::new()), Clock::tokio_paused()).await;
+    inspection_follows_the_record(&MemoryStore::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,12 +100,13 @@ fn assert_failed_closed(result: Result<Begin, StoreError>, what: &str) {
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_passes_the_conformance_suite() {
-    use tower_idempotency::testing::conformance::{run_all, Clock};
+    use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
 
     let Some(redis) = redis_url().await else {
         return;
     };
     let store = connect(redis.url(), &unique_prefix()).await;
+    inspection_follows_the_record(&store).await;
     // Redis judges leases and retention by its own clock, so the suite sleeps for real.
     run_all(Arc::new(store), Clock::real()).await;
 }

@@ -395,6 +395,7 @@ impl MemoryStore {
                     lease_until: now + request.lease,
                     resumed: true,
                 };
+                record.attempts += 1;
                 Begin::Resume {
                     token: request.token,
                     frozen: record.frozen.clone(),
@@ -513,6 +514,10 @@ struct Record {
     seq: u64,
     /// Bytes counted against the budget.
     weight: u64,
+    /// When the operation was first claimed.
+    created: Instant,
+    /// Ownership handed out: the first claim and each resume.
+    attempts: u32,
 }
 
 #[derive(Debug)]
@@ -553,6 +558,8 @@ impl Record {
             protected: request.protected_window(),
             seq,
             weight: 0,
+            created: now,
+            attempts: 1,
         };
         record.weight = record.measure();
         record
@@ -574,6 +581,32 @@ impl Record {
             protected: self.protected,
             seq,
             weight,
+            created: self.created,
+            attempts: self.attempts,
+        }
+    }
+
+    fn view(&self, now: Instant) -> super::RecordView {
+        let state = match &self.state {
+            State::InFlight {
+                lease_until,
+                resumed,
+                ..
+            } => super::RecordState::InFlight {
+                lease_left: lease_until.saturating_duration_since(now),
+                may_have_been_sent: *resumed,
+            },
+            State::InDoubt => super::RecordState::InDoubt,
+            State::Completed { outcome, .. } => super::RecordState::Completed {
+                status: outcome_status(outcome),
+            },
+        };
+        super::RecordView {
+            state,
+            fingerprint: self.fingerprint,
+            attempts: self.attempts,
+            age: now.saturating_duration_since(self.created),
+            retention_left: self.retain_until.saturating_duration_since(now),
         }
     }
 
@@ -637,6 +670,16 @@ impl IdempotencyStore for MemoryStore {
             record.retain_until = record.retain_until.max(now + retention);
         });
         Box::pin(std::future::ready(settled))
+    }
+
+    fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {
+        let now = Instant::now();
+        let shard = lock(self.shard(&key));
+        let view = shard
+            .get(&key)
+            .filter(|record| record.retain_until > now)
+            .map(|record| record.view(now));
+        Box::pin(std::future::ready(Ok(view)))
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {

@@ -141,6 +141,80 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// alive and still working. Fenced like every other write; a lease that ran out but was
     /// not taken over yet may still be renewed by its owner.
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()>;
+
+    /// A read-only look at the record of `key`, for tests and operators: `None` when there is
+    /// none (or it is past its retention). Changes nothing, not even an eviction order.
+    ///
+    /// The default answers an [unavailable](StoreError::is_unavailable) error: a store that
+    /// cannot be inspected says so.
+    fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(StoreError::unavailable(
+            "this store cannot be inspected",
+        ))))
+    }
+}
+
+/// What [`IdempotencyStore::inspect`] shows of a record.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, RecordState};
+/// use tower_idempotency::Fingerprint;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let store = MemoryStore::new();
+/// let key = LedgerKey::from_bytes([3; 32]);
+/// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+/// store.begin(BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(3600))).await?;
+/// let view = store.inspect(key).await?.expect("a record");
+/// assert!(matches!(view.state, RecordState::InFlight { .. }));
+/// assert_eq!(view.attempts, 1);
+/// assert_eq!(view.fingerprint, fp);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordView {
+    /// Where the operation stands.
+    pub state: RecordState,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// How many times ownership was handed out: the first claim and each resume.
+    pub attempts: u32,
+    /// How long ago the operation was first claimed.
+    pub age: Duration,
+    /// How long the record is still kept.
+    pub retention_left: Duration,
+}
+
+/// The state shown by a [`RecordView`].
+///
+/// ```
+/// # use tower_idempotency::ledger::RecordState;
+/// let state = RecordState::Completed { status: http::StatusCode::CREATED };
+/// assert!(matches!(state, RecordState::Completed { .. }));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// An owner holds the lease, for `lease_left` more (zero: it ran out and the next
+    /// `begin` resumes).
+    InFlight {
+        /// How long the owner's lease still runs.
+        lease_left: Duration,
+        /// Whether an earlier attempt may have been sent (the claim came from a resume).
+        may_have_been_sent: bool,
+    },
+    /// An attempt may have been sent; the next `begin` resumes.
+    InDoubt,
+    /// Done, with this recorded status (a tombstone's too).
+    Completed {
+        /// The recorded status.
+        status: http::StatusCode,
+    },
 }
 
 /// A shared store is a store: layers built from one `Arc` share one ledger.
@@ -174,6 +248,10 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
         (**self).renew(key, token, lease)
+    }
+
+    fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
+        (**self).inspect(key)
     }
 }
 

@@ -549,6 +549,79 @@ pub async fn renewal_is_fenced(store: &dyn IdempotencyStore) {
         .is_fenced());
 }
 
+/// For stores that implement [`IdempotencyStore::inspect`]: the view follows the record
+/// through every state, and looking changes nothing. Not part of [`run_all`], since
+/// inspection is optional.
+pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
+    use crate::ledger::RecordState;
+    let key = fresh_key();
+    let req = frozen("{\"amount\":15}");
+    assert_eq!(store.inspect(key).await.expect("inspect"), None);
+    let token = acquire(store, request(key, &req)).await;
+    let view = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(view.fingerprint, req.fingerprint());
+    assert_eq!(view.attempts, 1);
+    assert!(view.retention_left > RETENTION / 2, "{view:?}");
+    match view.state {
+        RecordState::InFlight {
+            lease_left,
+            may_have_been_sent,
+        } => {
+            assert!(lease_left <= LEASE, "{view:?}");
+            assert!(!may_have_been_sent, "{view:?}");
+        }
+        other => panic!("inspection_follows_the_record: expected in flight, got {other:?}"),
+    }
+    store
+        .mark_in_doubt(key, token, RETENTION)
+        .await
+        .expect("mark");
+    let view = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(view.state, RecordState::InDoubt);
+    let (token, _) = resume(store, request(key, &req)).await;
+    let view = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(view.attempts, 2, "{view:?}");
+    assert!(matches!(
+        view.state,
+        RecordState::InFlight {
+            may_have_been_sent: true,
+            ..
+        }
+    ));
+    store
+        .complete(key, token, response("done"), RETENTION)
+        .await
+        .expect("complete");
+    let view = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(
+        view.state,
+        RecordState::Completed {
+            status: StatusCode::CREATED
+        }
+    );
+    // Looking changed nothing: the outcome still replays.
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"done"),
+        other => panic!("inspection_follows_the_record: expected Replay, got {other:?}"),
+    }
+}
+
 /// The fingerprint of the suite's requests (for stores that want to seed records).
 pub fn sample_fingerprint() -> Fingerprint {
     frozen("{}").fingerprint()

@@ -39,7 +39,7 @@
 //!   default), and every script touches only that key. A script is atomic on its key, so
 //!   `begin` is one step with no check-then-set, and the scripts stay valid under any
 //!   key-slot sharding.
-//! - **One round trip per ledger operation.** The five scripts are loaded when the store
+//! - **One round trip per ledger operation.** The six scripts are loaded when the store
 //!   connects and invoked by SHA (`EVALSHA`); if Redis has forgotten them (a restart,
 //!   `SCRIPT FLUSH`, a failover) the call loads the script and retries once. A fresh
 //!   operation costs two commands (`begin`, `complete`), a replay one.
@@ -181,6 +181,7 @@ const MARK_IN_DOUBT_LUA: &str = concat!(
     include_str!("mark_in_doubt.lua")
 );
 const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
+const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
 
 // Each script is hashed once per process; `Script` invokes by SHA and loads on NOSCRIPT.
 static BEGIN: LazyLock<Script> = LazyLock::new(|| Script::new(BEGIN_LUA));
@@ -188,6 +189,7 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
 static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(ABANDON_LUA));
 static MARK_IN_DOUBT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_IN_DOUBT_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 
 /// The distributed ledger on Redis. See the [module docs](self) for how it works, the record
 /// layout and what durability to expect.
@@ -504,6 +506,7 @@ impl RedisStoreBuilder {
             ABANDON_LUA,
             MARK_IN_DOUBT_LUA,
             RENEW_LUA,
+            INSPECT_LUA,
         ] {
             load.cmd("SCRIPT").arg("LOAD").arg(code);
         }
@@ -642,6 +645,15 @@ impl IdempotencyStore for RedisStore {
         })
     }
 
+    fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {
+        Box::pin(async move {
+            let mut invocation = INSPECT.prepare_invoke();
+            invocation.key(self.redis_key(&key));
+            let reply = self.invoke(&invocation).await?;
+            decode_inspect(&reply)
+        })
+    }
+
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut invocation = RENEW.prepare_invoke();
@@ -685,6 +697,42 @@ fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, StoreError>
         }
         _ => Err(unexpected(reply)),
     }
+}
+
+/// Turn `inspect`'s reply into a view.
+fn decode_inspect(reply: &[Value]) -> Result<Option<super::RecordView>, StoreError> {
+    use super::{RecordState, RecordView};
+    if tag(reply)? == b"absent" {
+        return Ok(None);
+    }
+    let text = |i: usize| match reply.get(i) {
+        Some(Value::BulkString(bytes)) => Ok(bytes.as_slice()),
+        _ => Err(unexpected(reply)),
+    };
+    let int = |i: usize| match reply.get(i) {
+        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+        _ => Err(unexpected(reply)),
+    };
+    let ms = |i: usize| int(i).map(Duration::from_millis);
+    let state = match text(1)? {
+        b"in_flight" => RecordState::InFlight {
+            lease_left: ms(5)?,
+            may_have_been_sent: text(7)? == b"1",
+        },
+        b"in_doubt" => RecordState::InDoubt,
+        b"completed" => RecordState::Completed {
+            status: http::StatusCode::from_u16(u16::try_from(int(8)?).unwrap_or(0))
+                .map_err(|err| StoreError::corrupt(err.to_string()))?,
+        },
+        _ => return Err(StoreError::corrupt("unknown record state")),
+    };
+    Ok(Some(RecordView {
+        state,
+        fingerprint: parse_fingerprint(text(2)?)?,
+        attempts: u32::try_from(int(3)?).unwrap_or(u32::MAX),
+        age: ms(4)?,
+        retention_left: ms(6)?,
+    }))
 }
 
 /// The reply's tag, with `corrupt` replies already turned into errors.

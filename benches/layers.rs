@@ -29,15 +29,14 @@
 
 mod common;
 
-use common::{handler, next_id, runtime, BufferBody, CloneAttempts, Noop};
+use common::{handler, next_id, runtime, BufferBody, CloneAttempts, Noop, Template};
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::header::{CONTENT_TYPE, USER_AGENT};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http::{Method, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::runtime::Runtime;
@@ -48,90 +47,6 @@ use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{Fingerprint, FrozenRequest, FrozenRetryLayer, OperationId};
 
 const BODY_LEN: usize = 1024;
-
-/// Distinct ids for fresh operations, across every sample of every benchmark.
-/// The request every variant sends: `POST /charges`, two headers, the shared 1 KiB body.
-#[derive(Clone)]
-struct Template {
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Template {
-    fn new(body_len: usize) -> Self {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(USER_AGENT, HeaderValue::from_static("bench/1"));
-        Self {
-            uri: Uri::from_static("http://payments.local/charges"),
-            headers,
-            body: json_body(body_len),
-        }
-    }
-
-    fn request(&self) -> Request<Full<Bytes>> {
-        let mut req = Request::new(Full::new(self.body.clone()));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.uri.clone();
-        *req.headers_mut() = self.headers.clone();
-        req
-    }
-
-    /// With a fresh `OperationId`: the client layer derives a new key from it.
-    fn fresh_operation(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.extensions_mut()
-            .insert(OperationId::new("bench-task", next_id().to_string()));
-        req
-    }
-
-    fn fixed_operation(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.extensions_mut()
-            .insert(OperationId::new("bench-task", "replayed-step"));
-        req
-    }
-
-    /// With a fresh `Idempotency-Key` (a UUID-sized sf-string), as a server receives it.
-    fn fresh_key(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.headers_mut()
-            .insert("idempotency-key", key_header(next_id()));
-        req
-    }
-
-    fn fixed_key(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.headers_mut()
-            .insert("idempotency-key", key_header(u64::MAX));
-        req
-    }
-}
-
-/// `"0000…<n as hex>"`: 36 characters inside quotes, like a UUID.
-fn key_header(n: u64) -> HeaderValue {
-    let text = format!("\"00000000-0000-4000-8000-{:012x}\"", n & 0xffff_ffff_ffff);
-    HeaderValue::from_str(&text).expect("visible ASCII")
-}
-
-/// A JSON object of exactly `len` bytes (`len` 0 gives an empty body).
-fn json_body(len: usize) -> Bytes {
-    if len == 0 {
-        return Bytes::new();
-    }
-    let head = br#"{"order_id":"order_42","amount_cents":1999,"summary":""#;
-    let tail = br#""}"#;
-    let mut out = Vec::with_capacity(len);
-    if len < head.len() + tail.len() {
-        out.resize(len, b' ');
-    } else {
-        out.extend_from_slice(head);
-        out.resize(len - tail.len(), b'x');
-        out.extend_from_slice(tail);
-    }
-    Bytes::from(out)
-}
 
 // --- Driving a service ---------------------------------------------------------------
 

@@ -54,6 +54,8 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 
+use common::{json_body, key_header};
+
 use std::future::Future;
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -171,21 +173,6 @@ impl Template {
         }
         req
     }
-}
-
-/// A UUID-sized sf-string, as clients send.
-fn key_header(n: u64) -> HeaderValue {
-    let text = format!("\"00000000-0000-4000-8000-{:012x}\"", n & 0xffff_ffff_ffff);
-    HeaderValue::from_str(&text).expect("visible ASCII")
-}
-
-fn json_body(len: usize) -> Bytes {
-    let head = br#"{"order_id":"order_42","amount_cents":1999,"summary":""#;
-    let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(head);
-    out.resize(len - 2, b'x');
-    out.extend_from_slice(br#""}"#);
-    Bytes::from(out)
 }
 
 /// A response body whose data frames are copied into allocations of their own.

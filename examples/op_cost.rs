@@ -56,7 +56,7 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 
-use common::{handler, next_id, runtime, BufferBody, CloneAttempts, Noop};
+use common::{handler, json_body, runtime, BufferBody, CloneAttempts, Noop, Template};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -65,8 +65,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, LOCATION, USER_AGENT};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::header::{CONTENT_TYPE, LOCATION};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
@@ -76,7 +76,7 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse,
 };
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{Fingerprint, FrozenRetryLayer, OperationId, ResponseSource};
+use tower_idempotency::{Fingerprint, FrozenRetryLayer, ResponseSource};
 
 const BODY_LEN: usize = 1024;
 
@@ -244,79 +244,6 @@ impl StoreWatch {
 }
 
 // --- The request every layer variant sends (as benches/layers.rs) ----------------------
-
-#[derive(Clone)]
-struct Template {
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Template {
-    fn new(body_len: usize) -> Self {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(USER_AGENT, HeaderValue::from_static("bench/1"));
-        Self {
-            uri: Uri::from_static("http://payments.local/charges"),
-            headers,
-            body: json_body(body_len),
-        }
-    }
-
-    fn request(&self) -> Request<Full<Bytes>> {
-        let mut req = Request::new(Full::new(self.body.clone()));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.uri.clone();
-        *req.headers_mut() = self.headers.clone();
-        req
-    }
-
-    fn fresh_operation(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.extensions_mut()
-            .insert(OperationId::new("bench-task", next_id().to_string()));
-        req
-    }
-
-    fn fixed_operation(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.extensions_mut()
-            .insert(OperationId::new("bench-task", "replayed-step"));
-        req
-    }
-
-    fn fresh_key(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.headers_mut()
-            .insert("idempotency-key", key_header(next_id()));
-        req
-    }
-
-    fn fixed_key(&self) -> Request<Full<Bytes>> {
-        let mut req = self.request();
-        req.headers_mut()
-            .insert("idempotency-key", key_header(u64::MAX));
-        req
-    }
-}
-
-/// `"0000…<n as hex>"`: 36 characters inside quotes, like a UUID.
-fn key_header(n: u64) -> HeaderValue {
-    let text = format!("\"00000000-0000-4000-8000-{:012x}\"", n & 0xffff_ffff_ffff);
-    HeaderValue::from_str(&text).expect("visible ASCII")
-}
-
-/// A JSON object of exactly `len` bytes.
-fn json_body(len: usize) -> Bytes {
-    let head = br#"{"order_id":"order_42","amount_cents":1999,"summary":""#;
-    let tail = br#""}"#;
-    let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(head);
-    out.resize(len - tail.len(), b'x');
-    out.extend_from_slice(tail);
-    Bytes::from(out)
-}
 
 // --- Driving a service ---------------------------------------------------------------
 

@@ -11,13 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::header::{CONTENT_TYPE, USER_AGENT};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::runtime::Runtime;
 use tower::retry::Policy;
 use tower::{BoxError, Service};
+use tower_idempotency::OperationId;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -185,4 +186,89 @@ pub fn server_layer(
         .protected_window(BENCH_PROTECTION)
         .build()
         .expect("valid bench settings")
+}
+
+/// A `POST` to a payments API with a JSON body of a chosen size, and the ways the benches
+/// mark it (a fresh or fixed operation or key).
+#[derive(Clone)]
+pub struct Template {
+    uri: Uri,
+    headers: HeaderMap,
+    /// The shared body every request of the template carries.
+    pub body: Bytes,
+}
+
+impl Template {
+    pub fn new(body_len: usize) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(USER_AGENT, HeaderValue::from_static("bench/1"));
+        Self {
+            uri: Uri::from_static("http://payments.local/charges"),
+            headers,
+            body: json_body(body_len),
+        }
+    }
+
+    pub fn request(&self) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+
+    /// With a fresh `OperationId`: the client layer derives a new key from it.
+    pub fn fresh_operation(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.extensions_mut()
+            .insert(OperationId::new("bench-task", next_id().to_string()));
+        req
+    }
+
+    pub fn fixed_operation(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.extensions_mut()
+            .insert(OperationId::new("bench-task", "replayed-step"));
+        req
+    }
+
+    /// With a fresh `Idempotency-Key` (a UUID-sized sf-string), as a server receives it.
+    pub fn fresh_key(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.headers_mut()
+            .insert("idempotency-key", key_header(next_id()));
+        req
+    }
+
+    pub fn fixed_key(&self) -> Request<Full<Bytes>> {
+        let mut req = self.request();
+        req.headers_mut()
+            .insert("idempotency-key", key_header(u64::MAX));
+        req
+    }
+}
+
+/// `"0000…<n as hex>"`: 36 characters inside quotes, like a UUID.
+pub fn key_header(n: u64) -> HeaderValue {
+    let text = format!("\"00000000-0000-4000-8000-{:012x}\"", n & 0xffff_ffff_ffff);
+    HeaderValue::from_str(&text).expect("visible ASCII")
+}
+
+/// A JSON object of exactly `len` bytes (`len` 0 gives an empty body).
+pub fn json_body(len: usize) -> Bytes {
+    if len == 0 {
+        return Bytes::new();
+    }
+    let head = br#"{"order_id":"order_42","amount_cents":1999,"summary":""#;
+    let tail = br#""}"#;
+    let mut out = Vec::with_capacity(len);
+    if len < head.len() + tail.len() {
+        out.resize(len, b' ');
+    } else {
+        out.extend_from_slice(head);
+        out.resize(len - tail.len(), b'x');
+        out.extend_from_slice(tail);
+    }
+    Bytes::from(out)
 }

@@ -15,22 +15,18 @@
 //!
 //! Run: `cargo bench --bench ledger` (add `--features redis` for the Redis half).
 
-use std::hint::black_box;
+#[path = "common/ledger.rs"]
+mod ledger_common;
+
+use ledger_common::{begin_complete, key, outcome, replay, Picker};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use http::header::{CONTENT_TYPE, LOCATION};
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 use tokio::runtime::Runtime;
-use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse,
-};
-use tower_idempotency::Fingerprint;
+use tower_idempotency::ledger::MemoryStore;
 
-const LEASE: Duration = Duration::from_secs(60);
-const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 const SIZES: [u64; 3] = [1_000, 100_000, 1_000_000];
 /// Single operations timed one by one after the benchmarks of each size.
 const TAIL_OPS: usize = 200_000;
@@ -58,68 +54,6 @@ fn runtime() -> Runtime {
         .enable_all()
         .build()
         .expect("a tokio runtime")
-}
-
-/// The key of record `i`. Keys are SHA-256 digests in real use; spreading `i` over the
-/// bytes costs nothing here and the store hashes keys itself anyway.
-fn key(i: u64) -> LedgerKey {
-    let mut bytes = [0x5a; 32];
-    bytes[..8].copy_from_slice(&i.to_le_bytes());
-    bytes[24..].copy_from_slice(&i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes());
-    LedgerKey::from_bytes(bytes)
-}
-
-fn fingerprint() -> Fingerprint {
-    Fingerprint::of(&Method::POST, "/charges", br#"{"order_id":"order_42"}"#)
-}
-
-fn outcome() -> Outcome {
-    let mut headers = HeaderMap::new();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(LOCATION, HeaderValue::from_static("/charges/ch_1"));
-    Outcome::Response(StoredResponse::new(
-        StatusCode::CREATED,
-        Version::HTTP_11,
-        headers,
-        Bytes::from_static(br#"{"id":"ch_1","status":"succeeded","amount_cents":1999}"#),
-    ))
-}
-
-/// Claim and complete the new operation `key`.
-async fn begin_complete<S: IdempotencyStore>(store: &S, key: LedgerKey, outcome: &Outcome) {
-    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
-        .with_protected_window(Duration::ZERO);
-    let Begin::Acquired { token } = store.begin(request).await.expect("begin") else {
-        panic!("a fresh key must be acquired");
-    };
-    store
-        .complete(key, token, outcome.clone(), RETENTION)
-        .await
-        .expect("complete");
-}
-
-/// `begin` on the completed operation `key`: its outcome.
-async fn replay<S: IdempotencyStore>(store: &S, key: LedgerKey) {
-    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
-        .with_protected_window(Duration::ZERO);
-    match store.begin(request).await.expect("begin") {
-        Begin::Replay(outcome) => {
-            black_box(outcome);
-        }
-        other => panic!("expected a replay, got {other:?}"),
-    }
-}
-
-/// xorshift64*: which prefilled record a replay reads.
-struct Picker(u64);
-
-impl Picker {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
 }
 
 /// The weight one completed record adds to a `MemoryStore`.

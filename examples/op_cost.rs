@@ -56,6 +56,7 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 
+use common::ledger::{begin_complete, key, outcome, replay, Picker};
 use common::{handler, json_body, runtime, BufferBody, CloneAttempts, Noop, Template};
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -65,18 +66,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, LOCATION};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse,
-};
+use tower_idempotency::ledger::{MemoryStore, Outcome};
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{Fingerprint, FrozenRetryLayer, ResponseSource};
+use tower_idempotency::{FrozenRetryLayer, ResponseSource};
 
 const BODY_LEN: usize = 1024;
 
@@ -411,69 +409,8 @@ where
 
 // --- The ledger alone (as benches/ledger.rs) -------------------------------------------
 
-const LEASE: Duration = Duration::from_secs(60);
-const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-
 /// Keys of new operations, never reused (above every prefilled index).
 static NEXT_FRESH: AtomicU64 = AtomicU64::new(1 << 40);
-
-fn key(i: u64) -> LedgerKey {
-    let mut bytes = [0x5a; 32];
-    bytes[..8].copy_from_slice(&i.to_le_bytes());
-    bytes[24..].copy_from_slice(&i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes());
-    LedgerKey::from_bytes(bytes)
-}
-
-fn fingerprint() -> Fingerprint {
-    Fingerprint::of(&Method::POST, "/charges", br#"{"order_id":"order_42"}"#)
-}
-
-fn outcome() -> Outcome {
-    let mut headers = HeaderMap::new();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(LOCATION, HeaderValue::from_static("/charges/ch_1"));
-    Outcome::Response(StoredResponse::new(
-        StatusCode::CREATED,
-        Version::HTTP_11,
-        headers,
-        Bytes::from_static(br#"{"id":"ch_1","status":"succeeded","amount_cents":1999}"#),
-    ))
-}
-
-async fn begin_complete<S: IdempotencyStore>(store: &S, key: LedgerKey, outcome: &Outcome) {
-    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
-        .with_protected_window(Duration::ZERO);
-    let Begin::Acquired { token } = store.begin(request).await.expect("begin") else {
-        panic!("a fresh key must be acquired");
-    };
-    store
-        .complete(key, token, outcome.clone(), RETENTION)
-        .await
-        .expect("complete");
-}
-
-async fn replay<S: IdempotencyStore>(store: &S, key: LedgerKey) {
-    let request = BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
-        .with_protected_window(Duration::ZERO);
-    match store.begin(request).await.expect("begin") {
-        Begin::Replay(outcome) => {
-            black_box(outcome);
-        }
-        other => panic!("expected a replay, got {other:?}"),
-    }
-}
-
-/// xorshift64*: which prefilled record a replay reads.
-struct Picker(u64);
-
-impl Picker {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
 
 async fn record_weight() -> u64 {
     let store = MemoryStore::new();

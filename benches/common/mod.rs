@@ -3,6 +3,8 @@
 //! as measured.
 #![allow(dead_code)] // each bench uses its own part of it
 
+pub mod ledger;
+
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;

@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::decision::{self, Decision, Face, WireKey};
-use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
 use crate::error::{ConfigError, Drift};
@@ -706,7 +706,7 @@ where
 {
     // Dropped before settling (the caller gave up), the guard marks the record in doubt:
     // the request may already be on the wire.
-    let lease = client.ledger.hold(key, token, OnDrop::MarkInDoubt);
+    let lease = client.ledger.hold(key, token);
     let handoff = Handoff::new(frozen.clone(), !client.provider_deduplicates);
     extensions.insert(handoff.clone());
     let call = call_inner(inner, frozen.to_request_with(extensions));

@@ -197,12 +197,11 @@ impl Ledger {
     }
 
     /// Hold the lease of `key` under `token`; settle it with the guard's methods.
-    pub(crate) fn hold(&self, key: LedgerKey, token: LeaseToken, on_drop: OnDrop) -> LeaseGuard {
+    pub(crate) fn hold(&self, key: LedgerKey, token: LeaseToken) -> LeaseGuard {
         LeaseGuard {
             ledger: self.clone(),
             key,
             token,
-            on_drop,
             pending: None,
             done: false,
         }
@@ -251,15 +250,6 @@ impl Ledger {
             }
         }
     }
-}
-
-/// What a [`LeaseGuard`] does when it is dropped before settling: the request future was
-/// dropped (the caller went away) or a panic unwound through it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum OnDrop {
-    /// The request may have been sent: the record goes in doubt at once, rather than
-    /// waiting out the lease.
-    MarkInDoubt,
 }
 
 /// How a lease is settled.
@@ -318,13 +308,14 @@ fn start() -> Started {
 ///
 /// A settle is finished even if its caller is dropped halfway through the store call: the
 /// guard keeps what it was asked to do and completes it in a background task. Dropped
-/// before any settle, it applies its [`OnDrop`] the same way, so a cancelled or panicking
-/// request never leaves its key in flight until the lease runs out.
+/// before any settle (the caller went away, or a panic unwound through it), it marks the
+/// operation in doubt the same way: the request may have been sent, or the handler may have
+/// done part of its work. So a cancelled or panicking request never leaves its key in
+/// flight until the lease runs out.
 pub(crate) struct LeaseGuard {
     ledger: Ledger,
     key: LedgerKey,
     token: LeaseToken,
-    on_drop: OnDrop,
     /// The settle under way, if any: what a drop must finish.
     pending: Option<Settle>,
     done: bool,
@@ -403,9 +394,7 @@ impl Drop for LeaseGuard {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let settle = self.pending.take().unwrap_or(match self.on_drop {
-            OnDrop::MarkInDoubt => Settle::MarkInDoubt,
-        });
+        let settle = self.pending.take().unwrap_or(Settle::MarkInDoubt);
         let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
         let mut settling = Box::pin(async move {
             let deadline = Instant::now() + ledger.lease;

@@ -23,7 +23,7 @@ use tracing::Instrument;
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::client::decision_of;
 use super::decision::{self, Decision, Face, WireKey};
-use super::engine::{BusyPolicy, LeaseGuard, Ledger, OnDrop, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
@@ -959,7 +959,7 @@ where
     // Dropped unsettled (a panic unwinding, a cancelled future), the guard puts the key
     // in doubt at once: the handler may have done part of its work. Never `Abandon` here:
     // nothing proves the handler did nothing.
-    let lease = server.ledger.hold(key, token, OnDrop::MarkInDoubt);
+    let lease = server.ledger.hold(key, token);
     // `inner` is the instance our caller polled ready (taken in `call`). Calling it here,
     // not in the task, leaves only its future to move there.
     let mut inner = inner;

@@ -38,10 +38,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use tokio::runtime::Runtime;
 use tower::retry::RetryLayer;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{Fingerprint, FrozenRetryLayer, OperationId};
@@ -139,22 +139,6 @@ impl Body for Chunks {
 
 // --- Driving -----------------------------------------------------------------------------
 
-async fn call_once<S, B, ResBody>(svc: &mut S, req: Request<B>)
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-    S::Error: std::fmt::Debug,
-    ResBody: Body,
-{
-    let response = svc
-        .ready()
-        .await
-        .expect("ready")
-        .call(req)
-        .await
-        .expect("call");
-    black_box(response.into_body().collect().await.is_ok());
-}
-
 /// Bytes allocated per call, averaged over a few calls after a warm-up.
 fn allocated_per_call<S, B, ResBody, M>(rt: &Runtime, svc: &S, make: &M) -> u64
 where
@@ -167,11 +151,11 @@ where
     let mut svc = svc.clone();
     rt.block_on(async {
         for _ in 0..3 {
-            call_once(&mut svc, make()).await;
+            common::call_once(&mut svc, make()).await;
         }
         let before = ALLOCATED.load(Ordering::Relaxed);
         for _ in 0..CALLS {
-            call_once(&mut svc, make()).await;
+            common::call_once(&mut svc, make()).await;
         }
         (ALLOCATED.load(Ordering::Relaxed) - before) / CALLS
     })
@@ -199,7 +183,7 @@ fn bench<S, B, ResBody, M>(
             async move {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    call_once(&mut svc, make()).await;
+                    common::call_once(&mut svc, make()).await;
                 }
                 start.elapsed()
             }

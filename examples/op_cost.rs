@@ -254,15 +254,7 @@ where
     ResBody: Body,
 {
     for _ in 0..n {
-        let req = make();
-        let response = svc
-            .ready()
-            .await
-            .expect("ready")
-            .call(req)
-            .await
-            .expect("call");
-        black_box(response.into_body().collect().await.is_ok());
+        common::call_once(svc, make()).await;
     }
 }
 

@@ -274,3 +274,24 @@ pub fn json_body(len: usize) -> Bytes {
     }
     Bytes::from(out)
 }
+
+/// One call of `svc` on `req`, its response body read to the end: what every measured
+/// operation costs a caller. Returns the status.
+pub async fn call_once<S, B, ResBody>(svc: &mut S, req: Request<B>) -> StatusCode
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+{
+    use tower::ServiceExt;
+    let response = svc
+        .ready()
+        .await
+        .expect("ready")
+        .call(req)
+        .await
+        .expect("call");
+    let status = response.status();
+    black_box(response.into_body().collect().await.is_ok());
+    status
+}

@@ -6,6 +6,11 @@
 #[path = "support/capture.rs"]
 mod capture;
 
+#[path = "support/orders.rs"]
+mod orders;
+
+use orders::{fast_policy, post, source, ORDERS};
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,35 +23,6 @@ use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
 
 const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3"}"#;
-const ORDERS: &str = "http://orders.local/orders";
-
-fn op() -> OperationId {
-    OperationId::new("task-9", "create-order")
-}
-
-fn post(body: &'static str) -> Request<Full<Bytes>> {
-    let mut req = Request::post(ORDERS)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap();
-    req.extensions_mut().insert(op());
-    req
-}
-
-fn fast_policy(attempt_timeout: Duration) -> RetryPolicy {
-    RetryPolicy::builder()
-        .max_attempts(3)
-        .backoff(Duration::from_millis(1), Duration::from_millis(5))
-        .attempt_timeout(attempt_timeout)
-        .no_budget()
-        .build()
-        .unwrap()
-}
-
-fn source<B>(response: &http::Response<B>) -> Option<ResponseSource> {
-    response.extensions().get::<ResponseSource>().copied()
-}
-
 /// Defect 14's second half: the TTLs are checked against the retry policy really stacked
 /// inside, not only the window the builder was told.
 #[tokio::test(start_paused = true)]

@@ -11,6 +11,11 @@
 #[cfg(feature = "redis")]
 mod redis_support;
 
+#[path = "support/orders.rs"]
+mod orders;
+
+use orders::{fast_policy, op, post, source, ORDERS};
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,40 +43,12 @@ use tower_idempotency::{
 
 const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock: 200 units of SKU-4471","fulfillment_intent_id":"fi_9a7e21"}"#;
 const REGENERATED: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock order for 200 units of SKU-4471 after a failed submission","fulfillment_intent_id":"fi_c02b6f"}"#;
-const ORDERS: &str = "http://orders.local/orders";
-
-fn op() -> OperationId {
-    OperationId::new("task-9", "create-order")
-}
-
-fn post(body: &'static str) -> Request<Full<Bytes>> {
-    let mut req = Request::post(ORDERS)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap();
-    req.extensions_mut().insert(op());
-    req
-}
-
-fn fast_policy(attempt_timeout: Duration) -> RetryPolicy {
-    RetryPolicy::builder()
-        .max_attempts(3)
-        .backoff(Duration::from_millis(1), Duration::from_millis(5))
-        .attempt_timeout(attempt_timeout)
-        .no_budget()
-        .build()
-        .unwrap()
-}
 
 async fn body_of<B: http_body::Body>(response: Response<B>) -> Bytes
 where
     B::Error: std::fmt::Debug,
 {
     response.into_body().collect().await.unwrap().to_bytes()
-}
-
-fn source<B>(response: &Response<B>) -> Option<ResponseSource> {
-    response.extensions().get::<ResponseSource>().copied()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -500,7 +500,13 @@ where
     } else {
         None
     };
-    let (frozen, extensions) = FrozenRequest::freeze(req, client.body_limit).await?;
+    // A keyed request carries `Content-Digest` of its frozen body, hashed once with the
+    // fingerprint, so the server can check that the bytes it got are the bytes we froze.
+    let (frozen, extensions) = if key.is_some() {
+        FrozenRequest::freeze_with_content_digest(req, client.body_limit).await?
+    } else {
+        FrozenRequest::freeze(req, client.body_limit).await?
+    };
     let Some((key, wire)) = key else {
         let mut response = pass_through(inner, &client, &frozen, extensions).await?;
         if side_effect {

@@ -25,6 +25,9 @@ use super::client::decision_of;
 use super::decision::{self, Decision, Face, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
+use crate::digest::{
+    BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
+};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::fingerprint::Fingerprint;
@@ -832,9 +835,22 @@ where
     };
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
+    // Bytes that are not what their sender digested are refused before the ledger sees
+    // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
+    let digest = match verified_body_digest(&parts.headers, &body) {
+        Ok(digest) => digest,
+        Err(err) => {
+            outcome(if err.is_mismatch() {
+                "content-digest-mismatch"
+            } else {
+                "content-digest-invalid"
+            });
+            return Ok(problem::content_digest(&err));
+        }
+    };
     // One key is one request: the method, the target as the client sent it and the body.
     // A reuse with anything else is a mismatch, never a second run and never a replay.
-    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &body);
+    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &digest);
     let request = move || Request::from_parts(parts, RequestBody::buffered(body));
 
     let mut begin = server.ledger.request(ledger_key, fingerprint);
@@ -871,13 +887,13 @@ where
     match answer {
         Begin::Acquired { token } => {
             outcome("executed");
-            execute(inner, server, ledger_key, token, request()).await
+            execute(inner, server, (ledger_key, digest), token, request()).await
         }
         Begin::Resume { token, .. } => {
             // Only asked for under `RunAgain`: a probe is answered `InDoubt` instead.
             outcome("executed-again");
             tracing::info!("key in doubt; running the handler again (at least once)");
-            execute(inner, server, ledger_key, token, request()).await
+            execute(inner, server, (ledger_key, digest), token, request()).await
         }
         Begin::InDoubt => {
             outcome("outcome-unknown");
@@ -901,6 +917,16 @@ where
     }
 }
 
+/// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one;
+/// else computed here. Every `sha-256` and `sha-512` member must match the body.
+fn verified_body_digest(headers: &HeaderMap, body: &[u8]) -> Result<BodyDigest, DigestError> {
+    if !headers.contains_key(&CONTENT_DIGEST) {
+        return Ok(BodyDigest::of(body));
+    }
+    let sent = ContentDigest::of_headers(headers)?;
+    Ok(sent.verify(body)?.unwrap_or_else(|| BodyDigest::of(body)))
+}
+
 async fn call<S, B, ResBody>(
     mut inner: S,
     request: Request<RequestBody<B>>,
@@ -921,6 +947,11 @@ fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
             // Filtered when recorded; filtered again in case the record was made under a
             // wider allow-list (another release, another replica's configuration).
             *response.headers_mut() = server.replayable(stored.headers());
+            if let Some(digest) = stored.headers().get(&IDEMPOTENT_REQUEST_DIGEST) {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
+            }
             response.headers_mut().insert(
                 IDEMPOTENT_REPLAYED.clone(),
                 HeaderValue::from_static("true"),
@@ -944,7 +975,7 @@ fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
 async fn execute<S, B, ResBody>(
     inner: S,
     server: Arc<Server>,
-    key: LedgerKey,
+    (key, digest): (LedgerKey, BodyDigest),
     token: LeaseToken,
     request: Request<RequestBody<B>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -968,7 +999,7 @@ where
     let work = async move {
         // A live handler keeps its lease, however slow it is.
         match lease.renewing(handling).await {
-            Ok(response) => Ok(settle(&server, lease, response).await),
+            Ok(response) => Ok(settle(&server, lease, response, &digest).await),
             Err(err) => {
                 // No response: the handler's fate is unknown.
                 settled("in-doubt");
@@ -1056,6 +1087,7 @@ async fn settle<ResBody>(
     server: &Server,
     lease: LeaseGuard,
     response: Response<ResBody>,
+    digest: &BodyDigest,
 ) -> Response<ResponseBody<ResBody>>
 where
     ResBody: Body<Data = Bytes> + Unpin,
@@ -1090,7 +1122,9 @@ where
     };
     let (recorded, body, how) = match buffered {
         Buffered::Whole(bytes) => {
-            let headers = server.replayable(&parts.headers);
+            let mut headers = server.replayable(&parts.headers);
+            // Replays say which request they answer (see `crate::digest`).
+            headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.header_value());
             let stored = StoredResponse::new(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),

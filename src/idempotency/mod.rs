@@ -291,8 +291,8 @@ pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use server::{
     problem, InDoubtPolicy, RequestBody, Server, ServerBuilder, ServerErrorPolicy, ServerFuture,
-    DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW, IDEMPOTENCY_FAIL_OPEN,
-    IDEMPOTENT_REPLAYED,
+    DEFAULT_MAX_WAITERS, DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW,
+    IDEMPOTENCY_FAIL_OPEN, IDEMPOTENT_REPLAYED,
 };
 pub use stack::{ClientStack, ClientStackBuilder};
 

@@ -171,6 +171,10 @@ pub enum InDoubtPolicy {
 
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 
+/// The default bound on requests waiting at once for in-flight keys under
+/// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
+pub const DEFAULT_MAX_WAITERS: usize = 256;
+
 /// The default protected window of a server record: how long after it completes it is
 /// never evicted from a store with a memory budget, so the clients' retries find it.
 pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(5 * 60);
@@ -246,6 +250,7 @@ impl fmt::Debug for Server {
 /// | [retention](ServerBuilder::retention) | 24 h |
 /// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 5 min |
 /// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
+/// | [waiters](ServerBuilder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
 /// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
 /// | [recorded response cap](ServerBuilder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
 /// | [replayed headers](ServerBuilder::replay_headers) | [`DEFAULT_REPLAY_HEADERS`] |
@@ -280,6 +285,7 @@ pub struct ServerBuilder {
     retention: Duration,
     protected: Duration,
     busy: BusyPolicy,
+    max_waiters: usize,
     body_limit: usize,
     response_limit: usize,
     replay_headers: Vec<HeaderName>,
@@ -343,6 +349,7 @@ impl ServerBuilder {
             retention: DEFAULT_RETENTION,
             protected: DEFAULT_LEASE + DEFAULT_SERVER_PROTECTED_WINDOW,
             busy: BusyPolicy::Fail,
+            max_waiters: DEFAULT_MAX_WAITERS,
             body_limit: DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
@@ -459,9 +466,41 @@ impl ServerBuilder {
 
     /// What a request finds when its key is in flight: `409` at once (the default,
     /// [`BusyPolicy::Fail`], as the IETF draft specifies), or wait up to a bound for the
-    /// first request's outcome and replay it ([`BusyPolicy::Wait`]; still busy then, `409`).
+    /// first request's outcome and replay it ([`BusyPolicy::Wait`]; still busy then, `409`
+    /// with `Retry-After`).
+    ///
+    /// A waiting duplicate wakes when the first request's outcome lands, if the store can
+    /// notify ([`MemoryStore`](crate::ledger::MemoryStore) does, in-process), else it polls
+    /// the store with a backoff (5 ms doubling to 250 ms; [`RedisStore`](crate::ledger::redis)
+    /// polls). It also wakes when the first request ends without an outcome: its key
+    /// released (a `5xx` under [`ServerErrorPolicy::Release`], and the waiter runs the
+    /// handler as the key's next owner) or in doubt (the waiter gets what
+    /// [`InDoubtPolicy`] says). At most [`max_waiters`](Self::max_waiters) requests wait at
+    /// once; beyond, `409` at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{ledger::MemoryStore, BusyPolicy, IdempotencyLayer};
+    ///
+    /// // Duplicates wait up to 5 s for the first request's response; at most 64 at a time.
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
+    ///     .max_waiters(64)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
     pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
         self.busy = policy;
+        self
+    }
+
+    /// How many requests may wait at once for in-flight keys under [`BusyPolicy::Wait`]
+    /// (default [`DEFAULT_MAX_WAITERS`], across all keys of this layer). Each waiter holds
+    /// its request and body, so the bound keeps a storm of duplicates from growing memory:
+    /// past it, a duplicate gets its `409` at once.
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.max_waiters = max;
         self
     }
 
@@ -576,7 +615,8 @@ impl ServerBuilder {
             )));
         }
         let server = Server {
-            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected),
+            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected)
+                .with_max_waiters(self.max_waiters),
             scope: self.scope,
             methods: self.methods,
             require_key: self.require_key,

@@ -414,6 +414,14 @@ impl LeaseGuard {
         self.settle(Settle::MarkInDoubt).await
     }
 
+    /// Hand the lease on unsettled, to whoever goes on with the operation under the same
+    /// token (a reconciled operation found not applied is sent by the usual path, which
+    /// holds its own guard).
+    pub(crate) fn hand_on(mut self) -> LeaseToken {
+        self.done = true;
+        self.token
+    }
+
     async fn settle(mut self, settle: Settle) -> Result<(), StoreError> {
         self.pending = Some(settle.clone());
         // An owner holding the outcome keeps trying to record it for as long as its lease

@@ -282,6 +282,7 @@ mod client;
 mod decision;
 mod engine;
 mod layer;
+mod reconcile;
 mod server;
 mod stack;
 
@@ -289,6 +290,10 @@ pub use body::ResponseBody;
 pub use client::{Client, ClientBuilder, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
+pub use reconcile::{
+    InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
+    DEFAULT_RECONCILE_TIMEOUT,
+};
 pub use server::{
     problem, InDoubtPolicy, RequestBody, Server, ServerBuilder, ServerErrorPolicy, ServerFuture,
     DEFAULT_MAX_WAITERS, DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW,
@@ -308,6 +313,10 @@ pub enum ResponseSource {
     Resent,
     /// The recorded response of a completed operation; the inner service was not called.
     Replayed,
+    /// The operation was in doubt and its [reconciler](crate::idempotency::Reconcile) found
+    /// it had happened: this is the provider's response (or the reconciler's stand-in), now
+    /// recorded; nothing was sent again.
+    Reconciled,
     /// A side effect without an [`OperationId`](crate::OperationId) or an `Idempotency-Key`:
     /// sent once, outside the ledger, unprotected against a caller's own retry. See
     /// [`ClientBuilder::require_key`].

@@ -1,87 +1,8 @@
 //! Reconciliation: ask the provider whether an in-doubt operation happened, instead of
 //! resending it blindly or stopping for a human.
 //!
-//! An operation is *in doubt* when an attempt may have reached the provider and no answer
-//! came back (a timeout, a reset, a crash after sending). Against a provider that
-//! deduplicates on `Idempotency-Key`, the client layer resends the frozen bytes and the
-//! provider answers the first outcome. Against one that does not
-//! ([`provider_deduplicates(false)`](crate::idempotency::ClientBuilder::provider_deduplicates)),
-//! resending could charge twice, so the layer asks a [`Reconcile`] first — given the frozen
-//! request, the key and the attempts made — and acts on its answer:
-//!
-//! | [`Reconciled`] | what the layer does |
-//! |---|---|
-//! | [`Applied`](Reconciled::Applied) | records the provider's response (or a stand-in) as the outcome and returns it ([`ResponseSource::Reconciled`](crate::ResponseSource::Reconciled)) |
-//! | [`NotApplied`](Reconciled::NotApplied) | sends the frozen bytes again, as the operation's owner |
-//! | [`Unknown`](Reconciled::Unknown) | leaves the operation in doubt; the caller gets an [in-doubt error](crate::Error::is_in_doubt) |
-//!
-//! The reconciler runs as the operation's owner: the layer takes the in-doubt record over
-//! (a new fencing token, the lease renewed while it runs), so two processes resuming one
-//! operation never reconcile it at once, and a recorded outcome is fenced like every other
-//! ledger write. It is bounded in time
-//! ([`reconcile_timeout`](crate::idempotency::ClientBuilder::reconcile_timeout), 10 s by
-//! default); running past it, failing or panicking counts as [`Unknown`](Reconciled::Unknown).
-//!
-//! [`LookupReconciler`] covers the common shape, "look the operation up at the provider by
-//! its key or by a reference in the payload" (`GET /charges?idempotency_key=…`), in a few
-//! lines.
-//!
-//! # Example
-//!
-//! A provider that ignores keys, a call whose answer was lost, and the next run of the
-//! operation resolving it by looking the key up (the testing kit's provider answers
-//! `GET /effects?idempotency_key=…`):
-//!
-//! ```
-//! use std::time::Duration;
-//! use bytes::Bytes;
-//! use http_body_util::{BodyExt, Full};
-//! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_idempotency::idempotency::LookupReconciler;
-//! use tower_idempotency::ledger::MemoryStore;
-//! use tower_idempotency::testing::{Fault, SideEffectService};
-//! use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() {
-//! let provider = SideEffectService::builder().honour_keys(false).build();
-//! let ledger = MemoryStore::new();
-//! let charge = || {
-//!     let mut req = http::Request::post("http://payments.local/charges")
-//!         .body(Full::new(Bytes::from_static(b"{\"amount\":4200}")))
-//!         .unwrap();
-//!     req.extensions_mut().insert(OperationId::new("task-7", "charge"));
-//!     req
-//! };
-//!
-//! // The charge goes through, its answer never arrives, and the orchestrator gives up.
-//! provider.push_fault(Fault::CommitThenTimeout);
-//! let naive = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client_builder(ledger.clone()).provider_deduplicates(false).build().unwrap())
-//!     .service(provider.clone());
-//! assert!(tokio::time::timeout(Duration::from_secs(5), naive.oneshot(charge())).await.is_err());
-//!
-//! // The next run asks the provider before anything is sent again.
-//! let resumed = ServiceBuilder::new()
-//!     .layer(
-//!         IdempotencyLayer::client_builder(ledger.clone())
-//!             .provider_deduplicates(false)
-//!             .reconcile(
-//!                 LookupReconciler::by_key(provider.clone(), "/effects", "idempotency_key")
-//!                     .applied_status(http::StatusCode::CREATED),
-//!             )
-//!             .build()
-//!             .unwrap(),
-//!     )
-//!     .service(provider.clone());
-//! let response = resumed.oneshot(charge()).await.unwrap();
-//! assert_eq!(response.status(), http::StatusCode::CREATED);
-//! assert_eq!(response.extensions().get(), Some(&ResponseSource::Reconciled));
-//! let body = response.into_body().collect().await.unwrap().to_bytes();
-//! assert!(body.starts_with(b"{\"effect_id\":\"eff_1\""));
-//! assert_eq!(provider.effects(), 1);
-//! # }
-//! ```
+//! The public items are re-exported from [`idempotency`](crate::idempotency); see
+//! [`Reconcile`] for how the client layer uses a reconciler.
 
 use std::fmt;
 use std::future::Future;
@@ -189,8 +110,33 @@ pub enum Reconciled {
 /// The future a [`Reconcile`] returns. Its failure counts as [`Reconciled::Unknown`].
 pub type ReconcileFuture = Pin<Box<dyn Future<Output = Result<Reconciled, BoxError>> + Send>>;
 
-/// Finds out whether an in-doubt operation happened at the provider. See the
-/// [module docs](self).
+/// Finds out whether an in-doubt operation happened at the provider, so the client layer
+/// need neither resend it blindly nor stop for a human.
+///
+/// An operation is *in doubt* when an attempt may have reached the provider and no answer
+/// came back (a timeout, a reset, a crash after sending). Against a provider that
+/// deduplicates on `Idempotency-Key`, the client layer resends the frozen bytes and the
+/// provider answers the first outcome. Against one that does not
+/// ([`provider_deduplicates(false)`](crate::idempotency::ClientBuilder::provider_deduplicates)),
+/// resending could charge twice, so the layer asks a [`Reconcile`] first — given the frozen
+/// request, the key and the attempts made — and acts on its answer:
+///
+/// | [`Reconciled`] | what the layer does |
+/// |---|---|
+/// | [`Applied`](Reconciled::Applied) | records the provider's response (or a stand-in) as the outcome and returns it ([`ResponseSource::Reconciled`](crate::ResponseSource::Reconciled)) |
+/// | [`NotApplied`](Reconciled::NotApplied) | sends the frozen bytes again, as the operation's owner |
+/// | [`Unknown`](Reconciled::Unknown) | leaves the operation in doubt; the caller gets an [in-doubt error](crate::Error::is_in_doubt) |
+///
+/// The reconciler runs as the operation's owner: the layer takes the in-doubt record over
+/// (a new fencing token, the lease renewed while it runs), so two processes resuming one
+/// operation never reconcile it at once, and a recorded outcome is fenced like every other
+/// ledger write. It is bounded in time
+/// ([`reconcile_timeout`](crate::idempotency::ClientBuilder::reconcile_timeout), 10 s by
+/// default); running past it, failing or panicking counts as [`Unknown`](Reconciled::Unknown).
+///
+/// [`LookupReconciler`] covers the common shape, "look the operation up at the provider by
+/// its key or by a reference in the payload" (`GET /charges?idempotency_key=…`), in a few
+/// lines; its docs show a whole run.
 ///
 /// Any `Fn(InDoubtOperation) -> impl Future<Output = Result<Reconciled, BoxError>>` is one:
 ///
@@ -244,7 +190,64 @@ type Classify = dyn Fn(Response<Bytes>) -> Reconciled + Send + Sync;
 /// provider answering `200 []` when it found nothing, say).
 ///
 /// `service` sends the lookup: a plain HTTP client (not a stack with the idempotency layer:
-/// a lookup is a read). See the [module docs](self) for an example.
+/// a lookup is a read).
+///
+/// # Example
+///
+/// A provider that ignores keys, a call whose answer was lost, and the next run of the
+/// operation resolving it by looking the key up (the testing kit's provider answers
+/// `GET /effects?idempotency_key=…`):
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_idempotency::idempotency::LookupReconciler;
+/// use tower_idempotency::ledger::MemoryStore;
+/// use tower_idempotency::testing::{Fault, SideEffectService};
+/// use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let provider = SideEffectService::builder().honour_keys(false).build();
+/// let ledger = MemoryStore::new();
+/// let charge = || {
+///     let mut req = http::Request::post("http://payments.local/charges")
+///         .body(Full::new(Bytes::from_static(b"{\"amount\":4200}")))
+///         .unwrap();
+///     req.extensions_mut().insert(OperationId::new("task-7", "charge"));
+///     req
+/// };
+///
+/// // The charge goes through, its answer never arrives, and the orchestrator gives up.
+/// provider.push_fault(Fault::CommitThenTimeout);
+/// let naive = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::client_builder(ledger.clone()).provider_deduplicates(false).build().unwrap())
+///     .service(provider.clone());
+/// assert!(tokio::time::timeout(Duration::from_secs(5), naive.oneshot(charge())).await.is_err());
+///
+/// // The next run asks the provider before anything is sent again.
+/// let resumed = ServiceBuilder::new()
+///     .layer(
+///         IdempotencyLayer::client_builder(ledger.clone())
+///             .provider_deduplicates(false)
+///             .reconcile(
+///                 LookupReconciler::by_key(provider.clone(), "/effects", "idempotency_key")
+///                     .applied_status(http::StatusCode::CREATED),
+///             )
+///             .build()
+///             .unwrap(),
+///     )
+///     .service(provider.clone());
+/// let response = resumed.oneshot(charge()).await.unwrap();
+/// assert_eq!(response.status(), http::StatusCode::CREATED);
+/// assert_eq!(response.extensions().get(), Some(&ResponseSource::Reconciled));
+/// let body = response.into_body().collect().await.unwrap().to_bytes();
+/// assert!(body.starts_with(b"{\"effect_id\":\"eff_1\""));
+/// assert_eq!(provider.effects(), 1);
+/// # }
+/// ```
 pub struct LookupReconciler<S> {
     service: S,
     build: Arc<BuildLookup>,

@@ -5,7 +5,8 @@
 //! single pass over the frozen body as the [`Fingerprint`](crate::Fingerprint) (which is
 //! derived from the method, the target and this digest, not from the body again).
 //!
-//! The server face verifies a request's `Content-Digest` when it carries one: a `sha-256`
+//! The server face verifies the `Content-Digest` of a keyed request (one that goes through
+//! the ledger) when it carries one: a `sha-256`
 //! or `sha-512` member that does not match the body received is a `400`
 //! [`content-digest-mismatch`](crate::idempotency::problem::CONTENT_DIGEST_MISMATCH)
 //! before any lease is taken; members of other algorithms are ignored, as RFC 9530 §2

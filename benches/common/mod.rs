@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each bench uses its own part of it
 
 pub mod ledger;
+pub mod moka_ledger;
 
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};

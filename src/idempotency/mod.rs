@@ -109,7 +109,7 @@
 //! For a service that performs the side effect: IETF `Idempotency-Key` semantics
 //! (draft-ietf-httpapi-idempotency-key-header) in front of your handlers, as a plain tower
 //! layer. It wraps any `Service<Request<RequestBody<B>>>` (an axum `Router` or handler, a
-//! hyper service) and keeps its error type, so it drops into `Router::layer` with
+//! hyper service) and keeps its error type, so it drops into axum's `route_layer` with
 //! `Infallible` intact: every idempotency outcome is an HTTP response.
 //!
 //! ```
@@ -126,9 +126,10 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let app = Router::new()
-//!     .route("/charges", post(charge))
-//!     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+//! let app = Router::new().route(
+//!     "/charges",
+//!     post(charge).route_layer(IdempotencyLayer::server(MemoryStore::new())),
+//! );
 //! // axum::serve(listener, app).await
 //!
 //! let charge_order_42 = || {
@@ -147,8 +148,15 @@
 //! ```
 //!
 //! `examples/axum_server.rs` is a complete payments service built this way
-//! (`cargo run --example axum_server`). Prefer `Router::route_layer` to `Router::layer`:
-//! with `layer`, a `POST` to an unknown path gets the layer's `400` instead of axum's `404`.
+//! (`cargo run --example axum_server`).
+//!
+//! **Layer the method router, not the `Router`.** Put the layer around the methods that
+//! have side effects (`post(charge).route_layer(layer)`): axum then answers an unknown
+//! path (`404`) and a method the route does not serve (`405`) outside it. `Router::layer` and `Router::route_layer` also wrap axum's
+//! method-not-allowed fallback, so a keyless `PATCH` to a `POST`-only route would get
+//! `400 key-missing` instead of `405`, and a keyed one would have its `405` recorded and
+//! replayed (`Router::layer` wraps the `404` fallback too). The layer cannot tell on its
+//! own: wrapped around a whole router, it does not know which methods a route serves.
 //!
 //! ## What it answers
 //!

@@ -601,9 +601,10 @@ impl IdempotencyLayer<Server> {
     /// use axum::{routing::post, Router};
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
+    /// // Around `POST` alone: axum's own 404 and 405 stay axum's.
+    /// let charge = post(|| async { "charged" });
     /// let app: Router = Router::new()
-    ///     .route("/charges", post(|| async { "charged" }))
-    ///     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    ///     .route("/charges", charge.route_layer(IdempotencyLayer::server(MemoryStore::new())));
     /// # let _ = app;
     /// ```
     pub fn server(store: impl IdempotencyStore) -> Self {

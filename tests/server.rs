@@ -443,7 +443,7 @@ impl Fixture {
         configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
         assemble: impl FnOnce(
             Router,
-            IdempotencyLayer<tower_idempotency::idempotency::Server>,
+            IdempotencyLayer<tower_idempotency::idempotency::ServerFace>,
         ) -> Router,
     ) -> Self {
         let ledger = CountingStore::new();

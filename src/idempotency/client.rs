@@ -46,7 +46,7 @@ pub enum DriftPolicy {
 
 /// The client face's configuration (see [`ClientBuilder`]).
 #[derive(Debug)]
-pub struct Client {
+pub struct ClientFace {
     ledger: Ledger,
     scope: String,
     require_key: bool,
@@ -275,7 +275,7 @@ impl ClientBuilder {
     /// Refuses a zero lease, a retention shorter than the retry window plus the lease (a
     /// record would vanish while its operation can still retry) and a protected window
     /// shorter than that (a full store could evict an operation still being retried).
-    pub fn build(self) -> Result<IdempotencyLayer<Client>, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
         let must_keep = self.retry_window + self.lease;
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
@@ -292,7 +292,7 @@ impl ClientBuilder {
                 "the protected window ({protected:?}) must be at least the retry window plus the lease ({must_keep:?})"
             )));
         }
-        let client = Client {
+        let client = ClientFace {
             ledger: Ledger::new(self.store, self.lease, self.retention, protected),
             scope: self.scope,
             require_key: self.require_key,
@@ -312,7 +312,7 @@ impl ClientBuilder {
     }
 }
 
-impl IdempotencyLayer<Client> {
+impl IdempotencyLayer<ClientFace> {
     /// The client layer with default settings over `store`.
     ///
     /// See the [module docs](crate::idempotency) for the stack it belongs in.
@@ -328,7 +328,7 @@ impl IdempotencyLayer<Client> {
     }
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Client>
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ClientFace>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -382,7 +382,7 @@ impl<T> fmt::Debug for ClientFuture<T> {
     }
 }
 
-impl Client {
+impl ClientFace {
     /// A side effect without an `OperationId` or a key passed through, unprotected: the retry
     /// layer inside will not resend it once it may have left, but a caller's own retry runs
     /// it again. Visible in every response (`ResponseSource::Unprotected`) and a `DEBUG`
@@ -455,7 +455,7 @@ fn into_error(error: BoxError, phase: FailurePhase) -> Error {
 /// with another method, path or body) it is a drift, never a replay of the first target's
 /// answer, since the fingerprint covers the whole target.
 fn identify<B>(
-    client: &Client,
+    client: &ClientFace,
     req: &mut Request<B>,
 ) -> Result<Option<(LedgerKey, WireKey)>, Error> {
     if let Some(key) = HeaderKey::from_headers(req.headers()).map_err(Error::from_invalid_key)? {
@@ -482,7 +482,7 @@ fn identify<B>(
 
 async fn run<S, B, ResBody>(
     inner: S,
-    client: Arc<Client>,
+    client: Arc<ClientFace>,
     mut req: Request<B>,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
@@ -660,7 +660,7 @@ fn replay<T>(outcome: Outcome) -> Result<Response<ResponseBody<T>>, Error> {
 /// Call `inner` once with the frozen request, outside the ledger.
 async fn pass_through<S, ResBody>(
     inner: S,
-    client: &Client,
+    client: &ClientFace,
     frozen: &FrozenRequest,
     extensions: Extensions,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
@@ -691,7 +691,7 @@ where
 /// Send the frozen request as the operation's owner and settle the lease by what happened.
 async fn send<S, ResBody>(
     inner: S,
-    client: &Client,
+    client: &ClientFace,
     (key, wire): (LedgerKey, &WireKey),
     token: LeaseToken,
     frozen: &FrozenRequest,
@@ -756,7 +756,7 @@ fn detached_headers(headers: &http::HeaderMap) -> http::HeaderMap {
 /// Record a response (or a tombstone), or leave the operation in doubt when the response
 /// says "try again" — a later run resends the frozen bytes rather than replaying a 503.
 async fn settle_response<ResBody>(
-    client: &Client,
+    client: &ClientFace,
     lease: LeaseGuard,
     response: Response<ResBody>,
     source: ResponseSource,

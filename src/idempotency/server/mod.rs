@@ -196,7 +196,7 @@ impl Scope {
 
 /// The server face's configuration (see [`ServerBuilder`] and the
 /// [module docs](crate::idempotency#the-server-face)).
-pub struct Server {
+pub struct ServerFace {
     ledger: Ledger,
     scope: Scope,
     methods: Vec<Method>,
@@ -212,9 +212,9 @@ pub struct Server {
     retry_after: Duration,
 }
 
-impl fmt::Debug for Server {
+impl fmt::Debug for ServerFace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Server")
+        f.debug_struct("ServerFace")
             .field("ledger", &self.ledger)
             .field("methods", &self.methods)
             .field("require_key", &self.require_key)
@@ -544,7 +544,7 @@ impl ServerBuilder {
     ///     .unwrap_err();
     /// assert!(err.to_string().contains("set-cookie"));
     /// ```
-    pub fn build(self) -> Result<IdempotencyLayer<Server>, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer<ServerFace>, ConfigError> {
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }
@@ -572,7 +572,7 @@ impl ServerBuilder {
                 "the {never} header must never be replayed"
             )));
         }
-        let server = Server {
+        let server = ServerFace {
             ledger: Ledger::new(self.store, self.lease, self.retention, self.protected),
             scope: self.scope,
             methods: self.methods,
@@ -591,7 +591,7 @@ impl ServerBuilder {
     }
 }
 
-impl IdempotencyLayer<Server> {
+impl IdempotencyLayer<ServerFace> {
     /// The server layer with default settings over `store`.
     ///
     /// See the [module docs](crate::idempotency#the-server-face) and [`ServerBuilder`]
@@ -619,7 +619,7 @@ impl IdempotencyLayer<Server> {
     }
 }
 
-impl Server {
+impl ServerFace {
     fn is_side_effect<B>(&self, req: &Request<B>) -> bool {
         match req.extensions().get::<EffectClass>() {
             Some(class) => class.is_side_effect(),
@@ -638,7 +638,7 @@ impl Server {
     }
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Server>
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ServerFace>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -780,7 +780,7 @@ fn settled(how: &'static str) {
 /// One keyed request: body, ledger, then the handler or a stored answer.
 async fn run<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
+    server: Arc<ServerFace>,
     key: HeaderKey,
     req: Request<B>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -913,7 +913,7 @@ where
     inner.call(request).await
 }
 
-fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
+fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> {
     match stored {
         Outcome::Response(stored) => {
             outcome("replayed");
@@ -944,7 +944,7 @@ fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
 /// Run the handler as the key's owner and settle the lease by what it answered.
 async fn execute<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
+    server: Arc<ServerFace>,
     key: LedgerKey,
     token: LeaseToken,
     request: Request<RequestBody<B>>,
@@ -1054,7 +1054,7 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
 /// Record the handler's response (or a tombstone), or release the key for a `5xx` under
 /// [`ServerErrorPolicy::Release`].
 async fn settle<ResBody>(
-    server: &Server,
+    server: &ServerFace,
     lease: LeaseGuard,
     response: Response<ResBody>,
 ) -> Response<ResponseBody<ResBody>>

@@ -16,7 +16,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
-use super::decision::{self, Decision, Face, WireKey};
+use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
@@ -65,6 +65,7 @@ pub struct ClientFace {
     warned_unprotected: std::sync::atomic::AtomicBool,
     /// Whether a retry layer outside this one was already reported.
     warned_order: std::sync::atomic::AtomicBool,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl fmt::Debug for dyn ClassifyPhase {
@@ -121,6 +122,7 @@ pub struct ClientBuilder {
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl ClientBuilder {
@@ -140,6 +142,7 @@ impl ClientBuilder {
             fail_open: false,
             provider_deduplicates: true,
             phase_classifier: None,
+            on_outcome: None,
         }
     }
 
@@ -264,6 +267,28 @@ impl ClientBuilder {
         self
     }
 
+    /// Call `hook` once per request that reached the ledger, when its answer is known,
+    /// with what it came to: the face, the last decision, the key's digest, the status
+    /// (when there was a response) and how long it took. See [`OutcomeEvent`].
+    ///
+    /// For observability of your own (another metrics system, an audit log). Unset, it
+    /// costs nothing: no clock is read and no digest is computed. The hook runs on the
+    /// request's task, inside its span: keep it short and never block in it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .on_outcome(|event| eprintln!("{} {}", event.decision().as_str(), event.key_digest()))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
+        self
+    }
+
     /// The same, sharing a classifier with the retry layer.
     pub(crate) fn shared_phase_classifier(mut self, classifier: Arc<dyn ClassifyPhase>) -> Self {
         self.phase_classifier = Some(classifier);
@@ -307,6 +332,7 @@ impl ClientBuilder {
             warned_window: std::sync::atomic::AtomicBool::new(false),
             warned_unprotected: std::sync::atomic::AtomicBool::new(false),
             warned_order: std::sync::atomic::AtomicBool::new(false),
+            on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(client))
     }
@@ -354,8 +380,13 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let span =
             tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
+        let started = self
+            .face
+            .on_outcome
+            .is_some()
+            .then(tokio::time::Instant::now);
         ClientFuture {
-            inner: Box::pin(run(inner, self.face.clone(), req).instrument(span)),
+            inner: Box::pin(run(inner, self.face.clone(), req, started).instrument(span)),
         }
     }
 }
@@ -383,6 +414,12 @@ impl<T> fmt::Debug for ClientFuture<T> {
 }
 
 impl ClientFace {
+    /// Whether an `on_outcome` hook wants to hear of each operation (and its duration).
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn on_outcome_set(&self) -> bool {
+        self.on_outcome.is_some()
+    }
+
     /// A side effect without an `OperationId` or a key passed through, unprotected: the retry
     /// layer inside will not resend it once it may have left, but a caller's own retry runs
     /// it again. Visible in every response (`ResponseSource::Unprotected`) and a `DEBUG`
@@ -480,10 +517,13 @@ fn identify<B>(
     Ok(None)
 }
 
-async fn run<S, B, ResBody>(
+/// One logical operation through the client face. `inner` need not be `'static` or
+/// `Clone`: it is called once (the retries, if any, are its own).
+pub(crate) async fn run<S, B, ResBody>(
     inner: S,
     client: Arc<ClientFace>,
     mut req: Request<B>,
+    started: Option<tokio::time::Instant>,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
@@ -515,6 +555,28 @@ where
     if !span.is_disabled() {
         span.record("key", tracing::field::display(decision::KeyDigest(&wire)));
     }
+    let track = Track::new(Face::Client, Some(wire));
+    let result = operate(inner, &client, key, frozen, extensions, &track).await;
+    let status = result.as_ref().ok().map(|response| response.status());
+    track.report(client.on_outcome.as_ref(), started, status);
+    result
+}
+
+/// The ledger's part of one keyed operation: `begin`, then send, resend, replay or refuse.
+async fn operate<S, ResBody>(
+    inner: S,
+    client: &ClientFace,
+    key: LedgerKey,
+    frozen: FrozenRequest,
+    extensions: Extensions,
+    track: &Track,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
     let mut begin = client
         .ledger
         .request(key, frozen.fingerprint())
@@ -527,7 +589,7 @@ where
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
             tracing::warn!(%err, "ledger unavailable; sending without protection (fail-open)");
-            return pass_through(inner, &client, &frozen, extensions).await;
+            return pass_through(inner, client, &frozen, extensions).await;
         }
         Err(err) => {
             let decided = if err.is_full() {
@@ -535,7 +597,7 @@ where
             } else {
                 Decision::Unavailable
             };
-            decision::log(Face::Client, decided, &wire);
+            track.decided(decided);
             return Err(Error::store(err));
         }
     };
@@ -564,13 +626,13 @@ where
         }
         other => other,
     };
-    decision::log(Face::Client, decision_of(&answer), &wire);
+    track.decided(decision_of(&answer));
     match answer {
         Begin::Acquired { token } => {
             send(
                 inner,
-                &client,
-                (key, &wire),
+                client,
+                (key, track),
                 token,
                 &to_send,
                 extensions,
@@ -591,8 +653,8 @@ where
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
             send(
                 inner,
-                &client,
-                (key, &wire),
+                client,
+                (key, track),
                 token,
                 &original,
                 extensions,
@@ -692,7 +754,7 @@ where
 async fn send<S, ResBody>(
     inner: S,
     client: &ClientFace,
-    (key, wire): (LedgerKey, &WireKey),
+    (key, track): (LedgerKey, &Track),
     token: LeaseToken,
     frozen: &FrozenRequest,
     mut extensions: Extensions,
@@ -713,16 +775,16 @@ where
     let result = lease.renewing(call).await;
     client.check_real_retry_window(&handoff);
     match result {
-        Ok(response) => settle_response(client, lease, response, source, wire).await,
+        Ok(response) => settle_response(client, lease, response, source, track).await,
         Err(error) => {
             let phase = classify(&*error, client.phase_classifier.as_deref());
             // Sticky: an earlier attempt inside (reported by the retry layer) may have left
             // even when the last one was refused before writing.
             let settled = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
-                decision::log(Face::Client, Decision::InDoubt, wire);
+                track.decided(Decision::InDoubt);
                 lease.mark_in_doubt().await
             } else {
-                decision::log(Face::Client, Decision::Released, wire);
+                track.decided(Decision::Released);
                 lease.abandon().await
             };
             if let Err(err) = settled {
@@ -760,7 +822,7 @@ async fn settle_response<ResBody>(
     lease: LeaseGuard,
     response: Response<ResBody>,
     source: ResponseSource,
-    wire: &WireKey,
+    track: &Track,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     ResBody: Body<Data = Bytes> + Unpin,
@@ -770,7 +832,7 @@ where
     // Only answers that mean "come back later" leave the operation open; any other
     // answer, a business `409` ("already exists") included, is its final outcome.
     if is_retryable_status(status) || is_in_progress_answer(status, response.headers()) {
-        decision::log(Face::Client, Decision::InDoubt, wire);
+        track.decided(Decision::InDoubt);
         if let Err(err) = lease.mark_in_doubt().await {
             tracing::warn!(%err, "could not mark the operation in doubt");
         }

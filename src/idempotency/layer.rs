@@ -36,6 +36,12 @@ impl<F> IdempotencyLayer<F> {
             face: Arc::new(face),
         }
     }
+
+    /// The face's configuration, for adapters that drive it without a tower service.
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn face(&self) -> &Arc<F> {
+        &self.face
+    }
 }
 
 impl<S, F> Layer<S> for IdempotencyLayer<F> {

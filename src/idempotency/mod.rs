@@ -284,9 +284,15 @@
 //! for `drift`, `full` and `unavailable`, `INFO` for `in_doubt` and `resumed`, `DEBUG` for
 //! the rest. The client span `idempotency` (`face = "client"`) carries the same digest as
 //! `key`.
+//!
+//! For observability of your own, `on_outcome` on either builder
+//! ([`ClientBuilder::on_outcome`], [`ServerBuilder::on_outcome`],
+//! [`ClientStackBuilder::on_outcome`]) calls a hook once per request that reached the
+//! ledger, with an [`OutcomeEvent`]: the face, the last decision, the key's digest, the
+//! status when there was a response, and the time taken. Unset, it costs nothing.
 
 mod body;
-mod client;
+pub(crate) mod client;
 mod decision;
 mod engine;
 mod layer;
@@ -295,6 +301,7 @@ mod stack;
 
 pub use body::ResponseBody;
 pub use client::{ClientBuilder, ClientFace, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
+pub use decision::{Decision, Face, OutcomeEvent};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use server::{

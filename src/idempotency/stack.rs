@@ -112,6 +112,15 @@ impl ClientStackBuilder {
         self
     }
 
+    /// See [`ClientBuilder::on_outcome`].
+    pub fn on_outcome(
+        mut self,
+        hook: impl Fn(&super::OutcomeEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.client = self.client.on_outcome(hook);
+        self
+    }
+
     /// See [`ClientBuilder::provider_deduplicates`].
     pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
         self.client = self.client.provider_deduplicates(deduplicates);

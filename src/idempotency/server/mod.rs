@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::client::decision_of;
-use super::decision::{self, Decision, Face, WireKey};
+use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::effect::EffectClass;
@@ -210,6 +210,7 @@ pub struct ServerFace {
     fail_open: bool,
     cancel_on_disconnect: bool,
     retry_after: Duration,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl fmt::Debug for ServerFace {
@@ -285,6 +286,7 @@ pub struct ServerBuilder {
     fail_open: bool,
     cancel_on_disconnect: bool,
     retry_after: Duration,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl fmt::Debug for ServerBuilder {
@@ -348,6 +350,7 @@ impl ServerBuilder {
             fail_open: false,
             cancel_on_disconnect: false,
             retry_after: Duration::from_secs(1),
+            on_outcome: None,
         }
     }
 
@@ -528,6 +531,28 @@ impl ServerBuilder {
         self
     }
 
+    /// Call `hook` once per keyed request that reached the ledger, when its answer is
+    /// known, with what it came to: the face, the decision, the key's digest, the status
+    /// answered and how long it took. See [`OutcomeEvent`].
+    ///
+    /// For observability of your own. Unset, it costs nothing: no clock is read and no
+    /// copy of the key is kept. The hook runs on the request's task, inside its span: keep
+    /// it short and never block in it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .on_outcome(|event| eprintln!("{} {:?}", event.decision().as_str(), event.status()))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
+        self
+    }
+
     /// Check the settings and build the layer.
     ///
     /// Refuses a zero lease, a retention not longer than the lease (an in-flight record
@@ -586,6 +611,7 @@ impl ServerBuilder {
             fail_open: self.fail_open,
             cancel_on_disconnect: self.cancel_on_disconnect,
             retry_after: self.retry_after,
+            on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(server))
     }
@@ -687,7 +713,8 @@ where
             outcome = tracing::field::Empty,
             settled = tracing::field::Empty,
         );
-        let future = run(inner, self.face.clone(), key, req).instrument(span);
+        let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
+        let future = run(inner, self.face.clone(), key, req, started).instrument(span);
         ServerFuture::ledger(Box::pin(future))
     }
 }
@@ -783,6 +810,7 @@ async fn run<S, B, ResBody>(
     server: Arc<ServerFace>,
     key: HeaderKey,
     req: Request<B>,
+    started: Option<tokio::time::Instant>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
@@ -820,17 +848,18 @@ where
                 return Ok(problem::body_unreadable());
             }
         };
-    // Kept for the decision events only when one could be recorded: it is a copy.
-    let wire = tracing::enabled!(tracing::Level::WARN).then(|| WireKey::Header(key.clone()));
+    // Kept for the decision events and the hook only when they could use it: it is a copy.
+    let hook = server.on_outcome.clone();
+    let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
+        .then(|| WireKey::Header(key.clone()));
+    let track = Track::new(Face::Server, wire);
     let span = tracing::Span::current();
-    if let (false, Some(wire)) = (span.is_disabled(), &wire) {
+    if let (false, Some(wire)) = (span.is_disabled(), track.wire()) {
         span.record("key", tracing::field::display(decision::KeyDigest(wire)));
     }
-    let decided = |decision| {
-        if let Some(wire) = &wire {
-            decision::log(Face::Server, decision, wire);
-        }
-    };
+    let decided = |decision| track.decided(decision);
+    // `return` inside this block ends the ledger's part; the hook then hears of the answer.
+    let answered = async {
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
     // One key is one request: the method, the target as the client sent it and the body.
@@ -900,6 +929,11 @@ where
             Ok(problem::outcome_unknown())
         }
     }
+    }
+    .await;
+    let status = answered.as_ref().ok().map(|response| response.status());
+    track.report(hook.as_ref(), started, status);
+    answered
 }
 
 async fn call<S, B, ResBody>(

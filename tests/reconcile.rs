@@ -18,7 +18,9 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{InDoubtOperation, LookupReconciler, Reconcile, Reconciled};
+use tower_idempotency::idempotency::{
+    Decision, InDoubtOperation, LookupReconciler, Reconcile, Reconciled,
+};
 use tower_idempotency::ledger::{IdempotencyStore, LedgerKey, MemoryStore, RecordState};
 use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
 use tower_idempotency::{BoxError, IdempotencyLayer, OperationId, ResponseSource};
@@ -156,6 +158,33 @@ async fn applied_the_provider_response_is_recorded_and_returned() {
     assert_eq!(replay.extensions().get(), Some(&ResponseSource::Replayed));
     assert_eq!(replay.body(), response.body());
     assert_eq!(provider.lookups(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_outcome_hook_names_the_reconciliation() {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let hook = seen.clone();
+    let stack = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .reconcile(by_key(&provider))
+                .on_outcome(move |event| {
+                    hook.lock()
+                        .unwrap()
+                        .push((event.decision(), event.status()));
+                })
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    stack.oneshot(charge()).await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(Decision::Reconciled, Some(StatusCode::CREATED))]
+    );
 }
 
 #[tokio::test(start_paused = true)]

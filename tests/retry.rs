@@ -230,11 +230,19 @@ fn unbudgeted() -> RetryPolicy {
     RetryPolicy::builder().no_budget().build().unwrap()
 }
 
+/// The attempts behind `res`, checking the extension's contract on the way: a retried answer
+/// carries `Attempts` with its count (at least 2), a first-attempt answer carries none.
 fn attempts_of<B>(res: &Response<B>) -> u32 {
-    res.extensions()
-        .get::<Attempts>()
-        .expect("every response carries the Attempts extension")
-        .get()
+    match res.extensions().get::<Attempts>() {
+        Some(attempts) => {
+            assert!(
+                attempts.get() >= 2,
+                "only retried answers carry Attempts, got {attempts:?}"
+            );
+            attempts.get()
+        }
+        None => 1,
+    }
 }
 
 const FIRST_CEILING: Duration = Duration::from_millis(100);
@@ -275,6 +283,41 @@ async fn max_attempts_1_never_retries() {
     let res = upstream.behind(policy).oneshot(get()).await.unwrap();
     assert_eq!(upstream.calls(), 1);
     assert_eq!(attempts_of(&res), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_answers_that_took_more_than_one_attempt_carry_attempts() {
+    let first_time = Upstream::always(Step::Status(200));
+    let res = first_time
+        .behind(unbudgeted())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(first_time.calls(), 1);
+    assert_eq!(res.extensions().get::<Attempts>(), None);
+    assert_eq!(Attempts::of(&res), Attempts::new(1));
+
+    let given_up_at_once = Upstream::always(Step::Status(404));
+    let res = given_up_at_once
+        .behind(unbudgeted())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(
+        res.extensions().get::<Attempts>(),
+        None,
+        "a final first answer"
+    );
+
+    let second_time = Upstream::scripted([Step::Status(503)], Step::Status(200));
+    let res = second_time
+        .behind(unbudgeted())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(second_time.calls(), 2);
+    assert_eq!(res.extensions().get::<Attempts>(), Some(&Attempts::new(2)));
+    assert_eq!(Attempts::of(&res), Attempts::new(2));
 }
 
 #[test]

@@ -20,8 +20,8 @@
 //! a fraction (20 %) of recent calls plus a small floor, so retries help with sporadic
 //! failures and stand back during an outage.
 //!
-//! Responses carry an [`Attempts`] extension; every attempt emits a `tracing` event at
-//! `DEBUG`.
+//! Responses that took more than one attempt carry an [`Attempts`] extension
+//! ([`Attempts::of`] reads any response); every attempt emits a `tracing` event at `DEBUG`.
 //!
 //! # Example
 //!
@@ -58,7 +58,7 @@
 //! let req = Request::get("http://inventory.local/stock").body(Full::new(Bytes::new())).unwrap();
 //! let response = client.oneshot(req).await?;
 //! assert_eq!(response.status(), 200);
-//! assert_eq!(response.extensions().get::<Attempts>().unwrap().get(), 2);
+//! assert_eq!(Attempts::of(&response).get(), 2);
 //! # Ok(())
 //! # }
 //! ```

@@ -64,7 +64,12 @@ impl<S> FrozenRetry<S> {
     }
 }
 
-/// How many attempts produced a response: a response extension set by [`FrozenRetry`].
+/// How many attempts produced a response: a response extension set by [`FrozenRetry`] on
+/// the answers that took **more than one** attempt.
+///
+/// A response answered by its first attempt carries no `Attempts` (an extension costs every
+/// response three allocations, more than the rest of the layer's work on the common path);
+/// [`Attempts::of`] reads either kind.
 ///
 /// ```
 /// # use tower_idempotency::retry::Attempts;
@@ -83,6 +88,25 @@ impl Attempts {
     /// The number of attempts made, the first included.
     pub const fn get(self) -> u32 {
         self.0
+    }
+
+    /// How many attempts produced `response`: its `Attempts` extension, or one attempt when
+    /// it carries none (a first-attempt answer, or one that did not pass a [`FrozenRetry`]).
+    ///
+    /// ```
+    /// use tower_idempotency::retry::Attempts;
+    ///
+    /// let mut response = http::Response::new(());
+    /// assert_eq!(Attempts::of(&response), Attempts::new(1));
+    /// response.extensions_mut().insert(Attempts::new(3));
+    /// assert_eq!(Attempts::of(&response).get(), 3);
+    /// ```
+    pub fn of<B>(response: &Response<B>) -> Self {
+        response
+            .extensions()
+            .get::<Self>()
+            .copied()
+            .unwrap_or(Self(1))
     }
 }
 
@@ -181,11 +205,9 @@ where
     if let Some(budget) = &policy.budget {
         budget.deposit();
     }
-    let now = Instant::now();
-    // An absurd max elapsed means "no deadline", not an overflow.
-    let deadline = now
-        .checked_add(policy.max_elapsed)
-        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+    // The deadline is `max_elapsed` after this; it is only worked out when a retry is
+    // considered.
+    let started = Instant::now();
     // Made on the first retry: most calls never need one.
     let mut backoff: Option<FullJitter> = None;
     let mut attempt = 0;
@@ -220,8 +242,8 @@ where
                     &policy,
                     &ctx,
                     &mut backoff,
-                    retry_after(response.headers()),
-                    deadline,
+                    || retry_after(response.headers()),
+                    started,
                 )
             }
             Err(failure) => {
@@ -236,7 +258,7 @@ where
                     },
                 );
                 tracing::debug!(attempt, phase = ?failure.phase, error = %failure.error, "attempt failed");
-                next_delay(&policy, &ctx, &mut backoff, None, deadline)
+                next_delay(&policy, &ctx, &mut backoff, || None, started)
             }
         };
         match delay {
@@ -247,7 +269,12 @@ where
             None => {
                 return match result {
                     Ok(mut response) => {
-                        response.extensions_mut().insert(Attempts(attempt));
+                        // A first-attempt answer carries nothing: an extension costs the
+                        // response three allocations (`http::Extensions`' map, its table and
+                        // the boxed value), more than the rest of the layer's bookkeeping.
+                        if attempt > 1 {
+                            response.extensions_mut().insert(Attempts(attempt));
+                        }
                         Ok(response)
                     }
                     Err(failure) => Err(failure.into_error(earlier)),
@@ -309,20 +336,24 @@ where
 }
 
 /// The delay before the next attempt, or `None` to stop here.
+///
+/// `server_asked` reads the server's `Retry-After`; it is only called once the classifier
+/// wants a retry, so a final answer (most answers) costs no header parsing.
 fn next_delay(
     policy: &RetryPolicy,
     ctx: &RetryContext<'_>,
     backoff: &mut Option<FullJitter>,
-    server_asked: Option<Duration>,
-    deadline: Instant,
+    server_asked: impl FnOnce() -> Option<Duration>,
+    started: Instant,
 ) -> Option<Duration> {
     if ctx.attempt >= policy.max_attempts || policy.classifier.classify(ctx) == RetryDecision::Stop
     {
         return None;
     }
+    let server_asked = server_asked();
     let now = Instant::now();
     // A server that asks us to come back after our deadline gets its answer now.
-    if let Some(asked) = server_asked.filter(|asked| starts_past(deadline, now, *asked)) {
+    if let Some(asked) = server_asked.filter(|asked| starts_past(policy, started, now, *asked)) {
         tracing::debug!(?asked, "Retry-After points past the deadline; not retrying");
         return None;
     }
@@ -335,7 +366,7 @@ fn next_delay(
         Some(asked) => backoff.max(asked.min(policy.backoff_cap)),
         None => backoff,
     };
-    if starts_past(deadline, now, delay) {
+    if starts_past(policy, started, now, delay) {
         tracing::debug!("the next retry would start past the deadline; not retrying");
         return None;
     }
@@ -348,10 +379,11 @@ fn next_delay(
     Some(delay)
 }
 
-/// Whether an attempt `delay` from `now` would start after `deadline` (without overflowing
-/// on absurd delays).
-fn starts_past(deadline: Instant, now: Instant, delay: Duration) -> bool {
-    deadline
-        .checked_duration_since(now)
+/// Whether an attempt `delay` from `now` would start more than the policy's maximum elapsed
+/// time after the call `started` (in durations, so absurd settings cannot overflow).
+fn starts_past(policy: &RetryPolicy, started: Instant, now: Instant, delay: Duration) -> bool {
+    policy
+        .max_elapsed
+        .checked_sub(now.saturating_duration_since(started))
         .is_none_or(|left| delay > left)
 }

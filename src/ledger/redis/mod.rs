@@ -153,6 +153,16 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisError, Script, ScriptInvocation, Value};
 
+use self::connection::Connection;
+
+#[cfg(feature = "redis-cluster")]
+mod cluster;
+mod connection;
+
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+pub use self::cluster::RedisClusterBuilder;
+
 use super::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
 };
@@ -182,6 +192,16 @@ const MARK_IN_DOUBT_LUA: &str = concat!(
 );
 const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
+
+/// Every script, for loading them all when the store connects.
+const ALL_SCRIPTS: [&str; 6] = [
+    BEGIN_LUA,
+    COMPLETE_LUA,
+    ABANDON_LUA,
+    MARK_IN_DOUBT_LUA,
+    RENEW_LUA,
+    INSPECT_LUA,
+];
 
 // Each script is hashed once per process; `Script` invokes by SHA and loads on NOSCRIPT.
 static BEGIN: LazyLock<Script> = LazyLock::new(|| Script::new(BEGIN_LUA));
@@ -213,8 +233,9 @@ static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    // `ConnectionManager` is an `Arc` inside; each operation clones it (no lock, no pool).
-    manager: ConnectionManager,
+    // One Redis (a `ConnectionManager`) or a cluster (redis-rs's cluster connection); both
+    // are an `Arc` inside, and each operation clones it (no lock, no pool).
+    connection: Connection,
     prefix: Arc<str>,
     operation_timeout: Duration,
     /// `host:port` for `Debug`, without the credentials a URL may carry.
@@ -333,8 +354,8 @@ impl RedisStore {
     /// Run one script invocation: one `EVALSHA` (plus `SCRIPT LOAD` and a retry when Redis
     /// lost the script), bounded by the operation timeout.
     async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> Result<Vec<Value>, StoreError> {
-        // A clone per call is how `ConnectionManager` is meant to be shared: it is an `Arc`.
-        let mut connection = self.manager.clone();
+        // A clone per call is how both connections are meant to be shared: they are an `Arc`.
+        let mut connection = self.connection.clone();
         let reply = tokio::time::timeout(
             self.operation_timeout,
             invocation.invoke_async::<Value>(&mut connection),
@@ -500,14 +521,7 @@ impl RedisStoreBuilder {
         // Loading the scripts up front proves the connection and keeps the `NOSCRIPT`
         // fallback off the hot path; it is one pipelined round trip.
         let mut load = ::redis::pipe();
-        for code in [
-            BEGIN_LUA,
-            COMPLETE_LUA,
-            ABANDON_LUA,
-            MARK_IN_DOUBT_LUA,
-            RENEW_LUA,
-            INSPECT_LUA,
-        ] {
+        for code in ALL_SCRIPTS {
             load.cmd("SCRIPT").arg("LOAD").arg(code);
         }
         let bound = self.connection_timeout + self.operation_timeout;
@@ -522,10 +536,11 @@ impl RedisStoreBuilder {
             }
         }
 
-        warn_if_ledger_keys_can_be_evicted(&manager, &addr, bound).await;
+        let connection = Connection::Single(manager);
+        warn_if_ledger_keys_can_be_evicted(&connection, &addr, bound).await;
 
         Ok(RedisStore {
-            manager,
+            connection,
             prefix: self.prefix.into(),
             operation_timeout: self.operation_timeout,
             addr: addr.into(),
@@ -537,12 +552,8 @@ impl RedisStoreBuilder {
 /// record is a forgotten operation, and a forgotten operation runs again. Every record has
 /// a TTL, so the `volatile-*` policies evict them as readily as the `allkeys-*` ones. A
 /// server that refuses `CONFIG GET` (managed offerings often do) is not asked twice.
-async fn warn_if_ledger_keys_can_be_evicted(
-    manager: &ConnectionManager,
-    addr: &str,
-    bound: Duration,
-) {
-    let mut connection = manager.clone();
+async fn warn_if_ledger_keys_can_be_evicted(connection: &Connection, addr: &str, bound: Duration) {
+    let mut connection = connection.clone();
     let mut ask = ::redis::cmd("CONFIG");
     ask.arg("GET").arg("maxmemory-policy");
     let reply = tokio::time::timeout(bound, ask.query_async::<Vec<String>>(&mut connection)).await;

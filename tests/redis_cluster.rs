@@ -12,16 +12,29 @@
 #[path = "support/redis_cluster.rs"]
 mod cluster_support;
 
-use std::sync::Arc;
+#[path = "support/orders.rs"]
+mod orders;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Version};
+use http_body_util::BodyExt;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::idempotency::{Client, Idempotency};
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, RedisStore, StoredResponse,
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, RedisStore, StoreError,
+    StoredResponse,
 };
+use tower_idempotency::retry::FrozenRetry;
 use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
-use tower_idempotency::FrozenRequest;
+use tower_idempotency::testing::SideEffectService;
+use tower_idempotency::{FrozenRequest, FrozenRetryLayer, IdempotencyLayer};
+
+use orders::{fast_policy, post};
 
 use cluster_support::RedisCluster;
 
@@ -144,5 +157,315 @@ async fn connecting_to_no_cluster_fails_closed_and_fast() {
         started.elapsed() < Duration::from_secs(2),
         "took {:?}",
         started.elapsed()
+    );
+}
+
+/// `INFO commandstats` of one node, as `command -> calls`.
+fn command_calls(port: u16) -> HashMap<String, u64> {
+    cluster_support::cli(port, &["info", "commandstats"])
+        .lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, fields) = line.split_once(':')?;
+            let calls = fields.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The commands that reached the cluster from the store since the last reset, summed over
+/// every node: everything but what the scripts run inside Redis and the test's own `INFO`.
+fn store_commands(cluster: &RedisCluster) -> Vec<(String, u64)> {
+    const INSIDE_SCRIPTS: [&str; 9] = [
+        "hmget", "hget", "exists", "time", "hset", "hdel", "hincrby", "pexpire", "del",
+    ];
+    let mut total: HashMap<String, u64> = HashMap::new();
+    for node in cluster.nodes() {
+        for (name, calls) in command_calls(node.port()) {
+            if !INSIDE_SCRIPTS.contains(&name.as_str())
+                && name != "info"
+                && name != "config|resetstat"
+            {
+                *total.entry(name).or_default() += calls;
+            }
+        }
+    }
+    let mut sorted: Vec<_> = total.into_iter().collect();
+    sorted.sort();
+    sorted
+}
+
+fn reset_stats(cluster: &RedisCluster) {
+    for node in cluster.nodes() {
+        cluster_support::cli(node.port(), &["config", "resetstat"]);
+    }
+}
+
+#[tokio::test]
+async fn one_round_trip_per_ledger_operation_on_the_cluster() {
+    // A private cluster: anyone else's commands would spoil the counts.
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let store = connect(&cluster.urls(), "idem:").await;
+    let req = frozen("{\"amount\":1}");
+
+    // Warm up on keys of every primary: connections made, scripts cached, slot map known.
+    let mut keys = Vec::new();
+    for _ in 0..12 {
+        let key = fresh_key();
+        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        store
+            .complete(key, token, response("warm"), RETENTION)
+            .await
+            .unwrap();
+        keys.push(key);
+    }
+
+    // Fresh operations: begin + complete = two EVALSHA each, sent straight to the key's
+    // primary (no redirect, no topology query).
+    reset_stats(&cluster);
+    for _ in 0..10 {
+        let key = fresh_key();
+        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        store
+            .complete(key, token, response("done"), RETENTION)
+            .await
+            .unwrap();
+    }
+    let fresh = store_commands(&cluster);
+    eprintln!("10 fresh operations: {fresh:?}");
+    assert_eq!(fresh, [("evalsha".to_owned(), 20)], "fresh: {fresh:?}");
+
+    // Replays: one EVALSHA each.
+    reset_stats(&cluster);
+    for key in &keys[..10] {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"warm");
+    }
+    let replays = store_commands(&cluster);
+    eprintln!("10 replays: {replays:?}");
+    assert_eq!(
+        replays,
+        [("evalsha".to_owned(), 10)],
+        "replays: {replays:?}"
+    );
+}
+
+type Stack = Idempotency<FrozenRetry<SideEffectService>, Client>;
+
+/// A client stack as an orchestrator builds it, over `store`, calling `provider`.
+fn client_stack(store: RedisStore, provider: &SideEffectService) -> Stack {
+    ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(5))))
+        .service(provider.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_identical_operations_from_two_stacks_on_different_nodes_fire_one_effect() {
+    let Some(cluster) = RedisCluster::shared().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let urls = cluster.urls();
+    // Each stack knows the cluster through a different node.
+    let stacks = [
+        client_stack(connect(&urls[..1], &prefix).await, &PROVIDER),
+        client_stack(connect(&urls[1..2], &prefix).await, &PROVIDER),
+    ];
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let callers: Vec<_> = (0..64)
+        .map(|i| {
+            let (stack, barrier) = (stacks[i % 2].clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = stack.oneshot(post(BODY)).await.unwrap();
+                let status = response.status();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                (status, body)
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for caller in callers {
+        outcomes.push(caller.await.unwrap());
+    }
+    // The provider does not dedupe (keys not honoured): only the ledger stands between
+    // 64 callers and 64 charges.
+    assert_eq!(
+        PROVIDER.effects(),
+        1,
+        "one effect for 64 identical operations"
+    );
+    assert_eq!(
+        PROVIDER.calls(),
+        1,
+        "the other 63 never reached the provider"
+    );
+    assert_eq!(outcomes[0].0, StatusCode::CREATED);
+    assert!(
+        outcomes.iter().all(|outcome| outcome == &outcomes[0]),
+        "every caller got the one outcome"
+    );
+}
+
+/// The provider of the 64-caller test: slow enough that the callers overlap, and naive
+/// (it would charge again for the same key).
+static PROVIDER: LazyLock<SideEffectService> = LazyLock::new(|| {
+    SideEffectService::builder()
+        .honour_keys(false)
+        .latency(Duration::from_millis(150))
+        .build()
+});
+
+const BODY: &str = r#"{"order_id":"ord_8f21c3","total_cents":184200}"#;
+
+/// The id of the node on `port`.
+fn node_id(port: u16) -> String {
+    cluster_support::cli(port, &["cluster", "myid"])
+        .trim()
+        .to_owned()
+}
+
+/// One operation run to the end: claimed, completed, then replayed.
+async fn fresh_operation(store: &RedisStore, key: LedgerKey) -> Result<(), StoreError> {
+    let req = frozen("{\"amount\":7}");
+    let Begin::Acquired { token } = store.begin(request(key, &req)).await? else {
+        panic!("a fresh key was not acquired")
+    };
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    store
+        .complete(key, token, response("charged"), RETENTION)
+        .await?;
+    assert_replay(store.begin(request(key, &req)).await?, b"charged");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_under_load_loses_nothing() {
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    // A hash tag in the prefix puts every record of this store in one slot: the one the
+    // test migrates (the store warns about such prefixes; here it is the point).
+    let prefix = "{migrating}:idem:";
+    let store = connect(&cluster.urls(), prefix).await;
+    let any = cluster.nodes()[0].port();
+    let slot = cluster_support::cli(any, &["cluster", "keyslot", "{migrating}"])
+        .trim()
+        .to_owned();
+
+    // Records settled before the migration: each must survive it.
+    let mut before = Vec::new();
+    for _ in 0..40 {
+        let key = fresh_key();
+        fresh_operation(&store, key).await.unwrap();
+        before.push(key);
+    }
+    let owner = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.port())
+        .find(|port| {
+            cluster_support::cli(*port, &["cluster", "countkeysinslot", &slot]).trim() != "0"
+        })
+        .expect("a node holds the slot's records");
+    let target = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.port())
+        .find(|port| *port != owner)
+        .unwrap();
+
+    // Load: operations start, settle and replay on the migrating slot all along.
+    let done = Arc::new(AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (store, done) = (store.clone(), done.clone());
+        load.spawn(async move {
+            let mut settled = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let key = fresh_key();
+                fresh_operation(&store, key).await?;
+                settled.push(key);
+            }
+            Ok::<_, StoreError>(settled)
+        });
+    }
+
+    // The migration, as `redis-cli --cluster reshard` does it, a few keys at a time.
+    let (owner_id, target_id) = (node_id(owner), node_id(target));
+    cluster_support::cli(
+        target,
+        &["cluster", "setslot", &slot, "importing", &owner_id],
+    );
+    cluster_support::cli(
+        owner,
+        &["cluster", "setslot", &slot, "migrating", &target_id],
+    );
+    let mut batches = 0;
+    loop {
+        let keys = cluster_support::cli(owner, &["cluster", "getkeysinslot", &slot, "5"]);
+        let keys: Vec<&str> = keys.lines().filter(|key| !key.is_empty()).collect();
+        if keys.is_empty() {
+            break;
+        }
+        let port = target.to_string();
+        let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+        migrate.extend(keys);
+        let reply = cluster_support::cli(owner, &migrate);
+        assert!(
+            reply.trim() == "OK" || reply.trim() == "NOKEY",
+            "MIGRATE: {reply}"
+        );
+        batches += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for node in cluster.nodes() {
+        cluster_support::cli(
+            node.port(),
+            &["cluster", "setslot", &slot, "node", &target_id],
+        );
+    }
+    // Keep the load on a little while the clients learn the new owner (MOVED).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    done.store(true, Ordering::Relaxed);
+    let mut during = Vec::new();
+    while let Some(worker) = load.join_next().await {
+        during.extend(
+            worker
+                .unwrap()
+                .expect("no store error during the migration"),
+        );
+    }
+    let asked = command_calls(target).get("asking").copied().unwrap_or(0);
+    eprintln!(
+        "migrated slot {slot} from {owner} to {target} in {batches} batches; {} operations \
+         under load, {asked} ASK redirects followed",
+        during.len()
+    );
+    assert!(
+        asked > 0,
+        "the load met the migration: some operations were redirected with ASK"
+    );
+
+    // Nothing lost: every operation settled before or during the migration replays, now
+    // from the new owner.
+    let req = frozen("{\"amount\":7}");
+    for key in before.iter().chain(&during) {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"charged");
+    }
+    let moved: usize = cluster_support::cli(target, &["cluster", "countkeysinslot", &slot])
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        moved,
+        before.len() + during.len(),
+        "every record is on the new owner"
     );
 }

@@ -151,9 +151,9 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisError, Script, ScriptInvocation, Value};
+use ::redis::{Client, RedisError, Script, Value};
 
-use self::connection::Connection;
+use self::connection::{Connection, ScriptCall};
 
 #[cfg(feature = "redis-cluster")]
 mod cluster;
@@ -353,16 +353,13 @@ impl RedisStore {
 
     /// Run one script invocation: one `EVALSHA` (plus `SCRIPT LOAD` and a retry when Redis
     /// lost the script), bounded by the operation timeout.
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> Result<Vec<Value>, StoreError> {
+    async fn invoke(&self, call: &ScriptCall) -> Result<Vec<Value>, StoreError> {
         // A clone per call is how both connections are meant to be shared: they are an `Arc`.
         let mut connection = self.connection.clone();
-        let reply = tokio::time::timeout(
-            self.operation_timeout,
-            invocation.invoke_async::<Value>(&mut connection),
-        )
-        .await
-        .map_err(|_elapsed| StoreError::timeout())?
-        .map_err(from_redis)?;
+        let reply = tokio::time::timeout(self.operation_timeout, connection.run(call))
+            .await
+            .map_err(|_elapsed| StoreError::timeout())?
+            .map_err(from_redis)?;
         match reply {
             Value::Array(items) if !items.is_empty() => Ok(items),
             other => Err(StoreError::corrupt(format!(
@@ -372,8 +369,8 @@ impl RedisStore {
     }
 
     /// Run a transition that answers only `ok`, `fenced` or `corrupt`.
-    async fn settle(&self, invocation: &ScriptInvocation<'_>) -> Result<(), StoreError> {
-        let reply = self.invoke(invocation).await?;
+    async fn settle(&self, call: &ScriptCall) -> Result<(), StoreError> {
+        let reply = self.invoke(call).await?;
         match tag(&reply)? {
             b"ok" => Ok(()),
             b"fenced" => Err(StoreError::fenced()),
@@ -598,18 +595,16 @@ impl IdempotencyStore for RedisStore {
             // to offer scripts, and a `begin` sent again after a lost reply must bring the
             // same token to recognise its own claim.
             let token = request.token;
-            let mut invocation = BEGIN.prepare_invoke();
-            invocation
-                .key(self.redis_key(&request.key))
-                .arg(request.fingerprint.to_hex())
+            let mut call = ScriptCall::new(&BEGIN, self.redis_key(&request.key));
+            call.arg(request.fingerprint.to_hex())
                 .arg(token_hex(token))
                 .arg(millis(request.lease, 0))
                 .arg(millis(request.retention, 1))
                 .arg(if request.take_over { "1" } else { "0" });
             if let Some(frozen) = &request.frozen {
-                invocation.arg(frozen.encode());
+                call.arg(frozen.encode());
             }
-            let reply = self.invoke(&invocation).await?;
+            let reply = self.invoke(&call).await?;
             decode_begin(&reply, token)
         })
     }
@@ -622,21 +617,19 @@ impl IdempotencyStore for RedisStore {
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let mut invocation = COMPLETE.prepare_invoke();
-            invocation
-                .key(self.redis_key(&key))
-                .arg(token_hex(token))
+            let mut call = ScriptCall::new(&COMPLETE, self.redis_key(&key));
+            call.arg(token_hex(token))
                 .arg(outcome.encode())
                 .arg(millis(retention, 1));
-            self.settle(&invocation).await
+            self.settle(&call).await
         })
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let mut invocation = ABANDON.prepare_invoke();
-            invocation.key(self.redis_key(&key)).arg(token_hex(token));
-            self.settle(&invocation).await
+            let mut call = ScriptCall::new(&ABANDON, self.redis_key(&key));
+            call.arg(token_hex(token));
+            self.settle(&call).await
         })
     }
 
@@ -647,32 +640,25 @@ impl IdempotencyStore for RedisStore {
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let mut invocation = MARK_IN_DOUBT.prepare_invoke();
-            invocation
-                .key(self.redis_key(&key))
-                .arg(token_hex(token))
-                .arg(millis(retention, 1));
-            self.settle(&invocation).await
+            let mut call = ScriptCall::new(&MARK_IN_DOUBT, self.redis_key(&key));
+            call.arg(token_hex(token)).arg(millis(retention, 1));
+            self.settle(&call).await
         })
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {
         Box::pin(async move {
-            let mut invocation = INSPECT.prepare_invoke();
-            invocation.key(self.redis_key(&key));
-            let reply = self.invoke(&invocation).await?;
+            let call = ScriptCall::new(&INSPECT, self.redis_key(&key));
+            let reply = self.invoke(&call).await?;
             decode_inspect(&reply)
         })
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let mut invocation = RENEW.prepare_invoke();
-            invocation
-                .key(self.redis_key(&key))
-                .arg(token_hex(token))
-                .arg(millis(lease, 1));
-            self.settle(&invocation).await
+            let mut call = ScriptCall::new(&RENEW, self.redis_key(&key));
+            call.arg(token_hex(token)).arg(millis(lease, 1));
+            self.settle(&call).await
         })
     }
 }

@@ -469,3 +469,204 @@ async fn a_slot_migrated_under_load_loses_nothing() {
         "every record is on the new owner"
     );
 }
+
+/// `field:value` of `INFO <section>` on `port`.
+fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    cluster_support::cli(port, &["info", section])
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")).map(str::to_owned))
+}
+
+/// Wait until the replica on `replica` has everything its primary on `primary` wrote.
+async fn wait_until_replicated(primary: u16, replica: u16) {
+    let offset = |port, field| {
+        info_field(port, "replication", field)
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let written = offset(primary, "master_repl_offset");
+    for _ in 0..200 {
+        if offset(replica, "slave_repl_offset") >= written {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the replica on {replica} did not catch up with {primary}");
+}
+
+/// The primary holding `slot` (asked of `from`) and its replica.
+fn owner_and_replica(cluster: &RedisCluster, slot: &str, from: u16) -> (u16, u16) {
+    let owner = cluster
+        .primaries(from)
+        .into_iter()
+        .find(|port| {
+            cluster_support::cli(*port, &["cluster", "countkeysinslot", slot]).trim() != "0"
+        })
+        .expect("a primary holds the slot's records");
+    let replica = cluster
+        .replica_of(owner, from)
+        .expect("the primary has a replica");
+    (owner, replica)
+}
+
+/// A store whose records all share one slot (the hash tag in the prefix), so one primary
+/// and its replica hold them all; and that slot.
+async fn store_on_one_slot(cluster: &RedisCluster, tag: &str) -> (RedisStore, String) {
+    let store = connect(&cluster.urls(), &format!("{{{tag}}}:idem:")).await;
+    let any = cluster.nodes()[0].port();
+    let slot = cluster_support::cli(any, &["cluster", "keyslot", &format!("{{{tag}}}")])
+        .trim()
+        .to_owned();
+    (store, slot)
+}
+
+/// Settle `n` fresh operations; their keys.
+async fn settle(store: &RedisStore, n: usize) -> Vec<LedgerKey> {
+    let mut keys = Vec::with_capacity(n);
+    for _ in 0..n {
+        let key = fresh_key();
+        fresh_operation(store, key).await.unwrap();
+        keys.push(key);
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinated_failover_under_load_loses_nothing() {
+    let Some(cluster) = RedisCluster::spawn(3, 1).await else {
+        return;
+    };
+    let (store, slot) = store_on_one_slot(&cluster, "coordinated").await;
+    let before = settle(&store, 20).await;
+    let any = cluster.nodes()[0].port();
+    let (primary, replica) = owner_and_replica(&cluster, &slot, any);
+
+    let done = Arc::new(AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (store, done) = (store.clone(), done.clone());
+        load.spawn(async move {
+            let (mut settled, mut refused) = (Vec::new(), 0);
+            while !done.load(Ordering::Relaxed) {
+                let key = fresh_key();
+                match fresh_operation(&store, key).await {
+                    Ok(()) => settled.push(key),
+                    // Fail closed while the roles switch: an error, never a wrong answer.
+                    Err(err) if err.is_unavailable() || err.is_timeout() => refused += 1,
+                    Err(err) => panic!("unexpected error during the failover: {err:?}"),
+                }
+            }
+            (settled, refused)
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A manual failover: the primary stops taking writes, the replica catches up, then
+    // takes over. Asked of the replica, as an operator (or an orchestrator) does.
+    let started = std::time::Instant::now();
+    let reply = cluster_support::cli(replica, &["cluster", "failover"]);
+    assert_eq!(reply.trim(), "OK", "CLUSTER FAILOVER: {reply}");
+    while !cluster.primaries(replica).contains(&replica) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let switched = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    done.store(true, Ordering::Relaxed);
+    let (mut during, mut refused) = (Vec::new(), 0);
+    while let Some(worker) = load.join_next().await {
+        let (settled, errors) = worker.unwrap();
+        during.extend(settled);
+        refused += errors;
+    }
+    eprintln!(
+        "coordinated failover of {primary} to {replica} in {switched:?}: {} operations \
+         settled under load, {refused} refused while the roles switched",
+        during.len()
+    );
+    let req = frozen("{\"amount\":7}");
+    for key in before.iter().chain(&during) {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"charged");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_lost_before_its_replica_caught_up_loses_what_was_not_replicated() {
+    let Some(mut cluster) = RedisCluster::spawn(3, 1).await else {
+        return;
+    };
+    let (store, slot) = store_on_one_slot(&cluster, "lost").await;
+    let replicated = settle(&store, 20).await;
+    let any = cluster.nodes()[0].port();
+    let (primary, replica) = owner_and_replica(&cluster, &slot, any);
+    wait_until_replicated(primary, replica).await;
+
+    // The replica falls behind: frozen, and its replication link dropped, so nothing the
+    // primary acknowledges from now on reaches it.
+    cluster.pause(replica);
+    cluster_support::cli(primary, &["client", "kill", "type", "replica"]);
+
+    // With `min-replicas-to-write 1` the primary refuses writes it cannot replicate: the
+    // store fails closed, no claim is handed out, no side effect can fire.
+    cluster_support::cli(primary, &["config", "set", "min-replicas-to-write", "1"]);
+    let req = frozen("{\"amount\":7}");
+    let refused = store.begin(request(fresh_key(), &req)).await;
+    match &refused {
+        Err(err) => assert!(err.is_unavailable(), "{err:?}"),
+        Ok(begin) => panic!("an unreplicated claim was handed out: {begin:?}"),
+    }
+
+    // Without it (the default), the primary acknowledges what only it holds.
+    cluster_support::cli(primary, &["config", "set", "min-replicas-to-write", "0"]);
+    let unreplicated = settle(&store, 20).await;
+
+    // The primary dies; the replica, back, is promoted without waiting for it.
+    let killed = std::time::Instant::now();
+    cluster.kill(primary);
+    cluster.resume(replica);
+    let reply = cluster_support::cli(replica, &["cluster", "failover", "takeover"]);
+    assert_eq!(reply.trim(), "OK", "CLUSTER FAILOVER TAKEOVER: {reply}");
+
+    // The same store finds the new primary by itself; until then it fails closed.
+    let mut failed_closed = 0;
+    loop {
+        match store.begin(request(replicated[0], &req)).await {
+            Ok(begin) => {
+                assert_replay(begin, b"charged");
+                break;
+            }
+            Err(err) => {
+                assert!(err.is_unavailable() || err.is_timeout(), "{err:?}");
+                failed_closed += 1;
+                assert!(
+                    killed.elapsed() < Duration::from_secs(15),
+                    "the store never found the promoted replica"
+                );
+            }
+        }
+    }
+    let recovered = killed.elapsed();
+
+    // What was replicated survived; what the primary alone held is gone: its operations
+    // read as never seen, and a retry of one would run it again.
+    for key in &replicated {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"charged");
+    }
+    let mut lost = 0;
+    for key in &unreplicated {
+        if store.inspect(*key).await.unwrap().is_none() {
+            lost += 1;
+        }
+    }
+    eprintln!(
+        "primary {primary} killed, replica {replica} promoted: the store answered again after \
+         {recovered:?} ({failed_closed} calls failed closed meanwhile); {} of {} replicated \
+         operations kept, {lost} of {} acknowledged but unreplicated operations lost",
+        replicated.len(),
+        replicated.len(),
+        unreplicated.len()
+    );
+    assert_eq!(
+        lost,
+        unreplicated.len(),
+        "asynchronous replication: every acknowledged write the replica never received is lost"
+    );
+}

@@ -12,6 +12,9 @@
 #[path = "support/redis_cluster.rs"]
 mod cluster_support;
 
+#[path = "support/redis.rs"]
+mod redis_support;
+
 #[path = "support/orders.rs"]
 mod orders;
 
@@ -668,5 +671,85 @@ async fn a_primary_lost_before_its_replica_caught_up_loses_what_was_not_replicat
         lost,
         unreplicated.len(),
         "asynchronous replication: every acknowledged write the replica never received is lost"
+    );
+}
+
+/// The median and the 99th percentile of `samples`.
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// Per-operation latency of `store`: `n` fresh operations (begin + complete), then a replay
+/// of each.
+async fn latencies(store: &RedisStore, n: usize) -> [(Duration, Duration); 2] {
+    let req = frozen("{\"amount\":1}");
+    let (mut fresh, mut replay, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        let key = fresh_key();
+        let started = std::time::Instant::now();
+        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        store
+            .complete(key, token, response("done"), RETENTION)
+            .await
+            .unwrap();
+        fresh.push(started.elapsed());
+        keys.push(key);
+    }
+    for key in keys {
+        let started = std::time::Instant::now();
+        assert_replay(store.begin(request(key, &req)).await.unwrap(), b"done");
+        replay.push(started.elapsed());
+    }
+    [percentiles(fresh), percentiles(replay)]
+}
+
+#[tokio::test]
+async fn an_operation_on_the_cluster_costs_what_it_costs_on_one_redis() {
+    // Both in one run, on the same machine: one private single-node Redis, one private
+    // cluster, the same operations, one after the other.
+    let Some(single) = redis_support::RedisServer::spawn().await else {
+        return;
+    };
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let single_store = RedisStore::builder(single.url())
+        .prefix(unique_prefix())
+        .connect()
+        .await
+        .unwrap();
+    let cluster_store = connect(&cluster.urls(), &unique_prefix()).await;
+    // Warm both up (connections, slot map), then measure.
+    latencies(&single_store, 20).await;
+    latencies(&cluster_store, 20).await;
+    let n = 300;
+    let [single_fresh, single_replay] = latencies(&single_store, n).await;
+    let [cluster_fresh, cluster_replay] = latencies(&cluster_store, n).await;
+    eprintln!(
+        "{n} operations each (median / p99): fresh single {:?} / {:?}, cluster {:?} / {:?}; \
+         replay single {:?} / {:?}, cluster {:?} / {:?}",
+        single_fresh.0,
+        single_fresh.1,
+        cluster_fresh.0,
+        cluster_fresh.1,
+        single_replay.0,
+        single_replay.1,
+        cluster_replay.0,
+        cluster_replay.1
+    );
+    // The same round trips (two, one), straight to the key's primary: no more than the
+    // cluster client's own bookkeeping on top. Loose bounds: the machine is shared.
+    let slack = Duration::from_millis(1);
+    assert!(
+        cluster_fresh.0 <= single_fresh.0 * 2 + slack,
+        "fresh: cluster {cluster_fresh:?} against single {single_fresh:?}"
+    );
+    assert!(
+        cluster_replay.0 <= single_replay.0 * 2 + slack,
+        "replay: cluster {cluster_replay:?} against single {single_replay:?}"
     );
 }

@@ -569,6 +569,10 @@ async fn a_coordinated_failover_under_load_loses_nothing() {
     let reply = cluster_support::cli(replica, &["cluster", "failover"]);
     assert_eq!(reply.trim(), "OK", "CLUSTER FAILOVER: {reply}");
     while !cluster.primaries(replica).contains(&replica) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the replica on {replica} was never promoted"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let switched = started.elapsed();

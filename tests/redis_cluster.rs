@@ -1,6 +1,7 @@
-//! `RedisStore` over a real local Redis Cluster: the conformance suite, round trips, two
-//! client stacks through different nodes, a slot migrated under load, and a primary lost
-//! to a failover.
+//! `RedisStore` over a real local Redis Cluster: the conformance suite, round trips and
+//! latency against one Redis, two client stacks through different nodes, a slot migrated
+//! under load, a frozen primary against the operation timeout, and primaries lost to
+//! failovers.
 //!
 //! The tests start their own clusters (see `support/redis_cluster.rs`): one shared cluster
 //! of three primaries for the tests that leave its topology alone (each with a key prefix
@@ -756,4 +757,64 @@ async fn an_operation_on_the_cluster_costs_what_it_costs_on_one_redis() {
         cluster_replay.0 <= single_replay.0 * 2 + slack,
         "replay: cluster {cluster_replay:?} against single {single_replay:?}"
     );
+}
+
+#[tokio::test]
+async fn a_frozen_primary_trips_the_operation_timeout_and_the_same_store_recovers() {
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .prefix("{frozen}:idem:")
+        .operation_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let settled = settle(&store, 1).await;
+    let slot = cluster_support::cli(
+        cluster.nodes()[0].port(),
+        &["cluster", "keyslot", "{frozen}"],
+    )
+    .trim()
+    .to_owned();
+    let owner = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.port())
+        .find(|port| {
+            cluster_support::cli(*port, &["cluster", "countkeysinslot", &slot]).trim() != "0"
+        })
+        .unwrap();
+
+    // Frozen: connections stay open, nothing is answered. Each call gives up at the
+    // operation timeout, closed: an error, never a claim.
+    cluster.pause(owner);
+    let req = frozen("{\"amount\":7}");
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        match store.begin(request(fresh_key(), &req)).await {
+            Err(err) => assert!(err.is_timeout() || err.is_unavailable(), "{err:?}"),
+            Ok(begin) => panic!("answered {begin:?} while the slot's primary was frozen"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(800),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    // Back: the same store works again, and what was settled is still there.
+    cluster.resume(owner);
+    let started = std::time::Instant::now();
+    loop {
+        match store.begin(request(settled[0], &req)).await {
+            Ok(begin) => {
+                assert_replay(begin, b"charged");
+                break;
+            }
+            Err(_) if started.elapsed() < Duration::from_secs(10) => {}
+            Err(err) => panic!("the store did not recover: {err:?}"),
+        }
+    }
+    fresh_operation(&store, fresh_key()).await.unwrap();
 }

@@ -41,7 +41,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower::retry::Policy;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::Client;
+use tower_idempotency::idempotency::ClientFace;
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{
@@ -307,6 +307,16 @@ enum LedgerChoice {
     },
 }
 
+impl std::fmt::Display for LedgerChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Memory => f.write_str("in this process (MemoryStore)"),
+            #[cfg(feature = "redis")]
+            Self::Redis { prefix, .. } => write!(f, "Redis at REDIS_URL, keys under {prefix}"),
+        }
+    }
+}
+
 static LEDGER: std::sync::OnceLock<LedgerChoice> = std::sync::OnceLock::new();
 
 fn choose_ledger() -> LedgerChoice {
@@ -339,7 +349,7 @@ async fn ledger() -> Arc<dyn IdempotencyStore> {
 
 /// Our client layer. The lease is short so that, after a crash nothing could clean up
 /// after (a SIGKILL), the resumed orchestrator waits seconds, not a minute.
-fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<Client> {
+fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<ClientFace> {
     IdempotencyLayer::client_builder(store)
         .lease(Duration::from_secs(2))
         .retry_window(Duration::from_secs(1))
@@ -376,24 +386,28 @@ async fn charge_after_timeout(provider: &Provider, base: &str) -> Row {
         status_of(&naive_result)
     );
 
-    // Ours: the key comes from (task_id, step_id); retries resend the frozen bytes.
-    let body = json!({"order_id": "order_43", "amount_cents": 1999});
+    // Ours: the same charge of order_42. The key comes from (task_id, step_id); retries
+    // resend the frozen bytes.
+    let op = OperationId::new("task-1", "charge_customer");
+    println!(
+        "  ours:  the key derived from (task-1, charge_customer), sent on every attempt:\n         Idempotency-Key: {}",
+        op.key("").header_value().to_str().expect("a derived key is ASCII")
+    );
     provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
     let ours = ServiceBuilder::new()
         .layer(our_layer(ledger().await, DriftPolicy::Reject))
         .layer(FrozenRetryLayer::new(our_retry_policy()))
         .service(hyper_client());
     let mut req = json_post(&uri, &body);
-    req.extensions_mut()
-        .insert(OperationId::new("task-1", "charge_customer"));
+    req.extensions_mut().insert(op);
     let response = ours
         .oneshot(req)
         .await
         .expect("our stack gets the real answer");
     let receipt = response.into_body().collect().await.unwrap().to_bytes();
-    let our_charges = provider.charges_for("order_43");
+    let our_charges = provider.charges_for("order_42") - naive_charges;
     println!(
-        "  ours:  201 {}; charges for order_43: {our_charges}",
+        "  ours:  201 {}; charges for order_42 made by this stack: {our_charges}",
         String::from_utf8_lossy(&receipt)
     );
     Row {
@@ -412,8 +426,10 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
     let mut agent = Agent::default();
     provider.trouble_next("orders", Trouble::ErrorAfterWrite);
     let client = hyper_client();
+    let mut runs = Vec::new();
     for _attempt in 0..3 {
         let call = agent.create_order_call();
+        runs.push(call["fulfillment_intent_id"].clone());
         let response = client.request(json_post(&uri, &call)).await.unwrap();
         if response.status().is_success() {
             break;
@@ -425,9 +441,12 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
         agent.runs
     );
     for row in provider.order_rows("ord_8f21c3") {
+        let intent = &row["fulfillment_intent_id"];
+        let run = runs.iter().position(|id| id == intent).map_or(0, |i| i + 1);
         println!(
-            "         {} {}",
-            row["fulfillment_intent_id"], row["summary"]
+            "         agent run {run}: {} {}",
+            intent.as_str().unwrap_or_default(),
+            row["summary"]
         );
     }
 
@@ -449,9 +468,9 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
     provider.trouble_next("orders", Trouble::ErrorAfterWrite);
     let response = ours.clone().oneshot(restock(&call)).await.unwrap();
     println!(
-        "  ours:  {} after a 500; the agent ran {} time",
+        "  ours:  agent run 1: {}; {} after a 500, the retry resent its frozen bytes",
+        call["fulfillment_intent_id"].as_str().unwrap_or_default(),
         response.status(),
-        agent.runs
     );
 
     // The orchestrator re-runs the whole agent step: new bytes under the same operation.
@@ -465,7 +484,10 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
         .and_then(|d| d.changed_fields())
         .map(|f| f.join(", "))
         .unwrap_or_default();
-    println!("  ours:  the agent re-run was refused as drift; changed fields: {fields}");
+    println!(
+        "  ours:  agent run 2 (the orchestrator re-ran the step): {}, refused as drift; changed fields: {fields}",
+        rerun["fulfillment_intent_id"].as_str().unwrap_or_default()
+    );
     let our_rows = provider.order_rows_for("ord_restock_2");
     println!("         rows for ord_restock_2: {our_rows}");
     Row {
@@ -550,12 +572,17 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     let mut req = json_post(&uri, &regenerated);
     req.extensions_mut().insert(op);
     let response = after_restart.oneshot(req).await.expect("resumed");
-    let source = response.extensions().get::<ResponseSource>().copied();
+    let how = match response.extensions().get::<ResponseSource>() {
+        Some(ResponseSource::Resent) => "resent the frozen bytes",
+        Some(ResponseSource::Replayed) => "replayed the recorded answer",
+        Some(ResponseSource::Sent) => "sent for the first time",
+        _ => "sent unprotected",
+    };
     let row: Value =
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let our_rows = provider.order_rows_for("ord_crash_ours");
     println!(
-        "  ours:  resumed ({source:?}); the provider answered with {} (the first run's id); rows: {our_rows}",
+        "  ours:  resumed ({how}); the provider answered with {} (the first run's id); rows: {our_rows}",
         row["fulfillment_intent_id"]
     );
     assert_eq!(row["fulfillment_intent_id"], first["fulfillment_intent_id"]);
@@ -613,7 +640,7 @@ async fn main() {
     let _ = args;
     LEDGER.set(choose_ledger()).unwrap();
     let (provider, base) = start_provider().await;
-    println!("ledger: {:?}", LEDGER.get().unwrap());
+    println!("ledger: {}", LEDGER.get().unwrap());
     println!("provider listening on {base}\n");
 
     println!("1. charge_customer(order_42): the answer is slower than the caller's timeout");

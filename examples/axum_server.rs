@@ -89,12 +89,19 @@ pub fn app(store: impl IdempotencyStore, provider_latency: Duration) -> Router {
         next_id: Arc::new(AtomicU64::new(1)),
         provider_latency,
     };
-    Router::new()
-        .route("/charges", post(create_charge).get(list_charges))
-        // `route_layer`: requests to unknown paths get their plain 404, not a missing-key 400.
+    // The layers go on the method router, around the methods it serves: axum's own answers
+    // (`404` for an unknown path, `405` for a method `/charges` does not serve) are given
+    // outside them, untouched. Layered on the whole `Router`, the idempotency layer would
+    // also wrap the `405` fallback: a keyless `PATCH` would get `400 key-missing`, and a
+    // keyed one would have its `405` recorded and replayed.
+    let charges = post(create_charge)
+        // Only `POST` goes through the ledger.
         .route_layer(idempotency)
-        // Added last, so it runs first: no tenant, no ledger access.
-        .route_layer(middleware::from_fn(authenticate))
+        .get(list_charges)
+        // Added last, so it runs first, for every method served: no tenant, no ledger access.
+        .route_layer(middleware::from_fn(authenticate));
+    Router::new()
+        .route("/charges", charges)
         .with_state(payments)
 }
 

@@ -16,7 +16,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
-use super::decision::{self, Decision, Face, WireKey};
+use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
@@ -46,7 +46,7 @@ pub enum DriftPolicy {
 
 /// The client face's configuration (see [`ClientBuilder`]).
 #[derive(Debug)]
-pub struct Client {
+pub struct ClientFace {
     ledger: Ledger,
     scope: String,
     require_key: bool,
@@ -65,6 +65,7 @@ pub struct Client {
     warned_unprotected: std::sync::atomic::AtomicBool,
     /// Whether a retry layer outside this one was already reported.
     warned_order: std::sync::atomic::AtomicBool,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl fmt::Debug for dyn ClassifyPhase {
@@ -121,6 +122,7 @@ pub struct ClientBuilder {
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl ClientBuilder {
@@ -140,6 +142,7 @@ impl ClientBuilder {
             fail_open: false,
             provider_deduplicates: true,
             phase_classifier: None,
+            on_outcome: None,
         }
     }
 
@@ -264,6 +267,28 @@ impl ClientBuilder {
         self
     }
 
+    /// Call `hook` once per request that reached the ledger, when its answer is known,
+    /// with what it came to: the face, the last decision, the key's digest, the status
+    /// (when there was a response) and how long it took. See [`OutcomeEvent`].
+    ///
+    /// For observability of your own (another metrics system, an audit log). Unset, it
+    /// costs nothing: no clock is read and no digest is computed. The hook runs on the
+    /// request's task, inside its span: keep it short and never block in it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .on_outcome(|event| eprintln!("{} {}", event.decision().as_str(), event.key_digest()))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
+        self
+    }
+
     /// The same, sharing a classifier with the retry layer.
     pub(crate) fn shared_phase_classifier(mut self, classifier: Arc<dyn ClassifyPhase>) -> Self {
         self.phase_classifier = Some(classifier);
@@ -275,7 +300,7 @@ impl ClientBuilder {
     /// Refuses a zero lease, a retention shorter than the retry window plus the lease (a
     /// record would vanish while its operation can still retry) and a protected window
     /// shorter than that (a full store could evict an operation still being retried).
-    pub fn build(self) -> Result<IdempotencyLayer<Client>, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
         let must_keep = self.retry_window + self.lease;
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
@@ -292,7 +317,7 @@ impl ClientBuilder {
                 "the protected window ({protected:?}) must be at least the retry window plus the lease ({must_keep:?})"
             )));
         }
-        let client = Client {
+        let client = ClientFace {
             ledger: Ledger::new(self.store, self.lease, self.retention, protected),
             scope: self.scope,
             require_key: self.require_key,
@@ -307,12 +332,13 @@ impl ClientBuilder {
             warned_window: std::sync::atomic::AtomicBool::new(false),
             warned_unprotected: std::sync::atomic::AtomicBool::new(false),
             warned_order: std::sync::atomic::AtomicBool::new(false),
+            on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(client))
     }
 }
 
-impl IdempotencyLayer<Client> {
+impl IdempotencyLayer<ClientFace> {
     /// The client layer with default settings over `store`.
     ///
     /// See the [module docs](crate::idempotency) for the stack it belongs in.
@@ -328,7 +354,7 @@ impl IdempotencyLayer<Client> {
     }
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Client>
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ClientFace>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -354,8 +380,13 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let span =
             tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
+        let started = self
+            .face
+            .on_outcome
+            .is_some()
+            .then(tokio::time::Instant::now);
         ClientFuture {
-            inner: Box::pin(run(inner, self.face.clone(), req).instrument(span)),
+            inner: Box::pin(run(inner, self.face.clone(), req, started).instrument(span)),
         }
     }
 }
@@ -382,7 +413,13 @@ impl<T> fmt::Debug for ClientFuture<T> {
     }
 }
 
-impl Client {
+impl ClientFace {
+    /// Whether an `on_outcome` hook wants to hear of each operation (and its duration).
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn on_outcome_set(&self) -> bool {
+        self.on_outcome.is_some()
+    }
+
     /// A side effect without an `OperationId` or a key passed through, unprotected: the retry
     /// layer inside will not resend it once it may have left, but a caller's own retry runs
     /// it again. Visible in every response (`ResponseSource::Unprotected`) and a `DEBUG`
@@ -455,7 +492,7 @@ fn into_error(error: BoxError, phase: FailurePhase) -> Error {
 /// with another method, path or body) it is a drift, never a replay of the first target's
 /// answer, since the fingerprint covers the whole target.
 fn identify<B>(
-    client: &Client,
+    client: &ClientFace,
     req: &mut Request<B>,
 ) -> Result<Option<(LedgerKey, WireKey)>, Error> {
     if let Some(key) = HeaderKey::from_headers(req.headers()).map_err(Error::from_invalid_key)? {
@@ -480,10 +517,13 @@ fn identify<B>(
     Ok(None)
 }
 
-async fn run<S, B, ResBody>(
+/// One logical operation through the client face. `inner` need not be `'static` or
+/// `Clone`: it is called once (the retries, if any, are its own).
+pub(crate) async fn run<S, B, ResBody>(
     inner: S,
-    client: Arc<Client>,
+    client: Arc<ClientFace>,
     mut req: Request<B>,
+    started: Option<tokio::time::Instant>,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
@@ -515,6 +555,28 @@ where
     if !span.is_disabled() {
         span.record("key", tracing::field::display(decision::KeyDigest(&wire)));
     }
+    let track = Track::new(Face::Client, Some(wire));
+    let result = operate(inner, &client, key, frozen, extensions, &track).await;
+    let status = result.as_ref().ok().map(|response| response.status());
+    track.report(client.on_outcome.as_ref(), started, status);
+    result
+}
+
+/// The ledger's part of one keyed operation: `begin`, then send, resend, replay or refuse.
+async fn operate<S, ResBody>(
+    inner: S,
+    client: &ClientFace,
+    key: LedgerKey,
+    frozen: FrozenRequest,
+    extensions: Extensions,
+    track: &Track,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
     let mut begin = client
         .ledger
         .request(key, frozen.fingerprint())
@@ -527,7 +589,7 @@ where
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
             tracing::warn!(%err, "ledger unavailable; sending without protection (fail-open)");
-            return pass_through(inner, &client, &frozen, extensions).await;
+            return pass_through(inner, client, &frozen, extensions).await;
         }
         Err(err) => {
             let decided = if err.is_full() {
@@ -535,7 +597,7 @@ where
             } else {
                 Decision::Unavailable
             };
-            decision::log(Face::Client, decided, &wire);
+            track.decided(decided);
             return Err(Error::store(err));
         }
     };
@@ -564,13 +626,13 @@ where
         }
         other => other,
     };
-    decision::log(Face::Client, decision_of(&answer), &wire);
+    track.decided(decision_of(&answer));
     match answer {
         Begin::Acquired { token } => {
             send(
                 inner,
-                &client,
-                (key, &wire),
+                client,
+                (key, track),
                 token,
                 &to_send,
                 extensions,
@@ -591,8 +653,8 @@ where
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
             send(
                 inner,
-                &client,
-                (key, &wire),
+                client,
+                (key, track),
                 token,
                 &original,
                 extensions,
@@ -660,7 +722,7 @@ fn replay<T>(outcome: Outcome) -> Result<Response<ResponseBody<T>>, Error> {
 /// Call `inner` once with the frozen request, outside the ledger.
 async fn pass_through<S, ResBody>(
     inner: S,
-    client: &Client,
+    client: &ClientFace,
     frozen: &FrozenRequest,
     extensions: Extensions,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
@@ -691,8 +753,8 @@ where
 /// Send the frozen request as the operation's owner and settle the lease by what happened.
 async fn send<S, ResBody>(
     inner: S,
-    client: &Client,
-    (key, wire): (LedgerKey, &WireKey),
+    client: &ClientFace,
+    (key, track): (LedgerKey, &Track),
     token: LeaseToken,
     frozen: &FrozenRequest,
     mut extensions: Extensions,
@@ -713,16 +775,16 @@ where
     let result = lease.renewing(call).await;
     client.check_real_retry_window(&handoff);
     match result {
-        Ok(response) => settle_response(client, lease, response, source, wire).await,
+        Ok(response) => settle_response(client, lease, response, source, track).await,
         Err(error) => {
             let phase = classify(&*error, client.phase_classifier.as_deref());
             // Sticky: an earlier attempt inside (reported by the retry layer) may have left
             // even when the last one was refused before writing.
             let settled = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
-                decision::log(Face::Client, Decision::InDoubt, wire);
+                track.decided(Decision::InDoubt);
                 lease.mark_in_doubt().await
             } else {
-                decision::log(Face::Client, Decision::Released, wire);
+                track.decided(Decision::Released);
                 lease.abandon().await
             };
             if let Err(err) = settled {
@@ -756,11 +818,11 @@ fn detached_headers(headers: &http::HeaderMap) -> http::HeaderMap {
 /// Record a response (or a tombstone), or leave the operation in doubt when the response
 /// says "try again" — a later run resends the frozen bytes rather than replaying a 503.
 async fn settle_response<ResBody>(
-    client: &Client,
+    client: &ClientFace,
     lease: LeaseGuard,
     response: Response<ResBody>,
     source: ResponseSource,
-    wire: &WireKey,
+    track: &Track,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     ResBody: Body<Data = Bytes> + Unpin,
@@ -770,7 +832,7 @@ where
     // Only answers that mean "come back later" leave the operation open; any other
     // answer, a business `409` ("already exists") included, is its final outcome.
     if is_retryable_status(status) || is_in_progress_answer(status, response.headers()) {
-        decision::log(Face::Client, Decision::InDoubt, wire);
+        track.decided(Decision::InDoubt);
         if let Err(err) = lease.mark_in_doubt().await {
             tracing::warn!(%err, "could not mark the operation in doubt");
         }

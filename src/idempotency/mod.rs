@@ -109,7 +109,7 @@
 //! For a service that performs the side effect: IETF `Idempotency-Key` semantics
 //! (draft-ietf-httpapi-idempotency-key-header) in front of your handlers, as a plain tower
 //! layer. It wraps any `Service<Request<RequestBody<B>>>` (an axum `Router` or handler, a
-//! hyper service) and keeps its error type, so it drops into `Router::layer` with
+//! hyper service) and keeps its error type, so it drops into axum's `route_layer` with
 //! `Infallible` intact: every idempotency outcome is an HTTP response.
 //!
 //! ```
@@ -126,9 +126,10 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let app = Router::new()
-//!     .route("/charges", post(charge))
-//!     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+//! let app = Router::new().route(
+//!     "/charges",
+//!     post(charge).route_layer(IdempotencyLayer::server(MemoryStore::new())),
+//! );
 //! // axum::serve(listener, app).await
 //!
 //! let charge_order_42 = || {
@@ -147,8 +148,15 @@
 //! ```
 //!
 //! `examples/axum_server.rs` is a complete payments service built this way
-//! (`cargo run --example axum_server`). Prefer `Router::route_layer` to `Router::layer`:
-//! with `layer`, a `POST` to an unknown path gets the layer's `400` instead of axum's `404`.
+//! (`cargo run --example axum_server`).
+//!
+//! **Layer the method router, not the `Router`.** Put the layer around the methods that
+//! have side effects (`post(charge).route_layer(layer)`): axum then answers an unknown
+//! path (`404`) and a method the route does not serve (`405`) outside it. `Router::layer` and `Router::route_layer` also wrap axum's
+//! method-not-allowed fallback, so a keyless `PATCH` to a `POST`-only route would get
+//! `400 key-missing` instead of `405`, and a keyed one would have its `405` recorded and
+//! replayed (`Router::layer` wraps the `404` fallback too). The layer cannot tell on its
+//! own: wrapped around a whole router, it does not know which methods a route serves.
 //!
 //! ## What it answers
 //!
@@ -276,9 +284,15 @@
 //! for `drift`, `full` and `unavailable`, `INFO` for `in_doubt` and `resumed`, `DEBUG` for
 //! the rest. The client span `idempotency` (`face = "client"`) carries the same digest as
 //! `key`.
+//!
+//! For observability of your own, `on_outcome` on either builder
+//! ([`ClientBuilder::on_outcome`], [`ServerBuilder::on_outcome`],
+//! [`ClientStackBuilder::on_outcome`]) calls a hook once per request that reached the
+//! ledger, with an [`OutcomeEvent`]: the face, the last decision, the key's digest, the
+//! status when there was a response, and the time taken. Unset, it costs nothing.
 
 mod body;
-mod client;
+pub(crate) mod client;
 mod decision;
 mod engine;
 mod layer;
@@ -286,15 +300,99 @@ mod server;
 mod stack;
 
 pub use body::ResponseBody;
-pub use client::{Client, ClientBuilder, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
+pub use client::{ClientBuilder, ClientFace, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
+pub use decision::{Decision, Face, OutcomeEvent};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use server::{
-    problem, InDoubtPolicy, RequestBody, Server, ServerBuilder, ServerErrorPolicy, ServerFuture,
-    DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW, IDEMPOTENCY_FAIL_OPEN,
+    problem, InDoubtPolicy, RequestBody, ServerBuilder, ServerErrorPolicy, ServerFace,
+    ServerFuture, DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW, IDEMPOTENCY_FAIL_OPEN,
     IDEMPOTENT_REPLAYED,
 };
 pub use stack::{ClientStack, ClientStackBuilder};
+
+/// The client [`IdempotencyLayer`], as [`IdempotencyLayer::client`] and
+/// [`ClientBuilder::build`] return it.
+///
+/// ```
+/// use tower_idempotency::{idempotency::ClientLayer, ledger::MemoryStore, IdempotencyLayer};
+///
+/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub type ClientLayer = IdempotencyLayer<ClientFace>;
+
+/// The server [`IdempotencyLayer`], as [`IdempotencyLayer::server`] and
+/// [`ServerBuilder::build`] return it.
+///
+/// ```
+/// use tower_idempotency::{idempotency::ServerLayer, ledger::MemoryStore, IdempotencyLayer};
+///
+/// let layer: ServerLayer = IdempotencyLayer::server(MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub type ServerLayer = IdempotencyLayer<ServerFace>;
+
+/// The server layer's service around `S` (an axum handler or router, a hyper service).
+///
+/// ```
+/// use tower::Layer;
+/// use tower_idempotency::idempotency::ServerService;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let handler = tower::service_fn(|_req: http::Request<tower_idempotency::idempotency::RequestBody<String>>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let service: ServerService<_> = IdempotencyLayer::server(MemoryStore::new()).layer(handler);
+/// # let _ = service;
+/// ```
+pub type ServerService<S> = Idempotency<S, ServerFace>;
+
+/// The whole client stack around the transport `S`, as a [`ClientStack`] builds it:
+/// [`IdempotencyLayer`] outside, [`FrozenRetry`](crate::retry::FrozenRetry) inside.
+///
+/// ```
+/// use tower::Layer;
+/// use tower_idempotency::idempotency::ClientStackService;
+/// use tower_idempotency::testing::SideEffectService;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
+/// let client: ClientStackService<SideEffectService> = stack.layer(SideEffectService::new());
+/// # let _ = client;
+/// ```
+pub type ClientStackService<S> = Idempotency<crate::retry::FrozenRetry<S>, ClientFace>;
+
+/// The client stack over hyper-util's legacy client with connector `C` (feature
+/// `hyper-util`), the stack of the README's quickstart.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use hyper_util::client::legacy::{connect::HttpConnector, Client};
+/// use hyper_util::rt::TokioExecutor;
+/// use tower::Layer;
+/// use tower_idempotency::idempotency::HyperClientStack;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
+/// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+/// let client: HyperClientStack<HttpConnector> = stack.layer(http);
+/// # let _ = client;
+/// ```
+#[cfg(feature = "hyper-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hyper-util")))]
+pub type HyperClientStack<C> =
+    ClientStackService<hyper_util::client::legacy::Client<C, http_body_util::Full<bytes::Bytes>>>;
+
+/// Renamed [`ClientFace`]: `Client` clashed with hyper-util's and reqwest's `Client` in
+/// type errors.
+#[deprecated(note = "renamed `ClientFace`; or use the `ClientLayer` alias")]
+pub type Client = ClientFace;
+
+/// Renamed [`ServerFace`], after [`ClientFace`].
+#[deprecated(note = "renamed `ServerFace`; or use the `ServerLayer` alias")]
+pub type Server = ServerFace;
 
 /// Where a response came from: a response extension set by the client
 /// [`IdempotencyLayer`] on every response of a side-effecting request. (The server face

@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::client::decision_of;
-use super::decision::{self, Decision, Face, WireKey};
+use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::effect::EffectClass;
@@ -196,7 +196,7 @@ impl Scope {
 
 /// The server face's configuration (see [`ServerBuilder`] and the
 /// [module docs](crate::idempotency#the-server-face)).
-pub struct Server {
+pub struct ServerFace {
     ledger: Ledger,
     scope: Scope,
     methods: Vec<Method>,
@@ -210,11 +210,12 @@ pub struct Server {
     fail_open: bool,
     cancel_on_disconnect: bool,
     retry_after: Duration,
+    on_outcome: Option<OutcomeHook>,
 }
 
-impl fmt::Debug for Server {
+impl fmt::Debug for ServerFace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Server")
+        f.debug_struct("ServerFace")
             .field("ledger", &self.ledger)
             .field("methods", &self.methods)
             .field("require_key", &self.require_key)
@@ -285,6 +286,7 @@ pub struct ServerBuilder {
     fail_open: bool,
     cancel_on_disconnect: bool,
     retry_after: Duration,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl fmt::Debug for ServerBuilder {
@@ -348,6 +350,7 @@ impl ServerBuilder {
             fail_open: false,
             cancel_on_disconnect: false,
             retry_after: Duration::from_secs(1),
+            on_outcome: None,
         }
     }
 
@@ -528,6 +531,28 @@ impl ServerBuilder {
         self
     }
 
+    /// Call `hook` once per keyed request that reached the ledger, when its answer is
+    /// known, with what it came to: the face, the decision, the key's digest, the status
+    /// answered and how long it took. See [`OutcomeEvent`].
+    ///
+    /// For observability of your own. Unset, it costs nothing: no clock is read and no
+    /// copy of the key is kept. The hook runs on the request's task, inside its span: keep
+    /// it short and never block in it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .on_outcome(|event| eprintln!("{} {:?}", event.decision().as_str(), event.status()))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
+        self
+    }
+
     /// Check the settings and build the layer.
     ///
     /// Refuses a zero lease, a retention not longer than the lease (an in-flight record
@@ -544,7 +569,7 @@ impl ServerBuilder {
     ///     .unwrap_err();
     /// assert!(err.to_string().contains("set-cookie"));
     /// ```
-    pub fn build(self) -> Result<IdempotencyLayer<Server>, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer<ServerFace>, ConfigError> {
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }
@@ -572,7 +597,7 @@ impl ServerBuilder {
                 "the {never} header must never be replayed"
             )));
         }
-        let server = Server {
+        let server = ServerFace {
             ledger: Ledger::new(self.store, self.lease, self.retention, self.protected),
             scope: self.scope,
             methods: self.methods,
@@ -586,12 +611,13 @@ impl ServerBuilder {
             fail_open: self.fail_open,
             cancel_on_disconnect: self.cancel_on_disconnect,
             retry_after: self.retry_after,
+            on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(server))
     }
 }
 
-impl IdempotencyLayer<Server> {
+impl IdempotencyLayer<ServerFace> {
     /// The server layer with default settings over `store`.
     ///
     /// See the [module docs](crate::idempotency#the-server-face) and [`ServerBuilder`]
@@ -601,9 +627,10 @@ impl IdempotencyLayer<Server> {
     /// use axum::{routing::post, Router};
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
+    /// // Around `POST` alone: axum's own 404 and 405 stay axum's.
+    /// let charge = post(|| async { "charged" });
     /// let app: Router = Router::new()
-    ///     .route("/charges", post(|| async { "charged" }))
-    ///     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    ///     .route("/charges", charge.route_layer(IdempotencyLayer::server(MemoryStore::new())));
     /// # let _ = app;
     /// ```
     pub fn server(store: impl IdempotencyStore) -> Self {
@@ -618,7 +645,7 @@ impl IdempotencyLayer<Server> {
     }
 }
 
-impl Server {
+impl ServerFace {
     fn is_side_effect<B>(&self, req: &Request<B>) -> bool {
         match req.extensions().get::<EffectClass>() {
             Some(class) => class.is_side_effect(),
@@ -637,7 +664,7 @@ impl Server {
     }
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Server>
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ServerFace>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -686,7 +713,8 @@ where
             outcome = tracing::field::Empty,
             settled = tracing::field::Empty,
         );
-        let future = run(inner, self.face.clone(), key, req).instrument(span);
+        let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
+        let future = run(inner, self.face.clone(), key, req, started).instrument(span);
         ServerFuture::ledger(Box::pin(future))
     }
 }
@@ -779,9 +807,10 @@ fn settled(how: &'static str) {
 /// One keyed request: body, ledger, then the handler or a stored answer.
 async fn run<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
+    server: Arc<ServerFace>,
     key: HeaderKey,
     req: Request<B>,
+    started: Option<tokio::time::Instant>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
@@ -819,17 +848,18 @@ where
                 return Ok(problem::body_unreadable());
             }
         };
-    // Kept for the decision events only when one could be recorded: it is a copy.
-    let wire = tracing::enabled!(tracing::Level::WARN).then(|| WireKey::Header(key.clone()));
+    // Kept for the decision events and the hook only when they could use it: it is a copy.
+    let hook = server.on_outcome.clone();
+    let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
+        .then(|| WireKey::Header(key.clone()));
+    let track = Track::new(Face::Server, wire);
     let span = tracing::Span::current();
-    if let (false, Some(wire)) = (span.is_disabled(), &wire) {
+    if let (false, Some(wire)) = (span.is_disabled(), track.wire()) {
         span.record("key", tracing::field::display(decision::KeyDigest(wire)));
     }
-    let decided = |decision| {
-        if let Some(wire) = &wire {
-            decision::log(Face::Server, decision, wire);
-        }
-    };
+    let decided = |decision| track.decided(decision);
+    // `return` inside this block ends the ledger's part; the hook then hears of the answer.
+    let answered = async {
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
     // One key is one request: the method, the target as the client sent it and the body.
@@ -899,6 +929,11 @@ where
             Ok(problem::outcome_unknown())
         }
     }
+    }
+    .await;
+    let status = answered.as_ref().ok().map(|response| response.status());
+    track.report(hook.as_ref(), started, status);
+    answered
 }
 
 async fn call<S, B, ResBody>(
@@ -912,7 +947,7 @@ where
     inner.call(request).await
 }
 
-fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
+fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> {
     match stored {
         Outcome::Response(stored) => {
             outcome("replayed");
@@ -943,7 +978,7 @@ fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
 /// Run the handler as the key's owner and settle the lease by what it answered.
 async fn execute<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
+    server: Arc<ServerFace>,
     key: LedgerKey,
     token: LeaseToken,
     request: Request<RequestBody<B>>,
@@ -1053,7 +1088,7 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
 /// Record the handler's response (or a tombstone), or release the key for a `5xx` under
 /// [`ServerErrorPolicy::Release`].
 async fn settle<ResBody>(
-    server: &Server,
+    server: &ServerFace,
     lease: LeaseGuard,
     response: Response<ResBody>,
 ) -> Response<ResponseBody<ResBody>>

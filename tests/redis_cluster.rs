@@ -28,7 +28,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Version};
 use http_body_util::BodyExt;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{Client, Idempotency};
+use tower_idempotency::idempotency::{ClientFace, Idempotency};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, RedisStore, StoreError,
     StoredResponse,
@@ -259,7 +259,7 @@ async fn one_round_trip_per_ledger_operation_on_the_cluster() {
     );
 }
 
-type Stack = Idempotency<FrozenRetry<SideEffectService>, Client>;
+type Stack = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
 
 /// A client stack as an orchestrator builds it, over `store`, calling `provider`.
 fn client_stack(store: RedisStore, provider: &SideEffectService) -> Stack {

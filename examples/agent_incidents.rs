@@ -13,6 +13,9 @@
 //!    step, which our layer catches as drift, naming the fields that changed.
 //! 3. **Crash and resume.** The orchestrator dies after its request left; it comes back,
 //!    the agent regenerates the payload, and the call is made again.
+//! 4. **A provider that ignores keys.** The charge lands, the orchestrator dies before the
+//!    answer; on resume a resend would charge again. Ours asks the provider whether it
+//!    happened (reconciliation) and returns the provider's own record.
 //!
 //! Every count in the final table is read from the provider's own records.
 //!
@@ -594,6 +597,106 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     }
 }
 
+/// A provider that ignores `Idempotency-Key` (the testing kit's, served over HTTP): the
+/// orchestrator crashes after its charge left; on resume, resending would charge again.
+/// Ours asks the provider first (`GET /effects?idempotency_key=…`) and records what it says.
+async fn crash_against_a_provider_that_ignores_keys() -> Row {
+    use tower_idempotency::idempotency::LookupReconciler;
+    use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
+
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = provider.clone().serve(listener).await.unwrap();
+    let uri = server.uri("/charges").to_string();
+    let body = json!({"order_id": "order_44", "amount_cents": 1999});
+    // Crash once the charge has landed (its answer never comes: the kit holds it).
+    let crash_after_charge = |task: tokio::task::JoinHandle<()>, key: String| {
+        let provider = provider.clone();
+        async move {
+            while provider.effects_for_key(&key) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            task.abort();
+        }
+    };
+
+    // Naive: a key on the request, which this provider ignores; the resumed run resends.
+    provider.push_fault(Fault::CommitThenTimeout);
+    let naive_key = "order_44-charge";
+    let keyed = || {
+        let mut req = json_post(&uri, &body);
+        req.headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static(naive_key));
+        req
+    };
+    let first = tokio::spawn({
+        let req = keyed();
+        async move {
+            let _ = hyper_client().request(req).await;
+        }
+    });
+    crash_after_charge(first, naive_key.to_owned()).await;
+    hyper_client().request(keyed()).await.unwrap();
+    let naive_charges = provider.effects_for_key(naive_key);
+    println!("  naive: crashed, resumed, resent under the same key; charges: {naive_charges}");
+
+    // Ours: the same crash; the resumed run reconciles before anything is resent.
+    let store = ledger().await;
+    let op = OperationId::new("task-4", "charge_customer");
+    let stack = |reconcile: bool| {
+        let builder = IdempotencyLayer::client_builder(store.clone())
+            .lease(Duration::from_secs(2))
+            .retry_window(Duration::from_secs(1))
+            .provider_deduplicates(false);
+        let builder = if reconcile {
+            builder.reconcile(
+                LookupReconciler::by_key(hyper_client(), LOOKUP_PATH, "idempotency_key")
+                    .applied_status(StatusCode::CREATED),
+            )
+        } else {
+            builder
+        };
+        ServiceBuilder::new()
+            .layer(builder.build().expect("valid client settings"))
+            .service(hyper_client())
+    };
+    let charge = || {
+        let mut req = json_post(&uri, &body);
+        req.extensions_mut().insert(op.clone());
+        req
+    };
+    provider.push_fault(Fault::CommitThenTimeout);
+    let first = tokio::spawn({
+        let (stack, req) = (stack(false), charge());
+        async move {
+            let _ = stack.oneshot(req).await;
+        }
+    });
+    crash_after_charge(first, op.key("").to_hex()).await;
+    // Let the dropped stack settle its lease (in doubt), as it does on a real shutdown.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    println!("  ours:  the orchestrator task was dropped after its charge left");
+
+    let response = stack(true).oneshot(charge()).await.expect("reconciled");
+    let source = response.extensions().get::<ResponseSource>().copied();
+    assert_eq!(source, Some(ResponseSource::Reconciled));
+    let receipt: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let our_charges = provider.effects_for_operation(&op, "");
+    println!(
+        "  ours:  resumed: reconciled with the provider, which has {} on record; recorded and \
+         returned to the caller; charges: {our_charges}",
+        receipt["effect_id"]
+    );
+    server.shutdown().await;
+    Row {
+        scenario: "4. provider ignores keys, crash, then resume",
+        naive: naive_charges,
+        ours: our_charges,
+        note: "asked the provider before resending; its answer was recorded and returned".into(),
+    }
+}
+
 /// One orchestrator run of the `create_order` step through our stack.
 async fn send_as_orchestrator(
     store: Arc<dyn IdempotencyStore>,
@@ -649,8 +752,10 @@ async fn main() {
     let two = retry_regenerated_the_request(&provider, &base).await;
     println!("\n3. create_order: the orchestrator crashes after sending, then resumes");
     let three = crash_and_resume(&provider, &base).await;
+    println!("\n4. charge_customer(order_44): a provider that ignores keys; crash after sending");
+    let four = crash_against_a_provider_that_ignores_keys().await;
 
-    let rows = [one, two, three];
+    let rows = [one, two, three, four];
     println!(
         "\n{:<52} {:>13} {:>12}",
         "scenario", "naive effects", "our effects"

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! cargo run --example axum_server            # PORT=3000, CHARGE_LATENCY_MS=20
+//! # a duplicate of a charge in progress waits for its response instead of getting a 409:
+//! IN_FLIGHT=wait cargo run --example axum_server
 //! # several instances on one shared ledger:
 //! LEDGER=redis REDIS_URL=redis://127.0.0.1:6379/ PORT=3001 cargo run --features redis --example axum_server
 //! # or on a Redis Cluster (any of its nodes will do; more are tried if one is down):
@@ -20,6 +22,9 @@
 //!   answers `201` with `{"charge_id", "order_id", "amount_cents"}`.
 //! - `GET /charges?order_id=X` lists the caller's charges for that order.
 //! - The tenant is the `Authorization` header's value; without one, `401`.
+//! - `IN_FLIGHT=409` (the default) answers a duplicate of a charge still in progress with
+//!   `409` and `Retry-After`, as the IETF draft says; `IN_FLIGHT=wait` makes it wait (up to
+//!   `IN_FLIGHT_WAIT_MS`, default 10 000) for the first request's response and replay it.
 //!
 //! Authentication runs **outside** the idempotency layer, so the layer can scope keys by
 //! the authenticated tenant (one tenant's key never meets another's) and unauthenticated
@@ -42,7 +47,7 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
-use tower_idempotency::{BoxError, IdempotencyLayer};
+use tower_idempotency::{BoxError, BusyPolicy, IdempotencyLayer};
 
 /// The authenticated caller: here simply the `Authorization` header's value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -72,8 +77,19 @@ struct Payments {
 
 /// The whole service over an idempotency `store`; the payment provider takes
 /// `provider_latency` per charge.
+#[allow(dead_code)]
 pub fn app(store: impl IdempotencyStore, provider_latency: Duration) -> Router {
+    app_with(store, provider_latency, BusyPolicy::Fail)
+}
+
+/// [`app`], with duplicates of an in-flight charge handled per `in_flight`.
+pub fn app_with(
+    store: impl IdempotencyStore,
+    provider_latency: Duration,
+    in_flight: BusyPolicy,
+) -> Router {
     let idempotency = IdempotencyLayer::server_builder(store)
+        .busy_policy(in_flight)
         // Keys belong to the tenant the authentication middleware found.
         .scope(|parts| {
             parts
@@ -238,6 +254,19 @@ async fn redis_cluster_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
     )
 }
 
+/// `IN_FLIGHT`: `409` (default) or `wait` (for `IN_FLIGHT_WAIT_MS`).
+#[allow(dead_code)]
+fn in_flight_policy() -> Result<BusyPolicy, BoxError> {
+    match std::env::var("IN_FLIGHT").as_deref() {
+        Ok("409") | Err(_) => Ok(BusyPolicy::Fail),
+        Ok("wait") => Ok(BusyPolicy::Wait(Duration::from_millis(env_or(
+            "IN_FLIGHT_WAIT_MS",
+            10_000,
+        )?))),
+        Ok(other) => Err(format!("IN_FLIGHT={other:?}: expected `409` or `wait`").into()),
+    }
+}
+
 #[allow(dead_code)]
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
     match std::env::var(name) {
@@ -262,7 +291,8 @@ async fn main() -> Result<(), BoxError> {
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app(ledger().await?, latency))
+    let in_flight = in_flight_policy()?;
+    axum::serve(listener, app_with(ledger().await?, latency, in_flight))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

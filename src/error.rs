@@ -211,7 +211,10 @@ impl Error {
     }
 
     /// An earlier attempt of the operation may have reached a server that does not
-    /// deduplicate on `Idempotency-Key`, so it is not sent again: reconcile it out of band.
+    /// deduplicate on `Idempotency-Key`, so it is not sent again, and no reconciler could
+    /// tell whether it happened (none is configured, or it answered
+    /// [`Unknown`](crate::idempotency::Reconciled::Unknown), failed or timed out): reconcile
+    /// it out of band, or let a later run ask again.
     /// See [`ClientBuilder::provider_deduplicates`](crate::idempotency::ClientBuilder::provider_deduplicates).
     pub fn is_in_doubt(&self) -> bool {
         matches!(self.inner.kind, Kind::InDoubt)

@@ -113,6 +113,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod digest;
 mod effect;
 mod error;
 pub mod fingerprint;

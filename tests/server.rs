@@ -1078,13 +1078,22 @@ async fn a_replay_is_byte_identical_and_keeps_only_allow_listed_headers() {
     assert_eq!(app.probe.runs().started, 1);
 
     // What is not replayed is not stored either: the first caller's cookie never reaches
-    // the ledger.
+    // the ledger. The request's digest is, so replays can name the request they answer.
     let [Outcome::Response(stored)] = &app.ledger.recorded()[..] else {
         panic!("one recorded response expected")
     };
     let mut names: Vec<&str> = stored.headers().keys().map(|name| name.as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, ["cache-control", "content-type", "etag", "location"]);
+    assert_eq!(
+        names,
+        [
+            "cache-control",
+            "content-type",
+            "etag",
+            "idempotent-request-digest",
+            "location"
+        ]
+    );
 }
 
 #[tokio::test]

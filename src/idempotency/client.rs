@@ -18,6 +18,7 @@ use tracing::Instrument;
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::reconcile::{self, InDoubtOperation, Reconcile, Reconciled, DEFAULT_RECONCILE_TIMEOUT};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
 use crate::error::{ConfigError, Drift};
@@ -57,6 +58,9 @@ pub struct ClientFace {
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    reconciler: Option<Arc<dyn Reconcile>>,
+    reconcile_timeout: Duration,
+    reconcile_when_deduplicating: bool,
     /// The retry window the builder checked the TTLs against.
     retry_window: Duration,
     /// Whether the mismatch with the real retry policy was already reported.
@@ -91,6 +95,7 @@ impl fmt::Debug for dyn ClassifyPhase {
 /// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
 /// | ledger unavailable | fail closed (nothing is sent) |
 /// | provider deduplicates on `Idempotency-Key` | yes: in-doubt operations are resent |
+/// | [reconciler](ClientBuilder::reconcile) of in-doubt operations | none (asked within 10 s when set) |
 ///
 /// ```
 /// use std::time::Duration;
@@ -122,6 +127,9 @@ pub struct ClientBuilder {
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    reconciler: Option<Arc<dyn Reconcile>>,
+    reconcile_timeout: Duration,
+    reconcile_when_deduplicating: bool,
     on_outcome: Option<OutcomeHook>,
 }
 
@@ -142,6 +150,9 @@ impl ClientBuilder {
             fail_open: false,
             provider_deduplicates: true,
             phase_classifier: None,
+            reconciler: None,
+            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+            reconcile_when_deduplicating: false,
             on_outcome: None,
         }
     }
@@ -254,10 +265,54 @@ impl ClientBuilder {
     /// server recognises the key. Set this to `false` for a server that ignores keys: the
     /// layer then never resends once bytes may have left — the retry layer inside stops
     /// treating the key as making the request retry-safe, and an operation found in doubt
-    /// fails with an [in-doubt error](crate::Error::is_in_doubt) for you to reconcile,
-    /// instead of being sent again. At most once, rather than exactly once.
+    /// is not sent again: with a [reconciler](Self::reconcile) the layer asks it whether the
+    /// operation happened (and records its answer, or sends the frozen bytes it says never
+    /// arrived); without one, it fails with an [in-doubt error](crate::Error::is_in_doubt)
+    /// for you to reconcile. At most once, rather than exactly once, unless reconciled.
     pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
         self.provider_deduplicates = deduplicates;
+        self
+    }
+
+    /// Ask `reconciler` whether an in-doubt operation happened before it would be sent
+    /// again: always when the provider does not deduplicate
+    /// ([`provider_deduplicates(false)`](Self::provider_deduplicates)), and also when it does
+    /// if [`reconcile_when_deduplicating`](Self::reconcile_when_deduplicating) is on. See
+    /// [`Reconcile`] and [`LookupReconciler`](crate::idempotency::LookupReconciler).
+    ///
+    /// ```
+    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::testing::SideEffectService;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let provider = SideEffectService::builder().honour_keys(false).build();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(false)
+    ///     .reconcile(LookupReconciler::by_key(provider, "/effects", "idempotency_key"))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn reconcile(mut self, reconciler: impl Reconcile) -> Self {
+        self.reconciler = Some(Arc::new(reconciler));
+        self
+    }
+
+    /// How long the reconciler may take (default [`DEFAULT_RECONCILE_TIMEOUT`], 10 s); past
+    /// it, the operation stays in doubt.
+    pub fn reconcile_timeout(mut self, bound: Duration) -> Self {
+        self.reconcile_timeout = bound;
+        self
+    }
+
+    /// Reconcile in-doubt operations before resending them to a provider that deduplicates
+    /// too (default `false`: it recognises the key, so the frozen bytes are resent at once).
+    /// Turn it on when the provider forgets keys sooner than your operations may stay in
+    /// doubt (a key kept 24 h, an orchestrator resuming after days): an
+    /// [`Unknown`](crate::idempotency::Reconciled::Unknown) then leaves the operation in
+    /// doubt rather than risk a resend the provider no longer recognises.
+    pub fn reconcile_when_deduplicating(mut self, reconcile: bool) -> Self {
+        self.reconcile_when_deduplicating = reconcile;
         self
     }
 
@@ -311,6 +366,16 @@ impl ClientBuilder {
                 self.retention, must_keep
             )));
         }
+        if self.reconcile_when_deduplicating && self.reconciler.is_none() {
+            return Err(ConfigError::new(
+                "reconcile_when_deduplicating needs a reconciler (see `reconcile`)",
+            ));
+        }
+        if self.reconciler.is_some() && self.reconcile_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "the reconcile timeout must be longer than zero",
+            ));
+        }
         let protected = self.protected.unwrap_or(must_keep);
         if protected < must_keep {
             return Err(ConfigError::new(format!(
@@ -328,6 +393,9 @@ impl ClientBuilder {
             fail_open: self.fail_open,
             provider_deduplicates: self.provider_deduplicates,
             phase_classifier: self.phase_classifier,
+            reconciler: self.reconciler,
+            reconcile_timeout: self.reconcile_timeout,
+            reconcile_when_deduplicating: self.reconcile_when_deduplicating,
             retry_window: self.retry_window,
             warned_window: std::sync::atomic::AtomicBool::new(false),
             warned_unprotected: std::sync::atomic::AtomicBool::new(false),
@@ -540,7 +608,13 @@ where
     } else {
         None
     };
-    let (frozen, extensions) = FrozenRequest::freeze(req, client.body_limit).await?;
+    // A keyed request carries `Content-Digest` of its frozen body, hashed once with the
+    // fingerprint, so the server can check that the bytes it got are the bytes we froze.
+    let (frozen, extensions) = if key.is_some() {
+        FrozenRequest::freeze_with_content_digest(req, client.body_limit).await?
+    } else {
+        FrozenRequest::freeze(req, client.body_limit).await?
+    };
     let Some((key, wire)) = key else {
         let mut response = pass_through(inner, &client, &frozen, extensions).await?;
         if side_effect {
@@ -640,9 +714,50 @@ where
             )
             .await
         }
+        Begin::InDoubt if client.reconciler.is_some() => {
+            // Take the operation over (fenced, under a token of our own) before asking, so
+            // two runs never reconcile it at once and the outcome is written as its owner.
+            let begin = client
+                .ledger
+                .request(key, to_send.fingerprint())
+                .with_frozen(to_send.clone());
+            let taken = client
+                .ledger
+                .begin(begin, client.busy)
+                .await
+                .map_err(Error::store)?;
+            match taken {
+                Begin::Resume {
+                    token,
+                    frozen: stored,
+                } => {
+                    let original = stored.unwrap_or(to_send);
+                    reconcile(inner, client, (key, track), token, original, extensions).await
+                }
+                // The record left while we looked (expired, evicted): the bytes may still
+                // have reached the provider, so ask all the same.
+                Begin::Acquired { token } => {
+                    reconcile(inner, client, (key, track), token, to_send, extensions).await
+                }
+                Begin::Replay(outcome) => replay(outcome),
+                Begin::Busy { retry_after } => Err(Error::busy(retry_after)),
+                Begin::Drift {
+                    stored,
+                    frozen: original,
+                } => Err(drift_error(stored, original.as_ref(), &frozen)),
+                _ => Err(Error::in_doubt()),
+            }
+        }
         Begin::InDoubt => {
             // The server would run it again: leave it in doubt, untouched, to reconcile.
             Err(Error::in_doubt())
+        }
+        Begin::Resume {
+            token,
+            frozen: stored,
+        } if client.reconcile_when_deduplicating => {
+            let original = stored.unwrap_or(to_send);
+            reconcile(inner, client, (key, track), token, original, extensions).await
         }
         Begin::Resume {
             token,
@@ -794,6 +909,107 @@ where
             Err(into_error(error, phase))
         }
     }
+}
+
+/// Ask the reconciler about an in-doubt operation we now own under `token`, and act on its
+/// answer: record and return what it found, send the frozen bytes it says never arrived,
+/// or leave the operation in doubt.
+async fn reconcile<S, ResBody>(
+    inner: S,
+    client: &ClientFace,
+    (key, track): (LedgerKey, &Track),
+    token: LeaseToken,
+    original: FrozenRequest,
+    extensions: Extensions,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    let reconciler = client
+        .reconciler
+        .as_deref()
+        .expect("only called with a reconciler");
+    // Dropped before settling (the caller gave up), the guard leaves the operation in doubt.
+    let lease = client.ledger.hold(key, token);
+    let attempts = match client.ledger.store.inspect(key).await {
+        Ok(view) => view.map(|view| view.attempts),
+        Err(_) => None,
+    };
+    let wire_key = match track.wire() {
+        Some(WireKey::Derived(key)) => key.to_hex(),
+        Some(WireKey::Header(key)) => key.as_str().to_owned(),
+        None => String::new(),
+    };
+    let operation = InDoubtOperation::new(original.clone(), wire_key, attempts);
+    let verdict = lease
+        .renewing(reconcile::ask(
+            reconciler,
+            operation,
+            client.reconcile_timeout,
+        ))
+        .await;
+    match verdict {
+        Reconciled::Applied(found) => {
+            track.decided(Decision::Reconciled);
+            tracing::info!(key = %key.to_hex(), status = %found.status(), "in-doubt operation reconciled: it happened");
+            record_reconciled(client, lease, found).await
+        }
+        Reconciled::NotApplied => {
+            tracing::info!(key = %key.to_hex(), "in-doubt operation reconciled: it never happened; sending the frozen request");
+            track.decided(Decision::Resumed);
+            let token = lease.hand_on();
+            send(
+                inner,
+                client,
+                (key, track),
+                token,
+                &original,
+                extensions,
+                ResponseSource::Resent,
+            )
+            .await
+        }
+        _ => {
+            track.decided(Decision::InDoubt);
+            if let Err(err) = lease.mark_in_doubt().await {
+                tracing::warn!(%err, "could not leave the operation in doubt; its lease will expire into doubt");
+            }
+            Err(Error::in_doubt())
+        }
+    }
+}
+
+/// Record what the reconciler found as the operation's outcome (a tombstone if it is over
+/// the recording cap) and return it.
+async fn record_reconciled<T>(
+    client: &ClientFace,
+    lease: LeaseGuard,
+    found: Response<Bytes>,
+) -> Result<Response<ResponseBody<T>>, Error> {
+    let (parts, body) = found.into_parts();
+    let outcome = if body.len() > client.response_limit {
+        Outcome::Tombstone {
+            status: parts.status,
+        }
+    } else {
+        Outcome::Response(StoredResponse::new(
+            parts.status,
+            parts.version,
+            detached_headers(&parts.headers),
+            body.clone(),
+        ))
+    };
+    if let Err(err) = lease.complete(outcome).await {
+        // Fenced (the operation was taken over) or the store is away: the caller still
+        // gets what happened; a later run finds it in doubt and reconciles again.
+        tracing::error!(%err, "could not record the reconciled outcome");
+    }
+    let mut response = Response::from_parts(parts, ResponseBody::buffered(body));
+    response.extensions_mut().insert(ResponseSource::Reconciled);
+    Ok(response)
 }
 
 /// `headers` with every value copied into one exact-size buffer of their own.

@@ -80,10 +80,13 @@ pub enum Decision {
     Full,
     /// Refused: the ledger is unavailable (fail closed).
     Unavailable,
+    /// An in-doubt operation's [reconciler](crate::idempotency::Reconcile) found it had
+    /// happened; its answer was recorded and returned, nothing was sent again (client).
+    Reconciled,
 }
 
 impl Decision {
-    const ALL: [Self; 9] = [
+    const ALL: [Self; 10] = [
         Self::Acquired,
         Self::Replayed,
         Self::Resumed,
@@ -93,10 +96,11 @@ impl Decision {
         Self::Released,
         Self::Full,
         Self::Unavailable,
+        Self::Reconciled,
     ];
 
     /// The name logs and metrics use: `acquired`, `replayed`, `resumed`, `busy`, `drift`,
-    /// `in_doubt`, `released`, `full`, `unavailable`.
+    /// `in_doubt`, `released`, `full`, `unavailable`, `reconciled`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Acquired => "acquired",
@@ -108,6 +112,7 @@ impl Decision {
             Self::Released => "released",
             Self::Full => "full",
             Self::Unavailable => "unavailable",
+            Self::Reconciled => "reconciled",
         }
     }
 }
@@ -304,7 +309,7 @@ fn log(face: Face, decision: Decision, key: &WireKey) {
             idempotency.key.digest = %digest,
             "idempotency decision"
         ),
-        Decision::InDoubt | Decision::Resumed => tracing::info!(
+        Decision::InDoubt | Decision::Resumed | Decision::Reconciled => tracing::info!(
             idempotency.face = face,
             idempotency.decision = what,
             idempotency.key.digest = %digest,

@@ -19,7 +19,9 @@
 //!    safe against the retry layer inside (it never resends a keyless side effect once it
 //!    may have left) and because many `POST`s a client sends are not operations an
 //!    orchestrator names; a caller's own retry of such a request is what stays unprotected.
-//! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent).
+//! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent), adding
+//!    `Content-Digest: sha-256=:…:` of its body (see [`digest`](crate::digest)), hashed in
+//!    the one pass that also makes the fingerprint.
 //! 3. `begin` in the ledger, storing the frozen request before any byte leaves.
 //! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
 //!    never taken for a dead owner's). A response is recorded (up to 1 MiB; a larger one
@@ -33,7 +35,9 @@
 //!    ledger outage is retried inside the lease.
 //! 5. **Replay**: return the recorded response without calling the inner service, marked
 //!    with [`ResponseSource::Replayed`].
-//! 6. **Resume** (in doubt): resend the **stored** frozen bytes under the same key.
+//! 6. **Resume** (in doubt): resend the **stored** frozen bytes under the same key — or,
+//!    against a provider that does not deduplicate, first ask a [`Reconcile`]r whether it
+//!    happened (see [`reconcile`](self#reconciling-in-doubt-operations)).
 //! 7. **Busy**: wait for the owner (bounded, [`BusyPolicy`]) or fail.
 //! 8. **Drift** (same operation, different payload or target): refuse, naming the changed
 //!    JSON fields, or resend the original bytes ([`DriftPolicy`]) — never the new ones.
@@ -47,6 +51,15 @@
 //! (scheme, host, port): the same key sent to two hosts is two operations. An
 //! [`OperationId`](crate::OperationId) names one operation wherever it is sent: sent to
 //! another target it is a drift, never a replay of the first target's answer.
+//!
+//! # Reconciling in-doubt operations
+//!
+//! [`ClientBuilder::reconcile`] takes a [`Reconcile`], asked before an in-doubt operation
+//! would be resent to a provider that ignores keys: [`Reconciled::Applied`] records and
+//! returns what it found ([`ResponseSource::Reconciled`]), [`Reconciled::NotApplied`] sends
+//! the frozen bytes, [`Reconciled::Unknown`] (and a reconciler that fails, panics or runs
+//! past its bound) leaves the operation in doubt. [`LookupReconciler`] builds one from a
+//! lookup request; its docs show a crash after sending resolved this way.
 //!
 //! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
 //! the same whichever path a request takes.
@@ -277,11 +290,11 @@
 //! Every ledger decision is one event `idempotency decision`, inside the request's span,
 //! with the fields `idempotency.face` (`client`, `server`), `idempotency.decision`
 //! (`acquired`, `replayed`, `resumed`, `busy`, `drift`, `in_doubt`, `released`, `full`,
-//! `unavailable`) and `idempotency.key.digest`: the first 16 hex digits of
+//! `unavailable`, `reconciled`) and `idempotency.key.digest`: the first 16 hex digits of
 //! `SHA-256("tower-idempotency/log/v1" || key)` over the `Idempotency-Key` as it travels
 //! (unquoted). A client and the server it calls log the same digest for one operation, so
 //! their logs join; neither logs the key itself, the scope or a credential. Levels: `WARN`
-//! for `drift`, `full` and `unavailable`, `INFO` for `in_doubt` and `resumed`, `DEBUG` for
+//! for `drift`, `full` and `unavailable`, `INFO` for `in_doubt`, `resumed` and `reconciled`, `DEBUG` for
 //! the rest. The client span `idempotency` (`face = "client"`) carries the same digest as
 //! `key`.
 //!
@@ -296,6 +309,7 @@ pub(crate) mod client;
 mod decision;
 mod engine;
 mod layer;
+mod reconcile;
 mod server;
 mod stack;
 
@@ -304,10 +318,14 @@ pub use client::{ClientBuilder, ClientFace, ClientFuture, DriftPolicy, DEFAULT_R
 pub use decision::{Decision, Face, OutcomeEvent};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
+pub use reconcile::{
+    InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
+    DEFAULT_RECONCILE_TIMEOUT,
+};
 pub use server::{
     problem, InDoubtPolicy, RequestBody, ServerBuilder, ServerErrorPolicy, ServerFace,
-    ServerFuture, DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW, IDEMPOTENCY_FAIL_OPEN,
-    IDEMPOTENT_REPLAYED,
+    ServerFuture, DEFAULT_MAX_WAITERS, DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW,
+    IDEMPOTENCY_FAIL_OPEN, IDEMPOTENT_REPLAYED,
 };
 pub use stack::{ClientStack, ClientStackBuilder};
 
@@ -406,6 +424,10 @@ pub enum ResponseSource {
     Resent,
     /// The recorded response of a completed operation; the inner service was not called.
     Replayed,
+    /// The operation was in doubt and its [reconciler](crate::idempotency::Reconcile) found
+    /// it had happened: this is the provider's response (or the reconciler's stand-in), now
+    /// recorded; nothing was sent again.
+    Reconciled,
     /// A side effect without an [`OperationId`](crate::OperationId) or an `Idempotency-Key`:
     /// sent once, outside the ledger, unprotected against a caller's own retry. See
     /// [`ClientBuilder::require_key`].

@@ -127,6 +127,24 @@ impl ClientStackBuilder {
         self
     }
 
+    /// See [`ClientBuilder::reconcile`].
+    pub fn reconcile(mut self, reconciler: impl super::Reconcile) -> Self {
+        self.client = self.client.reconcile(reconciler);
+        self
+    }
+
+    /// See [`ClientBuilder::reconcile_timeout`].
+    pub fn reconcile_timeout(mut self, bound: Duration) -> Self {
+        self.client = self.client.reconcile_timeout(bound);
+        self
+    }
+
+    /// See [`ClientBuilder::reconcile_when_deduplicating`].
+    pub fn reconcile_when_deduplicating(mut self, reconcile: bool) -> Self {
+        self.client = self.client.reconcile_when_deduplicating(reconcile);
+        self
+    }
+
     /// The retry policy of the [`FrozenRetryLayer`] inside (default
     /// [`RetryPolicy::default`]); the ledger's TTLs are checked against its window.
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {

@@ -102,6 +102,11 @@ struct Inner {
     next_seq: AtomicU64,
     evictions: AtomicU64,
     refused: AtomicU64,
+    /// One generation counter per shard, bumped when a record of the shard settles while
+    /// someone listens: waiters for a busy key wake when its owner is done instead of
+    /// polling. Per shard, not per key, so listening allocates nothing per key; a settle of
+    /// a neighbour wakes a waiter for nothing, and it asks `begin` again.
+    settled: Box<[tokio::sync::watch::Sender<u64>]>,
     gauges: Gauges,
 }
 
@@ -220,6 +225,9 @@ impl MemoryStoreBuilder {
                 next_seq: AtomicU64::new(0),
                 evictions: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                settled: (0..SHARDS)
+                    .map(|_| tokio::sync::watch::Sender::new(0))
+                    .collect(),
                 gauges: Gauges::new(),
             }),
         }
@@ -294,9 +302,19 @@ impl MemoryStore {
         }
     }
 
+    /// Wake whoever listens for a settle in `key`'s shard. Called after the shard lock is
+    /// released: a listener subscribed before its `begin` took that lock, so the lock orders
+    /// its subscription before this check and it is never missed.
+    fn announce_settled(&self, key: &LedgerKey) {
+        let settled = &self.inner.settled[shard_index(key)];
+        // Nobody listening (the common case): a single atomic load.
+        if settled.receiver_count() > 0 {
+            settled.send_modify(|generation| *generation = generation.wrapping_add(1));
+        }
+    }
+
     fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {
-        // Ledger keys are SHA-256 digests: any of their bytes is already uniform.
-        &self.inner.shards[usize::from(key.as_bytes()[0]) % SHARDS]
+        &self.inner.shards[shard_index(key)]
     }
 
     /// Drop a shard's records whose retention ended.
@@ -565,6 +583,11 @@ impl MemoryStore {
     }
 }
 
+/// Keys are uniform hashes: their first byte spreads them over the shards.
+fn shard_index(key: &LedgerKey) -> usize {
+    usize::from(key.as_bytes()[0]) % SHARDS
+}
+
 fn acquired(request: &BeginRequest) -> Begin {
     Begin::Acquired {
         token: request.token,
@@ -724,9 +747,11 @@ impl IdempotencyStore for MemoryStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(std::future::ready(
-            self.complete_now(key, token, outcome, retention),
-        ))
+        let completed = self.complete_now(key, token, outcome, retention);
+        if completed.is_ok() {
+            self.announce_settled(&key);
+        }
+        Box::pin(std::future::ready(completed))
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
@@ -742,6 +767,9 @@ impl IdempotencyStore for MemoryStore {
                 _ => record.state = State::InDoubt,
             }
         });
+        if settled.is_ok() {
+            self.announce_settled(&key);
+        }
         Box::pin(std::future::ready(settled))
     }
 
@@ -757,7 +785,19 @@ impl IdempotencyStore for MemoryStore {
             // A real attempt failed: keep the record at least `retention` from now.
             record.retain_until = record.retain_until.max(now + retention);
         });
+        if settled.is_ok() {
+            self.announce_settled(&key);
+        }
         Box::pin(std::future::ready(settled))
+    }
+
+    fn notify_settled(&self, key: LedgerKey) -> Option<super::Settled> {
+        // Subscribing marks the current generation seen: only a later settle wakes it.
+        let mut settled = self.inner.settled[shard_index(&key)].subscribe();
+        Some(Box::pin(async move {
+            // An error means the store is gone: nothing will settle, waking is right.
+            let _ = settled.changed().await;
+        }))
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {

@@ -25,6 +25,9 @@ use super::client::decision_of;
 use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
+use crate::digest::{
+    BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
+};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::fingerprint::Fingerprint;
@@ -168,6 +171,10 @@ pub enum InDoubtPolicy {
 
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 
+/// The default bound on requests waiting at once for in-flight keys under
+/// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
+pub const DEFAULT_MAX_WAITERS: usize = 256;
+
 /// The default protected window of a server record: how long after it completes it is
 /// never evicted from a store with a memory budget, so the clients' retries find it.
 pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(5 * 60);
@@ -244,6 +251,7 @@ impl fmt::Debug for ServerFace {
 /// | [retention](ServerBuilder::retention) | 24 h |
 /// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 5 min |
 /// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
+/// | [waiters](ServerBuilder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
 /// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
 /// | [recorded response cap](ServerBuilder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
 /// | [replayed headers](ServerBuilder::replay_headers) | [`DEFAULT_REPLAY_HEADERS`] |
@@ -278,6 +286,7 @@ pub struct ServerBuilder {
     retention: Duration,
     protected: Duration,
     busy: BusyPolicy,
+    max_waiters: usize,
     body_limit: usize,
     response_limit: usize,
     replay_headers: Vec<HeaderName>,
@@ -342,6 +351,7 @@ impl ServerBuilder {
             retention: DEFAULT_RETENTION,
             protected: DEFAULT_LEASE + DEFAULT_SERVER_PROTECTED_WINDOW,
             busy: BusyPolicy::Fail,
+            max_waiters: DEFAULT_MAX_WAITERS,
             body_limit: DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
@@ -459,9 +469,41 @@ impl ServerBuilder {
 
     /// What a request finds when its key is in flight: `409` at once (the default,
     /// [`BusyPolicy::Fail`], as the IETF draft specifies), or wait up to a bound for the
-    /// first request's outcome and replay it ([`BusyPolicy::Wait`]; still busy then, `409`).
+    /// first request's outcome and replay it ([`BusyPolicy::Wait`]; still busy then, `409`
+    /// with `Retry-After`).
+    ///
+    /// A waiting duplicate wakes when the first request's outcome lands, if the store can
+    /// notify ([`MemoryStore`](crate::ledger::MemoryStore) does, in-process), else it polls
+    /// the store with a backoff (5 ms doubling to 250 ms; [`RedisStore`](crate::ledger::redis)
+    /// polls). It also wakes when the first request ends without an outcome: its key
+    /// released (a `5xx` under [`ServerErrorPolicy::Release`], and the waiter runs the
+    /// handler as the key's next owner) or in doubt (the waiter gets what
+    /// [`InDoubtPolicy`] says). At most [`max_waiters`](Self::max_waiters) requests wait at
+    /// once; beyond, `409` at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{ledger::MemoryStore, BusyPolicy, IdempotencyLayer};
+    ///
+    /// // Duplicates wait up to 5 s for the first request's response; at most 64 at a time.
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
+    ///     .max_waiters(64)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
     pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
         self.busy = policy;
+        self
+    }
+
+    /// How many requests may wait at once for in-flight keys under [`BusyPolicy::Wait`]
+    /// (default [`DEFAULT_MAX_WAITERS`], across all keys of this layer). Each waiter holds
+    /// its request and body, so the bound keeps a storm of duplicates from growing memory:
+    /// past it, a duplicate gets its `409` at once.
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.max_waiters = max;
         self
     }
 
@@ -598,7 +640,8 @@ impl ServerBuilder {
             )));
         }
         let server = ServerFace {
-            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected),
+            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected)
+                .with_max_waiters(self.max_waiters),
             scope: self.scope,
             methods: self.methods,
             require_key: self.require_key,
@@ -862,9 +905,22 @@ where
     let answered = async {
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
+    // Bytes that are not what their sender digested are refused before the ledger sees
+    // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
+    let digest = match verified_body_digest(&parts.headers, &body) {
+        Ok(digest) => digest,
+        Err(err) => {
+            outcome(if err.is_mismatch() {
+                "content-digest-mismatch"
+            } else {
+                "content-digest-invalid"
+            });
+            return Ok(problem::content_digest(&err));
+        }
+    };
     // One key is one request: the method, the target as the client sent it and the body.
     // A reuse with anything else is a mismatch, never a second run and never a replay.
-    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &body);
+    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &digest);
     let request = move || Request::from_parts(parts, RequestBody::buffered(body));
 
     let mut begin = server.ledger.request(ledger_key, fingerprint);
@@ -901,13 +957,13 @@ where
     match answer {
         Begin::Acquired { token } => {
             outcome("executed");
-            execute(inner, server, ledger_key, token, request()).await
+            execute(inner, server, (ledger_key, digest), token, request()).await
         }
         Begin::Resume { token, .. } => {
             // Only asked for under `RunAgain`: a probe is answered `InDoubt` instead.
             outcome("executed-again");
             tracing::info!("key in doubt; running the handler again (at least once)");
-            execute(inner, server, ledger_key, token, request()).await
+            execute(inner, server, (ledger_key, digest), token, request()).await
         }
         Begin::InDoubt => {
             outcome("outcome-unknown");
@@ -936,6 +992,16 @@ where
     answered
 }
 
+/// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one;
+/// else computed here. Every `sha-256` and `sha-512` member must match the body.
+fn verified_body_digest(headers: &HeaderMap, body: &[u8]) -> Result<BodyDigest, DigestError> {
+    if !headers.contains_key(&CONTENT_DIGEST) {
+        return Ok(BodyDigest::of(body));
+    }
+    let sent = ContentDigest::of_headers(headers)?;
+    Ok(sent.verify(body)?.unwrap_or_else(|| BodyDigest::of(body)))
+}
+
 async fn call<S, B, ResBody>(
     mut inner: S,
     request: Request<RequestBody<B>>,
@@ -956,6 +1022,11 @@ fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> 
             // Filtered when recorded; filtered again in case the record was made under a
             // wider allow-list (another release, another replica's configuration).
             *response.headers_mut() = server.replayable(stored.headers());
+            if let Some(digest) = stored.headers().get(&IDEMPOTENT_REQUEST_DIGEST) {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
+            }
             response.headers_mut().insert(
                 IDEMPOTENT_REPLAYED.clone(),
                 HeaderValue::from_static("true"),
@@ -979,7 +1050,7 @@ fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> 
 async fn execute<S, B, ResBody>(
     inner: S,
     server: Arc<ServerFace>,
-    key: LedgerKey,
+    (key, digest): (LedgerKey, BodyDigest),
     token: LeaseToken,
     request: Request<RequestBody<B>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -1003,7 +1074,7 @@ where
     let work = async move {
         // A live handler keeps its lease, however slow it is.
         match lease.renewing(handling).await {
-            Ok(response) => Ok(settle(&server, lease, response).await),
+            Ok(response) => Ok(settle(&server, lease, response, &digest).await),
             Err(err) => {
                 // No response: the handler's fate is unknown.
                 settled("in-doubt");
@@ -1091,6 +1162,7 @@ async fn settle<ResBody>(
     server: &ServerFace,
     lease: LeaseGuard,
     response: Response<ResBody>,
+    digest: &BodyDigest,
 ) -> Response<ResponseBody<ResBody>>
 where
     ResBody: Body<Data = Bytes> + Unpin,
@@ -1125,7 +1197,9 @@ where
     };
     let (recorded, body, how) = match buffered {
         Buffered::Whole(bytes) => {
-            let headers = server.replayable(&parts.headers);
+            let mut headers = server.replayable(&parts.headers);
+            // Replays say which request they answer (see `crate::digest`).
+            headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.header_value());
             let stored = StoredResponse::new(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),

@@ -6,6 +6,9 @@
 //! IN_FLIGHT=wait cargo run --example axum_server
 //! # several instances on one shared ledger:
 //! LEDGER=redis REDIS_URL=redis://127.0.0.1:6379/ PORT=3001 cargo run --features redis --example axum_server
+//! # or on a Redis Cluster (any of its nodes will do; more are tried if one is down):
+//! LEDGER=redis-cluster REDIS_CLUSTER_URLS=redis://127.0.0.1:7000,redis://127.0.0.1:7001 \
+//!     PORT=3002 cargo run --features redis-cluster --example axum_server
 //!
 //! curl -i localhost:3000/charges -H 'authorization: tenant-a' \
 //!      -H 'idempotency-key: "order-42-charge"' -H 'content-type: application/json' \
@@ -188,13 +191,17 @@ async fn list_charges(
 }
 
 /// The ledger: the one place that decides which store backs the service: the embedded store for one process, or Redis (`LEDGER=redis` and
-/// `REDIS_URL`, with the `redis` feature) so several instances share one ledger.
+/// `REDIS_URL`, with the `redis` feature) so several instances share one ledger, or a Redis
+/// Cluster (`LEDGER=redis-cluster` and `REDIS_CLUSTER_URLS`, with the `redis-cluster` feature).
 #[allow(dead_code)]
 async fn ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
     match std::env::var("LEDGER").as_deref() {
         Ok("redis") => redis_ledger().await,
+        Ok("redis-cluster") => redis_cluster_ledger().await,
         Ok("memory") | Err(_) => Ok(Arc::new(MemoryStore::new())),
-        Ok(other) => Err(format!("LEDGER={other:?}: expected `memory` or `redis`").into()),
+        Ok(other) => {
+            Err(format!("LEDGER={other:?}: expected `memory`, `redis` or `redis-cluster`").into())
+        }
     }
 }
 
@@ -214,6 +221,35 @@ async fn redis_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
 async fn redis_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
     Err(
         "LEDGER=redis needs the `redis` feature: cargo run --features redis --example axum_server"
+            .into(),
+    )
+}
+
+/// `LEDGER=redis-cluster`: `REDIS_CLUSTER_URLS` is a comma-separated list of node URLs.
+#[allow(dead_code)]
+#[cfg(feature = "redis-cluster")]
+async fn redis_cluster_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
+    let urls = std::env::var("REDIS_CLUSTER_URLS")
+        .map_err(|_| "LEDGER=redis-cluster needs REDIS_CLUSTER_URLS")?;
+    let nodes: Vec<String> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let store = tower_idempotency::ledger::RedisStore::cluster_builder(nodes)
+        .prefix("payments:idem:")
+        .connect()
+        .await?;
+    Ok(Arc::new(store))
+}
+
+#[allow(dead_code)]
+#[cfg(not(feature = "redis-cluster"))]
+async fn redis_cluster_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
+    Err(
+        "LEDGER=redis-cluster needs the `redis-cluster` feature: cargo run --features \
+         redis-cluster --example axum_server"
             .into(),
     )
 }

@@ -98,6 +98,7 @@
 //! |---|---|---|
 //! | `hyper-util` | yes | classify `hyper_util` client errors (connect failures are pre-write) |
 //! | `redis` | no | `RedisStore`, the shared ledger for many replicas and crash-and-resume |
+//! | `redis-cluster` | no | `RedisStore::cluster_builder`: the same ledger over a Redis Cluster (implies `redis`) |
 //! | `reqwest` | no | [`reqwest::ReqwestService`](crate::reqwest): the layers in front of a `reqwest::Client`, its errors classified by phase |
 //! | `reqwest-middleware` | no | [`reqwest_middleware::IdempotencyMiddleware`](crate::reqwest_middleware): the client face as a `reqwest_middleware::Middleware` |
 //! | `axum` | no | the server face reads axum's `OriginalUri` (behind `Router::nest`) |

@@ -11,11 +11,18 @@
 //!   `support/redis.rs`; skipped with a notice without one, unless `REQUIRE_REDIS=1`).
 //!   Redis judges leases by its own clock, so the test sleeps for real: a short lease, a
 //!   few sleeps past it per case, and no retention expiry.
+//! - `RedisStore` over Redis Cluster (feature `redis-cluster`) runs the same way against a
+//!   local cluster of three primaries (see `support/redis_cluster.rs`); the two keys of a
+//!   case land on any of them.
 #![cfg(feature = "test-util")]
 
 #[cfg(feature = "redis")]
 #[path = "support/redis.rs"]
 mod redis_support;
+
+#[cfg(feature = "redis-cluster")]
+#[path = "support/redis_cluster.rs"]
+mod cluster_support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -371,7 +378,6 @@ const MAX_LAG: Duration = Duration::from_millis(100);
 #[cfg(feature = "redis")]
 #[test]
 fn redis_store_follows_the_model() {
-    use std::cell::Cell;
     use tower_idempotency::ledger::RedisStore;
 
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -382,11 +388,51 @@ fn redis_store_follows_the_model() {
         return;
     };
     let url = redis.url().to_owned();
-    run_property("RedisStore", 16, steps(40, false), REDIS, |ops| {
+    follows_the_model_on_real_time("RedisStore", &runtime, |prefix| {
+        RedisStore::builder(url.as_str()).prefix(prefix).connect()
+    });
+    drop(redis);
+}
+
+#[cfg(feature = "redis-cluster")]
+#[test]
+fn redis_cluster_store_follows_the_model() {
+    use tower_idempotency::ledger::RedisStore;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let Some(cluster) = runtime.block_on(cluster_support::RedisCluster::spawn(3, 0)) else {
+        return;
+    };
+    let urls = cluster.urls();
+    follows_the_model_on_real_time("RedisStore over Redis Cluster", &runtime, |prefix| {
+        RedisStore::cluster_builder(urls.iter().cloned())
+            .prefix(prefix)
+            .connect()
+    });
+    drop(cluster);
+}
+
+/// The Redis plan's cases against stores made by `connect` (one per case, with a prefix of
+/// its own), sleeping for real between the calls.
+#[cfg(feature = "redis")]
+fn follows_the_model_on_real_time<C, F>(name: &str, runtime: &tokio::runtime::Runtime, connect: C)
+where
+    C: Fn(String) -> F,
+    F: std::future::Future<
+        Output = Result<
+            tower_idempotency::ledger::RedisStore,
+            tower_idempotency::ledger::StoreError,
+        >,
+    >,
+{
+    use std::cell::Cell;
+
+    run_property(name, 16, steps(40, false), REDIS, |ops| {
         runtime.block_on(async {
-            let store = RedisStore::builder(url.as_str())
-                .prefix(format!("model-test:{:016x}:", fastrand::u64(..)))
-                .connect()
+            let store = connect(format!("model-test:{:016x}:", fastrand::u64(..)))
                 .await
                 .expect("connect to redis");
             // Real time should equal the model's: each advance sleeps until the model's
@@ -419,5 +465,4 @@ fn redis_store_follows_the_model() {
             }
         })
     });
-    drop(redis);
 }

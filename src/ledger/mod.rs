@@ -69,6 +69,9 @@ pub mod redis;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub(crate) use record::DigestState;
 pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+pub use redis::RedisClusterBuilder;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisStore, RedisStoreBuilder};

@@ -1,0 +1,820 @@
+//! `RedisStore` over a real local Redis Cluster: the conformance suite, round trips and
+//! latency against one Redis, two client stacks through different nodes, a slot migrated
+//! under load, a frozen primary against the operation timeout, and primaries lost to
+//! failovers.
+//!
+//! The tests start their own clusters (see `support/redis_cluster.rs`): one shared cluster
+//! of three primaries for the tests that leave its topology alone (each with a key prefix
+//! of its own), and a private one for each test that reshards, kills or counts commands.
+//! Without `redis-server` and `redis-cli` they are skipped with a notice
+//! (`REQUIRE_REDIS=1` makes that a failure).
+#![cfg(all(feature = "redis-cluster", feature = "test-util"))]
+
+#[path = "support/redis_cluster.rs"]
+mod cluster_support;
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+#[path = "support/orders.rs"]
+mod orders;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, Version};
+use http_body_util::BodyExt;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::idempotency::{ClientFace, Idempotency};
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, RedisStore, StoreError,
+    StoredResponse,
+};
+use tower_idempotency::retry::FrozenRetry;
+use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
+use tower_idempotency::testing::SideEffectService;
+use tower_idempotency::{FrozenRequest, FrozenRetryLayer, IdempotencyLayer};
+
+use orders::{fast_policy, post};
+
+use cluster_support::RedisCluster;
+
+const RETENTION: Duration = Duration::from_secs(600);
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A prefix of its own per test, so tests sharing the cluster never meet.
+fn unique_prefix() -> String {
+    format!("idem-cluster-test:{:016x}:", fastrand::u64(..))
+}
+
+fn fresh_key() -> LedgerKey {
+    let mut bytes = [0u8; 32];
+    fastrand::fill(&mut bytes);
+    LedgerKey::from_bytes(bytes)
+}
+
+fn frozen(body: &'static str) -> FrozenRequest {
+    FrozenRequest::from_parts(
+        Method::POST,
+        "http://provider.local/charges".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from_static(body.as_bytes()),
+    )
+}
+
+fn request(key: LedgerKey, frozen: &FrozenRequest) -> BeginRequest {
+    BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION).with_frozen(frozen.clone())
+}
+
+fn response(body: &'static str) -> Outcome {
+    Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from_static(body.as_bytes()),
+    ))
+}
+
+async fn connect(nodes: &[String], prefix: &str) -> RedisStore {
+    RedisStore::cluster_builder(nodes.iter().cloned())
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect to the cluster")
+}
+
+fn assert_replay(begin: Begin, body: &[u8]) {
+    match begin {
+        Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), body),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_store_passes_the_conformance_suite() {
+    let Some(cluster) = RedisCluster::shared().await else {
+        return;
+    };
+    let store = connect(&cluster.urls(), &unique_prefix()).await;
+    inspection_follows_the_record(&store).await;
+    // Each node judges leases and retention by its own clock, so the suite sleeps for real.
+    run_all(Arc::new(store), Clock::real()).await;
+}
+
+#[tokio::test]
+async fn records_spread_over_every_primary_and_any_node_reaches_them() {
+    let Some(cluster) = RedisCluster::shared().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let urls = cluster.urls();
+    // Two stores, each told of one node only: the client learns the rest of the cluster.
+    let first = connect(&urls[..1], &prefix).await;
+    let second = connect(&urls[1..2], &prefix).await;
+    let req = frozen("{\"amount\":1}");
+    let mut keys = Vec::new();
+    for _ in 0..32 {
+        let key = fresh_key();
+        let Begin::Acquired { token } = first.begin(request(key, &req)).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        first
+            .complete(key, token, response("done"), RETENTION)
+            .await
+            .unwrap();
+        keys.push(key);
+    }
+    for key in &keys {
+        assert_replay(second.begin(request(*key, &req)).await.unwrap(), b"done");
+    }
+    // Each primary holds some of them: the records are sharded, not pinned to one slot.
+    for node in cluster.nodes() {
+        let held: usize = cluster_support::cli(node.port(), &["dbsize"])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(held > 0, "node {} holds no record", node.port());
+    }
+}
+
+#[tokio::test]
+async fn connecting_to_no_cluster_fails_closed_and_fast() {
+    // A loopback port nobody listens on (bound, then released).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = std::time::Instant::now();
+    let err = RedisStore::cluster_builder([format!("redis://127.0.0.1:{port}/")])
+        .connection_timeout(Duration::from_millis(200))
+        .operation_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable() || err.is_timeout(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// `INFO commandstats` of one node, as `command -> calls`.
+fn command_calls(port: u16) -> HashMap<String, u64> {
+    cluster_support::cli(port, &["info", "commandstats"])
+        .lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, fields) = line.split_once(':')?;
+            let calls = fields.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The commands that reached the cluster from the store since the last reset, summed over
+/// every node: everything but what the scripts run inside Redis and the test's own `INFO`.
+fn store_commands(cluster: &RedisCluster) -> Vec<(String, u64)> {
+    const INSIDE_SCRIPTS: [&str; 9] = [
+        "hmget", "hget", "exists", "time", "hset", "hdel", "hincrby", "pexpire", "del",
+    ];
+    let mut total: HashMap<String, u64> = HashMap::new();
+    for node in cluster.nodes() {
+        for (name, calls) in command_calls(node.port()) {
+            if !INSIDE_SCRIPTS.contains(&name.as_str())
+                && name != "info"
+                && name != "config|resetstat"
+            {
+                *total.entry(name).or_default() += calls;
+            }
+        }
+    }
+    let mut sorted: Vec<_> = total.into_iter().collect();
+    sorted.sort();
+    sorted
+}
+
+fn reset_stats(cluster: &RedisCluster) {
+    for node in cluster.nodes() {
+        cluster_support::cli(node.port(), &["config", "resetstat"]);
+    }
+}
+
+#[tokio::test]
+async fn one_round_trip_per_ledger_operation_on_the_cluster() {
+    // A private cluster: anyone else's commands would spoil the counts.
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let store = connect(&cluster.urls(), "idem:").await;
+    let req = frozen("{\"amount\":1}");
+
+    // Warm up on keys of every primary: connections made, scripts cached, slot map known.
+    let mut keys = Vec::new();
+    for _ in 0..12 {
+        let key = fresh_key();
+        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        store
+            .complete(key, token, response("warm"), RETENTION)
+            .await
+            .unwrap();
+        keys.push(key);
+    }
+
+    // Fresh operations: begin + complete = two EVALSHA each, sent straight to the key's
+    // primary (no redirect, no topology query).
+    reset_stats(&cluster);
+    for _ in 0..10 {
+        let key = fresh_key();
+        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        store
+            .complete(key, token, response("done"), RETENTION)
+            .await
+            .unwrap();
+    }
+    let fresh = store_commands(&cluster);
+    eprintln!("10 fresh operations: {fresh:?}");
+    assert_eq!(fresh, [("evalsha".to_owned(), 20)], "fresh: {fresh:?}");
+
+    // Replays: one EVALSHA each.
+    reset_stats(&cluster);
+    for key in &keys[..10] {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"warm");
+    }
+    let replays = store_commands(&cluster);
+    eprintln!("10 replays: {replays:?}");
+    assert_eq!(
+        replays,
+        [("evalsha".to_owned(), 10)],
+        "replays: {replays:?}"
+    );
+}
+
+type Stack = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
+
+/// A client stack as an orchestrator builds it, over `store`, calling `provider`.
+fn client_stack(store: RedisStore, provider: &SideEffectService) -> Stack {
+    ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(5))))
+        .service(provider.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_identical_operations_from_two_stacks_on_different_nodes_fire_one_effect() {
+    let Some(cluster) = RedisCluster::shared().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let urls = cluster.urls();
+    // Each stack knows the cluster through a different node.
+    let stacks = [
+        client_stack(connect(&urls[..1], &prefix).await, &PROVIDER),
+        client_stack(connect(&urls[1..2], &prefix).await, &PROVIDER),
+    ];
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let callers: Vec<_> = (0..64)
+        .map(|i| {
+            let (stack, barrier) = (stacks[i % 2].clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = stack.oneshot(post(BODY)).await.unwrap();
+                let status = response.status();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                (status, body)
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for caller in callers {
+        outcomes.push(caller.await.unwrap());
+    }
+    // The provider does not dedupe (keys not honoured): only the ledger stands between
+    // 64 callers and 64 charges.
+    assert_eq!(
+        PROVIDER.effects(),
+        1,
+        "one effect for 64 identical operations"
+    );
+    assert_eq!(
+        PROVIDER.calls(),
+        1,
+        "the other 63 never reached the provider"
+    );
+    assert_eq!(outcomes[0].0, StatusCode::CREATED);
+    assert!(
+        outcomes.iter().all(|outcome| outcome == &outcomes[0]),
+        "every caller got the one outcome"
+    );
+}
+
+/// The provider of the 64-caller test: slow enough that the callers overlap, and naive
+/// (it would charge again for the same key).
+static PROVIDER: LazyLock<SideEffectService> = LazyLock::new(|| {
+    SideEffectService::builder()
+        .honour_keys(false)
+        .latency(Duration::from_millis(150))
+        .build()
+});
+
+const BODY: &str = r#"{"order_id":"ord_8f21c3","total_cents":184200}"#;
+
+/// The id of the node on `port`.
+fn node_id(port: u16) -> String {
+    cluster_support::cli(port, &["cluster", "myid"])
+        .trim()
+        .to_owned()
+}
+
+/// One operation run to the end: claimed, completed, then replayed.
+async fn fresh_operation(store: &RedisStore, key: LedgerKey) -> Result<(), StoreError> {
+    let req = frozen("{\"amount\":7}");
+    let Begin::Acquired { token } = store.begin(request(key, &req)).await? else {
+        panic!("a fresh key was not acquired")
+    };
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    store
+        .complete(key, token, response("charged"), RETENTION)
+        .await?;
+    assert_replay(store.begin(request(key, &req)).await?, b"charged");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_under_load_loses_nothing() {
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    // A hash tag in the prefix puts every record of this store in one slot: the one the
+    // test migrates (the store warns about such prefixes; here it is the point).
+    let prefix = "{migrating}:idem:";
+    let store = connect(&cluster.urls(), prefix).await;
+    let any = cluster.nodes()[0].port();
+    let slot = cluster_support::cli(any, &["cluster", "keyslot", "{migrating}"])
+        .trim()
+        .to_owned();
+
+    // Records settled before the migration: each must survive it.
+    let mut before = Vec::new();
+    for _ in 0..40 {
+        let key = fresh_key();
+        fresh_operation(&store, key).await.unwrap();
+        before.push(key);
+    }
+    let owner = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.port())
+        .find(|port| {
+            cluster_support::cli(*port, &["cluster", "countkeysinslot", &slot]).trim() != "0"
+        })
+        .expect("a node holds the slot's records");
+    let target = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.port())
+        .find(|port| *port != owner)
+        .unwrap();
+
+    // Load: operations start, settle and replay on the migrating slot all along.
+    let done = Arc::new(AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (store, done) = (store.clone(), done.clone());
+        load.spawn(async move {
+            let mut settled = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let key = fresh_key();
+                fresh_operation(&store, key).await?;
+                settled.push(key);
+            }
+            Ok::<_, StoreError>(settled)
+        });
+    }
+
+    // The migration, as `redis-cli --cluster reshard` does it, a few keys at a time.
+    let (owner_id, target_id) = (node_id(owner), node_id(target));
+    cluster_support::cli(
+        target,
+        &["cluster", "setslot", &slot, "importing", &owner_id],
+    );
+    cluster_support::cli(
+        owner,
+        &["cluster", "setslot", &slot, "migrating", &target_id],
+    );
+    let mut batches = 0;
+    loop {
+        let keys = cluster_support::cli(owner, &["cluster", "getkeysinslot", &slot, "5"]);
+        let keys: Vec<&str> = keys.lines().filter(|key| !key.is_empty()).collect();
+        if keys.is_empty() {
+            break;
+        }
+        let port = target.to_string();
+        let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+        migrate.extend(keys);
+        let reply = cluster_support::cli(owner, &migrate);
+        assert!(
+            reply.trim() == "OK" || reply.trim() == "NOKEY",
+            "MIGRATE: {reply}"
+        );
+        batches += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for node in cluster.nodes() {
+        cluster_support::cli(
+            node.port(),
+            &["cluster", "setslot", &slot, "node", &target_id],
+        );
+    }
+    // Keep the load on a little while the clients learn the new owner (MOVED).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    done.store(true, Ordering::Relaxed);
+    let mut during = Vec::new();
+    while let Some(worker) = load.join_next().await {
+        during.extend(
+            worker
+                .unwrap()
+                .expect("no store error during the migration"),
+        );
+    }
+    let asked = command_calls(target).get("asking").copied().unwrap_or(0);
+    eprintln!(
+        "migrated slot {slot} from {owner} to {target} in {batches} batches; {} operations \
+         under load, {asked} ASK redirects followed",
+        during.len()
+    );
+    assert!(
+        asked > 0,
+        "the load met the migration: some operations were redirected with ASK"
+    );
+
+    // Nothing lost: every operation settled before or during the migration replays, now
+    // from the new owner.
+    let req = frozen("{\"amount\":7}");
+    for key in before.iter().chain(&during) {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"charged");
+    }
+    let moved: usize = cluster_support::cli(target, &["cluster", "countkeysinslot", &slot])
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        moved,
+        before.len() + during.len(),
+        "every record is on the new owner"
+    );
+}
+
+/// `field:value` of `INFO <section>` on `port`.
+fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    cluster_support::cli(port, &["info", section])
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")).map(str::to_owned))
+}
+
+/// Wait until the replica on `replica` has everything its primary on `primary` wrote.
+async fn wait_until_replicated(primary: u16, replica: u16) {
+    let offset = |port, field| {
+        info_field(port, "replication", field)
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let written = offset(primary, "master_repl_offset");
+    for _ in 0..200 {
+        if offset(replica, "slave_repl_offset") >= written {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the replica on {replica} did not catch up with {primary}");
+}
+
+/// The primary holding `slot` (asked of `from`) and its replica.
+fn owner_and_replica(cluster: &RedisCluster, slot: &str, from: u16) -> (u16, u16) {
+    let owner = cluster
+        .primaries(from)
+        .into_iter()
+        .find(|port| {
+            cluster_support::cli(*port, &["cluster", "countkeysinslot", slot]).trim() != "0"
+        })
+        .expect("a primary holds the slot's records");
+    let replica = cluster
+        .replica_of(owner, from)
+        .expect("the primary has a replica");
+    (owner, replica)
+}
+
+/// A store whose records all share one slot (the hash tag in the prefix), so one primary
+/// and its replica hold them all; and that slot.
+async fn store_on_one_slot(cluster: &RedisCluster, tag: &str) -> (RedisStore, String) {
+    let store = connect(&cluster.urls(), &format!("{{{tag}}}:idem:")).await;
+    let any = cluster.nodes()[0].port();
+    let slot = cluster_support::cli(any, &["cluster", "keyslot", &format!("{{{tag}}}")])
+        .trim()
+        .to_owned();
+    (store, slot)
+}
+
+/// Settle `n` fresh operations; their keys.
+async fn settle(store: &RedisStore, n: usize) -> Vec<LedgerKey> {
+    let mut keys = Vec::with_capacity(n);
+    for _ in 0..n {
+        let key = fresh_key();
+        fresh_operation(store, key).await.unwrap();
+        keys.push(key);
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinated_failover_under_load_loses_nothing() {
+    let Some(cluster) = RedisCluster::spawn(3, 1).await else {
+        return;
+    };
+    let (store, slot) = store_on_one_slot(&cluster, "coordinated").await;
+    let before = settle(&store, 20).await;
+    let any = cluster.nodes()[0].port();
+    let (primary, replica) = owner_and_replica(&cluster, &slot, any);
+
+    let done = Arc::new(AtomicBool::new(false));
+    let mut load = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (store, done) = (store.clone(), done.clone());
+        load.spawn(async move {
+            let (mut settled, mut refused) = (Vec::new(), 0);
+            while !done.load(Ordering::Relaxed) {
+                let key = fresh_key();
+                match fresh_operation(&store, key).await {
+                    Ok(()) => settled.push(key),
+                    // Fail closed while the roles switch: an error, never a wrong answer.
+                    Err(err) if err.is_unavailable() || err.is_timeout() => refused += 1,
+                    Err(err) => panic!("unexpected error during the failover: {err:?}"),
+                }
+            }
+            (settled, refused)
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A manual failover: the primary stops taking writes, the replica catches up, then
+    // takes over. Asked of the replica, as an operator (or an orchestrator) does.
+    let started = std::time::Instant::now();
+    let reply = cluster_support::cli(replica, &["cluster", "failover"]);
+    assert_eq!(reply.trim(), "OK", "CLUSTER FAILOVER: {reply}");
+    while !cluster.primaries(replica).contains(&replica) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the replica on {replica} was never promoted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let switched = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    done.store(true, Ordering::Relaxed);
+    let (mut during, mut refused) = (Vec::new(), 0);
+    while let Some(worker) = load.join_next().await {
+        let (settled, errors) = worker.unwrap();
+        during.extend(settled);
+        refused += errors;
+    }
+    eprintln!(
+        "coordinated failover of {primary} to {replica} in {switched:?}: {} operations \
+         settled under load, {refused} refused while the roles switched",
+        during.len()
+    );
+    let req = frozen("{\"amount\":7}");
+    for key in before.iter().chain(&during) {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"charged");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_lost_before_its_replica_caught_up_loses_what_was_not_replicated() {
+    let Some(mut cluster) = RedisCluster::spawn(3, 1).await else {
+        return;
+    };
+    let (store, slot) = store_on_one_slot(&cluster, "lost").await;
+    let replicated = settle(&store, 20).await;
+    let any = cluster.nodes()[0].port();
+    let (primary, replica) = owner_and_replica(&cluster, &slot, any);
+    wait_until_replicated(primary, replica).await;
+
+    // The replica falls behind: frozen, and its replication link dropped, so nothing the
+    // primary acknowledges from now on reaches it.
+    cluster.pause(replica);
+    cluster_support::cli(primary, &["client", "kill", "type", "replica"]);
+
+    // With `min-replicas-to-write 1` the primary refuses writes it cannot replicate: the
+    // store fails closed, no claim is handed out, no side effect can fire.
+    cluster_support::cli(primary, &["config", "set", "min-replicas-to-write", "1"]);
+    let req = frozen("{\"amount\":7}");
+    let refused = store.begin(request(fresh_key(), &req)).await;
+    match &refused {
+        Err(err) => assert!(err.is_unavailable(), "{err:?}"),
+        Ok(begin) => panic!("an unreplicated claim was handed out: {begin:?}"),
+    }
+
+    // Without it (the default), the primary acknowledges what only it holds.
+    cluster_support::cli(primary, &["config", "set", "min-replicas-to-write", "0"]);
+    let unreplicated = settle(&store, 20).await;
+
+    // The primary dies; the replica, back, is promoted without waiting for it.
+    let killed = std::time::Instant::now();
+    cluster.kill(primary);
+    cluster.resume(replica);
+    let reply = cluster_support::cli(replica, &["cluster", "failover", "takeover"]);
+    assert_eq!(reply.trim(), "OK", "CLUSTER FAILOVER TAKEOVER: {reply}");
+
+    // The same store finds the new primary by itself; until then it fails closed.
+    let mut failed_closed = 0;
+    loop {
+        match store.begin(request(replicated[0], &req)).await {
+            Ok(begin) => {
+                assert_replay(begin, b"charged");
+                break;
+            }
+            Err(err) => {
+                assert!(err.is_unavailable() || err.is_timeout(), "{err:?}");
+                failed_closed += 1;
+                assert!(
+                    killed.elapsed() < Duration::from_secs(15),
+                    "the store never found the promoted replica"
+                );
+            }
+        }
+    }
+    let recovered = killed.elapsed();
+
+    // What was replicated survived; what the primary alone held is gone: its operations
+    // read as never seen, and a retry of one would run it again.
+    for key in &replicated {
+        assert_replay(store.begin(request(*key, &req)).await.unwrap(), b"charged");
+    }
+    let mut lost = 0;
+    for key in &unreplicated {
+        if store.inspect(*key).await.unwrap().is_none() {
+            lost += 1;
+        }
+    }
+    eprintln!(
+        "primary {primary} killed, replica {replica} promoted: the store answered again after \
+         {recovered:?} ({failed_closed} calls failed closed meanwhile); {} of {} replicated \
+         operations kept, {lost} of {} acknowledged but unreplicated operations lost",
+        replicated.len(),
+        replicated.len(),
+        unreplicated.len()
+    );
+    assert_eq!(
+        lost,
+        unreplicated.len(),
+        "asynchronous replication: every acknowledged write the replica never received is lost"
+    );
+}
+
+/// The median and the 99th percentile of `samples`.
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// Per-operation latency of `store`: `n` fresh operations (begin + complete), then a replay
+/// of each.
+async fn latencies(store: &RedisStore, n: usize) -> [(Duration, Duration); 2] {
+    let req = frozen("{\"amount\":1}");
+    let (mut fresh, mut replay, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        let key = fresh_key();
+        let started = std::time::Instant::now();
+        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        store
+            .complete(key, token, response("done"), RETENTION)
+            .await
+            .unwrap();
+        fresh.push(started.elapsed());
+        keys.push(key);
+    }
+    for key in keys {
+        let started = std::time::Instant::now();
+        assert_replay(store.begin(request(key, &req)).await.unwrap(), b"done");
+        replay.push(started.elapsed());
+    }
+    [percentiles(fresh), percentiles(replay)]
+}
+
+#[tokio::test]
+async fn an_operation_on_the_cluster_costs_what_it_costs_on_one_redis() {
+    // Both in one run, on the same machine: one private single-node Redis, one private
+    // cluster, the same operations, one after the other.
+    let Some(single) = redis_support::RedisServer::spawn().await else {
+        return;
+    };
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let single_store = RedisStore::builder(single.url())
+        .prefix(unique_prefix())
+        .connect()
+        .await
+        .unwrap();
+    let cluster_store = connect(&cluster.urls(), &unique_prefix()).await;
+    // Warm both up (connections, slot map), then measure.
+    latencies(&single_store, 20).await;
+    latencies(&cluster_store, 20).await;
+    let n = 300;
+    let [single_fresh, single_replay] = latencies(&single_store, n).await;
+    let [cluster_fresh, cluster_replay] = latencies(&cluster_store, n).await;
+    eprintln!(
+        "{n} operations each (median / p99): fresh single {:?} / {:?}, cluster {:?} / {:?}; \
+         replay single {:?} / {:?}, cluster {:?} / {:?}",
+        single_fresh.0,
+        single_fresh.1,
+        cluster_fresh.0,
+        cluster_fresh.1,
+        single_replay.0,
+        single_replay.1,
+        cluster_replay.0,
+        cluster_replay.1
+    );
+    // The same round trips (two, one), straight to the key's primary: no more than the
+    // cluster client's own bookkeeping on top. Loose bounds: the machine is shared.
+    let slack = Duration::from_millis(1);
+    assert!(
+        cluster_fresh.0 <= single_fresh.0 * 2 + slack,
+        "fresh: cluster {cluster_fresh:?} against single {single_fresh:?}"
+    );
+    assert!(
+        cluster_replay.0 <= single_replay.0 * 2 + slack,
+        "replay: cluster {cluster_replay:?} against single {single_replay:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_frozen_primary_trips_the_operation_timeout_and_the_same_store_recovers() {
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .prefix("{frozen}:idem:")
+        .operation_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let settled = settle(&store, 1).await;
+    let slot = cluster_support::cli(
+        cluster.nodes()[0].port(),
+        &["cluster", "keyslot", "{frozen}"],
+    )
+    .trim()
+    .to_owned();
+    let owner = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.port())
+        .find(|port| {
+            cluster_support::cli(*port, &["cluster", "countkeysinslot", &slot]).trim() != "0"
+        })
+        .unwrap();
+
+    // Frozen: connections stay open, nothing is answered. Each call gives up at the
+    // operation timeout, closed: an error, never a claim.
+    cluster.pause(owner);
+    let req = frozen("{\"amount\":7}");
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        match store.begin(request(fresh_key(), &req)).await {
+            Err(err) => assert!(err.is_timeout() || err.is_unavailable(), "{err:?}"),
+            Ok(begin) => panic!("answered {begin:?} while the slot's primary was frozen"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(800),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    // Back: the same store works again, and what was settled is still there.
+    cluster.resume(owner);
+    let started = std::time::Instant::now();
+    loop {
+        match store.begin(request(settled[0], &req)).await {
+            Ok(begin) => {
+                assert_replay(begin, b"charged");
+                break;
+            }
+            Err(_) if started.elapsed() < Duration::from_secs(10) => {}
+            Err(err) => panic!("the store did not recover: {err:?}"),
+        }
+    }
+    fresh_operation(&store, fresh_key()).await.unwrap();
+}

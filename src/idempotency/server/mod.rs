@@ -645,8 +645,9 @@ impl IdempotencyLayer<Server> {
     /// - A process that dies before the commit leaves nothing (PostgreSQL rolls back), so
     ///   no key is ever left in doubt by this mode.
     /// - A duplicate arriving while the first runs waits for its commit up to the
-    ///   [`BusyPolicy::Wait`] bound and replays it, or is answered `409` at once under
-    ///   [`BusyPolicy::Fail`] (the default).
+    ///   [`BusyPolicy::Wait`] bound and replays it, or is answered `409` under
+    ///   [`BusyPolicy::Fail`] (the default) after the store's
+    ///   [`lock_wait`](crate::ledger::PostgresStoreBuilder::lock_wait) (100 ms).
     /// - A commit that fails (or whose answer is lost) is answered `503` with
     ///   `Retry-After`: the retry then replays the record or, finding none, runs again.
     ///

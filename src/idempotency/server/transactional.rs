@@ -3,7 +3,6 @@
 //! [`IdempotencyLayer::transactional_server_builder`](crate::IdempotencyLayer::transactional_server_builder)).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -18,22 +17,20 @@ use crate::ledger::postgres::OpenTransaction;
 use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, PostgresStore, StoreError};
 use crate::BoxError;
 
-/// How long a claim waits for another open transaction holding its key under
-/// [`BusyPolicy::Fail`]: long enough to pass a sweep's brief row locks, short enough to be
-/// "at once" for the client.
-const FAIL_FAST_LOCK_WAIT: Duration = Duration::from_millis(10);
-
 /// Open the request's transaction with its claim.
 pub(super) async fn claim(
     database: &PostgresStore,
     begin: &BeginRequest,
     busy: BusyPolicy,
 ) -> Result<(Begin, OpenTransaction), StoreError> {
+    // Under `Fail`, the store's lock wait (100 ms by default): long enough to ride out the
+    // brief locks of a sweep or of the table growing under I/O pressure (a fresh key must
+    // not be answered busy), short enough to be "at once" for a duplicate's client.
     let lock_wait = match busy {
         // Waiting on the first request's row lock is waiting for its commit, after which
         // the claim reads its record and replays it: no polling.
-        BusyPolicy::Wait(limit) => limit.max(FAIL_FAST_LOCK_WAIT),
-        BusyPolicy::Fail => FAIL_FAST_LOCK_WAIT,
+        BusyPolicy::Wait(limit) => limit.max(database.lock_wait()),
+        BusyPolicy::Fail => database.lock_wait(),
     };
     database.begin_in_transaction(begin, lock_wait).await
 }

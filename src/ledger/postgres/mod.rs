@@ -84,7 +84,7 @@
 //!
 //! While the transaction is open, its claim is an uncommitted row: a duplicate request
 //! waits up to the busy policy's bound for it to commit (then replays), or is answered
-//! `409` at once.
+//! `409` after the [`lock_wait`](PostgresStoreBuilder::lock_wait).
 //!
 //! # Durability, failover, clocks
 //!
@@ -447,6 +447,11 @@ impl PostgresStore {
     /// The schema holding the ledger's table and functions.
     pub fn schema(&self) -> &str {
         &self.inner.schema
+    }
+
+    /// See [`PostgresStoreBuilder::lock_wait`].
+    pub(crate) fn lock_wait(&self) -> Duration {
+        self.inner.lock_wait
     }
 
     async fn bounded<T>(

@@ -581,6 +581,15 @@ impl ServerBuilder {
                 "the {never} header must never be replayed"
             )));
         }
+        #[cfg(feature = "postgres")]
+        if self.fail_open && self.transactional.is_some() {
+            // The handler's writes need the very database that is unavailable: running it
+            // "unprotected" would only run it without its transaction.
+            return Err(ConfigError::new(
+                "fail_open cannot be combined with the transactional mode: the handler's \
+                 writes go to the ledger's database",
+            ));
+        }
         let server = Server {
             ledger: Ledger::new(self.store, self.lease, self.retention, self.protected),
             scope: self.scope,

@@ -5,6 +5,18 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --release --features postgres --example postgres_op_cost
 //! ```
 //!
+//! Then the transactional server mode: a handler inserting one row through the request's
+//! transaction behind `IdempotencyLayer::transactional_server_builder` (called in process,
+//! no HTTP), against the same handler running its own `BEGIN` / `INSERT` / `COMMIT` with no
+//! layer: the difference is what the ledger adds to the handler's transaction.
+//!
+//! Then the transactional server mode: a handler inserting one row through the request's
+//! transaction behind `IdempotencyLayer::transactional_server_builder` (called in process,
+//! no HTTP), against the same insert in its own `BEGIN` / `INSERT` / `COMMIT` with no layer:
+//! the difference is what the ledger adds to the handler's transaction.
+//! `OP_COST_ONLY=transactional` runs only this part (e.g. under `strace -c` to count the
+//! socket writes per request).
+//!
 //! Round trips are counted by the server: each ledger call is one statement in its own
 //! transaction, so the growth of `pg_stat_database.xact_commit` per operation is its
 //! number of statements (the store's own connections, prepared once, send one message
@@ -60,6 +72,9 @@ async fn main() -> Result<(), BoxError> {
         )
         .await?;
 
+    if std::env::var("OP_COST_ONLY").as_deref() == Ok("transactional") {
+        return transactional(&store).await;
+    }
     let before = commits(&store).await?;
     let mut fresh = Vec::with_capacity(OPS);
     for key in &keys {
@@ -86,12 +101,95 @@ async fn main() -> Result<(), BoxError> {
     report(
         "fresh (begin + complete)",
         &mut fresh,
-        (middle - before - 2) as f64 / OPS as f64,
+        format!(
+            "{:.2} statements/op",
+            (middle - before - 2) as f64 / OPS as f64
+        ),
     );
     report(
         "replay (begin)",
         &mut replays,
-        (after - middle - 2) as f64 / OPS as f64,
+        format!(
+            "{:.2} statements/op",
+            (after - middle - 2) as f64 / OPS as f64
+        ),
+    );
+    transactional(&store).await
+}
+
+type Body = http_body_util::Full<bytes::Bytes>;
+
+/// The handler's own transaction with and without the transactional layer around it.
+async fn transactional(store: &PostgresStore) -> Result<(), BoxError> {
+    use tower::{Layer, ServiceExt};
+    use tower_idempotency::idempotency::RequestBody;
+    use tower_idempotency::ledger::PostgresTransaction;
+    use tower_idempotency::IdempotencyLayer;
+
+    let table = format!("{}.rows", store.schema());
+    let client = store.pool().get().await?;
+    client
+        .batch_execute(&format!("CREATE TABLE {table} (n bigint)"))
+        .await?;
+    let insert = format!("INSERT INTO {table} (n) VALUES (1)");
+    let statement = client.prepare_cached(&insert).await?;
+
+    // Baseline: the handler's own transaction, three round trips.
+    let mut bare = Vec::with_capacity(OPS);
+    for _ in 0..OPS {
+        let started = Instant::now();
+        client.batch_execute("BEGIN").await?;
+        client.execute(&statement, &[]).await?;
+        client.batch_execute("COMMIT").await?;
+        bare.push(started.elapsed());
+    }
+    drop(client);
+
+    let handler = tower::service_fn(move |request: http::Request<RequestBody<Body>>| {
+        let insert = insert.clone();
+        async move {
+            let tx = request
+                .extensions()
+                .get::<PostgresTransaction>()
+                .cloned()
+                .ok_or("no transaction")?;
+            let client = tx.client().await?;
+            let statement = client.prepare_cached(&insert).await?;
+            client.execute(&statement, &[]).await?;
+            let response = http::Response::builder()
+                .status(201)
+                .body(Body::new(bytes::Bytes::from_static(b"ok")))?;
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .build()?;
+    let service = layer.layer(handler);
+    let mut layered = Vec::with_capacity(OPS);
+    for n in 0..OPS {
+        let key = format!("\"row-{n}-{:08x}\"", fastrand::u32(..));
+        let request = http::Request::post("/rows")
+            .header("idempotency-key", key)
+            .body(Body::new(bytes::Bytes::from_static(b"{}")))?;
+        let started = Instant::now();
+        let response = service.clone().oneshot(request).await?;
+        if response.status() != 201 {
+            return Err(format!("unexpected {}", response.status()).into());
+        }
+        layered.push(started.elapsed());
+    }
+    // BEGIN, INSERT, COMMIT: three round trips either way; the layer sends its claim with
+    // the first and its record with the last.
+    report(
+        "handler tx, no layer",
+        &mut bare,
+        "3 round trips".to_owned(),
+    );
+    report(
+        "handler tx, transactional",
+        &mut layered,
+        "3 round trips (pipelined)".to_owned(),
     );
     Ok(())
 }
@@ -112,12 +210,12 @@ async fn commits(store: &PostgresStore) -> Result<i64, BoxError> {
     Ok(row.get(0))
 }
 
-fn report(what: &str, samples: &mut [Duration], statements: f64) {
+fn report(what: &str, samples: &mut [Duration], count: String) {
     samples.sort();
     let mean = samples.iter().sum::<Duration>() / samples.len() as u32;
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
     println!(
-        "{what:<26} {statements:.2} statements/op   mean {mean:>9.1?}   p50 {:>9.1?}   p99 {:>9.1?}",
+        "{what:<26} {count:<28} mean {mean:>9.1?}   p50 {:>9.1?}   p99 {:>9.1?}",
         at(0.5),
         at(0.99)
     );

@@ -13,10 +13,16 @@
 //! connection would take most of a minute, and a Redis hash lookup does not depend on the
 //! key count). Skipped, with a notice, when `redis-server` is not installed.
 //!
+//! `moka_ledger`: the same begin+complete and replays against `common/moka_ledger.rs`, the
+//! best moka-backed design (outcomes in `moka::sync`, LRU, weighed in bytes), the yardstick
+//! `MemoryStore` is measured against.
+//!
 //! Run: `cargo bench --bench ledger` (add `--features redis` for the Redis half).
 
 #[path = "common/ledger.rs"]
 mod ledger_common;
+#[path = "common/moka_ledger.rs"]
+mod moka_ledger;
 
 use ledger_common::{begin_complete, key, outcome, replay, Picker};
 
@@ -169,6 +175,53 @@ fn memory_store(c: &mut Criterion) {
     group.finish();
 }
 
+/// The same begin+complete and replay against the best moka-backed ledger
+/// (`common/moka_ledger.rs`), the design `MemoryStore` replaced, in the same run.
+fn moka_ledger(c: &mut Criterion) {
+    let rt = runtime();
+    let outcome = outcome();
+    let weight = moka_ledger::MokaLedger::weight_of(None, &outcome);
+    let mut group = c.benchmark_group("moka_ledger");
+    for &live in sizes() {
+        let store = moka_ledger::MokaLedger::new(live * weight * 102 / 100);
+        rt.block_on(async {
+            for i in 0..live {
+                begin_complete(&store, key(i), &outcome).await;
+            }
+        });
+        store.run_pending_tasks();
+        let store = std::sync::Arc::new(store);
+        group.bench_with_input(BenchmarkId::new("replay", live), &live, |b, &live| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let store = store.clone();
+                async move {
+                    let mut picker = Picker(0x1234_5678_9abc_def1 ^ iters);
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        replay(&*store, key(picker.next(live))).await;
+                    }
+                    start.elapsed()
+                }
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("begin_complete", live), &live, |b, _| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let store = store.clone();
+                let outcome = outcome.clone();
+                async move {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let fresh = NEXT_FRESH.fetch_add(1, Ordering::Relaxed);
+                        begin_complete(&*store, key(fresh), &outcome).await;
+                    }
+                    start.elapsed()
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
 #[cfg(feature = "redis")]
 mod redis_bench {
     use super::*;
@@ -315,6 +368,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .noise_threshold(0.03);
-    targets = memory_store, redis_store
+    targets = memory_store, moka_ledger, redis_store
 }
 criterion_main!(benches);

@@ -13,6 +13,9 @@
 //!    step, which our layer catches as drift, naming the fields that changed.
 //! 3. **Crash and resume.** The orchestrator dies after its request left; it comes back,
 //!    the agent regenerates the payload, and the call is made again.
+//! 4. **A provider that ignores keys.** The charge lands, the orchestrator dies before the
+//!    answer; on resume a resend would charge again. Ours asks the provider whether it
+//!    happened (reconciliation) and returns the provider's own record.
 //!
 //! Every count in the final table is read from the provider's own records.
 //!
@@ -41,7 +44,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower::retry::Policy;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::Client;
+use tower_idempotency::idempotency::ClientFace;
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{
@@ -307,6 +310,16 @@ enum LedgerChoice {
     },
 }
 
+impl std::fmt::Display for LedgerChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Memory => f.write_str("in this process (MemoryStore)"),
+            #[cfg(feature = "redis")]
+            Self::Redis { prefix, .. } => write!(f, "Redis at REDIS_URL, keys under {prefix}"),
+        }
+    }
+}
+
 static LEDGER: std::sync::OnceLock<LedgerChoice> = std::sync::OnceLock::new();
 
 fn choose_ledger() -> LedgerChoice {
@@ -339,7 +352,7 @@ async fn ledger() -> Arc<dyn IdempotencyStore> {
 
 /// Our client layer. The lease is short so that, after a crash nothing could clean up
 /// after (a SIGKILL), the resumed orchestrator waits seconds, not a minute.
-fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<Client> {
+fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<ClientFace> {
     IdempotencyLayer::client_builder(store)
         .lease(Duration::from_secs(2))
         .retry_window(Duration::from_secs(1))
@@ -376,24 +389,28 @@ async fn charge_after_timeout(provider: &Provider, base: &str) -> Row {
         status_of(&naive_result)
     );
 
-    // Ours: the key comes from (task_id, step_id); retries resend the frozen bytes.
-    let body = json!({"order_id": "order_43", "amount_cents": 1999});
+    // Ours: the same charge of order_42. The key comes from (task_id, step_id); retries
+    // resend the frozen bytes.
+    let op = OperationId::new("task-1", "charge_customer");
+    println!(
+        "  ours:  the key derived from (task-1, charge_customer), sent on every attempt:\n         Idempotency-Key: {}",
+        op.key("").header_value().to_str().expect("a derived key is ASCII")
+    );
     provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
     let ours = ServiceBuilder::new()
         .layer(our_layer(ledger().await, DriftPolicy::Reject))
         .layer(FrozenRetryLayer::new(our_retry_policy()))
         .service(hyper_client());
     let mut req = json_post(&uri, &body);
-    req.extensions_mut()
-        .insert(OperationId::new("task-1", "charge_customer"));
+    req.extensions_mut().insert(op);
     let response = ours
         .oneshot(req)
         .await
         .expect("our stack gets the real answer");
     let receipt = response.into_body().collect().await.unwrap().to_bytes();
-    let our_charges = provider.charges_for("order_43");
+    let our_charges = provider.charges_for("order_42") - naive_charges;
     println!(
-        "  ours:  201 {}; charges for order_43: {our_charges}",
+        "  ours:  201 {}; charges for order_42 made by this stack: {our_charges}",
         String::from_utf8_lossy(&receipt)
     );
     Row {
@@ -412,8 +429,10 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
     let mut agent = Agent::default();
     provider.trouble_next("orders", Trouble::ErrorAfterWrite);
     let client = hyper_client();
+    let mut runs = Vec::new();
     for _attempt in 0..3 {
         let call = agent.create_order_call();
+        runs.push(call["fulfillment_intent_id"].clone());
         let response = client.request(json_post(&uri, &call)).await.unwrap();
         if response.status().is_success() {
             break;
@@ -425,9 +444,12 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
         agent.runs
     );
     for row in provider.order_rows("ord_8f21c3") {
+        let intent = &row["fulfillment_intent_id"];
+        let run = runs.iter().position(|id| id == intent).map_or(0, |i| i + 1);
         println!(
-            "         {} {}",
-            row["fulfillment_intent_id"], row["summary"]
+            "         agent run {run}: {} {}",
+            intent.as_str().unwrap_or_default(),
+            row["summary"]
         );
     }
 
@@ -449,9 +471,9 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
     provider.trouble_next("orders", Trouble::ErrorAfterWrite);
     let response = ours.clone().oneshot(restock(&call)).await.unwrap();
     println!(
-        "  ours:  {} after a 500; the agent ran {} time",
+        "  ours:  agent run 1: {}; {} after a 500, the retry resent its frozen bytes",
+        call["fulfillment_intent_id"].as_str().unwrap_or_default(),
         response.status(),
-        agent.runs
     );
 
     // The orchestrator re-runs the whole agent step: new bytes under the same operation.
@@ -465,7 +487,10 @@ async fn retry_regenerated_the_request(provider: &Provider, base: &str) -> Row {
         .and_then(|d| d.changed_fields())
         .map(|f| f.join(", "))
         .unwrap_or_default();
-    println!("  ours:  the agent re-run was refused as drift; changed fields: {fields}");
+    println!(
+        "  ours:  agent run 2 (the orchestrator re-ran the step): {}, refused as drift; changed fields: {fields}",
+        rerun["fulfillment_intent_id"].as_str().unwrap_or_default()
+    );
     let our_rows = provider.order_rows_for("ord_restock_2");
     println!("         rows for ord_restock_2: {our_rows}");
     Row {
@@ -550,12 +575,17 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     let mut req = json_post(&uri, &regenerated);
     req.extensions_mut().insert(op);
     let response = after_restart.oneshot(req).await.expect("resumed");
-    let source = response.extensions().get::<ResponseSource>().copied();
+    let how = match response.extensions().get::<ResponseSource>() {
+        Some(ResponseSource::Resent) => "resent the frozen bytes",
+        Some(ResponseSource::Replayed) => "replayed the recorded answer",
+        Some(ResponseSource::Sent) => "sent for the first time",
+        _ => "sent unprotected",
+    };
     let row: Value =
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let our_rows = provider.order_rows_for("ord_crash_ours");
     println!(
-        "  ours:  resumed ({source:?}); the provider answered with {} (the first run's id); rows: {our_rows}",
+        "  ours:  resumed ({how}); the provider answered with {} (the first run's id); rows: {our_rows}",
         row["fulfillment_intent_id"]
     );
     assert_eq!(row["fulfillment_intent_id"], first["fulfillment_intent_id"]);
@@ -564,6 +594,106 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
         naive: naive_rows,
         ours: our_rows,
         note: "resent the frozen bytes, not the regenerated payload".into(),
+    }
+}
+
+/// A provider that ignores `Idempotency-Key` (the testing kit's, served over HTTP): the
+/// orchestrator crashes after its charge left; on resume, resending would charge again.
+/// Ours asks the provider first (`GET /effects?idempotency_key=…`) and records what it says.
+async fn crash_against_a_provider_that_ignores_keys() -> Row {
+    use tower_idempotency::idempotency::LookupReconciler;
+    use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
+
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = provider.clone().serve(listener).await.unwrap();
+    let uri = server.uri("/charges").to_string();
+    let body = json!({"order_id": "order_44", "amount_cents": 1999});
+    // Crash once the charge has landed (its answer never comes: the kit holds it).
+    let crash_after_charge = |task: tokio::task::JoinHandle<()>, key: String| {
+        let provider = provider.clone();
+        async move {
+            while provider.effects_for_key(&key) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            task.abort();
+        }
+    };
+
+    // Naive: a key on the request, which this provider ignores; the resumed run resends.
+    provider.push_fault(Fault::CommitThenTimeout);
+    let naive_key = "order_44-charge";
+    let keyed = || {
+        let mut req = json_post(&uri, &body);
+        req.headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static(naive_key));
+        req
+    };
+    let first = tokio::spawn({
+        let req = keyed();
+        async move {
+            let _ = hyper_client().request(req).await;
+        }
+    });
+    crash_after_charge(first, naive_key.to_owned()).await;
+    hyper_client().request(keyed()).await.unwrap();
+    let naive_charges = provider.effects_for_key(naive_key);
+    println!("  naive: crashed, resumed, resent under the same key; charges: {naive_charges}");
+
+    // Ours: the same crash; the resumed run reconciles before anything is resent.
+    let store = ledger().await;
+    let op = OperationId::new("task-4", "charge_customer");
+    let stack = |reconcile: bool| {
+        let builder = IdempotencyLayer::client_builder(store.clone())
+            .lease(Duration::from_secs(2))
+            .retry_window(Duration::from_secs(1))
+            .provider_deduplicates(false);
+        let builder = if reconcile {
+            builder.reconcile(
+                LookupReconciler::by_key(hyper_client(), LOOKUP_PATH, "idempotency_key")
+                    .applied_status(StatusCode::CREATED),
+            )
+        } else {
+            builder
+        };
+        ServiceBuilder::new()
+            .layer(builder.build().expect("valid client settings"))
+            .service(hyper_client())
+    };
+    let charge = || {
+        let mut req = json_post(&uri, &body);
+        req.extensions_mut().insert(op.clone());
+        req
+    };
+    provider.push_fault(Fault::CommitThenTimeout);
+    let first = tokio::spawn({
+        let (stack, req) = (stack(false), charge());
+        async move {
+            let _ = stack.oneshot(req).await;
+        }
+    });
+    crash_after_charge(first, op.key("").to_hex()).await;
+    // Let the dropped stack settle its lease (in doubt), as it does on a real shutdown.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    println!("  ours:  the orchestrator task was dropped after its charge left");
+
+    let response = stack(true).oneshot(charge()).await.expect("reconciled");
+    let source = response.extensions().get::<ResponseSource>().copied();
+    assert_eq!(source, Some(ResponseSource::Reconciled));
+    let receipt: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let our_charges = provider.effects_for_operation(&op, "");
+    println!(
+        "  ours:  resumed: reconciled with the provider, which has {} on record; recorded and \
+         returned to the caller; charges: {our_charges}",
+        receipt["effect_id"]
+    );
+    server.shutdown().await;
+    Row {
+        scenario: "4. provider ignores keys, crash, then resume",
+        naive: naive_charges,
+        ours: our_charges,
+        note: "asked the provider before resending; its answer was recorded and returned".into(),
     }
 }
 
@@ -613,7 +743,7 @@ async fn main() {
     let _ = args;
     LEDGER.set(choose_ledger()).unwrap();
     let (provider, base) = start_provider().await;
-    println!("ledger: {:?}", LEDGER.get().unwrap());
+    println!("ledger: {}", LEDGER.get().unwrap());
     println!("provider listening on {base}\n");
 
     println!("1. charge_customer(order_42): the answer is slower than the caller's timeout");
@@ -622,8 +752,10 @@ async fn main() {
     let two = retry_regenerated_the_request(&provider, &base).await;
     println!("\n3. create_order: the orchestrator crashes after sending, then resumes");
     let three = crash_and_resume(&provider, &base).await;
+    println!("\n4. charge_customer(order_44): a provider that ignores keys; crash after sending");
+    let four = crash_against_a_provider_that_ignores_keys().await;
 
-    let rows = [one, two, three];
+    let rows = [one, two, three, four];
     println!(
         "\n{:<52} {:>13} {:>12}",
         "scenario", "naive effects", "our effects"

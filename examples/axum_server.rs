@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! cargo run --example axum_server            # PORT=3000, CHARGE_LATENCY_MS=20
+//! # a duplicate of a charge in progress waits for its response instead of getting a 409:
+//! IN_FLIGHT=wait cargo run --example axum_server
 //! # several instances on one shared ledger:
 //! LEDGER=redis REDIS_URL=redis://127.0.0.1:6379/ PORT=3001 cargo run --features redis --example axum_server
 //! # the charges table and the ledger in one PostgreSQL database, committed together:
@@ -19,6 +21,9 @@
 //!   answers `201` with `{"charge_id", "order_id", "amount_cents"}`.
 //! - `GET /charges?order_id=X` lists the caller's charges for that order.
 //! - The tenant is the `Authorization` header's value; without one, `401`.
+//! - `IN_FLIGHT=409` (the default) answers a duplicate of a charge still in progress with
+//!   `409` and `Retry-After`, as the IETF draft says; `IN_FLIGHT=wait` makes it wait (up to
+//!   `IN_FLIGHT_WAIT_MS`, default 10 000) for the first request's response and replay it.
 //!
 //! Authentication runs **outside** the idempotency layer, so the layer can scope keys by
 //! the authenticated tenant (one tenant's key never meets another's) and unauthenticated
@@ -48,7 +53,7 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
-use tower_idempotency::{BoxError, IdempotencyLayer};
+use tower_idempotency::{BoxError, BusyPolicy, IdempotencyLayer};
 
 /// The authenticated caller: here simply the `Authorization` header's value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -78,8 +83,19 @@ struct Payments {
 
 /// The whole service over an idempotency `store`; the payment provider takes
 /// `provider_latency` per charge.
+#[allow(dead_code)]
 pub fn app(store: impl IdempotencyStore, provider_latency: Duration) -> Router {
+    app_with(store, provider_latency, BusyPolicy::Fail)
+}
+
+/// [`app`], with duplicates of an in-flight charge handled per `in_flight`.
+pub fn app_with(
+    store: impl IdempotencyStore,
+    provider_latency: Duration,
+    in_flight: BusyPolicy,
+) -> Router {
     let idempotency = IdempotencyLayer::server_builder(store)
+        .busy_policy(in_flight)
         // Keys belong to the tenant the authentication middleware found.
         .scope(|parts| {
             parts
@@ -95,12 +111,19 @@ pub fn app(store: impl IdempotencyStore, provider_latency: Duration) -> Router {
         next_id: Arc::new(AtomicU64::new(1)),
         provider_latency,
     };
-    Router::new()
-        .route("/charges", post(create_charge).get(list_charges))
-        // `route_layer`: requests to unknown paths get their plain 404, not a missing-key 400.
+    // The layers go on the method router, around the methods it serves: axum's own answers
+    // (`404` for an unknown path, `405` for a method `/charges` does not serve) are given
+    // outside them, untouched. Layered on the whole `Router`, the idempotency layer would
+    // also wrap the `405` fallback: a keyless `PATCH` would get `400 key-missing`, and a
+    // keyed one would have its `405` recorded and replayed.
+    let charges = post(create_charge)
+        // Only `POST` goes through the ledger.
         .route_layer(idempotency)
-        // Added last, so it runs first: no tenant, no ledger access.
-        .route_layer(middleware::from_fn(authenticate))
+        .get(list_charges)
+        // Added last, so it runs first, for every method served: no tenant, no ledger access.
+        .route_layer(middleware::from_fn(authenticate));
+    Router::new()
+        .route("/charges", charges)
         .with_state(payments)
 }
 
@@ -204,6 +227,19 @@ async fn redis_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
     )
 }
 
+/// `IN_FLIGHT`: `409` (default) or `wait` (for `IN_FLIGHT_WAIT_MS`).
+#[allow(dead_code)]
+fn in_flight_policy() -> Result<BusyPolicy, BoxError> {
+    match std::env::var("IN_FLIGHT").as_deref() {
+        Ok("409") | Err(_) => Ok(BusyPolicy::Fail),
+        Ok("wait") => Ok(BusyPolicy::Wait(Duration::from_millis(env_or(
+            "IN_FLIGHT_WAIT_MS",
+            10_000,
+        )?))),
+        Ok(other) => Err(format!("IN_FLIGHT={other:?}: expected `409` or `wait`").into()),
+    }
+}
+
 #[allow(dead_code)]
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
     match std::env::var(name) {
@@ -228,7 +264,7 @@ async fn main() -> Result<(), BoxError> {
 
     let router = match std::env::var("LEDGER").as_deref() {
         Ok("postgres") => postgres_app_from_env(latency).await?,
-        _ => app(ledger().await?, latency),
+        _ => app_with(ledger().await?, latency, in_flight_policy()?),
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on http://{}", listener.local_addr()?);
@@ -309,11 +345,13 @@ pub mod postgres {
             provider_latency,
             hold_after_write,
         };
-        Ok(Router::new()
-            .route("/charges", post(create_charge).get(list_charges))
+        // As in `app_with`: the layers on the method router, so axum's own 404 and 405
+        // stay outside them.
+        let route = post(create_charge)
             .route_layer(idempotency)
-            .route_layer(middleware::from_fn(authenticate))
-            .with_state(charges))
+            .get(list_charges)
+            .route_layer(middleware::from_fn(authenticate));
+        Ok(Router::new().route("/charges", route).with_state(charges))
     }
 
     fn failed(err: impl std::fmt::Display) -> (StatusCode, String) {

@@ -25,6 +25,7 @@
 //! | `server_fresh` / `server_replay` | server `IdempotencyLayer` over the handler, a new key per call / always the same key |
 //! | `store_begin_complete_{1k,100k,1m}` | `begin` + `complete` of a new operation in a `MemoryStore` at that many live records |
 //! | `store_replay_{1k,100k,1m}` | `begin` of a completed operation picked at random in such a store |
+//! | `moka_begin_complete_{1k,100k,1m}` / `moka_replay_{1k,100k,1m}` | the same against `benches/common/moka_ledger.rs`, the best moka-backed ledger (the yardstick `MemoryStore` is measured against) |
 //! | `sha256_1kib` | one SHA-256 of the 1 KiB body (`sha2`), to price SHA separately |
 //!
 //! Setup happens before the measured loop: building the stack, filling its store and warming
@@ -57,6 +58,7 @@
 mod common;
 
 use common::ledger::{begin_complete, key, outcome, replay, Picker};
+use common::moka_ledger::MokaLedger;
 use common::{handler, json_body, runtime, BufferBody, CloneAttempts, Noop, Template};
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -96,6 +98,12 @@ const VARIANTS: &[&str] = &[
     "store_replay_1k",
     "store_replay_100k",
     "store_replay_1m",
+    "moka_begin_complete_1k",
+    "moka_begin_complete_100k",
+    "moka_begin_complete_1m",
+    "moka_replay_1k",
+    "moka_replay_100k",
+    "moka_replay_1m",
     "sha256_1kib",
 ];
 
@@ -466,6 +474,52 @@ async fn store_replay(live: u64, n: u64) -> (Counts, Option<StoreDelta>) {
     (counts, Some(watch.delta()))
 }
 
+/// `live` completed records in a moka ledger capped at their weight plus 2 %.
+async fn filled_moka(live: u64, outcome: &Outcome) -> MokaLedger {
+    let weight = MokaLedger::weight_of(None, outcome);
+    let store = MokaLedger::new(live * weight * 102 / 100);
+    for i in 0..live {
+        begin_complete(&store, key(i), outcome).await;
+    }
+    store.run_pending_tasks();
+    assert_eq!(store.entry_count(), live, "the fill must not evict");
+    store
+}
+
+async fn moka_begin_complete(live: u64, n: u64) -> Counts {
+    let outcome = outcome();
+    let store = filled_moka(live, &outcome).await;
+    // Past the 2 % headroom, so that every measured operation makes moka evict one.
+    for _ in 0..live / 50 + 100 {
+        let fresh = NEXT_FRESH.fetch_add(1, Ordering::Relaxed);
+        begin_complete(&store, key(fresh), &outcome).await;
+    }
+    store.run_pending_tasks();
+    let window = Window::open();
+    for _ in 0..n {
+        let fresh = NEXT_FRESH.fetch_add(1, Ordering::Relaxed);
+        begin_complete(&store, key(fresh), &outcome).await;
+    }
+    let counts = window.close();
+    store.run_pending_tasks();
+    assert!(store.entry_count() <= live * 102 / 100, "moka must evict");
+    counts
+}
+
+async fn moka_replay(live: u64, n: u64) -> Counts {
+    let store = filled_moka(live, &outcome()).await;
+    let mut warm_picker = Picker(0x0fed_cba9_8765_4321);
+    for _ in 0..1_000 {
+        replay(&store, key(warm_picker.next(live))).await;
+    }
+    let mut picker = Picker(0x1234_5678_9abc_def1);
+    let window = Window::open();
+    for _ in 0..n {
+        replay(&store, key(picker.next(live))).await;
+    }
+    window.close()
+}
+
 fn sha256_1kib(n: u64) -> Counts {
     let body = json_body(BODY_LEN);
     for _ in 0..1_000 {
@@ -560,6 +614,10 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     store_begin_complete(live_records(size), n).await
                 } else if let Some(size) = other.strip_prefix("store_replay_") {
                     store_replay(live_records(size), n).await
+                } else if let Some(size) = other.strip_prefix("moka_begin_complete_") {
+                    (moka_begin_complete(live_records(size), n).await, None)
+                } else if let Some(size) = other.strip_prefix("moka_replay_") {
+                    (moka_replay(live_records(size), n).await, None)
                 } else {
                     panic!("unknown variant {other:?}; `op_cost list` names them")
                 }

@@ -96,6 +96,22 @@ impl Error {
 
     /// This error, knowing that an earlier attempt of the same call may have been sent as
     /// far as `earlier`: "may have been sent" is sticky across attempts.
+    /// The error this one wraps, taken out when it is a `T`: how an adapter hands a
+    /// transport's own error back to the stack it came from. Any other, `self` as it was.
+    #[cfg(feature = "reqwest-middleware")]
+    pub(crate) fn take_source<T: std::error::Error + 'static>(mut self) -> Result<Box<T>, Self> {
+        let Some(source) = self.inner.source.take() else {
+            return Err(self);
+        };
+        match source.downcast::<T>() {
+            Ok(found) => Ok(found),
+            Err(other) => {
+                self.inner.source = Some(other);
+                Err(self)
+            }
+        }
+    }
+
     pub(crate) fn after_earlier_attempts(mut self, earlier: FailurePhase) -> Self {
         if let Kind::Inner { phase } = &mut self.inner.kind {
             *phase = phase.strongest(earlier);
@@ -195,7 +211,10 @@ impl Error {
     }
 
     /// An earlier attempt of the operation may have reached a server that does not
-    /// deduplicate on `Idempotency-Key`, so it is not sent again: reconcile it out of band.
+    /// deduplicate on `Idempotency-Key`, so it is not sent again, and no reconciler could
+    /// tell whether it happened (none is configured, or it answered
+    /// [`Unknown`](crate::idempotency::Reconciled::Unknown), failed or timed out): reconcile
+    /// it out of band, or let a later run ask again.
     /// See [`ClientBuilder::provider_deduplicates`](crate::idempotency::ClientBuilder::provider_deduplicates).
     pub fn is_in_doubt(&self) -> bool {
         matches!(self.inner.kind, Kind::InDoubt)

@@ -1,10 +1,11 @@
 //! Fingerprints: what a request *says*, so a regenerated payload under an old key is caught.
 //!
 //! ```text
-//! fingerprint = SHA-256( "tower-idempotency/fingerprint/v1"
+//! body_digest = SHA-256( body )
+//! fingerprint = SHA-256( "tower-idempotency/fingerprint/v2"
 //!                        || u64_be(len(method)) || method
 //!                        || u64_be(len(target)) || target
-//!                        || body )
+//!                        || body_digest )
 //! ```
 //!
 //! `target` is the request target as the client sent it: `scheme://authority/path?query`
@@ -13,18 +14,26 @@
 //! another resource or another method is a different fingerprint: a drift, never a replay
 //! of the other request's outcome.
 //!
-//! The body comes last and is hashed as it streams in, so a request's bytes are read once
-//! and hashed once. Headers are left out on purpose: they carry the idempotency key itself,
-//! tracing ids and dates that legitimately differ between a request and its retry.
+//! The body enters through its SHA-256 [`BodyDigest`], the very digest `Content-Digest:
+//! sha-256` carries (see [`digest`](crate::digest)): the body is hashed once, for both, and
+//! a server that verified a client's `Content-Digest` fingerprints without a second pass.
+//! Headers are left out on purpose: they carry the idempotency key itself, tracing ids and
+//! dates that legitimately differ between a request and its retry.
+//!
+//! Version 1 hashed the body into the fingerprint directly; records written by it read as a
+//! drift under version 2 (see the changelog).
 //!
 //! # Example
 //!
 //! ```
+//! use tower_idempotency::digest::BodyDigest;
 //! use tower_idempotency::Fingerprint;
 //!
 //! let a = Fingerprint::of(&http::Method::POST, "/charges", b"{\"amount\":100}");
 //! let b = Fingerprint::of(&http::Method::POST, "/charges", b"{\"amount\":200}");
 //! assert_ne!(a, b);
+//! let digest = BodyDigest::of(b"{\"amount\":100}");
+//! assert_eq!(Fingerprint::from_digest(&http::Method::POST, "/charges", &digest), a);
 //! ```
 
 use std::fmt;
@@ -32,11 +41,12 @@ use std::fmt;
 use http::Method;
 use sha2::{Digest, Sha256};
 
+use crate::digest::BodyDigest;
 use crate::key::{hex, update_length_prefixed};
 
-const FINGERPRINT_TAG: &[u8] = b"tower-idempotency/fingerprint/v1";
+const FINGERPRINT_TAG: &[u8] = b"tower-idempotency/fingerprint/v2";
 
-/// SHA-256 over a request's method, target and raw body bytes.
+/// SHA-256 over a request's method, target and body digest.
 ///
 /// See the [module docs](crate::fingerprint) for the exact encoding.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,9 +55,13 @@ pub struct Fingerprint([u8; 32]);
 impl Fingerprint {
     /// The fingerprint of a whole request; `target` as in the [module docs](crate::fingerprint).
     pub fn of(method: &Method, target: &str, body: &[u8]) -> Self {
-        let mut hasher = FingerprintHasher::new(method, &[target]);
-        hasher.update(body);
-        hasher.finish()
+        Self::from_digest(method, target, &BodyDigest::of(body))
+    }
+
+    /// The fingerprint of a request whose body's SHA-256 is already known (from a verified
+    /// `Content-Digest`, or computed once for it): the body is not read again.
+    pub fn from_digest(method: &Method, target: &str, body: &BodyDigest) -> Self {
+        finish(head(method, &[target]), body)
     }
 
     /// Wrap raw digest bytes (for stores decoding their own records).
@@ -85,65 +99,50 @@ impl fmt::Display for Fingerprint {
 }
 
 impl Fingerprint {
-    /// The fingerprint of a request to `uri`, hashing its target in pieces.
-    pub(crate) fn of_request(method: &Method, uri: &http::Uri, body: &[u8]) -> Self {
-        let mut hasher = FingerprintHasher::for_target(method, uri);
-        hasher.update(body);
-        hasher.finish()
+    /// The fingerprint of a request to `uri` as the client sends it: absolute when it has a
+    /// scheme and an authority, else its path and query.
+    pub(crate) fn of_request(method: &Method, uri: &http::Uri, body: &BodyDigest) -> Self {
+        let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        // `http://h?q` and `http://h/?q` are one resource (an empty path is `/`, RFC 9110
+        // §4.2.3), and a URI decoded from its text form always has the `/`.
+        let slash = if path.starts_with('?') { "/" } else { "" };
+        let hasher = match (uri.scheme_str(), uri.authority()) {
+            (Some(scheme), Some(authority)) => {
+                head(method, &[scheme, "://", authority.as_str(), slash, path])
+            }
+            _ => head(method, &[slash, path]),
+        };
+        finish(hasher, body)
     }
 
     /// The fingerprint of a request a server received, its target in origin form: a client
     /// may send `POST /charges` or, through a proxy, `POST http://host/charges`, and both
     /// name one resource of this server (RFC 9112 §3.2.2).
-    pub(crate) fn of_received(method: &Method, uri: &http::Uri, body: &[u8]) -> Self {
+    pub(crate) fn of_received(method: &Method, uri: &http::Uri, body: &BodyDigest) -> Self {
         let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let slash = if path.starts_with('?') { "/" } else { "" };
-        let mut hasher = FingerprintHasher::new(method, &[slash, path]);
-        hasher.update(body);
-        hasher.finish()
+        finish(head(method, &[slash, path]), body)
     }
 }
 
-/// Incremental fingerprinting: the head first, then body chunks as they arrive.
-pub(crate) struct FingerprintHasher(Sha256);
-
-impl FingerprintHasher {
-    /// Start with the method and the target, given in pieces that are hashed as if joined
-    /// (so an absolute URI need not be formatted into a new string first).
-    pub(crate) fn new(method: &Method, target: &[&str]) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(FINGERPRINT_TAG);
-        update_length_prefixed(&mut hasher, method.as_str().as_bytes());
-        let len: usize = target.iter().map(|piece| piece.len()).sum();
-        hasher.update((len as u64).to_be_bytes());
-        for piece in target {
-            hasher.update(piece.as_bytes());
-        }
-        Self(hasher)
+/// Hash the tag, the method and the target, given in pieces that are hashed as if joined
+/// (so an absolute URI need not be formatted into a new string first).
+fn head(method: &Method, target: &[&str]) -> Sha256 {
+    let mut hasher = Sha256::new();
+    hasher.update(FINGERPRINT_TAG);
+    update_length_prefixed(&mut hasher, method.as_str().as_bytes());
+    let len: usize = target.iter().map(|piece| piece.len()).sum();
+    hasher.update((len as u64).to_be_bytes());
+    for piece in target {
+        hasher.update(piece.as_bytes());
     }
+    hasher
+}
 
-    /// Start with the method and `uri` as the client sent it: absolute when it has a scheme
-    /// and an authority, else its path and query.
-    pub(crate) fn for_target(method: &Method, uri: &http::Uri) -> Self {
-        let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
-        // `http://h?q` and `http://h/?q` are one resource (an empty path is `/`, RFC 9110
-        // §4.2.3), and a URI decoded from its text form always has the `/`.
-        let slash = if path.starts_with('?') { "/" } else { "" };
-        match (uri.scheme_str(), uri.authority()) {
-            (Some(scheme), Some(authority)) => {
-                Self::new(method, &[scheme, "://", authority.as_str(), slash, path])
-            }
-            _ => Self::new(method, &[slash, path]),
-        }
-    }
-
-    pub(crate) fn update(&mut self, chunk: &[u8]) {
-        self.0.update(chunk);
-    }
-
-    pub(crate) fn finish(self) -> Fingerprint {
-        Fingerprint(self.0.finalize().into())
-    }
+/// The body digest is fixed-size, so it needs no length prefix to stay apart from the head.
+fn finish(mut hasher: Sha256, body: &BodyDigest) -> Fingerprint {
+    hasher.update(body.as_bytes());
+    Fingerprint(hasher.finalize().into())
 }
 
 #[cfg(test)]
@@ -151,12 +150,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn streaming_equals_one_shot() {
-        let mut hasher = FingerprintHasher::new(&Method::POST, &["/a?b=c"]);
-        hasher.update(b"hello ");
-        hasher.update(b"world");
+    fn golden_vector_v2() {
+        // Pinned: stores keep fingerprints, so a change here makes every record a drift.
         assert_eq!(
-            hasher.finish(),
+            Fingerprint::of(&Method::POST, "/charges", b"{}").to_hex(),
+            // The module docs' encoding, computed independently.
+            "bbb7e7196d68041880fff7283ff3abe4d49de6623e00c2a9dd4e369700d55669"
+        );
+    }
+
+    #[test]
+    fn derived_from_the_body_digest() {
+        let digest = BodyDigest::of(b"hello world");
+        assert_eq!(
+            Fingerprint::from_digest(&Method::POST, "/a?b=c", &digest),
+            Fingerprint::of(&Method::POST, "/a?b=c", b"hello world")
+        );
+        let uri: http::Uri = "/a?b=c".parse().unwrap();
+        assert_eq!(
+            Fingerprint::of_received(&Method::POST, &uri, &digest),
             Fingerprint::of(&Method::POST, "/a?b=c", b"hello world")
         );
     }

@@ -46,6 +46,7 @@ use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 
+use crate::digest::{BodyDigest, CONTENT_DIGEST};
 use crate::fingerprint::Fingerprint;
 use crate::Error;
 
@@ -65,8 +66,10 @@ struct Frozen {
     version: Version,
     headers: HeaderMap,
     body: Bytes,
-    /// Computed on first use, in one pass over the contiguous body: a request that only
-    /// passes through the retry layer is never hashed at all.
+    /// The body's SHA-256, computed on first use in one pass over the contiguous body (a
+    /// request that only passes through the retry layer is never hashed at all); the
+    /// fingerprint and `Content-Digest` are both made of it.
+    digest: OnceLock<BodyDigest>,
     fingerprint: OnceLock<Fingerprint>,
 }
 
@@ -87,6 +90,55 @@ impl FrozenRequest {
             version: parts.version,
             headers: parts.headers,
             body,
+            digest: OnceLock::new(),
+            fingerprint: OnceLock::new(),
+        };
+        Ok((Self(Arc::new(frozen)), parts.extensions))
+    }
+
+    /// Freeze `req` as [`freeze`](Self::freeze) does, and add
+    /// `Content-Digest: sha-256=:…:` of its body (RFC 9530) to the frozen head unless the
+    /// request already carries a `Content-Digest` of its own. The digest is the one the
+    /// fingerprint is made of: the body is hashed once, for both.
+    ///
+    /// ```
+    /// # use bytes::Bytes;
+    /// # use http_body_util::Full;
+    /// use tower_idempotency::{digest::BodyDigest, FrozenRequest};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::Error> {
+    /// let req = http::Request::post("http://pay.local/charges")
+    ///     .body(Full::new(Bytes::from_static(b"{}")))
+    ///     .unwrap();
+    /// let (frozen, _) = FrozenRequest::freeze_with_content_digest(req, 1024).await?;
+    /// assert_eq!(frozen.headers()["content-digest"], BodyDigest::of(b"{}").header_value());
+    /// assert_eq!(frozen.body_digest(), BodyDigest::of(b"{}"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn freeze_with_content_digest<B>(
+        req: Request<B>,
+        limit: usize,
+    ) -> Result<(Self, Extensions), Error>
+    where
+        B: Body,
+        B::Error: Into<crate::BoxError>,
+    {
+        let (mut parts, body) = collect_request(req, limit).await?;
+        let digest = BodyDigest::of(&body);
+        if !parts.headers.contains_key(&CONTENT_DIGEST) {
+            parts
+                .headers
+                .insert(CONTENT_DIGEST.clone(), digest.header_value());
+        }
+        let frozen = Frozen {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            headers: parts.headers,
+            body,
+            digest: OnceLock::from(digest),
             fingerprint: OnceLock::new(),
         };
         Ok((Self(Arc::new(frozen)), parts.extensions))
@@ -119,6 +171,7 @@ impl FrozenRequest {
             version,
             headers,
             body,
+            digest: OnceLock::new(),
             fingerprint: OnceLock::new(),
         }))
     }
@@ -165,11 +218,18 @@ impl FrozenRequest {
         &self.0.body
     }
 
-    /// The request's [`Fingerprint`], computed once, on first use.
+    /// The SHA-256 of the body (what `Content-Digest: sha-256` carries), computed once, on
+    /// first use.
+    pub fn body_digest(&self) -> BodyDigest {
+        *self.0.digest.get_or_init(|| BodyDigest::of(&self.0.body))
+    }
+
+    /// The request's [`Fingerprint`], computed once, on first use, from the
+    /// [body digest](Self::body_digest).
     pub fn fingerprint(&self) -> Fingerprint {
         *self.0.fingerprint.get_or_init(|| {
             let frozen = &*self.0;
-            Fingerprint::of_request(&frozen.method, &frozen.uri, &frozen.body)
+            Fingerprint::of_request(&frozen.method, &frozen.uri, &self.body_digest())
         })
     }
 
@@ -306,7 +366,7 @@ where
 }
 
 impl FrozenRequest {
-    /// Take `earlier`'s fingerprint when it covers exactly what this request says: the same
+    /// Take `earlier`'s digest and fingerprint when it covers exactly what this request says: the same
     /// method and target, and the same body buffer (a single-chunk body is frozen without a
     /// copy, so "the same buffer" is a pointer comparison, not a second pass over the bytes).
     fn reuse_fingerprint_of(&self, earlier: &FrozenRequest) {
@@ -315,7 +375,13 @@ impl FrozenRequest {
             && now.uri == then.uri
             && now.body.as_ptr() == then.body.as_ptr()
             && now.body.len() == then.body.len();
-        if let (true, Some(fingerprint)) = (same, then.fingerprint.get()) {
+        if !same {
+            return;
+        }
+        if let Some(digest) = then.digest.get() {
+            let _ = now.digest.set(*digest);
+        }
+        if let Some(fingerprint) = then.fingerprint.get() {
             let _ = now.fingerprint.set(*fingerprint);
         }
     }

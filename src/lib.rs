@@ -99,8 +99,9 @@
 //! | `hyper-util` | yes | classify `hyper_util` client errors (connect failures are pre-write) |
 //! | `redis` | no | `RedisStore`, the shared ledger for many replicas and crash-and-resume |
 //! | `reqwest` | no | [`reqwest::ReqwestService`](crate::reqwest): the layers in front of a `reqwest::Client`, its errors classified by phase |
+//! | `reqwest-middleware` | no | [`reqwest_middleware::IdempotencyMiddleware`](crate::reqwest_middleware): the client face as a `reqwest_middleware::Middleware` |
 //! | `axum` | no | the server face reads axum's `OriginalUri` (behind `Router::nest`) |
-//! | `metrics` | no | `idempotency_decisions_total` (labels `face`, `decision`) and `idempotency_ledger_call_seconds` (labels `call`, `result`) through the `metrics` facade |
+//! | `metrics` | no | `idempotency_decisions_total` (labels `face`, `decision`), `idempotency_ledger_call_seconds` (labels `call`, `result`) and `MemoryStore`'s gauges `idempotency_store_bytes` / `idempotency_store_records` (label `store`) through the `metrics` facade |
 //! | `test-util` | no | `SideEffectService` and the conformance suite |
 #![forbid(unsafe_code)]
 #![warn(
@@ -111,6 +112,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod digest;
 mod effect;
 mod error;
 pub mod fingerprint;
@@ -122,6 +124,9 @@ pub mod phase;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
+#[cfg(feature = "reqwest-middleware")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
+pub mod reqwest_middleware;
 pub mod retry;
 
 pub use effect::EffectClass;

@@ -85,6 +85,20 @@ impl fmt::Debug for ReqwestService {
     }
 }
 
+/// The whole client stack in front of a `reqwest::Client`, as
+/// [`ClientStack`](crate::idempotency::ClientStack) builds it over a [`ReqwestService`].
+///
+/// ```
+/// use tower::Layer;
+/// use tower_idempotency::reqwest::{ReqwestClientStack, ReqwestService};
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
+/// let client: ReqwestClientStack = stack.layer(ReqwestService::new(reqwest::Client::new()));
+/// # let _ = client;
+/// ```
+pub type ReqwestClientStack = crate::idempotency::ClientStackService<ReqwestService>;
+
 /// The future of [`ReqwestService`].
 pub type ReqwestFuture =
     Pin<Box<dyn Future<Output = Result<http::Response<::reqwest::Body>, BoxError>> + Send>>;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{Client, Idempotency};
+use tower_idempotency::idempotency::{ClientFace, Idempotency};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
@@ -43,9 +43,9 @@ fn post(body: &'static str) -> Request<Full<Bytes>> {
     req
 }
 
-type Stack = Idempotency<FrozenRetry<SideEffectService>, Client>;
+type Stack = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
 
-fn stack_with(layer: IdempotencyLayer<Client>, provider: &SideEffectService) -> Stack {
+fn stack_with(layer: IdempotencyLayer<ClientFace>, provider: &SideEffectService) -> Stack {
     let policy = RetryPolicy::builder()
         .attempt_timeout(Duration::from_secs(5))
         .build()

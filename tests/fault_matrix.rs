@@ -20,13 +20,13 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{Client, Idempotency};
+use tower_idempotency::idempotency::{ClientFace, Idempotency};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
 
-type Stack = Idempotency<FrozenRetry<SideEffectService>, Client>;
+type Stack = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
 
 fn stack(store: &Arc<MemoryStore>, provider: &SideEffectService, dedup: bool) -> Stack {
     let policy = RetryPolicy::builder()

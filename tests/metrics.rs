@@ -78,3 +78,68 @@ fn decisions_are_counted_and_ledger_calls_timed() {
     assert_eq!(timed("begin"), Some(2), "{histograms:?}");
     assert_eq!(timed("complete"), Some(1), "{histograms:?}");
 }
+
+/// The gauges of a `MemoryStore` follow what it holds, and a dropped store takes its share
+/// out of the series every store adds to.
+#[test]
+fn the_memory_store_reports_its_bytes_and_records_as_gauges() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let gauges = || {
+        let mut found = (None, None);
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let (_, key) = key.into_parts();
+            let labelled = key
+                .labels()
+                .any(|l| l.key() == "store" && l.value() == "memory");
+            if let (true, DebugValue::Gauge(value)) = (labelled, value) {
+                match key.name() {
+                    "idempotency_store_bytes" => found.0 = Some(value.into_inner()),
+                    "idempotency_store_records" => found.1 = Some(value.into_inner()),
+                    _ => {}
+                }
+            }
+        }
+        found
+    };
+    let (store, other) =
+        metrics::with_local_recorder(&recorder, || (MemoryStore::new(), MemoryStore::new()));
+    runtime.block_on(async {
+        let client = ServiceBuilder::new()
+            .layer(IdempotencyLayer::client(store.clone()))
+            .service(SideEffectService::new());
+        let other_client = ServiceBuilder::new()
+            .layer(IdempotencyLayer::client(other.clone()))
+            .service(SideEffectService::new());
+        for (task, client) in [("a", &client), ("b", &client), ("c", &other_client)] {
+            let mut req = Request::post("http://payments.local/charges")
+                .body(Full::new(Bytes::from_static(b"{\"amount\":1}")))
+                .unwrap();
+            req.extensions_mut()
+                .insert(OperationId::new(task, "charge"));
+            client.clone().oneshot(req).await.unwrap();
+        }
+    });
+    assert_eq!(store.entry_count(), 2);
+    // The debugging recorder resets a gauge as it reads it: each read below is the change
+    // since the one before.
+    let (mine, others) = (store.weighted_size() as f64, other.weighted_size() as f64);
+    assert_eq!(
+        gauges(),
+        (Some(mine + others), Some(3.0)),
+        "both stores, added up"
+    );
+
+    drop(other);
+    assert_eq!(
+        gauges(),
+        (Some(-others), Some(-1.0)),
+        "a dropped store takes its share out"
+    );
+    drop(store);
+    assert_eq!(gauges(), (Some(-mine), Some(-2.0)));
+}

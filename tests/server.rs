@@ -443,7 +443,7 @@ impl Fixture {
         configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
         assemble: impl FnOnce(
             Router,
-            IdempotencyLayer<tower_idempotency::idempotency::Server>,
+            IdempotencyLayer<tower_idempotency::idempotency::ServerFace>,
         ) -> Router,
     ) -> Self {
         let ledger = CountingStore::new();
@@ -612,6 +612,114 @@ async fn the_demo_refuses_strangers_and_malformed_json() {
     assert!(charges_of(&client, addr, "tenant-a", "order-42")
         .await
         .is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// axum's own answers
+// ---------------------------------------------------------------------------------------
+
+/// A request from `tenant`, with an optional key, read whole.
+async fn send_to(
+    client: &Client<HttpConnector, TestBody>,
+    method: http::Method,
+    uri: String,
+    key: Option<&str>,
+) -> Answer {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", "tenant-a")
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        req = req.header("idempotency-key", format!("\"{key}\""));
+    }
+    Answer::read(
+        client
+            .request(req.body(full(ORDER_42)).unwrap())
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+/// axum's `405` (a method the route does not serve) and `404` (an unknown path) for the
+/// requests of `ledger`'s app: never a problem body, never a ledger call, never a replay.
+async fn assert_axum_answers_untouched(addr: SocketAddr, ledger: &CountingStore) {
+    let client = client();
+    let charges = format!("http://{addr}/charges");
+
+    let keyless = send_to(&client, http::Method::PATCH, charges.clone(), None).await;
+    assert_eq!(
+        keyless.status,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "{keyless:?}"
+    );
+    assert_ne!(
+        keyless.header("content-type"),
+        Some("application/problem+json")
+    );
+
+    for _ in 0..2 {
+        let keyed = send_to(
+            &client,
+            http::Method::PATCH,
+            charges.clone(),
+            Some("k-patch"),
+        )
+        .await;
+        assert_eq!(keyed.status, StatusCode::METHOD_NOT_ALLOWED, "{keyed:?}");
+        assert!(
+            !keyed.replayed(),
+            "a 405 is never recorded, so never replayed"
+        );
+    }
+
+    let unknown = format!("http://{addr}/refunds");
+    let nowhere = send_to(
+        &client,
+        http::Method::POST,
+        unknown.clone(),
+        Some("k-refund"),
+    )
+    .await;
+    assert_eq!(nowhere.status, StatusCode::NOT_FOUND, "{nowhere:?}");
+    let keyless = send_to(&client, http::Method::POST, unknown, None).await;
+    assert_eq!(keyless.status, StatusCode::NOT_FOUND, "{keyless:?}");
+
+    assert_eq!(
+        ledger.calls(),
+        Calls::default(),
+        "axum's answers never reach the ledger"
+    );
+    assert!(ledger.recorded().is_empty());
+
+    // The route's own method still goes through the ledger.
+    let charged = send_to(&client, http::Method::POST, charges.clone(), Some("k-post")).await;
+    assert_eq!(charged.status, StatusCode::CREATED, "{charged:?}");
+    let again = send_to(&client, http::Method::POST, charges, Some("k-post")).await;
+    assert!(again.replayed());
+    assert_eq!(ledger.calls().begin, 2);
+}
+
+#[tokio::test]
+async fn the_demo_leaves_axums_405_and_404_untouched() {
+    let ledger = CountingStore::new();
+    let addr = serve(axum_server::app(ledger.clone(), Duration::from_millis(1))).await;
+    assert_axum_answers_untouched(addr, &ledger).await;
+}
+
+#[tokio::test]
+async fn the_readme_wiring_leaves_axums_405_and_404_untouched() {
+    async fn charge() -> (StatusCode, &'static str) {
+        (StatusCode::CREATED, r#"{"charge_id":"ch_1"}"#)
+    }
+    let ledger = CountingStore::new();
+    // As the README wires it: the layer on the method router, around `POST` alone.
+    let app = Router::new().route(
+        "/charges",
+        post(charge).route_layer(IdempotencyLayer::server(ledger.clone())),
+    );
+    assert_axum_answers_untouched(serve(app).await, &ledger).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -970,13 +1078,22 @@ async fn a_replay_is_byte_identical_and_keeps_only_allow_listed_headers() {
     assert_eq!(app.probe.runs().started, 1);
 
     // What is not replayed is not stored either: the first caller's cookie never reaches
-    // the ledger.
+    // the ledger. The request's digest is, so replays can name the request they answer.
     let [Outcome::Response(stored)] = &app.ledger.recorded()[..] else {
         panic!("one recorded response expected")
     };
     let mut names: Vec<&str> = stored.headers().keys().map(|name| name.as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, ["cache-control", "content-type", "etag", "location"]);
+    assert_eq!(
+        names,
+        [
+            "cache-control",
+            "content-type",
+            "etag",
+            "idempotent-request-digest",
+            "location"
+        ]
+    );
 }
 
 #[tokio::test]

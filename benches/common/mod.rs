@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each bench uses its own part of it
 
 pub mod ledger;
+pub mod moka_ledger;
 
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
@@ -169,7 +170,7 @@ pub const BENCH_PROTECTION: std::time::Duration = std::time::Duration::from_mill
 /// The client layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].
 pub fn client_layer(
     store: impl tower_idempotency::ledger::IdempotencyStore,
-) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::Client> {
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::ClientFace> {
     tower_idempotency::IdempotencyLayer::client_builder(store)
         .lease(BENCH_PROTECTION)
         .retry_window(std::time::Duration::ZERO)
@@ -182,7 +183,7 @@ pub fn client_layer(
 /// [`BENCH_PROTECTION`].
 pub fn server_layer(
     store: impl tower_idempotency::ledger::IdempotencyStore,
-) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::Server> {
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::ServerFace> {
     tower_idempotency::IdempotencyLayer::server_builder(store)
         .unscoped()
         .protected_window(BENCH_PROTECTION)

@@ -16,8 +16,9 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
-use super::decision::{self, Decision, Face, WireKey};
+use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::reconcile::{self, InDoubtOperation, Reconcile, Reconciled, DEFAULT_RECONCILE_TIMEOUT};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
 use crate::error::{ConfigError, Drift};
@@ -46,7 +47,7 @@ pub enum DriftPolicy {
 
 /// The client face's configuration (see [`ClientBuilder`]).
 #[derive(Debug)]
-pub struct Client {
+pub struct ClientFace {
     ledger: Ledger,
     scope: String,
     require_key: bool,
@@ -57,6 +58,9 @@ pub struct Client {
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    reconciler: Option<Arc<dyn Reconcile>>,
+    reconcile_timeout: Duration,
+    reconcile_when_deduplicating: bool,
     /// The retry window the builder checked the TTLs against.
     retry_window: Duration,
     /// Whether the mismatch with the real retry policy was already reported.
@@ -65,6 +69,7 @@ pub struct Client {
     warned_unprotected: std::sync::atomic::AtomicBool,
     /// Whether a retry layer outside this one was already reported.
     warned_order: std::sync::atomic::AtomicBool,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl fmt::Debug for dyn ClassifyPhase {
@@ -90,6 +95,7 @@ impl fmt::Debug for dyn ClassifyPhase {
 /// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
 /// | ledger unavailable | fail closed (nothing is sent) |
 /// | provider deduplicates on `Idempotency-Key` | yes: in-doubt operations are resent |
+/// | [reconciler](ClientBuilder::reconcile) of in-doubt operations | none (asked within 10 s when set) |
 ///
 /// ```
 /// use std::time::Duration;
@@ -121,6 +127,10 @@ pub struct ClientBuilder {
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    reconciler: Option<Arc<dyn Reconcile>>,
+    reconcile_timeout: Duration,
+    reconcile_when_deduplicating: bool,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl ClientBuilder {
@@ -140,6 +150,10 @@ impl ClientBuilder {
             fail_open: false,
             provider_deduplicates: true,
             phase_classifier: None,
+            reconciler: None,
+            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+            reconcile_when_deduplicating: false,
+            on_outcome: None,
         }
     }
 
@@ -251,16 +265,82 @@ impl ClientBuilder {
     /// server recognises the key. Set this to `false` for a server that ignores keys: the
     /// layer then never resends once bytes may have left — the retry layer inside stops
     /// treating the key as making the request retry-safe, and an operation found in doubt
-    /// fails with an [in-doubt error](crate::Error::is_in_doubt) for you to reconcile,
-    /// instead of being sent again. At most once, rather than exactly once.
+    /// is not sent again: with a [reconciler](Self::reconcile) the layer asks it whether the
+    /// operation happened (and records its answer, or sends the frozen bytes it says never
+    /// arrived); without one, it fails with an [in-doubt error](crate::Error::is_in_doubt)
+    /// for you to reconcile. At most once, rather than exactly once, unless reconciled.
     pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
         self.provider_deduplicates = deduplicates;
+        self
+    }
+
+    /// Ask `reconciler` whether an in-doubt operation happened before it would be sent
+    /// again: always when the provider does not deduplicate
+    /// ([`provider_deduplicates(false)`](Self::provider_deduplicates)), and also when it does
+    /// if [`reconcile_when_deduplicating`](Self::reconcile_when_deduplicating) is on. See
+    /// [`Reconcile`] and [`LookupReconciler`](crate::idempotency::LookupReconciler).
+    ///
+    /// ```
+    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::testing::SideEffectService;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let provider = SideEffectService::builder().honour_keys(false).build();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(false)
+    ///     .reconcile(LookupReconciler::by_key(provider, "/effects", "idempotency_key"))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn reconcile(mut self, reconciler: impl Reconcile) -> Self {
+        self.reconciler = Some(Arc::new(reconciler));
+        self
+    }
+
+    /// How long the reconciler may take (default [`DEFAULT_RECONCILE_TIMEOUT`], 10 s); past
+    /// it, the operation stays in doubt.
+    pub fn reconcile_timeout(mut self, bound: Duration) -> Self {
+        self.reconcile_timeout = bound;
+        self
+    }
+
+    /// Reconcile in-doubt operations before resending them to a provider that deduplicates
+    /// too (default `false`: it recognises the key, so the frozen bytes are resent at once).
+    /// Turn it on when the provider forgets keys sooner than your operations may stay in
+    /// doubt (a key kept 24 h, an orchestrator resuming after days): an
+    /// [`Unknown`](crate::idempotency::Reconciled::Unknown) then leaves the operation in
+    /// doubt rather than risk a resend the provider no longer recognises.
+    pub fn reconcile_when_deduplicating(mut self, reconcile: bool) -> Self {
+        self.reconcile_when_deduplicating = reconcile;
         self
     }
 
     /// Teach the layer which of your transport's errors are pre-write failures.
     pub fn classify_phase(mut self, classifier: impl ClassifyPhase) -> Self {
         self.phase_classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// Call `hook` once per request that reached the ledger, when its answer is known,
+    /// with what it came to: the face, the last decision, the key's digest, the status
+    /// (when there was a response) and how long it took. See [`OutcomeEvent`].
+    ///
+    /// For observability of your own (another metrics system, an audit log). Unset, it
+    /// costs nothing: no clock is read and no digest is computed. The hook runs on the
+    /// request's task, inside its span: keep it short and never block in it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .on_outcome(|event| eprintln!("{} {}", event.decision().as_str(), event.key_digest()))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
         self
     }
 
@@ -275,7 +355,7 @@ impl ClientBuilder {
     /// Refuses a zero lease, a retention shorter than the retry window plus the lease (a
     /// record would vanish while its operation can still retry) and a protected window
     /// shorter than that (a full store could evict an operation still being retried).
-    pub fn build(self) -> Result<IdempotencyLayer<Client>, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
         let must_keep = self.retry_window + self.lease;
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
@@ -286,13 +366,23 @@ impl ClientBuilder {
                 self.retention, must_keep
             )));
         }
+        if self.reconcile_when_deduplicating && self.reconciler.is_none() {
+            return Err(ConfigError::new(
+                "reconcile_when_deduplicating needs a reconciler (see `reconcile`)",
+            ));
+        }
+        if self.reconciler.is_some() && self.reconcile_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "the reconcile timeout must be longer than zero",
+            ));
+        }
         let protected = self.protected.unwrap_or(must_keep);
         if protected < must_keep {
             return Err(ConfigError::new(format!(
                 "the protected window ({protected:?}) must be at least the retry window plus the lease ({must_keep:?})"
             )));
         }
-        let client = Client {
+        let client = ClientFace {
             ledger: Ledger::new(self.store, self.lease, self.retention, protected),
             scope: self.scope,
             require_key: self.require_key,
@@ -303,16 +393,20 @@ impl ClientBuilder {
             fail_open: self.fail_open,
             provider_deduplicates: self.provider_deduplicates,
             phase_classifier: self.phase_classifier,
+            reconciler: self.reconciler,
+            reconcile_timeout: self.reconcile_timeout,
+            reconcile_when_deduplicating: self.reconcile_when_deduplicating,
             retry_window: self.retry_window,
             warned_window: std::sync::atomic::AtomicBool::new(false),
             warned_unprotected: std::sync::atomic::AtomicBool::new(false),
             warned_order: std::sync::atomic::AtomicBool::new(false),
+            on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(client))
     }
 }
 
-impl IdempotencyLayer<Client> {
+impl IdempotencyLayer<ClientFace> {
     /// The client layer with default settings over `store`.
     ///
     /// See the [module docs](crate::idempotency) for the stack it belongs in.
@@ -328,7 +422,7 @@ impl IdempotencyLayer<Client> {
     }
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Client>
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ClientFace>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -354,8 +448,13 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let span =
             tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
+        let started = self
+            .face
+            .on_outcome
+            .is_some()
+            .then(tokio::time::Instant::now);
         ClientFuture {
-            inner: Box::pin(run(inner, self.face.clone(), req).instrument(span)),
+            inner: Box::pin(run(inner, self.face.clone(), req, started).instrument(span)),
         }
     }
 }
@@ -382,7 +481,13 @@ impl<T> fmt::Debug for ClientFuture<T> {
     }
 }
 
-impl Client {
+impl ClientFace {
+    /// Whether an `on_outcome` hook wants to hear of each operation (and its duration).
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn on_outcome_set(&self) -> bool {
+        self.on_outcome.is_some()
+    }
+
     /// A side effect without an `OperationId` or a key passed through, unprotected: the retry
     /// layer inside will not resend it once it may have left, but a caller's own retry runs
     /// it again. Visible in every response (`ResponseSource::Unprotected`) and a `DEBUG`
@@ -455,7 +560,7 @@ fn into_error(error: BoxError, phase: FailurePhase) -> Error {
 /// with another method, path or body) it is a drift, never a replay of the first target's
 /// answer, since the fingerprint covers the whole target.
 fn identify<B>(
-    client: &Client,
+    client: &ClientFace,
     req: &mut Request<B>,
 ) -> Result<Option<(LedgerKey, WireKey)>, Error> {
     if let Some(key) = HeaderKey::from_headers(req.headers()).map_err(Error::from_invalid_key)? {
@@ -480,10 +585,13 @@ fn identify<B>(
     Ok(None)
 }
 
-async fn run<S, B, ResBody>(
+/// One logical operation through the client face. `inner` need not be `'static` or
+/// `Clone`: it is called once (the retries, if any, are its own).
+pub(crate) async fn run<S, B, ResBody>(
     inner: S,
-    client: Arc<Client>,
+    client: Arc<ClientFace>,
     mut req: Request<B>,
+    started: Option<tokio::time::Instant>,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
@@ -500,7 +608,13 @@ where
     } else {
         None
     };
-    let (frozen, extensions) = FrozenRequest::freeze(req, client.body_limit).await?;
+    // A keyed request carries `Content-Digest` of its frozen body, hashed once with the
+    // fingerprint, so the server can check that the bytes it got are the bytes we froze.
+    let (frozen, extensions) = if key.is_some() {
+        FrozenRequest::freeze_with_content_digest(req, client.body_limit).await?
+    } else {
+        FrozenRequest::freeze(req, client.body_limit).await?
+    };
     let Some((key, wire)) = key else {
         let mut response = pass_through(inner, &client, &frozen, extensions).await?;
         if side_effect {
@@ -515,6 +629,28 @@ where
     if !span.is_disabled() {
         span.record("key", tracing::field::display(decision::KeyDigest(&wire)));
     }
+    let track = Track::new(Face::Client, Some(wire));
+    let result = operate(inner, &client, key, frozen, extensions, &track).await;
+    let status = result.as_ref().ok().map(|response| response.status());
+    track.report(client.on_outcome.as_ref(), started, status);
+    result
+}
+
+/// The ledger's part of one keyed operation: `begin`, then send, resend, replay or refuse.
+async fn operate<S, ResBody>(
+    inner: S,
+    client: &ClientFace,
+    key: LedgerKey,
+    frozen: FrozenRequest,
+    extensions: Extensions,
+    track: &Track,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
     let mut begin = client
         .ledger
         .request(key, frozen.fingerprint())
@@ -527,7 +663,7 @@ where
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
             tracing::warn!(%err, "ledger unavailable; sending without protection (fail-open)");
-            return pass_through(inner, &client, &frozen, extensions).await;
+            return pass_through(inner, client, &frozen, extensions).await;
         }
         Err(err) => {
             let decided = if err.is_full() {
@@ -535,7 +671,7 @@ where
             } else {
                 Decision::Unavailable
             };
-            decision::log(Face::Client, decided, &wire);
+            track.decided(decided);
             return Err(Error::store(err));
         }
     };
@@ -564,13 +700,13 @@ where
         }
         other => other,
     };
-    decision::log(Face::Client, decision_of(&answer), &wire);
+    track.decided(decision_of(&answer));
     match answer {
         Begin::Acquired { token } => {
             send(
                 inner,
-                &client,
-                (key, &wire),
+                client,
+                (key, track),
                 token,
                 &to_send,
                 extensions,
@@ -578,9 +714,50 @@ where
             )
             .await
         }
+        Begin::InDoubt if client.reconciler.is_some() => {
+            // Take the operation over (fenced, under a token of our own) before asking, so
+            // two runs never reconcile it at once and the outcome is written as its owner.
+            let begin = client
+                .ledger
+                .request(key, to_send.fingerprint())
+                .with_frozen(to_send.clone());
+            let taken = client
+                .ledger
+                .begin(begin, client.busy)
+                .await
+                .map_err(Error::store)?;
+            match taken {
+                Begin::Resume {
+                    token,
+                    frozen: stored,
+                } => {
+                    let original = stored.unwrap_or(to_send);
+                    reconcile(inner, client, (key, track), token, original, extensions).await
+                }
+                // The record left while we looked (expired, evicted): the bytes may still
+                // have reached the provider, so ask all the same.
+                Begin::Acquired { token } => {
+                    reconcile(inner, client, (key, track), token, to_send, extensions).await
+                }
+                Begin::Replay(outcome) => replay(outcome),
+                Begin::Busy { retry_after } => Err(Error::busy(retry_after)),
+                Begin::Drift {
+                    stored,
+                    frozen: original,
+                } => Err(drift_error(stored, original.as_ref(), &frozen)),
+                _ => Err(Error::in_doubt()),
+            }
+        }
         Begin::InDoubt => {
             // The server would run it again: leave it in doubt, untouched, to reconcile.
             Err(Error::in_doubt())
+        }
+        Begin::Resume {
+            token,
+            frozen: stored,
+        } if client.reconcile_when_deduplicating => {
+            let original = stored.unwrap_or(to_send);
+            reconcile(inner, client, (key, track), token, original, extensions).await
         }
         Begin::Resume {
             token,
@@ -591,8 +768,8 @@ where
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
             send(
                 inner,
-                &client,
-                (key, &wire),
+                client,
+                (key, track),
                 token,
                 &original,
                 extensions,
@@ -660,7 +837,7 @@ fn replay<T>(outcome: Outcome) -> Result<Response<ResponseBody<T>>, Error> {
 /// Call `inner` once with the frozen request, outside the ledger.
 async fn pass_through<S, ResBody>(
     inner: S,
-    client: &Client,
+    client: &ClientFace,
     frozen: &FrozenRequest,
     extensions: Extensions,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
@@ -691,8 +868,8 @@ where
 /// Send the frozen request as the operation's owner and settle the lease by what happened.
 async fn send<S, ResBody>(
     inner: S,
-    client: &Client,
-    (key, wire): (LedgerKey, &WireKey),
+    client: &ClientFace,
+    (key, track): (LedgerKey, &Track),
     token: LeaseToken,
     frozen: &FrozenRequest,
     mut extensions: Extensions,
@@ -713,16 +890,16 @@ where
     let result = lease.renewing(call).await;
     client.check_real_retry_window(&handoff);
     match result {
-        Ok(response) => settle_response(client, lease, response, source, wire).await,
+        Ok(response) => settle_response(client, lease, response, source, track).await,
         Err(error) => {
             let phase = classify(&*error, client.phase_classifier.as_deref());
             // Sticky: an earlier attempt inside (reported by the retry layer) may have left
             // even when the last one was refused before writing.
             let settled = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
-                decision::log(Face::Client, Decision::InDoubt, wire);
+                track.decided(Decision::InDoubt);
                 lease.mark_in_doubt().await
             } else {
-                decision::log(Face::Client, Decision::Released, wire);
+                track.decided(Decision::Released);
                 lease.abandon().await
             };
             if let Err(err) = settled {
@@ -732,6 +909,107 @@ where
             Err(into_error(error, phase))
         }
     }
+}
+
+/// Ask the reconciler about an in-doubt operation we now own under `token`, and act on its
+/// answer: record and return what it found, send the frozen bytes it says never arrived,
+/// or leave the operation in doubt.
+async fn reconcile<S, ResBody>(
+    inner: S,
+    client: &ClientFace,
+    (key, track): (LedgerKey, &Track),
+    token: LeaseToken,
+    original: FrozenRequest,
+    extensions: Extensions,
+) -> Result<Response<ResponseBody<ResBody>>, Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    let reconciler = client
+        .reconciler
+        .as_deref()
+        .expect("only called with a reconciler");
+    // Dropped before settling (the caller gave up), the guard leaves the operation in doubt.
+    let lease = client.ledger.hold(key, token);
+    let attempts = match client.ledger.store.inspect(key).await {
+        Ok(view) => view.map(|view| view.attempts),
+        Err(_) => None,
+    };
+    let wire_key = match track.wire() {
+        Some(WireKey::Derived(key)) => key.to_hex(),
+        Some(WireKey::Header(key)) => key.as_str().to_owned(),
+        None => String::new(),
+    };
+    let operation = InDoubtOperation::new(original.clone(), wire_key, attempts);
+    let verdict = lease
+        .renewing(reconcile::ask(
+            reconciler,
+            operation,
+            client.reconcile_timeout,
+        ))
+        .await;
+    match verdict {
+        Reconciled::Applied(found) => {
+            track.decided(Decision::Reconciled);
+            tracing::info!(key = %key.to_hex(), status = %found.status(), "in-doubt operation reconciled: it happened");
+            record_reconciled(client, lease, found).await
+        }
+        Reconciled::NotApplied => {
+            tracing::info!(key = %key.to_hex(), "in-doubt operation reconciled: it never happened; sending the frozen request");
+            track.decided(Decision::Resumed);
+            let token = lease.hand_on();
+            send(
+                inner,
+                client,
+                (key, track),
+                token,
+                &original,
+                extensions,
+                ResponseSource::Resent,
+            )
+            .await
+        }
+        _ => {
+            track.decided(Decision::InDoubt);
+            if let Err(err) = lease.mark_in_doubt().await {
+                tracing::warn!(%err, "could not leave the operation in doubt; its lease will expire into doubt");
+            }
+            Err(Error::in_doubt())
+        }
+    }
+}
+
+/// Record what the reconciler found as the operation's outcome (a tombstone if it is over
+/// the recording cap) and return it.
+async fn record_reconciled<T>(
+    client: &ClientFace,
+    lease: LeaseGuard,
+    found: Response<Bytes>,
+) -> Result<Response<ResponseBody<T>>, Error> {
+    let (parts, body) = found.into_parts();
+    let outcome = if body.len() > client.response_limit {
+        Outcome::Tombstone {
+            status: parts.status,
+        }
+    } else {
+        Outcome::Response(StoredResponse::new(
+            parts.status,
+            parts.version,
+            detached_headers(&parts.headers),
+            body.clone(),
+        ))
+    };
+    if let Err(err) = lease.complete(outcome).await {
+        // Fenced (the operation was taken over) or the store is away: the caller still
+        // gets what happened; a later run finds it in doubt and reconciles again.
+        tracing::error!(%err, "could not record the reconciled outcome");
+    }
+    let mut response = Response::from_parts(parts, ResponseBody::buffered(body));
+    response.extensions_mut().insert(ResponseSource::Reconciled);
+    Ok(response)
 }
 
 /// `headers` with every value copied into one exact-size buffer of their own.
@@ -756,11 +1034,11 @@ fn detached_headers(headers: &http::HeaderMap) -> http::HeaderMap {
 /// Record a response (or a tombstone), or leave the operation in doubt when the response
 /// says "try again" — a later run resends the frozen bytes rather than replaying a 503.
 async fn settle_response<ResBody>(
-    client: &Client,
+    client: &ClientFace,
     lease: LeaseGuard,
     response: Response<ResBody>,
     source: ResponseSource,
-    wire: &WireKey,
+    track: &Track,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     ResBody: Body<Data = Bytes> + Unpin,
@@ -770,7 +1048,7 @@ where
     // Only answers that mean "come back later" leave the operation open; any other
     // answer, a business `409` ("already exists") included, is its final outcome.
     if is_retryable_status(status) || is_in_progress_answer(status, response.headers()) {
-        decision::log(Face::Client, Decision::InDoubt, wire);
+        track.decided(Decision::InDoubt);
         if let Err(err) = lease.mark_in_doubt().await {
             tracing::warn!(%err, "could not mark the operation in doubt");
         }

@@ -9,22 +9,40 @@
 //!
 //! With feature `metrics`, each decision also counts in `idempotency_decisions_total`
 //! (labels `face`, `decision`).
+//!
+//! A hook set with `on_outcome` on either face's builder gets one [`OutcomeEvent`] per
+//! request that reached the ledger, once its answer is known.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
+use http::StatusCode;
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
 use crate::key::{hex, HeaderKey, IdempotencyKey};
 
-/// Which face decided.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Face {
+/// Which face of the layer decided: in an [`OutcomeEvent`].
+///
+/// ```
+/// use tower_idempotency::idempotency::Face;
+///
+/// assert_eq!(Face::Client.as_str(), "client");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Face {
+    /// The client face, in front of a transport.
     Client,
+    /// The server face, in front of handlers.
     Server,
 }
 
 impl Face {
-    fn as_str(self) -> &'static str {
+    /// The name logs and metrics use: `client`, `server`.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Client => "client",
             Self::Server => "server",
@@ -32,9 +50,18 @@ impl Face {
     }
 }
 
-/// What the ledger decided for one request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Decision {
+/// What the ledger decided for one request: in an [`OutcomeEvent`], the last decision
+/// taken for it (an operation acquired and then left in doubt reports
+/// [`InDoubt`](Decision::InDoubt)).
+///
+/// ```
+/// use tower_idempotency::idempotency::Decision;
+///
+/// assert_eq!(Decision::InDoubt.as_str(), "in_doubt");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Decision {
     /// A new operation: sent (client) or run (server).
     Acquired,
     /// The recorded outcome was returned; nothing was sent or run.
@@ -53,10 +80,28 @@ pub(crate) enum Decision {
     Full,
     /// Refused: the ledger is unavailable (fail closed).
     Unavailable,
+    /// An in-doubt operation's [reconciler](crate::idempotency::Reconcile) found it had
+    /// happened; its answer was recorded and returned, nothing was sent again (client).
+    Reconciled,
 }
 
 impl Decision {
-    fn as_str(self) -> &'static str {
+    const ALL: [Self; 10] = [
+        Self::Acquired,
+        Self::Replayed,
+        Self::Resumed,
+        Self::Busy,
+        Self::Drift,
+        Self::InDoubt,
+        Self::Released,
+        Self::Full,
+        Self::Unavailable,
+        Self::Reconciled,
+    ];
+
+    /// The name logs and metrics use: `acquired`, `replayed`, `resumed`, `busy`, `drift`,
+    /// `in_doubt`, `released`, `full`, `unavailable`, `reconciled`.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Acquired => "acquired",
             Self::Replayed => "replayed",
@@ -67,6 +112,7 @@ impl Decision {
             Self::Released => "released",
             Self::Full => "full",
             Self::Unavailable => "unavailable",
+            Self::Reconciled => "reconciled",
         }
     }
 }
@@ -95,12 +141,167 @@ impl fmt::Display for KeyDigest<'_> {
     }
 }
 
-/// Record `decision` as one event, at a level that says how much it deserves attention.
-pub(crate) fn log(face: Face, decision: Decision, key: &WireKey) {
-    let (face, what, digest) = (face.as_str(), decision.as_str(), KeyDigest(key));
-    #[cfg(feature = "metrics")]
-    metrics::counter!("idempotency_decisions_total", "face" => face, "decision" => what)
+/// What one request that reached the ledger came to, for a hook set with
+/// [`ClientBuilder::on_outcome`](super::ClientBuilder::on_outcome) or
+/// [`ServerBuilder::on_outcome`](super::ServerBuilder::on_outcome).
+///
+/// It says nothing secret: the key only as its digest (the one the decision events log,
+/// the same on a client and on the server it calls), never the key itself, the scope or a
+/// credential.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_idempotency::idempotency::{Decision, OutcomeEvent};
+/// use tower_idempotency::testing::SideEffectService;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+///     .on_outcome({
+///         let seen = seen.clone();
+///         move |event: &OutcomeEvent<'_>| {
+///             seen.lock().unwrap().push((event.decision(), event.status(), event.key_digest()))
+///         }
+///     })
+///     .build()
+///     .unwrap();
+/// let client = ServiceBuilder::new().layer(layer).service(SideEffectService::new());
+/// let mut req = http::Request::post("http://payments.local/charges").body(String::from("{}")).unwrap();
+/// req.extensions_mut().insert(OperationId::new("task-7", "charge"));
+/// client.oneshot(req).await.unwrap();
+///
+/// let seen = seen.lock().unwrap();
+/// assert_eq!(seen[0].0, Decision::Acquired);
+/// assert_eq!(seen[0].1, Some(http::StatusCode::CREATED));
+/// assert_eq!(seen[0].2.len(), 16);
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct OutcomeEvent<'a> {
+    face: Face,
+    decision: Decision,
+    key: &'a WireKey,
+    status: Option<StatusCode>,
+    elapsed: Duration,
+}
+
+impl OutcomeEvent<'_> {
+    /// Which face decided.
+    pub fn face(&self) -> Face {
+        self.face
+    }
+
+    /// The last decision taken for the request.
+    pub fn decision(&self) -> Decision {
+        self.decision
+    }
+
+    /// The key's digest, 16 hex digits, as the decision events log it (computed on call).
+    pub fn key_digest(&self) -> String {
+        KeyDigest(self.key).to_string()
+    }
+
+    /// The status answered, when there was a response (replayed, recorded or not); `None`
+    /// when the request ended in an error.
+    pub fn status(&self) -> Option<StatusCode> {
+        self.status
+    }
+
+    /// From the layer receiving the request to its answer being known (the response's
+    /// head; its body may still be streaming).
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+}
+
+/// A user's `on_outcome` hook.
+#[derive(Clone)]
+pub(crate) struct OutcomeHook(Arc<dyn Fn(&OutcomeEvent<'_>) + Send + Sync>);
+
+impl OutcomeHook {
+    pub(crate) fn new(hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(hook))
+    }
+}
+
+impl fmt::Debug for OutcomeHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OutcomeHook")
+    }
+}
+
+/// The decisions taken for one request: each is logged (and counted) as it is taken, and
+/// the last one is reported to the hook when the answer is known.
+pub(crate) struct Track {
+    face: Face,
+    /// The key, when an event or the hook may need its digest (the server keeps a copy of
+    /// the key only then).
+    wire: Option<WireKey>,
+    /// The last decision, as its index in [`Decision::ALL`] plus one; zero for none yet.
+    last: AtomicU8,
+}
+
+impl Track {
+    pub(crate) fn new(face: Face, wire: Option<WireKey>) -> Self {
+        Self {
+            face,
+            wire,
+            last: AtomicU8::new(0),
+        }
+    }
+
+    pub(crate) fn wire(&self) -> Option<&WireKey> {
+        self.wire.as_ref()
+    }
+
+    /// Log and count `decision`, and remember it as the request's latest.
+    pub(crate) fn decided(&self, decision: Decision) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "idempotency_decisions_total",
+            "face" => self.face.as_str(),
+            "decision" => decision.as_str()
+        )
         .increment(1);
+        if let Some(wire) = &self.wire {
+            log(self.face, decision, wire);
+        }
+        let index = Decision::ALL
+            .iter()
+            .position(|d| *d == decision)
+            .expect("every decision is in ALL");
+        self.last.store(index as u8 + 1, Ordering::Relaxed);
+    }
+
+    /// Tell `hook` what the request came to; nothing when no decision was taken.
+    pub(crate) fn report(
+        &self,
+        hook: Option<&OutcomeHook>,
+        started: Option<Instant>,
+        status: Option<StatusCode>,
+    ) {
+        let (Some(hook), Some(started), Some(key)) = (hook, started, &self.wire) else {
+            return;
+        };
+        let Some(index) = self.last.load(Ordering::Relaxed).checked_sub(1) else {
+            return;
+        };
+        (hook.0)(&OutcomeEvent {
+            face: self.face,
+            decision: Decision::ALL[usize::from(index)],
+            key,
+            status,
+            elapsed: started.elapsed(),
+        });
+    }
+}
+
+/// Record `decision` as one event, at a level that says how much it deserves attention.
+fn log(face: Face, decision: Decision, key: &WireKey) {
+    let (face, what, digest) = (face.as_str(), decision.as_str(), KeyDigest(key));
     match decision {
         Decision::Drift | Decision::Full | Decision::Unavailable => tracing::warn!(
             idempotency.face = face,
@@ -108,7 +309,7 @@ pub(crate) fn log(face: Face, decision: Decision, key: &WireKey) {
             idempotency.key.digest = %digest,
             "idempotency decision"
         ),
-        Decision::InDoubt | Decision::Resumed => tracing::info!(
+        Decision::InDoubt | Decision::Resumed | Decision::Reconciled => tracing::info!(
             idempotency.face = face,
             idempotency.decision = what,
             idempotency.key.digest = %digest,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, Settled, StoreError,
 };
 
 /// The default lease: how long an owner may hold an operation in flight without renewing
@@ -20,8 +20,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// The default retention of ledger records.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// The first pause between two `begin`s while waiting for a busy operation; it doubles up to
-/// [`MAX_BUSY_POLL`]. Stores are not asked to notify waiters, so any store works.
+/// The first pause between two `begin`s while waiting for a busy operation on a store that
+/// cannot notify ([`IdempotencyStore::notify_settled`] answers `None`); it doubles up to
+/// [`MAX_BUSY_POLL`]. A store that notifies wakes its waiters when the owner settles.
 const FIRST_BUSY_POLL: Duration = Duration::from_millis(5);
 const MAX_BUSY_POLL: Duration = Duration::from_millis(250);
 
@@ -67,6 +68,44 @@ pub(crate) struct Ledger {
     pub(crate) protected: Duration,
     /// Background releases of unused claims under way (see [`MAX_PENDING_RELEASES`]).
     pub(crate) pending_releases: Arc<std::sync::atomic::AtomicUsize>,
+    /// How many requests may wait for busy operations at once, if bounded.
+    pub(crate) waiters: Option<WaiterLimit>,
+}
+
+/// A bound on the requests waiting for busy operations: under a storm of duplicates each
+/// waiter holds its request (its body included), so past the bound a request is answered
+/// busy at once instead of joining the queue.
+#[derive(Clone, Debug)]
+pub(crate) struct WaiterLimit {
+    max: usize,
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl WaiterLimit {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            max,
+            waiting: Arc::default(),
+        }
+    }
+
+    fn try_enter(&self) -> Option<WaiterPermit> {
+        // A counter, not a synchronisation point: relaxed is enough.
+        use std::sync::atomic::Ordering::Relaxed;
+        self.waiting
+            .fetch_update(Relaxed, Relaxed, |n| (n < self.max).then_some(n + 1))
+            .ok()?;
+        Some(WaiterPermit(self.waiting.clone()))
+    }
+}
+
+/// One place among the waiters, given back when the wait ends (however it ends).
+struct WaiterPermit(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for WaiterPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl fmt::Debug for Ledger {
@@ -98,7 +137,14 @@ impl Ledger {
             retention,
             protected: protected.min(retention),
             pending_releases: Arc::default(),
+            waiters: None,
         }
+    }
+
+    /// Bound the requests waiting for busy operations to `max` at a time.
+    pub(crate) fn with_max_waiters(mut self, max: usize) -> Self {
+        self.waiters = Some(WaiterLimit::new(max));
+        self
     }
 
     pub(crate) fn request(&self, key: LedgerKey, fingerprint: crate::Fingerprint) -> BeginRequest {
@@ -106,7 +152,10 @@ impl Ledger {
             .with_protected_window(self.protected)
     }
 
-    /// `begin`, waiting per `busy` while another owner holds the operation.
+    /// `begin`, waiting per `busy` while another owner holds the operation: woken by the
+    /// store when the owner settles, if it can notify, else polling with a backoff; never
+    /// sleeping past the owner's lease (it turns in doubt then) nor past the bound. Past the
+    /// [waiter limit](Self::with_max_waiters), a busy answer is returned at once.
     pub(crate) async fn begin(
         &self,
         request: BeginRequest,
@@ -117,6 +166,10 @@ impl Ledger {
             BusyPolicy::Fail => Instant::now(),
         };
         let mut pause = FIRST_BUSY_POLL;
+        let mut permit = None;
+        // Subscribed before the `begin` it follows, so a settle in between is not missed.
+        let mut settled: Option<Settled> = None;
+        let mut notifies = true;
         loop {
             let answer = self.begin_once(&request).await?;
             let Begin::Busy { retry_after } = answer else {
@@ -126,12 +179,36 @@ impl Ledger {
             if now >= give_up_at {
                 return Ok(answer);
             }
-            // Never sleep past the owner's lease (it turns in doubt then) or our own limit.
-            let nap = pause
-                .min(retry_after.max(Duration::from_millis(1)))
+            if let (None, Some(limit)) = (&permit, &self.waiters) {
+                match limit.try_enter() {
+                    Some(entered) => permit = Some(entered),
+                    // A storm of duplicates: answer busy now rather than queue one more.
+                    None => return Ok(answer),
+                }
+            }
+            let nap = retry_after
+                .max(Duration::from_millis(1))
                 .min(give_up_at - now);
-            tokio::time::sleep(nap).await;
-            pause = (pause * 2).min(MAX_BUSY_POLL);
+            match settled.take() {
+                Some(settled) => {
+                    let _ = tokio::time::timeout(nap, settled).await;
+                }
+                None if notifies => match self.store.notify_settled(request.key) {
+                    // Listening now: ask again at once, then wait for the settle.
+                    Some(listening) => {
+                        settled = Some(listening);
+                        continue;
+                    }
+                    None => notifies = false,
+                },
+                None => {}
+            }
+            if notifies {
+                settled = self.store.notify_settled(request.key);
+            } else {
+                tokio::time::sleep(pause.min(nap)).await;
+                pause = (pause * 2).min(MAX_BUSY_POLL);
+            }
         }
     }
 
@@ -335,6 +412,14 @@ impl LeaseGuard {
     /// Leave the operation in doubt: its bytes may have left.
     pub(crate) async fn mark_in_doubt(self) -> Result<(), StoreError> {
         self.settle(Settle::MarkInDoubt).await
+    }
+
+    /// Hand the lease on unsettled, to whoever goes on with the operation under the same
+    /// token (a reconciled operation found not applied is sent by the usual path, which
+    /// holds its own guard).
+    pub(crate) fn hand_on(mut self) -> LeaseToken {
+        self.done = true;
+        self.token
     }
 
     async fn settle(mut self, settle: Settle) -> Result<(), StoreError> {

@@ -3,9 +3,17 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 /// Applies the ledger to a service, with one of two faces: the client face
-/// (`IdempotencyLayer<Client>`, built by [`IdempotencyLayer::client`]) for callers of
-/// side-effecting APIs, or the server face (`IdempotencyLayer<Server>`, built by
+/// ([`ClientLayer`](super::ClientLayer) = `IdempotencyLayer<ClientFace>`, built by
+/// [`IdempotencyLayer::client`]) for callers of side-effecting APIs, or the server face
+/// ([`ServerLayer`](super::ServerLayer) = `IdempotencyLayer<ServerFace>`, built by
 /// [`IdempotencyLayer::server`]) in front of the handlers that perform the effects.
+///
+/// - Client face: the inner service takes `Request<Full<Bytes>>` (whatever body you send
+///   in), answers `Response<B>` with `B: Body<Data = Bytes> + Unpin + Send`, and must be
+///   `Clone + Send + 'static`.
+/// - Server face: the inner service takes `Request<RequestBody<B>>` for the incoming body
+///   `B: Body<Data = Bytes>`, answers `Response<B2>` with `B2: Body<Data = Bytes> + Unpin +
+///   Send`, and must be `Clone + Send + 'static` (axum's handlers and routers are).
 ///
 /// See the [module docs](crate::idempotency).
 #[derive(Debug)]
@@ -27,6 +35,12 @@ impl<F> IdempotencyLayer<F> {
         Self {
             face: Arc::new(face),
         }
+    }
+
+    /// The face's configuration, for adapters that drive it without a tower service.
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn face(&self) -> &Arc<F> {
+        &self.face
     }
 }
 

@@ -19,7 +19,9 @@
 //!    safe against the retry layer inside (it never resends a keyless side effect once it
 //!    may have left) and because many `POST`s a client sends are not operations an
 //!    orchestrator names; a caller's own retry of such a request is what stays unprotected.
-//! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent).
+//! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent), adding
+//!    `Content-Digest: sha-256=:…:` of its body (see [`digest`](crate::digest)), hashed in
+//!    the one pass that also makes the fingerprint.
 //! 3. `begin` in the ledger, storing the frozen request before any byte leaves.
 //! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
 //!    never taken for a dead owner's). A response is recorded (up to 1 MiB; a larger one
@@ -33,7 +35,9 @@
 //!    ledger outage is retried inside the lease.
 //! 5. **Replay**: return the recorded response without calling the inner service, marked
 //!    with [`ResponseSource::Replayed`].
-//! 6. **Resume** (in doubt): resend the **stored** frozen bytes under the same key.
+//! 6. **Resume** (in doubt): resend the **stored** frozen bytes under the same key — or,
+//!    against a provider that does not deduplicate, first ask a [`Reconcile`]r whether it
+//!    happened (see [`reconcile`](self#reconciling-in-doubt-operations)).
 //! 7. **Busy**: wait for the owner (bounded, [`BusyPolicy`]) or fail.
 //! 8. **Drift** (same operation, different payload or target): refuse, naming the changed
 //!    JSON fields, or resend the original bytes ([`DriftPolicy`]) — never the new ones.
@@ -47,6 +51,15 @@
 //! (scheme, host, port): the same key sent to two hosts is two operations. An
 //! [`OperationId`](crate::OperationId) names one operation wherever it is sent: sent to
 //! another target it is a drift, never a replay of the first target's answer.
+//!
+//! # Reconciling in-doubt operations
+//!
+//! [`ClientBuilder::reconcile`] takes a [`Reconcile`], asked before an in-doubt operation
+//! would be resent to a provider that ignores keys: [`Reconciled::Applied`] records and
+//! returns what it found ([`ResponseSource::Reconciled`]), [`Reconciled::NotApplied`] sends
+//! the frozen bytes, [`Reconciled::Unknown`] (and a reconciler that fails, panics or runs
+//! past its bound) leaves the operation in doubt. [`LookupReconciler`] builds one from a
+//! lookup request; its docs show a crash after sending resolved this way.
 //!
 //! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
 //! the same whichever path a request takes.
@@ -109,7 +122,7 @@
 //! For a service that performs the side effect: IETF `Idempotency-Key` semantics
 //! (draft-ietf-httpapi-idempotency-key-header) in front of your handlers, as a plain tower
 //! layer. It wraps any `Service<Request<RequestBody<B>>>` (an axum `Router` or handler, a
-//! hyper service) and keeps its error type, so it drops into `Router::layer` with
+//! hyper service) and keeps its error type, so it drops into axum's `route_layer` with
 //! `Infallible` intact: every idempotency outcome is an HTTP response.
 //!
 //! ```
@@ -126,9 +139,10 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let app = Router::new()
-//!     .route("/charges", post(charge))
-//!     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+//! let app = Router::new().route(
+//!     "/charges",
+//!     post(charge).route_layer(IdempotencyLayer::server(MemoryStore::new())),
+//! );
 //! // axum::serve(listener, app).await
 //!
 //! let charge_order_42 = || {
@@ -147,8 +161,15 @@
 //! ```
 //!
 //! `examples/axum_server.rs` is a complete payments service built this way
-//! (`cargo run --example axum_server`). Prefer `Router::route_layer` to `Router::layer`:
-//! with `layer`, a `POST` to an unknown path gets the layer's `400` instead of axum's `404`.
+//! (`cargo run --example axum_server`).
+//!
+//! **Layer the method router, not the `Router`.** Put the layer around the methods that
+//! have side effects (`post(charge).route_layer(layer)`): axum then answers an unknown
+//! path (`404`) and a method the route does not serve (`405`) outside it. `Router::layer` and `Router::route_layer` also wrap axum's
+//! method-not-allowed fallback, so a keyless `PATCH` to a `POST`-only route would get
+//! `400 key-missing` instead of `405`, and a keyed one would have its `405` recorded and
+//! replayed (`Router::layer` wraps the `404` fallback too). The layer cannot tell on its
+//! own: wrapped around a whole router, it does not know which methods a route serves.
 //!
 //! ## What it answers
 //!
@@ -269,32 +290,127 @@
 //! Every ledger decision is one event `idempotency decision`, inside the request's span,
 //! with the fields `idempotency.face` (`client`, `server`), `idempotency.decision`
 //! (`acquired`, `replayed`, `resumed`, `busy`, `drift`, `in_doubt`, `released`, `full`,
-//! `unavailable`) and `idempotency.key.digest`: the first 16 hex digits of
+//! `unavailable`, `reconciled`) and `idempotency.key.digest`: the first 16 hex digits of
 //! `SHA-256("tower-idempotency/log/v1" || key)` over the `Idempotency-Key` as it travels
 //! (unquoted). A client and the server it calls log the same digest for one operation, so
 //! their logs join; neither logs the key itself, the scope or a credential. Levels: `WARN`
-//! for `drift`, `full` and `unavailable`, `INFO` for `in_doubt` and `resumed`, `DEBUG` for
+//! for `drift`, `full` and `unavailable`, `INFO` for `in_doubt`, `resumed` and `reconciled`, `DEBUG` for
 //! the rest. The client span `idempotency` (`face = "client"`) carries the same digest as
 //! `key`.
+//!
+//! For observability of your own, `on_outcome` on either builder
+//! ([`ClientBuilder::on_outcome`], [`ServerBuilder::on_outcome`],
+//! [`ClientStackBuilder::on_outcome`]) calls a hook once per request that reached the
+//! ledger, with an [`OutcomeEvent`]: the face, the last decision, the key's digest, the
+//! status when there was a response, and the time taken. Unset, it costs nothing.
 
 mod body;
-mod client;
+pub(crate) mod client;
 mod decision;
 mod engine;
 mod layer;
+mod reconcile;
 mod server;
 mod stack;
 
 pub use body::ResponseBody;
-pub use client::{Client, ClientBuilder, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
+pub use client::{ClientBuilder, ClientFace, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
+pub use decision::{Decision, Face, OutcomeEvent};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
+pub use reconcile::{
+    InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
+    DEFAULT_RECONCILE_TIMEOUT,
+};
 pub use server::{
-    problem, InDoubtPolicy, RequestBody, Server, ServerBuilder, ServerErrorPolicy, ServerFuture,
-    DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW, IDEMPOTENCY_FAIL_OPEN,
-    IDEMPOTENT_REPLAYED,
+    problem, InDoubtPolicy, RequestBody, ServerBuilder, ServerErrorPolicy, ServerFace,
+    ServerFuture, DEFAULT_MAX_WAITERS, DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW,
+    IDEMPOTENCY_FAIL_OPEN, IDEMPOTENT_REPLAYED,
 };
 pub use stack::{ClientStack, ClientStackBuilder};
+
+/// The client [`IdempotencyLayer`], as [`IdempotencyLayer::client`] and
+/// [`ClientBuilder::build`] return it.
+///
+/// ```
+/// use tower_idempotency::{idempotency::ClientLayer, ledger::MemoryStore, IdempotencyLayer};
+///
+/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub type ClientLayer = IdempotencyLayer<ClientFace>;
+
+/// The server [`IdempotencyLayer`], as [`IdempotencyLayer::server`] and
+/// [`ServerBuilder::build`] return it.
+///
+/// ```
+/// use tower_idempotency::{idempotency::ServerLayer, ledger::MemoryStore, IdempotencyLayer};
+///
+/// let layer: ServerLayer = IdempotencyLayer::server(MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub type ServerLayer = IdempotencyLayer<ServerFace>;
+
+/// The server layer's service around `S` (an axum handler or router, a hyper service).
+///
+/// ```
+/// use tower::Layer;
+/// use tower_idempotency::idempotency::ServerService;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let handler = tower::service_fn(|_req: http::Request<tower_idempotency::idempotency::RequestBody<String>>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let service: ServerService<_> = IdempotencyLayer::server(MemoryStore::new()).layer(handler);
+/// # let _ = service;
+/// ```
+pub type ServerService<S> = Idempotency<S, ServerFace>;
+
+/// The whole client stack around the transport `S`, as a [`ClientStack`] builds it:
+/// [`IdempotencyLayer`] outside, [`FrozenRetry`](crate::retry::FrozenRetry) inside.
+///
+/// ```
+/// use tower::Layer;
+/// use tower_idempotency::idempotency::ClientStackService;
+/// use tower_idempotency::testing::SideEffectService;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
+/// let client: ClientStackService<SideEffectService> = stack.layer(SideEffectService::new());
+/// # let _ = client;
+/// ```
+pub type ClientStackService<S> = Idempotency<crate::retry::FrozenRetry<S>, ClientFace>;
+
+/// The client stack over hyper-util's legacy client with connector `C` (feature
+/// `hyper-util`), the stack of the README's quickstart.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use hyper_util::client::legacy::{connect::HttpConnector, Client};
+/// use hyper_util::rt::TokioExecutor;
+/// use tower::Layer;
+/// use tower_idempotency::idempotency::HyperClientStack;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
+/// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+/// let client: HyperClientStack<HttpConnector> = stack.layer(http);
+/// # let _ = client;
+/// ```
+#[cfg(feature = "hyper-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hyper-util")))]
+pub type HyperClientStack<C> =
+    ClientStackService<hyper_util::client::legacy::Client<C, http_body_util::Full<bytes::Bytes>>>;
+
+/// Renamed [`ClientFace`]: `Client` clashed with hyper-util's and reqwest's `Client` in
+/// type errors.
+#[deprecated(note = "renamed `ClientFace`; or use the `ClientLayer` alias")]
+pub type Client = ClientFace;
+
+/// Renamed [`ServerFace`], after [`ClientFace`].
+#[deprecated(note = "renamed `ServerFace`; or use the `ServerLayer` alias")]
+pub type Server = ServerFace;
 
 /// Where a response came from: a response extension set by the client
 /// [`IdempotencyLayer`] on every response of a side-effecting request. (The server face
@@ -308,6 +424,10 @@ pub enum ResponseSource {
     Resent,
     /// The recorded response of a completed operation; the inner service was not called.
     Replayed,
+    /// The operation was in doubt and its [reconciler](crate::idempotency::Reconcile) found
+    /// it had happened: this is the provider's response (or the reconciler's stand-in), now
+    /// recorded; nothing was sent again.
+    Reconciled,
     /// A side effect without an [`OperationId`](crate::OperationId) or an `Idempotency-Key`:
     /// sent once, outside the ledger, unprotected against a caller's own retry. See
     /// [`ClientBuilder::require_key`].

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::client::{Client, ClientBuilder, DriftPolicy};
+use super::client::{ClientBuilder, ClientFace, DriftPolicy};
 use super::engine::BusyPolicy;
 use super::{Idempotency, IdempotencyLayer};
 use crate::error::ConfigError;
@@ -45,7 +45,7 @@ pub struct ClientStackBuilder {
     classifier: Option<Arc<dyn ClassifyPhase>>,
 }
 
-impl IdempotencyLayer<Client> {
+impl IdempotencyLayer<ClientFace> {
     /// Configure the whole client stack over `store`: see [`ClientStackBuilder`].
     pub fn client_stack(store: impl IdempotencyStore) -> ClientStackBuilder {
         ClientStackBuilder {
@@ -112,9 +112,36 @@ impl ClientStackBuilder {
         self
     }
 
+    /// See [`ClientBuilder::on_outcome`].
+    pub fn on_outcome(
+        mut self,
+        hook: impl Fn(&super::OutcomeEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.client = self.client.on_outcome(hook);
+        self
+    }
+
     /// See [`ClientBuilder::provider_deduplicates`].
     pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
         self.client = self.client.provider_deduplicates(deduplicates);
+        self
+    }
+
+    /// See [`ClientBuilder::reconcile`].
+    pub fn reconcile(mut self, reconciler: impl super::Reconcile) -> Self {
+        self.client = self.client.reconcile(reconciler);
+        self
+    }
+
+    /// See [`ClientBuilder::reconcile_timeout`].
+    pub fn reconcile_timeout(mut self, bound: Duration) -> Self {
+        self.client = self.client.reconcile_timeout(bound);
+        self
+    }
+
+    /// See [`ClientBuilder::reconcile_when_deduplicating`].
+    pub fn reconcile_when_deduplicating(mut self, reconcile: bool) -> Self {
+        self.client = self.client.reconcile_when_deduplicating(reconcile);
         self
     }
 
@@ -170,7 +197,11 @@ impl ClientStackBuilder {
 }
 
 /// The client stack as one layer: [`IdempotencyLayer`] over [`FrozenRetryLayer`] over the
-/// service it wraps. Built by [`ClientStackBuilder`].
+/// service it wraps ([`ClientStackService`](super::ClientStackService)). Built by
+/// [`ClientStackBuilder`].
+///
+/// The inner service (the transport) takes `Request<Full<Bytes>>`, answers `Response<B>`
+/// with `B: Body<Data = Bytes> + Unpin + Send`, and must be `Clone + Send + 'static`.
 ///
 /// ```
 /// use tower::Layer;
@@ -184,13 +215,13 @@ impl ClientStackBuilder {
 #[derive(Clone, Debug)]
 #[must_use = "a layer does nothing until it wraps a service"]
 pub struct ClientStack {
-    idempotency: IdempotencyLayer<Client>,
+    idempotency: IdempotencyLayer<ClientFace>,
     retry: FrozenRetryLayer,
 }
 
 impl ClientStack {
     /// The idempotency layer, outside.
-    pub fn idempotency(&self) -> &IdempotencyLayer<Client> {
+    pub fn idempotency(&self) -> &IdempotencyLayer<ClientFace> {
         &self.idempotency
     }
 
@@ -201,7 +232,7 @@ impl ClientStack {
 }
 
 impl<S> Layer<S> for ClientStack {
-    type Service = Idempotency<FrozenRetry<S>, Client>;
+    type Service = Idempotency<FrozenRetry<S>, ClientFace>;
 
     fn layer(&self, inner: S) -> Self::Service {
         self.idempotency.layer(self.retry.layer(inner))

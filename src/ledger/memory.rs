@@ -66,6 +66,14 @@ const TOMBSTONE_RESERVE: u64 = 16;
 /// touched, when their room is needed, and by
 /// [`run_pending_tasks`](MemoryStore::run_pending_tasks).
 ///
+/// With feature `metrics`, the store reports what it holds as two gauges labelled
+/// `store = "memory"`: `idempotency_store_bytes` (the [weighted size](Self::weighted_size))
+/// and `idempotency_store_records` (the [records](Self::entry_count)). They move by each
+/// change, through handles taken when the store is built, so keeping them costs an atomic
+/// add per insert or removal and no lookup: install your recorder **before** building the
+/// store. Several stores in one process add up in the same series, and a dropped store
+/// takes its share out.
+///
 /// Size the budget for your rate times the protected window. Use `RedisStore` (feature
 /// `redis`) when several processes share operations or an orchestrator must resume after
 /// a crash.
@@ -94,6 +102,83 @@ struct Inner {
     next_seq: AtomicU64,
     evictions: AtomicU64,
     refused: AtomicU64,
+    /// One generation counter per shard, bumped when a record of the shard settles while
+    /// someone listens: waiters for a busy key wake when its owner is done instead of
+    /// polling. Per shard, not per key, so listening allocates nothing per key; a settle of
+    /// a neighbour wakes a waiter for nothing, and it asks `begin` again.
+    settled: Box<[tokio::sync::watch::Sender<u64>]>,
+    gauges: Gauges,
+}
+
+/// With feature `metrics`, the gauges of what the store holds: handles taken once, so a
+/// change costs the recorder's atomic add, never a registry lookup on the hot path.
+#[cfg(feature = "metrics")]
+struct Gauges {
+    bytes: metrics::Gauge,
+    records: metrics::Gauge,
+}
+
+#[cfg(feature = "metrics")]
+impl Gauges {
+    fn new() -> Self {
+        Self {
+            bytes: metrics::gauge!("idempotency_store_bytes", "store" => "memory"),
+            records: metrics::gauge!("idempotency_store_records", "store" => "memory"),
+        }
+    }
+
+    /// A record of `weight` bytes came in.
+    fn added(&self, weight: u64) {
+        self.bytes.increment(weight as f64);
+        self.records.increment(1.0);
+    }
+
+    /// A record of `weight` bytes left.
+    fn removed(&self, weight: u64) {
+        self.bytes.decrement(weight as f64);
+        self.records.decrement(1.0);
+    }
+
+    /// A record held stayed, `old` bytes then, `new` now.
+    fn reweighed(&self, old: u64, new: u64) {
+        self.bytes.increment(new as f64 - old as f64);
+    }
+}
+
+/// Without feature `metrics`, nothing to keep.
+#[cfg(not(feature = "metrics"))]
+struct Gauges;
+
+#[cfg(not(feature = "metrics"))]
+impl Gauges {
+    fn new() -> Self {
+        Self
+    }
+
+    fn added(&self, _: u64) {}
+
+    fn removed(&self, _: u64) {}
+
+    fn reweighed(&self, _: u64, _: u64) {}
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Stores add up in one series: a store that goes takes its share out.
+        let records: u64 = self
+            .shards
+            .iter_mut()
+            .map(|shard| {
+                let shard = shard
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                shard.len() as u64
+            })
+            .sum();
+        self.gauges.bytes.decrement(*self.used.get_mut() as f64);
+        self.gauges.records.decrement(records as f64);
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -140,6 +225,10 @@ impl MemoryStoreBuilder {
                 next_seq: AtomicU64::new(0),
                 evictions: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                settled: (0..SHARDS)
+                    .map(|_| tokio::sync::watch::Sender::new(0))
+                    .collect(),
+                gauges: Gauges::new(),
             }),
         }
     }
@@ -213,9 +302,19 @@ impl MemoryStore {
         }
     }
 
+    /// Wake whoever listens for a settle in `key`'s shard. Called after the shard lock is
+    /// released: a listener subscribed before its `begin` took that lock, so the lock orders
+    /// its subscription before this check and it is never missed.
+    fn announce_settled(&self, key: &LedgerKey) {
+        let settled = &self.inner.settled[shard_index(key)];
+        // Nobody listening (the common case): a single atomic load.
+        if settled.receiver_count() > 0 {
+            settled.send_modify(|generation| *generation = generation.wrapping_add(1));
+        }
+    }
+
     fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {
-        // Ledger keys are SHA-256 digests: any of their bytes is already uniform.
-        &self.inner.shards[usize::from(key.as_bytes()[0]) % SHARDS]
+        &self.inner.shards[shard_index(key)]
     }
 
     /// Drop a shard's records whose retention ended.
@@ -234,6 +333,7 @@ impl MemoryStore {
     fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Record> {
         let record = shard.remove(key)?;
         self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
+        self.inner.gauges.removed(record.weight);
         if let State::Completed { protect_until, .. } = record.state {
             lock(&self.inner.evictable).remove(&(protect_until, record.seq));
         }
@@ -265,10 +365,15 @@ impl MemoryStore {
         if let State::Completed { protect_until, .. } = record.state {
             lock(&self.inner.evictable).insert((protect_until, record.seq), key);
         }
-        if let Some(old) = shard.insert(key, record) {
-            if let State::Completed { protect_until, .. } = old.state {
-                lock(&self.inner.evictable).remove(&(protect_until, old.seq));
+        let weight = record.weight;
+        match shard.insert(key, record) {
+            Some(old) => {
+                self.inner.gauges.reweighed(old.weight, weight);
+                if let State::Completed { protect_until, .. } = old.state {
+                    lock(&self.inner.evictable).remove(&(protect_until, old.seq));
+                }
             }
+            None => self.inner.gauges.added(weight),
         }
         None
     }
@@ -309,6 +414,7 @@ impl MemoryStore {
             if shard.get(&key).is_some_and(|record| record.seq == seq) {
                 let record = shard.remove(&key).expect("checked under the same lock");
                 self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
+                self.inner.gauges.removed(record.weight);
                 if record.retain_until > now {
                     self.inner.evictions.fetch_add(1, Ordering::Relaxed);
                 }
@@ -477,6 +583,11 @@ impl MemoryStore {
     }
 }
 
+/// Keys are uniform hashes: their first byte spreads them over the shards.
+fn shard_index(key: &LedgerKey) -> usize {
+    usize::from(key.as_bytes()[0]) % SHARDS
+}
+
 fn acquired(request: &BeginRequest) -> Begin {
     Begin::Acquired {
         token: request.token,
@@ -636,9 +747,11 @@ impl IdempotencyStore for MemoryStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(std::future::ready(
-            self.complete_now(key, token, outcome, retention),
-        ))
+        let completed = self.complete_now(key, token, outcome, retention);
+        if completed.is_ok() {
+            self.announce_settled(&key);
+        }
+        Box::pin(std::future::ready(completed))
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
@@ -654,6 +767,9 @@ impl IdempotencyStore for MemoryStore {
                 _ => record.state = State::InDoubt,
             }
         });
+        if settled.is_ok() {
+            self.announce_settled(&key);
+        }
         Box::pin(std::future::ready(settled))
     }
 
@@ -669,7 +785,19 @@ impl IdempotencyStore for MemoryStore {
             // A real attempt failed: keep the record at least `retention` from now.
             record.retain_until = record.retain_until.max(now + retention);
         });
+        if settled.is_ok() {
+            self.announce_settled(&key);
+        }
         Box::pin(std::future::ready(settled))
+    }
+
+    fn notify_settled(&self, key: LedgerKey) -> Option<super::Settled> {
+        // Subscribing marks the current generation seen: only a later settle wakes it.
+        let mut settled = self.inner.settled[shard_index(&key)].subscribe();
+        Some(Box::pin(async move {
+            // An error means the store is gone: nothing will settle, waking is right.
+            let _ = settled.changed().await;
+        }))
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {

@@ -91,6 +91,10 @@ use crate::BoxError;
 /// The future every [`IdempotencyStore`] method returns.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
+/// What [`IdempotencyStore::notify_settled`] returns: completes when the record it watches
+/// may have left *in flight*.
+pub type Settled = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
 /// A ledger implementing the protocol in the [module docs](crate::ledger).
 ///
 /// # Example
@@ -158,6 +162,44 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
         Box::pin(std::future::ready(Err(StoreError::unavailable(
             "this store cannot be inspected",
         ))))
+    }
+
+    /// Listen for the next settle of `key`'s record: a future that completes once a
+    /// [`complete`](Self::complete), [`abandon`](Self::abandon) or
+    /// [`mark_in_doubt`](Self::mark_in_doubt) of it has applied **after this call** (it is
+    /// subscribed when returned, not when first polled), so a caller that subscribes and
+    /// then finds the operation [busy](Begin::Busy) cannot miss its end. It may also
+    /// complete early (another key's settle, a reconnect): waiters ask `begin` again when
+    /// woken, so a spurious wake costs one `begin`, never a wrong answer. A lease that runs
+    /// out need not be notified: waiters never sleep past the owner's lease.
+    ///
+    /// The default answers `None`, "this store cannot notify": waiters then poll `begin`
+    /// with a backoff (5 ms doubling to 250 ms). [`MemoryStore`] notifies in-process;
+    /// [`RedisStore`](crate::ledger::redis) polls.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome};
+    /// use tower_idempotency::Fingerprint;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = MemoryStore::new();
+    /// let key = LedgerKey::from_bytes([9; 32]);
+    /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let Begin::Acquired { token } =
+    ///     store.begin(BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(60))).await?
+    /// else { unreachable!() };
+    ///
+    /// let settled = store.notify_settled(key).expect("the memory store notifies");
+    /// store.complete(key, token, Outcome::Tombstone { status: http::StatusCode::OK }, Duration::from_secs(60)).await?;
+    /// settled.await; // already completed: the settle came after the subscription
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn notify_settled(&self, key: LedgerKey) -> Option<Settled> {
+        let _ = key;
+        None
     }
 }
 
@@ -258,6 +300,10 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
         (**self).inspect(key)
+    }
+
+    fn notify_settled(&self, key: LedgerKey) -> Option<Settled> {
+        (**self).notify_settled(key)
     }
 }
 

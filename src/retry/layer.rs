@@ -7,6 +7,9 @@ use super::service::FrozenRetry;
 
 /// Wraps a service in [`FrozenRetry`]: freeze once, resend the frozen bytes on every retry.
 ///
+/// The inner service takes `Request<Full<Bytes>>` (whatever body you send in) and must be
+/// `Clone + Send + 'static`: each attempt is sent through a clone.
+///
 /// See the [module docs](crate::retry) for an example.
 #[derive(Clone, Debug, Default)]
 #[must_use = "a layer does nothing until it wraps a service"]

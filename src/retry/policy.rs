@@ -103,7 +103,7 @@ pub trait ClassifyRetry: Send + Sync + fmt::Debug + 'static {
     fn classify(&self, ctx: &RetryContext<'_>) -> RetryDecision;
 }
 
-/// The default retry rules (DESIGN §6).
+/// The default retry rules: retry what cannot cause a second effect, and nothing else.
 ///
 /// - A failure proven to happen **before the write** is always retried: nothing left.
 /// - A `408`, `429`, `500`, `502`, `503` or `504`, a `409` with `Retry-After` to a keyed

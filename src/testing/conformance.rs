@@ -84,6 +84,45 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     probes_change_nothing(&*store, &clock).await;
     renewal_keeps_a_live_owner(&*store, &clock).await;
     renewal_is_fenced(&*store).await;
+    settle_notifications_wake_listeners(&*store).await;
+}
+
+/// A store that [notifies](IdempotencyStore::notify_settled) wakes a listener subscribed
+/// before each settle — `complete`, `abandon`, `mark_in_doubt` — even when the listener
+/// first polls after it. Skipped for stores that cannot notify (waiters poll them).
+pub async fn settle_notifications_wake_listeners(store: &dyn IdempotencyStore) {
+    const PATIENCE: Duration = Duration::from_secs(5);
+    let key = fresh_key();
+    let req = frozen("{\"amount\":15}");
+    let owner = acquire(store, request(key, &req)).await;
+    let Some(settled) = store.notify_settled(key) else {
+        return;
+    };
+    store
+        .mark_in_doubt(key, owner, RETENTION)
+        .await
+        .expect("mark");
+    tokio::time::timeout(PATIENCE, settled)
+        .await
+        .expect("settle_notifications_wake_listeners: mark_in_doubt did not wake the listener");
+
+    let (owner, _) = resume(store, request(key, &req)).await;
+    let settled = store.notify_settled(key).expect("notifies");
+    store
+        .complete(key, owner, response("done"), RETENTION)
+        .await
+        .expect("complete");
+    tokio::time::timeout(PATIENCE, settled)
+        .await
+        .expect("settle_notifications_wake_listeners: complete did not wake the listener");
+
+    let key = fresh_key();
+    let owner = acquire(store, request(key, &req)).await;
+    let settled = store.notify_settled(key).expect("notifies");
+    store.abandon(key, owner).await.expect("abandon");
+    tokio::time::timeout(PATIENCE, settled)
+        .await
+        .expect("settle_notifications_wake_listeners: abandon did not wake the listener");
 }
 
 fn fresh_key() -> LedgerKey {

@@ -21,10 +21,10 @@
 //! # async fn main() {
 //! // The handler charges, then its response is lost to a 500.
 //! let faults = FaultLayer::new().with_faults([HandlerFault::FailAfterHandler(StatusCode::INTERNAL_SERVER_ERROR)]);
-//! let app = Router::new()
-//!     .route("/charges", post(|| async { (StatusCode::CREATED, "ch_1") }))
+//! let charges = post(|| async { (StatusCode::CREATED, "ch_1") })
 //!     .route_layer(faults.clone())
 //!     .route_layer(IdempotencyLayer::server_builder(MemoryStore::new()).unscoped().build().unwrap());
+//! let app = Router::new().route("/charges", charges);
 //! let charge = || Request::post("/charges").header("idempotency-key", "\"k\"").body(Body::empty()).unwrap();
 //! let first = app.clone().oneshot(charge()).await.unwrap();
 //! assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);

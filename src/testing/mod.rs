@@ -14,6 +14,6 @@ pub mod faults;
 pub mod model;
 
 pub use effects::{
-    CapturedRequest, Fault, ServeHandle, SideEffectService, SideEffectServiceBuilder,
+    CapturedRequest, Fault, ServeHandle, SideEffectService, SideEffectServiceBuilder, LOOKUP_PATH,
 };
 pub use faults::{crash_after, FaultLayer, FaultService, HandlerFault};

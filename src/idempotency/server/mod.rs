@@ -22,9 +22,12 @@ use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::client::decision_of;
-use super::decision::{self, Decision, Face, WireKey};
+use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
+use crate::digest::{
+    BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
+};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::fingerprint::Fingerprint;
@@ -170,6 +173,10 @@ pub enum InDoubtPolicy {
 
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 
+/// The default bound on requests waiting at once for in-flight keys under
+/// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
+pub const DEFAULT_MAX_WAITERS: usize = 256;
+
 /// The default protected window of a server record: how long after it completes it is
 /// never evicted from a store with a memory budget, so the clients' retries find it.
 pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(5 * 60);
@@ -198,7 +205,7 @@ impl Scope {
 
 /// The server face's configuration (see [`ServerBuilder`] and the
 /// [module docs](crate::idempotency#the-server-face)).
-pub struct Server {
+pub struct ServerFace {
     ledger: Ledger,
     scope: Scope,
     methods: Vec<Method>,
@@ -212,14 +219,15 @@ pub struct Server {
     fail_open: bool,
     cancel_on_disconnect: bool,
     retry_after: Duration,
+    on_outcome: Option<OutcomeHook>,
     /// The transactional mode's database: each keyed request runs in one transaction.
     #[cfg(feature = "postgres")]
     transactional: Option<crate::ledger::PostgresStore>,
 }
 
-impl fmt::Debug for Server {
+impl fmt::Debug for ServerFace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Server")
+        f.debug_struct("ServerFace")
             .field("ledger", &self.ledger)
             .field("methods", &self.methods)
             .field("require_key", &self.require_key)
@@ -248,6 +256,7 @@ impl fmt::Debug for Server {
 /// | [retention](ServerBuilder::retention) | 24 h |
 /// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 5 min |
 /// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
+/// | [waiters](ServerBuilder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
 /// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
 /// | [recorded response cap](ServerBuilder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
 /// | [replayed headers](ServerBuilder::replay_headers) | [`DEFAULT_REPLAY_HEADERS`] |
@@ -282,6 +291,7 @@ pub struct ServerBuilder {
     retention: Duration,
     protected: Duration,
     busy: BusyPolicy,
+    max_waiters: usize,
     body_limit: usize,
     response_limit: usize,
     replay_headers: Vec<HeaderName>,
@@ -290,6 +300,7 @@ pub struct ServerBuilder {
     fail_open: bool,
     cancel_on_disconnect: bool,
     retry_after: Duration,
+    on_outcome: Option<OutcomeHook>,
     #[cfg(feature = "postgres")]
     transactional: Option<crate::ledger::PostgresStore>,
 }
@@ -347,6 +358,7 @@ impl ServerBuilder {
             retention: DEFAULT_RETENTION,
             protected: DEFAULT_LEASE + DEFAULT_SERVER_PROTECTED_WINDOW,
             busy: BusyPolicy::Fail,
+            max_waiters: DEFAULT_MAX_WAITERS,
             body_limit: DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
@@ -355,6 +367,7 @@ impl ServerBuilder {
             fail_open: false,
             cancel_on_disconnect: false,
             retry_after: Duration::from_secs(1),
+            on_outcome: None,
             #[cfg(feature = "postgres")]
             transactional: None,
         }
@@ -465,9 +478,41 @@ impl ServerBuilder {
 
     /// What a request finds when its key is in flight: `409` at once (the default,
     /// [`BusyPolicy::Fail`], as the IETF draft specifies), or wait up to a bound for the
-    /// first request's outcome and replay it ([`BusyPolicy::Wait`]; still busy then, `409`).
+    /// first request's outcome and replay it ([`BusyPolicy::Wait`]; still busy then, `409`
+    /// with `Retry-After`).
+    ///
+    /// A waiting duplicate wakes when the first request's outcome lands, if the store can
+    /// notify ([`MemoryStore`](crate::ledger::MemoryStore) does, in-process), else it polls
+    /// the store with a backoff (5 ms doubling to 250 ms; [`RedisStore`](crate::ledger::redis)
+    /// polls). It also wakes when the first request ends without an outcome: its key
+    /// released (a `5xx` under [`ServerErrorPolicy::Release`], and the waiter runs the
+    /// handler as the key's next owner) or in doubt (the waiter gets what
+    /// [`InDoubtPolicy`] says). At most [`max_waiters`](Self::max_waiters) requests wait at
+    /// once; beyond, `409` at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{ledger::MemoryStore, BusyPolicy, IdempotencyLayer};
+    ///
+    /// // Duplicates wait up to 5 s for the first request's response; at most 64 at a time.
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
+    ///     .max_waiters(64)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
     pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
         self.busy = policy;
+        self
+    }
+
+    /// How many requests may wait at once for in-flight keys under [`BusyPolicy::Wait`]
+    /// (default [`DEFAULT_MAX_WAITERS`], across all keys of this layer). Each waiter holds
+    /// its request and body, so the bound keeps a storm of duplicates from growing memory:
+    /// past it, a duplicate gets its `409` at once.
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.max_waiters = max;
         self
     }
 
@@ -537,6 +582,28 @@ impl ServerBuilder {
         self
     }
 
+    /// Call `hook` once per keyed request that reached the ledger, when its answer is
+    /// known, with what it came to: the face, the decision, the key's digest, the status
+    /// answered and how long it took. See [`OutcomeEvent`].
+    ///
+    /// For observability of your own. Unset, it costs nothing: no clock is read and no
+    /// copy of the key is kept. The hook runs on the request's task, inside its span: keep
+    /// it short and never block in it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .on_outcome(|event| eprintln!("{} {:?}", event.decision().as_str(), event.status()))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
+        self
+    }
+
     /// Check the settings and build the layer.
     ///
     /// Refuses a zero lease, a retention not longer than the lease (an in-flight record
@@ -553,7 +620,7 @@ impl ServerBuilder {
     ///     .unwrap_err();
     /// assert!(err.to_string().contains("set-cookie"));
     /// ```
-    pub fn build(self) -> Result<IdempotencyLayer<Server>, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer<ServerFace>, ConfigError> {
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }
@@ -590,8 +657,9 @@ impl ServerBuilder {
                  writes go to the ledger's database",
             ));
         }
-        let server = Server {
-            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected),
+        let server = ServerFace {
+            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected)
+                .with_max_waiters(self.max_waiters),
             scope: self.scope,
             methods: self.methods,
             require_key: self.require_key,
@@ -604,6 +672,7 @@ impl ServerBuilder {
             fail_open: self.fail_open,
             cancel_on_disconnect: self.cancel_on_disconnect,
             retry_after: self.retry_after,
+            on_outcome: self.on_outcome,
             #[cfg(feature = "postgres")]
             transactional: self.transactional,
         };
@@ -611,7 +680,7 @@ impl ServerBuilder {
     }
 }
 
-impl IdempotencyLayer<Server> {
+impl IdempotencyLayer<ServerFace> {
     /// The server layer with default settings over `store`.
     ///
     /// See the [module docs](crate::idempotency#the-server-face) and [`ServerBuilder`]
@@ -621,9 +690,10 @@ impl IdempotencyLayer<Server> {
     /// use axum::{routing::post, Router};
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
+    /// // Around `POST` alone: axum's own 404 and 405 stay axum's.
+    /// let charge = post(|| async { "charged" });
     /// let app: Router = Router::new()
-    ///     .route("/charges", post(|| async { "charged" }))
-    ///     .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    ///     .route("/charges", charge.route_layer(IdempotencyLayer::server(MemoryStore::new())));
     /// # let _ = app;
     /// ```
     pub fn server(store: impl IdempotencyStore) -> Self {
@@ -682,7 +752,7 @@ impl IdempotencyLayer<Server> {
     /// let store = PostgresStore::connect("postgres://app@127.0.0.1/bank").await?;
     /// store.migrate().await?;
     /// let layer = IdempotencyLayer::transactional_server_builder(store).build()?;
-    /// let app: Router = Router::new().route("/transfers", post(transfer)).route_layer(layer);
+    /// let app: Router = Router::new().route("/transfers", post(transfer).route_layer(layer));
     /// # let _ = app;
     /// # Ok(())
     /// # }
@@ -696,7 +766,7 @@ impl IdempotencyLayer<Server> {
     }
 }
 
-impl Server {
+impl ServerFace {
     fn is_side_effect<B>(&self, req: &Request<B>) -> bool {
         match req.extensions().get::<EffectClass>() {
             Some(class) => class.is_side_effect(),
@@ -715,7 +785,7 @@ impl Server {
     }
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, Server>
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ServerFace>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -764,7 +834,8 @@ where
             outcome = tracing::field::Empty,
             settled = tracing::field::Empty,
         );
-        let future = run(inner, self.face.clone(), key, req).instrument(span);
+        let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
+        let future = run(inner, self.face.clone(), key, req, started).instrument(span);
         ServerFuture::ledger(Box::pin(future))
     }
 }
@@ -857,9 +928,10 @@ fn settled(how: &'static str) {
 /// One keyed request: body, ledger, then the handler or a stored answer.
 async fn run<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
+    server: Arc<ServerFace>,
     key: HeaderKey,
     req: Request<B>,
+    started: Option<tokio::time::Instant>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
@@ -897,22 +969,36 @@ where
                 return Ok(problem::body_unreadable());
             }
         };
-    // Kept for the decision events only when one could be recorded: it is a copy.
-    let wire = tracing::enabled!(tracing::Level::WARN).then(|| WireKey::Header(key.clone()));
+    // Kept for the decision events and the hook only when they could use it: it is a copy.
+    let hook = server.on_outcome.clone();
+    let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
+        .then(|| WireKey::Header(key.clone()));
+    let track = Track::new(Face::Server, wire);
     let span = tracing::Span::current();
-    if let (false, Some(wire)) = (span.is_disabled(), &wire) {
+    if let (false, Some(wire)) = (span.is_disabled(), track.wire()) {
         span.record("key", tracing::field::display(decision::KeyDigest(wire)));
     }
-    let decided = |decision| {
-        if let Some(wire) = &wire {
-            decision::log(Face::Server, decision, wire);
-        }
-    };
+    let decided = |decision| track.decided(decision);
+    // `return` inside this block ends the ledger's part; the hook then hears of the answer.
+    let answered = async {
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
+    // Bytes that are not what their sender digested are refused before the ledger sees
+    // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
+    let digest = match verified_body_digest(&parts.headers, &body) {
+        Ok(digest) => digest,
+        Err(err) => {
+            outcome(if err.is_mismatch() {
+                "content-digest-mismatch"
+            } else {
+                "content-digest-invalid"
+            });
+            return Ok(problem::content_digest(&err));
+        }
+    };
     // One key is one request: the method, the target as the client sent it and the body.
     // A reuse with anything else is a mismatch, never a second run and never a replay.
-    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &body);
+    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &digest);
     let request = move || Request::from_parts(parts, RequestBody::buffered(body));
 
     let mut begin = server.ledger.request(ledger_key, fingerprint);
@@ -950,13 +1036,13 @@ where
     match answer {
         Begin::Acquired { token } => {
             outcome("executed");
-            run_handler(inner, server, ledger_key, token, transaction, request()).await
+            run_handler(inner, server, (ledger_key, digest), token, transaction, request()).await
         }
         Begin::Resume { token, .. } => {
             // Only asked for under `RunAgain`: a probe is answered `InDoubt` instead.
             outcome("executed-again");
             tracing::info!("key in doubt; running the handler again (at least once)");
-            run_handler(inner, server, ledger_key, token, transaction, request()).await
+            run_handler(inner, server, (ledger_key, digest), token, transaction, request()).await
         }
         Begin::InDoubt => {
             outcome("outcome-unknown");
@@ -978,6 +1064,21 @@ where
             Ok(problem::outcome_unknown())
         }
     }
+    }
+    .await;
+    let status = answered.as_ref().ok().map(|response| response.status());
+    track.report(hook.as_ref(), started, status);
+    answered
+}
+
+/// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one;
+/// else computed here. Every `sha-256` and `sha-512` member must match the body.
+fn verified_body_digest(headers: &HeaderMap, body: &[u8]) -> Result<BodyDigest, DigestError> {
+    if !headers.contains_key(&CONTENT_DIGEST) {
+        return Ok(BodyDigest::of(body));
+    }
+    let sent = ContentDigest::of_headers(headers)?;
+    Ok(sent.verify(body)?.unwrap_or_else(|| BodyDigest::of(body)))
 }
 
 /// The transaction a claim was made in (transactional mode), if any. Dropped unused (a
@@ -990,7 +1091,7 @@ type Transaction = Option<std::convert::Infallible>;
 /// Claim the key: through the engine, or in transactional mode as the first statement of
 /// the request's transaction.
 async fn claim(
-    server: &Server,
+    server: &ServerFace,
     begin: crate::ledger::BeginRequest,
 ) -> (Result<Begin, crate::ledger::StoreError>, Transaction) {
     #[cfg(feature = "postgres")]
@@ -1006,8 +1107,8 @@ async fn claim(
 /// Run the handler as the key's owner: in the claim's transaction when there is one.
 async fn run_handler<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
-    key: LedgerKey,
+    server: Arc<ServerFace>,
+    key: (LedgerKey, BodyDigest),
     token: LeaseToken,
     transaction: Transaction,
     request: Request<RequestBody<B>>,
@@ -1042,7 +1143,7 @@ where
     inner.call(request).await
 }
 
-fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
+fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> {
     match stored {
         Outcome::Response(stored) => {
             outcome("replayed");
@@ -1051,6 +1152,11 @@ fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
             // Filtered when recorded; filtered again in case the record was made under a
             // wider allow-list (another release, another replica's configuration).
             *response.headers_mut() = server.replayable(stored.headers());
+            if let Some(digest) = stored.headers().get(&IDEMPOTENT_REQUEST_DIGEST) {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
+            }
             response.headers_mut().insert(
                 IDEMPOTENT_REPLAYED.clone(),
                 HeaderValue::from_static("true"),
@@ -1073,8 +1179,8 @@ fn replay<T>(server: &Server, stored: Outcome) -> Response<ResponseBody<T>> {
 /// Run the handler as the key's owner and settle the lease by what it answered.
 async fn execute<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
-    key: LedgerKey,
+    server: Arc<ServerFace>,
+    (key, digest): (LedgerKey, BodyDigest),
     token: LeaseToken,
     request: Request<RequestBody<B>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -1098,7 +1204,7 @@ where
     let work = async move {
         // A live handler keeps its lease, however slow it is.
         match lease.renewing(handling).await {
-            Ok(response) => Ok(settle(&server, lease, response).await),
+            Ok(response) => Ok(settle(&server, lease, response, &digest).await),
             Err(err) => {
                 // No response: the handler's fate is unknown.
                 settled("in-doubt");
@@ -1183,9 +1289,10 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
 /// Record the handler's response (or a tombstone), or release the key for a `5xx` under
 /// [`ServerErrorPolicy::Release`].
 async fn settle<ResBody>(
-    server: &Server,
+    server: &ServerFace,
     lease: LeaseGuard,
     response: Response<ResBody>,
+    digest: &BodyDigest,
 ) -> Response<ResponseBody<ResBody>>
 where
     ResBody: Body<Data = Bytes> + Unpin,
@@ -1218,7 +1325,7 @@ where
             return problem::outcome_unknown();
         }
     };
-    let (recorded, body, how) = recording(server, &parts, buffered);
+    let (recorded, body, how) = recording(server, &parts, buffered, digest);
     match lease.complete(recorded).await {
         Ok(()) => settled(how),
         Err(err) => {
@@ -1233,14 +1340,17 @@ where
 
 /// What to record of a buffered response, the body to send, and how it was settled.
 fn recording<ResBody>(
-    server: &Server,
+    server: &ServerFace,
     parts: &http::response::Parts,
     buffered: Buffered<ResBody>,
+    digest: &BodyDigest,
 ) -> (Outcome, ResponseBody<ResBody>, &'static str) {
     let status = parts.status;
     match buffered {
         Buffered::Whole(bytes) => {
-            let headers = server.replayable(&parts.headers);
+            let mut headers = server.replayable(&parts.headers);
+            // Replays say which request they answer (see `crate::digest`).
+            headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.header_value());
             let stored = StoredResponse::new(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),

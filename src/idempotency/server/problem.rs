@@ -29,6 +29,8 @@
 //! | 503 | `#ledger-unavailable` | [`LEDGER_UNAVAILABLE`] |
 //! | 503 | `#ledger-full` | [`LEDGER_FULL`] |
 //! | 400 | `#scope-missing` | [`SCOPE_MISSING`] |
+//! | 400 | `#content-digest-mismatch` | [`CONTENT_DIGEST_MISMATCH`] |
+//! | 400 | `#content-digest-invalid` | [`CONTENT_DIGEST_INVALID`] |
 //!
 //! # key-missing
 //!
@@ -110,6 +112,21 @@
 //! handler was not called and the ledger was not touched. Send the request with your
 //! credentials; operators whose callers authenticate otherwise (cookies, mTLS, API-key
 //! headers) give the layer a [scope function](crate::idempotency::ServerBuilder::scope).
+//!
+//! # content-digest-mismatch
+//!
+//! **400.** The request's `Content-Digest` (RFC 9530) has a `sha-256` or `sha-512` member
+//! that does not match the body received: the bytes changed on the way, or the sender
+//! computed the digest over other bytes. The member `algorithm` names the one that did not
+//! match. The handler was not called and the ledger was not touched, so the key stays
+//! unused: send the request again, with its own digest.
+//!
+//! # content-digest-invalid
+//!
+//! **400.** The request's `Content-Digest` is not a structured-field dictionary, or its
+//! `sha-256` or `sha-512` member is not a byte sequence of that algorithm's length.
+//! Members of other algorithms are ignored, never refused. The handler was not called and
+//! the ledger was not touched.
 
 use std::time::Duration;
 
@@ -118,6 +135,7 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Method, Response, StatusCode};
 use serde_json::Value;
 
+use crate::digest::DigestError;
 use crate::idempotency::ResponseBody;
 use crate::key::{InvalidKey, MAX_KEY_LEN};
 
@@ -160,6 +178,10 @@ problem_types! {
     LEDGER_FULL = "ledger-full";
     /// 400: a keyed request without a principal to scope its key ([docs](self#scope-missing)).
     SCOPE_MISSING = "scope-missing";
+    /// 400: the `Content-Digest` does not match the body ([docs](self#content-digest-mismatch)).
+    CONTENT_DIGEST_MISMATCH = "content-digest-mismatch";
+    /// 400: the `Content-Digest` is malformed ([docs](self#content-digest-invalid)).
+    CONTENT_DIGEST_INVALID = "content-digest-invalid";
 }
 
 /// The media type of every problem body.
@@ -351,6 +373,26 @@ pub(crate) fn scope_missing<T>() -> Response<ResponseBody<T>> {
     )
 }
 
+pub(crate) fn content_digest<T>(err: &DigestError) -> Response<ResponseBody<T>> {
+    match err.algorithm() {
+        Some(algorithm) => problem(
+            StatusCode::BAD_REQUEST,
+            CONTENT_DIGEST_MISMATCH,
+            "Content-Digest does not match the body",
+            format!("the {algorithm} digest in Content-Digest is not the digest of the body received; nothing was done"),
+            member("algorithm", algorithm),
+        ),
+        None => problem(
+            StatusCode::BAD_REQUEST,
+            CONTENT_DIGEST_INVALID,
+            "Malformed Content-Digest",
+            "Content-Digest must be a dictionary of byte sequences (RFC 9530); nothing was done"
+                .to_owned(),
+            None,
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,6 +437,8 @@ mod tests {
             (RESPONSE_NOT_RECORDED, "response-not-recorded"),
             (OUTCOME_UNKNOWN, "outcome-unknown"),
             (LEDGER_UNAVAILABLE, "ledger-unavailable"),
+            (CONTENT_DIGEST_MISMATCH, "content-digest-mismatch"),
+            (CONTENT_DIGEST_INVALID, "content-digest-invalid"),
         ] {
             assert_eq!(uri.rsplit_once('#').unwrap().1, fragment);
             assert_eq!(

@@ -10,7 +10,8 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::body::RequestBody;
-use super::{outcome, problem, recording, settled, FinishOnDrop, Server};
+use super::{outcome, problem, recording, settled, FinishOnDrop, ServerFace};
+use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, ResponseBody};
 use crate::idempotency::engine::BusyPolicy;
 use crate::ledger::postgres::OpenTransaction;
@@ -39,8 +40,8 @@ pub(super) async fn claim(
 /// recorded response, or roll both back.
 pub(super) async fn execute<S, B, ResBody>(
     inner: S,
-    server: Arc<Server>,
-    key: LedgerKey,
+    server: Arc<ServerFace>,
+    (key, digest): (LedgerKey, BodyDigest),
     token: LeaseToken,
     transaction: OpenTransaction,
     mut request: Request<RequestBody<B>>,
@@ -61,7 +62,7 @@ where
     // rolls back, and the key is free again.
     let work = async move {
         match handling.await {
-            Ok(response) => Ok(commit(&server, key, token, transaction, response).await),
+            Ok(response) => Ok(commit(&server, key, &digest, token, transaction, response).await),
             Err(err) => {
                 settled("rolled-back");
                 drop(transaction);
@@ -78,8 +79,9 @@ where
 }
 
 async fn commit<ResBody>(
-    server: &Server,
+    server: &ServerFace,
     key: LedgerKey,
+    digest: &BodyDigest,
     token: LeaseToken,
     transaction: OpenTransaction,
     response: Response<ResBody>,
@@ -108,7 +110,7 @@ where
             return problem::ledger_unavailable(server.retry_after);
         }
     };
-    let (recorded, body, how) = recording(server, &parts, buffered);
+    let (recorded, body, how) = recording(server, &parts, buffered, digest);
     match transaction
         .commit_with(key, token, &recorded, server.ledger.retention)
         .await

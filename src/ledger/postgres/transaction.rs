@@ -47,7 +47,7 @@ use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, Outcome, StoreEr
 /// let store = PostgresStore::connect("postgres://app@127.0.0.1/payments").await?;
 /// store.migrate().await?;
 /// let layer = IdempotencyLayer::transactional_server_builder(store).unscoped().build()?;
-/// let app: Router = Router::new().route("/charges", post(charge)).route_layer(layer);
+/// let app: Router = Router::new().route("/charges", post(charge).route_layer(layer));
 /// # let _ = app;
 /// # Ok(())
 /// # }

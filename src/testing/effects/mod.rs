@@ -42,6 +42,17 @@
 //!    `content-type: application/json` and the body
 //!    `{"effect_id":"eff_N","key":"<key>" or null,"body_sha256":"<hex>"}`.
 //!
+//! # Looking an effect up
+//!
+//! `GET /effects?idempotency_key=<key>` ([`LOOKUP_PATH`]) asks the provider whether it
+//! committed an effect under `<key>` — whether or not it honours keys, as a provider that
+//! ignores `Idempotency-Key` for deduplication may still store it with the charge. Found:
+//! `200` with the first such commit's body; not found: `404`. This is what a
+//! [reconciler](crate::idempotency::LookupReconciler) asks about an in-doubt operation. A
+//! lookup is a call (it counts in [`calls`](SideEffectService::calls) and in
+//! [`lookups`](SideEffectService::lookups), and takes the next queued fault, so a test can
+//! make the lookup itself fail), but never an effect nor an attempt.
+//!
 //! A fault acts on the call that takes it, whatever step 3 decided; its commit part only
 //! happens when the call would commit (a replay, a `409` or a `422` never commits). Once a
 //! call has claimed a key, the provider finishes its work even if the caller gives up
@@ -112,6 +123,36 @@ use crate::BoxError;
 mod serve;
 
 pub use serve::ServeHandle;
+
+/// Where [`SideEffectService`] answers lookups: `GET /effects?idempotency_key=<key>` (see
+/// the [module docs](self#looking-an-effect-up)).
+///
+/// ```
+/// # use bytes::Bytes;
+/// # use http_body_util::Full;
+/// # use tower::ServiceExt;
+/// use tower_idempotency::testing::{SideEffectService, LOOKUP_PATH};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let provider = SideEffectService::builder().honour_keys(false).build();
+/// let lookup = || {
+///     http::Request::get(format!("http://pay.local{LOOKUP_PATH}?idempotency_key=k-1"))
+///         .body(Full::new(Bytes::new()))
+///         .unwrap()
+/// };
+/// assert_eq!(provider.clone().oneshot(lookup()).await.unwrap().status(), 404);
+///
+/// let charge = http::Request::post("http://pay.local/charges")
+///     .header("idempotency-key", "k-1")
+///     .body(Full::new(Bytes::from_static(b"{}")))
+///     .unwrap();
+/// provider.clone().oneshot(charge).await.unwrap();
+/// assert_eq!(provider.clone().oneshot(lookup()).await.unwrap().status(), 200);
+/// assert_eq!((provider.effects(), provider.lookups()), (1, 2));
+/// # }
+/// ```
+pub const LOOKUP_PATH: &str = "/effects";
 
 /// The header a replayed answer carries, as payment providers (and the IETF draft's
 /// examples) mark it.
@@ -375,6 +416,9 @@ struct State {
     effects: usize,
     effects_by_key: HashMap<String, usize>,
     effects_without_key: usize,
+    /// The body of the first commit under each key, honoured or not: what a lookup finds.
+    committed_by_key: HashMap<String, Bytes>,
+    lookups: usize,
     /// What the provider remembers per key when it honours keys.
     keys: HashMap<String, KeyRecord>,
 }
@@ -492,6 +536,11 @@ impl SideEffectService {
         self.lock().effects_without_key
     }
 
+    /// Lookups made ([`LOOKUP_PATH`]), refused ones included.
+    pub fn lookups(&self) -> usize {
+        self.lock().lookups
+    }
+
     /// Calls made to the service, refused ones included.
     pub fn calls(&self) -> usize {
         self.lock().calls
@@ -524,6 +573,20 @@ impl Shared {
         // A panic never happens while the lock is held (faults panic after releasing it),
         // but a poisoned lock must not turn one failed test into a cascade.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Answer a lookup of `key` (never an effect, never an attempt).
+    fn look_up(&self, key: &str) -> (u64, Decision) {
+        let state = self.lock();
+        let answer = match state.committed_by_key.get(key) {
+            Some(body) => json_response(StatusCode::OK, body.clone()),
+            None => json_error(
+                StatusCode::NOT_FOUND,
+                "no_such_effect",
+                "no effect was committed under this Idempotency-Key",
+            ),
+        };
+        (state.generation, Decision::Answer(answer))
     }
 
     /// Record the attempt and decide, in one critical section so concurrent calls with the
@@ -712,6 +775,10 @@ fn commit_effect(
     match key {
         Some(key) => {
             *state.effects_by_key.entry(key.clone()).or_default() += 1;
+            state
+                .committed_by_key
+                .entry(key.clone())
+                .or_insert_with(|| body.clone());
             if claimed {
                 let record = KeyRecord::Committed {
                     body_sha256,
@@ -742,9 +809,11 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         // The fault is taken here, synchronously, so concurrent calls take faults in the
         // order they were made, not in the order their bodies happen to arrive.
+        let lookup = lookup_key(&req);
         let fault = {
             let mut state = self.lock();
             state.calls += 1;
+            state.lookups += usize::from(lookup.is_some());
             state.faults.pop_front()
         };
         let (extra_latency, action) = match fault {
@@ -774,9 +843,14 @@ where
                 .await
                 .map_err(|err| io::Error::other(err.into()))?
                 .to_bytes();
-            let body_sha256: [u8; 32] = Sha256::digest(&body).into();
             let delay = shared.latency.saturating_add(extra_latency);
-            let (generation, decision) = shared.decide(parts, body, body_sha256);
+            let (generation, decision) = match lookup {
+                Some(key) => shared.look_up(&key),
+                None => {
+                    let body_sha256: [u8; 32] = Sha256::digest(&body).into();
+                    shared.decide(parts, body, body_sha256)
+                }
+            };
             let work = Work {
                 shared,
                 generation,
@@ -850,6 +924,42 @@ fn effect_body(effect_id: usize, key: Option<&str>, body_sha256: &[u8; 32]) -> B
         r#"{{"effect_id":"eff_{effect_id}","key":{key},"body_sha256":"{}"}}"#,
         hex(body_sha256)
     ))
+}
+
+/// The key a lookup asks about, if `req` is one (`GET /effects?idempotency_key=…`).
+fn lookup_key<B>(req: &Request<B>) -> Option<String> {
+    if req.method() != Method::GET || req.uri().path() != LOOKUP_PATH {
+        return None;
+    }
+    let query = req.uri().query().unwrap_or("");
+    let encoded = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("idempotency_key="))
+        .unwrap_or("");
+    Some(percent_decode(encoded))
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn created(body: Bytes) -> Response<Full<Bytes>> {

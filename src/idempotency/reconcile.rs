@@ -1,0 +1,520 @@
+//! Reconciliation: ask the provider whether an in-doubt operation happened, instead of
+//! resending it blindly or stopping for a human.
+//!
+//! The public items are re-exported from [`idempotency`](crate::idempotency); see
+//! [`Reconcile`] for how the client layer uses a reconciler.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use tower::ServiceExt;
+use tower_service::Service;
+
+use crate::frozen::FrozenRequest;
+use crate::BoxError;
+
+/// How long a reconciler may take before its answer counts as
+/// [`Unknown`](Reconciled::Unknown): 10 s.
+pub const DEFAULT_RECONCILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An in-doubt operation, as a [`Reconcile`] is asked about it.
+///
+/// ```
+/// use tower_idempotency::idempotency::InDoubtOperation;
+/// use tower_idempotency::FrozenRequest;
+///
+/// let frozen = FrozenRequest::from_parts(
+///     http::Method::POST,
+///     "http://payments.local/charges".parse().unwrap(),
+///     http::Version::HTTP_11,
+///     http::HeaderMap::new(),
+///     bytes::Bytes::from_static(b"{\"order_id\":\"order-42\"}"),
+/// );
+/// let op = InDoubtOperation::new(frozen, "order-42-charge", Some(1));
+/// assert_eq!(op.key(), "order-42-charge");
+/// assert_eq!(op.payload_field("order_id").as_deref(), Some("order-42"));
+/// ```
+#[derive(Clone, Debug)]
+pub struct InDoubtOperation {
+    frozen: FrozenRequest,
+    key: Arc<str>,
+    attempts: Option<u32>,
+}
+
+impl InDoubtOperation {
+    /// An operation whose request was frozen as `frozen` and travels under `key`.
+    pub fn new(frozen: FrozenRequest, key: impl Into<Arc<str>>, attempts: Option<u32>) -> Self {
+        Self {
+            frozen,
+            key: key.into(),
+            attempts,
+        }
+    }
+
+    /// The request as first frozen: the bytes that may have reached the provider.
+    pub fn frozen(&self) -> &FrozenRequest {
+        &self.frozen
+    }
+
+    /// The `Idempotency-Key` the request travelled under, unquoted (for a key derived from
+    /// an [`OperationId`](crate::OperationId), its 64 hex digits).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How many times the ledger handed the operation out (its first claim and each
+    /// resume), when the store can be [inspected](crate::ledger::IdempotencyStore::inspect).
+    pub fn attempts(&self) -> Option<u32> {
+        self.attempts
+    }
+
+    /// A top-level field of the frozen JSON body, as text (a string as is, another value
+    /// as JSON): the provider-side reference an operation carries (`order_id`,
+    /// `fulfillment_intent_id`). `None` if the body is not a JSON object or lacks it.
+    pub fn payload_field(&self, field: &str) -> Option<String> {
+        let value: serde_json::Value = serde_json::from_slice(self.frozen.body()).ok()?;
+        match value.get(field)? {
+            serde_json::Value::String(text) => Some(text.clone()),
+            other => Some(other.to_string()),
+        }
+    }
+}
+
+/// What a [`Reconcile`] found out.
+///
+/// ```
+/// use tower_idempotency::idempotency::Reconciled;
+///
+/// let found = Reconciled::Applied(http::Response::new(bytes::Bytes::from_static(b"{\"id\":\"ch_1\"}")));
+/// assert!(matches!(found, Reconciled::Applied(_)));
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Reconciled {
+    /// The operation happened. The response (the provider's real one, or a stand-in built
+    /// from what the lookup returned) is recorded as its outcome and returned to the caller.
+    Applied(Response<Bytes>),
+    /// The operation did not happen: sending the frozen bytes again is safe.
+    NotApplied,
+    /// It cannot be told: the operation stays in doubt and the caller gets an in-doubt
+    /// error.
+    Unknown,
+}
+
+/// The future a [`Reconcile`] returns. Its failure counts as [`Reconciled::Unknown`].
+pub type ReconcileFuture = Pin<Box<dyn Future<Output = Result<Reconciled, BoxError>> + Send>>;
+
+/// Finds out whether an in-doubt operation happened at the provider, so the client layer
+/// need neither resend it blindly nor stop for a human.
+///
+/// An operation is *in doubt* when an attempt may have reached the provider and no answer
+/// came back (a timeout, a reset, a crash after sending). Against a provider that
+/// deduplicates on `Idempotency-Key`, the client layer resends the frozen bytes and the
+/// provider answers the first outcome. Against one that does not
+/// ([`provider_deduplicates(false)`](crate::idempotency::ClientBuilder::provider_deduplicates)),
+/// resending could charge twice, so the layer asks a [`Reconcile`] first — given the frozen
+/// request, the key and the attempts made — and acts on its answer:
+///
+/// | [`Reconciled`] | what the layer does |
+/// |---|---|
+/// | [`Applied`](Reconciled::Applied) | records the provider's response (or a stand-in) as the outcome and returns it ([`ResponseSource::Reconciled`](crate::ResponseSource::Reconciled)) |
+/// | [`NotApplied`](Reconciled::NotApplied) | sends the frozen bytes again, as the operation's owner |
+/// | [`Unknown`](Reconciled::Unknown) | leaves the operation in doubt; the caller gets an [in-doubt error](crate::Error::is_in_doubt) |
+///
+/// The reconciler runs as the operation's owner: the layer takes the in-doubt record over
+/// (a new fencing token, the lease renewed while it runs), so two processes resuming one
+/// operation never reconcile it at once, and a recorded outcome is fenced like every other
+/// ledger write. It is bounded in time
+/// ([`reconcile_timeout`](crate::idempotency::ClientBuilder::reconcile_timeout), 10 s by
+/// default); running past it, failing or panicking counts as [`Unknown`](Reconciled::Unknown).
+///
+/// [`LookupReconciler`] covers the common shape, "look the operation up at the provider by
+/// its key or by a reference in the payload" (`GET /charges?idempotency_key=…`), in a few
+/// lines; its docs show a whole run.
+///
+/// Any `Fn(InDoubtOperation) -> impl Future<Output = Result<Reconciled, BoxError>>` is one:
+///
+/// ```
+/// use tower_idempotency::idempotency::{InDoubtOperation, Reconciled};
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+///     .provider_deduplicates(false)
+///     .reconcile(|op: InDoubtOperation| async move {
+///         // Ask your provider about `op.key()` or `op.payload_field("order_id")` here.
+///         let _ = op;
+///         Ok::<_, tower_idempotency::BoxError>(Reconciled::Unknown)
+///     })
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub trait Reconcile: Send + Sync + 'static {
+    /// Find out whether `operation` happened.
+    fn reconcile(&self, operation: InDoubtOperation) -> ReconcileFuture;
+}
+
+impl<F, Fut> Reconcile for F
+where
+    F: Fn(InDoubtOperation) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Reconciled, BoxError>> + Send + 'static,
+{
+    fn reconcile(&self, operation: InDoubtOperation) -> ReconcileFuture {
+        Box::pin(self(operation))
+    }
+}
+
+impl fmt::Debug for dyn Reconcile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Reconcile")
+    }
+}
+
+type BuildLookup =
+    dyn Fn(&InDoubtOperation) -> Result<Request<Full<Bytes>>, BoxError> + Send + Sync;
+type Classify = dyn Fn(Response<Bytes>) -> Reconciled + Send + Sync;
+
+/// A [`Reconcile`] that looks the operation up at the provider with one request.
+///
+/// The lookup's answer decides, by default: a `2xx` is [`Applied`](Reconciled::Applied)
+/// with the lookup's response as the stand-in (its status replaced by
+/// [`applied_status`](Self::applied_status) if set), `404` or `410` is
+/// [`NotApplied`](Reconciled::NotApplied), anything else is
+/// [`Unknown`](Reconciled::Unknown); [`classify`](Self::classify) replaces that rule (for a
+/// provider answering `200 []` when it found nothing, say).
+///
+/// `service` sends the lookup: a plain HTTP client (not a stack with the idempotency layer:
+/// a lookup is a read).
+///
+/// # Example
+///
+/// A provider that ignores keys, a call whose answer was lost, and the next run of the
+/// operation resolving it by looking the key up (the testing kit's provider answers
+/// `GET /effects?idempotency_key=…`):
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_idempotency::idempotency::LookupReconciler;
+/// use tower_idempotency::ledger::MemoryStore;
+/// use tower_idempotency::testing::{Fault, SideEffectService};
+/// use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let provider = SideEffectService::builder().honour_keys(false).build();
+/// let ledger = MemoryStore::new();
+/// let charge = || {
+///     let mut req = http::Request::post("http://payments.local/charges")
+///         .body(Full::new(Bytes::from_static(b"{\"amount\":4200}")))
+///         .unwrap();
+///     req.extensions_mut().insert(OperationId::new("task-7", "charge"));
+///     req
+/// };
+///
+/// // The charge goes through, its answer never arrives, and the orchestrator gives up.
+/// provider.push_fault(Fault::CommitThenTimeout);
+/// let naive = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::client_builder(ledger.clone()).provider_deduplicates(false).build().unwrap())
+///     .service(provider.clone());
+/// assert!(tokio::time::timeout(Duration::from_secs(5), naive.oneshot(charge())).await.is_err());
+///
+/// // The next run asks the provider before anything is sent again.
+/// let resumed = ServiceBuilder::new()
+///     .layer(
+///         IdempotencyLayer::client_builder(ledger.clone())
+///             .provider_deduplicates(false)
+///             .reconcile(
+///                 LookupReconciler::by_key(provider.clone(), "/effects", "idempotency_key")
+///                     .applied_status(http::StatusCode::CREATED),
+///             )
+///             .build()
+///             .unwrap(),
+///     )
+///     .service(provider.clone());
+/// let response = resumed.oneshot(charge()).await.unwrap();
+/// assert_eq!(response.status(), http::StatusCode::CREATED);
+/// assert_eq!(response.extensions().get(), Some(&ResponseSource::Reconciled));
+/// let body = response.into_body().collect().await.unwrap().to_bytes();
+/// assert!(body.starts_with(b"{\"effect_id\":\"eff_1\""));
+/// assert_eq!(provider.effects(), 1);
+/// # }
+/// ```
+pub struct LookupReconciler<S> {
+    service: S,
+    build: Arc<BuildLookup>,
+    classify: Arc<Classify>,
+}
+
+impl<S: Clone> Clone for LookupReconciler<S> {
+    fn clone(&self) -> Self {
+        Self {
+            service: self.service.clone(),
+            build: self.build.clone(),
+            classify: self.classify.clone(),
+        }
+    }
+}
+
+impl<S> fmt::Debug for LookupReconciler<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LookupReconciler").finish_non_exhaustive()
+    }
+}
+
+impl<S> LookupReconciler<S> {
+    /// Look up with the request `build` makes of the operation.
+    ///
+    /// ```
+    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::testing::SideEffectService;
+    ///
+    /// let lookup = LookupReconciler::new(SideEffectService::new(), |op| {
+    ///     let uri = format!("http://payments.local/effects?idempotency_key={}", op.key());
+    ///     Ok(http::Request::get(uri).body(Default::default())?)
+    /// });
+    /// # let _ = lookup;
+    /// ```
+    pub fn new<F>(service: S, build: F) -> Self
+    where
+        F: Fn(&InDoubtOperation) -> Result<Request<Full<Bytes>>, BoxError> + Send + Sync + 'static,
+    {
+        Self {
+            service,
+            build: Arc::new(build),
+            classify: Arc::new(default_classify),
+        }
+    }
+
+    /// `GET <path>?<param>=<key>` at the frozen request's scheme and authority: the
+    /// operation looked up by its `Idempotency-Key`.
+    ///
+    /// ```
+    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::testing::SideEffectService;
+    ///
+    /// let lookup = LookupReconciler::by_key(SideEffectService::new(), "/charges", "idempotency_key");
+    /// # let _ = lookup;
+    /// ```
+    pub fn by_key(service: S, path: &str, param: &str) -> Self {
+        let (path, param) = (path.to_owned(), param.to_owned());
+        Self::new(service, move |op| {
+            lookup_at(op.frozen(), &path, &param, op.key())
+        })
+    }
+
+    /// `GET <path>?<param>=<value>` at the frozen request's scheme and authority, `value`
+    /// being the top-level JSON `field` of the frozen body (`order_id`, say): the operation
+    /// looked up by a reference it carries. A body without the field is
+    /// [`Unknown`](Reconciled::Unknown).
+    ///
+    /// ```
+    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::testing::SideEffectService;
+    ///
+    /// let lookup = LookupReconciler::by_payload_field(SideEffectService::new(), "/charges", "order_id", "order_id");
+    /// # let _ = lookup;
+    /// ```
+    pub fn by_payload_field(service: S, path: &str, param: &str, field: &str) -> Self {
+        let (path, param, field) = (path.to_owned(), param.to_owned(), field.to_owned());
+        Self::new(service, move |op| {
+            let value = op
+                .payload_field(&field)
+                .ok_or_else(|| format!("the frozen body has no `{field}` field"))?;
+            lookup_at(op.frozen(), &path, &param, &value)
+        })
+    }
+
+    /// Answer a found operation with this status instead of the lookup's (`201 Created`
+    /// for a lookup that finds a created charge with `200`), so the caller sees what the
+    /// original call would have answered.
+    pub fn applied_status(mut self, status: StatusCode) -> Self {
+        let classify = self.classify.clone();
+        self.classify = Arc::new(move |response| match classify(response) {
+            Reconciled::Applied(mut found) => {
+                *found.status_mut() = status;
+                Reconciled::Applied(found)
+            }
+            other => other,
+        });
+        self
+    }
+
+    /// Decide from the lookup's whole response (replacing the default rule above).
+    ///
+    /// ```
+    /// use tower_idempotency::idempotency::{LookupReconciler, Reconciled};
+    /// use tower_idempotency::testing::SideEffectService;
+    ///
+    /// // This provider lists matches: `[]` means it never happened.
+    /// let lookup = LookupReconciler::by_key(SideEffectService::new(), "/charges", "key")
+    ///     .classify(|response| match (response.status().as_u16(), &response.body()[..]) {
+    ///         (200, b"[]") => Reconciled::NotApplied,
+    ///         (200, _) => Reconciled::Applied(response),
+    ///         _ => Reconciled::Unknown,
+    ///     });
+    /// # let _ = lookup;
+    /// ```
+    pub fn classify<F>(mut self, classify: F) -> Self
+    where
+        F: Fn(Response<Bytes>) -> Reconciled + Send + Sync + 'static,
+    {
+        self.classify = Arc::new(classify);
+        self
+    }
+}
+
+fn default_classify(response: Response<Bytes>) -> Reconciled {
+    let status = response.status();
+    if status.is_success() {
+        Reconciled::Applied(response)
+    } else if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+        Reconciled::NotApplied
+    } else {
+        Reconciled::Unknown
+    }
+}
+
+/// `GET scheme://authority<path>?<param>=<value>`, the value percent-encoded.
+fn lookup_at(
+    frozen: &FrozenRequest,
+    path: &str,
+    param: &str,
+    value: &str,
+) -> Result<Request<Full<Bytes>>, BoxError> {
+    let uri = frozen.uri();
+    let origin = match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(authority)) => format!("{scheme}://{authority}"),
+        _ => String::new(),
+    };
+    let target = format!(
+        "{origin}{path}?{}={}",
+        percent_encode(param),
+        percent_encode(value)
+    );
+    Ok(Request::get(target).body(Full::default())?)
+}
+
+/// Percent-encode everything but RFC 3986's unreserved characters.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+impl<S, B> Reconcile for LookupReconciler<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    fn reconcile(&self, operation: InDoubtOperation) -> ReconcileFuture {
+        let lookup = (self.build)(&operation);
+        let (service, classify) = (self.service.clone(), self.classify.clone());
+        Box::pin(async move {
+            let response = service.oneshot(lookup?).await.map_err(Into::into)?;
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await.map_err(Into::into)?.to_bytes();
+            Ok(classify(Response::from_parts(parts, body)))
+        })
+    }
+}
+
+/// Ask `reconciler` about `operation` within `bound`. Its error, its panic and its running
+/// past the bound are all [`Reconciled::Unknown`]: a reconciler that cannot tell must never
+/// be read as "not applied". It runs on a task of its own, so its panic is caught there,
+/// and is aborted if this future is dropped or the bound passes.
+pub(crate) async fn ask(
+    reconciler: &dyn Reconcile,
+    operation: InDoubtOperation,
+    bound: std::time::Duration,
+) -> Reconciled {
+    let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        reconciler.reconcile(operation)
+    }));
+    let Ok(future) = started else {
+        tracing::warn!("the reconciler panicked; the operation stays in doubt");
+        return Reconciled::Unknown;
+    };
+    let mut task = AbortOnDrop(tokio::spawn(future));
+    match tokio::time::timeout(bound, &mut task.0).await {
+        Ok(Ok(Ok(verdict))) => verdict,
+        Ok(Ok(Err(err))) => {
+            tracing::warn!(%err, "the reconciler failed; the operation stays in doubt");
+            Reconciled::Unknown
+        }
+        Ok(Err(join)) => {
+            tracing::warn!(%join, "the reconciler panicked; the operation stays in doubt");
+            Reconciled::Unknown
+        }
+        Err(_) => {
+            tracing::warn!(
+                ?bound,
+                "the reconciler did not answer in time; the operation stays in doubt"
+            );
+            Reconciled::Unknown
+        }
+    }
+}
+
+/// A spawned task aborted when its handle goes away.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups_keep_the_origin_and_encode_the_value() {
+        let frozen = FrozenRequest::from_parts(
+            http::Method::POST,
+            "https://pay.local:8443/charges?x=1".parse().unwrap(),
+            http::Version::HTTP_11,
+            http::HeaderMap::new(),
+            Bytes::new(),
+        );
+        let req = lookup_at(&frozen, "/charges", "idempotency_key", "a b&c").unwrap();
+        assert_eq!(req.method(), http::Method::GET);
+        assert_eq!(
+            req.uri(),
+            "https://pay.local:8443/charges?idempotency_key=a%20b%26c"
+        );
+    }
+
+    #[test]
+    fn the_default_rule() {
+        let with = |status: u16| {
+            let mut response = Response::new(Bytes::new());
+            *response.status_mut() = StatusCode::from_u16(status).unwrap();
+            default_classify(response)
+        };
+        assert!(matches!(with(200), Reconciled::Applied(_)));
+        assert!(matches!(with(404), Reconciled::NotApplied));
+        assert!(matches!(with(410), Reconciled::NotApplied));
+        assert!(matches!(with(500), Reconciled::Unknown));
+        assert!(matches!(with(429), Reconciled::Unknown));
+    }
+}

@@ -1,0 +1,479 @@
+//! Reconciling in-doubt operations against a provider that ignores `Idempotency-Key`: the
+//! reconciler under every fault of the testing kit, effects counted by the provider.
+//!
+//! Each test first leaves one operation in doubt the way it happens in production (the
+//! charge lands, the answer never arrives, the orchestrator gives up), then resumes it with
+//! a reconciler whose lookup suffers the fault under test. In-process on a paused clock;
+//! the last tests go over real loopback HTTP.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::idempotency::{
+    Decision, InDoubtOperation, LookupReconciler, Reconcile, Reconciled,
+};
+use tower_idempotency::ledger::{IdempotencyStore, LedgerKey, MemoryStore, RecordState};
+use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
+use tower_idempotency::{BoxError, IdempotencyLayer, OperationId, ResponseSource};
+
+const BODY: &[u8] = br#"{"order_id":"order-42","amount_cents":1999}"#;
+const CHARGES: &str = "http://payments.local/charges";
+
+fn op() -> OperationId {
+    OperationId::new("task-42", "charge-card")
+}
+
+fn charge() -> Request<Full<Bytes>> {
+    let mut req = Request::post(CHARGES)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(BODY)))
+        .unwrap();
+    req.extensions_mut().insert(op());
+    req
+}
+
+/// A provider that ignores keys, as the naive payment APIs do.
+fn naive_provider() -> SideEffectService {
+    SideEffectService::builder().honour_keys(false).build()
+}
+
+fn by_key(provider: &SideEffectService) -> LookupReconciler<SideEffectService> {
+    LookupReconciler::by_key(provider.clone(), LOOKUP_PATH, "idempotency_key")
+        .applied_status(StatusCode::CREATED)
+}
+
+/// The orchestrator's first run: `fault` hits the charge, and the orchestrator gives up
+/// after 5 s (its process "crashes": the future is dropped).
+async fn first_run(ledger: &MemoryStore, provider: &SideEffectService, fault: Fault) {
+    provider.push_fault(fault);
+    let stack = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let _ = tokio::time::timeout(Duration::from_secs(5), stack.oneshot(charge())).await;
+}
+
+/// The resumed run, with `reconciler`.
+async fn resume(
+    ledger: &MemoryStore,
+    provider: &SideEffectService,
+    reconciler: impl Reconcile,
+) -> Result<http::Response<Bytes>, tower_idempotency::Error> {
+    let stack = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .reconcile(reconciler)
+                .reconcile_timeout(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let response = stack.oneshot(charge()).await?;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Ok(http::Response::from_parts(parts, body))
+}
+
+fn ledger_key() -> LedgerKey {
+    LedgerKey::for_operation(op().key(""))
+}
+
+async fn state(ledger: &MemoryStore) -> RecordState {
+    ledger.inspect(ledger_key()).await.unwrap().unwrap().state
+}
+
+fn effects(provider: &SideEffectService) -> usize {
+    provider.effects_for_operation(&op(), "")
+}
+
+/// The charges the provider received (lookups are not among them).
+fn charges_sent(provider: &SideEffectService) -> usize {
+    provider.attempts().len()
+}
+
+/// A lookup that suffers `fault` leaves the operation in doubt: the caller gets the in-doubt
+/// error, nothing is sent again, and a later run with a working lookup resolves it.
+async fn unknown_when_the_lookup_suffers(fault: Fault) {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+
+    provider.push_fault(fault.clone());
+    let err = resume(&ledger, &provider, by_key(&provider))
+        .await
+        .unwrap_err();
+    assert!(err.is_in_doubt(), "{fault:?}: {err}");
+    assert_eq!(effects(&provider), 1, "{fault:?}: nothing was sent again");
+    assert_eq!(charges_sent(&provider), 1, "{fault:?}");
+    assert_eq!(state(&ledger).await, RecordState::InDoubt, "{fault:?}");
+
+    let response = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
+    assert_eq!(
+        response.extensions().get(),
+        Some(&ResponseSource::Reconciled)
+    );
+    assert_eq!(effects(&provider), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn applied_the_provider_response_is_recorded_and_returned() {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    assert_eq!(effects(&provider), 1);
+    assert_eq!(state(&ledger).await, RecordState::InDoubt);
+
+    let response = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        response.extensions().get(),
+        Some(&ResponseSource::Reconciled)
+    );
+    // The real response: the first (and only) commit's.
+    assert!(response.body().starts_with(b"{\"effect_id\":\"eff_1\""));
+    assert_eq!(effects(&provider), 1);
+    assert_eq!(charges_sent(&provider), 1, "nothing sent again");
+    assert_eq!(provider.lookups(), 1);
+    assert!(matches!(
+        state(&ledger).await,
+        RecordState::Completed {
+            status: StatusCode::CREATED
+        }
+    ));
+
+    // Recorded: the next run replays it without asking anyone.
+    let replay = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
+    assert_eq!(replay.extensions().get(), Some(&ResponseSource::Replayed));
+    assert_eq!(replay.body(), response.body());
+    assert_eq!(provider.lookups(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_outcome_hook_names_the_reconciliation() {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let hook = seen.clone();
+    let stack = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .reconcile(by_key(&provider))
+                .on_outcome(move |event| {
+                    hook.lock()
+                        .unwrap()
+                        .push((event.decision(), event.status()));
+                })
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    stack.oneshot(charge()).await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(Decision::Reconciled, Some(StatusCode::CREATED))]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_applied_the_frozen_bytes_are_sent_once() {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    // A 503 without the write: in doubt to the client, which cannot tell.
+    first_run(
+        &ledger,
+        &provider,
+        Fault::ServerError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            commit: false,
+        },
+    )
+    .await;
+    assert_eq!(effects(&provider), 0);
+    assert_eq!(state(&ledger).await, RecordState::InDoubt);
+
+    let response = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(response.extensions().get(), Some(&ResponseSource::Resent));
+    assert_eq!(effects(&provider), 1);
+    let attempts = provider.attempts();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[0].body(), attempts[1].body(), "the frozen bytes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_when_the_lookup_answers_an_error() {
+    unknown_when_the_lookup_suffers(Fault::ServerError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        commit: false,
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_when_the_reconciler_times_out() {
+    // The lookup never answers (the kit's hang) and then merely answers late.
+    unknown_when_the_lookup_suffers(Fault::CommitThenTimeout).await;
+    unknown_when_the_lookup_suffers(Fault::Latency(Duration::from_secs(60))).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_when_the_reconciler_fails() {
+    unknown_when_the_lookup_suffers(Fault::RefuseBeforeSend).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_when_the_reconciler_panics() {
+    // The kit's provider panics inside the lookup…
+    unknown_when_the_lookup_suffers(Fault::Panic {
+        after_commit: false,
+    })
+    .await;
+    // …and a reconciler panics before returning a future at all.
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let panicking = |_: InDoubtOperation| -> std::future::Ready<Result<Reconciled, BoxError>> {
+        panic!("a reconciler bug")
+    };
+    let err = resume(&ledger, &provider, panicking).await.unwrap_err();
+    assert!(err.is_in_doubt());
+    assert_eq!(effects(&provider), 1);
+    assert_eq!(state(&ledger).await, RecordState::InDoubt);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_from_the_reconciler_stays_in_doubt() {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let unsure = move |op: InDoubtOperation| {
+        seen.lock().unwrap().push(op);
+        async { Ok::<_, BoxError>(Reconciled::Unknown) }
+    };
+    let err = resume(&ledger, &provider, unsure).await.unwrap_err();
+    assert!(err.is_in_doubt());
+    assert_eq!(effects(&provider), 1);
+    assert_eq!(charges_sent(&provider), 1);
+
+    // What it was asked: the frozen request, the key on the wire, the attempts made.
+    let asked = asked.lock().unwrap();
+    let [question] = &asked[..] else {
+        panic!("asked once")
+    };
+    assert_eq!(question.frozen().body().as_ref(), BODY);
+    assert_eq!(question.key(), op().key("").to_hex());
+    assert_eq!(
+        question.attempts(),
+        Some(2),
+        "the first claim and this take-over"
+    );
+    assert_eq!(
+        question.payload_field("order_id").as_deref(),
+        Some("order-42")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_resumes_reconcile_once_and_the_second_replays() {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    // The lookup is slow, so the second resume arrives while the first reconciles.
+    provider.push_fault(Fault::Latency(Duration::from_millis(500)));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let reconciler = {
+        let (asked, lookup) = (asked.clone(), by_key(&provider));
+        Arc::new(move |op: InDoubtOperation| {
+            asked.fetch_add(1, Ordering::SeqCst);
+            lookup.reconcile(op)
+        })
+    };
+    let (a, b) = tokio::join!(
+        resume(&ledger, &provider, {
+            let r = reconciler.clone();
+            move |op| r(op)
+        }),
+        resume(&ledger, &provider, {
+            let r = reconciler.clone();
+            move |op| r(op)
+        }),
+    );
+    let mut sources: Vec<_> = [a.unwrap(), b.unwrap()]
+        .iter()
+        .map(|r| *r.extensions().get::<ResponseSource>().unwrap())
+        .collect();
+    sources.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(
+        sources,
+        [ResponseSource::Reconciled, ResponseSource::Replayed]
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "one owner reconciles");
+    assert_eq!(effects(&provider), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deduplicating_provider_is_reconciled_only_when_asked_to() {
+    // A provider that honours keys: by default the in-doubt charge is resent (and
+    // deduplicated by the provider); with `reconcile_when_deduplicating` it is looked up.
+    for reconcile_first in [false, true] {
+        let (ledger, provider) = (MemoryStore::new(), SideEffectService::new());
+        provider.push_fault(Fault::CommitThenTimeout);
+        let first = ServiceBuilder::new()
+            .layer(IdempotencyLayer::client(ledger.clone()))
+            .service(provider.clone());
+        let _ = tokio::time::timeout(Duration::from_secs(5), first.oneshot(charge())).await;
+
+        let stack = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(ledger.clone())
+                    .reconcile(by_key(&provider))
+                    .reconcile_when_deduplicating(reconcile_first)
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        let response = stack.oneshot(charge()).await.unwrap();
+        let expected = if reconcile_first {
+            ResponseSource::Reconciled
+        } else {
+            ResponseSource::Resent
+        };
+        assert_eq!(response.extensions().get(), Some(&expected));
+        assert_eq!(provider.lookups(), usize::from(reconcile_first));
+        assert_eq!(charges_sent(&provider), 2 - usize::from(reconcile_first));
+        assert_eq!(effects(&provider), 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reference_in_the_payload_finds_the_operation_too() {
+    // The provider files the charge under the order id the payload carries.
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    let by_order = SideEffectService::builder().honour_keys(false).build();
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let filed = Request::post("http://payments.local/charges")
+        .header("idempotency-key", "order-42")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    by_order.clone().oneshot(filed).await.unwrap();
+
+    let lookup = LookupReconciler::by_payload_field(
+        by_order.clone(),
+        LOOKUP_PATH,
+        "idempotency_key",
+        "order_id",
+    );
+    let response = resume(&ledger, &provider, lookup).await.unwrap();
+    assert_eq!(
+        response.extensions().get(),
+        Some(&ResponseSource::Reconciled)
+    );
+    assert_eq!(by_order.lookups(), 1);
+    assert_eq!(effects(&provider), 1);
+}
+
+fn hyper_client() -> HyperClient<HttpConnector, Full<Bytes>> {
+    HyperClient::builder(TokioExecutor::new()).build_http()
+}
+
+#[tokio::test]
+async fn over_loopback_a_crash_after_sending_resolves_to_the_real_response() {
+    let provider = naive_provider();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = provider.clone().serve(listener).await.unwrap();
+    let ledger = MemoryStore::new();
+    let request = || {
+        let mut req = Request::post(server.uri("/charges"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(BODY)))
+            .unwrap();
+        req.extensions_mut().insert(op());
+        req
+    };
+
+    // Sent, committed, never answered: the orchestrator gives up.
+    provider.push_fault(Fault::CommitThenTimeout);
+    let first = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .build()
+                .unwrap(),
+        )
+        .service(hyper_client());
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), first.oneshot(request())).await;
+    assert!(gave_up.is_err());
+
+    // Resumed: looked up over HTTP, the real response recorded and returned.
+    let resumed = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .reconcile(
+                    LookupReconciler::by_key(hyper_client(), LOOKUP_PATH, "idempotency_key")
+                        .applied_status(StatusCode::CREATED),
+                )
+                .build()
+                .unwrap(),
+        )
+        .service(hyper_client());
+    let response = resumed.oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        response.extensions().get(),
+        Some(&ResponseSource::Reconciled)
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.starts_with(b"{\"effect_id\":\"eff_1\""));
+    assert_eq!(effects(&provider), 1);
+    assert_eq!(provider.lookups(), 1);
+
+    // A lookup the provider cannot answer (the connection drops) leaves a fresh in-doubt
+    // operation in doubt over HTTP too.
+    let op2 = OperationId::new("task-43", "charge-card");
+    let with_op2 = || {
+        let mut req = request();
+        req.extensions_mut().insert(op2.clone());
+        req
+    };
+    provider.push_fault(Fault::CommitThenTimeout);
+    let first = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .build()
+                .unwrap(),
+        )
+        .service(hyper_client());
+    let _ = tokio::time::timeout(Duration::from_millis(300), first.oneshot(with_op2())).await;
+    provider.push_fault(Fault::Panic {
+        after_commit: false,
+    });
+    let resumed = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger.clone())
+                .provider_deduplicates(false)
+                .reconcile(LookupReconciler::by_key(
+                    hyper_client(),
+                    LOOKUP_PATH,
+                    "idempotency_key",
+                ))
+                .build()
+                .unwrap(),
+        )
+        .service(hyper_client());
+    let err = resumed.oneshot(with_op2()).await.unwrap_err();
+    assert!(err.is_in_doubt());
+    assert_eq!(provider.effects_for_operation(&op2, ""), 1);
+}

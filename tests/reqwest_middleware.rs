@@ -1,0 +1,198 @@
+//! The client face as a reqwest-middleware `Middleware` (feature `reqwest-middleware`), over
+//! loopback TCP against the testing kit's provider, with and without `reqwest-retry`.
+#![cfg(all(feature = "reqwest-middleware", feature = "test-util"))]
+
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_retry::policies::ExponentialBackoff;
+use reqwest_retry::RetryTransientMiddleware;
+use tokio::net::TcpListener;
+use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
+use tower_idempotency::testing::{CapturedRequest, Fault, ServeHandle, SideEffectService};
+use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
+
+const ORDER: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn op() -> OperationId {
+    OperationId::new("task-7", "charge_customer")
+}
+
+async fn serve(provider: &SideEffectService) -> ServeHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    provider.clone().serve(listener).await.unwrap()
+}
+
+fn middleware() -> IdempotencyMiddleware {
+    IdempotencyMiddleware::new(
+        IdempotencyLayer::client_builder(MemoryStore::new())
+            .retry_window(Duration::from_secs(5))
+            .build()
+            .unwrap(),
+    )
+}
+
+/// As the module docs recommend: `reqwest-retry` outside, the ledger inside.
+fn retrying_client(ledger: IdempotencyMiddleware) -> ClientWithMiddleware {
+    let retries = ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(5), Duration::from_millis(20))
+        .build_with_max_retries(3);
+    ClientBuilder::new(reqwest::Client::new())
+        .with(RetryTransientMiddleware::new_with_policy(retries))
+        .with(ledger)
+        .build()
+}
+
+async fn charge(
+    client: &ClientWithMiddleware,
+    server: &ServeHandle,
+    body: &'static str,
+) -> reqwest_middleware::Result<reqwest::Response> {
+    client
+        .post(server.uri("/charges").to_string())
+        .header("content-type", "application/json")
+        .header("x-request-source", "orchestrator")
+        .body(body)
+        .timeout(ATTEMPT_TIMEOUT)
+        .with_extension(op())
+        .send()
+        .await
+}
+
+fn source(response: &reqwest::Response) -> Option<ResponseSource> {
+    response.extensions().get::<ResponseSource>().copied()
+}
+
+/// Every attempt the provider saw carried the same method, target, headers and body.
+fn assert_byte_identical(attempts: &[CapturedRequest]) {
+    let first = &attempts[0];
+    for later in &attempts[1..] {
+        assert_eq!(later.method(), first.method());
+        assert_eq!(later.uri(), first.uri());
+        assert_eq!(later.headers(), first.headers());
+        assert_eq!(later.body(), first.body());
+    }
+}
+
+#[tokio::test]
+async fn commit_then_timeout_with_reqwest_retry_outside_charges_once_and_the_repeat_replays() {
+    let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
+    let server = serve(&provider).await;
+    let client = retrying_client(middleware());
+
+    let response = charge(&client, &server, ORDER).await.unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+    assert_eq!(
+        source(&response),
+        Some(ResponseSource::Resent),
+        "reqwest-retry's retry went through the ledger and resumed the operation"
+    );
+    assert_eq!(response.url().path(), "/charges");
+    let first = response.bytes().await.unwrap();
+    assert_eq!(provider.effects(), 1, "charged once");
+    assert_eq!(provider.effects_for_operation(&op(), ""), 1);
+    let attempts = provider.attempts();
+    assert_eq!(attempts.len(), 2, "the timed-out attempt was resent once");
+    assert_byte_identical(&attempts);
+    assert!(attempts[0].key().is_some(), "the derived key travels");
+
+    // The orchestrator runs the step again: the recorded answer, without a request.
+    let again = charge(&client, &server, ORDER).await.unwrap();
+    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(
+        again.url().path(),
+        "/charges",
+        "a replay has the request's URL"
+    );
+    assert_eq!(again.bytes().await.unwrap(), first);
+    assert_eq!(provider.calls(), 2);
+}
+
+#[tokio::test]
+async fn without_a_retry_layer_the_next_run_resends_the_stored_bytes_not_the_new_ones() {
+    let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
+    let server = serve(&provider).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware())
+        .build();
+
+    // The attempt times out: reqwest's own error comes back, as without the middleware.
+    let err = charge(&client, &server, ORDER).await.unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(!err.is_middleware());
+
+    // The agent re-ran and reworded the call: refused as drift, nothing sent.
+    let regenerated = r#"{"order_id":"order_42","amount_cents":1999,"note":"retry"}"#;
+    let err = charge(&client, &server, regenerated).await.unwrap_err();
+    let reqwest_middleware::Error::Middleware(ours) = err else {
+        panic!("a refusal of ours is a middleware error: {err:?}");
+    };
+    let ours = ours.downcast::<tower_idempotency::Error>().unwrap();
+    assert!(ours.is_drift(), "{ours:?}");
+    assert_eq!(provider.attempts().len(), 1);
+
+    // The orchestrator's next run of the step: resumed with the stored bytes.
+    let response = charge(&client, &server, ORDER).await.unwrap();
+    assert_eq!(source(&response), Some(ResponseSource::Resent));
+    assert_eq!(provider.effects(), 1);
+    let attempts = provider.attempts();
+    assert_eq!(attempts.len(), 2);
+    assert_byte_identical(&attempts);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_pre_write_and_releases_the_operation() {
+    // A port nobody listens on: reqwest's connect error, seen through the chain.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware())
+        .build();
+    let send = || {
+        client
+            .post(format!("http://{addr}/charges"))
+            .body(ORDER)
+            .with_extension(op())
+            .send()
+    };
+    let err = send().await.unwrap_err();
+    assert!(err.is_connect(), "{err:?}");
+
+    // Released, not in doubt: once the provider is up on that port, the operation is sent
+    // as new.
+    let provider = SideEffectService::new();
+    let _server = provider
+        .clone()
+        .serve(TcpListener::bind(addr).await.unwrap())
+        .await
+        .unwrap();
+    let response = send().await.unwrap();
+    assert_eq!(source(&response), Some(ResponseSource::Sent));
+    assert_eq!(provider.effects(), 1);
+}
+
+#[tokio::test]
+async fn reads_and_keyless_side_effects_pass_through_marked() {
+    let provider = SideEffectService::new();
+    let server = serve(&provider).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware())
+        .build();
+    let keyless = client
+        .post(server.uri("/charges").to_string())
+        .body(ORDER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(source(&keyless), Some(ResponseSource::Unprotected));
+    assert!(provider.attempts()[0].key().is_none());
+    let read = client
+        .get(server.uri("/charges").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(source(&read), None);
+}

@@ -9,6 +9,8 @@
 //! # or on a Redis Cluster (any of its nodes will do; more are tried if one is down):
 //! LEDGER=redis-cluster REDIS_CLUSTER_URLS=redis://127.0.0.1:7000,redis://127.0.0.1:7001 \
 //!     PORT=3002 cargo run --features redis-cluster --example axum_server
+//! # the charges table and the ledger in one PostgreSQL database, committed together:
+//! LEDGER=postgres DATABASE_URL=postgres://app@127.0.0.1/payments cargo run --features postgres --example axum_server
 //!
 //! curl -i localhost:3000/charges -H 'authorization: tenant-a' \
 //!      -H 'idempotency-key: "order-42-charge"' -H 'content-type: application/json' \
@@ -30,7 +32,14 @@
 //! the authenticated tenant (one tenant's key never meets another's) and unauthenticated
 //! requests never reach the ledger.
 //!
-//! The tests in `tests/server.rs` include this file and drive [`app`] over real TCP.
+//! With `LEDGER=postgres` ([`postgres::app`]) the charges live in a `charges` table of the
+//! ledger's database, and the idempotency layer runs in transactional mode: the handler
+//! inserts the charge in the request's transaction, and the layer records the response in
+//! the same transaction before it commits. A crash before the commit leaves neither the
+//! charge nor a record (the retry charges once); after it, the retry replays.
+//!
+//! The tests in `tests/server.rs` include this file and drive [`app`] over real TCP;
+//! `tests/postgres_server.rs` runs the PostgreSQL mode in a real process and kills it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -199,9 +208,10 @@ async fn ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
         Ok("redis") => redis_ledger().await,
         Ok("redis-cluster") => redis_cluster_ledger().await,
         Ok("memory") | Err(_) => Ok(Arc::new(MemoryStore::new())),
-        Ok(other) => {
-            Err(format!("LEDGER={other:?}: expected `memory`, `redis` or `redis-cluster`").into())
-        }
+        Ok(other) => Err(format!(
+            "LEDGER={other:?}: expected `memory`, `redis`, `redis-cluster` or `postgres`"
+        )
+        .into()),
     }
 }
 
@@ -289,13 +299,157 @@ async fn main() -> Result<(), BoxError> {
     let port: u16 = env_or("PORT", 3000)?;
     let latency = Duration::from_millis(env_or("CHARGE_LATENCY_MS", 20)?);
 
+    let router = match std::env::var("LEDGER").as_deref() {
+        Ok("postgres") => postgres_app_from_env(latency).await?,
+        _ => app_with(ledger().await?, latency, in_flight_policy()?),
+    };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    let in_flight = in_flight_policy()?;
-    axum::serve(listener, app_with(ledger().await?, latency, in_flight))
+    axum::serve(listener, router)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
     Ok(())
+}
+
+/// `LEDGER=postgres`: the transactional service on `DATABASE_URL`.
+#[allow(dead_code)]
+#[cfg(feature = "postgres")]
+async fn postgres_app_from_env(latency: Duration) -> Result<Router, BoxError> {
+    let url = std::env::var("DATABASE_URL").map_err(|_| "LEDGER=postgres needs DATABASE_URL")?;
+    let store = tower_idempotency::ledger::PostgresStore::builder(url)
+        .schema("payments_idem")
+        .connect()
+        .await?;
+    // Test hook: wait this long after the charge is written, before answering (and so
+    // before the commit), so a test can kill the process in between.
+    let hold = Duration::from_millis(env_or("CHARGE_HOLD_AFTER_WRITE_MS", 0)?);
+    postgres::app(store, latency, hold).await
+}
+
+#[allow(dead_code)]
+#[cfg(not(feature = "postgres"))]
+async fn postgres_app_from_env(_latency: Duration) -> Result<Router, BoxError> {
+    Err("LEDGER=postgres needs the `postgres` feature: cargo run --features postgres --example axum_server".into())
+}
+
+/// The PostgreSQL mode: charges and the ledger in one database, committed together.
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    use super::*;
+    use tower_idempotency::ledger::{PostgresStore, PostgresTransaction};
+
+    #[derive(Clone)]
+    struct Charges {
+        store: PostgresStore,
+        provider_latency: Duration,
+        hold_after_write: Duration,
+    }
+
+    /// The service on `store`'s database: migrates the ledger's schema and creates the
+    /// `charges` table if needed. `hold_after_write` delays the answer after the charge is
+    /// written (a test hook; zero in production).
+    pub async fn app(
+        store: PostgresStore,
+        provider_latency: Duration,
+        hold_after_write: Duration,
+    ) -> Result<Router, BoxError> {
+        store.migrate().await?;
+        store
+            .pool()
+            .get()
+            .await?
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS charges (
+                     charge_id    bigserial PRIMARY KEY,
+                     tenant       text   NOT NULL,
+                     order_id     text   NOT NULL,
+                     amount_cents bigint NOT NULL)",
+            )
+            .await?;
+        let idempotency = IdempotencyLayer::transactional_server_builder(store.clone())
+            .scope(|parts| {
+                parts
+                    .extensions
+                    .get::<Tenant>()
+                    .map(|t| t.0.clone())
+                    .unwrap_or_default()
+            })
+            .build()?;
+        let charges = Charges {
+            store,
+            provider_latency,
+            hold_after_write,
+        };
+        // As in `app_with`: the layers on the method router, so axum's own 404 and 405
+        // stay outside them.
+        let route = post(create_charge)
+            .route_layer(idempotency)
+            .get(list_charges)
+            .route_layer(middleware::from_fn(authenticate));
+        Ok(Router::new().route("/charges", route).with_state(charges))
+    }
+
+    fn failed(err: impl std::fmt::Display) -> (StatusCode, String) {
+        (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n"))
+    }
+
+    /// The charge is one row, inserted in the request's transaction: it commits with the
+    /// recorded response or not at all.
+    async fn create_charge(
+        State(charges): State<Charges>,
+        Extension(tenant): Extension<Tenant>,
+        tx: PostgresTransaction,
+        payload: Result<Json<NewCharge>, JsonRejection>,
+    ) -> Result<(StatusCode, Json<Charge>), (StatusCode, String)> {
+        let Json(new) =
+            payload.map_err(|rejection| (StatusCode::BAD_REQUEST, rejection.body_text()))?;
+        tokio::time::sleep(charges.provider_latency).await;
+        let client = tx.client().await.map_err(failed)?;
+        let row = client
+            .query_one(
+                "INSERT INTO charges (tenant, order_id, amount_cents) VALUES ($1, $2, $3)
+                 RETURNING charge_id",
+                &[&tenant.0, &new.order_id, &new.amount_cents],
+            )
+            .await
+            .map_err(failed)?;
+        drop(client);
+        let charge = Charge {
+            charge_id: format!("ch_{}", row.get::<_, i64>(0)),
+            order_id: new.order_id,
+            amount_cents: new.amount_cents,
+        };
+        if !charges.hold_after_write.is_zero() {
+            println!("charge {} written, not committed", charge.charge_id);
+            tokio::time::sleep(charges.hold_after_write).await;
+        }
+        Ok((StatusCode::CREATED, Json(charge)))
+    }
+
+    async fn list_charges(
+        State(charges): State<Charges>,
+        Extension(tenant): Extension<Tenant>,
+        Query(query): Query<ChargesOf>,
+    ) -> Result<Json<Vec<Charge>>, (StatusCode, String)> {
+        let client = charges.store.pool().get().await.map_err(failed)?;
+        let rows = client
+            .query(
+                "SELECT charge_id, order_id, amount_cents FROM charges
+                 WHERE tenant = $1 AND order_id = $2 ORDER BY charge_id",
+                &[&tenant.0, &query.order_id],
+            )
+            .await
+            .map_err(failed)?;
+        Ok(Json(
+            rows.iter()
+                .map(|row| Charge {
+                    charge_id: format!("ch_{}", row.get::<_, i64>(0)),
+                    order_id: row.get(1),
+                    amount_cents: row.get(2),
+                })
+                .collect(),
+        ))
+    }
 }

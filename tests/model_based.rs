@@ -14,6 +14,10 @@
 //! - `RedisStore` over Redis Cluster (feature `redis-cluster`) runs the same way against a
 //!   local cluster of three primaries (see `support/redis_cluster.rs`); the two keys of a
 //!   case land on any of them.
+//! - `PostgresStore` (feature `postgres`) runs against a real PostgreSQL the test starts
+//!   (see `support/postgres.rs`; skipped with a notice without one, unless
+//!   `REQUIRE_POSTGRES=1`), each case in a schema of its own. PostgreSQL judges leases by
+//!   its own clock too: the same real-time plan as Redis.
 #![cfg(feature = "test-util")]
 
 #[cfg(feature = "redis")]
@@ -23,6 +27,10 @@ mod redis_support;
 #[cfg(feature = "redis-cluster")]
 #[path = "support/redis_cluster.rs"]
 mod cluster_support;
+
+#[cfg(feature = "postgres")]
+#[path = "support/postgres.rs"]
+mod postgres_support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -359,9 +367,10 @@ fn memory_store_follows_the_model() {
     });
 }
 
-/// Redis judges leases by its own (real) clock: sleep past a short lease, never within it.
-#[cfg(feature = "redis")]
-const REDIS: Plan = Plan {
+/// Redis and PostgreSQL judge leases by their own (real) clock: sleep past a short lease,
+/// never within it.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+const REAL_TIME: Plan = Plan {
     lease: Duration::from_millis(300),
     retention: Duration::from_secs(600),
     within_lease: Duration::ZERO,
@@ -372,7 +381,7 @@ const REDIS: Plan = Plan {
 
 /// How far real time may run ahead of the model's before a case's timing is unreliable: a
 /// lease set that late could still be live when the model says it ran out.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 const MAX_LAG: Duration = Duration::from_millis(100);
 
 #[cfg(feature = "redis")]
@@ -388,8 +397,15 @@ fn redis_store_follows_the_model() {
         return;
     };
     let url = redis.url().to_owned();
-    follows_the_model_on_real_time("RedisStore", &runtime, |prefix| {
-        RedisStore::builder(url.as_str()).prefix(prefix).connect()
+    run_property("RedisStore", 16, steps(40, false), REAL_TIME, |ops| {
+        runtime.block_on(async {
+            let store = RedisStore::builder(url.as_str())
+                .prefix(format!("model-test:{:016x}:", fastrand::u64(..)))
+                .connect()
+                .await
+                .expect("connect to redis");
+            check_in_real_time(&store, ops).await
+        })
     });
     drop(redis);
 }
@@ -407,62 +423,87 @@ fn redis_cluster_store_follows_the_model() {
         return;
     };
     let urls = cluster.urls();
-    follows_the_model_on_real_time("RedisStore over Redis Cluster", &runtime, |prefix| {
-        RedisStore::cluster_builder(urls.iter().cloned())
-            .prefix(prefix)
-            .connect()
-    });
+    run_property(
+        "RedisStore over Redis Cluster",
+        16,
+        steps(40, false),
+        REAL_TIME,
+        |ops| {
+            runtime.block_on(async {
+                let store = RedisStore::cluster_builder(urls.iter().cloned())
+                    .prefix(format!("model-test:{:016x}:", fastrand::u64(..)))
+                    .connect()
+                    .await
+                    .expect("connect to the cluster");
+                check_in_real_time(&store, ops).await
+            })
+        },
+    );
     drop(cluster);
 }
 
-/// The Redis plan's cases against stores made by `connect` (one per case, with a prefix of
-/// its own), sleeping for real between the calls.
-#[cfg(feature = "redis")]
-fn follows_the_model_on_real_time<C, F>(name: &str, runtime: &tokio::runtime::Runtime, connect: C)
-where
-    C: Fn(String) -> F,
-    F: std::future::Future<
-        Output = Result<
-            tower_idempotency::ledger::RedisStore,
-            tower_idempotency::ledger::StoreError,
-        >,
-    >,
-{
+/// Check `ops` against a store whose clock is real time (Redis, PostgreSQL).
+#[cfg(any(feature = "redis", feature = "postgres"))]
+async fn check_in_real_time(
+    store: &dyn tower_idempotency::ledger::IdempotencyStore,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
     use std::cell::Cell;
-
-    run_property(name, 16, steps(40, false), REDIS, |ops| {
-        runtime.block_on(async {
-            let store = connect(format!("model-test:{:016x}:", fastrand::u64(..)))
-                .await
-                .expect("connect to redis");
-            // Real time should equal the model's: each advance sleeps until the model's
-            // time, absorbing the time the calls took; `lag` records how far real time
-            // had run ahead of the model's, at worst, while the calls ran.
-            let start = tokio::time::Instant::now();
-            let model_time = Cell::new(Duration::ZERO);
-            let lag = Cell::new(Duration::ZERO);
-            let note_lag = || {
-                let behind =
-                    tokio::time::Instant::now().saturating_duration_since(start + model_time.get());
-                lag.set(lag.get().max(behind));
-            };
-            let advance = |by: Duration| {
-                note_lag();
-                model_time.set(model_time.get() + by);
-                tokio::time::sleep_until(start + model_time.get())
-            };
-            let checked = try_check(&store, REDIS.model(), ops, advance).await;
-            note_lag();
-            match checked {
-                Ok(_) => Ok(()),
-                Err(mismatch) if lag.get() > MAX_LAG => Err(TestCaseError::reject(format!(
-                    "real time ran {:?} ahead of the model's (the machine is too slow for a \
+    // Real time should equal the model's: each advance sleeps until the model's
+    // time, absorbing the time the calls took; `lag` records how far real time
+    // had run ahead of the model's, at worst, while the calls ran.
+    let start = tokio::time::Instant::now();
+    let model_time = Cell::new(Duration::ZERO);
+    let lag = Cell::new(Duration::ZERO);
+    let note_lag = || {
+        let behind =
+            tokio::time::Instant::now().saturating_duration_since(start + model_time.get());
+        lag.set(lag.get().max(behind));
+    };
+    let advance = |by: Duration| {
+        note_lag();
+        model_time.set(model_time.get() + by);
+        tokio::time::sleep_until(start + model_time.get())
+    };
+    let checked = try_check(store, REAL_TIME.model(), ops, advance).await;
+    note_lag();
+    match checked {
+        Ok(_) => Ok(()),
+        Err(mismatch) if lag.get() > MAX_LAG => Err(TestCaseError::reject(format!(
+            "real time ran {:?} ahead of the model's (the machine is too slow for a \
                      {:?} lease); not judging: {mismatch}",
-                    lag.get(),
-                    REDIS.lease
-                ))),
-                Err(mismatch) => Err(TestCaseError::fail(mismatch.to_string())),
-            }
+            lag.get(),
+            REAL_TIME.lease
+        ))),
+        Err(mismatch) => Err(TestCaseError::fail(mismatch.to_string())),
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_store_follows_the_model() {
+    use tower_idempotency::ledger::PostgresStore;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let Some(pg) = runtime.block_on(postgres_support::postgres_url()) else {
+        return;
+    };
+    let url = pg.url().to_owned();
+    run_property("PostgresStore", 16, steps(40, false), REAL_TIME, |ops| {
+        runtime.block_on(async {
+            let store = PostgresStore::builder(url.as_str())
+                .schema(postgres_support::fresh_schema())
+                .pool_size(2)
+                .sweep_every(None)
+                .connect()
+                .await
+                .expect("connect to PostgreSQL");
+            store.migrate().await.expect("migrate");
+            check_in_real_time(&store, ops).await
         })
     });
+    drop(pg);
 }

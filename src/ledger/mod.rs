@@ -61,12 +61,18 @@
 //! noise next to the ledger's own work.
 
 mod memory;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
 pub(crate) use record::DigestState;
 pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
 #[cfg(feature = "redis-cluster")]

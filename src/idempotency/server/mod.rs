@@ -38,6 +38,8 @@ use crate::BoxError;
 
 mod body;
 pub mod problem;
+#[cfg(feature = "postgres")]
+mod transactional;
 
 pub use body::RequestBody;
 
@@ -218,6 +220,9 @@ pub struct ServerFace {
     cancel_on_disconnect: bool,
     retry_after: Duration,
     on_outcome: Option<OutcomeHook>,
+    /// The transactional mode's database: each keyed request runs in one transaction.
+    #[cfg(feature = "postgres")]
+    transactional: Option<crate::ledger::PostgresStore>,
 }
 
 impl fmt::Debug for ServerFace {
@@ -296,6 +301,8 @@ pub struct ServerBuilder {
     cancel_on_disconnect: bool,
     retry_after: Duration,
     on_outcome: Option<OutcomeHook>,
+    #[cfg(feature = "postgres")]
+    transactional: Option<crate::ledger::PostgresStore>,
 }
 
 impl fmt::Debug for ServerBuilder {
@@ -361,6 +368,8 @@ impl ServerBuilder {
             cancel_on_disconnect: false,
             retry_after: Duration::from_secs(1),
             on_outcome: None,
+            #[cfg(feature = "postgres")]
+            transactional: None,
         }
     }
 
@@ -639,6 +648,15 @@ impl ServerBuilder {
                 "the {never} header must never be replayed"
             )));
         }
+        #[cfg(feature = "postgres")]
+        if self.fail_open && self.transactional.is_some() {
+            // The handler's writes need the very database that is unavailable: running it
+            // "unprotected" would only run it without its transaction.
+            return Err(ConfigError::new(
+                "fail_open cannot be combined with the transactional mode: the handler's \
+                 writes go to the ledger's database",
+            ));
+        }
         let server = ServerFace {
             ledger: Ledger::new(self.store, self.lease, self.retention, self.protected)
                 .with_max_waiters(self.max_waiters),
@@ -655,6 +673,8 @@ impl ServerBuilder {
             cancel_on_disconnect: self.cancel_on_disconnect,
             retry_after: self.retry_after,
             on_outcome: self.on_outcome,
+            #[cfg(feature = "postgres")]
+            transactional: self.transactional,
         };
         Ok(IdempotencyLayer::from_face(server))
     }
@@ -685,6 +705,64 @@ impl IdempotencyLayer<ServerFace> {
     /// Configure the server layer over `store`.
     pub fn server_builder(store: impl IdempotencyStore) -> ServerBuilder {
         ServerBuilder::new(Arc::new(store))
+    }
+
+    /// Configure the server layer in **transactional mode** over a PostgreSQL ledger
+    /// (feature `postgres`): each keyed request runs in one transaction of `store`'s
+    /// database, which the handler receives as a
+    /// [`PostgresTransaction`](crate::ledger::PostgresTransaction) (a request extension,
+    /// and an axum extractor with feature `axum`). Its writes and the recorded response
+    /// commit together, so an effect can never happen with its outcome lost.
+    ///
+    /// - The claim is the transaction's first statement, sent with `BEGIN`; the record is
+    ///   sent with `COMMIT`: no round trip besides the transaction's own.
+    /// - The transaction commits when the handler answers below `500` and did not call
+    ///   [`set_rollback_only`](crate::ledger::PostgresTransaction::set_rollback_only).
+    ///   A `5xx`, an error, a panic or a rollback request rolls everything back and records
+    ///   nothing: the key is free, and a retry runs the handler again (the
+    ///   [`ServerErrorPolicy`] does not apply: the rollback proves nothing happened).
+    /// - A process that dies before the commit leaves nothing (PostgreSQL rolls back), so
+    ///   no key is ever left in doubt by this mode.
+    /// - A duplicate arriving while the first runs waits for its commit up to the
+    ///   [`BusyPolicy::Wait`] bound and replays it, or is answered `409` under
+    ///   [`BusyPolicy::Fail`] (the default) after the store's
+    ///   [`lock_wait`](crate::ledger::PostgresStoreBuilder::lock_wait) (100 ms).
+    /// - A commit that fails (or whose answer is lost) is answered `503` with
+    ///   `Retry-After`: the retry then replays the record or, finding none, runs again.
+    ///
+    /// Every other setting of [`ServerBuilder`] applies as usual. Only the transaction's
+    /// writes are covered: calls the handler makes to other systems are not undone by a
+    /// rollback, and must carry the key themselves.
+    ///
+    /// ```no_run
+    /// use axum::{http::StatusCode, routing::post, Router};
+    /// use tower_idempotency::ledger::{PostgresStore, PostgresTransaction};
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// async fn transfer(tx: PostgresTransaction) -> StatusCode {
+    ///     let Ok(client) = tx.client().await else { return StatusCode::SERVICE_UNAVAILABLE };
+    ///     match client.execute("UPDATE accounts SET balance = balance - 10 WHERE id = 1", &[]).await {
+    ///         Ok(_) => StatusCode::NO_CONTENT,
+    ///         Err(_) => StatusCode::INTERNAL_SERVER_ERROR, // rolled back, nothing recorded
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PostgresStore::connect("postgres://app@127.0.0.1/bank").await?;
+    /// store.migrate().await?;
+    /// let layer = IdempotencyLayer::transactional_server_builder(store).build()?;
+    /// let app: Router = Router::new().route("/transfers", post(transfer).route_layer(layer));
+    /// # let _ = app;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn transactional_server_builder(store: crate::ledger::PostgresStore) -> ServerBuilder {
+        let mut builder = ServerBuilder::new(Arc::new(store.clone()));
+        builder.transactional = Some(store);
+        builder
     }
 }
 
@@ -929,7 +1007,8 @@ where
         // so a client that keeps retrying cannot keep it alive.
         begin = begin.probe();
     }
-    let answer = match server.ledger.begin(begin, server.busy).await {
+    let (answered, transaction) = claim(&server, begin).await;
+    let answer = match answered {
         Ok(answer) => answer,
         Err(err) if server.fail_open => {
             outcome("fail-open");
@@ -957,13 +1036,13 @@ where
     match answer {
         Begin::Acquired { token } => {
             outcome("executed");
-            execute(inner, server, (ledger_key, digest), token, request()).await
+            run_handler(inner, server, (ledger_key, digest), token, transaction, request()).await
         }
         Begin::Resume { token, .. } => {
             // Only asked for under `RunAgain`: a probe is answered `InDoubt` instead.
             outcome("executed-again");
             tracing::info!("key in doubt; running the handler again (at least once)");
-            execute(inner, server, (ledger_key, digest), token, request()).await
+            run_handler(inner, server, (ledger_key, digest), token, transaction, request()).await
         }
         Begin::InDoubt => {
             outcome("outcome-unknown");
@@ -1000,6 +1079,57 @@ fn verified_body_digest(headers: &HeaderMap, body: &[u8]) -> Result<BodyDigest, 
     }
     let sent = ContentDigest::of_headers(headers)?;
     Ok(sent.verify(body)?.unwrap_or_else(|| BodyDigest::of(body)))
+}
+
+/// The transaction a claim was made in (transactional mode), if any. Dropped unused (a
+/// replay, a refusal) it rolls back.
+#[cfg(feature = "postgres")]
+type Transaction = Option<crate::ledger::postgres::OpenTransaction>;
+#[cfg(not(feature = "postgres"))]
+type Transaction = Option<std::convert::Infallible>;
+
+/// Claim the key: through the engine, or in transactional mode as the first statement of
+/// the request's transaction.
+async fn claim(
+    server: &ServerFace,
+    begin: crate::ledger::BeginRequest,
+) -> (Result<Begin, crate::ledger::StoreError>, Transaction) {
+    #[cfg(feature = "postgres")]
+    if let Some(database) = &server.transactional {
+        return match transactional::claim(database, &begin, server.busy).await {
+            Ok((answer, transaction)) => (Ok(answer), Some(transaction)),
+            Err(err) => (Err(err), None),
+        };
+    }
+    (server.ledger.begin(begin, server.busy).await, None)
+}
+
+/// Run the handler as the key's owner: in the claim's transaction when there is one.
+async fn run_handler<S, B, ResBody>(
+    inner: S,
+    server: Arc<ServerFace>,
+    key: (LedgerKey, BodyDigest),
+    token: LeaseToken,
+    transaction: Transaction,
+    request: Request<RequestBody<B>>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes>,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    match transaction {
+        #[cfg(feature = "postgres")]
+        Some(transaction) => {
+            transactional::execute(inner, server, key, token, transaction, request).await
+        }
+        #[cfg(not(feature = "postgres"))]
+        Some(never) => match never {},
+        None => execute(inner, server, key, token, request).await,
+    }
 }
 
 async fn call<S, B, ResBody>(
@@ -1195,7 +1325,28 @@ where
             return problem::outcome_unknown();
         }
     };
-    let (recorded, body, how) = match buffered {
+    let (recorded, body, how) = recording(server, &parts, buffered, digest);
+    match lease.complete(recorded).await {
+        Ok(()) => settled(how),
+        Err(err) => {
+            // The handler's effect happened and this caller gets its answer; a retry will
+            // find the key in doubt once the lease ends (or at once, if it was taken over).
+            settled("not-recorded");
+            tracing::error!(%err, "could not record the outcome");
+        }
+    }
+    Response::from_parts(parts, body)
+}
+
+/// What to record of a buffered response, the body to send, and how it was settled.
+fn recording<ResBody>(
+    server: &ServerFace,
+    parts: &http::response::Parts,
+    buffered: Buffered<ResBody>,
+    digest: &BodyDigest,
+) -> (Outcome, ResponseBody<ResBody>, &'static str) {
+    let status = parts.status;
+    match buffered {
         Buffered::Whole(bytes) => {
             let mut headers = server.replayable(&parts.headers);
             // Replays say which request they answer (see `crate::digest`).
@@ -1218,17 +1369,7 @@ where
                 "tombstone",
             )
         }
-    };
-    match lease.complete(recorded).await {
-        Ok(()) => settled(how),
-        Err(err) => {
-            // The handler's effect happened and this caller gets its answer; a retry will
-            // find the key in doubt once the lease ends (or at once, if it was taken over).
-            settled("not-recorded");
-            tracing::error!(%err, "could not record the outcome");
-        }
     }
-    Response::from_parts(parts, body)
 }
 
 #[cfg(test)]

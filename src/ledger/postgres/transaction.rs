@@ -1,0 +1,357 @@
+//! The transactional server mode's transaction: opened with the claim, shared with the
+//! handler, committed with the record.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{ClientWrapper, Object};
+
+use super::{
+    begin_params, busy_behind_a_transaction, classify, decode_begin, from_pg, from_pool, millis,
+    outcome_status, token_bytes, PgFailure, PostgresStore,
+};
+use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, Outcome, StoreError};
+
+/// The database transaction of one keyed request in the transactional server mode (see
+/// the [module docs](super#the-transactional-server-mode)): the layer puts it in the
+/// request's extensions, the handler makes its writes through it, and the layer commits
+/// them together with the recorded response.
+///
+/// Cloning is cheap; clones share the one transaction. The handler must not commit or roll
+/// back itself: the layer commits when the handler answers below `500`, and rolls back
+/// (recording nothing) when it answers `5xx`, fails, panics, or called
+/// [`set_rollback_only`](Self::set_rollback_only).
+///
+/// # Example
+///
+/// ```no_run
+/// use axum::{http::StatusCode, routing::post, Router};
+/// use tower_idempotency::ledger::{PostgresStore, PostgresTransaction};
+/// use tower_idempotency::IdempotencyLayer;
+///
+/// async fn charge(tx: PostgresTransaction) -> Result<(StatusCode, String), StatusCode> {
+///     let client = tx.client().await.map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+///     let row = client
+///         .query_one("INSERT INTO charges (amount_cents) VALUES (1999) RETURNING id", &[])
+///         .await
+///         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+///     let id: i64 = row.get(0);
+///     Ok((StatusCode::CREATED, format!("charge {id}")))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::connect("postgres://app@127.0.0.1/payments").await?;
+/// store.migrate().await?;
+/// let layer = IdempotencyLayer::transactional_server_builder(store).unscoped().build()?;
+/// let app: Router = Router::new().route("/charges", post(charge).route_layer(layer));
+/// # let _ = app;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresTransaction {
+    shared: Arc<Shared>,
+}
+
+/// The connection and the handler's wish, shared by the layer and the handler.
+struct Shared {
+    connection: tokio::sync::Mutex<Option<TxConnection>>,
+    rollback_only: AtomicBool,
+}
+
+/// A pooled connection with an open transaction. Dropped while the transaction may still be
+/// open, it is closed instead of returned to the pool: PostgreSQL then rolls back whatever
+/// the transaction did, and no later user of the pool inherits it.
+struct TxConnection {
+    object: Option<Object>,
+}
+
+impl TxConnection {
+    fn client(&self) -> &ClientWrapper {
+        self.object.as_ref().expect("present until released")
+    }
+
+    /// The transaction is over (committed or rolled back): the connection may be reused.
+    fn release(mut self) {
+        drop(self.object.take());
+    }
+}
+
+impl Drop for TxConnection {
+    fn drop(&mut self) {
+        if let Some(object) = self.object.take() {
+            // Detached from the pool and dropped: the connection closes.
+            drop(Object::take(object));
+        }
+    }
+}
+
+impl PostgresTransaction {
+    /// The transaction's connection, for the handler's queries (`execute`, `query`,
+    /// `prepare_cached`…). Only a shared borrow is handed out, so the handler cannot start
+    /// a nested `transaction()` that would commit the layer's; use `SAVEPOINT` statements
+    /// for partial rollbacks. Fails once the request's transaction is over.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::PostgresTransaction;
+    /// # async fn f(tx: PostgresTransaction) -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = tx.client().await?;
+    /// client.execute("UPDATE accounts SET balance = balance - 10 WHERE id = 1", &[]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn client(&self) -> Result<TransactionClient<'_>, StoreError> {
+        let guard = self.shared.connection.lock().await;
+        if guard.is_none() {
+            return Err(StoreError::unavailable(
+                "the request's transaction is already over",
+            ));
+        }
+        Ok(TransactionClient { guard })
+    }
+
+    /// Roll the transaction back when the handler returns, whatever it answers: none of its
+    /// writes happen and no outcome is recorded, so a retry runs the handler again.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::PostgresTransaction;
+    /// # async fn f(tx: PostgresTransaction) {
+    /// tx.set_rollback_only();
+    /// assert!(tx.is_rollback_only());
+    /// # }
+    /// ```
+    pub fn set_rollback_only(&self) {
+        self.shared.rollback_only.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`set_rollback_only`](Self::set_rollback_only) was called.
+    pub fn is_rollback_only(&self) -> bool {
+        self.shared.rollback_only.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Debug for PostgresTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresTransaction")
+            .field("rollback_only", &self.is_rollback_only())
+            .finish_non_exhaustive()
+    }
+}
+
+/// With feature `axum`, a handler takes the transaction as an argument. Outside a
+/// transactional layer it is refused with `500`: the route is misconfigured, and running
+/// it without its transaction would record nothing.
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PostgresTransaction {
+    type Rejection = (http::StatusCode, &'static str);
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        parts.extensions.get::<Self>().cloned().ok_or((
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "this route is not behind a transactional idempotency layer",
+        ))
+    }
+}
+
+/// The transaction's connection, borrowed by the handler (see
+/// [`PostgresTransaction::client`]). Dereferences to deadpool's [`ClientWrapper`], and
+/// through it to [`tokio_postgres::Client`].
+pub struct TransactionClient<'a> {
+    guard: tokio::sync::MutexGuard<'a, Option<TxConnection>>,
+}
+
+impl Deref for TransactionClient<'_> {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        self.guard.as_ref().expect("checked when borrowed").client()
+    }
+}
+
+impl fmt::Debug for TransactionClient<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransactionClient").finish_non_exhaustive()
+    }
+}
+
+/// A request's transaction as the layer holds it, from its claim to its commit.
+///
+/// Dropped without [`commit_with`](Self::commit_with) (a replay, a refused claim, a failed
+/// handler), it rolls back: in a background task that returns the connection to the pool,
+/// or by closing the connection when that cannot be done.
+pub(crate) struct OpenTransaction {
+    store: PostgresStore,
+    shared: Arc<Shared>,
+}
+
+impl PostgresStore {
+    /// Open a transaction whose first statement is `begin` of `request`: `BEGIN`, the claim
+    /// and the reset of the claim's lock wait travel together, in one round trip. The claim
+    /// waits up to `lock_wait` for another open transaction holding the key, then answers
+    /// busy.
+    pub(crate) async fn begin_in_transaction(
+        &self,
+        request: &BeginRequest,
+        lock_wait: Duration,
+    ) -> Result<(Begin, OpenTransaction), StoreError> {
+        let frozen = request.frozen.as_ref().map(crate::FrozenRequest::encode);
+        let params = begin_params(request, &frozen);
+        let open = format!("BEGIN; SET LOCAL lock_timeout = {}", millis(lock_wait, 1));
+        // The handler's own statements run under PostgreSQL's defaults, not the store's
+        // short bounds for ledger calls.
+        const HANDLER_BOUNDS: &str = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0";
+        let work = async {
+            let object = self
+                .inner
+                .pool
+                .get()
+                .await
+                .map_err(|err| PgFailure(from_pool(err), false))?;
+            // From here on, a drop closes the connection unless the transaction ended.
+            let connection = TxConnection {
+                object: Some(object),
+            };
+            let client = connection.client();
+            let statement = client
+                .prepare_cached(&self.inner.sql.begin)
+                .await
+                .map_err(classify)?;
+            let params = params.as_params();
+            let (opened, claimed, bounded) = tokio::join!(
+                client.batch_execute(&open),
+                client.query_one(&statement, &params),
+                client.batch_execute(HANDLER_BOUNDS),
+            );
+            let outcome = opened
+                .map_err(classify)
+                .and_then(|()| claimed.map_err(classify))
+                .and_then(|row| {
+                    bounded.map_err(classify)?;
+                    decode_begin(&row, request.token).map_err(|err| PgFailure(err, false))
+                });
+            Ok::<_, PgFailure>((outcome, connection))
+        };
+        let (outcome, connection) = tokio::time::timeout(self.inner.operation_timeout, work)
+            .await
+            .map_err(|_elapsed| StoreError::timeout())?
+            .map_err(PgFailure::into_store_error)?;
+        let transaction = OpenTransaction {
+            store: self.clone(),
+            shared: Arc::new(Shared {
+                connection: tokio::sync::Mutex::new(Some(connection)),
+                rollback_only: AtomicBool::new(false),
+            }),
+        };
+        match outcome {
+            Ok(answer) => Ok((answer, transaction)),
+            // Dropping `transaction` rolls the aborted transaction back.
+            Err(failure) if failure.is_lock_wait() => {
+                Ok((busy_behind_a_transaction(request), transaction))
+            }
+            Err(failure) => Err(failure.into_store_error()),
+        }
+    }
+}
+
+impl OpenTransaction {
+    /// The handle the handler gets.
+    pub(crate) fn handle(&self) -> PostgresTransaction {
+        PostgresTransaction {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Whether the handler asked for a rollback.
+    pub(crate) fn is_rollback_only(&self) -> bool {
+        self.shared.rollback_only.load(Ordering::Relaxed)
+    }
+
+    /// Record `outcome` under `token` and commit, the two sent together: one round trip.
+    /// `Ok` means both the handler's writes and the record are committed. An error means
+    /// they were rolled back, or (the connection lost mid-commit) it is unknown which: a
+    /// retry then replays the record or, finding none, runs the handler again, and either
+    /// is right.
+    pub(crate) async fn commit_with(
+        self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let encoded = outcome.encode();
+        let status = outcome_status(outcome);
+        let token = token_bytes(token);
+        let retention = millis(retention, 1);
+        let bound = self.store.inner.operation_timeout;
+        let work = async {
+            // The handler may still hold the connection (a guard kept past its response);
+            // wait for it, within the bound.
+            let Some(connection) = self.shared.connection.lock().await.take() else {
+                return Err(StoreError::unavailable(
+                    "the request's transaction was already over",
+                ));
+            };
+            let client = connection.client();
+            let statement = client
+                .prepare_cached(&self.store.inner.sql.complete)
+                .await
+                .map_err(from_pg)?;
+            // `p_strict`: a refused completion raises, so the transaction cannot commit
+            // without its record; the `COMMIT` then ends it as a rollback.
+            let key = key.as_bytes().as_slice();
+            let token = token.as_slice();
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                [&key, &token, &encoded, &status, &retention, &true];
+            let (recorded, committed) = tokio::join!(
+                client.query_one(&statement, &params),
+                client.batch_execute("COMMIT"),
+            );
+            let result = match (recorded, committed) {
+                (Ok(_), Ok(())) => Ok(()),
+                (Err(err), _) => Err(from_pg(err)),
+                (Ok(_), Err(err)) => Err(from_pg(err)),
+            };
+            if !connection.client().is_closed() {
+                // Committed, or ended as a rollback by the failed statement: either way
+                // no transaction is open any more.
+                connection.release();
+            }
+            result
+        };
+        tokio::time::timeout(bound, work)
+            .await
+            .map_err(|_elapsed| StoreError::timeout())?
+    }
+}
+
+impl Drop for OpenTransaction {
+    fn drop(&mut self) {
+        // Still borrowed by the handler (a clone kept somewhere): the last `Shared` to go
+        // closes the connection, rolling back.
+        let Ok(mut slot) = self.shared.connection.try_lock() else {
+            return;
+        };
+        let Some(connection) = slot.take() else {
+            return;
+        };
+        drop(slot);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // `connection` drops here, closing: PostgreSQL rolls back.
+        };
+        let bound = self.store.inner.operation_timeout;
+        runtime.spawn(async move {
+            let rolled_back =
+                tokio::time::timeout(bound, connection.client().batch_execute("ROLLBACK")).await;
+            if let Ok(Ok(())) = rolled_back {
+                connection.release();
+            }
+        });
+    }
+}

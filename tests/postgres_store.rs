@@ -1,0 +1,235 @@
+//! `PostgresStore` against a real PostgreSQL: the conformance suite, the schema's
+//! migration, retention and its sweep, and failing closed.
+//!
+//! Each test starts its own server (see `support/postgres.rs`; skipped with a notice
+//! without the binaries, unless `REQUIRE_POSTGRES=1`) or uses `DATABASE_URL`, and its own
+//! schema. PostgreSQL judges leases by its own clock, so the suite sleeps for real.
+#![cfg(all(feature = "postgres", feature = "test-util"))]
+
+#[path = "support/postgres.rs"]
+mod postgres_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, PostgresStore, StoredResponse,
+};
+use tower_idempotency::testing::conformance::{
+    inspection_follows_the_record, run_all, sample_fingerprint, Clock,
+};
+
+async fn store(url: &str) -> PostgresStore {
+    let store = PostgresStore::builder(url)
+        .schema(postgres_support::fresh_schema())
+        .connect()
+        .await
+        .expect("connect to PostgreSQL");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+fn ok_outcome() -> Outcome {
+    Outcome::Response(StoredResponse::new(
+        http::StatusCode::CREATED,
+        http::Version::HTTP_11,
+        http::HeaderMap::new(),
+        "ok".into(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_passes_the_conformance_suite() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = store(pg.url()).await;
+    run_all(Arc::new(store.clone()), Clock::real()).await;
+    inspection_follows_the_record(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_concurrent_and_refuses_a_newer_schema() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let schema = postgres_support::fresh_schema();
+    let connect = || {
+        PostgresStore::builder(pg.url())
+            .schema(schema.clone())
+            .connect()
+    };
+    let first = connect().await.expect("connect");
+    assert_eq!(first.schema_version().await.expect("version"), None);
+    // Replicas starting together: each migrates, one does the work.
+    let migrations: Vec<_> = (0..4)
+        .map(|_| {
+            let store = first.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for migration in migrations {
+        assert_eq!(migration.await.expect("task").expect("migrate"), 1);
+    }
+    assert_eq!(first.schema_version().await.expect("version"), Some(1));
+    let second = connect().await.expect("connect");
+    assert_eq!(second.migrate().await.expect("again"), 1);
+
+    // A schema from a later release is refused, never misread.
+    let client = first.pool().get().await.expect("a connection");
+    client
+        .execute(
+            &format!("UPDATE {schema}.schema_version SET version = 99"),
+            &[],
+        )
+        .await
+        .expect("bump the version");
+    let err = second.migrate().await.unwrap_err();
+    assert!(
+        err.is_unavailable() && err.to_string().contains("99"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmigrated_schema_and_a_bad_schema_name_are_clear_errors() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let bare = PostgresStore::builder(pg.url())
+        .schema(postgres_support::fresh_schema())
+        .connect()
+        .await
+        .expect("connect");
+    let key = LedgerKey::from_bytes([1; 32]);
+    let request = BeginRequest::new(
+        key,
+        sample_fingerprint(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    );
+    let err = bare.begin(request).await.unwrap_err();
+    assert!(
+        err.is_unavailable() && err.to_string().contains("migrate"),
+        "{err}"
+    );
+    let err = PostgresStore::builder(pg.url())
+        .schema("x; DROP TABLE y")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("schema"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_deletes_only_expired_records_and_they_read_as_absent_before() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = store(pg.url()).await;
+    let short = Duration::from_millis(300);
+    let mut keys = Vec::new();
+    for n in 0..3u8 {
+        let key = LedgerKey::from_bytes([n; 32]);
+        let begin = BeginRequest::new(key, sample_fingerprint(), Duration::from_millis(100), short);
+        let Begin::Acquired { token } = store.begin(begin).await.expect("begin") else {
+            panic!("fresh key")
+        };
+        store
+            .complete(key, token, ok_outcome(), short)
+            .await
+            .expect("complete");
+        keys.push(key);
+    }
+    let kept = LedgerKey::from_bytes([9; 32]);
+    let begin = BeginRequest::new(
+        kept,
+        sample_fingerprint(),
+        Duration::from_secs(10),
+        Duration::from_secs(600),
+    );
+    store.begin(begin).await.expect("begin");
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    // Expired but not yet swept: absent to every call.
+    assert_eq!(store.inspect(keys[0]).await.expect("inspect"), None);
+    assert_eq!(store.sweep().await.expect("sweep"), 3);
+    assert_eq!(store.sweep().await.expect("sweep"), 0);
+    assert!(store.inspect(kept).await.expect("inspect").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_on_one_database_give_one_owner() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let a = store(pg.url()).await;
+    let b = PostgresStore::builder(pg.url())
+        .schema(a.schema().to_owned())
+        .connect()
+        .await
+        .expect("connect");
+    let key = LedgerKey::from_bytes([42; 32]);
+    let tasks: Vec<_> = (0..64)
+        .map(|n| {
+            let store = if n % 2 == 0 { a.clone() } else { b.clone() };
+            let request = BeginRequest::new(
+                key,
+                sample_fingerprint(),
+                Duration::from_secs(10),
+                Duration::from_secs(600),
+            );
+            tokio::spawn(async move { store.begin(request).await.expect("begin") })
+        })
+        .collect();
+    let mut acquired = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Begin::Acquired { .. } => acquired += 1,
+            Begin::Busy { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_database_fails_closed_and_the_store_recovers() {
+    let Some(mut pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let Some(server) = pg.server() else {
+        eprintln!("DATABASE_URL is set: this test needs a private server to stop");
+        return;
+    };
+    let store = PostgresStore::builder(server.url())
+        .schema(postgres_support::fresh_schema())
+        .operation_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    server.stop();
+    let key = LedgerKey::from_bytes([5; 32]);
+    let request = BeginRequest::new(
+        key,
+        sample_fingerprint(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    );
+    let err = store.begin(request.clone()).await.unwrap_err();
+    assert!(err.is_unavailable() || err.is_timeout(), "{err}");
+    server.restart().await;
+    // The pool drops the dead connections and makes new ones.
+    let mut answer = store.begin(request.clone()).await;
+    for _ in 0..20 {
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = store.begin(request.clone()).await;
+    }
+    assert!(matches!(
+        answer.expect("begin after restart"),
+        Begin::Acquired { .. }
+    ));
+}

@@ -30,6 +30,7 @@
 mod redis_support;
 
 use std::collections::HashMap;
+#[cfg(feature = "redis")]
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

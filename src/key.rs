@@ -296,8 +296,16 @@ fn bare_token(bytes: &[u8]) -> Result<String, InvalidKey> {
 /// The inside of an RFC 8941 sf-string: `\"` and `\\` escapes, every other escape invalid.
 /// The key itself must still be visible ASCII, so the space an sf-string permits is refused.
 fn unescape_sf_string(inner: &[u8]) -> Result<String, InvalidKey> {
+    // Keys seldom hold escapes: validate the run before the first one in a single scan and
+    // copy it whole, so a plain key costs one pass and one copy rather than a push per byte.
+    let plain = inner
+        .iter()
+        .position(|&b| b == b'\\' || b == b'"' || !is_visible_ascii(b))
+        .unwrap_or(inner.len());
+    let (head, rest) = inner.split_at(plain);
     let mut out = String::with_capacity(inner.len());
-    let mut bytes = inner.iter();
+    out.push_str(std::str::from_utf8(head).expect("visible ASCII is UTF-8"));
+    let mut bytes = rest.iter();
     while let Some(&byte) = bytes.next() {
         match byte {
             b'\\' => match bytes.next() {

@@ -348,24 +348,70 @@ impl Handoff {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RetriedOutside;
 
-/// Freeze the request the retry layer was handed, reusing the fingerprint an outer
-/// idempotency layer computed when the bytes are the ones it froze.
-pub(crate) async fn freeze_handed<B>(
-    req: Request<B>,
-    limit: usize,
-) -> Result<(FrozenRequest, Extensions), Error>
+/// What the retry layer was handed, frozen.
+pub(crate) struct Handed {
+    /// What every attempt is rebuilt from.
+    pub(crate) frozen: FrozenRequest,
+    /// The request's extensions, given to every attempt.
+    pub(crate) extensions: Extensions,
+    /// The head and body exactly as handed in, when they are the bytes the outer
+    /// idempotency layer froze: the first attempt sends them as they are, and `frozen` is
+    /// that layer's own, so no second copy of the head is made for an operation that is
+    /// answered at once.
+    pub(crate) first: Option<(http::request::Parts, Bytes)>,
+}
+
+/// Freeze the request the retry layer was handed. When an outer idempotency layer handed
+/// on exactly the request it froze (same method, URI, version, headers in the same order
+/// and the same body bytes), its [`FrozenRequest`] is taken as it is, digest and
+/// fingerprint included; otherwise the request is frozen anew, reusing the fingerprint
+/// when the bytes are the ones it froze.
+pub(crate) async fn freeze_handed<B>(req: Request<B>, limit: usize) -> Result<Handed, Error>
 where
     B: Body,
     B::Error: Into<crate::BoxError>,
 {
-    let (frozen, extensions) = FrozenRequest::freeze(req, limit).await?;
+    let (mut parts, body) = collect_request(req, limit).await?;
+    let extensions = std::mem::take(&mut parts.extensions);
+    let same = extensions
+        .get::<Handoff>()
+        .map(|handoff| &handoff.0.frozen)
+        .filter(|frozen| frozen.is_exactly(&parts, &body))
+        .cloned();
+    if let Some(frozen) = same {
+        return Ok(Handed {
+            frozen,
+            extensions,
+            first: Some((parts, body)),
+        });
+    }
+    let frozen =
+        FrozenRequest::from_parts(parts.method, parts.uri, parts.version, parts.headers, body);
     if let Some(handoff) = extensions.get::<Handoff>() {
         frozen.reuse_fingerprint_of(&handoff.0.frozen);
     }
-    Ok((frozen, extensions))
+    Ok(Handed {
+        frozen,
+        extensions,
+        first: None,
+    })
 }
 
 impl FrozenRequest {
+    /// Whether `parts` and `body` are this request's head and bytes as they are: the
+    /// headers compared in order (a rebuilt request keeps the frozen order), the body by
+    /// identity (a rebuilt request shares the frozen `Bytes`).
+    fn is_exactly(&self, parts: &http::request::Parts, body: &Bytes) -> bool {
+        let frozen = &*self.0;
+        frozen.body.as_ptr() == body.as_ptr()
+            && frozen.body.len() == body.len()
+            && frozen.method == parts.method
+            && frozen.version == parts.version
+            && frozen.uri == parts.uri
+            && frozen.headers.len() == parts.headers.len()
+            && frozen.headers.iter().eq(parts.headers.iter())
+    }
+
     /// Take `earlier`'s digest and fingerprint when it covers exactly what this request says: the same
     /// method and target, and the same body buffer (a single-chunk body is frozen without a
     /// copy, so "the same buffer" is a pointer comparison, not a second pass over the bytes).

@@ -18,7 +18,7 @@ use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use super::FrozenRetryLayer;
 use crate::effect::EffectClass;
-use crate::frozen::{freeze_handed, FrozenRequest, Handoff, RetriedOutside};
+use crate::frozen::{freeze_handed, FrozenRequest, Handed, Handoff, RetriedOutside};
 use crate::key::OperationId;
 use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
@@ -188,7 +188,11 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    let (frozen, mut extensions) = freeze_handed(req, policy.body_limit).await?;
+    let Handed {
+        frozen,
+        mut extensions,
+        mut first,
+    } = freeze_handed(req, policy.body_limit).await?;
     let effect = EffectClass::resolve(frozen.method(), &extensions);
     let handoff = extensions.get::<Handoff>().cloned();
     if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some() {
@@ -213,7 +217,7 @@ where
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let result = send_once(&mut inner, &policy, &frozen, &extensions).await;
+        let result = send_once(&mut inner, &policy, &frozen, first.take(), &extensions).await;
         let reached = match &result {
             Ok(_) => FailurePhase::AfterWrite,
             Err(failure) => failure.phase,
@@ -305,6 +309,7 @@ async fn send_once<S, ResBody>(
     inner: &mut S,
     policy: &RetryPolicy,
     frozen: &FrozenRequest,
+    handed: Option<(http::request::Parts, Bytes)>,
     extensions: &Extensions,
 ) -> Result<Response<ResBody>, Failure>
 where
@@ -315,7 +320,15 @@ where
         error: err.into(),
         phase: FailurePhase::PreWrite,
     })?;
-    let call = ready.call(frozen.to_request_with(extensions.clone()));
+    // The head as handed in is the frozen one: sent as it is, it saves a copy of it.
+    let req = match handed {
+        Some((mut parts, body)) => {
+            parts.extensions = extensions.clone();
+            Request::from_parts(parts, Full::new(body))
+        }
+        None => frozen.to_request_with(extensions.clone()),
+    };
+    let call = ready.call(req);
     let outcome = match policy.attempt_timeout {
         Some(limit) => match tokio::time::timeout(limit, call).await {
             Ok(outcome) => outcome,

@@ -18,7 +18,6 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use sha2::{Digest, Sha256};
 use tower_service::Service;
-use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::client::decision_of;
@@ -835,19 +834,19 @@ where
             settled = tracing::field::Empty,
         );
         let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
-        let future = run(inner, self.face.clone(), key, req, started).instrument(span);
-        ServerFuture::ledger(Box::pin(future))
+        let detach = !server.cancel_on_disconnect;
+        let admit = admit(inner, self.face.clone(), key, req, started);
+        let staged = Staged::new(admit, handle::<S, B, ResBody>, span, detach);
+        ServerFuture::ledger(Detaching::new(Box::pin(staged)))
     }
 }
-
-type BoxedResponse<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
 pin_project! {
     /// The future of the server [`IdempotencyLayer`].
     ///
     /// Requests outside the ledger poll the inner service's future in place; keyed ones
-    /// run boxed, since they await the body, the ledger and the handler in turn.
+    /// run boxed (one allocation, shared by the ledger's part and the handler's), since
+    /// they await the body, the ledger and the handler in turn.
     pub struct ServerFuture<F, B, E> {
         #[pin]
         kind: FutureKind<F, B, E>,
@@ -859,7 +858,7 @@ pin_project! {
     enum FutureKind<F, B, E> {
         PassThrough { #[pin] future: F },
         Answer { response: Option<Response<ResponseBody<B>>> },
-        Ledger { future: BoxedResponse<B, E> },
+        Ledger { future: Detaching<Result<Response<ResponseBody<B>>, E>> },
     }
 }
 
@@ -878,7 +877,7 @@ impl<F, B, E> ServerFuture<F, B, E> {
         }
     }
 
-    fn ledger(future: BoxedResponse<B, E>) -> Self {
+    fn ledger(future: Detaching<Result<Response<ResponseBody<B>>, E>>) -> Self {
         Self {
             kind: FutureKind::Ledger { future },
         }
@@ -899,7 +898,7 @@ where
             FutureKindProj::Answer { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("ServerFuture polled after completion"))),
-            FutureKindProj::Ledger { future } => future.as_mut().poll(cx),
+            FutureKindProj::Ledger { future } => future.poll(cx),
         }
     }
 }
@@ -925,14 +924,15 @@ fn settled(how: &'static str) {
     tracing::Span::current().record("settled", how);
 }
 
-/// One keyed request: body, ledger, then the handler or a stored answer.
-async fn run<S, B, ResBody>(
+/// The ledger's part of one keyed request: the body, then the ledger's answer, then a
+/// stored or refusing answer, or the key owned and the handler to run ([`handle`]).
+async fn admit<S, B, ResBody>(
     inner: S,
     server: Arc<ServerFace>,
     key: HeaderKey,
     req: Request<B>,
     started: Option<tokio::time::Instant>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> Admitted<Result<Response<ResponseBody<ResBody>>, S::Error>, Owned<S, B>>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -948,7 +948,7 @@ where
         // ledger ever see it, only the hash it goes into.
         let Some(scope) = server.scope.of(&parts) else {
             outcome("scope-missing");
-            return Ok(problem::scope_missing());
+            return Admitted::Answer(Ok(problem::scope_missing()));
         };
         LedgerKey::server(&scope, key.as_str())
     };
@@ -961,12 +961,12 @@ where
             Ok(collected) => collected,
             Err(err) if err.is_body_too_large() => {
                 outcome("body-too-large");
-                return Ok(problem::body_too_large(server.body_limit));
+                return Admitted::Answer(Ok(problem::body_too_large(server.body_limit)));
             }
             Err(err) => {
                 outcome("body-unreadable");
                 tracing::debug!(%err, "could not read the request body");
-                return Ok(problem::body_unreadable());
+                return Admitted::Answer(Ok(problem::body_unreadable()));
             }
         };
     // Kept for the decision events and the hook only when they could use it: it is a copy.
@@ -980,7 +980,9 @@ where
     }
     let decided = |decision| track.decided(decision);
     // `return` inside this block ends the ledger's part; the hook then hears of the answer.
-    let answered = async {
+    // `return` inside this block ends the ledger's part; the hook hears of an answer here,
+    // of a handler's when it is done (in `handle`).
+    let admitted = async {
     // Handlers can pass the key on to their own downstream calls.
     parts.extensions.insert(key);
     // Bytes that are not what their sender digested are refused before the ledger sees
@@ -993,7 +995,7 @@ where
             } else {
                 "content-digest-invalid"
             });
-            return Ok(problem::content_digest(&err));
+            return Admitted::Answer(Ok(problem::content_digest(&err)));
         }
     };
     // One key is one request: the method, the target as the client sent it and the body.
@@ -1013,62 +1015,82 @@ where
         Err(err) if server.fail_open => {
             outcome("fail-open");
             tracing::warn!(%err, "ledger unavailable; running the handler unprotected (fail-open)");
-            let mut response = call(inner, request()).await?.map(ResponseBody::inner);
+            let mut response = match call(inner, request()).await {
+                Ok(response) => response.map(ResponseBody::inner),
+                Err(err) => return Admitted::Answer(Err(err)),
+            };
             response.headers_mut().insert(
                 IDEMPOTENCY_FAIL_OPEN.clone(),
                 HeaderValue::from_static("true"),
             );
-            return Ok(response);
+            return Admitted::Answer(Ok(response));
         }
         Err(err) if err.is_full() => {
             outcome("ledger-full");
             decided(Decision::Full);
-            return Ok(problem::ledger_full(server.retry_after));
+            return Admitted::Answer(Ok(problem::ledger_full(server.retry_after)));
         }
         Err(err) => {
             outcome("ledger-unavailable");
             decided(Decision::Unavailable);
             tracing::error!(%err, "ledger unavailable; refusing the request (fail closed)");
-            return Ok(problem::ledger_unavailable(server.retry_after));
+            return Admitted::Answer(Ok(problem::ledger_unavailable(server.retry_after)));
         }
     };
     decided(decision_of(&answer));
     match answer {
         Begin::Acquired { token } => {
             outcome("executed");
-            run_handler(inner, server, (ledger_key, digest), token, transaction, request()).await
+            Admitted::Handle((inner, (ledger_key, digest), token, transaction, request()))
         }
         Begin::Resume { token, .. } => {
             // Only asked for under `RunAgain`: a probe is answered `InDoubt` instead.
             outcome("executed-again");
             tracing::info!("key in doubt; running the handler again (at least once)");
-            run_handler(inner, server, (ledger_key, digest), token, transaction, request()).await
+            Admitted::Handle((inner, (ledger_key, digest), token, transaction, request()))
         }
         Begin::InDoubt => {
             outcome("outcome-unknown");
-            Ok(problem::outcome_unknown())
+            Admitted::Answer(Ok(problem::outcome_unknown()))
         }
-        Begin::Replay(stored) => Ok(replay(&server, stored)),
+        Begin::Replay(stored) => Admitted::Answer(Ok(replay(&server, stored))),
         Begin::Busy { retry_after } => {
             outcome("in-flight");
-            Ok(problem::in_flight(retry_after.min(server.retry_after)))
+            Admitted::Answer(Ok(problem::in_flight(retry_after.min(server.retry_after))))
         }
         Begin::Drift { .. } => {
             outcome("payload-mismatch");
-            Ok(problem::payload_mismatch())
+            Admitted::Answer(Ok(problem::payload_mismatch()))
         }
         // Answers added later are not understood by this release: run nothing.
         #[allow(unreachable_patterns)]
         _ => {
             outcome("outcome-unknown");
-            Ok(problem::outcome_unknown())
+            Admitted::Answer(Ok(problem::outcome_unknown()))
         }
     }
     }
     .await;
-    let status = answered.as_ref().ok().map(|response| response.status());
-    track.report(hook.as_ref(), started, status);
-    answered
+    let report = Report {
+        track,
+        hook,
+        started,
+    };
+    match admitted {
+        Admitted::Answer(answered) => {
+            report.answered(&answered);
+            Admitted::Answer(answered)
+        }
+        Admitted::Handle((inner, key, token, transaction, request)) => Admitted::Handle(Owned {
+            inner,
+            server,
+            key,
+            token,
+            transaction,
+            request,
+            report,
+        }),
+    }
 }
 
 /// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one;
@@ -1104,14 +1126,45 @@ async fn claim(
     (server.ledger.begin(begin, server.busy).await, None)
 }
 
-/// Run the handler as the key's owner: in the claim's transaction when there is one.
-async fn run_handler<S, B, ResBody>(
+/// How the ledger's part of a keyed request ended.
+enum Admitted<R, O> {
+    /// Answered without the handler: a replay, a refusal, a conflict.
+    Answer(R),
+    /// The key is this request's: its handler is to run.
+    Handle(O),
+}
+
+/// What running the handler as the key's owner needs.
+struct Owned<S, B> {
+    /// The instance our caller polled ready (taken in `call`).
     inner: S,
     server: Arc<ServerFace>,
     key: (LedgerKey, BodyDigest),
     token: LeaseToken,
     transaction: Transaction,
     request: Request<RequestBody<B>>,
+    report: Report,
+}
+
+/// What the [`on_outcome`](ServerBuilder::on_outcome) hook hears of, once the request is
+/// answered.
+struct Report {
+    track: Track,
+    hook: Option<OutcomeHook>,
+    started: Option<tokio::time::Instant>,
+}
+
+impl Report {
+    fn answered<T, E>(&self, answered: &Result<Response<T>, E>) {
+        let status = answered.as_ref().ok().map(|response| response.status());
+        self.track.report(self.hook.as_ref(), self.started, status);
+    }
+}
+
+/// Run the handler as the key's owner (in the claim's transaction when there is one), then
+/// tell the hook.
+async fn handle<S, B, ResBody>(
+    owned: Owned<S, B>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
@@ -1121,7 +1174,16 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    match transaction {
+    let Owned {
+        inner,
+        server,
+        key,
+        token,
+        transaction,
+        request,
+        report,
+    } = owned;
+    let answered = match transaction {
         #[cfg(feature = "postgres")]
         Some(transaction) => {
             transactional::execute(inner, server, key, token, transaction, request).await
@@ -1129,6 +1191,155 @@ where
         #[cfg(not(feature = "postgres"))]
         Some(never) => match never {},
         None => execute(inner, server, key, token, request).await,
+    };
+    report.answered(&answered);
+    answered
+}
+
+pin_project! {
+    /// A keyed request in one allocation: the ledger's part ([`admit`]), then, in the same
+    /// place, the handler's ([`handle`]), inside the request's span.
+    struct Staged<A, H, W> {
+        #[pin]
+        stage: Stage<A, W>,
+        handle: Option<H>,
+        span: tracing::Span,
+        // Whether a handler still running when the client goes away finishes anyway.
+        detach: bool,
+    }
+}
+
+pin_project! {
+    #[project = StageProj]
+    enum Stage<A, W> {
+        Admit { #[pin] admit: A },
+        Handle { #[pin] work: W },
+        Done,
+    }
+}
+
+impl<A, H, W> Staged<A, H, W> {
+    fn new(admit: A, handle: H, span: tracing::Span, detach: bool) -> Self {
+        Self {
+            stage: Stage::Admit { admit },
+            handle: Some(handle),
+            span,
+            detach,
+        }
+    }
+}
+
+impl<A, H, W, O, R> Future for Staged<A, H, W>
+where
+    A: Future<Output = Admitted<R, O>>,
+    H: FnOnce(O) -> W,
+    W: Future<Output = R>,
+{
+    type Output = R;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
+        let mut this = self.project();
+        let _entered = this.span.enter();
+        loop {
+            match this.stage.as_mut().project() {
+                StageProj::Admit { admit } => match std::task::ready!(admit.poll(cx)) {
+                    Admitted::Answer(answer) => {
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(answer);
+                    }
+                    Admitted::Handle(owned) => {
+                        let handle = this.handle.take().expect("admitted once");
+                        this.stage.set(Stage::Handle {
+                            work: handle(owned),
+                        });
+                    }
+                },
+                StageProj::Handle { work } => {
+                    let answer = std::task::ready!(work.poll(cx));
+                    this.stage.set(Stage::Done);
+                    return Poll::Ready(answer);
+                }
+                StageProj::Done => panic!("ServerFuture polled after completion"),
+            }
+        }
+    }
+}
+
+/// A keyed request's future, boxed, that can say whether it may finish in the background.
+trait DetachableFuture: Future + Send {
+    /// Whether, dropped now, it should finish in the background: its handler is running
+    /// and the layer does not cancel on disconnect.
+    fn detachable(&self) -> bool;
+
+    /// Finish in a task of its own (on the current runtime; without one, it is dropped and
+    /// its lease guard leaves the key in doubt).
+    fn finish_in_background(self: Pin<Box<Self>>);
+}
+
+impl<A, H, W, O, R> DetachableFuture for Staged<A, H, W>
+where
+    A: Future<Output = Admitted<R, O>> + Send + 'static,
+    H: FnOnce(O) -> W + Send + 'static,
+    W: Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
+    fn detachable(&self) -> bool {
+        self.detach && matches!(self.stage, Stage::Handle { .. })
+    }
+
+    fn finish_in_background(self: Pin<Box<Self>>) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                drop(self.await);
+            });
+        }
+    }
+}
+
+/// The boxed future of a keyed request. Dropped while its handler runs (the client went
+/// away: hyper drops our future), what is left of it moves to a task of its own and still
+/// finishes, so its outcome is recorded and the client's retry gets a replay instead of an
+/// unknown outcome. Handing over only on a drop spares every other request a task.
+///
+/// Not when it panicked: a poll that never returned leaves `polling` set, and the future
+/// is then dropped where it stands (its lease guard puts the key in doubt at once) while
+/// the panic goes on to whatever catches it outside, as without this layer.
+struct Detaching<R> {
+    future: Option<Pin<Box<dyn DetachableFuture<Output = R>>>>,
+    polling: bool,
+}
+
+impl<R> Detaching<R> {
+    fn new(future: Pin<Box<dyn DetachableFuture<Output = R>>>) -> Self {
+        Self {
+            future: Some(future),
+            polling: false,
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<R> {
+        let future = self
+            .future
+            .as_mut()
+            .expect("ServerFuture polled after completion");
+        self.polling = true;
+        let polled = future.as_mut().poll(cx);
+        self.polling = false;
+        let output = std::task::ready!(polled);
+        self.future = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<R> Drop for Detaching<R> {
+    fn drop(&mut self) {
+        let Some(future) = self.future.take() else {
+            return;
+        };
+        if self.polling || std::thread::panicking() || !future.detachable() {
+            return;
+        }
+        future.finish_in_background();
     }
 }
 
@@ -1196,92 +1407,19 @@ where
     // in doubt at once: the handler may have done part of its work. Never `Abandon` here:
     // nothing proves the handler did nothing.
     let lease = server.ledger.hold(key, token);
-    // `inner` is the instance our caller polled ready (taken in `call`). Calling it here,
-    // not in the task, leaves only its future to move there.
+    // `inner` is the instance our caller polled ready (taken in `call`).
     let mut inner = inner;
     let handling = inner.call(request);
-    let detach = !server.cancel_on_disconnect;
-    let work = async move {
-        // A live handler keeps its lease, however slow it is.
-        match lease.renewing(handling).await {
-            Ok(response) => Ok(settle(&server, lease, response, &digest).await),
-            Err(err) => {
-                // No response: the handler's fate is unknown.
-                settled("in-doubt");
-                if let Err(store_err) = lease.mark_in_doubt().await {
-                    tracing::warn!(%store_err, "could not mark the key in doubt");
-                }
-                Err(err)
+    // A live handler keeps its lease, however slow it is.
+    match lease.renewing(handling).await {
+        Ok(response) => Ok(settle(&server, lease, response, &digest).await),
+        Err(err) => {
+            // No response: the handler's fate is unknown.
+            settled("in-doubt");
+            if let Err(store_err) = lease.mark_in_doubt().await {
+                tracing::warn!(%store_err, "could not mark the key in doubt");
             }
-        }
-    };
-    if !detach {
-        return work.await;
-    }
-    // The handler runs in place; if the client goes away (hyper drops our future), what is
-    // left of it moves to a task of its own and still finishes, so its outcome is recorded
-    // and the client's retry gets a replay instead of an unknown outcome. Handing over only
-    // on a drop spares every other request a task of its own.
-    FinishOnDrop::new(Box::pin(work)).await
-}
-
-/// A boxed piece of work that, dropped before it finishes, finishes in the background.
-///
-/// Not when it panicked: a poll that never returned leaves `polling` set, and the work is
-/// then dropped where it stands (its lease guard puts the key in doubt at once) while the
-/// panic goes on to whatever catches it outside, as without this layer.
-struct FinishOnDrop<T: Send + 'static> {
-    work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
-    polling: bool,
-    span: tracing::Span,
-}
-
-impl<T: Send + 'static> FinishOnDrop<T> {
-    fn new(work: Pin<Box<dyn Future<Output = T> + Send>>) -> Self {
-        Self {
-            work: Some(work),
-            polling: false,
-            span: tracing::Span::current(),
-        }
-    }
-}
-
-impl<T: Send + 'static> Future for FinishOnDrop<T> {
-    type Output = T;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let this = &mut *self;
-        let work = this
-            .work
-            .as_mut()
-            .expect("FinishOnDrop polled after completion");
-        this.polling = true;
-        let polled = work.as_mut().poll(cx);
-        this.polling = false;
-        let output = std::task::ready!(polled);
-        this.work = None;
-        Poll::Ready(output)
-    }
-}
-
-impl<T: Send + 'static> Drop for FinishOnDrop<T> {
-    fn drop(&mut self) {
-        let Some(work) = self.work.take() else {
-            return;
-        };
-        if self.polling || std::thread::panicking() {
-            return;
-        }
-        // Without a runtime (one shutting down) the work is dropped, and its guard leaves
-        // the key in doubt.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let span = std::mem::replace(&mut self.span, tracing::Span::none());
-            runtime.spawn(
-                async move {
-                    drop(work.await);
-                }
-                .instrument(span),
-            );
+            Err(err)
         }
     }
 }

@@ -10,7 +10,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::body::RequestBody;
-use super::{outcome, problem, recording, settled, FinishOnDrop, ServerFace};
+use super::{outcome, problem, recording, settled, ServerFace};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, ResponseBody};
 use crate::idempotency::engine::BusyPolicy;
@@ -57,25 +57,18 @@ where
     request.extensions_mut().insert(transaction.handle());
     let mut inner = inner;
     let handling = inner.call(request);
-    let detach = !server.cancel_on_disconnect;
     // A panic unwinding through here, or a cancelled request, drops `transaction`: it
-    // rolls back, and the key is free again.
-    let work = async move {
-        match handling.await {
-            Ok(response) => Ok(commit(&server, key, &digest, token, transaction, response).await),
-            Err(err) => {
-                settled("rolled-back");
-                drop(transaction);
-                Err(err)
-            }
+    // rolls back, and the key is free again. As in the engine's mode, a client that goes
+    // away does not cancel the handler (the layer's future finishes in the background):
+    // its transaction still commits with its record, and the client's retry replays it.
+    match handling.await {
+        Ok(response) => Ok(commit(&server, key, &digest, token, transaction, response).await),
+        Err(err) => {
+            settled("rolled-back");
+            drop(transaction);
+            Err(err)
         }
-    };
-    if !detach {
-        return work.await;
     }
-    // As in the engine's mode: a client that goes away does not cancel the handler; its
-    // transaction still commits with its record, and the client's retry replays it.
-    FinishOnDrop::new(Box::pin(work)).await
 }
 
 async fn commit<ResBody>(

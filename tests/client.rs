@@ -490,7 +490,7 @@ struct DownStore;
 
 impl IdempotencyStore for DownStore {
     fn begin(&self, _: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
     }
     fn complete(
         &self,
@@ -499,16 +499,16 @@ impl IdempotencyStore for DownStore {
         _: Outcome,
         _: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
     }
     fn abandon(&self, _: LedgerKey, _: LeaseToken) -> StoreFuture<'_, ()> {
-        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
     }
     fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
-        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
     }
     fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
-        Box::pin(async { Err(StoreError::unavailable("connection refused")) })
+        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
     }
 }
 

@@ -88,7 +88,7 @@ impl FlakyStore {
 
 impl IdempotencyStore for FlakyStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let answer = self.inner.begin(request).await;
             if take(&self.faults.lost_begin_replies) {
                 return Err(StoreError::timeout());
@@ -104,7 +104,7 @@ impl IdempotencyStore for FlakyStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let delay = self.faults.complete_delay_ms.load(Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(delay)).await;
             if take(&self.faults.failed_completes) {

@@ -107,7 +107,7 @@ impl CountingStore {
 
 impl IdempotencyStore for CountingStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             self.count(|c| c.begin += 1);
             if self.down.load(Ordering::SeqCst) {
                 return Err(StoreError::unavailable("injected outage"));
@@ -123,7 +123,7 @@ impl IdempotencyStore for CountingStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             self.recorded.lock().unwrap().push(outcome.clone());
             let done = self.store.complete(key, token, outcome, retention).await;
             self.count(|c| c.complete += 1);
@@ -132,7 +132,7 @@ impl IdempotencyStore for CountingStore {
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let done = self.store.abandon(key, token).await;
             self.count(|c| c.abandon += 1);
             done
@@ -145,7 +145,7 @@ impl IdempotencyStore for CountingStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let done = self.store.mark_in_doubt(key, token, retention).await;
             self.count(|c| c.mark_in_doubt += 1);
             done

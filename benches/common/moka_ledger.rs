@@ -230,7 +230,7 @@ fn begin_on_open(record: &mut Open, request: BeginRequest, now: Instant) -> Begi
 
 impl IdempotencyStore for MokaLedger {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(std::future::ready(Ok(self.begin_now(request))))
+        StoreFuture::ready(Ok(self.begin_now(request)))
     }
 
     fn complete(
@@ -253,7 +253,7 @@ impl IdempotencyStore for MokaLedger {
             // Under the shard lock, so no `begin` of this key sees it absent in between.
             self.done.insert(key, Arc::new(done));
         });
-        Box::pin(std::future::ready(result))
+        StoreFuture::ready(result)
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
@@ -265,7 +265,7 @@ impl IdempotencyStore for MokaLedger {
                 open.remove(&key);
             }
         });
-        Box::pin(std::future::ready(result))
+        StoreFuture::ready(result)
     }
 
     fn mark_in_doubt(
@@ -279,7 +279,7 @@ impl IdempotencyStore for MokaLedger {
             record.lease_until = None;
             record.retain_until = record.retain_until.min(now + retention);
         });
-        Box::pin(std::future::ready(result))
+        StoreFuture::ready(result)
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
@@ -287,6 +287,6 @@ impl IdempotencyStore for MokaLedger {
             let record = open.get_mut(&key).expect("checked under the same lock");
             record.lease_until = Some(now + lease);
         });
-        Box::pin(std::future::ready(result))
+        StoreFuture::ready(result)
     }
 }

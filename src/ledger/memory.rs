@@ -737,7 +737,7 @@ impl Record {
 impl IdempotencyStore for MemoryStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
         let answer = self.begin_now(request);
-        Box::pin(std::future::ready(answer))
+        StoreFuture::ready(answer)
     }
 
     fn complete(
@@ -751,7 +751,7 @@ impl IdempotencyStore for MemoryStore {
         if completed.is_ok() {
             self.announce_settled(&key);
         }
-        Box::pin(std::future::ready(completed))
+        StoreFuture::ready(completed)
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
@@ -770,7 +770,7 @@ impl IdempotencyStore for MemoryStore {
         if settled.is_ok() {
             self.announce_settled(&key);
         }
-        Box::pin(std::future::ready(settled))
+        StoreFuture::ready(settled)
     }
 
     fn mark_in_doubt(
@@ -788,7 +788,7 @@ impl IdempotencyStore for MemoryStore {
         if settled.is_ok() {
             self.announce_settled(&key);
         }
-        Box::pin(std::future::ready(settled))
+        StoreFuture::ready(settled)
     }
 
     fn notify_settled(&self, key: LedgerKey) -> Option<super::Settled> {
@@ -807,7 +807,7 @@ impl IdempotencyStore for MemoryStore {
             .get(&key)
             .filter(|record| record.retain_until > now)
             .map(|record| record.view(now));
-        Box::pin(std::future::ready(Ok(view)))
+        StoreFuture::ready(Ok(view))
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
@@ -817,6 +817,6 @@ impl IdempotencyStore for MemoryStore {
                 *lease_until = now + lease;
             }
         });
-        Box::pin(std::future::ready(settled))
+        StoreFuture::ready(settled)
     }
 }

@@ -57,8 +57,11 @@
 //! [`IdempotencyStore`] is object safe: the layers hold stores as
 //! `Arc<dyn IdempotencyStore>`, so one ledger serves any number of layers and a custom
 //! store (Postgres, DynamoDB…) plugs in without generics leaking into service types. Its
-//! methods return boxed futures ([`StoreFuture`]); one small allocation per ledger call is
-//! noise next to the ledger's own work.
+//! methods return a [`StoreFuture`]: either an answer already computed, which costs no
+//! allocation, or a boxed future. A store that answers without awaiting anything (as
+//! [`MemoryStore`] does) returns `StoreFuture::ready(answer)`; one that awaits (a network
+//! round trip) returns `StoreFuture::new(async move { ... })`, one small allocation per
+//! ledger call, noise next to the round trip.
 
 mod memory;
 #[cfg(feature = "postgres")]
@@ -85,14 +88,178 @@ pub use redis::{RedisStore, RedisStoreBuilder};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
 use crate::BoxError;
 
-/// The future every [`IdempotencyStore`] method returns.
-pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+/// The future every [`IdempotencyStore`] method returns: either an answer the store already
+/// has (no allocation) or a boxed future that still has work to do.
+///
+/// A store that answers in place, without awaiting anything (like [`MemoryStore`]), builds
+/// it with [`StoreFuture::ready`]; one that talks to a server wraps its `async` block with
+/// [`StoreFuture::new`]. An already boxed future converts with [`From`] (`.into()`).
+///
+/// Polling a ready one again after it completed panics ("StoreFuture polled after
+/// completion"), as futures do; a boxed one does what its future does.
+///
+/// ```
+/// use tower_idempotency::ledger::{StoreError, StoreFuture};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), StoreError> {
+/// let at_once: StoreFuture<'_, u32> = StoreFuture::ready(Ok(7));
+/// let later: StoreFuture<'_, u32> = StoreFuture::new(async move {
+///     tokio::task::yield_now().await;
+///     Ok(8)
+/// });
+/// assert_eq!(at_once.await? + later.await?, 15);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "futures do nothing unless awaited or polled"]
+pub struct StoreFuture<'a, T> {
+    inner: StoreFutureInner<'a, T>,
+}
+
+/// A boxed store future, as [`StoreFuture::new`] makes and [`From`] accepts.
+type BoxedStoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+enum StoreFutureInner<'a, T> {
+    /// The answer, until it is taken by the poll that completes the future.
+    Ready(Option<Result<T, StoreError>>),
+    /// Work still to do.
+    Boxed(BoxedStoreFuture<'a, T>),
+}
+
+impl<'a, T> StoreFuture<'a, T> {
+    /// A future that is already complete with `result`: no allocation, for a store that
+    /// answers without awaiting anything.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::{StoreError, StoreFuture};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let refused: StoreFuture<'_, ()> = StoreFuture::ready(Err(StoreError::unavailable("down")));
+    /// assert!(refused.await.unwrap_err().is_unavailable());
+    /// # }
+    /// ```
+    pub fn ready(result: Result<T, StoreError>) -> Self {
+        StoreFuture {
+            inner: StoreFutureInner::Ready(Some(result)),
+        }
+    }
+
+    /// Box `future`: for a store that has to await (a network round trip, a lock held
+    /// across an `.await`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{StoreError, StoreFuture};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), StoreError> {
+    /// let delay = Duration::from_millis(1);
+    /// let answer: StoreFuture<'_, &str> = StoreFuture::new(async move {
+    ///     tokio::time::sleep(delay).await;
+    ///     Ok("stored")
+    /// });
+    /// assert_eq!(answer.await?, "stored");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'a) -> Self {
+        StoreFuture {
+            inner: StoreFutureInner::Boxed(Box::pin(future)),
+        }
+    }
+}
+
+/// An already boxed future is a [`StoreFuture`] as it is (no second box).
+///
+/// ```
+/// use std::future::Future;
+/// use std::pin::Pin;
+/// use tower_idempotency::ledger::{StoreError, StoreFuture};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), StoreError> {
+/// let boxed: Pin<Box<dyn Future<Output = Result<u8, StoreError>> + Send>> =
+///     Box::pin(async { Ok(1) });
+/// let future: StoreFuture<'_, u8> = boxed.into();
+/// assert_eq!(future.await?, 1);
+/// # Ok(())
+/// # }
+/// ```
+impl<'a, T> From<Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>>
+    for StoreFuture<'a, T>
+{
+    fn from(future: Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>) -> Self {
+        StoreFuture {
+            inner: StoreFutureInner::Boxed(future),
+        }
+    }
+}
+
+/// Answers the ready result on the first poll, or polls the boxed future.
+///
+/// ```
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::task::{Context, Poll, Waker};
+/// use tower_idempotency::ledger::StoreFuture;
+///
+/// let mut future = pin!(StoreFuture::<'_, u8>::ready(Ok(3)));
+/// let mut cx = Context::from_waker(Waker::noop());
+/// assert!(matches!(future.as_mut().poll(&mut cx), Poll::Ready(Ok(3))));
+/// ```
+impl<T> Future for StoreFuture<'_, T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().inner {
+            StoreFutureInner::Ready(result) => {
+                Poll::Ready(result.take().expect("StoreFuture polled after completion"))
+            }
+            StoreFutureInner::Boxed(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+// The ready answer is moved out, never pinned, and the boxed future is `Unpin` whatever it
+// holds: moving a `StoreFuture` never moves pinned data, whatever `T` is.
+impl<T> Unpin for StoreFuture<'_, T> {}
+
+/// Says which kind it is (ready, or boxed), never the value.
+///
+/// ```
+/// use tower_idempotency::ledger::StoreFuture;
+///
+/// let future = StoreFuture::<'_, u8>::ready(Ok(3));
+/// assert_eq!(format!("{future:?}"), "StoreFuture::Ready");
+/// let future = StoreFuture::<'_, u8>::new(async { Ok(3) });
+/// assert_eq!(format!("{future:?}"), "StoreFuture::Boxed");
+/// ```
+impl<T> fmt::Debug for StoreFuture<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match &self.inner {
+            StoreFutureInner::Ready(Some(_)) => "StoreFuture::Ready",
+            StoreFutureInner::Ready(None) => "StoreFuture::Done",
+            StoreFutureInner::Boxed(_) => "StoreFuture::Boxed",
+        })
+    }
+}
+
+// A store future is `Send` whenever its answer is: layers hold them across `.await`s.
+const _: fn() = || {
+    fn assert_send<F: Send>() {}
+    assert_send::<StoreFuture<'static, Begin>>();
+    assert_send::<StoreFuture<'static, ()>>();
+    assert_send::<StoreFuture<'static, Option<RecordView>>>();
+};
 
 /// What [`IdempotencyStore::notify_settled`] returns: completes when the record it watches
 /// may have left *in flight*.
@@ -162,9 +329,9 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// cannot be inspected says so.
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
         let _ = key;
-        Box::pin(std::future::ready(Err(StoreError::unavailable(
+        StoreFuture::ready(Err(StoreError::unavailable(
             "this store cannot be inspected",
-        ))))
+        )))
     }
 
     /// Listen for the next settle of `key`'s record: a future that completes once a
@@ -566,5 +733,91 @@ impl std::error::Error for StoreError {
         self.source
             .as_ref()
             .map(|source| &**source as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn poll_once<T>(future: &mut StoreFuture<'_, T>) -> Poll<Result<T, StoreError>> {
+        Pin::new(future).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[test]
+    fn a_ready_future_answers_on_its_first_poll() {
+        let mut future = StoreFuture::ready(Ok(5_u8));
+        assert!(matches!(poll_once(&mut future), Poll::Ready(Ok(5))));
+        assert_eq!(format!("{future:?}"), "StoreFuture::Done");
+    }
+
+    #[test]
+    #[should_panic(expected = "StoreFuture polled after completion")]
+    fn polling_a_ready_future_again_panics() {
+        let mut future = StoreFuture::ready(Ok(()));
+        let _ = poll_once(&mut future);
+        let _ = poll_once(&mut future);
+    }
+
+    #[test]
+    fn a_boxed_future_is_polled_through() {
+        let mut yielded = false;
+        let mut future = StoreFuture::new(std::future::poll_fn(move |cx| {
+            if yielded {
+                Poll::Ready(Ok(9_u8))
+            } else {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }));
+        assert!(poll_once(&mut future).is_pending());
+        assert!(matches!(poll_once(&mut future), Poll::Ready(Ok(9))));
+    }
+
+    #[test]
+    fn debug_never_shows_the_value() {
+        let future = StoreFuture::<'_, &str>::ready(Ok("secret"));
+        assert!(!format!("{future:?}").contains("secret"));
+    }
+
+    #[test]
+    fn the_memory_store_answers_without_a_box() {
+        let store = MemoryStore::new();
+        let key = LedgerKey::from_bytes([1; 32]);
+        let fingerprint = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+        let request = BeginRequest::new(
+            key,
+            fingerprint,
+            Duration::from_secs(10),
+            Duration::from_secs(60),
+        );
+        let mut begin = store.begin(request);
+        assert_eq!(format!("{begin:?}"), "StoreFuture::Ready");
+        let Poll::Ready(Ok(Begin::Acquired { token })) = poll_once(&mut begin) else {
+            panic!("a fresh key is acquired at once");
+        };
+        let inspect = store.inspect(key);
+        assert_eq!(format!("{inspect:?}"), "StoreFuture::Ready");
+        let renew = store.renew(key, token, Duration::from_secs(10));
+        assert_eq!(format!("{renew:?}"), "StoreFuture::Ready");
+        let outcome = Outcome::Tombstone {
+            status: http::StatusCode::OK,
+        };
+        let complete = store.complete(key, token, outcome, Duration::from_secs(60));
+        assert_eq!(format!("{complete:?}"), "StoreFuture::Ready");
+    }
+
+    #[test]
+    fn store_futures_are_send_whenever_their_answer_is() {
+        fn assert_send<F: Future + Send>(_: &F) {}
+        let store = MemoryStore::new();
+        assert_send(&store.inspect(LedgerKey::from_bytes([2; 32])));
+        assert_send(&StoreFuture::<'_, Vec<u8>>::new(async { Ok(Vec::new()) }));
     }
 }

@@ -782,7 +782,7 @@ fn validate_schema(schema: &str) -> Result<(), StoreError> {
 
 impl IdempotencyStore for PostgresStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let token = request.token;
             let frozen = request.frozen.as_ref().map(FrozenRequest::encode);
             let answer = self
@@ -806,7 +806,7 @@ impl IdempotencyStore for PostgresStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let encoded = outcome.encode();
             let status = outcome_status(&outcome);
             let token = token_bytes(token);
@@ -827,7 +827,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let token = token_bytes(token);
             self.settle(
                 &self.inner.sql.abandon,
@@ -843,7 +843,7 @@ impl IdempotencyStore for PostgresStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let token = token_bytes(token);
             let retention = millis(retention, 1);
             self.settle(
@@ -855,7 +855,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let token = token_bytes(token);
             let lease = millis(lease, 1);
             self.settle(
@@ -867,7 +867,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let rows = self
                 .bounded(async {
                     let client = self.inner.pool.get().await.map_err(from_pool)?;

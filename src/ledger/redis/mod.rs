@@ -631,7 +631,7 @@ impl fmt::Debug for RedisStoreBuilder {
 
 impl IdempotencyStore for RedisStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             // The caller's token, not one made in the script: Redis has no good randomness
             // to offer scripts, and a `begin` sent again after a lost reply must bring the
             // same token to recognise its own claim.
@@ -657,7 +657,7 @@ impl IdempotencyStore for RedisStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let mut call = ScriptCall::new(&COMPLETE, self.redis_key(&key));
             call.arg(token_hex(token))
                 .arg(outcome.encode())
@@ -667,7 +667,7 @@ impl IdempotencyStore for RedisStore {
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let mut call = ScriptCall::new(&ABANDON, self.redis_key(&key));
             call.arg(token_hex(token));
             self.settle(&call).await
@@ -680,7 +680,7 @@ impl IdempotencyStore for RedisStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let mut call = ScriptCall::new(&MARK_IN_DOUBT, self.redis_key(&key));
             call.arg(token_hex(token)).arg(millis(retention, 1));
             self.settle(&call).await
@@ -688,7 +688,7 @@ impl IdempotencyStore for RedisStore {
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let call = ScriptCall::new(&INSPECT, self.redis_key(&key));
             let reply = self.invoke(&call).await?;
             decode_inspect(&reply)
@@ -696,7 +696,7 @@ impl IdempotencyStore for RedisStore {
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
+        StoreFuture::new(async move {
             let mut call = ScriptCall::new(&RENEW, self.redis_key(&key));
             call.arg(token_hex(token)).arg(millis(lease, 1));
             self.settle(&call).await

@@ -17,6 +17,7 @@
 //! | variant | what one operation is |
 //! |---|---|
 //! | `bare` | the no-op service |
+//! | `bare_op` | the no-op service, handed the client variants' requests (a new `OperationId` in each): their baseline, so the caller's own `OperationId` is not counted as the layer's |
 //! | `tower_retry_clone` | buffer the body, `tower::retry` with a policy cloning the request per attempt |
 //! | `frozen_retry` | `FrozenRetryLayer` (default policy) |
 //! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
@@ -83,6 +84,7 @@ const BODY_LEN: usize = 1024;
 /// Every variant, in the order the table prints them.
 const VARIANTS: &[&str] = &[
     "bare",
+    "bare_op",
     "tower_retry_clone",
     "frozen_retry",
     "client_fresh",
@@ -552,6 +554,9 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
     rt.block_on(async {
         match variant {
             "bare" => service_variant(Noop, None, Plan::Plain, plain, plain, n).await,
+            // The client layer's baseline: the bare service handed the same requests, each
+            // with a fresh `OperationId` (the caller's to make, whatever it calls).
+            "bare_op" => service_variant(Noop, None, Plan::Plain, fresh_op, fresh_op, n).await,
             "tower_retry_clone" => {
                 let svc = ServiceBuilder::new()
                     .layer_fn(|inner| BufferBody { inner })

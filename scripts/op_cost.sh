@@ -62,7 +62,8 @@ esac
 # --- Which variants, and their baselines ----------------------------------------------------
 baseline_of() {
     case $1 in
-    client_* | stack_* | frozen_retry | tower_retry_clone) echo bare ;;
+    client_* | stack_*) echo bare_op ;;
+    frozen_retry | tower_retry_clone) echo bare ;;
     server_bare) echo - ;;
     server_*) echo server_bare ;;
     *) echo - ;;

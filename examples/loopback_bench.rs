@@ -567,13 +567,18 @@ fn main() {
     let client_copied_store = MemoryStore::new();
     if std::env::var("LOOPBACK_EMPTY_STORES").map_or(true, |v| v != "1") {
         let filling = Instant::now();
-        let (s, c, cc) = client_rt.block_on(async {
-            (
-                fill_to_cap(&server_store, RecordKind::Server).await,
-                fill_to_cap(&client_store, RecordKind::Client).await,
-                fill_to_cap(&client_copied_store, RecordKind::Client).await,
-            )
-        });
+        // Each store is filled on the worker thread that will use it, not on this one: a
+        // record allocated here lives in this thread's malloc arena, and evicting it later
+        // from a worker frees it across arenas while that worker's own arena keeps growing
+        // for the new records (an `mprotect` per request, charged to the layers).
+        let on_worker = |rt: &Runtime, store: &MemoryStore, kind| {
+            let store = store.clone();
+            rt.block_on(rt.spawn(async move { fill_to_cap(&store, kind).await }))
+                .expect("filling a store")
+        };
+        let s = on_worker(&server_rt, &server_store, RecordKind::Server);
+        let c = on_worker(&client_rt, &client_store, RecordKind::Client);
+        let cc = on_worker(&client_rt, &client_copied_store, RecordKind::Client);
         eprintln!(
             "loopback_bench: stores filled to their 64 MiB cap in {:.1?} (server {s}, client {c}, client_copied {cc} records)",
             filling.elapsed()

@@ -38,13 +38,16 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 use crate::digest::{BodyDigest, CONTENT_DIGEST};
 use crate::fingerprint::Fingerprint;
@@ -361,17 +364,12 @@ pub(crate) struct Handed {
     pub(crate) first: Option<(http::request::Parts, Bytes)>,
 }
 
-/// Freeze the request the retry layer was handed. When an outer idempotency layer handed
-/// on exactly the request it froze (same method, URI, version, headers in the same order
-/// and the same body bytes), its [`FrozenRequest`] is taken as it is, digest and
-/// fingerprint included; otherwise the request is frozen anew, reusing the fingerprint
-/// when the bytes are the ones it froze.
-pub(crate) async fn freeze_handed<B>(req: Request<B>, limit: usize) -> Result<Handed, Error>
-where
-    B: Body,
-    B::Error: Into<crate::BoxError>,
-{
-    let (mut parts, body) = collect_request(req, limit).await?;
+/// Freeze the request the retry layer was handed, once its body is read. When an outer
+/// idempotency layer handed on exactly the request it froze (same method, URI, version,
+/// headers in the same order and the same body bytes), its [`FrozenRequest`] is taken as
+/// it is, digest and fingerprint included; otherwise the request is frozen anew, reusing
+/// the fingerprint when the bytes are the ones it froze.
+pub(crate) fn hand_over(mut parts: http::request::Parts, body: Bytes) -> Handed {
     let extensions = std::mem::take(&mut parts.extensions);
     let same = extensions
         .get::<Handoff>()
@@ -379,22 +377,22 @@ where
         .filter(|frozen| frozen.is_exactly(&parts, &body))
         .cloned();
     if let Some(frozen) = same {
-        return Ok(Handed {
+        return Handed {
             frozen,
             extensions,
             first: Some((parts, body)),
-        });
+        };
     }
     let frozen =
         FrozenRequest::from_parts(parts.method, parts.uri, parts.version, parts.headers, body);
     if let Some(handoff) = extensions.get::<Handoff>() {
         frozen.reuse_fingerprint_of(&handoff.0.frozen);
     }
-    Ok(Handed {
+    Handed {
         frozen,
         extensions,
         first: None,
-    })
+    }
 }
 
 impl FrozenRequest {
@@ -444,10 +442,54 @@ where
     B: Body,
     B::Error: Into<crate::BoxError>,
 {
-    let (parts, body) = req.into_parts();
-    check_declared_length(&parts.headers, &body, limit)?;
-    let body = collect_limited(body, limit).await?;
-    Ok((parts, body))
+    CollectRequest::new(req, limit)?.await
+}
+
+pin_project_lite::pin_project! {
+    /// [`collect_request`] as a named future, for hand-written futures that hold one.
+    pub(crate) struct CollectRequest<B> {
+        #[pin]
+        body: B,
+        parts: Option<http::request::Parts>,
+        collected: Collected,
+    }
+}
+
+impl<B: Body> CollectRequest<B> {
+    /// Start reading `req`'s body; refused at once when it says it is over `limit`.
+    pub(crate) fn new(req: Request<B>, limit: usize) -> Result<Self, Error> {
+        let (parts, body) = req.into_parts();
+        check_declared_length(&parts.headers, &body, limit)?;
+        Ok(Self {
+            collected: Collected::new(&body, limit),
+            body,
+            parts: Some(parts),
+        })
+    }
+}
+
+impl<B> Future for CollectRequest<B>
+where
+    B: Body,
+    B::Error: Into<crate::BoxError>,
+{
+    type Output = Result<(http::request::Parts, Bytes), Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        while let Some(frame) = std::task::ready!(this.body.as_mut().poll_frame(cx)) {
+            let frame = frame.map_err(|err| Error::body(err.into()))?;
+            // Trailers are not frozen.
+            if let Ok(mut chunk) = frame.into_data() {
+                this.collected.push(chunk.copy_to_bytes_all())?;
+            }
+        }
+        let parts = this
+            .parts
+            .take()
+            .expect("CollectRequest polled after completion");
+        Poll::Ready(Ok((parts, this.collected.take())))
+    }
 }
 
 /// The path and query a fingerprint covers (`/` when the URI has none).
@@ -473,45 +515,55 @@ fn check_declared_length<B: Body>(
     }
 }
 
-/// Read the body frame by frame, stopping the moment it passes `limit`. A single-chunk body (the common `Full<Bytes>` case) is kept without a copy.
-async fn collect_limited<B>(body: B, limit: usize) -> Result<Bytes, Error>
-where
-    B: Body,
-    B::Error: Into<crate::BoxError>,
-{
-    // What the body says it will hold (hyper knows it from Content-Length), so a body that
-    // arrives in chunks is joined into one allocation of the right size, not doubled into.
-    let expected = usize::try_from(body.size_hint().lower()).map_or(limit, |n| n.min(limit));
-    let mut body = std::pin::pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut rest: Option<BytesMut> = None;
-    let mut total = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|err| Error::body(err.into()))?;
-        let Ok(mut chunk) = frame.into_data() else {
-            continue; // trailers are not frozen
-        };
-        let chunk = chunk.copy_to_bytes_all();
-        total = total.saturating_add(chunk.len());
-        if total > limit {
-            return Err(Error::body_too_large(limit, None));
+/// A body read frame by frame, stopping the moment it passes `limit`. A single-chunk body
+/// (the common `Full<Bytes>` case) is kept without a copy.
+struct Collected {
+    limit: usize,
+    /// What the body says it will hold (hyper knows it from Content-Length), so a body
+    /// that arrives in chunks is joined into one allocation of the right size, not doubled
+    /// into.
+    expected: usize,
+    first: Option<Bytes>,
+    rest: Option<BytesMut>,
+    total: usize,
+}
+
+impl Collected {
+    fn new<B: Body>(body: &B, limit: usize) -> Self {
+        Self {
+            limit,
+            expected: usize::try_from(body.size_hint().lower()).map_or(limit, |n| n.min(limit)),
+            first: None,
+            rest: None,
+            total: 0,
         }
-        match (&mut first, &mut rest) {
-            (None, _) => first = Some(chunk),
+    }
+
+    fn push(&mut self, chunk: Bytes) -> Result<(), Error> {
+        self.total = self.total.saturating_add(chunk.len());
+        if self.total > self.limit {
+            return Err(Error::body_too_large(self.limit, None));
+        }
+        match (&mut self.first, &mut self.rest) {
+            (None, _) => self.first = Some(chunk),
             (Some(head), None) => {
-                let mut buf = BytesMut::with_capacity(expected.max(head.len() + chunk.len()));
+                let mut buf = BytesMut::with_capacity(self.expected.max(head.len() + chunk.len()));
                 buf.extend_from_slice(head);
                 buf.extend_from_slice(&chunk);
-                rest = Some(buf);
+                self.rest = Some(buf);
             }
             (Some(_), Some(buf)) => buf.extend_from_slice(&chunk),
         }
+        Ok(())
     }
-    Ok(match (first, rest) {
-        (_, Some(buf)) => buf.freeze(),
-        (Some(only), None) => only,
-        (None, None) => Bytes::new(),
-    })
+
+    fn take(&mut self) -> Bytes {
+        match (self.first.take(), self.rest.take()) {
+            (_, Some(buf)) => buf.freeze(),
+            (Some(only), None) => only,
+            (None, None) => Bytes::new(),
+        }
+    }
 }
 
 /// Turn any [`bytes::Buf`] into [`Bytes`], without a copy when it already is one.
@@ -529,9 +581,8 @@ impl<T: bytes::Buf> CopyToBytesAll for T {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
     use std::collections::VecDeque;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
 
     /// A body that arrives in several frames and does not announce its length.
     struct Chunked(VecDeque<&'static [u8]>);

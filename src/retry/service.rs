@@ -2,23 +2,23 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Extensions, Request, Response};
 use http_body::Body;
 use http_body_util::Full;
-use tokio::time::Instant;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 use tower::retry::budget::Budget;
-use tower::ServiceExt;
 use tower_service::Service;
 
 use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use super::FrozenRetryLayer;
 use crate::effect::EffectClass;
-use crate::frozen::{freeze_handed, FrozenRequest, Handed, Handoff, RetriedOutside};
+use crate::frozen::{hand_over, CollectRequest, FrozenRequest, Handed, Handoff, RetriedOutside};
 use crate::key::OperationId;
 use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
@@ -112,17 +112,14 @@ impl Attempts {
 
 impl<S, B, ResBody> Service<Request<B>> for FrozenRetry<S>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
-    B: Body + Send + 'static,
-    B::Data: Send,
+    B: Body,
     B::Error: Into<BoxError>,
-    ResBody: Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = Error;
-    type Future = ResponseFuture<ResBody>;
+    type Future = ResponseFuture<S, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Nothing has been sent when readiness fails.
@@ -135,28 +132,308 @@ where
         // Take the instance that was driven to readiness; leave a clone in its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        let state = match CollectRequest::new(req, self.policy.body_limit) {
+            Ok(collect) => State::Freezing { collect },
+            Err(error) => State::Refused { error: Some(error) },
+        };
         ResponseFuture {
-            inner: Box::pin(run(inner, self.policy.clone(), req)),
+            state,
+            inner,
+            policy: self.policy.clone(),
+            call: None,
         }
     }
 }
 
-/// The future of [`FrozenRetry`]: all attempts of one call.
-pub struct ResponseFuture<T> {
-    inner: Pin<Box<dyn Future<Output = Result<Response<T>, Error>> + Send>>,
-}
-
-impl<T> Future for ResponseFuture<T> {
-    type Output = Result<Response<T>, Error>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+pin_project! {
+    /// The future of [`FrozenRetry`]: all attempts of one call.
+    ///
+    /// A state machine held in place (no allocation of its own): reading and freezing the
+    /// body, then for each attempt waiting for the inner service, the attempt and its
+    /// timeout, and the pause before the next one.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<Full<Bytes>>>,
+    {
+        #[pin]
+        state: State<S::Future, B>,
+        // The instance the first attempt is sent on (the one `call` found ready), and
+        // every later one.
+        inner: S,
+        policy: Arc<RetryPolicy>,
+        // What the attempts share, once the request is frozen.
+        call: Option<Call>,
     }
 }
 
-impl<T> fmt::Debug for ResponseFuture<T> {
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B> {
+        // The body says it is over the limit: nothing is read, nothing sent.
+        Refused { error: Option<Error> },
+        // Reading the body to freeze it.
+        Freezing { #[pin] collect: CollectRequest<B> },
+        // Waiting for the inner service to take the next attempt.
+        Readying,
+        // An attempt in flight, and its timeout when the policy sets one.
+        Calling {
+            #[pin]
+            attempt: F,
+            #[pin]
+            timeout: Option<Sleep>,
+        },
+        // The pause before the next attempt.
+        Pausing { #[pin] pause: Sleep },
+        // The call's answer has been returned.
+        Done,
+    }
+}
+
+/// What the attempts of one call share.
+struct Call {
+    /// What every attempt is rebuilt from.
+    frozen: FrozenRequest,
+    /// The request's extensions, given to every attempt.
+    extensions: Extensions,
+    /// The head and body exactly as handed in, for the first attempt (see [`Handed`]).
+    first: Option<(http::request::Parts, Bytes)>,
+    effect: EffectClass,
+    handoff: Option<Handoff>,
+    key_honoured: bool,
+    /// How far any attempt so far may have got: once one may have been sent, the call may
+    /// have been, whatever later attempts did.
+    furthest: FailurePhase,
+    /// The deadline is `max_elapsed` after this; it is only worked out when a retry is
+    /// considered.
+    started: Instant,
+    /// Made on the first retry: most calls never need one.
+    backoff: Option<FullJitter>,
+    /// Attempts started so far.
+    attempt: u32,
+}
+
+impl Call {
+    fn start(handed: Handed, policy: &RetryPolicy) -> Self {
+        let Handed {
+            frozen,
+            mut extensions,
+            first,
+        } = handed;
+        let effect = EffectClass::resolve(frozen.method(), &extensions);
+        let handoff = extensions.get::<Handoff>().cloned();
+        if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some()
+        {
+            // An operation no idempotency layer handed us: one may sit inside us, wrongly.
+            extensions.insert(RetriedOutside);
+        }
+        if let Some(handoff) = &handoff {
+            handoff.report_retry_window(policy.retry_window());
+        }
+        let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
+        if let Some(budget) = &policy.budget {
+            budget.deposit();
+        }
+        Self {
+            frozen,
+            extensions,
+            first,
+            effect,
+            handoff,
+            key_honoured,
+            furthest: FailurePhase::PreWrite,
+            started: Instant::now(),
+            backoff: None,
+            attempt: 0,
+        }
+    }
+
+    /// The next attempt: exactly the frozen bytes. The head as handed in is the frozen
+    /// one: sent as it is, it saves a copy of it.
+    fn next_request(&mut self) -> Request<Full<Bytes>> {
+        match self.first.take() {
+            Some((mut parts, body)) => {
+                parts.extensions = self.extensions.clone();
+                Request::from_parts(parts, Full::new(body))
+            }
+            None => self.frozen.to_request_with(self.extensions.clone()),
+        }
+    }
+
+    /// Weigh an attempt's result: the pause before the next attempt, or the call's answer.
+    fn after_attempt<T>(
+        &mut self,
+        policy: &RetryPolicy,
+        result: Result<Response<T>, Failure>,
+    ) -> Result<Duration, Result<Response<T>, Error>> {
+        let reached = match &result {
+            Ok(_) => FailurePhase::AfterWrite,
+            Err(failure) => failure.phase,
+        };
+        if reached.may_have_been_sent() {
+            if let Some(handoff) = &self.handoff {
+                handoff.attempt_may_have_left();
+            }
+        }
+        let earlier = self.furthest;
+        self.furthest = self.furthest.strongest(reached);
+        let attempt = self.attempt;
+        let delay = match &result {
+            Ok(response) => {
+                let ctx = context(
+                    &self.frozen,
+                    self.effect,
+                    self.key_honoured,
+                    attempt,
+                    AttemptResult::Response {
+                        status: response.status(),
+                        headers: response.headers(),
+                    },
+                );
+                tracing::debug!(attempt, status = %response.status(), "attempt answered");
+                next_delay(
+                    policy,
+                    &ctx,
+                    &mut self.backoff,
+                    || retry_after(response.headers()),
+                    self.started,
+                )
+            }
+            Err(failure) => {
+                let ctx = context(
+                    &self.frozen,
+                    self.effect,
+                    self.key_honoured,
+                    attempt,
+                    AttemptResult::Error {
+                        phase: failure.phase,
+                        error: &*failure.error,
+                    },
+                );
+                tracing::debug!(attempt, phase = ?failure.phase, error = %failure.error, "attempt failed");
+                next_delay(policy, &ctx, &mut self.backoff, || None, self.started)
+            }
+        };
+        if let Some(delay) = delay {
+            tracing::debug!(attempt, ?delay, "retrying with the frozen request");
+            return Ok(delay);
+        }
+        Err(match result {
+            Ok(mut response) => {
+                // A first-attempt answer carries nothing: an extension costs the response
+                // three allocations (`http::Extensions`' map, its table and the boxed
+                // value), more than the rest of the layer's bookkeeping.
+                if attempt > 1 {
+                    response.extensions_mut().insert(Attempts(attempt));
+                }
+                Ok(response)
+            }
+            Err(failure) => Err(failure.into_error(earlier)),
+        })
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResBody>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let result = match this.state.as_mut().project() {
+                StateProj::Refused { error } => {
+                    let error = error
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    this.state.set(State::Done);
+                    return Poll::Ready(Err(error));
+                }
+                StateProj::Freezing { collect } => match ready!(collect.poll(cx)) {
+                    Ok((parts, body)) => {
+                        *this.call = Some(Call::start(hand_over(parts, body), this.policy));
+                        this.state.set(State::Readying);
+                        continue;
+                    }
+                    Err(error) => {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(error));
+                    }
+                },
+                StateProj::Readying => {
+                    let call = this.call.as_mut().expect("frozen before any attempt");
+                    let ready = ready!(this.inner.poll_ready(cx));
+                    call.attempt += 1;
+                    match ready {
+                        Ok(()) => {
+                            let attempt = this.inner.call(call.next_request());
+                            let timeout = this.policy.attempt_timeout.map(tokio::time::sleep);
+                            this.state.set(State::Calling { attempt, timeout });
+                            continue;
+                        }
+                        // Nothing has been sent when readiness fails.
+                        Err(err) => Err(Failure {
+                            error: err.into(),
+                            phase: FailurePhase::PreWrite,
+                        }),
+                    }
+                }
+                StateProj::Calling { attempt, timeout } => match attempt.poll(cx) {
+                    Poll::Ready(outcome) => outcome.map_err(|err| {
+                        let error: BoxError = err.into();
+                        let phase = classify(&*error, this.policy.phase_classifier.as_deref());
+                        Failure { error, phase }
+                    }),
+                    Poll::Pending => match timeout.as_pin_mut().map(|timeout| timeout.poll(cx)) {
+                        Some(Poll::Ready(())) => Err(Failure {
+                            error: Box::new(Error::attempt_timeout()),
+                            phase: FailurePhase::Unknown,
+                        }),
+                        _ => return Poll::Pending,
+                    },
+                },
+                StateProj::Pausing { pause } => {
+                    ready!(pause.poll(cx));
+                    this.state.set(State::Readying);
+                    continue;
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            let call = this.call.as_mut().expect("frozen before any attempt");
+            match call.after_attempt(this.policy, result) {
+                Ok(delay) => this.state.set(State::Pausing {
+                    pause: tokio::time::sleep(delay),
+                }),
+                Err(answer) => {
+                    this.state.set(State::Done);
+                    return Poll::Ready(answer);
+                }
+            }
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        let state = match &self.state {
+            State::Refused { .. } => "Refused",
+            State::Freezing { .. } => "Freezing",
+            State::Readying => "Readying",
+            State::Calling { .. } => "Calling",
+            State::Pausing { .. } => "Pausing",
+            State::Done => "Done",
+        };
+        let attempt = self.call.as_ref().map_or(0, |call| call.attempt);
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .field("attempt", &attempt)
+            .finish_non_exhaustive()
     }
 }
 
@@ -177,117 +454,6 @@ impl Failure {
     }
 }
 
-async fn run<S, B, ResBody>(
-    mut inner: S,
-    policy: Arc<RetryPolicy>,
-    req: Request<B>,
-) -> Result<Response<ResBody>, Error>
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let Handed {
-        frozen,
-        mut extensions,
-        mut first,
-    } = freeze_handed(req, policy.body_limit).await?;
-    let effect = EffectClass::resolve(frozen.method(), &extensions);
-    let handoff = extensions.get::<Handoff>().cloned();
-    if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some() {
-        // An operation no idempotency layer handed us: one may sit inside us, wrongly.
-        extensions.insert(RetriedOutside);
-    }
-    if let Some(handoff) = &handoff {
-        handoff.report_retry_window(policy.retry_window());
-    }
-    let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
-    // How far any attempt so far may have got: once one may have been sent, the call may
-    // have been, whatever later attempts did.
-    let mut furthest = FailurePhase::PreWrite;
-    if let Some(budget) = &policy.budget {
-        budget.deposit();
-    }
-    // The deadline is `max_elapsed` after this; it is only worked out when a retry is
-    // considered.
-    let started = Instant::now();
-    // Made on the first retry: most calls never need one.
-    let mut backoff: Option<FullJitter> = None;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let result = send_once(&mut inner, &policy, &frozen, first.take(), &extensions).await;
-        let reached = match &result {
-            Ok(_) => FailurePhase::AfterWrite,
-            Err(failure) => failure.phase,
-        };
-        if reached.may_have_been_sent() {
-            if let Some(handoff) = &handoff {
-                handoff.attempt_may_have_left();
-            }
-        }
-        let earlier = furthest;
-        furthest = furthest.strongest(reached);
-        let delay = match &result {
-            Ok(response) => {
-                let ctx = context(
-                    &frozen,
-                    effect,
-                    key_honoured,
-                    attempt,
-                    AttemptResult::Response {
-                        status: response.status(),
-                        headers: response.headers(),
-                    },
-                );
-                tracing::debug!(attempt, status = %response.status(), "attempt answered");
-                next_delay(
-                    &policy,
-                    &ctx,
-                    &mut backoff,
-                    || retry_after(response.headers()),
-                    started,
-                )
-            }
-            Err(failure) => {
-                let ctx = context(
-                    &frozen,
-                    effect,
-                    key_honoured,
-                    attempt,
-                    AttemptResult::Error {
-                        phase: failure.phase,
-                        error: &*failure.error,
-                    },
-                );
-                tracing::debug!(attempt, phase = ?failure.phase, error = %failure.error, "attempt failed");
-                next_delay(&policy, &ctx, &mut backoff, || None, started)
-            }
-        };
-        match delay {
-            Some(delay) => {
-                tracing::debug!(attempt, ?delay, "retrying with the frozen request");
-                tokio::time::sleep(delay).await;
-            }
-            None => {
-                return match result {
-                    Ok(mut response) => {
-                        // A first-attempt answer carries nothing: an extension costs the
-                        // response three allocations (`http::Extensions`' map, its table and
-                        // the boxed value), more than the rest of the layer's bookkeeping.
-                        if attempt > 1 {
-                            response.extensions_mut().insert(Attempts(attempt));
-                        }
-                        Ok(response)
-                    }
-                    Err(failure) => Err(failure.into_error(earlier)),
-                };
-            }
-        }
-    }
-}
-
 fn context<'a>(
     request: &'a FrozenRequest,
     effect: EffectClass,
@@ -302,50 +468,6 @@ fn context<'a>(
         attempt,
         result,
     }
-}
-
-/// Send one attempt of exactly the frozen bytes.
-async fn send_once<S, ResBody>(
-    inner: &mut S,
-    policy: &RetryPolicy,
-    frozen: &FrozenRequest,
-    handed: Option<(http::request::Parts, Bytes)>,
-    extensions: &Extensions,
-) -> Result<Response<ResBody>, Failure>
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-{
-    let ready = inner.ready().await.map_err(|err| Failure {
-        error: err.into(),
-        phase: FailurePhase::PreWrite,
-    })?;
-    // The head as handed in is the frozen one: sent as it is, it saves a copy of it.
-    let req = match handed {
-        Some((mut parts, body)) => {
-            parts.extensions = extensions.clone();
-            Request::from_parts(parts, Full::new(body))
-        }
-        None => frozen.to_request_with(extensions.clone()),
-    };
-    let call = ready.call(req);
-    let outcome = match policy.attempt_timeout {
-        Some(limit) => match tokio::time::timeout(limit, call).await {
-            Ok(outcome) => outcome,
-            Err(_elapsed) => {
-                return Err(Failure {
-                    error: Box::new(Error::attempt_timeout()),
-                    phase: FailurePhase::Unknown,
-                })
-            }
-        },
-        None => call.await,
-    };
-    outcome.map_err(|err| {
-        let error: BoxError = err.into();
-        let phase = classify(&*error, policy.phase_classifier.as_deref());
-        Failure { error, phase }
-    })
 }
 
 /// The delay before the next attempt, or `None` to stop here.

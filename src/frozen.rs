@@ -47,7 +47,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 
 use crate::digest::{BodyDigest, CONTENT_DIGEST};
 use crate::fingerprint::Fingerprint;
@@ -442,11 +442,33 @@ where
     B: Body,
     B::Error: Into<crate::BoxError>,
 {
-    CollectRequest::new(req, limit)?.await
+    let (parts, body) = req.into_parts();
+    check_declared_length(&parts.headers, &body, limit)?;
+    let body = collect_limited(body, limit).await?;
+    Ok((parts, body))
+}
+
+/// Read the body frame by frame, stopping the moment it passes `limit`.
+async fn collect_limited<B>(body: B, limit: usize) -> Result<Bytes, Error>
+where
+    B: Body,
+    B::Error: Into<crate::BoxError>,
+{
+    let mut collected = Collected::new(&body, limit);
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|err| Error::body(err.into()))?;
+        // Trailers are not frozen.
+        if let Ok(mut chunk) = frame.into_data() {
+            collected.push(chunk.copy_to_bytes_all())?;
+        }
+    }
+    Ok(collected.take())
 }
 
 pin_project_lite::pin_project! {
-    /// [`collect_request`] as a named future, for hand-written futures that hold one.
+    /// [`collect_request`] as a named future, for hand-written futures that hold one
+    /// (the `async fn` stays for `async` callers: nested in theirs, it compiles smaller).
     pub(crate) struct CollectRequest<B> {
         #[pin]
         body: B,
@@ -581,7 +603,6 @@ impl<T: bytes::Buf> CopyToBytesAll for T {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
     use std::collections::VecDeque;
 
     /// A body that arrives in several frames and does not announce its length.

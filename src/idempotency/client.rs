@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
-use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::engine::{BusyPolicy, InPlace, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::reconcile::{self, InDoubtOperation, Reconcile, Reconciled, DEFAULT_RECONCILE_TIMEOUT};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::effect::EffectClass;
@@ -659,7 +659,13 @@ where
         // The server would run an in-doubt operation again: only ever look at one.
         begin = begin.probe();
     }
-    let answer = match client.ledger.begin(begin, client.busy).await {
+    let answered = match client.ledger.begin_in_place(&begin, client.busy) {
+        Ok(answered) => answered,
+        // Boxed: waiting and asking again are the rare path; held in place, their state
+        // would weigh on every operation's future.
+        Err(lost) => Box::pin(client.ledger.begin_after(begin, client.busy, lost)).await,
+    };
+    let answer = match answered {
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
             tracing::warn!(%err, "ledger unavailable; sending without protection (fail-open)");
@@ -1096,7 +1102,12 @@ where
             )
         }
     };
-    if let Err(err) = lease.complete(outcome).await {
+    let completed = match lease.complete_in_place(outcome) {
+        InPlace::Done(completed) => completed,
+        // Boxed for the reason `operate` boxes its slow `begin`.
+        InPlace::Later(unsettled) => Box::pin(unsettled.complete()).await,
+    };
+    if let Err(err) = completed {
         // The effect happened and the caller gets the real answer; a later run will find
         // the record in doubt and resend the same bytes under the same key.
         tracing::error!(%err, "could not record the outcome");

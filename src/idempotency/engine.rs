@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, Settled, StoreError,
+    StoreFuture,
 };
 
 /// The default lease: how long an owner may hold an operation in flight without renewing
@@ -66,10 +67,21 @@ pub(crate) struct Ledger {
     pub(crate) retention: Duration,
     /// How long after its last transition a record must never be evicted.
     pub(crate) protected: Duration,
-    /// Background releases of unused claims under way (see [`MAX_PENDING_RELEASES`]).
-    pub(crate) pending_releases: Arc<std::sync::atomic::AtomicUsize>,
+    /// What the layer's requests learn of the store as they go.
+    shared: Arc<Shared>,
     /// How many requests may wait for busy operations at once, if bounded.
     pub(crate) waiters: Option<WaiterLimit>,
+}
+
+/// What every request of a layer shares about its store.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Background releases of unused claims under way (see [`MAX_PENDING_RELEASES`]).
+    pending_releases: std::sync::atomic::AtomicUsize,
+    /// Set once the store answered with a future to await: its calls then go straight to
+    /// the waiting and retrying path, rather than each making a future that is dropped
+    /// unpolled (see [`Ledger::begin_in_place`]).
+    awaits: std::sync::atomic::AtomicBool,
 }
 
 /// A bound on the requests waiting for busy operations: under a storm of duplicates each
@@ -136,7 +148,7 @@ impl Ledger {
             lease,
             retention,
             protected: protected.min(retention),
-            pending_releases: Arc::default(),
+            shared: Arc::default(),
             waiters: None,
         }
     }
@@ -161,6 +173,18 @@ impl Ledger {
         request: BeginRequest,
         busy: BusyPolicy,
     ) -> Result<Begin, StoreError> {
+        self.begin_after(request, busy, None).await
+    }
+
+    /// [`begin`](Self::begin) after an in-place try: `lost` is its answer, when that answer
+    /// was lost (see [`begin_in_place`](Self::begin_in_place)).
+    pub(crate) async fn begin_after(
+        &self,
+        request: BeginRequest,
+        busy: BusyPolicy,
+        lost: Option<StoreError>,
+    ) -> Result<Begin, StoreError> {
+        let mut lost = lost;
         let give_up_at = match busy {
             BusyPolicy::Wait(limit) => Instant::now() + limit,
             BusyPolicy::Fail => Instant::now(),
@@ -171,7 +195,7 @@ impl Ledger {
         let mut settled: Option<Settled> = None;
         let mut notifies = true;
         loop {
-            let answer = self.begin_once(&request).await?;
+            let answer = self.begin_once(&request, lost.take()).await?;
             let Begin::Busy { retry_after } = answer else {
                 return Ok(answer);
             };
@@ -212,13 +236,76 @@ impl Ledger {
         }
     }
 
+    /// [`begin`](Self::begin) answered in place, when the store answers at once and its
+    /// answer needs no waiting (a busy operation under [`BusyPolicy::Wait`]) and no asking
+    /// again (a lost answer). Otherwise `Err`, with the lost answer if there was one, for
+    /// [`begin_after`](Self::begin_after), which goes on as `begin` would have. For a store
+    /// that answers in place (`MemoryStore`) this skips the waiting and retrying machinery,
+    /// and its state, on every request.
+    pub(crate) fn begin_in_place(
+        &self,
+        request: &BeginRequest,
+        busy: BusyPolicy,
+    ) -> Result<Result<Begin, StoreError>, Option<StoreError>> {
+        if !self.may_answer_in_place() {
+            return Err(None);
+        }
+        let started = start();
+        let Some(answer) = self.take_in_place(self.store.begin(request.clone())) else {
+            return Err(None);
+        };
+        observe("begin", started, &answer);
+        match answer {
+            Ok(Begin::Busy { .. }) if matches!(busy, BusyPolicy::Wait(_)) => Err(None),
+            Err(err) if is_ambiguous(&err) => Err(Some(err)),
+            answer => Ok(answer),
+        }
+    }
+
+    /// The answer of a store call made in place, unless the store awaits (learnt once,
+    /// then no call is made here at all).
+    fn take_in_place<T>(&self, mut call: StoreFuture<'_, T>) -> Option<Result<T, StoreError>> {
+        let answer = call.take_ready();
+        if answer.is_none() {
+            self.shared
+                .awaits
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// Whether calls are worth making in place: the store has not yet answered with a
+    /// future to await.
+    fn may_answer_in_place(&self) -> bool {
+        !self
+            .shared
+            .awaits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// One `begin`, asked again (same token) when its answer was lost: the store recognises
     /// a claim it already made for this token and answers it again. If no answer comes, the
     /// claim it may have made is released in the background, so the key does not stay
     /// claimed by nobody once the store is back.
-    async fn begin_once(&self, request: &BeginRequest) -> Result<Begin, StoreError> {
+    ///
+    /// `lost`: the lost answer of a first try already made (in place).
+    async fn begin_once(
+        &self,
+        request: &BeginRequest,
+        lost: Option<StoreError>,
+    ) -> Result<Begin, StoreError> {
         let mut pause = FIRST_STORE_RETRY;
         let mut tries = 0;
+        if let Some(err) = lost {
+            tries = 1;
+            if tries >= BEGIN_TRIES {
+                self.release_unused(request.key, request.token);
+                return Err(err);
+            }
+            tracing::debug!(%err, tries, "begin failed; asking again with the same token");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_STORE_RETRY);
+        }
         loop {
             tries += 1;
             let started = start();
@@ -249,7 +336,7 @@ impl Ledger {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let pending = &self.pending_releases;
+        let pending = &self.shared.pending_releases;
         if pending
             .fetch_update(Relaxed, Relaxed, |n| {
                 (n < MAX_PENDING_RELEASES).then_some(n + 1)
@@ -264,12 +351,15 @@ impl Ledger {
         let ledger = self.clone();
         runtime.spawn(async move {
             let deadline = Instant::now() + RELEASE_PATIENCE;
-            if let Err(err) = ledger.apply(key, token, &Settle::Abandon, deadline).await {
+            if let Err(err) = ledger
+                .apply(key, token, &Settle::Abandon, deadline, false)
+                .await
+            {
                 if !err.is_fenced() {
                     tracing::warn!(%err, "could not release an unused claim; it will read as in doubt");
                 }
             }
-            ledger.pending_releases.fetch_sub(1, Relaxed);
+            ledger.shared.pending_releases.fetch_sub(1, Relaxed);
         });
     }
 
@@ -287,15 +377,23 @@ impl Ledger {
     /// Apply `settle` under `token`, asking again while the store's answer is lost or the
     /// store is away, until `deadline`. A `fenced` answer after a lost one most likely means
     /// the lost one applied (the record left our hands through our own write).
+    ///
+    /// `lost`: an answer to this very settle was already lost (the first try then waits its
+    /// pause, as a second try does).
     async fn apply(
         &self,
         key: LedgerKey,
         token: LeaseToken,
         settle: &Settle,
         deadline: Instant,
+        lost: bool,
     ) -> Result<(), StoreError> {
         let mut pause = FIRST_STORE_RETRY;
-        let mut lost_one = false;
+        let mut lost_one = lost;
+        if lost {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_STORE_RETRY);
+        }
         loop {
             let started = start();
             let result = match settle {
@@ -404,6 +502,37 @@ impl LeaseGuard {
         self.settle(Settle::Complete(outcome)).await
     }
 
+    /// [`complete`](Self::complete) in place, when the store answers at once and its answer
+    /// was not lost; else what is left to do, by the waiting and retrying path.
+    pub(crate) fn complete_in_place(mut self, outcome: Outcome) -> InPlace {
+        let unsettled = |lease, outcome, lost| Unsettled {
+            lease,
+            outcome,
+            lost,
+        };
+        if !self.ledger.may_answer_in_place() {
+            return InPlace::Later(unsettled(self, outcome, false));
+        }
+        let started = start();
+        let call = (self.ledger.store).complete(
+            self.key,
+            self.token,
+            outcome.clone(),
+            self.ledger.retention,
+        );
+        let Some(result) = self.ledger.take_in_place(call) else {
+            return InPlace::Later(unsettled(self, outcome, false));
+        };
+        observe("complete", started, &result);
+        match result {
+            Err(err) if is_ambiguous(&err) => InPlace::Later(unsettled(self, outcome, true)),
+            result => {
+                self.done = true;
+                InPlace::Done(result)
+            }
+        }
+    }
+
     /// Release the operation: nothing of it was sent.
     pub(crate) async fn abandon(self) -> Result<(), StoreError> {
         self.settle(Settle::Abandon).await
@@ -422,14 +551,19 @@ impl LeaseGuard {
         self.token
     }
 
-    async fn settle(mut self, settle: Settle) -> Result<(), StoreError> {
+    async fn settle(self, settle: Settle) -> Result<(), StoreError> {
+        self.settle_after(settle, false).await
+    }
+
+    /// `settle`; `lost`: an answer to it was already lost (see [`Ledger::apply`]).
+    async fn settle_after(mut self, settle: Settle, lost: bool) -> Result<(), StoreError> {
         self.pending = Some(settle.clone());
         // An owner holding the outcome keeps trying to record it for as long as its lease
         // would last: a write lost to a store restart is retried, not given up at once.
         let deadline = Instant::now() + self.ledger.lease;
         let result = self
             .ledger
-            .apply(self.key, self.token, &settle, deadline)
+            .apply(self.key, self.token, &settle, deadline, lost)
             .await;
         self.done = true;
         result
@@ -469,6 +603,36 @@ impl LeaseGuard {
     }
 }
 
+/// What [`LeaseGuard::complete_in_place`] did.
+pub(crate) enum InPlace {
+    /// The store answered at once: the lease is settled, with this result.
+    Done(Result<(), StoreError>),
+    /// Still to do, by the waiting and retrying path.
+    Later(Unsettled),
+}
+
+/// A completion [`LeaseGuard::complete_in_place`] could not make: the store awaits, or its
+/// answer was lost.
+pub(crate) struct Unsettled {
+    lease: LeaseGuard,
+    outcome: Outcome,
+    /// The in-place call's answer was lost.
+    lost: bool,
+}
+
+impl Unsettled {
+    /// Record the outcome as [`LeaseGuard::complete`] does, knowing what the in-place call
+    /// left.
+    pub(crate) async fn complete(self) -> Result<(), StoreError> {
+        let Self {
+            lease,
+            outcome,
+            lost,
+        } = self;
+        lease.settle_after(Settle::Complete(outcome), lost).await
+    }
+}
+
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if self.done {
@@ -483,7 +647,7 @@ impl Drop for LeaseGuard {
         let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
         let mut settling = Box::pin(async move {
             let deadline = Instant::now() + ledger.lease;
-            if let Err(err) = ledger.apply(key, token, &settle, deadline).await {
+            if let Err(err) = ledger.apply(key, token, &settle, deadline, false).await {
                 tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
             }
         });

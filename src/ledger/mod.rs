@@ -105,6 +105,10 @@ use crate::BoxError;
 /// Polling a ready one again after it completed panics ("StoreFuture polled after
 /// completion"), as futures do; a boxed one does what its future does.
 ///
+/// Like an `async` block, a boxed one must do nothing until it is first polled: the layers
+/// take a ready answer as it is, and drop a boxed future unpolled to make the same call
+/// through their waiting and retrying path instead.
+///
 /// ```
 /// use tower_idempotency::ledger::{StoreError, StoreFuture};
 ///
@@ -174,6 +178,15 @@ impl<'a, T> StoreFuture<'a, T> {
     pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'a) -> Self {
         StoreFuture {
             inner: StoreFutureInner::Boxed(Box::pin(future)),
+        }
+    }
+
+    /// The answer of a [`ready`](Self::ready) future, taken without polling; `None` for a
+    /// boxed one (left as it is) or one already taken.
+    pub(crate) fn take_ready(&mut self) -> Option<Result<T, StoreError>> {
+        match &mut self.inner {
+            StoreFutureInner::Ready(result) => result.take(),
+            StoreFutureInner::Boxed(_) => None,
         }
     }
 }

@@ -22,7 +22,7 @@ use tower_service::Service;
 use super::body::{buffer_up_to, Buffered, ResponseBody};
 use super::client::decision_of;
 use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
-use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::engine::{BusyPolicy, InPlace, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{
     BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
@@ -1123,7 +1123,15 @@ async fn claim(
             Err(err) => (Err(err), None),
         };
     }
-    (server.ledger.begin(begin, server.busy).await, None)
+    match server.ledger.begin_in_place(&begin, server.busy) {
+        Ok(answer) => (answer, None),
+        // Boxed: waiting and asking again are the rare path; held in place, their state
+        // would weigh on every request's future.
+        Err(lost) => {
+            let later = server.ledger.begin_after(begin, server.busy, lost);
+            (Box::pin(later).await, None)
+        }
+    }
 }
 
 /// How the ledger's part of a keyed request ended.
@@ -1464,7 +1472,12 @@ where
         }
     };
     let (recorded, body, how) = recording(server, &parts, buffered, digest);
-    match lease.complete(recorded).await {
+    let completed = match lease.complete_in_place(recorded) {
+        InPlace::Done(completed) => completed,
+        // Boxed for the reason `claim` boxes its slow path.
+        InPlace::Later(unsettled) => Box::pin(unsettled.complete()).await,
+    };
+    match completed {
         Ok(()) => settled(how),
         Err(err) => {
             // The handler's effect happened and this caller gets its answer; a retry will

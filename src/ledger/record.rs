@@ -91,12 +91,16 @@ impl fmt::Debug for LedgerKey {
     }
 }
 
-/// Hashes a [`LedgerKey`] for in-memory maps: an FxHash-style fold of its four words.
+/// Hashes a [`LedgerKey`] for in-memory maps: an FxHash-style fold of its four words,
+/// started from its map's secret seed ([`DigestState`]).
 ///
-/// Keys the layers make are SHA-256 digests, so a keyed, DoS-resistant hash (SipHash, the
-/// default) buys nothing but time; every byte still goes into the fold, so keys built by
-/// hand ([`LedgerKey::from_bytes`]) with long constant runs spread as well.
-#[derive(Clone, Copy, Debug, Default)]
+/// Keys the layers make are SHA-256 digests, so SipHash (the default) would buy nothing
+/// but time. The seed still matters: a digest's bits cannot be chosen, but they can be
+/// searched for, and with a known fold a client could try keys until thousands share the
+/// low bits that pick a bucket, one cheap search each, and turn every lookup in that map
+/// into a walk along them. Every byte goes into the fold, so keys built by hand
+/// ([`LedgerKey::from_bytes`]) with long constant runs spread as well.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct DigestHasher(u64);
 
 impl std::hash::Hasher for DigestHasher {
@@ -117,8 +121,27 @@ impl std::hash::Hasher for DigestHasher {
     fn write_usize(&mut self, _: usize) {}
 }
 
-/// Builds [`DigestHasher`]s.
-pub(crate) type DigestState = std::hash::BuildHasherDefault<DigestHasher>;
+/// Builds [`DigestHasher`]s from a random seed of its own, drawn when the map is made.
+#[derive(Clone, Debug)]
+pub(crate) struct DigestState {
+    seed: u64,
+}
+
+impl Default for DigestState {
+    fn default() -> Self {
+        Self {
+            seed: fastrand::u64(..),
+        }
+    }
+}
+
+impl std::hash::BuildHasher for DigestState {
+    type Hasher = DigestHasher;
+
+    fn build_hasher(&self) -> DigestHasher {
+        DigestHasher(self.seed)
+    }
+}
 
 /// A fencing token: proof of ownership of an operation's current lease.
 ///
@@ -501,6 +524,24 @@ mod tests {
         }
         assert_eq!(hashes.len(), 4096);
         assert!(low_bits.len() > 2000, "buckets spread: {}", low_bits.len());
+    }
+
+    #[test]
+    fn each_map_hashes_with_a_seed_of_its_own() {
+        use std::hash::BuildHasher;
+        let key = LedgerKey::from_bytes([7; 32]);
+        let (one, other) = (DigestState::default(), DigestState::default());
+        assert_eq!(one.hash_one(key), one.clone().hash_one(key));
+        assert_ne!(
+            one.hash_one(key),
+            other.hash_one(key),
+            "two maps, two seeds"
+        );
+        // A bucket index known from one map says nothing of another's.
+        let buckets = (0..64)
+            .map(|_| DigestState::default().hash_one(key) & 0xfff)
+            .collect::<std::collections::HashSet<_>>();
+        assert!(buckets.len() > 32, "buckets: {}", buckets.len());
     }
 
     #[test]

@@ -11,13 +11,18 @@ mod orders;
 
 use orders::{fast_policy, post, source, ORDERS};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
+    StoreFuture,
+};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
@@ -125,4 +130,82 @@ async fn an_unprotected_side_effect_is_marked_and_reported() {
     let read = Request::get(ORDERS).body(Full::new(Bytes::new())).unwrap();
     let res = client.oneshot(read).await.unwrap();
     assert_eq!(source(&res), None);
+}
+
+/// A store that answers in place, as `MemoryStore` does, and loses the reply of the first
+/// `complete` it applied.
+#[derive(Clone, Debug)]
+struct LosesACompletionReply {
+    inner: MemoryStore,
+    lose: Arc<AtomicBool>,
+}
+
+/// The answer of a store that answers in place, taken without a runtime.
+fn at_once<T>(mut call: StoreFuture<'_, T>) -> Result<T, StoreError> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::future::Future::poll(std::pin::Pin::new(&mut call), &mut cx) {
+        std::task::Poll::Ready(answer) => answer,
+        std::task::Poll::Pending => panic!("MemoryStore answers in place"),
+    }
+}
+
+impl IdempotencyStore for LosesACompletionReply {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        self.inner.begin(request)
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        let applied = at_once(self.inner.complete(key, token, outcome, retention));
+        if self.lose.swap(false, Ordering::SeqCst) {
+            return StoreFuture::ready(Err(StoreError::timeout()));
+        }
+        StoreFuture::ready(applied)
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.inner.abandon(key, token)
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.mark_in_doubt(key, token, retention)
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        self.inner.renew(key, token, lease)
+    }
+}
+
+/// The layers take an in-place store's answer outside their retrying path; when that answer
+/// is lost after the write applied, the retry is refused as fenced, which after a lost
+/// answer means the write applied: nothing is reported as unrecorded, and the next run
+/// replays.
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_to_an_applied_completion_is_not_reported_as_a_failure() {
+    let (logs, _default) = capture::warnings();
+    let store = LosesACompletionReply {
+        inner: MemoryStore::new(),
+        lose: Arc::new(AtomicBool::new(true)),
+    };
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store.clone()))
+        .service(provider.clone());
+    let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&first), Some(ResponseSource::Sent));
+    assert!(!store.lose.load(Ordering::SeqCst), "the reply was lost");
+    assert!(!logs.text().contains("could not record"), "{}", logs.text());
+    let again = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(provider.effects(), 1);
 }

@@ -75,6 +75,11 @@ fn take(counter: &AtomicU32) -> bool {
 struct FlakyStore {
     inner: Arc<dyn IdempotencyStore>,
     faults: Arc<Faults>,
+    /// Answer in place (`StoreFuture::ready`, as `MemoryStore` does) rather than with a
+    /// future to await: the layers take such answers outside their retrying path, so the
+    /// faults must be handled the same way there. Needs an inner store that answers in
+    /// place, and no `complete_delay_ms`.
+    in_place: bool,
 }
 
 impl FlakyStore {
@@ -82,19 +87,37 @@ impl FlakyStore {
         Self {
             inner: Arc::new(inner),
             faults: Arc::default(),
+            in_place: false,
         }
+    }
+
+    fn in_place(inner: MemoryStore) -> Self {
+        Self {
+            in_place: true,
+            ..Self::new(inner)
+        }
+    }
+}
+
+/// The answer of a store that answers in place, taken without a runtime.
+fn at_once<T>(mut call: StoreFuture<'_, T>) -> Result<T, StoreError> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::future::Future::poll(std::pin::Pin::new(&mut call), &mut cx) {
+        std::task::Poll::Ready(answer) => answer,
+        std::task::Poll::Pending => panic!("the inner store does not answer in place"),
     }
 }
 
 impl IdempotencyStore for FlakyStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
-        StoreFuture::new(async move {
-            let answer = self.inner.begin(request).await;
-            if take(&self.faults.lost_begin_replies) {
-                return Err(StoreError::timeout());
-            }
-            answer
-        })
+        let lose = |answer| match take(&self.faults.lost_begin_replies) {
+            true => Err(StoreError::timeout()),
+            false => answer,
+        };
+        if self.in_place {
+            return StoreFuture::ready(lose(at_once(self.inner.begin(request))));
+        }
+        StoreFuture::new(async move { lose(self.inner.begin(request).await) })
     }
 
     fn complete(
@@ -104,11 +127,21 @@ impl IdempotencyStore for FlakyStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
+        let failed = || {
+            take(&self.faults.failed_completes)
+                .then(|| StoreError::unavailable("injected: the ledger restarted"))
+        };
+        if self.in_place {
+            return StoreFuture::ready(match failed() {
+                Some(err) => Err(err),
+                None => at_once(self.inner.complete(key, token, outcome, retention)),
+            });
+        }
         StoreFuture::new(async move {
             let delay = self.faults.complete_delay_ms.load(Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            if take(&self.faults.failed_completes) {
-                return Err(StoreError::unavailable("injected: the ledger restarted"));
+            if let Some(err) = failed() {
+                return Err(err);
             }
             self.inner.complete(key, token, outcome, retention).await
         })
@@ -917,6 +950,20 @@ async fn memory_lost_ledger_answers_resolve() {
     a_begin_that_never_got_an_answer_leaves_the_key_runnable(FlakyStore::new(MemoryStore::new()))
         .await;
     a_lost_completion_write_is_retried_inside_the_lease(FlakyStore::new(MemoryStore::new())).await;
+}
+
+/// The same faults from a store that answers in place: the layers take its answers outside
+/// their retrying path, and a lost one must count as the first try of that path (three
+/// lost `begin` replies are the engine's three tries, not a fourth that succeeds).
+#[tokio::test(start_paused = true)]
+async fn in_place_lost_ledger_answers_resolve() {
+    a_begin_whose_reply_is_lost_is_recognised(FlakyStore::in_place(MemoryStore::new())).await;
+    a_begin_that_never_got_an_answer_leaves_the_key_runnable(FlakyStore::in_place(
+        MemoryStore::new(),
+    ))
+    .await;
+    a_lost_completion_write_is_retried_inside_the_lease(FlakyStore::in_place(MemoryStore::new()))
+        .await;
 }
 
 #[cfg(feature = "redis")]

@@ -457,11 +457,7 @@ where
     let mut collected = Collected::new(&body, limit);
     let mut body = std::pin::pin!(body);
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|err| Error::body(err.into()))?;
-        // Trailers are not frozen.
-        if let Ok(mut chunk) = frame.into_data() {
-            collected.push(chunk.copy_to_bytes_all())?;
-        }
+        collected.push_frame(frame)?;
     }
     Ok(collected.take())
 }
@@ -500,11 +496,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         while let Some(frame) = std::task::ready!(this.body.as_mut().poll_frame(cx)) {
-            let frame = frame.map_err(|err| Error::body(err.into()))?;
-            // Trailers are not frozen.
-            if let Ok(mut chunk) = frame.into_data() {
-                this.collected.push(chunk.copy_to_bytes_all())?;
-            }
+            this.collected.push_frame(frame)?;
         }
         let parts = this
             .parts
@@ -558,6 +550,18 @@ impl Collected {
             first: None,
             rest: None,
             total: 0,
+        }
+    }
+
+    /// Take a frame the body yielded: its data, if it is data (trailers are not frozen).
+    fn push_frame<D: bytes::Buf, E: Into<crate::BoxError>>(
+        &mut self,
+        frame: Result<http_body::Frame<D>, E>,
+    ) -> Result<(), Error> {
+        let frame = frame.map_err(|err| Error::body(err.into()))?;
+        match frame.into_data() {
+            Ok(mut chunk) => self.push(chunk.copy_to_bytes_all()),
+            Err(_trailers) => Ok(()),
         }
     }
 

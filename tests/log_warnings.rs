@@ -6,6 +6,9 @@
 #[path = "support/capture.rs"]
 mod capture;
 
+#[path = "support/in_place.rs"]
+mod in_place;
+
 #[path = "support/orders.rs"]
 mod orders;
 
@@ -140,15 +143,6 @@ struct LosesACompletionReply {
     lose: Arc<AtomicBool>,
 }
 
-/// The answer of a store that answers in place, taken without a runtime.
-fn at_once<T>(mut call: StoreFuture<'_, T>) -> Result<T, StoreError> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match std::future::Future::poll(std::pin::Pin::new(&mut call), &mut cx) {
-        std::task::Poll::Ready(answer) => answer,
-        std::task::Poll::Pending => panic!("MemoryStore answers in place"),
-    }
-}
-
 impl IdempotencyStore for LosesACompletionReply {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
         self.inner.begin(request)
@@ -161,7 +155,7 @@ impl IdempotencyStore for LosesACompletionReply {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        let applied = at_once(self.inner.complete(key, token, outcome, retention));
+        let applied = in_place::at_once(self.inner.complete(key, token, outcome, retention));
         if self.lose.swap(false, Ordering::SeqCst) {
             return StoreFuture::ready(Err(StoreError::timeout()));
         }

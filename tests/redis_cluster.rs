@@ -79,6 +79,19 @@ fn response(body: &'static str) -> Outcome {
     ))
 }
 
+/// A new operation of `req` begun and completed with `body`: its key.
+async fn record_fresh(store: &RedisStore, req: &FrozenRequest, body: &'static str) -> LedgerKey {
+    let key = fresh_key();
+    let Begin::Acquired { token } = store.begin(request(key, req)).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store
+        .complete(key, token, response(body), RETENTION)
+        .await
+        .unwrap();
+    key
+}
+
 async fn connect(nodes: &[String], prefix: &str) -> RedisStore {
     RedisStore::cluster_builder(nodes.iter().cloned())
         .prefix(prefix)
@@ -118,14 +131,7 @@ async fn records_spread_over_every_primary_and_any_node_reaches_them() {
     let req = frozen("{\"amount\":1}");
     let mut keys = Vec::new();
     for _ in 0..32 {
-        let key = fresh_key();
-        let Begin::Acquired { token } = first.begin(request(key, &req)).await.unwrap() else {
-            panic!("expected Acquired")
-        };
-        first
-            .complete(key, token, response("done"), RETENTION)
-            .await
-            .unwrap();
+        let key = record_fresh(&first, &req, "done").await;
         keys.push(key);
     }
     for key in &keys {
@@ -217,14 +223,7 @@ async fn one_round_trip_per_ledger_operation_on_the_cluster() {
     // Warm up on keys of every primary: connections made, scripts cached, slot map known.
     let mut keys = Vec::new();
     for _ in 0..12 {
-        let key = fresh_key();
-        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
-            panic!("expected Acquired")
-        };
-        store
-            .complete(key, token, response("warm"), RETENTION)
-            .await
-            .unwrap();
+        let key = record_fresh(&store, &req, "warm").await;
         keys.push(key);
     }
 
@@ -232,14 +231,7 @@ async fn one_round_trip_per_ledger_operation_on_the_cluster() {
     // primary (no redirect, no topology query).
     reset_stats(&cluster);
     for _ in 0..10 {
-        let key = fresh_key();
-        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
-            panic!("expected Acquired")
-        };
-        store
-            .complete(key, token, response("done"), RETENTION)
-            .await
-            .unwrap();
+        record_fresh(&store, &req, "done").await;
     }
     let fresh = store_commands(&cluster);
     eprintln!("10 fresh operations: {fresh:?}");
@@ -692,15 +684,8 @@ async fn latencies(store: &RedisStore, n: usize) -> [(Duration, Duration); 2] {
     let req = frozen("{\"amount\":1}");
     let (mut fresh, mut replay, mut keys) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
-        let key = fresh_key();
         let started = std::time::Instant::now();
-        let Begin::Acquired { token } = store.begin(request(key, &req)).await.unwrap() else {
-            panic!("expected Acquired")
-        };
-        store
-            .complete(key, token, response("done"), RETENTION)
-            .await
-            .unwrap();
+        let key = record_fresh(store, &req, "done").await;
         fresh.push(started.elapsed());
         keys.push(key);
     }

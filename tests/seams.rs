@@ -14,6 +14,9 @@ mod redis_support;
 #[path = "support/orders.rs"]
 mod orders;
 
+#[path = "support/in_place.rs"]
+mod in_place;
+
 use orders::{fast_policy, op, post, source, ORDERS};
 
 use std::convert::Infallible;
@@ -99,15 +102,6 @@ impl FlakyStore {
     }
 }
 
-/// The answer of a store that answers in place, taken without a runtime.
-fn at_once<T>(mut call: StoreFuture<'_, T>) -> Result<T, StoreError> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match std::future::Future::poll(std::pin::Pin::new(&mut call), &mut cx) {
-        std::task::Poll::Ready(answer) => answer,
-        std::task::Poll::Pending => panic!("the inner store does not answer in place"),
-    }
-}
-
 impl IdempotencyStore for FlakyStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
         let lose = |answer| match take(&self.faults.lost_begin_replies) {
@@ -115,7 +109,7 @@ impl IdempotencyStore for FlakyStore {
             false => answer,
         };
         if self.in_place {
-            return StoreFuture::ready(lose(at_once(self.inner.begin(request))));
+            return StoreFuture::ready(lose(in_place::at_once(self.inner.begin(request))));
         }
         StoreFuture::new(async move { lose(self.inner.begin(request).await) })
     }
@@ -134,7 +128,7 @@ impl IdempotencyStore for FlakyStore {
         if self.in_place {
             return StoreFuture::ready(match failed() {
                 Some(err) => Err(err),
-                None => at_once(self.inner.complete(key, token, outcome, retention)),
+                None => in_place::at_once(self.inner.complete(key, token, outcome, retention)),
             });
         }
         StoreFuture::new(async move {

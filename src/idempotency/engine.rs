@@ -296,21 +296,19 @@ impl Ledger {
     ) -> Result<Begin, StoreError> {
         let mut pause = FIRST_STORE_RETRY;
         let mut tries = 0;
-        if let Some(err) = lost {
-            tries = 1;
-            if tries >= BEGIN_TRIES {
-                self.release_unused(request.key, request.token);
-                return Err(err);
-            }
-            tracing::debug!(%err, tries, "begin failed; asking again with the same token");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_STORE_RETRY);
-        }
+        // The lost answer stands for the first try's.
+        let mut lost = lost.map(Err);
         loop {
             tries += 1;
-            let started = start();
-            let answer = self.store.begin(request.clone()).await;
-            observe("begin", started, &answer);
+            let answer = match lost.take() {
+                Some(lost) => lost,
+                None => {
+                    let started = start();
+                    let answer = self.store.begin(request.clone()).await;
+                    observe("begin", started, &answer);
+                    answer
+                }
+            };
             match answer {
                 Ok(answer) => return Ok(answer),
                 Err(err) if is_ambiguous(&err) && tries < BEGIN_TRIES => {
@@ -352,7 +350,7 @@ impl Ledger {
         runtime.spawn(async move {
             let deadline = Instant::now() + RELEASE_PATIENCE;
             if let Err(err) = ledger
-                .apply(key, token, &Settle::Abandon, deadline, false)
+                .apply(key, token, &Settle::Abandon, deadline, None)
                 .await
             {
                 if !err.is_fenced() {
@@ -374,38 +372,49 @@ impl Ledger {
         }
     }
 
+    /// One store call for `settle`, observed.
+    async fn settle_once(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        settle: &Settle,
+    ) -> Result<(), StoreError> {
+        let started = start();
+        let result = match settle {
+            Settle::Complete(outcome) => {
+                self.store
+                    .complete(key, token, outcome.clone(), self.retention)
+                    .await
+            }
+            Settle::Abandon => self.store.abandon(key, token).await,
+            Settle::MarkInDoubt => self.store.mark_in_doubt(key, token, self.retention).await,
+        };
+        observe(settle.call(), started, &result);
+        result
+    }
+
     /// Apply `settle` under `token`, asking again while the store's answer is lost or the
     /// store is away, until `deadline`. A `fenced` answer after a lost one most likely means
     /// the lost one applied (the record left our hands through our own write).
     ///
-    /// `lost`: an answer to this very settle was already lost (the first try then waits its
-    /// pause, as a second try does).
+    /// `lost`: the lost answer of a first try already made (in place).
     async fn apply(
         &self,
         key: LedgerKey,
         token: LeaseToken,
         settle: &Settle,
         deadline: Instant,
-        lost: bool,
+        lost: Option<StoreError>,
     ) -> Result<(), StoreError> {
         let mut pause = FIRST_STORE_RETRY;
-        let mut lost_one = lost;
-        if lost {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_STORE_RETRY);
-        }
+        let mut lost_one = false;
+        // The lost answer stands for the first try's.
+        let mut lost = lost.map(Err);
         loop {
-            let started = start();
-            let result = match settle {
-                Settle::Complete(outcome) => {
-                    self.store
-                        .complete(key, token, outcome.clone(), self.retention)
-                        .await
-                }
-                Settle::Abandon => self.store.abandon(key, token).await,
-                Settle::MarkInDoubt => self.store.mark_in_doubt(key, token, self.retention).await,
+            let result = match lost.take() {
+                Some(lost) => lost,
+                None => self.settle_once(key, token, settle).await,
             };
-            observe(settle.call(), started, &result);
             match result {
                 Ok(()) => return Ok(()),
                 Err(err) if err.is_fenced() && lost_one => {
@@ -511,7 +520,7 @@ impl LeaseGuard {
             lost,
         };
         if !self.ledger.may_answer_in_place() {
-            return InPlace::Later(unsettled(self, outcome, false));
+            return InPlace::Later(unsettled(self, outcome, None));
         }
         let started = start();
         let call = (self.ledger.store).complete(
@@ -521,11 +530,11 @@ impl LeaseGuard {
             self.ledger.retention,
         );
         let Some(result) = self.ledger.take_in_place(call) else {
-            return InPlace::Later(unsettled(self, outcome, false));
+            return InPlace::Later(unsettled(self, outcome, None));
         };
         observe("complete", started, &result);
         match result {
-            Err(err) if is_ambiguous(&err) => InPlace::Later(unsettled(self, outcome, true)),
+            Err(err) if is_ambiguous(&err) => InPlace::Later(unsettled(self, outcome, Some(err))),
             result => {
                 self.done = true;
                 InPlace::Done(result)
@@ -552,11 +561,16 @@ impl LeaseGuard {
     }
 
     async fn settle(self, settle: Settle) -> Result<(), StoreError> {
-        self.settle_after(settle, false).await
+        self.settle_after(settle, None).await
     }
 
-    /// `settle`; `lost`: an answer to it was already lost (see [`Ledger::apply`]).
-    async fn settle_after(mut self, settle: Settle, lost: bool) -> Result<(), StoreError> {
+    /// `settle`; `lost`: the lost answer of a first try already made (see
+    /// [`Ledger::apply`]).
+    async fn settle_after(
+        mut self,
+        settle: Settle,
+        lost: Option<StoreError>,
+    ) -> Result<(), StoreError> {
         self.pending = Some(settle.clone());
         // An owner holding the outcome keeps trying to record it for as long as its lease
         // would last: a write lost to a store restart is retried, not given up at once.
@@ -616,8 +630,8 @@ pub(crate) enum InPlace {
 pub(crate) struct Unsettled {
     lease: LeaseGuard,
     outcome: Outcome,
-    /// The in-place call's answer was lost.
-    lost: bool,
+    /// The in-place call's answer, when it was lost.
+    lost: Option<StoreError>,
 }
 
 impl Unsettled {
@@ -647,7 +661,7 @@ impl Drop for LeaseGuard {
         let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
         let mut settling = Box::pin(async move {
             let deadline = Instant::now() + ledger.lease;
-            if let Err(err) = ledger.apply(key, token, &settle, deadline, false).await {
+            if let Err(err) = ledger.apply(key, token, &settle, deadline, None).await {
                 tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
             }
         });

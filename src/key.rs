@@ -161,10 +161,10 @@ impl IdempotencyKey {
 
     /// The key as an `Idempotency-Key` header value: an RFC 8941 sf-string, `"<hex>"`.
     pub fn header_value(&self) -> HeaderValue {
-        // Written on the stack: the header value's own buffer is the one allocation.
+        // Written on the stack, then moved whole into the header value's one allocation.
         let mut quoted = [b'"'; 66];
         hex_into(&self.0, &mut quoted[1..65]);
-        HeaderValue::from_bytes(&quoted).expect("hex digits in quotes are a valid header value")
+        shared_header_value(quoted)
     }
 }
 
@@ -178,6 +178,17 @@ impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_hex())
     }
+}
+
+/// A header value owning `bytes` in one allocation that its clones share.
+///
+/// `HeaderValue::from_bytes` copies into a `Bytes` that allocates again the first time it
+/// is cloned, and the values the layers make (a derived key, a `Content-Digest`) are cloned
+/// at least once: into each attempt's request, into a record. This costs one allocation,
+/// however often the value is cloned.
+pub(crate) fn shared_header_value<const N: usize>(bytes: [u8; N]) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(bytes))
+        .expect("the layers only build visible-ASCII header values")
 }
 
 /// Feed `bytes` to `hasher` behind its length as a big-endian `u64`, so adjacent fields can

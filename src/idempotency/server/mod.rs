@@ -1348,7 +1348,10 @@ fn recording<ResBody>(
         Buffered::Whole(bytes) => {
             let mut headers = server.replayable(&parts.headers);
             // Replays say which request they answer (see `crate::digest`).
-            headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.header_value());
+            headers.insert(
+                IDEMPOTENT_REQUEST_DIGEST.clone(),
+                digest.header_value_copied(),
+            );
             let stored = StoredResponse::new(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),

@@ -477,6 +477,15 @@ impl<B: Body> CollectRequest<B> {
     /// Start reading `req`'s body; refused at once when it says it is over `limit`.
     pub(crate) fn new(req: Request<B>, limit: usize) -> Result<Self, Error> {
         let (parts, body) = req.into_parts();
+        Self::from_parts(parts, body, limit)
+    }
+
+    /// [`new`](Self::new), of a request already taken apart.
+    pub(crate) fn from_parts(
+        parts: http::request::Parts,
+        body: B,
+        limit: usize,
+    ) -> Result<Self, Error> {
         check_declared_length(&parts.headers, &body, limit)?;
         Ok(Self {
             collected: Collected::new(&body, limit),

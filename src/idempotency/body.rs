@@ -120,36 +120,87 @@ pub(crate) enum Buffered<B> {
 }
 
 /// Read `body` until its end or until more than `cap` bytes arrived.
-pub(crate) async fn buffer_up_to<B>(body: B, cap: usize) -> Result<Buffered<B>, B::Error>
+pub(crate) fn buffer_up_to<B>(body: B, cap: usize) -> BufferUpTo<B>
 where
     B: Body<Data = Bytes> + Unpin,
 {
-    use http_body_util::BodyExt;
-    let mut body = body;
-    let mut first: Option<Bytes> = None;
-    let mut joined: Option<bytes::BytesMut> = None;
-    let mut total = 0usize;
-    while let Some(frame) = body.frame().await {
-        let Ok(chunk) = frame?.into_data() else {
-            continue; // trailers are not recorded
-        };
-        total += chunk.len();
-        match (&first, &mut joined) {
-            (None, _) => first = Some(chunk),
+    BufferUpTo {
+        body: Some(body),
+        first: None,
+        joined: None,
+        total: 0,
+        cap,
+    }
+}
+
+/// [`buffer_up_to`]'s future. A body of one frame (the common case) is kept as it came,
+/// never copied.
+pub(crate) struct BufferUpTo<B> {
+    /// Taken when done: the unread rest of an overflowing body goes with what was read.
+    body: Option<B>,
+    first: Option<Bytes>,
+    /// The frames so far, joined, from the second frame on.
+    joined: Option<bytes::BytesMut>,
+    total: usize,
+    cap: usize,
+}
+
+impl<B> BufferUpTo<B> {
+    fn take_read(&mut self) -> Bytes {
+        match self.joined.take() {
+            Some(joined) => joined.freeze(),
+            None => self.first.take().unwrap_or_default(),
+        }
+    }
+
+    fn push(&mut self, chunk: Bytes) {
+        self.total += chunk.len();
+        match (&self.first, &mut self.joined) {
+            (None, _) => self.first = Some(chunk),
             (Some(head), None) => {
                 let mut buf = bytes::BytesMut::with_capacity(head.len() + chunk.len());
                 buf.extend_from_slice(head);
                 buf.extend_from_slice(&chunk);
-                joined = Some(buf);
+                self.joined = Some(buf);
             }
             (Some(_), Some(buf)) => buf.extend_from_slice(&chunk),
         }
-        if total > cap {
-            let read = joined.map(|b| b.freeze()).or(first).unwrap_or_default();
-            return Ok(Buffered::Overflow(read, body));
+    }
+}
+
+impl<B> std::future::Future for BufferUpTo<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Output = Result<Buffered<B>, B::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        loop {
+            let body = this
+                .body
+                .as_mut()
+                .expect("BufferUpTo polled after completion");
+            let Some(frame) = std::task::ready!(Pin::new(body).poll_frame(cx)) else {
+                this.body = None;
+                return Poll::Ready(Ok(Buffered::Whole(this.take_read())));
+            };
+            let frame = match frame {
+                Ok(frame) => frame,
+                Err(err) => {
+                    this.body = None;
+                    return Poll::Ready(Err(err));
+                }
+            };
+            let Ok(chunk) = frame.into_data() else {
+                continue; // trailers are not recorded
+            };
+            this.push(chunk);
+            if this.total > this.cap {
+                let read = this.take_read();
+                let rest = this.body.take().expect("still reading");
+                return Poll::Ready(Ok(Buffered::Overflow(read, rest)));
+            }
         }
     }
-    Ok(Buffered::Whole(
-        joined.map(|b| b.freeze()).or(first).unwrap_or_default(),
-    ))
 }

@@ -19,30 +19,31 @@ use pin_project_lite::pin_project;
 use sha2::{Digest, Sha256};
 use tower_service::Service;
 
-use super::body::{buffer_up_to, Buffered, ResponseBody};
-use super::client::decision_of;
-use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
-use super::engine::{BusyPolicy, InPlace, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::body::{Buffered, ResponseBody};
+use super::decision::{OutcomeEvent, OutcomeHook, Track};
+use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{
     BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
 };
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
-use crate::fingerprint::Fingerprint;
-use crate::frozen::{collect_request, DEFAULT_BODY_LIMIT};
+use crate::frozen::{CollectRequest, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed, HeaderKey};
-use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
 
+mod admit;
 mod body;
+mod execute;
 pub mod problem;
 mod staged;
 #[cfg(feature = "postgres")]
 mod transactional;
 
+use admit::Admit;
 pub use body::RequestBody;
-use staged::{Admitted, Detaching, Staged};
+use staged::Keyed;
 
 /// `Idempotent-Replayed: true` marks a response replayed from the ledger: the handler was
 /// not called for this request.
@@ -798,7 +799,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ServerFuture<S::Future, ResBody, S::Error>;
+    type Future = ServerFuture<S, B, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -826,8 +827,6 @@ where
                 return ServerFuture::answer(problem::key_invalid(&invalid));
             }
         };
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         let span = tracing::debug_span!(
             "idempotency",
             face = "server",
@@ -835,43 +834,73 @@ where
             outcome = tracing::field::Empty,
             settled = tracing::field::Empty,
         );
-        let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
-        let detach = !server.cancel_on_disconnect;
-        let admit = admit(inner, self.face.clone(), key, req, started);
-        let staged = Staged::new(admit, handle::<S, B, ResBody>, span, detach);
-        ServerFuture::ledger(Detaching::new(Box::pin(staged)))
+        let admit = {
+            let _entered = span.enter();
+            let (parts, body) = req.into_parts();
+            let ledger_key = {
+                // The scope stays in this block: it may name a tenant, and neither logs nor
+                // the ledger ever see it, only the hash it goes into.
+                let Some(scope) = server.scope.of(&parts) else {
+                    outcome("scope-missing");
+                    return ServerFuture::answer(problem::scope_missing());
+                };
+                LedgerKey::server(&scope, key.as_str())
+            };
+            // Read and limit the body before any lease is taken: a refused body leaves the
+            // key unused.
+            let collect = match CollectRequest::from_parts(parts, body, server.body_limit) {
+                Ok(collect) => collect,
+                Err(err) => return ServerFuture::answer(admit::refused_body(server, &err)),
+            };
+            let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
+            let clone = self.inner.clone();
+            let inner = std::mem::replace(&mut self.inner, clone);
+            Admit::new(inner, self.face.clone(), key, ledger_key, collect, started)
+        };
+        let detach = !self.face.cancel_on_disconnect;
+        ServerFuture::keyed(Keyed::new(admit, span, detach))
     }
 }
 
 pin_project! {
     /// The future of the server [`IdempotencyLayer`].
     ///
-    /// Requests outside the ledger poll the inner service's future in place; keyed ones
-    /// run boxed (one allocation, shared by the ledger's part and the handler's), since
-    /// they await the body, the ledger and the handler in turn.
-    pub struct ServerFuture<F, B, E> {
+    /// Requests outside the ledger poll the inner service's future in place. A keyed
+    /// request's ledger part (its body, the claim, a replay or a refusal) runs in place
+    /// too; once its key is owned, its handler's part is boxed (one allocation), so that
+    /// it can finish in the background when the client goes away.
+    pub struct ServerFuture<S, B, ResB>
+    where
+        S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+    {
         #[pin]
-        kind: FutureKind<F, B, E>,
+        kind: FutureKind<S, B, ResB>,
     }
 }
 
 pin_project! {
     #[project = FutureKindProj]
-    enum FutureKind<F, B, E> {
-        PassThrough { #[pin] future: F },
-        Answer { response: Option<Response<ResponseBody<B>>> },
-        Ledger { future: Detaching<Result<Response<ResponseBody<B>>, E>> },
+    enum FutureKind<S, B, ResB>
+    where
+        S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+    {
+        PassThrough { #[pin] future: S::Future },
+        Answer { response: Option<Response<ResponseBody<ResB>>> },
+        Keyed { #[pin] keyed: Keyed<S, B, ResB> },
     }
 }
 
-impl<F, B, E> ServerFuture<F, B, E> {
-    fn pass_through(future: F) -> Self {
+impl<S, B, ResB> ServerFuture<S, B, ResB>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+{
+    fn pass_through(future: S::Future) -> Self {
         Self {
             kind: FutureKind::PassThrough { future },
         }
     }
 
-    fn answer(response: Response<ResponseBody<B>>) -> Self {
+    fn answer(response: Response<ResponseBody<ResB>>) -> Self {
         Self {
             kind: FutureKind::Answer {
                 response: Some(response),
@@ -879,18 +908,24 @@ impl<F, B, E> ServerFuture<F, B, E> {
         }
     }
 
-    fn ledger(future: Detaching<Result<Response<ResponseBody<B>>, E>>) -> Self {
+    fn keyed(keyed: Keyed<S, B, ResB>) -> Self {
         Self {
-            kind: FutureKind::Ledger { future },
+            kind: FutureKind::Keyed { keyed },
         }
     }
 }
 
-impl<F, B, E> Future for ServerFuture<F, B, E>
+impl<S, B, ResB> Future for ServerFuture<S, B, ResB>
 where
-    F: Future<Output = Result<Response<B>, E>>,
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
@@ -900,17 +935,20 @@ where
             FutureKindProj::Answer { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("ServerFuture polled after completion"))),
-            FutureKindProj::Ledger { future } => future.poll(cx),
+            FutureKindProj::Keyed { keyed } => keyed.poll(cx),
         }
     }
 }
 
-impl<F, B, E> fmt::Debug for ServerFuture<F, B, E> {
+impl<S, B, ResB> fmt::Debug for ServerFuture<S, B, ResB>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             FutureKind::PassThrough { .. } => "PassThrough",
             FutureKind::Answer { .. } => "Answer",
-            FutureKind::Ledger { .. } => "Ledger",
+            FutureKind::Keyed { .. } => "Keyed",
         };
         f.debug_struct("ServerFuture").field("kind", &kind).finish()
     }
@@ -924,175 +962,6 @@ fn outcome(what: &'static str) {
 /// Record how a handler run's lease was settled (once per run).
 fn settled(how: &'static str) {
     tracing::Span::current().record("settled", how);
-}
-
-/// The ledger's part of one keyed request: the body, then the ledger's answer, then a
-/// stored or refusing answer, or the key owned and the handler to run ([`handle`]).
-async fn admit<S, B, ResBody>(
-    inner: S,
-    server: Arc<ServerFace>,
-    key: HeaderKey,
-    req: Request<B>,
-    started: Option<tokio::time::Instant>,
-) -> Admitted<Result<Response<ResponseBody<ResBody>>, S::Error>, Owned<S, B>>
-where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
-    let (parts, body) = req.into_parts();
-    let ledger_key = {
-        // The scope stays in this block: it may name a tenant, and neither logs nor the
-        // ledger ever see it, only the hash it goes into.
-        let Some(scope) = server.scope.of(&parts) else {
-            outcome("scope-missing");
-            return Admitted::Answer(Ok(problem::scope_missing()));
-        };
-        LedgerKey::server(&scope, key.as_str())
-    };
-
-    // Read and limit the body before any lease is taken: a refused body leaves the key
-    // unused. The head is kept as it came; the handler's request is assembled from it only
-    // when the handler is to run (never for a replay, a 409 or a 422).
-    let (mut parts, body) =
-        match collect_request(Request::from_parts(parts, body), server.body_limit).await {
-            Ok(collected) => collected,
-            Err(err) if err.is_body_too_large() => {
-                outcome("body-too-large");
-                return Admitted::Answer(Ok(problem::body_too_large(server.body_limit)));
-            }
-            Err(err) => {
-                outcome("body-unreadable");
-                tracing::debug!(%err, "could not read the request body");
-                return Admitted::Answer(Ok(problem::body_unreadable()));
-            }
-        };
-    // Kept for the decision events and the hook only when they could use it: it is a copy.
-    let hook = server.on_outcome.clone();
-    let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
-        .then(|| WireKey::Header(key.clone()));
-    let track = Track::new(Face::Server, wire);
-    let span = tracing::Span::current();
-    if let (false, Some(wire)) = (span.is_disabled(), track.wire()) {
-        span.record("key", tracing::field::display(decision::KeyDigest(wire)));
-    }
-    let decided = |decision| track.decided(decision);
-    // `return` inside this block ends the ledger's part; the hook then hears of the answer.
-    // `return` inside this block ends the ledger's part; the hook hears of an answer here,
-    // of a handler's when it is done (in `handle`).
-    let admitted = async {
-    // Handlers can pass the key on to their own downstream calls.
-    parts.extensions.insert(key);
-    // Bytes that are not what their sender digested are refused before the ledger sees
-    // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
-    let digest = match verified_body_digest(&parts.headers, &body) {
-        Ok(digest) => digest,
-        Err(err) => {
-            outcome(if err.is_mismatch() {
-                "content-digest-mismatch"
-            } else {
-                "content-digest-invalid"
-            });
-            return Admitted::Answer(Ok(problem::content_digest(&err)));
-        }
-    };
-    // One key is one request: the method, the target as the client sent it and the body.
-    // A reuse with anything else is a mismatch, never a second run and never a replay.
-    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &digest);
-    let request = move || Request::from_parts(parts, RequestBody::buffered(body));
-
-    let mut begin = server.ledger.request(ledger_key, fingerprint);
-    if server.in_doubt == InDoubtPolicy::OutcomeUnknown {
-        // An in-doubt key is only ever looked at: answering it never changes its record,
-        // so a client that keeps retrying cannot keep it alive.
-        begin = begin.probe();
-    }
-    let (answered, transaction) = claim(&server, begin).await;
-    let answer = match answered {
-        Ok(answer) => answer,
-        Err(err) if server.fail_open => {
-            outcome("fail-open");
-            tracing::warn!(%err, "ledger unavailable; running the handler unprotected (fail-open)");
-            let mut response = match call(inner, request()).await {
-                Ok(response) => response.map(ResponseBody::inner),
-                Err(err) => return Admitted::Answer(Err(err)),
-            };
-            response.headers_mut().insert(
-                IDEMPOTENCY_FAIL_OPEN.clone(),
-                HeaderValue::from_static("true"),
-            );
-            return Admitted::Answer(Ok(response));
-        }
-        Err(err) if err.is_full() => {
-            outcome("ledger-full");
-            decided(Decision::Full);
-            return Admitted::Answer(Ok(problem::ledger_full(server.retry_after)));
-        }
-        Err(err) => {
-            outcome("ledger-unavailable");
-            decided(Decision::Unavailable);
-            tracing::error!(%err, "ledger unavailable; refusing the request (fail closed)");
-            return Admitted::Answer(Ok(problem::ledger_unavailable(server.retry_after)));
-        }
-    };
-    decided(decision_of(&answer));
-    match answer {
-        Begin::Acquired { token } => {
-            outcome("executed");
-            Admitted::Handle((inner, (ledger_key, digest), token, transaction, request()))
-        }
-        Begin::Resume { token, .. } => {
-            // Only asked for under `RunAgain`: a probe is answered `InDoubt` instead.
-            outcome("executed-again");
-            tracing::info!("key in doubt; running the handler again (at least once)");
-            Admitted::Handle((inner, (ledger_key, digest), token, transaction, request()))
-        }
-        Begin::InDoubt => {
-            outcome("outcome-unknown");
-            Admitted::Answer(Ok(problem::outcome_unknown()))
-        }
-        Begin::Replay(stored) => Admitted::Answer(Ok(replay(&server, stored))),
-        Begin::Busy { retry_after } => {
-            outcome("in-flight");
-            Admitted::Answer(Ok(problem::in_flight(retry_after.min(server.retry_after))))
-        }
-        Begin::Drift { .. } => {
-            outcome("payload-mismatch");
-            Admitted::Answer(Ok(problem::payload_mismatch()))
-        }
-        // Answers added later are not understood by this release: run nothing.
-        #[allow(unreachable_patterns)]
-        _ => {
-            outcome("outcome-unknown");
-            Admitted::Answer(Ok(problem::outcome_unknown()))
-        }
-    }
-    }
-    .await;
-    let report = Report {
-        track,
-        hook,
-        started,
-    };
-    match admitted {
-        Admitted::Answer(answered) => {
-            report.answered(&answered);
-            Admitted::Answer(answered)
-        }
-        Admitted::Handle((inner, key, token, transaction, request)) => Admitted::Handle(Owned {
-            inner,
-            server,
-            key,
-            token,
-            transaction,
-            request,
-            report,
-        }),
-    }
 }
 
 /// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one;
@@ -1111,30 +980,6 @@ fn verified_body_digest(headers: &HeaderMap, body: &[u8]) -> Result<BodyDigest, 
 type Transaction = Option<crate::ledger::postgres::OpenTransaction>;
 #[cfg(not(feature = "postgres"))]
 type Transaction = Option<std::convert::Infallible>;
-
-/// Claim the key: through the engine, or in transactional mode as the first statement of
-/// the request's transaction.
-async fn claim(
-    server: &ServerFace,
-    begin: crate::ledger::BeginRequest,
-) -> (Result<Begin, crate::ledger::StoreError>, Transaction) {
-    #[cfg(feature = "postgres")]
-    if let Some(database) = &server.transactional {
-        return match transactional::claim(database, &begin, server.busy).await {
-            Ok((answer, transaction)) => (Ok(answer), Some(transaction)),
-            Err(err) => (Err(err), None),
-        };
-    }
-    match server.ledger.begin_in_place(&begin, server.busy) {
-        Ok(answer) => (answer, None),
-        // Boxed: waiting and asking again are the rare path; held in place, their state
-        // would weigh on every request's future.
-        Err(lost) => {
-            let later = server.ledger.begin_after(begin, server.busy, lost);
-            (Box::pin(later).await, None)
-        }
-    }
-}
 
 /// What running the handler as the key's owner needs.
 struct Owned<S, B> {
@@ -1161,41 +1006,6 @@ impl Report {
         let status = answered.as_ref().ok().map(|response| response.status());
         self.track.report(self.hook.as_ref(), self.started, status);
     }
-}
-
-/// Run the handler as the key's owner (in the claim's transaction when there is one), then
-/// tell the hook.
-async fn handle<S, B, ResBody>(
-    owned: Owned<S, B>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body<Data = Bytes>,
-    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
-    let Owned {
-        inner,
-        server,
-        key,
-        token,
-        transaction,
-        request,
-        report,
-    } = owned;
-    let answered = match transaction {
-        #[cfg(feature = "postgres")]
-        Some(transaction) => {
-            transactional::execute(inner, server, key, token, transaction, request).await
-        }
-        #[cfg(not(feature = "postgres"))]
-        Some(never) => match never {},
-        None => execute(inner, server, key, token, request).await,
-    };
-    report.answered(&answered);
-    answered
 }
 
 async fn call<S, B, ResBody>(
@@ -1240,100 +1050,6 @@ fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> 
             problem::outcome_unknown()
         }
     }
-}
-
-/// Run the handler as the key's owner and settle the lease by what it answered.
-async fn execute<S, B, ResBody>(
-    inner: S,
-    server: Arc<ServerFace>,
-    (key, digest): (LedgerKey, BodyDigest),
-    token: LeaseToken,
-    request: Request<RequestBody<B>>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body<Data = Bytes>,
-    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
-    // Dropped unsettled (a panic unwinding, a cancelled future), the guard puts the key
-    // in doubt at once: the handler may have done part of its work. Never `Abandon` here:
-    // nothing proves the handler did nothing.
-    let lease = server.ledger.hold(key, token);
-    // `inner` is the instance our caller polled ready (taken in `call`).
-    let mut inner = inner;
-    let handling = inner.call(request);
-    // A live handler keeps its lease, however slow it is.
-    match lease.renewing(handling).await {
-        Ok(response) => Ok(settle(&server, lease, response, &digest).await),
-        Err(err) => {
-            // No response: the handler's fate is unknown.
-            settled("in-doubt");
-            if let Err(store_err) = lease.mark_in_doubt().await {
-                tracing::warn!(%store_err, "could not mark the key in doubt");
-            }
-            Err(err)
-        }
-    }
-}
-
-/// Record the handler's response (or a tombstone), or release the key for a `5xx` under
-/// [`ServerErrorPolicy::Release`].
-async fn settle<ResBody>(
-    server: &ServerFace,
-    lease: LeaseGuard,
-    response: Response<ResBody>,
-    digest: &BodyDigest,
-) -> Response<ResponseBody<ResBody>>
-where
-    ResBody: Body<Data = Bytes> + Unpin,
-    ResBody::Error: Into<BoxError>,
-{
-    let status = response.status();
-    if status.is_server_error() && server.server_errors == ServerErrorPolicy::Release {
-        settled("released");
-        if let Err(err) = lease.abandon().await {
-            tracing::warn!(%err, "could not release the key after a 5xx");
-        }
-        return response.map(ResponseBody::inner);
-    }
-    let (parts, body) = response.into_parts();
-    // The body's error type need not be `Send`; make it a `BoxError` before awaiting again.
-    let buffered = lease
-        .renewing(buffer_up_to(body, server.response_limit))
-        .await
-        .map_err(Into::<BoxError>::into);
-    let buffered = match buffered {
-        Ok(buffered) => buffered,
-        Err(err) => {
-            // The handler acted, but its answer is lost: the outcome is unknown, to this
-            // caller as to the next.
-            tracing::warn!(%err, "the handler's response body failed");
-            settled("in-doubt");
-            if let Err(store_err) = lease.mark_in_doubt().await {
-                tracing::warn!(%store_err, "could not mark the key in doubt");
-            }
-            return problem::outcome_unknown();
-        }
-    };
-    let (recorded, body, how) = recording(server, &parts, buffered, digest);
-    let completed = match lease.complete_in_place(recorded) {
-        InPlace::Done(completed) => completed,
-        // Boxed for the reason `claim` boxes its slow path.
-        InPlace::Later(unsettled) => Box::pin(unsettled.complete()).await,
-    };
-    match completed {
-        Ok(()) => settled(how),
-        Err(err) => {
-            // The handler's effect happened and this caller gets its answer; a retry will
-            // find the key in doubt once the lease ends (or at once, if it was taken over).
-            settled("not-recorded");
-            tracing::error!(%err, "could not record the outcome");
-        }
-    }
-    Response::from_parts(parts, body)
 }
 
 /// What to record of a buffered response, the body to send, and how it was settled.

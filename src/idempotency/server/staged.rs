@@ -1,11 +1,22 @@
-//! A keyed request's future: the ledger's part and the handler's in one allocation, and
-//! how it finishes in the background when its client goes away.
+//! A keyed request's future: the ledger's part in place, then the handler's part boxed,
+//! so that it can finish in the background when its client goes away.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use http::{Request, Response};
+use http_body::Body;
 use pin_project_lite::pin_project;
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::admit::Admit;
+use super::body::RequestBody;
+use super::execute;
+use super::Owned;
+use crate::idempotency::body::ResponseBody;
+use crate::BoxError;
 
 /// How the ledger's part of a keyed request ended.
 pub(super) enum Admitted<R, O> {
@@ -16,13 +27,16 @@ pub(super) enum Admitted<R, O> {
 }
 
 pin_project! {
-    /// A keyed request in one allocation: the ledger's part ([`admit`](super::admit)),
-    /// then, in the same place, the handler's ([`handle`](super::handle)), inside the
+    /// A keyed request: the ledger's part ([`Admit`]) held in place, so a replay or a
+    /// refusal allocates no future; once the key is owned, the handler's part
+    /// ([`Execute`](super::execute::Execute)), boxed so that it can move to a task of its own. Both run inside the
     /// request's span.
-    pub(super) struct Staged<A, H, W> {
+    pub(super) struct Keyed<S, B, ResB>
+    where
+        S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+    {
         #[pin]
-        stage: Stage<A, W>,
-        handle: Option<H>,
+        stage: Stage<S, B, ResB>,
         span: tracing::Span,
         // Whether a handler still running when the client goes away finishes anyway.
         detach: bool,
@@ -31,33 +45,43 @@ pin_project! {
 
 pin_project! {
     #[project = StageProj]
-    enum Stage<A, W> {
-        Admit { #[pin] admit: A },
-        Handle { #[pin] work: W },
+    enum Stage<S, B, ResB>
+    where
+        S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+    {
+        Admit { #[pin] admit: Admit<S, B, ResB> },
+        Handle { execute: Detaching<Result<Response<ResponseBody<ResB>>, S::Error>> },
         Done,
     }
 }
 
-impl<A, H, W> Staged<A, H, W> {
-    pub(super) fn new(admit: A, handle: H, span: tracing::Span, detach: bool) -> Self {
+impl<S, B, ResB> Keyed<S, B, ResB>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+    B: Body,
+{
+    pub(super) fn new(admit: Admit<S, B, ResB>, span: tracing::Span, detach: bool) -> Self {
         Self {
             stage: Stage::Admit { admit },
-            handle: Some(handle),
             span,
             detach,
         }
     }
 }
 
-impl<A, H, W, O, R> Future for Staged<A, H, W>
+impl<S, B, ResB> Future for Keyed<S, B, ResB>
 where
-    A: Future<Output = Admitted<R, O>>,
-    H: FnOnce(O) -> W,
-    W: Future<Output = R>,
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResB: Body<Data = bytes::Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
-    type Output = R;
+    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let _entered = this.span.enter();
         loop {
@@ -68,14 +92,12 @@ where
                         return Poll::Ready(answer);
                     }
                     Admitted::Handle(owned) => {
-                        let handle = this.handle.take().expect("admitted once");
-                        this.stage.set(Stage::Handle {
-                            work: handle(owned),
-                        });
+                        let execute = handle(owned, *this.detach, this.span);
+                        this.stage.set(Stage::Handle { execute });
                     }
                 },
-                StageProj::Handle { work } => {
-                    let answer = std::task::ready!(work.poll(cx));
+                StageProj::Handle { execute } => {
+                    let answer = std::task::ready!(execute.poll(cx));
                     this.stage.set(Stage::Done);
                     return Poll::Ready(answer);
                 }
@@ -85,59 +107,73 @@ where
     }
 }
 
-/// A keyed request's future, boxed, that can say whether it may finish in the background.
-pub(super) trait DetachableFuture: Future + Send {
-    /// Whether, dropped now, it should finish in the background: its handler is running
-    /// and the layer does not cancel on disconnect.
-    fn detachable(&self) -> bool;
-
-    /// Finish in a task of its own (on the current runtime; without one, it is dropped and
-    /// its lease guard leaves the key in doubt).
-    fn finish_in_background(self: Pin<Box<Self>>);
-}
-
-impl<A, H, W, O, R> DetachableFuture for Staged<A, H, W>
+/// Start the handler's part of an owned key, boxed.
+fn handle<S, B, ResB>(
+    owned: Owned<S, B>,
+    detach: bool,
+    span: &tracing::Span,
+) -> Detaching<Result<Response<ResponseBody<ResB>>, S::Error>>
 where
-    A: Future<Output = Admitted<R, O>> + Send + 'static,
-    H: FnOnce(O) -> W + Send + 'static,
-    W: Future<Output = R> + Send + 'static,
-    R: Send + 'static,
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
+    ResB: Body<Data = bytes::Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
-    fn detachable(&self) -> bool {
-        self.detach && matches!(self.stage, Stage::Handle { .. })
-    }
-
-    fn finish_in_background(self: Pin<Box<Self>>) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                drop(self.await);
-            });
-        }
-    }
+    let span = detach.then(|| span.clone());
+    Detaching::new(Box::pin(execute::handle(owned)), span)
 }
 
-/// The boxed future of a keyed request. Dropped while its handler runs (the client went
-/// away: hyper drops our future), what is left of it moves to a task of its own and still
-/// finishes, so its outcome is recorded and the client's retry gets a replay instead of an
-/// unknown outcome. Handing over only on a drop spares every other request a task.
+/// The boxed handler's part of a keyed request. Dropped while it runs (the client went
+/// away: hyper drops our future), it moves to a task of its own and still finishes, so
+/// its outcome is recorded and the client's retry gets a replay instead of an unknown
+/// outcome. Handing over only on a drop spares every other request a task.
 ///
 /// Not when it panicked: a poll that never returned leaves `polling` set, and the future
 /// is then dropped where it stands (its lease guard puts the key in doubt at once) while
 /// the panic goes on to whatever catches it outside, as without this layer.
 pub(super) struct Detaching<R> {
-    future: Option<Pin<Box<dyn DetachableFuture<Output = R>>>>,
+    future: Option<Pin<Box<dyn Background<Output = R>>>>,
     polling: bool,
+    /// The request's span, to finish in, when the layer lets a handler outlive its
+    /// client; `None` when it cancels on disconnect.
+    detach: Option<tracing::Span>,
+}
+
+/// A future that can finish in a task of its own.
+trait Background: Future + Send {
+    /// Finish in a task of its own, in `span` (on the current runtime; without one, it is
+    /// dropped, and its lease guard leaves the key in doubt).
+    fn finish_in_background(self: Pin<Box<Self>>, span: tracing::Span);
+}
+
+impl<F: Future + Send + 'static> Background for F {
+    fn finish_in_background(self: Pin<Box<Self>>, span: tracing::Span) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(
+                async move {
+                    drop(self.await);
+                }
+                .instrument(span),
+            );
+        }
+    }
 }
 
 impl<R> Detaching<R> {
-    pub(super) fn new(future: Pin<Box<dyn DetachableFuture<Output = R>>>) -> Self {
+    fn new<F>(future: Pin<Box<F>>, detach: Option<tracing::Span>) -> Self
+    where
+        F: Future<Output = R> + Send + 'static,
+    {
         Self {
             future: Some(future),
             polling: false,
+            detach,
         }
     }
 
-    pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<R> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<R> {
         let future = self
             .future
             .as_mut()
@@ -153,12 +189,12 @@ impl<R> Detaching<R> {
 
 impl<R> Drop for Detaching<R> {
     fn drop(&mut self) {
-        let Some(future) = self.future.take() else {
+        let (Some(future), Some(span)) = (self.future.take(), self.detach.take()) else {
             return;
         };
-        if self.polling || std::thread::panicking() || !future.detachable() {
+        if self.polling || std::thread::panicking() {
             return;
         }
-        future.finish_in_background();
+        future.finish_in_background(span);
     }
 }

@@ -1,0 +1,300 @@
+//! The handler's part of a keyed request, as the key's owner: run the handler while the
+//! lease is renewed, read its response up to the recording cap, record it.
+//!
+//! A future of its own rather than an `async fn`: nested `async fn`s each keep a copy of
+//! what they are handed, and the request's future (boxed, moved as it is built) carried
+//! every one of them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::body::RequestBody;
+use super::{problem, recording, settled, Owned, Report, ServerErrorPolicy, ServerFace};
+use crate::digest::BodyDigest;
+use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
+use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal};
+use crate::BoxError;
+
+/// What the handler's part answers.
+type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// The rare ends of a handler's part, boxed: settling through a store that awaits, after a
+/// failure, or the transactional mode.
+type Finishing<B, E> = Pin<Box<dyn Future<Output = Answer<B, E>> + Send>>;
+
+/// Start the handler's part: the handler is called here, as the key's owner.
+pub(super) fn handle<S, B, ResBody>(owned: Owned<S, B>) -> Execute<S::Future, ResBody, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let Owned {
+        mut inner,
+        server,
+        key: (key, digest),
+        token,
+        transaction,
+        request,
+        report,
+    } = owned;
+    match transaction {
+        #[cfg(feature = "postgres")]
+        Some(transaction) => {
+            let key = (key, digest);
+            let execute = super::transactional::execute(
+                inner,
+                server.clone(),
+                key,
+                token,
+                transaction,
+                request,
+            );
+            Execute::finishing(server, digest, report, Box::pin(execute))
+        }
+        #[cfg(not(feature = "postgres"))]
+        Some(never) => match never {},
+        None => {
+            // Dropped unsettled (a panic unwinding, a cancelled future), the guard puts the
+            // key in doubt at once: the handler may have done part of its work. Never
+            // `Abandon` here: nothing proves the handler did nothing. Held before the
+            // handler is called, so a handler that panics in `call` is covered too.
+            let lease = server.ledger.hold(key, token);
+            // `inner` is the instance our caller polled ready (taken in `call`).
+            let handling = inner.call(request);
+            Execute {
+                server,
+                lease: Some(lease),
+                digest,
+                report,
+                renewal: Renewal::new(),
+                step: Step::Calling { handling },
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The handler's part of a keyed request (see [`handle`]).
+    pub(super) struct Execute<F, B, E> {
+        server: Arc<ServerFace>,
+        // Taken when the lease is settled (or handed to a finishing future).
+        lease: Option<LeaseGuard>,
+        digest: BodyDigest,
+        report: Report,
+        // Keeps the lease alive while the handler runs and while its body is read: a live
+        // handler is never taken for dead, however slow it is.
+        #[pin]
+        renewal: Renewal,
+        #[pin]
+        step: Step<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = StepProj]
+    enum Step<F, B, E> {
+        Calling { #[pin] handling: F },
+        Buffering { parts: Option<http::response::Parts>, buffer: BufferUpTo<B> },
+        Finishing { future: Finishing<B, E> },
+        Done,
+    }
+}
+
+impl<F, B, E> Execute<F, B, E> {
+    #[cfg(feature = "postgres")]
+    fn finishing(
+        server: Arc<ServerFace>,
+        digest: BodyDigest,
+        report: Report,
+        future: Finishing<B, E>,
+    ) -> Self {
+        Self {
+            server,
+            lease: None,
+            digest,
+            report,
+            renewal: Renewal::new(),
+            step: Step::Finishing { future },
+        }
+    }
+}
+
+impl<F, B, E> Future for Execute<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+    E: Send + 'static,
+{
+    type Output = Answer<B, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.step.as_mut().project() {
+                StepProj::Calling { handling } => match handling.poll(cx) {
+                    Poll::Ready(Ok(response)) => answered(this.server, this.lease, response),
+                    Poll::Ready(Err(err)) => {
+                        // No response: the handler's fate is unknown.
+                        settled("in-doubt");
+                        let lease = this.lease.take().expect("held while the handler runs");
+                        Step::Finishing {
+                            future: Box::pin(async move {
+                                mark_in_doubt(lease).await;
+                                Err(err)
+                            }),
+                        }
+                    }
+                    Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                },
+                StepProj::Buffering { parts, buffer } => {
+                    let buffered = match Pin::new(buffer).poll(cx) {
+                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Ready(buffered) => buffered.map_err(Into::<BoxError>::into),
+                    };
+                    let lease = this.lease.take().expect("held while the body is read");
+                    let parts = parts.take().expect("taken once");
+                    match record(this.server, lease, parts, buffered, this.digest) {
+                        Ok(response) => {
+                            this.step.set(Step::Done);
+                            return Poll::Ready(this.report.answer(Ok(response)));
+                        }
+                        Err(finishing) => Step::Finishing { future: finishing },
+                    }
+                }
+                StepProj::Finishing { future } => {
+                    let answered = std::task::ready!(future.as_mut().poll(cx));
+                    this.step.set(Step::Done);
+                    return Poll::Ready(this.report.answer(answered));
+                }
+                StepProj::Done => panic!("ServerFuture polled after completion"),
+            };
+            this.step.set(next);
+        }
+    }
+}
+
+impl Renewal {
+    /// Renew `lease` while it is held; pending either way, for the work that holds it.
+    fn poll_renew_while<T>(
+        self: Pin<&mut Self>,
+        lease: &Option<LeaseGuard>,
+        cx: &mut Context<'_>,
+    ) -> Poll<T> {
+        if let Some(lease) = lease {
+            if let Poll::Ready(never) = self.poll_renew(lease, cx) {
+                match never {}
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Report {
+    /// Tell the hook what the request was answered, and pass the answer on.
+    fn answer<T, E>(&self, answered: Result<Response<T>, E>) -> Result<Response<T>, E> {
+        self.answered(&answered);
+        answered
+    }
+}
+
+/// Leave the key in doubt after a failure, saying so if even that fails.
+async fn mark_in_doubt(lease: LeaseGuard) {
+    if let Err(store_err) = lease.mark_in_doubt().await {
+        tracing::warn!(%store_err, "could not mark the key in doubt");
+    }
+}
+
+/// The handler answered: release the key for a `5xx` under [`ServerErrorPolicy::Release`],
+/// or read the body to record it.
+fn answered<F, B, E>(
+    server: &ServerFace,
+    lease: &mut Option<LeaseGuard>,
+    response: Response<B>,
+) -> Step<F, B, E>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    E: Send + 'static,
+{
+    if response.status().is_server_error() && server.server_errors == ServerErrorPolicy::Release {
+        settled("released");
+        let lease = lease.take().expect("held while the handler runs");
+        return Step::Finishing {
+            future: Box::pin(async move {
+                if let Err(err) = lease.abandon().await {
+                    tracing::warn!(%err, "could not release the key after a 5xx");
+                }
+                Ok(response.map(ResponseBody::inner))
+            }),
+        };
+    }
+    let (parts, body) = response.into_parts();
+    Step::Buffering {
+        parts: Some(parts),
+        buffer: buffer_up_to(body, server.response_limit),
+    }
+}
+
+/// Record the buffered response (or a tombstone) and answer it; a store that awaits, or
+/// whose answer was lost, finishes in a future of its own.
+fn record<B, E>(
+    server: &ServerFace,
+    lease: LeaseGuard,
+    parts: http::response::Parts,
+    buffered: Result<Buffered<B>, BoxError>,
+    digest: &BodyDigest,
+) -> Result<Response<ResponseBody<B>>, Finishing<B, E>>
+where
+    B: Send + 'static,
+    E: Send + 'static,
+{
+    let buffered = match buffered {
+        Ok(buffered) => buffered,
+        Err(err) => {
+            // The handler acted, but its answer is lost: the outcome is unknown, to this
+            // caller as to the next.
+            tracing::warn!(%err, "the handler's response body failed");
+            settled("in-doubt");
+            return Err(Box::pin(async move {
+                mark_in_doubt(lease).await;
+                Ok(problem::outcome_unknown())
+            }));
+        }
+    };
+    let (recorded, body, how) = recording(server, &parts, buffered, digest);
+    match lease.complete_in_place(recorded) {
+        InPlace::Done(completed) => {
+            recorded_as(how, completed);
+            Ok(Response::from_parts(parts, body))
+        }
+        InPlace::Later(unsettled) => Err(Box::pin(async move {
+            recorded_as(how, unsettled.complete().await);
+            Ok(Response::from_parts(parts, body))
+        })),
+    }
+}
+
+/// Say how the outcome was settled: `how`, or not recorded at all.
+fn recorded_as(how: &'static str, completed: Result<(), crate::ledger::StoreError>) {
+    match completed {
+        Ok(()) => settled(how),
+        Err(err) => {
+            // The handler's effect happened and this caller gets its answer; a retry will
+            // find the key in doubt once the lease ends (or at once, if it was taken over).
+            settled("not-recorded");
+            tracing::error!(%err, "could not record the outcome");
+        }
+    }
+}

@@ -87,16 +87,7 @@ impl FrozenRequest {
         B::Error: Into<crate::BoxError>,
     {
         let (parts, body) = collect_request(req, limit).await?;
-        let frozen = Frozen {
-            method: parts.method,
-            uri: parts.uri,
-            version: parts.version,
-            headers: parts.headers,
-            body,
-            digest: OnceLock::new(),
-            fingerprint: OnceLock::new(),
-        };
-        Ok((Self(Arc::new(frozen)), parts.extensions))
+        Ok(Self::of_collected(parts, body, false))
     }
 
     /// Freeze `req` as [`freeze`](Self::freeze) does, and add
@@ -128,12 +119,27 @@ impl FrozenRequest {
         B: Body,
         B::Error: Into<crate::BoxError>,
     {
-        let (mut parts, body) = collect_request(req, limit).await?;
-        let digest = BodyDigest::of(&body);
-        if !parts.headers.contains_key(&CONTENT_DIGEST) {
-            parts
-                .headers
-                .insert(CONTENT_DIGEST.clone(), digest.header_value());
+        let (parts, body) = collect_request(req, limit).await?;
+        Ok(Self::of_collected(parts, body, true))
+    }
+
+    /// Freeze a request whose body is collected, with `Content-Digest` added as
+    /// [`freeze_with_content_digest`](Self::freeze_with_content_digest) does when
+    /// `content_digest` is set.
+    pub(crate) fn of_collected(
+        mut parts: http::request::Parts,
+        body: Bytes,
+        content_digest: bool,
+    ) -> (Self, Extensions) {
+        let digest = OnceLock::new();
+        if content_digest {
+            let sha256 = BodyDigest::of(&body);
+            if !parts.headers.contains_key(&CONTENT_DIGEST) {
+                parts
+                    .headers
+                    .insert(CONTENT_DIGEST.clone(), sha256.header_value());
+            }
+            let _ = digest.set(sha256);
         }
         let frozen = Frozen {
             method: parts.method,
@@ -141,10 +147,10 @@ impl FrozenRequest {
             version: parts.version,
             headers: parts.headers,
             body,
-            digest: OnceLock::from(digest),
+            digest,
             fingerprint: OnceLock::new(),
         };
-        Ok((Self(Arc::new(frozen)), parts.extensions))
+        (Self(Arc::new(frozen)), parts.extensions)
     }
 
     /// Assemble a frozen request from its parts (for stores decoding their records, and for

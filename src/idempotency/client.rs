@@ -11,23 +11,26 @@ use bytes::Bytes;
 use http::{Extensions, Request, Response};
 use http_body::Body;
 use http_body_util::Full;
+use pin_project_lite::pin_project;
 use tower::ServiceExt;
 use tower_service::Service;
-use tracing::Instrument;
 
-use super::body::{buffer_up_to, Buffered, ResponseBody};
-use super::decision::{self, Decision, Face, OutcomeEvent, OutcomeHook, Track, WireKey};
-use super::engine::{BusyPolicy, InPlace, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::body::ResponseBody;
+use super::decision::{Decision, OutcomeEvent, OutcomeHook, Track, WireKey};
+use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::reconcile::{self, InDoubtOperation, Reconcile, Reconciled, DEFAULT_RECONCILE_TIMEOUT};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
-use crate::effect::EffectClass;
 use crate::error::{ConfigError, Drift};
 use crate::frozen::{FrozenRequest, Handoff, RetriedOutside, DEFAULT_BODY_LIMIT};
 use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
 use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::phase::{classify, ClassifyPhase, FailurePhase};
-use crate::retry::{is_in_progress_answer, is_retryable_status, RetryPolicy, DEFAULT_MAX_ELAPSED};
+use crate::retry::{RetryPolicy, DEFAULT_MAX_ELAPSED};
 use crate::{BoxError, Error};
+
+mod operation;
+
+use operation::{Exchange, Operation};
 
 /// The default cap on a recorded response: 1 MiB.
 pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
@@ -435,7 +438,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = Error;
-    type Future = ClientFuture<ResBody>;
+    type Future = ClientFuture<S, B, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
@@ -453,29 +456,50 @@ where
             .on_outcome
             .is_some()
             .then(tokio::time::Instant::now);
-        ClientFuture {
-            inner: Box::pin(run(inner, self.face.clone(), req, started).instrument(span)),
-        }
+        let operation = {
+            let _entered = span.enter();
+            Operation::new(inner, self.face.clone(), req, started)
+        };
+        ClientFuture { operation, span }
     }
 }
 
-/// The future of the client [`IdempotencyLayer`]: one logical operation.
-pub struct ClientFuture<T> {
-    inner: BoxedOperation<T>,
-}
-
-type BoxedOperation<T> =
-    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<T>>, Error>> + Send>>;
-
-impl<T> Future for ClientFuture<T> {
-    type Output = Result<Response<ResponseBody<T>>, Error>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+pin_project! {
+    /// The future of the client [`IdempotencyLayer`]: one logical operation, held in
+    /// place (not boxed), inside its span.
+    pub struct ClientFuture<S, B, ResB>
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    {
+        #[pin]
+        operation: Operation<'static, S, B, ResB>,
+        span: tracing::Span,
     }
 }
 
-impl<T> fmt::Debug for ClientFuture<T> {
+impl<S, B, ResB> Future for ClientFuture<S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        this.operation.poll(cx)
+    }
+}
+
+impl<S, B, ResB> fmt::Debug for ClientFuture<S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientFuture").finish_non_exhaustive()
     }
@@ -587,84 +611,38 @@ fn identify<B>(
 
 /// One logical operation through the client face. `inner` need not be `'static` or
 /// `Clone`: it is called once (the retries, if any, are its own).
-pub(crate) async fn run<S, B, ResBody>(
+#[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+pub(crate) fn run<'a, S, B, ResBody>(
     inner: S,
     client: Arc<ClientFace>,
-    mut req: Request<B>,
+    req: Request<B>,
     started: Option<tokio::time::Instant>,
-) -> Result<Response<ResponseBody<ResBody>>, Error>
+) -> Operation<'a, S, B, ResBody>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
     B: Body,
-    B::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin,
-    ResBody::Error: Into<BoxError>,
 {
-    let side_effect = EffectClass::of_request(&req).is_side_effect();
-    let key = if side_effect {
-        client.check_layer_order(&req);
-        identify(&client, &mut req)?
-    } else {
-        None
-    };
-    // A keyed request carries `Content-Digest` of its frozen body, hashed once with the
-    // fingerprint, so the server can check that the bytes it got are the bytes we froze.
-    let (frozen, extensions) = if key.is_some() {
-        FrozenRequest::freeze_with_content_digest(req, client.body_limit).await?
-    } else {
-        FrozenRequest::freeze(req, client.body_limit).await?
-    };
-    let Some((key, wire)) = key else {
-        let mut response = pass_through(inner, &client, &frozen, extensions).await?;
-        if side_effect {
-            client.report_unprotected(&frozen);
-            response
-                .extensions_mut()
-                .insert(ResponseSource::Unprotected);
-        }
-        return Ok(response);
-    };
-    let span = tracing::Span::current();
-    if !span.is_disabled() {
-        span.record("key", tracing::field::display(decision::KeyDigest(&wire)));
-    }
-    let track = Track::new(Face::Client, Some(wire));
-    let result = operate(inner, &client, key, frozen, extensions, &track).await;
-    let status = result.as_ref().ok().map(|response| response.status());
-    track.report(client.on_outcome.as_ref(), started, status);
-    result
+    Operation::new(inner, client, req, started)
 }
 
-/// The ledger's part of one keyed operation: `begin`, then send, resend, replay or refuse.
-async fn operate<S, ResBody>(
+/// The ledger's part of one keyed operation, once `begin` answered (`answered`): send,
+/// resend, replay or refuse. The path of the answers the in-place one leaves (see
+/// [`Operation`]).
+async fn operate_after<S, ResBody>(
     inner: S,
-    client: &ClientFace,
+    client: &Arc<ClientFace>,
     key: LedgerKey,
     frozen: FrozenRequest,
     extensions: Extensions,
     track: &Track,
+    answered: Result<Begin, crate::ledger::StoreError>,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let mut begin = client
-        .ledger
-        .request(key, frozen.fingerprint())
-        .with_frozen(frozen.clone());
-    if !client.provider_deduplicates {
-        // The server would run an in-doubt operation again: only ever look at one.
-        begin = begin.probe();
-    }
-    let answered = match client.ledger.begin_in_place(&begin, client.busy) {
-        Ok(answered) => answered,
-        // Boxed: waiting and asking again are the rare path; held in place, their state
-        // would weigh on every operation's future.
-        Err(lost) => Box::pin(client.ledger.begin_after(begin, client.busy, lost)).await,
-    };
     let answer = match answered {
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
@@ -709,7 +687,7 @@ where
     track.decided(decision_of(&answer));
     match answer {
         Begin::Acquired { token } => {
-            send(
+            exchange(
                 inner,
                 client,
                 (key, track),
@@ -772,7 +750,7 @@ where
             // Resend what was first frozen, never the request just handed to us.
             let original = stored.unwrap_or(to_send);
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
-            send(
+            exchange(
                 inner,
                 client,
                 (key, track),
@@ -871,50 +849,36 @@ where
     inner.oneshot(req).await.map_err(Into::into)
 }
 
-/// Send the frozen request as the operation's owner and settle the lease by what happened.
-async fn send<S, ResBody>(
+/// Send `frozen` as the operation's owner and settle the lease by what happened (see
+/// [`Exchange`]), from one of the `async` paths.
+async fn exchange<S, ResBody>(
     inner: S,
-    client: &ClientFace,
+    client: &Arc<ClientFace>,
     (key, track): (LedgerKey, &Track),
     token: LeaseToken,
     frozen: &FrozenRequest,
-    mut extensions: Extensions,
+    extensions: Extensions,
     source: ResponseSource,
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    // Dropped before settling (the caller gave up), the guard marks the record in doubt:
-    // the request may already be on the wire.
-    let lease = client.ledger.hold(key, token);
-    let handoff = Handoff::new(frozen.clone(), !client.provider_deduplicates);
-    extensions.insert(handoff.clone());
-    let call = call_inner(inner, frozen.to_request_with(extensions));
-    let result = lease.renewing(call).await;
-    client.check_real_retry_window(&handoff);
-    match result {
-        Ok(response) => settle_response(client, lease, response, source, track).await,
-        Err(error) => {
-            let phase = classify(&*error, client.phase_classifier.as_deref());
-            // Sticky: an earlier attempt inside (reported by the retry layer) may have left
-            // even when the last one was refused before writing.
-            let settled = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
-                track.decided(Decision::InDoubt);
-                lease.mark_in_doubt().await
-            } else {
-                track.decided(Decision::Released);
-                lease.abandon().await
-            };
-            if let Err(err) = settled {
-                tracing::warn!(%err, "could not settle the lease after a failure; it will expire into doubt");
-            }
-            tracing::debug!(?phase, %error, "operation failed");
-            Err(into_error(error, phase))
-        }
-    }
+    let keyed = (key, track.fork());
+    let exchange = Exchange::with_source(
+        inner,
+        client.clone(),
+        keyed,
+        token,
+        frozen,
+        extensions,
+        source,
+    );
+    let (answer, forked) = exchange.await;
+    track.follow(&forked);
+    answer
 }
 
 /// Ask the reconciler about an in-doubt operation we now own under `token`, and act on its
@@ -922,7 +886,7 @@ where
 /// or leave the operation in doubt.
 async fn reconcile<S, ResBody>(
     inner: S,
-    client: &ClientFace,
+    client: &Arc<ClientFace>,
     (key, track): (LedgerKey, &Track),
     token: LeaseToken,
     original: FrozenRequest,
@@ -931,7 +895,7 @@ async fn reconcile<S, ResBody>(
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let reconciler = client
@@ -967,7 +931,7 @@ where
             tracing::info!(key = %key.to_hex(), "in-doubt operation reconciled: it never happened; sending the frozen request");
             track.decided(Decision::Resumed);
             let token = lease.hand_on();
-            send(
+            exchange(
                 inner,
                 client,
                 (key, track),
@@ -1035,82 +999,4 @@ fn detached_headers(headers: &http::HeaderMap) -> http::HeaderMap {
         detached.append(name.clone(), own);
     }
     detached
-}
-
-/// Record a response (or a tombstone), or leave the operation in doubt when the response
-/// says "try again" — a later run resends the frozen bytes rather than replaying a 503.
-async fn settle_response<ResBody>(
-    client: &ClientFace,
-    lease: LeaseGuard,
-    response: Response<ResBody>,
-    source: ResponseSource,
-    track: &Track,
-) -> Result<Response<ResponseBody<ResBody>>, Error>
-where
-    ResBody: Body<Data = Bytes> + Unpin,
-    ResBody::Error: Into<BoxError>,
-{
-    let status = response.status();
-    // Only answers that mean "come back later" leave the operation open; any other
-    // answer, a business `409` ("already exists") included, is its final outcome.
-    if is_retryable_status(status) || is_in_progress_answer(status, response.headers()) {
-        track.decided(Decision::InDoubt);
-        if let Err(err) = lease.mark_in_doubt().await {
-            tracing::warn!(%err, "could not mark the operation in doubt");
-        }
-        let mut response = response.map(ResponseBody::inner);
-        response.extensions_mut().insert(source);
-        return Ok(response);
-    }
-    let (mut parts, body) = response.into_parts();
-    parts.extensions.insert(source);
-    let buffered = lease
-        .renewing(buffer_up_to(body, client.response_limit))
-        .await
-        .map_err(Into::<BoxError>::into);
-    let buffered = match buffered {
-        Ok(buffered) => buffered,
-        Err(err) => {
-            // The server acted (it answered); only the body was lost.
-            if let Err(store_err) = lease.mark_in_doubt().await {
-                tracing::warn!(%store_err, "could not mark the operation in doubt");
-            }
-            return Err(Error::response_body(err));
-        }
-    };
-    let (outcome, body) = match buffered {
-        Buffered::Whole(bytes) => {
-            // The record gets its own exact-size copies: a body or header value sliced out
-            // of the transport's read buffer (hyper hands out both so) would otherwise keep
-            // that whole buffer alive for the retention, unseen by the store's budget.
-            let stored = StoredResponse::new(
-                parts.status,
-                parts.version,
-                detached_headers(&parts.headers),
-                Bytes::copy_from_slice(&bytes),
-            );
-            (Outcome::Response(stored), ResponseBody::buffered(bytes))
-        }
-        Buffered::Overflow(prefix, rest) => {
-            tracing::info!(
-                limit = client.response_limit,
-                "response over the recording cap; keeping a tombstone"
-            );
-            (
-                Outcome::Tombstone { status },
-                ResponseBody::overflow(prefix, rest),
-            )
-        }
-    };
-    let completed = match lease.complete_in_place(outcome) {
-        InPlace::Done(completed) => completed,
-        // Boxed for the reason `operate` boxes its slow `begin`.
-        InPlace::Later(unsettled) => Box::pin(unsettled.complete()).await,
-    };
-    if let Err(err) = completed {
-        // The effect happened and the caller gets the real answer; a later run will find
-        // the record in doubt and resend the same bytes under the same key.
-        tracing::error!(%err, "could not record the outcome");
-    }
-    Ok(Response::from_parts(parts, body))
 }

@@ -257,6 +257,22 @@ impl Track {
         self.wire.as_ref()
     }
 
+    /// A track of its own for a part of the request that decides on its own (a nested
+    /// exchange); [`follow`](Self::follow) takes its decisions back.
+    pub(crate) fn fork(&self) -> Self {
+        Self {
+            face: self.face,
+            wire: self.wire.clone(),
+            last: AtomicU8::new(self.last.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Take the latest decision of `fork`, made after it was forked from this track.
+    pub(crate) fn follow(&self, fork: &Track) {
+        self.last
+            .store(fork.last.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// Log and count `decision`, and remember it as the request's latest.
     pub(crate) fn decided(&self, decision: Decision) {
         #[cfg(feature = "metrics")]

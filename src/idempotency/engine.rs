@@ -491,6 +491,10 @@ fn start() -> Started {
     Started
 }
 
+/// A lease being settled by the engine's waiting and retrying path ([`LeaseGuard::complete`],
+/// [`abandon`](LeaseGuard::abandon), [`mark_in_doubt`](LeaseGuard::mark_in_doubt)).
+pub(crate) type Settling = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
 /// An owned lease. Settle it with exactly one of `complete`, `abandon`, `mark_in_doubt`.
 ///
 /// A settle is finished even if its caller is dropped halfway through the store call: the
@@ -510,8 +514,8 @@ pub(crate) struct LeaseGuard {
 
 impl LeaseGuard {
     /// Record `outcome`, retrying a lost write inside the lease.
-    pub(crate) async fn complete(self, outcome: Outcome) -> Result<(), StoreError> {
-        self.settle(Settle::Complete(outcome)).await
+    pub(crate) fn complete(self, outcome: Outcome) -> Settling {
+        self.settle(Settle::Complete(outcome))
     }
 
     /// [`complete`](Self::complete) in place, when the store answers at once and its answer
@@ -546,13 +550,13 @@ impl LeaseGuard {
     }
 
     /// Release the operation: nothing of it was sent.
-    pub(crate) async fn abandon(self) -> Result<(), StoreError> {
-        self.settle(Settle::Abandon).await
+    pub(crate) fn abandon(self) -> Settling {
+        self.settle(Settle::Abandon)
     }
 
     /// Leave the operation in doubt: its bytes may have left.
-    pub(crate) async fn mark_in_doubt(self) -> Result<(), StoreError> {
-        self.settle(Settle::MarkInDoubt).await
+    pub(crate) fn mark_in_doubt(self) -> Settling {
+        self.settle(Settle::MarkInDoubt)
     }
 
     /// Hand the lease on unsettled, to whoever goes on with the operation under the same
@@ -566,10 +570,7 @@ impl LeaseGuard {
     /// Boxed: settling by this path is rare on the request path (a failure, a `5xx` to
     /// release, a store that awaits), and held in place its retrying state would weigh on
     /// every request's future, which is moved whole as it is built.
-    fn settle(
-        self,
-        settle: Settle,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>> {
+    fn settle(self, settle: Settle) -> Settling {
         Box::pin(self.settle_after(settle, None))
     }
 
@@ -696,6 +697,22 @@ impl Renewal {
                 }
             }
         }
+    }
+}
+
+impl Renewal {
+    /// Renew `lease` while one is held: pending either way, for the work holding it.
+    pub(crate) fn poll_renew_while<T>(
+        self: Pin<&mut Self>,
+        lease: &Option<LeaseGuard>,
+        cx: &mut Context<'_>,
+    ) -> Poll<T> {
+        if let Some(lease) = lease {
+            if let Poll::Ready(never) = self.poll_renew(lease, cx) {
+                match never {}
+            }
+        }
+        Poll::Pending
     }
 }
 

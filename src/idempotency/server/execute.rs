@@ -186,22 +186,6 @@ where
     }
 }
 
-impl Renewal {
-    /// Renew `lease` while it is held; pending either way, for the work that holds it.
-    fn poll_renew_while<T>(
-        self: Pin<&mut Self>,
-        lease: &Option<LeaseGuard>,
-        cx: &mut Context<'_>,
-    ) -> Poll<T> {
-        if let Some(lease) = lease {
-            if let Poll::Ready(never) = self.poll_renew(lease, cx) {
-                match never {}
-            }
-        }
-        Poll::Pending
-    }
-}
-
 impl Report {
     /// Tell the hook what the request was answered, and pass the answer on.
     fn answer<T, E>(&self, answered: Result<Response<T>, E>) -> Result<Response<T>, E> {

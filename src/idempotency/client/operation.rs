@@ -289,21 +289,7 @@ where
     match answered {
         Ok(Begin::Acquired { token }) => {
             keyed.track.decided(Decision::Acquired);
-            let Keyed {
-                key,
-                frozen,
-                extensions,
-                track,
-            } = keyed;
-            let exchange = Exchange::new(
-                inner,
-                client.clone(),
-                key,
-                track,
-                token,
-                &frozen,
-                extensions,
-            );
+            let exchange = Exchange::of_keyed(inner, client.clone(), keyed, token);
             Next::Step(Step::Exchanging { exchange })
         }
         Ok(Begin::Replay(outcome)) => {
@@ -388,29 +374,28 @@ impl<S, ResB> Exchange<S, ResB>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
 {
-    /// Send `frozen` under `token` (the request goes out from here, `inner` is called on
-    /// the first poll).
-    pub(super) fn new(
-        inner: S,
-        client: Arc<ClientFace>,
-        key: LedgerKey,
-        track: Track,
-        token: LeaseToken,
-        frozen: &FrozenRequest,
-        extensions: Extensions,
-    ) -> Self {
+    /// Send the frozen request of `keyed` under `token`, as first sent (the request goes
+    /// out from here: `inner` is called on the first poll).
+    fn of_keyed(inner: S, client: Arc<ClientFace>, keyed: Keyed, token: LeaseToken) -> Self {
+        let Keyed {
+            key,
+            frozen,
+            extensions,
+            track,
+        } = keyed;
+        let source = ResponseSource::Sent;
         Self::with_source(
             inner,
             client,
             (key, track),
             token,
-            frozen,
+            &frozen,
             extensions,
-            ResponseSource::Sent,
+            source,
         )
     }
 
-    /// [`new`](Self::new), for a response that will carry `source`.
+    /// Send `frozen` under `token`, for a response that will carry `source`.
     pub(super) fn with_source(
         inner: S,
         client: Arc<ClientFace>,

@@ -1440,3 +1440,89 @@ async fn a_slow_live_handler_keeps_its_lease_and_is_never_overtaken() {
         assert_eq!(server.probe.runs().started, 1, "{policy:?}");
     }
 }
+
+#[tokio::test]
+async fn the_handler_gets_the_key_in_its_extensions_on_its_first_run_and_when_failing_open() {
+    // A handler passes the key on to its own downstream calls: it must find it, as sent,
+    // whether it runs first or runs unprotected because the ledger is away (fail open).
+    let echo = tower::service_fn(|req: Request<_>| async move {
+        let key = req
+            .extensions()
+            .get::<tower_idempotency::HeaderKey>()
+            .map(|key| key.as_str().to_owned())
+            .unwrap_or_default();
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(key))))
+    });
+    let request = |key: &'static str| {
+        Request::post("/charges")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let body = |response: Response<_>| async move {
+        let response: Response<tower_idempotency::idempotency::ResponseBody<_>> = response;
+        response.into_body().collect().await.unwrap().to_bytes()
+    };
+    let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+        .unscoped()
+        .build()
+        .unwrap();
+    let service = tower::Layer::layer(&layer, echo);
+    let first = service
+        .clone()
+        .oneshot(request("\"order-42\""))
+        .await
+        .unwrap();
+    assert_eq!(body(first).await, "order-42");
+    let replay = service
+        .clone()
+        .oneshot(request("\"order-42\""))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        body(replay).await,
+        "order-42",
+        "the recorded answer, replayed"
+    );
+
+    let away = IdempotencyLayer::server_builder(Unavailable)
+        .unscoped()
+        .fail_open(true)
+        .build()
+        .unwrap();
+    let unprotected = tower::Layer::layer(&away, echo)
+        .oneshot(request("order-43"))
+        .await
+        .unwrap();
+    assert_eq!(unprotected.headers()["idempotency-fail-open"], "true");
+    assert_eq!(body(unprotected).await, "order-43");
+}
+
+/// A ledger that is never there.
+#[derive(Debug)]
+struct Unavailable;
+
+impl IdempotencyStore for Unavailable {
+    fn begin(&self, _: BeginRequest) -> StoreFuture<'_, Begin> {
+        StoreFuture::ready(Err(StoreError::unavailable("down")))
+    }
+    fn complete(
+        &self,
+        _: LedgerKey,
+        _: LeaseToken,
+        _: Outcome,
+        _: Duration,
+    ) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Err(StoreError::unavailable("down")))
+    }
+    fn abandon(&self, _: LedgerKey, _: LeaseToken) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Err(StoreError::unavailable("down")))
+    }
+    fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Err(StoreError::unavailable("down")))
+    }
+    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Err(StoreError::unavailable("down")))
+    }
+}

@@ -84,6 +84,7 @@ pin_project! {
 /// A request waiting for its claim: what deciding needs once the answer comes.
 struct Claimant {
     parts: Parts,
+    key: HeaderKey,
     body: Bytes,
     digest: BodyDigest,
     report: Report,
@@ -245,7 +246,7 @@ fn read<S, B, ResB>(
     inner: &mut Option<S>,
     ledger_key: LedgerKey,
     key: HeaderKey,
-    mut parts: Parts,
+    parts: Parts,
     body: Bytes,
     report: Report,
 ) -> Next<S, B, ResB>
@@ -256,8 +257,6 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     ResB: 'static,
 {
-    // Handlers can pass the key on to their own downstream calls.
-    parts.extensions.insert(key);
     // Bytes that are not what their sender digested are refused before the ledger sees
     // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
     let digest = match verified_body_digest(&parts.headers, &body) {
@@ -266,6 +265,7 @@ where
     };
     let claimant = Claimant {
         parts,
+        key,
         body,
         digest,
         report,
@@ -353,6 +353,7 @@ where
 {
     let Claimant {
         parts,
+        key: header_key,
         body,
         digest,
         report,
@@ -363,7 +364,7 @@ where
             outcome("fail-open");
             tracing::warn!(%err, "ledger unavailable; running the handler unprotected (fail-open)");
             let inner = inner.take().expect("handed on once");
-            let request = Request::from_parts(parts, RequestBody::buffered(body));
+            let request = handler_request(parts, header_key, body);
             return Next::Step(Step::FailingOpen {
                 running: Box::pin(call(inner, request)),
                 report: Some(report),
@@ -420,9 +421,17 @@ where
         key: (ledger_key, digest),
         token,
         transaction,
-        request: Request::from_parts(parts, RequestBody::buffered(body)),
+        request: handler_request(parts, header_key, body),
         report,
     }))
+}
+
+/// The request the handler gets: the head as it came, with the key, which handlers can pass
+/// on to their own downstream calls. Assembled only when the handler is to run: a replay
+/// or a refusal never pays for the key's place in the extensions.
+fn handler_request<B>(mut parts: Parts, key: HeaderKey, body: Bytes) -> Request<RequestBody<B>> {
+    parts.extensions.insert(key);
+    Request::from_parts(parts, RequestBody::buffered(body))
 }
 
 /// Answer `response` without the handler, telling the hook.

@@ -296,6 +296,18 @@ fn is_visible_ascii(byte: u8) -> bool {
     (0x21..=0x7e).contains(&byte)
 }
 
+/// The bytes an sf-string key holds as they are: visible ASCII but `"` and `\\`. A table,
+/// because every keyed request scans its key byte by byte.
+const SF_PLAIN: [bool; 256] = {
+    let mut plain = [false; 256];
+    let mut byte = 0x21;
+    while byte <= 0x7e {
+        plain[byte] = byte != b'"' as usize && byte != b'\\' as usize;
+        byte += 1;
+    }
+    plain
+};
+
 /// A bare token: visible ASCII only (no spaces, no controls, no obs-text).
 fn bare_token(bytes: &[u8]) -> Result<String, InvalidKey> {
     if let Some(&byte) = bytes.iter().find(|&&b| !is_visible_ascii(b)) {
@@ -311,7 +323,7 @@ fn unescape_sf_string(inner: &[u8]) -> Result<String, InvalidKey> {
     // copy it whole, so a plain key costs one pass and one copy rather than a push per byte.
     let plain = inner
         .iter()
-        .position(|&b| b == b'\\' || b == b'"' || !is_visible_ascii(b))
+        .position(|&b| !SF_PLAIN[usize::from(b)])
         .unwrap_or(inner.len());
     let (head, rest) = inner.split_at(plain);
     let mut out = String::with_capacity(inner.len());
@@ -457,6 +469,14 @@ mod tests {
         assert_eq!(parse(br#""a\"b\\c""#).unwrap().as_str(), "a\"b\\c");
         let longest = "k".repeat(MAX_KEY_LEN);
         assert_eq!(parse(longest.as_bytes()).unwrap().as_str(), longest);
+    }
+
+    #[test]
+    fn the_plain_byte_table_is_visible_ascii_but_quote_and_backslash() {
+        for byte in 0..=255u8 {
+            let plain = is_visible_ascii(byte) && byte != b'"' && byte != b'\\';
+            assert_eq!(SF_PLAIN[usize::from(byte)], plain, "byte {byte:#04x}");
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The in-process ledger: every record in a sharded map, under one byte budget.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,6 +13,10 @@ use super::{
 };
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
+
+mod eviction;
+
+use eviction::EvictionIndex;
 
 /// The default byte budget of a [`MemoryStore`]: 64 MiB.
 const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
@@ -97,7 +101,7 @@ struct Inner {
     used: AtomicU64,
     max_bytes: u64,
     /// Completed records by the end of their protected window: the eviction order.
-    evictable: Mutex<BTreeMap<(Instant, u64), LedgerKey>>,
+    evictable: Mutex<EvictionIndex>,
     /// Hands out the sequence numbers that tell two lives of one key apart.
     next_seq: AtomicU64,
     evictions: AtomicU64,
@@ -221,7 +225,7 @@ impl MemoryStoreBuilder {
                 shards,
                 used: AtomicU64::new(0),
                 max_bytes: self.max_bytes,
-                evictable: Mutex::new(BTreeMap::new()),
+                evictable: Mutex::new(EvictionIndex::default()),
                 next_seq: AtomicU64::new(0),
                 evictions: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
@@ -335,7 +339,7 @@ impl MemoryStore {
         self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
         self.inner.gauges.removed(record.weight);
         if let State::Completed { protect_until, .. } = record.state {
-            lock(&self.inner.evictable).remove(&(protect_until, record.seq));
+            lock(&self.inner.evictable).remove((protect_until, record.seq));
         }
         Some(record)
     }
@@ -370,7 +374,7 @@ impl MemoryStore {
             Some(old) => {
                 self.inner.gauges.reweighed(old.weight, weight);
                 if let State::Completed { protect_until, .. } = old.state {
-                    lock(&self.inner.evictable).remove(&(protect_until, old.seq));
+                    lock(&self.inner.evictable).remove((protect_until, old.seq));
                 }
             }
             None => self.inner.gauges.added(weight),
@@ -389,15 +393,7 @@ impl MemoryStore {
             if self.inner.used.load(Ordering::Relaxed) + needed <= self.inner.max_bytes {
                 return true;
             }
-            let front = {
-                let mut evictable = lock(&self.inner.evictable);
-                match evictable.first_key_value() {
-                    Some((&(protect_until, _), _)) if protect_until <= now => {
-                        evictable.pop_first().map(|((_, seq), key)| (key, seq))
-                    }
-                    _ => None,
-                }
-            };
+            let front = lock(&self.inner.evictable).pop_ended_by(now);
             let Some((key, seq)) = front else {
                 if swept {
                     return false;

@@ -1,0 +1,202 @@
+//! The eviction order of a [`MemoryStore`](super::MemoryStore): completed records by the end
+//! of their protected window.
+//!
+//! A record's window ends a fixed time after it completes, so records arrive in this order
+//! almost always (a store shared by layers with different windows is the exception). They
+//! go to the back of a sorted deque when they land among its last few entries, which costs a
+//! push where a search tree costs a descent, a node split now and then and a rebalance on
+//! every pop; the rest go to a search tree beside it. The front of the order is the lesser
+//! of the two fronts.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use tokio::time::Instant;
+
+use crate::ledger::LedgerKey;
+
+/// Where a record stands in the order: the end of its protected window, then its sequence
+/// number (unique per record).
+pub(super) type Place = (Instant, u64);
+
+/// How far from the back of the deque a record may land and still be put there; further
+/// in, moving the entries behind it would cost more than the tree.
+const NEAR_BACK: usize = 32;
+
+#[derive(Debug, Default)]
+pub(super) struct EvictionIndex {
+    /// In order, with no gaps: every entry here is before every later one.
+    sorted: VecDeque<(Place, LedgerKey)>,
+    /// The records that arrived out of order.
+    overflow: BTreeMap<Place, LedgerKey>,
+}
+
+impl EvictionIndex {
+    pub(super) fn insert(&mut self, place: Place, key: LedgerKey) {
+        let at = self.sorted.len() - self.back_run_after(place);
+        if self.sorted.len() - at <= NEAR_BACK {
+            self.sorted.insert(at, (place, key));
+        } else {
+            self.overflow.insert(place, key);
+        }
+    }
+
+    /// How many entries at the back of the deque come after `place` (counted up to one
+    /// past [`NEAR_BACK`]).
+    fn back_run_after(&self, place: Place) -> usize {
+        self.sorted
+            .iter()
+            .rev()
+            .take(NEAR_BACK + 1)
+            .take_while(|(entry, _)| *entry > place)
+            .count()
+    }
+
+    pub(super) fn remove(&mut self, place: Place) {
+        if self.overflow.remove(&place).is_some() {
+            return;
+        }
+        if let Ok(at) = self.sorted.binary_search_by(|(entry, _)| entry.cmp(&place)) {
+            self.sorted.remove(at);
+        }
+    }
+
+    /// The first record in the order, if its window ended by `now`: taken out.
+    pub(super) fn pop_ended_by(&mut self, now: Instant) -> Option<(LedgerKey, u64)> {
+        let deque = self.sorted.front().map(|(place, _)| *place);
+        let tree = self.overflow.first_key_value().map(|(place, _)| *place);
+        let from_tree = match (deque, tree) {
+            (Some(deque), Some(tree)) => tree < deque,
+            (None, Some(_)) => true,
+            (_, None) => false,
+        };
+        if from_tree {
+            let (place, _) = self.overflow.first_key_value()?;
+            if place.0 > now {
+                return None;
+            }
+            let ((_, seq), key) = self.overflow.pop_first()?;
+            return Some((key, seq));
+        }
+        let (place, _) = self.sorted.front()?;
+        if place.0 > now {
+            return None;
+        }
+        let ((_, seq), key) = self.sorted.pop_front()?;
+        self.give_back_room();
+        Some((key, seq))
+    }
+
+    /// A deque that grew for a burst keeps its room; give most of it back once it holds a
+    /// quarter of it, as the tree it replaces freed its nodes.
+    fn give_back_room(&mut self) {
+        let (len, capacity) = (self.sorted.len(), self.sorted.capacity());
+        if capacity > 1024 && len < capacity / 4 {
+            self.sorted.shrink_to(len * 2);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.sorted.len() + self.overflow.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Insert a record whose window ends this many ms after the start.
+        Insert(u16),
+        /// Remove the n-th live record (modulo their number).
+        Remove(u16),
+        /// Pop what ended by this many ms after the start.
+        Pop(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            // Mostly in order (a window after a clock that moves on), sometimes not.
+            4 => (0u16..2000).prop_map(Op::Insert),
+            1 => any::<u16>().prop_map(Op::Remove),
+            2 => (0u16..2000).prop_map(Op::Pop),
+        ]
+    }
+
+    proptest! {
+        /// Against a plain search tree, the reference: the same records pop in the same
+        /// order, whatever mix of in-order and out-of-order inserts and removals.
+        #[test]
+        fn pops_in_the_order_of_a_search_tree(ops in proptest::collection::vec(op(), 0..400)) {
+            let start = Instant::now();
+            let at = |ms: u16| start + Duration::from_millis(u64::from(ms));
+            let mut index = EvictionIndex::default();
+            let mut model: BTreeMap<Place, LedgerKey> = BTreeMap::new();
+            let mut clock = 0u16;
+            for (seq, op) in (0u64..).zip(ops) {
+                match op {
+                    Op::Insert(ms) => {
+                        // The clock moves on; most windows end after everything before.
+                        clock = clock.saturating_add(1);
+                        let end = if ms % 5 == 0 { ms } else { clock.saturating_add(ms % 50) };
+                        let key = LedgerKey::server("", &seq.to_string());
+                        index.insert((at(end), seq), key);
+                        model.insert((at(end), seq), key);
+                    }
+                    Op::Remove(n) => {
+                        if let Some(place) = model.keys().nth(usize::from(n) % model.len().max(1)).copied() {
+                            index.remove(place);
+                            model.remove(&place);
+                        }
+                    }
+                    Op::Pop(ms) => {
+                        let now = at(ms);
+                        let expected = match model.first_key_value() {
+                            Some((place, _)) if place.0 <= now => {
+                                model.pop_first().map(|((_, seq), key)| (key, seq))
+                            }
+                            _ => None,
+                        };
+                        prop_assert_eq!(index.pop_ended_by(now), expected);
+                    }
+                }
+                prop_assert_eq!(index.len(), model.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_drained_deque_gives_its_room_back() {
+        let start = Instant::now();
+        let mut index = EvictionIndex::default();
+        for seq in 0..100_000u64 {
+            index.insert((start, seq), LedgerKey::server("", &seq.to_string()));
+        }
+        let grown = index.sorted.capacity();
+        while index.sorted.len() > 10 {
+            index.pop_ended_by(start).expect("every window ended");
+        }
+        assert!(
+            index.sorted.capacity() < grown / 100,
+            "{} of {grown}",
+            index.sorted.capacity()
+        );
+    }
+
+    #[test]
+    fn records_in_order_never_reach_the_tree() {
+        let start = Instant::now();
+        let mut index = EvictionIndex::default();
+        for seq in 0..10_000u64 {
+            let key = LedgerKey::server("", &seq.to_string());
+            index.insert((start + Duration::from_millis(seq / 3), seq), key);
+        }
+        assert!(index.overflow.is_empty());
+        assert_eq!(index.sorted.len(), 10_000);
+    }
+}

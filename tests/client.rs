@@ -1,6 +1,9 @@
 //! The client `IdempotencyLayer`, over the public API.
 #![cfg(feature = "test-util")]
 
+#[path = "support/down.rs"]
+mod down;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,12 +15,13 @@ use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::idempotency::{ClientFace, Idempotency};
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
-    StoreFuture,
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome,
 };
 use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
+
+use down::DownStore;
 use tower_idempotency::{
     BusyPolicy, DriftPolicy, EffectClass, FrozenRequest, FrozenRetryLayer, IdempotencyLayer,
     OperationId, ResponseSource,
@@ -482,34 +486,6 @@ async fn an_oversized_response_reaches_its_caller_whole_and_is_never_run_again()
     let err = svc.oneshot(post(ORIGINAL)).await.unwrap_err();
     assert!(err.is_replay_unavailable(), "{err}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
-
-/// A store that is down.
-#[derive(Debug)]
-struct DownStore;
-
-impl IdempotencyStore for DownStore {
-    fn begin(&self, _: BeginRequest) -> StoreFuture<'_, Begin> {
-        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
-    }
-    fn complete(
-        &self,
-        _: LedgerKey,
-        _: LeaseToken,
-        _: Outcome,
-        _: Duration,
-    ) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
-    }
-    fn abandon(&self, _: LedgerKey, _: LeaseToken) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
-    }
-    fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
-    }
-    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("connection refused")))
-    }
 }
 
 #[tokio::test]

@@ -6,6 +6,8 @@
 
 #[path = "../examples/axum_server.rs"]
 mod axum_server;
+#[path = "support/down.rs"]
+mod down;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -1486,7 +1488,7 @@ async fn the_handler_gets_the_key_in_its_extensions_on_its_first_run_and_when_fa
         "the recorded answer, replayed"
     );
 
-    let away = IdempotencyLayer::server_builder(Unavailable)
+    let away = IdempotencyLayer::server_builder(down::DownStore)
         .unscoped()
         .fail_open(true)
         .build()
@@ -1497,32 +1499,4 @@ async fn the_handler_gets_the_key_in_its_extensions_on_its_first_run_and_when_fa
         .unwrap();
     assert_eq!(unprotected.headers()["idempotency-fail-open"], "true");
     assert_eq!(body(unprotected).await, "order-43");
-}
-
-/// A ledger that is never there.
-#[derive(Debug)]
-struct Unavailable;
-
-impl IdempotencyStore for Unavailable {
-    fn begin(&self, _: BeginRequest) -> StoreFuture<'_, Begin> {
-        StoreFuture::ready(Err(StoreError::unavailable("down")))
-    }
-    fn complete(
-        &self,
-        _: LedgerKey,
-        _: LeaseToken,
-        _: Outcome,
-        _: Duration,
-    ) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("down")))
-    }
-    fn abandon(&self, _: LedgerKey, _: LeaseToken) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("down")))
-    }
-    fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("down")))
-    }
-    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(Err(StoreError::unavailable("down")))
-    }
 }

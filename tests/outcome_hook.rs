@@ -126,6 +126,45 @@ async fn an_acquired_operation_that_times_out_is_reported_in_doubt() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_resent_operation_is_reported_by_what_its_resend_came_to() {
+    // The retry of an operation in doubt resumes it and resends the frozen bytes; the
+    // resend times out again. The hook hears the decision taken inside the resend (in
+    // doubt once more), not the `resumed` that led to it.
+    let log = Log::default();
+    let provider =
+        SideEffectService::new().with_faults([Fault::CommitThenTimeout, Fault::CommitThenTimeout]);
+    let client = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .on_outcome(recording(&log))
+                .build()
+                .unwrap(),
+        )
+        .timeout(Duration::from_secs(2))
+        .service(provider.clone());
+    client
+        .clone()
+        .oneshot(orders::post("{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(taken(&log)[0].decision, Decision::InDoubt);
+
+    client.oneshot(orders::post("{}")).await.unwrap_err();
+    let resent = taken(&log);
+    assert_eq!(resent.len(), 1, "{resent:?}");
+    assert_eq!(
+        resent[0].decision,
+        Decision::InDoubt,
+        "the resend's own decision, not `resumed`"
+    );
+    assert_eq!(
+        provider.effects(),
+        1,
+        "the provider deduplicated the resend"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn requests_outside_the_ledger_are_not_reported() {
     let log = Log::default();
     let client = ServiceBuilder::new()

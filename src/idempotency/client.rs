@@ -829,24 +829,17 @@ where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
 {
-    let response = call_inner(inner, frozen.to_request_with(extensions))
+    let response = inner
+        .oneshot(frozen.to_request_with(extensions))
         .await
-        .map_err(|error| {
-            let phase = classify(&*error, client.phase_classifier.as_deref());
-            into_error(error, phase)
-        })?;
+        .map_err(|error| failed_outside(client, error.into()))?;
     Ok(response.map(ResponseBody::inner))
 }
 
-async fn call_inner<S, ResBody>(
-    inner: S,
-    req: Request<Full<Bytes>>,
-) -> Result<Response<ResBody>, BoxError>
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-{
-    inner.oneshot(req).await.map_err(Into::into)
+/// A call outside the ledger failed: keep our own errors, wrap the rest with their phase.
+fn failed_outside(client: &ClientFace, error: BoxError) -> Error {
+    let phase = classify(&*error, client.phase_classifier.as_deref());
+    into_error(error, phase)
 }
 
 /// Send `frozen` as the operation's owner and settle the lease by what happened (see

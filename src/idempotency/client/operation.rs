@@ -21,7 +21,7 @@ use tower::util::Oneshot;
 use tower::ServiceExt;
 use tower_service::Service;
 
-use super::{identify, into_error, operate_after, replay, ClientFace};
+use super::{failed_outside, identify, into_error, operate_after, replay, ClientFace};
 use crate::effect::EffectClass;
 use crate::frozen::{CollectRequest, FrozenRequest, Handoff};
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
@@ -241,12 +241,6 @@ fn reported<T>(
     let status = answer.as_ref().ok().map(|response| response.status());
     track.report(client.on_outcome.as_ref(), started, status);
     answer
-}
-
-/// A call outside the ledger failed: keep our own errors, wrap the rest with their phase.
-fn failed_outside(client: &ClientFace, error: BoxError) -> Error {
-    let phase = classify(&*error, client.phase_classifier.as_deref());
-    into_error(error, phase)
 }
 
 /// The ledger's part: `begin` in place, then send as the owner or replay; anything else

@@ -145,19 +145,11 @@ where
         loop {
             let next = match this.step.as_mut().project() {
                 StepProj::Reading { collect } => match std::task::ready!(collect.poll(cx)) {
-                    Ok((parts, body)) => {
+                    Ok(read) => {
                         let key = this.key.take().expect("read once");
-                        let report = report(this.server, &key, *this.started);
+                        let report = reporting(this.server, &key, *this.started);
                         let ledger_key = *this.ledger_key;
-                        read(
-                            this.server,
-                            this.inner,
-                            ledger_key,
-                            key,
-                            parts,
-                            body,
-                            report,
-                        )
+                        claim(this.server, this.inner, ledger_key, key, read, report)
                     }
                     Err(err) => {
                         let answer = refused_body(this.server, &err);
@@ -213,7 +205,11 @@ where
 
 /// What the hook will hear of this request: every answer once the body is read is
 /// reported, refusals included.
-fn report(server: &ServerFace, key: &HeaderKey, started: Option<tokio::time::Instant>) -> Report {
+fn reporting(
+    server: &ServerFace,
+    key: &HeaderKey,
+    started: Option<tokio::time::Instant>,
+) -> Report {
     // Kept for the decision events and the hook only when they could use it: it is a copy.
     let hook = server.on_outcome.clone();
     let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
@@ -240,14 +236,14 @@ fn refused_digest<T>(err: &DigestError) -> Response<ResponseBody<T>> {
     problem::content_digest(err)
 }
 
-/// The body is read: check it against its `Content-Digest`, then claim the key.
-fn read<S, B, ResB>(
+/// The body is read: check it against its `Content-Digest`, then claim the key, in place
+/// when the store answers at once, else by a boxed future.
+fn claim<S, B, ResB>(
     server: &Arc<ServerFace>,
     inner: &mut Option<S>,
     ledger_key: LedgerKey,
     key: HeaderKey,
-    parts: Parts,
-    body: Bytes,
+    (parts, body): (Parts, Bytes),
     report: Report,
 ) -> Next<S, B, ResB>
 where
@@ -263,6 +259,9 @@ where
         Ok(digest) => digest,
         Err(err) => return answered_by(report, refused_digest(&err)),
     };
+    // One key is one request: the method, the target as the client sent it and the body.
+    // A reuse with anything else is a mismatch, never a second run and never a replay.
+    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &digest);
     let claimant = Claimant {
         parts,
         key,
@@ -270,30 +269,6 @@ where
         digest,
         report,
     };
-    claim(server, inner, ledger_key, claimant)
-}
-
-/// Claim the key: in place when the store answers at once, else by a boxed future.
-fn claim<S, B, ResB>(
-    server: &Arc<ServerFace>,
-    inner: &mut Option<S>,
-    ledger_key: LedgerKey,
-    claimant: Claimant,
-) -> Next<S, B, ResB>
-where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    ResB: 'static,
-{
-    // One key is one request: the method, the target as the client sent it and the body.
-    // A reuse with anything else is a mismatch, never a second run and never a replay.
-    let fingerprint = Fingerprint::of_received(
-        &claimant.parts.method,
-        original_target(&claimant.parts),
-        &claimant.digest,
-    );
     let mut begin = server.ledger.request(ledger_key, fingerprint);
     if server.in_doubt == InDoubtPolicy::OutcomeUnknown {
         // An in-doubt key is only ever looked at: answering it never changes its record,

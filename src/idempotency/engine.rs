@@ -62,18 +62,30 @@ pub enum BusyPolicy {
     Fail,
 }
 
-/// The store and its timings, shared by every request of a layer.
+/// The store and its timings, shared by every request of a layer: a handle, so that each
+/// lease guard holds one pointer (one reference count) rather than a copy of the settings.
 #[derive(Clone)]
-pub(crate) struct Ledger {
+pub(crate) struct Ledger(Arc<LedgerState>);
+
+/// What a [`Ledger`] handle points to.
+pub(crate) struct LedgerState {
     pub(crate) store: Arc<dyn IdempotencyStore>,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
     /// How long after its last transition a record must never be evicted.
     pub(crate) protected: Duration,
     /// What the layer's requests learn of the store as they go.
-    shared: Arc<Shared>,
+    shared: Shared,
     /// How many requests may wait for busy operations at once, if bounded.
     pub(crate) waiters: Option<WaiterLimit>,
+}
+
+impl std::ops::Deref for Ledger {
+    type Target = LedgerState;
+
+    fn deref(&self) -> &LedgerState {
+        &self.0
+    }
 }
 
 /// What every request of a layer shares about its store.
@@ -146,19 +158,21 @@ impl Ledger {
         retention: Duration,
         protected: Duration,
     ) -> Self {
-        Self {
+        Self(Arc::new(LedgerState {
             store,
             lease,
             retention,
             protected: protected.min(retention),
-            shared: Arc::default(),
+            shared: Shared::default(),
             waiters: None,
-        }
+        }))
     }
 
     /// Bound the requests waiting for busy operations to `max` at a time.
     pub(crate) fn with_max_waiters(mut self, max: usize) -> Self {
-        self.waiters = Some(WaiterLimit::new(max));
+        Arc::get_mut(&mut self.0)
+            .expect("a ledger is configured before it is shared")
+            .waiters = Some(WaiterLimit::new(max));
         self
     }
 

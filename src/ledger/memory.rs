@@ -1,5 +1,6 @@
 //! The in-process ledger: every record in a sharded map, under one byte budget.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -336,12 +337,17 @@ impl MemoryStore {
     /// Take `key`'s record out of the map and the budget.
     fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Record> {
         let record = shard.remove(key)?;
+        self.forget(&record);
+        Some(record)
+    }
+
+    /// The budget, gauges and eviction order of a record taken out of its shard.
+    fn forget(&self, record: &Record) {
         self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
         self.inner.gauges.removed(record.weight);
         if let State::Completed { protect_until, .. } = record.state {
             lock(&self.inner.evictable).remove((protect_until, record.seq));
         }
-        Some(record)
     }
 
     /// Put `record` in the map, replacing `key`'s, if the budget has room for the
@@ -349,22 +355,8 @@ impl MemoryStore {
     #[must_use]
     fn insert_if_room(&self, shard: &mut Shard, key: LedgerKey, record: Record) -> Option<Record> {
         let old = shard.get(&key).map_or(0, |old| old.weight);
-        if record.weight > old {
-            let grow = record.weight - old;
-            let fits = self
-                .inner
-                .used
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                    (used + grow <= self.inner.max_bytes).then_some(used + grow)
-                })
-                .is_ok();
-            if !fits {
-                return Some(record);
-            }
-        } else {
-            self.inner
-                .used
-                .fetch_sub(old - record.weight, Ordering::Relaxed);
+        if !self.reweigh(old, record.weight) {
+            return Some(record);
         }
         if let State::Completed { protect_until, .. } = record.state {
             lock(&self.inner.evictable).insert((protect_until, record.seq), key);
@@ -380,6 +372,22 @@ impl MemoryStore {
             None => self.inner.gauges.added(weight),
         }
         None
+    }
+
+    /// Count a record going from `old` to `new` bytes against the budget, if it has room
+    /// for the difference (`false`, counting nothing, if not).
+    fn reweigh(&self, old: u64, new: u64) -> bool {
+        if new <= old {
+            self.inner.used.fetch_sub(old - new, Ordering::Relaxed);
+            return true;
+        }
+        let grow = new - old;
+        self.inner
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                (used + grow <= self.inner.max_bytes).then_some(used + grow)
+            })
+            .is_ok()
     }
 
     /// Evict completed records past their protected window (and any record past its
@@ -425,14 +433,29 @@ impl MemoryStore {
     fn begin_now(&self, request: BeginRequest) -> Result<Begin, StoreError> {
         let now = Instant::now();
         let mut shard = lock(self.shard(&request.key));
-        if let Some(record) = shard.get(&request.key) {
-            if record.retain_until > now {
-                return Ok(self.begin_on_existing(&mut shard, request, now));
+        // One lookup for the common answers: a new claim, or what the record says.
+        let record = match shard.entry(request.key) {
+            Entry::Occupied(entry) if entry.get().retain_until > now => {
+                return Ok(self.begin_on_existing(entry.into_mut(), request, now));
             }
-            self.remove(&mut shard, &request.key);
-        }
-        // Absent: a new claim, if the budget has room for it.
-        let record = Record::claim(&request, now, self.seq());
+            Entry::Occupied(entry) => {
+                // Past its retention: gone, and claimed anew below.
+                let expired = entry.remove();
+                self.forget(&expired);
+                Record::claim(&request, now, self.seq())
+            }
+            Entry::Vacant(entry) => {
+                // Absent: a new claim, if the budget has room for it.
+                let record = Record::claim(&request, now, self.seq());
+                if !self.reweigh(0, record.weight) {
+                    record
+                } else {
+                    self.inner.gauges.added(record.weight);
+                    entry.insert(record);
+                    return Ok(acquired(&request));
+                }
+            }
+        };
         let Some(record) = self.insert_if_room(&mut shard, request.key, record) else {
             return Ok(acquired(&request));
         };
@@ -462,8 +485,7 @@ impl MemoryStore {
         Err(StoreError::full())
     }
 
-    fn begin_on_existing(&self, shard: &mut Shard, request: BeginRequest, now: Instant) -> Begin {
-        let record = shard.get_mut(&request.key).expect("checked by the caller");
+    fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Instant) -> Begin {
         if record.fingerprint != request.fingerprint {
             return Begin::Drift {
                 stored: record.fingerprint,
@@ -531,31 +553,57 @@ impl MemoryStore {
         outcome: Outcome,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let needed = self.settle(key, token, |store, shard, now| {
-            let open = shard.get(&key).expect("owned");
-            let open_weight = open.weight;
-            let done = open.completed(outcome.clone(), retention, now, store.seq());
-            store
-                .insert_if_room(shard, key, done)
-                .map(|done| done.weight - open_weight)
+        let left_out = self.settle(key, token, |store, shard, now| {
+            let open = shard.get_mut(&key).expect("owned");
+            store.complete_in_place(open, key, outcome, retention, now)
         })?;
-        let Some(needed) = needed else {
+        let Err((outcome, needed)) = left_out else {
             return Ok(());
         };
         // No room for the whole outcome: evict what may be evicted, then settle for less.
         let room = self.make_room(needed, Instant::now());
         self.settle(key, token, |store, shard, now| {
-            let open = shard.get(&key).expect("owned");
-            let whole = open.completed(outcome.clone(), retention, now, store.seq());
-            let left_out = if room {
-                store.insert_if_room(shard, key, whole)
+            let open = shard.get_mut(&key).expect("owned");
+            let outcome = if room {
+                match store.complete_in_place(open, key, outcome, retention, now) {
+                    Ok(()) => return,
+                    Err((outcome, _)) => outcome,
+                }
             } else {
-                Some(whole)
+                outcome
             };
-            if let Some(whole) = left_out {
-                store.complete_as_tombstone(shard, key, whole);
-            }
+            let whole = open.completed(outcome, retention, now, store.seq());
+            store.complete_as_tombstone(shard, key, whole);
         })
+    }
+
+    /// Complete the open `record` of `key` with `outcome` where it stands, if the budget
+    /// has room for the outcome's bytes; else hand the outcome back with the bytes missing.
+    fn complete_in_place(
+        &self,
+        record: &mut Record,
+        key: LedgerKey,
+        outcome: Outcome,
+        retention: Duration,
+        now: Instant,
+    ) -> Result<(), (Outcome, u64)> {
+        let weight = record.completed_weight(&outcome);
+        if !self.reweigh(record.weight, weight) {
+            return Err((outcome, weight - record.weight));
+        }
+        self.inner.gauges.reweighed(record.weight, weight);
+        let protect_until = now + record.protected.min(retention);
+        let seq = self.seq();
+        // An open record is not in the eviction order: only its completion enters it.
+        lock(&self.inner.evictable).insert((protect_until, seq), key);
+        record.state = State::Completed {
+            outcome,
+            protect_until,
+        };
+        record.retain_until = now + retention;
+        record.seq = seq;
+        record.weight = weight;
+        Ok(())
     }
 
     /// Keep the fact that an operation is done when its outcome does not fit: a tombstone
@@ -676,7 +724,7 @@ impl Record {
     fn completed(&self, outcome: Outcome, retention: Duration, now: Instant, seq: u64) -> Self {
         // The same key, bookkeeping and frozen request: only the outcome's bytes are new, in
         // place of the reserve an open record keeps for a tombstone.
-        let weight = self.weight - TOMBSTONE_RESERVE + outcome.weight() as u64;
+        let weight = self.completed_weight(&outcome);
         Self {
             fingerprint: self.fingerprint,
             frozen: self.frozen.clone(),
@@ -691,6 +739,11 @@ impl Record {
             created: self.created,
             attempts: self.attempts,
         }
+    }
+
+    /// This (open) record's weight once completed with `outcome`.
+    fn completed_weight(&self, outcome: &Outcome) -> u64 {
+        self.weight - TOMBSTONE_RESERVE + outcome.weight() as u64
     }
 
     fn view(&self, now: Instant) -> super::RecordView {

@@ -20,6 +20,7 @@
 //! | `bare_op` | the no-op service, handed the client variants' requests (a new `OperationId` in each): their baseline, so the caller's own `OperationId` is not counted as the layer's |
 //! | `tower_retry_clone` | buffer the body, `tower::retry` with a policy cloning the request per attempt |
 //! | `frozen_retry` | `FrozenRetryLayer` (default policy) |
+//! | `frozen_retry_no_budget` | `FrozenRetryLayer`, the default policy without its retry budget (which `tower_retry_clone`'s policy does not keep either) |
 //! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
 //! | `stack_fresh` / `stack_replay` | client `IdempotencyLayer` over `FrozenRetryLayer`, the same two ways |
 //! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
@@ -87,6 +88,7 @@ const VARIANTS: &[&str] = &[
     "bare_op",
     "tower_retry_clone",
     "frozen_retry",
+    "frozen_retry_no_budget",
     "client_fresh",
     "client_replay",
     "stack_fresh",
@@ -567,6 +569,16 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
             "frozen_retry" => {
                 let svc = ServiceBuilder::new()
                     .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+                    .service(Noop);
+                service_variant(svc, None, Plan::Plain, plain, plain, n).await
+            }
+            "frozen_retry_no_budget" => {
+                let policy = RetryPolicy::builder()
+                    .no_budget()
+                    .build()
+                    .expect("the default policy without a budget is valid");
+                let svc = ServiceBuilder::new()
+                    .layer(FrozenRetryLayer::new(policy))
                     .service(Noop);
                 service_variant(svc, None, Plan::Plain, plain, plain, n).await
             }

@@ -63,7 +63,7 @@ esac
 baseline_of() {
     case $1 in
     client_* | stack_*) echo bare_op ;;
-    frozen_retry | tower_retry_clone) echo bare ;;
+    frozen_retry* | tower_retry_clone) echo bare ;;
     server_bare) echo - ;;
     server_*) echo server_bare ;;
     *) echo - ;;

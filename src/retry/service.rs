@@ -173,8 +173,10 @@ pin_project! {
         Refused { error: Option<Error> },
         // Reading the body to freeze it.
         Freezing { #[pin] collect: CollectRequest<B> },
-        // Waiting for the inner service to take the next attempt.
-        Readying,
+        // Waiting for the inner service to take the next attempt; the first one may be
+        // sent as it was handed in (see [`Handed`]). Held here rather than in `Call`, so
+        // that it shares its room with the body being read.
+        Readying { first: Option<(http::request::Parts, Bytes)> },
         // An attempt in flight, and its timeout when the policy sets one.
         Calling {
             #[pin]
@@ -195,30 +197,27 @@ struct Call {
     frozen: FrozenRequest,
     /// The request's extensions, given to every attempt.
     extensions: Extensions,
-    /// The head and body exactly as handed in, for the first attempt (see [`Handed`]).
-    first: Option<(http::request::Parts, Bytes)>,
     effect: EffectClass,
     handoff: Option<Handoff>,
     key_honoured: bool,
     /// How far any attempt so far may have got: once one may have been sent, the call may
     /// have been, whatever later attempts did.
     furthest: FailurePhase,
+    /// How far the attempts before the last one may have got.
+    earlier: FailurePhase,
     /// The deadline is `max_elapsed` after this; it is only worked out when a retry is
     /// considered.
     started: Instant,
-    /// Made on the first retry: most calls never need one.
-    backoff: Option<FullJitter>,
+    /// Made on the first retry: most calls never need one (boxed, so that the calls
+    /// that do not carry none of its room).
+    backoff: Option<Box<FullJitter>>,
     /// Attempts started so far.
     attempt: u32,
 }
 
 impl Call {
-    fn start(handed: Handed, policy: &RetryPolicy) -> Self {
-        let Handed {
-            frozen,
-            mut extensions,
-            first,
-        } = handed;
+    /// What the attempts of `frozen` share, with the request's `extensions`.
+    fn start(frozen: FrozenRequest, mut extensions: Extensions, policy: &RetryPolicy) -> Self {
         let effect = EffectClass::resolve(frozen.method(), &extensions);
         let handoff = extensions.get::<Handoff>().cloned();
         if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some()
@@ -236,11 +235,11 @@ impl Call {
         Self {
             frozen,
             extensions,
-            first,
             effect,
             handoff,
             key_honoured,
             furthest: FailurePhase::PreWrite,
+            earlier: FailurePhase::PreWrite,
             started: Instant::now(),
             backoff: None,
             attempt: 0,
@@ -249,8 +248,8 @@ impl Call {
 
     /// The next attempt: exactly the frozen bytes. The head as handed in is the frozen
     /// one: sent as it is, it saves a copy of it.
-    fn next_request(&mut self) -> Request<Full<Bytes>> {
-        match self.first.take() {
+    fn next_request(&self, first: Option<(http::request::Parts, Bytes)>) -> Request<Full<Bytes>> {
+        match first {
             Some((mut parts, body)) => {
                 parts.extensions = self.extensions.clone();
                 Request::from_parts(parts, Full::new(body))
@@ -259,13 +258,15 @@ impl Call {
         }
     }
 
-    /// Weigh an attempt's result: the pause before the next attempt, or the call's answer.
+    /// Weigh an attempt's result: the pause before the next attempt, or `None` when the
+    /// result is the call's answer ([`answer`](Self::answer)). By reference, so that the
+    /// response is not moved through here on its way out.
     fn after_attempt<T>(
         &mut self,
         policy: &RetryPolicy,
-        result: Result<Response<T>, Failure>,
-    ) -> Result<Duration, Result<Response<T>, Error>> {
-        let reached = match &result {
+        result: &Result<Response<T>, Failure>,
+    ) -> Option<Duration> {
+        let reached = match result {
             Ok(_) => FailurePhase::AfterWrite,
             Err(failure) => failure.phase,
         };
@@ -274,10 +275,10 @@ impl Call {
                 handoff.attempt_may_have_left();
             }
         }
-        let earlier = self.furthest;
+        self.earlier = self.furthest;
         self.furthest = self.furthest.strongest(reached);
         let attempt = self.attempt;
-        let delay = match &result {
+        let delay = match result {
             Ok(response) => {
                 let ctx = context(
                     &self.frozen,
@@ -315,20 +316,24 @@ impl Call {
         };
         if let Some(delay) = delay {
             tracing::debug!(attempt, ?delay, "retrying with the frozen request");
-            return Ok(delay);
         }
-        Err(match result {
+        delay
+    }
+
+    /// The call's answer: the last attempt's result, weighed by [`after_attempt`](Self::after_attempt).
+    fn answer<T>(&self, result: Result<Response<T>, Failure>) -> Result<Response<T>, Error> {
+        match result {
             Ok(mut response) => {
                 // A first-attempt answer carries nothing: an extension costs the response
                 // three allocations (`http::Extensions`' map, its table and the boxed
                 // value), more than the rest of the layer's bookkeeping.
-                if attempt > 1 {
-                    response.extensions_mut().insert(Attempts(attempt));
+                if self.attempt > 1 {
+                    response.extensions_mut().insert(Attempts(self.attempt));
                 }
                 Ok(response)
             }
-            Err(failure) => Err(failure.into_error(earlier)),
-        })
+            Err(failure) => Err(failure.into_error(self.earlier)),
+        }
     }
 }
 
@@ -354,8 +359,13 @@ where
                 }
                 StateProj::Freezing { collect } => match ready!(collect.poll(cx)) {
                     Ok((parts, body)) => {
-                        *this.call = Some(Call::start(hand_over(parts, body), this.policy));
-                        this.state.set(State::Readying);
+                        let Handed {
+                            frozen,
+                            extensions,
+                            first,
+                        } = hand_over(parts, body);
+                        *this.call = Some(Call::start(frozen, extensions, this.policy));
+                        this.state.set(State::Readying { first });
                         continue;
                     }
                     Err(error) => {
@@ -363,13 +373,13 @@ where
                         return Poll::Ready(Err(error));
                     }
                 },
-                StateProj::Readying => {
+                StateProj::Readying { first } => {
                     let call = this.call.as_mut().expect("frozen before any attempt");
                     let ready = ready!(this.inner.poll_ready(cx));
                     call.attempt += 1;
                     match ready {
                         Ok(()) => {
-                            let attempt = this.inner.call(call.next_request());
+                            let attempt = this.inner.call(call.next_request(first.take()));
                             let timeout = this.policy.attempt_timeout.map(tokio::time::sleep);
                             this.state.set(State::Calling { attempt, timeout });
                             continue;
@@ -397,19 +407,19 @@ where
                 },
                 StateProj::Pausing { pause } => {
                     ready!(pause.poll(cx));
-                    this.state.set(State::Readying);
+                    this.state.set(State::Readying { first: None });
                     continue;
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             let call = this.call.as_mut().expect("frozen before any attempt");
-            match call.after_attempt(this.policy, result) {
-                Ok(delay) => this.state.set(State::Pausing {
+            match call.after_attempt(this.policy, &result) {
+                Some(delay) => this.state.set(State::Pausing {
                     pause: tokio::time::sleep(delay),
                 }),
-                Err(answer) => {
+                None => {
                     this.state.set(State::Done);
-                    return Poll::Ready(answer);
+                    return Poll::Ready(call.answer(result));
                 }
             }
         }
@@ -424,7 +434,7 @@ where
         let state = match &self.state {
             State::Refused { .. } => "Refused",
             State::Freezing { .. } => "Freezing",
-            State::Readying => "Readying",
+            State::Readying { .. } => "Readying",
             State::Calling { .. } => "Calling",
             State::Pausing { .. } => "Pausing",
             State::Done => "Done",
@@ -477,7 +487,7 @@ fn context<'a>(
 fn next_delay(
     policy: &RetryPolicy,
     ctx: &RetryContext<'_>,
-    backoff: &mut Option<FullJitter>,
+    backoff: &mut Option<Box<FullJitter>>,
     server_asked: impl FnOnce() -> Option<Duration>,
     started: Instant,
 ) -> Option<Duration> {
@@ -493,7 +503,7 @@ fn next_delay(
         return None;
     }
     let backoff = backoff
-        .get_or_insert_with(|| FullJitter::new(policy.backoff_base, policy.backoff_cap))
+        .get_or_insert_with(|| Box::new(FullJitter::new(policy.backoff_base, policy.backoff_cap)))
         .next_delay();
     // `Retry-After` may lengthen the pause (up to the cap), never shorten it: a `0` or a
     // date in the past would otherwise turn the retries into a burst.

@@ -267,6 +267,37 @@ async fn retention_replays_until_its_last_millisecond_then_forgets() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_key_claimed_anew_after_its_retention_is_weighed_once() {
+    // The record past its retention is replaced: its bytes leave the budget as the new
+    // claim's enter it, and only the new record is held.
+    let retention = Duration::from_secs(600);
+    let store = MemoryStore::new();
+    let key = key(6, 0);
+    let request = BeginRequest::new(key, fingerprint(0), LEASE, retention);
+    let token = acquire(&store, request.clone()).await;
+    let claim_weight = store.weighted_size();
+    store
+        .complete(key, token, response("charged".into()), retention)
+        .await
+        .unwrap();
+    let completed_weight = store.weighted_size();
+    assert!(
+        completed_weight > claim_weight,
+        "{completed_weight} > {claim_weight}"
+    );
+
+    tokio::time::advance(retention + MS).await;
+    let token = acquire(&store, request).await;
+    assert_eq!(store.entry_count(), 1);
+    assert_eq!(store.weighted_size(), claim_weight);
+    store
+        .complete(key, token, response("charged".into()), retention)
+        .await
+        .unwrap();
+    assert_eq!(store.weighted_size(), completed_weight);
+}
+
+#[tokio::test(start_paused = true)]
 async fn retention_counts_from_completion_not_from_begin() {
     let retention = Duration::from_secs(600);
     let store = MemoryStore::new();

@@ -439,26 +439,27 @@ impl MemoryStore {
                 return Ok(self.begin_on_existing(entry.into_mut(), request, now));
             }
             Entry::Occupied(entry) => {
-                // Past its retention: gone, and claimed anew below.
+                // Past its retention: gone, and claimed anew.
                 let expired = entry.remove();
                 self.forget(&expired);
-                Record::claim(&request, now, self.seq())
+                let record = Record::claim(&request, now, self.seq());
+                match self.insert_if_room(&mut shard, request.key, record) {
+                    None => return Ok(acquired(&request)),
+                    Some(record) => record,
+                }
             }
             Entry::Vacant(entry) => {
                 // Absent: a new claim, if the budget has room for it.
                 let record = Record::claim(&request, now, self.seq());
-                if !self.reweigh(0, record.weight) {
-                    record
-                } else {
+                if self.reweigh(0, record.weight) {
                     self.inner.gauges.added(record.weight);
                     entry.insert(record);
                     return Ok(acquired(&request));
                 }
+                record
             }
         };
-        let Some(record) = self.insert_if_room(&mut shard, request.key, record) else {
-            return Ok(acquired(&request));
-        };
+        // No room: evict what may be evicted, then try again.
         let needed = record.weight;
         drop(shard);
         if self.make_room(needed, now) {

@@ -1080,7 +1080,8 @@ async fn a_replay_is_byte_identical_and_keeps_only_allow_listed_headers() {
     assert_eq!(app.probe.runs().started, 1);
 
     // What is not replayed is not stored either: the first caller's cookie never reaches
-    // the ledger. The request's digest is, so replays can name the request they answer.
+    // the ledger. The request's digest is, so replays can name the request they answer, and
+    // so is the replay mark: a record holds its replays' headers whole.
     let [Outcome::Response(stored)] = &app.ledger.recorded()[..] else {
         panic!("one recorded response expected")
     };
@@ -1092,6 +1093,7 @@ async fn a_replay_is_byte_identical_and_keeps_only_allow_listed_headers() {
             "cache-control",
             "content-type",
             "etag",
+            "idempotent-replayed",
             "idempotent-request-digest",
             "location"
         ]

@@ -785,6 +785,46 @@ impl ServerFace {
         }
         kept
     }
+
+    /// The headers to record of a response: the allowed ones, the request's `digest`,
+    /// and `Idempotent-Replayed: true`, so that the record holds its replays' headers
+    /// whole (see [`replayed_headers`](Self::replayed_headers)).
+    fn recorded_headers(&self, response: &HeaderMap, digest: HeaderValue) -> HeaderMap {
+        let mut headers = self.replayable(response);
+        headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest);
+        headers.insert(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("true"),
+        );
+        headers
+    }
+
+    /// The headers a replay of `stored` carries: the allowed ones, the request's digest
+    /// and `Idempotent-Replayed: true`. A record made under this allow-list holds exactly
+    /// those and is copied as it is, hashing nothing; any other (made by an earlier
+    /// release, or under another replica's wider allow-list) is filtered again.
+    fn replayed_headers(&self, stored: &HeaderMap) -> HeaderMap {
+        let mut marked = false;
+        let as_recorded = stored.iter().all(|(name, value)| {
+            if name == IDEMPOTENT_REPLAYED {
+                marked = value == "true";
+                return marked;
+            }
+            name == IDEMPOTENT_REQUEST_DIGEST || self.replay_headers.contains(name)
+        });
+        if as_recorded && marked {
+            return stored.clone();
+        }
+        let mut headers = self.replayable(stored);
+        if let Some(digest) = stored.get(&IDEMPOTENT_REQUEST_DIGEST) {
+            headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
+        }
+        headers.insert(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("true"),
+        );
+        headers
+    }
 }
 
 impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ServerFace>
@@ -1025,18 +1065,7 @@ fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> 
             outcome("replayed");
             let mut response = Response::new(ResponseBody::buffered(stored.body().clone()));
             *response.status_mut() = stored.status();
-            // Filtered when recorded; filtered again in case the record was made under a
-            // wider allow-list (another release, another replica's configuration).
-            *response.headers_mut() = server.replayable(stored.headers());
-            if let Some(digest) = stored.headers().get(&IDEMPOTENT_REQUEST_DIGEST) {
-                response
-                    .headers_mut()
-                    .insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
-            }
-            response.headers_mut().insert(
-                IDEMPOTENT_REPLAYED.clone(),
-                HeaderValue::from_static("true"),
-            );
+            *response.headers_mut() = server.replayed_headers(stored.headers());
             response
         }
         Outcome::Tombstone { status } => {
@@ -1062,12 +1091,8 @@ fn recording<ResBody>(
     let status = parts.status;
     match buffered {
         Buffered::Whole(bytes) => {
-            let mut headers = server.replayable(&parts.headers);
             // Replays say which request they answer (see `crate::digest`).
-            headers.insert(
-                IDEMPOTENT_REQUEST_DIGEST.clone(),
-                digest.header_value_copied(),
-            );
+            let headers = server.recorded_headers(&parts.headers, digest.header_value_copied());
             let stored = StoredResponse::new(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),
@@ -1161,5 +1186,54 @@ mod tests {
         assert_eq!(kept.len(), 3);
         assert!(kept.get(header::SET_COOKIE).is_none());
         assert_eq!(kept.get_all(header::LINK).iter().count(), 2);
+
+        // Every header allowed: kept whole, every value of every name in its order.
+        headers.remove(header::SET_COOKIE);
+        let kept = service.face.replayable(&headers);
+        assert_eq!(kept, headers);
+    }
+
+    #[test]
+    fn a_replay_carries_the_allowed_headers_the_digest_and_the_replay_mark() {
+        let service = tower_layer::Layer::layer(&IdempotencyLayer::server(MemoryStore::new()), ());
+        let digest = HeaderValue::from_static("sha-256=:AAAA:");
+        let mut response = HeaderMap::new();
+        response.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        response.append(header::LINK, HeaderValue::from_static("</a>; rel=a"));
+        response.append(header::LINK, HeaderValue::from_static("</b>; rel=b"));
+        response.insert(
+            header::SET_COOKIE,
+            HeaderValue::from_static("session=secret"),
+        );
+        let recorded = service.face.recorded_headers(&response, digest.clone());
+        let mut expected = response.clone();
+        expected.remove(header::SET_COOKIE);
+        expected.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
+        expected.insert(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("true"),
+        );
+        assert_eq!(recorded, expected);
+        // A record made under this allow-list replays as it was recorded.
+        assert_eq!(service.face.replayed_headers(&recorded), expected);
+
+        // A record of an earlier release (no replay mark), one made under a wider
+        // allow-list, or one marked otherwise replays only what this one allows, marked.
+        let mut earlier = recorded.clone();
+        earlier.remove(&IDEMPOTENT_REPLAYED);
+        assert_eq!(service.face.replayed_headers(&earlier), expected);
+        let mut wider = recorded.clone();
+        wider.insert(
+            header::SET_COOKIE,
+            HeaderValue::from_static("session=secret"),
+        );
+        wider.insert("x-internal", HeaderValue::from_static("1"));
+        assert_eq!(service.face.replayed_headers(&wider), expected);
+        let mut unmarked = recorded.clone();
+        unmarked.insert(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("false"),
+        );
+        assert_eq!(service.face.replayed_headers(&unmarked), expected);
     }
 }

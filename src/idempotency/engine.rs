@@ -158,22 +158,41 @@ impl Ledger {
         retention: Duration,
         protected: Duration,
     ) -> Self {
+        Self::with_waiters(store, lease, retention, protected, None)
+    }
+
+    /// [`new`](Self::new), with at most `max` requests waiting for busy operations at once.
+    pub(crate) fn with_max_waiters(
+        store: Arc<dyn IdempotencyStore>,
+        lease: Duration,
+        retention: Duration,
+        protected: Duration,
+        max: usize,
+    ) -> Self {
+        Self::with_waiters(
+            store,
+            lease,
+            retention,
+            protected,
+            Some(WaiterLimit::new(max)),
+        )
+    }
+
+    fn with_waiters(
+        store: Arc<dyn IdempotencyStore>,
+        lease: Duration,
+        retention: Duration,
+        protected: Duration,
+        waiters: Option<WaiterLimit>,
+    ) -> Self {
         Self(Arc::new(LedgerState {
             store,
             lease,
             retention,
             protected: protected.min(retention),
             shared: Shared::default(),
-            waiters: None,
+            waiters,
         }))
-    }
-
-    /// Bound the requests waiting for busy operations to `max` at a time.
-    pub(crate) fn with_max_waiters(mut self, max: usize) -> Self {
-        Arc::get_mut(&mut self.0)
-            .expect("a ledger is configured before it is shared")
-            .waiters = Some(WaiterLimit::new(max));
-        self
     }
 
     pub(crate) fn request(&self, key: LedgerKey, fingerprint: crate::Fingerprint) -> BeginRequest {

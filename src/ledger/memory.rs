@@ -588,12 +588,15 @@ impl MemoryStore {
         retention: Duration,
         now: Instant,
     ) -> Result<(), (Outcome, u64)> {
+        // What can fail (an instant out of range panics) comes before anything is written,
+        // so a panic leaves the record, the budget and the eviction order as they were.
+        let protect_until = now + record.protected.min(retention);
+        let retain_until = now + retention;
         let weight = record.completed_weight(&outcome);
         if !self.reweigh(record.weight, weight) {
             return Err((outcome, weight - record.weight));
         }
         self.inner.gauges.reweighed(record.weight, weight);
-        let protect_until = now + record.protected.min(retention);
         let seq = self.seq();
         // An open record is not in the eviction order: only its completion enters it.
         lock(&self.inner.evictable).insert((protect_until, seq), key);
@@ -601,7 +604,7 @@ impl MemoryStore {
             outcome,
             protect_until,
         };
-        record.retain_until = now + retention;
+        record.retain_until = retain_until;
         record.seq = seq;
         record.weight = weight;
         Ok(())
@@ -647,7 +650,8 @@ fn outcome_status(outcome: &Outcome) -> http::StatusCode {
 }
 
 /// A poisoned lock only means another caller panicked mid-transition; every transition
-/// writes its record in one assignment, so the map is still consistent.
+/// works out what can fail before it writes (a record in one assignment, or in place once
+/// nothing can fail), so the map is still consistent.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

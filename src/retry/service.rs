@@ -174,8 +174,9 @@ pin_project! {
         // Reading the body to freeze it.
         Freezing { #[pin] collect: CollectRequest<B> },
         // Waiting for the inner service to take the next attempt; the first one may be
-        // sent as it was handed in (see [`Handed`]). Held here rather than in `Call`, so
-        // that it shares its room with the body being read.
+        // sent as it was handed in (see `Handed`). Held here rather than in `Call`, so
+        // that it shares its room with the body being read; a readiness failure drops
+        // it, and the retry is rebuilt from the frozen request (the same bytes).
         Readying { first: Option<(http::request::Parts, Bytes)> },
         // An attempt in flight, and its timeout when the policy sets one.
         Calling {
@@ -208,8 +209,8 @@ struct Call {
     /// The deadline is `max_elapsed` after this; it is only worked out when a retry is
     /// considered.
     started: Instant,
-    /// Made on the first retry: most calls never need one (boxed, so that the calls
-    /// that do not carry none of its room).
+    /// Made on the first retry: most calls never need one (boxed, so that calls that
+    /// never retry carry none of its room).
     backoff: Option<Box<FullJitter>>,
     /// Attempts started so far.
     attempt: u32,
@@ -320,7 +321,8 @@ impl Call {
         delay
     }
 
-    /// The call's answer: the last attempt's result, weighed by [`after_attempt`](Self::after_attempt).
+    /// The call's answer: the last attempt's result, once [`after_attempt`](Self::after_attempt)
+    /// has weighed it and returned `None` (which is when it sets `earlier`).
     fn answer<T>(&self, result: Result<Response<T>, Failure>) -> Result<Response<T>, Error> {
         match result {
             Ok(mut response) => {

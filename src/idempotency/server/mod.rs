@@ -660,8 +660,13 @@ impl ServerBuilder {
             ));
         }
         let server = ServerFace {
-            ledger: Ledger::new(self.store, self.lease, self.retention, self.protected)
-                .with_max_waiters(self.max_waiters),
+            ledger: Ledger::with_max_waiters(
+                self.store,
+                self.lease,
+                self.retention,
+                self.protected,
+                self.max_waiters,
+            ),
             scope: self.scope,
             methods: self.methods,
             require_key: self.require_key,
@@ -800,19 +805,24 @@ impl ServerFace {
     }
 
     /// The headers a replay of `stored` carries: the allowed ones, the request's digest
-    /// and `Idempotent-Replayed: true`. A record made under this allow-list holds exactly
-    /// those and is copied as it is, hashing nothing; any other (made by an earlier
-    /// release, or under another replica's wider allow-list) is filtered again.
+    /// (one value) and one `Idempotent-Replayed: true`. A record made under this
+    /// allow-list holds exactly those and is copied as it is, hashing nothing; any other
+    /// (made by an earlier release, under another replica's wider allow-list, or by a
+    /// store of one's own) is filtered again.
     fn replayed_headers(&self, stored: &HeaderMap) -> HeaderMap {
-        let mut marked = false;
+        let (mut marks, mut digests) = (0, 0);
         let as_recorded = stored.iter().all(|(name, value)| {
             if name == IDEMPOTENT_REPLAYED {
-                marked = value == "true";
-                return marked;
+                marks += 1;
+                return value == "true";
             }
-            name == IDEMPOTENT_REQUEST_DIGEST || self.replay_headers.contains(name)
+            if name == IDEMPOTENT_REQUEST_DIGEST {
+                digests += 1;
+                return true;
+            }
+            self.replay_headers.contains(name)
         });
-        if as_recorded && marked {
+        if as_recorded && marks == 1 && digests <= 1 {
             return stored.clone();
         }
         let mut headers = self.replayable(stored);
@@ -1235,5 +1245,22 @@ mod tests {
             HeaderValue::from_static("false"),
         );
         assert_eq!(service.face.replayed_headers(&unmarked), expected);
+        // Copied whole or filtered, a replay carries one mark and one digest.
+        let mut repeated = recorded.clone();
+        repeated.append(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("true"),
+        );
+        repeated.append(
+            IDEMPOTENT_REQUEST_DIGEST.clone(),
+            HeaderValue::from_static("x"),
+        );
+        let replayed = service.face.replayed_headers(&repeated);
+        assert_eq!(replayed, expected);
+        assert_eq!(replayed.get_all(&IDEMPOTENT_REPLAYED).iter().count(), 1);
+        assert_eq!(
+            replayed.get_all(&IDEMPOTENT_REQUEST_DIGEST).iter().count(),
+            1
+        );
     }
 }

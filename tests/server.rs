@@ -26,7 +26,7 @@ use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONTENT_TYPE, DATE, ETAG, LOCATION, SET_COOKIE, WWW_AUTHENTICATE,
 };
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -1097,6 +1097,61 @@ async fn a_replay_is_byte_identical_and_keeps_only_allow_listed_headers() {
             "idempotent-request-digest",
             "location"
         ]
+    );
+}
+
+#[tokio::test]
+async fn replicas_sharing_a_ledger_each_replay_what_their_own_allow_list_allows() {
+    // Two replicas behind one load balancer, one store, rolled out with different
+    // allow-lists: the wider one records `x-internal`, the other must not replay it.
+    let store = MemoryStore::new();
+    let probe = Probe::new();
+    let replica = |builder: ServerBuilder| {
+        let layer = builder.build().unwrap();
+        serve(routes(probe.clone()).layer(layer))
+    };
+    let wider = replica(
+        IdempotencyLayer::server_builder(store.clone()).replay_headers([
+            CONTENT_TYPE,
+            LOCATION,
+            HeaderName::from_static("x-internal"),
+        ]),
+    )
+    .await;
+    let default = replica(IdempotencyLayer::server_builder(store.clone())).await;
+    let client = client();
+    let send = |addr: SocketAddr| {
+        let req = Request::post(format!("http://{addr}/effect"))
+            .header("authorization", "Bearer test")
+            .header("idempotency-key", "\"shared\"")
+            .body(full("charge"))
+            .unwrap();
+        let client = client.clone();
+        async move { Answer::read(client.request(req).await.unwrap()).await }
+    };
+
+    let first = send(wider).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    let on_wider = send(wider).await;
+    let on_default = send(default).await;
+    assert_eq!(probe.runs().started, 1, "one run across both replicas");
+    for replay in [&on_wider, &on_default] {
+        assert!(replay.replayed());
+        assert_eq!(replay.body, first.body);
+        assert_eq!(replay.header("location"), first.header("location"));
+        assert!(replay.header("idempotent-request-digest").is_some());
+    }
+    assert_eq!(on_wider.header("x-internal"), Some("1"));
+    assert_eq!(
+        on_default.header("x-internal"),
+        None,
+        "replayed past its allow-list"
+    );
+    assert_eq!(
+        on_default.header("etag"),
+        None,
+        "not in the wider replica's list either"
     );
 }
 

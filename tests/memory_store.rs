@@ -272,7 +272,7 @@ async fn a_key_claimed_anew_after_its_retention_is_weighed_once() {
     // claim's enter it, and only the new record is held.
     let retention = Duration::from_secs(600);
     let store = MemoryStore::new();
-    let key = key(6, 0);
+    let key = key(17, 0);
     let request = BeginRequest::new(key, fingerprint(0), LEASE, retention);
     let token = acquire(&store, request.clone()).await;
     let claim_weight = store.weighted_size();
@@ -302,7 +302,7 @@ async fn a_completion_whose_retention_overflows_leaves_the_claim_and_the_budget_
     // `retention` is the caller's: one past what an instant can hold panics while the
     // completion is worked out, and must not leave a half-written record behind.
     let store = MemoryStore::new();
-    let key = key(7, 0);
+    let key = key(18, 0);
     let token = acquire(&store, begin_request(key, 0)).await;
     let claimed = store.weighted_size();
     let overflowing = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

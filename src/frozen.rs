@@ -69,11 +69,50 @@ struct Frozen {
     version: Version,
     headers: HeaderMap,
     body: Bytes,
-    /// The body's SHA-256, computed on first use in one pass over the contiguous body (a
-    /// request that only passes through the retry layer is never hashed at all); the
-    /// fingerprint and `Content-Digest` are both made of it.
-    digest: OnceLock<BodyDigest>,
-    fingerprint: OnceLock<Fingerprint>,
+    hashes: Hashes,
+}
+
+/// The body's SHA-256, in one pass over the contiguous body, and the fingerprint made of it
+/// (as `Content-Digest` is).
+#[derive(Debug)]
+enum Hashes {
+    /// Made at freezing: a keyed request needs both at once (it is claimed by its
+    /// fingerprint and carries its digest), so it skips the locks' first-use path.
+    Made {
+        digest: BodyDigest,
+        fingerprint: Fingerprint,
+    },
+    /// Made on first use: a request that only passes through the retry layer is never
+    /// hashed at all.
+    OnFirstUse {
+        digest: OnceLock<BodyDigest>,
+        fingerprint: OnceLock<Fingerprint>,
+    },
+}
+
+impl Hashes {
+    fn on_first_use() -> Self {
+        Self::OnFirstUse {
+            digest: OnceLock::new(),
+            fingerprint: OnceLock::new(),
+        }
+    }
+
+    /// The digest, if it is made already.
+    fn digest(&self) -> Option<BodyDigest> {
+        match self {
+            Self::Made { digest, .. } => Some(*digest),
+            Self::OnFirstUse { digest, .. } => digest.get().copied(),
+        }
+    }
+
+    /// The fingerprint, if it is made already.
+    fn fingerprint(&self) -> Option<Fingerprint> {
+        match self {
+            Self::Made { fingerprint, .. } => Some(*fingerprint),
+            Self::OnFirstUse { fingerprint, .. } => fingerprint.get().copied(),
+        }
+    }
 }
 
 impl FrozenRequest {
@@ -125,13 +164,13 @@ impl FrozenRequest {
 
     /// Freeze a request whose body is collected, with `Content-Digest` added as
     /// [`freeze_with_content_digest`](Self::freeze_with_content_digest) does when
-    /// `content_digest` is set.
+    /// `content_digest` is set (the body digest and the fingerprint are then made at once).
     pub(crate) fn of_collected(
         mut parts: http::request::Parts,
         body: Bytes,
         content_digest: bool,
     ) -> (Self, Extensions) {
-        let digest = OnceLock::new();
+        let mut hashes = Hashes::on_first_use();
         if content_digest {
             let sha256 = BodyDigest::of(&body);
             if !parts.headers.contains_key(&CONTENT_DIGEST) {
@@ -139,7 +178,10 @@ impl FrozenRequest {
                     .headers
                     .insert(CONTENT_DIGEST.clone(), sha256.header_value());
             }
-            let _ = digest.set(sha256);
+            hashes = Hashes::Made {
+                digest: sha256,
+                fingerprint: Fingerprint::of_request(&parts.method, &parts.uri, &sha256),
+            };
         }
         let frozen = Frozen {
             method: parts.method,
@@ -147,8 +189,7 @@ impl FrozenRequest {
             version: parts.version,
             headers: parts.headers,
             body,
-            digest,
-            fingerprint: OnceLock::new(),
+            hashes,
         };
         (Self(Arc::new(frozen)), parts.extensions)
     }
@@ -180,8 +221,7 @@ impl FrozenRequest {
             version,
             headers,
             body,
-            digest: OnceLock::new(),
-            fingerprint: OnceLock::new(),
+            hashes: Hashes::on_first_use(),
         }))
     }
 
@@ -230,16 +270,24 @@ impl FrozenRequest {
     /// The SHA-256 of the body (what `Content-Digest: sha-256` carries), computed once, on
     /// first use.
     pub fn body_digest(&self) -> BodyDigest {
-        *self.0.digest.get_or_init(|| BodyDigest::of(&self.0.body))
+        match &self.0.hashes {
+            Hashes::Made { digest, .. } => *digest,
+            Hashes::OnFirstUse { digest, .. } => {
+                *digest.get_or_init(|| BodyDigest::of(&self.0.body))
+            }
+        }
     }
 
     /// The request's [`Fingerprint`], computed once, on first use, from the
     /// [body digest](Self::body_digest).
     pub fn fingerprint(&self) -> Fingerprint {
-        *self.0.fingerprint.get_or_init(|| {
-            let frozen = &*self.0;
-            Fingerprint::of_request(&frozen.method, &frozen.uri, &self.body_digest())
-        })
+        match &self.0.hashes {
+            Hashes::Made { fingerprint, .. } => *fingerprint,
+            Hashes::OnFirstUse { fingerprint, .. } => *fingerprint.get_or_init(|| {
+                let frozen = &*self.0;
+                Fingerprint::of_request(&frozen.method, &frozen.uri, &self.body_digest())
+            }),
+        }
     }
 
     /// Bytes this request holds in memory (head estimate plus body), for weighing caches.
@@ -425,14 +473,21 @@ impl FrozenRequest {
             && now.uri == then.uri
             && now.body.as_ptr() == then.body.as_ptr()
             && now.body.len() == then.body.len();
+        let Hashes::OnFirstUse {
+            digest,
+            fingerprint,
+        } = &now.hashes
+        else {
+            return;
+        };
         if !same {
             return;
         }
-        if let Some(digest) = then.digest.get() {
-            let _ = now.digest.set(*digest);
+        if let Some(made) = then.hashes.digest() {
+            let _ = digest.set(made);
         }
-        if let Some(fingerprint) = then.fingerprint.get() {
-            let _ = now.fingerprint.set(*fingerprint);
+        if let Some(made) = then.hashes.fingerprint() {
+            let _ = fingerprint.set(made);
         }
     }
 }

@@ -84,6 +84,7 @@ use reqwest_middleware::{Middleware, Next};
 use tower_service::Service;
 use tracing::Instrument;
 
+use crate::idempotency::request_span;
 use crate::idempotency::{client, ClientFace, ClientLayer};
 use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 
@@ -145,8 +146,7 @@ impl Middleware for IdempotencyMiddleware {
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        let span =
-            tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
+        let span = request_span!(face = "client", key = tracing::field::Empty);
         Box::pin(operation(self.face.clone(), req, extensions, next).instrument(span))
     }
 }

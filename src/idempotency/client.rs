@@ -16,7 +16,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::decision::{Decision, OutcomeEvent, OutcomeHook, Track, WireKey};
+use super::decision::{request_span, Decision, OutcomeEvent, OutcomeHook, Track, WireKey};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::reconcile::{self, InDoubtOperation, Reconcile, Reconciled, DEFAULT_RECONCILE_TIMEOUT};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
@@ -449,8 +449,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let span =
-            tracing::debug_span!("idempotency", face = "client", key = tracing::field::Empty);
+        let span = request_span!(face = "client", key = tracing::field::Empty);
         let started = self
             .face
             .on_outcome

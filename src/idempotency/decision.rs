@@ -141,6 +141,37 @@ impl fmt::Display for KeyDigest<'_> {
     }
 }
 
+/// A request's `idempotency` span (`tracing::debug_span!` with these fields), or
+/// [`Span::none`](tracing::Span::none) when no subscriber takes `debug`.
+///
+/// Such a span would be disabled anyway; a disabled span is still checked, and with
+/// `tracing`'s `log` feature (which axum's default `tower-log` turns on) handed to `log`,
+/// at every poll, enter, exit and drop.
+macro_rules! request_span {
+    ($($fields:tt)*) => {
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!("idempotency", $($fields)*)
+        } else {
+            tracing::Span::none()
+        }
+    };
+}
+pub(crate) use request_span;
+
+/// The span the layer's fields (`key`, `outcome`, `settled`) are recorded in: the current
+/// one when a subscriber may have enabled the layer's `debug`-level span, else none.
+///
+/// With no subscriber, or none that takes `debug`, the layer's span is disabled: the
+/// lookup (a thread-local access per call, several per request) would only find nothing,
+/// or a span of the caller's own that is not the layer's to record into.
+pub(crate) fn layer_span() -> tracing::Span {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        tracing::Span::current()
+    } else {
+        tracing::Span::none()
+    }
+}
+
 /// What one request that reached the ledger came to, for a hook set with
 /// [`ClientBuilder::on_outcome`](super::ClientBuilder::on_outcome) or
 /// [`ServerBuilder::on_outcome`](super::ServerBuilder::on_outcome).

@@ -315,6 +315,8 @@ mod stack;
 
 pub use body::ResponseBody;
 pub use client::{ClientBuilder, ClientFace, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
+#[cfg(feature = "reqwest-middleware")]
+pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::{Buffered, ResponseBody};
-use super::decision::{OutcomeEvent, OutcomeHook, Track};
+use super::decision::{layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
 use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{
@@ -877,8 +877,7 @@ where
                 return ServerFuture::answer(problem::key_invalid(&invalid));
             }
         };
-        let span = tracing::debug_span!(
-            "idempotency",
+        let span = request_span!(
             face = "server",
             key = tracing::field::Empty,
             outcome = tracing::field::Empty,
@@ -1006,12 +1005,12 @@ where
 
 /// Record what the layer decided for this request (once per request).
 fn outcome(what: &'static str) {
-    tracing::Span::current().record("outcome", what);
+    layer_span().record("outcome", what);
 }
 
 /// Record how a handler run's lease was settled (once per run).
 fn settled(how: &'static str) {
-    tracing::Span::current().record("settled", how);
+    layer_span().record("settled", how);
 }
 
 /// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one;

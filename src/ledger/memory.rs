@@ -390,6 +390,11 @@ impl MemoryStore {
             .is_ok()
     }
 
+    /// Whether `needed` bytes are free now.
+    fn has_room(&self, needed: u64) -> bool {
+        self.inner.used.load(Ordering::Relaxed) + needed <= self.inner.max_bytes
+    }
+
     /// Evict completed records past their protected window (and any record past its
     /// retention met on the way) until `needed` bytes are free; `false` if they cannot be.
     ///
@@ -398,7 +403,7 @@ impl MemoryStore {
     fn make_room(&self, needed: u64, now: Instant) -> bool {
         let mut swept = false;
         loop {
-            if self.inner.used.load(Ordering::Relaxed) + needed <= self.inner.max_bytes {
+            if self.has_room(needed) {
                 return true;
             }
             let front = lock(&self.inner.evictable).pop_ended_by(now);
@@ -529,14 +534,15 @@ impl MemoryStore {
         }
     }
 
-    /// Run `settle` on the open record of `key` owned by `token`, or refuse as fenced.
+    /// Run `settle` on the open record of `key` owned by `token` at `now`, or refuse as
+    /// fenced.
     fn settle<T>(
         &self,
         key: LedgerKey,
         token: LeaseToken,
+        now: Instant,
         settle: impl FnOnce(&Self, &mut Shard, Instant) -> T,
     ) -> Result<T, StoreError> {
-        let now = Instant::now();
         let mut shard = lock(self.shard(&key));
         let owned = shard
             .get(&key)
@@ -551,22 +557,35 @@ impl MemoryStore {
         &self,
         key: LedgerKey,
         token: LeaseToken,
-        outcome: Outcome,
+        mut outcome: Outcome,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let left_out = self.settle(key, token, |store, shard, now| {
-            let open = shard.get_mut(&key).expect("owned");
-            store.complete_in_place(open, key, outcome, retention, now)
-        })?;
-        let Err((outcome, needed)) = left_out else {
-            return Ok(());
-        };
-        // No room for the whole outcome: evict what may be evicted, then settle for less.
-        let room = self.make_room(needed, Instant::now());
-        self.settle(key, token, |store, shard, now| {
+        let now = Instant::now();
+        let weight = outcome.weight() as u64;
+        // The outcome takes the place of the reserve its claim kept, which in a store at
+        // its cap (the steady state of a long-running process) needs room the claim did
+        // not: make it first, so that the record is settled under one lock, not refused
+        // and settled again. (Were the lease lost meanwhile, what this evicted was past
+        // its protected window: evictable anyway.)
+        let growth = weight.saturating_sub(TOMBSTONE_RESERVE);
+        let mut room = self.has_room(growth) || self.make_room(growth, now);
+        if room {
+            let left_out = self.settle(key, token, now, |store, shard, now| {
+                let open = shard.get_mut(&key).expect("owned");
+                store.complete_in_place(open, key, (outcome, weight), retention, now)
+            })?;
+            let Err((left, needed)) = left_out else {
+                return Ok(());
+            };
+            // Other claims took the room meanwhile: evict once more.
+            outcome = left;
+            room = self.make_room(needed, Instant::now());
+        }
+        // No room for the whole outcome: settle for less.
+        self.settle(key, token, Instant::now(), |store, shard, now| {
             let open = shard.get_mut(&key).expect("owned");
             let outcome = if room {
-                match store.complete_in_place(open, key, outcome, retention, now) {
+                match store.complete_in_place(open, key, (outcome, weight), retention, now) {
                     Ok(()) => return,
                     Err((outcome, _)) => outcome,
                 }
@@ -584,7 +603,7 @@ impl MemoryStore {
         &self,
         record: &mut Record,
         key: LedgerKey,
-        outcome: Outcome,
+        (outcome, outcome_weight): (Outcome, u64),
         retention: Duration,
         now: Instant,
     ) -> Result<(), (Outcome, u64)> {
@@ -592,7 +611,7 @@ impl MemoryStore {
         // so a panic leaves the record, the budget and the eviction order as they were.
         let protect_until = now + record.protected.min(retention);
         let retain_until = now + retention;
-        let weight = record.completed_weight(&outcome);
+        let weight = record.completed_weight(outcome_weight);
         if !self.reweigh(record.weight, weight) {
             return Err((outcome, weight - record.weight));
         }
@@ -729,7 +748,7 @@ impl Record {
     fn completed(&self, outcome: Outcome, retention: Duration, now: Instant, seq: u64) -> Self {
         // The same key, bookkeeping and frozen request: only the outcome's bytes are new, in
         // place of the reserve an open record keeps for a tombstone.
-        let weight = self.completed_weight(&outcome);
+        let weight = self.completed_weight(outcome.weight() as u64);
         Self {
             fingerprint: self.fingerprint,
             frozen: self.frozen.clone(),
@@ -746,9 +765,9 @@ impl Record {
         }
     }
 
-    /// This (open) record's weight once completed with `outcome`.
-    fn completed_weight(&self, outcome: &Outcome) -> u64 {
-        self.weight - TOMBSTONE_RESERVE + outcome.weight() as u64
+    /// This (open) record's weight once completed with an outcome of `outcome_weight`.
+    fn completed_weight(&self, outcome_weight: u64) -> u64 {
+        self.weight - TOMBSTONE_RESERVE + outcome_weight
     }
 
     fn view(&self, now: Instant) -> super::RecordView {
@@ -809,7 +828,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
-        let settled = self.settle(key, token, |store, shard, _| {
+        let settled = self.settle(key, token, Instant::now(), |store, shard, _| {
             let record = shard.get_mut(&key).expect("owned");
             match record.state {
                 // No attempt can have left: forget it, the next caller starts afresh.
@@ -833,7 +852,7 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        let settled = self.settle(key, token, |_, shard, now| {
+        let settled = self.settle(key, token, Instant::now(), |_, shard, now| {
             let record = shard.get_mut(&key).expect("owned");
             record.state = State::InDoubt;
             // A real attempt failed: keep the record at least `retention` from now.
@@ -865,7 +884,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
-        let settled = self.settle(key, token, |_, shard, now| {
+        let settled = self.settle(key, token, Instant::now(), |_, shard, now| {
             let record = shard.get_mut(&key).expect("owned");
             if let State::InFlight { lease_until, .. } = &mut record.state {
                 *lease_until = now + lease;

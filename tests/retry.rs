@@ -450,6 +450,83 @@ async fn every_attempt_sends_byte_identical_head_and_body_of_a_streamed_request(
     assert_eq!(ends_seen.load(Ordering::SeqCst), 1);
 }
 
+/// How the hesitant service answers one `poll_ready`.
+#[derive(Clone, Copy, Debug)]
+enum Readiness {
+    /// As `inner` is.
+    Ready,
+    Pending,
+    Fail,
+}
+
+/// `inner` behind a `poll_ready` that answers from a script (then as `inner` does): a
+/// service that is not ready at once, or whose readiness fails.
+#[derive(Clone)]
+struct Hesitant<S> {
+    inner: S,
+    script: Arc<Mutex<VecDeque<Readiness>>>,
+}
+
+impl<S: Service<Req>> Service<Req> for Hesitant<S>
+where
+    S::Error: From<io::Error>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        match self.script.lock().unwrap().pop_front() {
+            Some(Readiness::Pending) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Some(Readiness::Fail) => Poll::Ready(Err(io::Error::other("not ready").into())),
+            Some(Readiness::Ready) | None => self.inner.poll_ready(cx),
+        }
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.inner.call(req)
+    }
+}
+
+/// Readiness that waits, or fails, moves nothing of the request: the first attempt sent
+/// after a wait is the request as handed in, and after a failed readiness (nothing sent)
+/// the retry is the frozen request, the same bytes.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_that_waits_for_readiness_or_outlives_its_failure_sends_the_same_bytes() {
+    use Readiness::{Fail, Pending, Ready};
+    // The layer's own `poll_ready` takes the first answer; its future asks again before
+    // each attempt.
+    let scripts = [
+        (vec![Ready, Pending, Pending], 1),
+        (vec![Ready, Pending, Fail], 2),
+        (vec![Ready, Fail, Pending], 2),
+        (vec![Ready, Fail, Fail, Pending], 3),
+    ];
+    for (script, attempts) in scripts {
+        let upstream = Upstream::always(Step::Status(201));
+        let service = ServiceBuilder::new()
+            .layer(FrozenRetryLayer::new(unbudgeted()))
+            .service(Hesitant {
+                inner: upstream.service(),
+                script: Arc::new(Mutex::new(script.iter().copied().collect())),
+            });
+        let expected = post_with_key();
+        let (expected_headers, expected_body) = (expected.headers().clone(), b"{\"amount\":4200}");
+        let res = service.oneshot(post_with_key()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED, "{script:?}");
+        assert_eq!(attempts_of(&res), attempts, "{script:?}");
+        let seen = upstream.seen();
+        assert_eq!(seen.len(), 1, "{script:?}: only a ready service is called");
+        assert_eq!(seen[0].method, Method::POST, "{script:?}");
+        assert_eq!(seen[0].uri, "http://payments.local/charges", "{script:?}");
+        assert_eq!(seen[0].headers, expected_headers, "{script:?}");
+        assert_eq!(&seen[0].body[..], expected_body, "{script:?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_attempt_carries_the_callers_extensions() {
     let mut req = post_without_key();

@@ -364,11 +364,24 @@ where
                         let Handed {
                             frozen,
                             extensions,
-                            first,
+                            mut first,
                         } = hand_over(parts, body);
-                        *this.call = Some(Call::start(frozen, extensions, this.policy));
-                        this.state.set(State::Readying { first });
-                        continue;
+                        let call = this
+                            .call
+                            .insert(Call::start(frozen, extensions, this.policy));
+                        // Most services are ready at once: the first head then goes
+                        // straight into its request, not through `Readying`.
+                        match send_when_ready(this.inner, call, this.policy, &mut first, cx) {
+                            Poll::Ready(Ok(calling)) => {
+                                this.state.set(calling);
+                                continue;
+                            }
+                            Poll::Ready(Err(failure)) => Err(failure),
+                            Poll::Pending => {
+                                this.state.set(State::Readying { first });
+                                return Poll::Pending;
+                            }
+                        }
                     }
                     Err(error) => {
                         this.state.set(State::Done);
@@ -377,20 +390,12 @@ where
                 },
                 StateProj::Readying { first } => {
                     let call = this.call.as_mut().expect("frozen before any attempt");
-                    let ready = ready!(this.inner.poll_ready(cx));
-                    call.attempt += 1;
-                    match ready {
-                        Ok(()) => {
-                            let attempt = this.inner.call(call.next_request(first.take()));
-                            let timeout = this.policy.attempt_timeout.map(tokio::time::sleep);
-                            this.state.set(State::Calling { attempt, timeout });
+                    match ready!(send_when_ready(this.inner, call, this.policy, first, cx)) {
+                        Ok(calling) => {
+                            this.state.set(calling);
                             continue;
                         }
-                        // Nothing has been sent when readiness fails.
-                        Err(err) => Err(Failure {
-                            error: err.into(),
-                            phase: FailurePhase::PreWrite,
-                        }),
+                        Err(failure) => Err(failure),
                     }
                 }
                 StateProj::Calling { attempt, timeout } => match attempt.poll(cx) {
@@ -426,6 +431,36 @@ where
             }
         }
     }
+}
+
+/// Start the next attempt once `inner` is ready: the [`State::Calling`] of it, or the
+/// failure of a readiness that failed (nothing has been sent then). `first` is the head
+/// the first attempt may be sent with (see [`Call::next_request`]). Inlined into both
+/// callers, so that the state it makes is built in place.
+#[inline(always)]
+fn send_when_ready<S, B>(
+    inner: &mut S,
+    call: &mut Call,
+    policy: &RetryPolicy,
+    first: &mut Option<(http::request::Parts, Bytes)>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<State<S::Future, B>, Failure>>
+where
+    S: Service<Request<Full<Bytes>>>,
+    S::Error: Into<BoxError>,
+{
+    let ready = ready!(inner.poll_ready(cx));
+    call.attempt += 1;
+    Poll::Ready(match ready {
+        Ok(()) => Ok(State::Calling {
+            attempt: inner.call(call.next_request(first.take())),
+            timeout: policy.attempt_timeout.map(tokio::time::sleep),
+        }),
+        Err(err) => Err(Failure {
+            error: err.into(),
+            phase: FailurePhase::PreWrite,
+        }),
+    })
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>

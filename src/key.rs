@@ -245,10 +245,16 @@ impl HeaderKey {
     /// Parse one header value.
     pub fn parse(value: &HeaderValue) -> Result<Self, InvalidKey> {
         let bytes = value.as_bytes();
+        // A key is ASCII: checked as UTF-8 from the value's first byte (where the check
+        // runs a word at a time), it comes out as text without a second pass. A value that
+        // is not UTF-8 holds a byte no key may hold, which the scans below name.
+        let text = std::str::from_utf8(bytes).ok();
         let key = match bytes {
-            [b'"', inner @ .., b'"'] => unescape_sf_string(inner)?,
+            [b'"', inner @ .., b'"'] => {
+                unescape_sf_string(inner, text.map(|text| &text[1..text.len() - 1]))?
+            }
             [b'"', ..] => return Err(InvalidKey::BadSfString),
-            _ => bare_token(bytes)?,
+            _ => bare_token(bytes, text)?,
         };
         if key.is_empty() {
             return Err(InvalidKey::Empty);
@@ -308,17 +314,19 @@ const SF_PLAIN: [bool; 256] = {
     plain
 };
 
-/// A bare token: visible ASCII only (no spaces, no controls, no obs-text).
-fn bare_token(bytes: &[u8]) -> Result<String, InvalidKey> {
+/// A bare token: visible ASCII only (no spaces, no controls, no obs-text). `text` is
+/// `bytes` as text, when they are UTF-8.
+fn bare_token(bytes: &[u8], text: Option<&str>) -> Result<String, InvalidKey> {
     if let Some(&byte) = bytes.iter().find(|&&b| !is_visible_ascii(b)) {
         return Err(InvalidKey::InvalidCharacter { byte });
     }
-    Ok(String::from_utf8(bytes.to_vec()).expect("visible ASCII is UTF-8"))
+    Ok(text.expect("visible ASCII is UTF-8").to_owned())
 }
 
 /// The inside of an RFC 8941 sf-string: `\"` and `\\` escapes, every other escape invalid.
 /// The key itself must still be visible ASCII, so the space an sf-string permits is refused.
-fn unescape_sf_string(inner: &[u8]) -> Result<String, InvalidKey> {
+/// `text` is `inner` as text, when it is UTF-8.
+fn unescape_sf_string(inner: &[u8], text: Option<&str>) -> Result<String, InvalidKey> {
     // Keys seldom hold escapes: validate the run before the first one in a single scan and
     // copy it whole, so a plain key costs one pass and one copy rather than a push per byte.
     let plain = inner
@@ -327,7 +335,12 @@ fn unescape_sf_string(inner: &[u8]) -> Result<String, InvalidKey> {
         .unwrap_or(inner.len());
     let (head, rest) = inner.split_at(plain);
     let mut out = String::with_capacity(inner.len());
-    out.push_str(std::str::from_utf8(head).expect("visible ASCII is UTF-8"));
+    // The plain run is ASCII, so it ends on a character boundary of `text`. Without
+    // `text`, a byte after it is not UTF-8, and the loop below refuses it.
+    out.push_str(match text {
+        Some(text) => &text[..plain],
+        None => std::str::from_utf8(head).expect("visible ASCII is UTF-8"),
+    });
     let mut bytes = rest.iter();
     while let Some(&byte) = bytes.next() {
         match byte {
@@ -506,6 +519,79 @@ mod tests {
             parse(&[b'a', 0xe9]),
             Err(InvalidKey::InvalidCharacter { byte: 0xe9 })
         );
+    }
+
+    /// The rules read as plainly as they are written: the reference the fast paths of
+    /// [`HeaderKey::parse`] are checked against.
+    fn parse_by_the_rules(raw: &[u8]) -> Result<String, InvalidKey> {
+        let key = match raw {
+            [b'"', inner @ .., b'"'] => {
+                let mut key = String::new();
+                let mut bytes = inner.iter();
+                while let Some(&byte) = bytes.next() {
+                    match byte {
+                        b'\\' => match bytes.next() {
+                            Some(&escaped @ (b'"' | b'\\')) => key.push(char::from(escaped)),
+                            _ => return Err(InvalidKey::BadSfString),
+                        },
+                        b'"' => return Err(InvalidKey::BadSfString),
+                        byte if is_visible_ascii(byte) => key.push(char::from(byte)),
+                        byte => return Err(InvalidKey::InvalidCharacter { byte }),
+                    }
+                }
+                key
+            }
+            [b'"', ..] => return Err(InvalidKey::BadSfString),
+            _ => {
+                let mut key = String::new();
+                for &byte in raw {
+                    if !is_visible_ascii(byte) {
+                        return Err(InvalidKey::InvalidCharacter { byte });
+                    }
+                    key.push(char::from(byte));
+                }
+                key
+            }
+        };
+        match key.len() {
+            0 => Err(InvalidKey::Empty),
+            len if len > MAX_KEY_LEN => Err(InvalidKey::TooLong { len }),
+            _ => Ok(key),
+        }
+    }
+
+    const PLAIN: &[&[u8]] = &[b"a", b"7", b"-"];
+    const ESCAPES: &[&[u8]] = &[b"\\\"", b"\\\\"];
+    const HOSTILE: &[&[u8]] = &[b"\"", b"\\", b" ", b"\t", b"\xc3\xa9", b"\xe9", b"\xff"];
+
+    proptest::proptest! {
+        /// Any header value, quoted or not, with escapes, spaces, tabs, and bytes that are
+        /// or are not UTF-8: the same key, or the same refusal, as the rules say.
+        #[test]
+        fn parse_agrees_with_the_rules(
+            quoted in proptest::bool::ANY,
+            body in proptest::collection::vec(
+                proptest::prop_oneof![
+                    // Mostly what keys are made of, so that many cases are keys.
+                    8 => proptest::sample::select(PLAIN),
+                    2 => proptest::sample::select(ESCAPES),
+                    1 => proptest::sample::select(HOSTILE),
+                ],
+                0..12,
+            ),
+            long in proptest::bool::weighted(0.05),
+        ) {
+            let mut raw = body.concat();
+            if long {
+                raw.extend(std::iter::repeat_n(b'k', MAX_KEY_LEN));
+            }
+            if quoted {
+                raw.insert(0, b'"');
+                raw.push(b'"');
+            }
+            let parsed = parse(&raw).map(|key| key.as_str().to_owned());
+            proptest::prop_assert_eq!(parsed, parse_by_the_rules(&raw), "{:?}", raw);
+        }
     }
 
     #[test]

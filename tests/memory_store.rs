@@ -142,6 +142,45 @@ async fn byte_pressure_never_hands_out_an_operation_still_in_flight() {
     }
 }
 
+/// A completion makes its outcome's room before it looks at its lease: at the cap, one
+/// whose lease was lost is still refused as fenced, and the operation's new owner records
+/// and replays its own outcome.
+#[tokio::test(start_paused = true)]
+async fn at_the_cap_a_completion_by_a_lost_lease_is_fenced_and_the_new_owner_records() {
+    const BODY: usize = 10 * KIB;
+    let store = MemoryStore::builder().max_bytes(MIB as u64).build();
+    for n in 0..200 {
+        let token = acquire(&store, begin_request(key(19, n), n)).await;
+        let body = Bytes::from(vec![0; BODY]);
+        store
+            .complete(key(19, n), token, response(body), RETENTION)
+            .await
+            .unwrap();
+    }
+    let contested = key(19, u32::MAX);
+    let first = acquire(&store, begin_request(contested, 0)).await;
+    tokio::time::advance(LEASE + MS).await;
+    let second = match store.begin(begin_request(contested, 0)).await.unwrap() {
+        Begin::Resume { token, .. } => token,
+        other => panic!("expected Resume after the lease ended, got {other:?}"),
+    };
+
+    let late = Bytes::from(vec![b'l'; BODY]);
+    let stale = store
+        .complete(contested, first, response(late), RETENTION)
+        .await;
+    assert!(stale.unwrap_err().is_fenced());
+    let owned = Bytes::from(vec![b'o'; BODY]);
+    store
+        .complete(contested, second, response(owned.clone()), RETENTION)
+        .await
+        .unwrap();
+    let replayed = replayed_body(store.begin(begin_request(contested, 0)).await.unwrap());
+    assert_eq!(replayed, owned, "the new owner's outcome, whole");
+    let weight = store.weighted_size();
+    assert!(weight <= MIB as u64, "weighted_size {weight} over the cap");
+}
+
 #[tokio::test]
 async fn a_record_heavier_than_the_cap_is_never_forgotten_silently() {
     let store = MemoryStore::builder().max_bytes(MIB as u64).build();

@@ -24,12 +24,13 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::retry::budget::TpsBudget;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::{
     AttemptResult, Attempts, ClassifyRetry, FrozenRetry, RetryContext, RetryDecision, RetryPolicy,
 };
-use tower_idempotency::{EffectClass, Error, FrozenRetryLayer};
+use tower_idempotency::{EffectClass, Error, FrozenRetryLayer, IdempotencyLayer};
 
 // ---------------------------------------------------------------------------------------
 // The scripted upstream
@@ -493,37 +494,64 @@ where
 
 /// Readiness that waits, or fails, moves nothing of the request: the first attempt sent
 /// after a wait is the request as handed in, and after a failed readiness (nothing sent)
-/// the retry is the frozen request, the same bytes.
+/// the retry is the frozen request, the same bytes. Alone, and under the client
+/// `IdempotencyLayer`, whose frozen request the retry layer then sends as it is.
 #[tokio::test(start_paused = true)]
 async fn an_attempt_that_waits_for_readiness_or_outlives_its_failure_sends_the_same_bytes() {
     use Readiness::{Fail, Pending, Ready};
-    // The layer's own `poll_ready` takes the first answer; its future asks again before
-    // each attempt.
+    // The retry layer's future asks before each attempt; what asked before it (the
+    // layer's own `poll_ready`, and under the client layer that layer's too, and its call's)
+    // takes the first answers.
     let scripts = [
-        (vec![Ready, Pending, Pending], 1),
-        (vec![Ready, Pending, Fail], 2),
-        (vec![Ready, Fail, Pending], 2),
-        (vec![Ready, Fail, Fail, Pending], 3),
+        (vec![Pending, Pending], 1),
+        (vec![Pending, Fail], 2),
+        (vec![Fail, Pending], 2),
+        (vec![Fail, Fail, Pending], 3),
     ];
-    for (script, attempts) in scripts {
-        let upstream = Upstream::always(Step::Status(201));
-        let service = ServiceBuilder::new()
-            .layer(FrozenRetryLayer::new(unbudgeted()))
-            .service(Hesitant {
+    for stacked in [false, true] {
+        for (script, attempts) in &scripts {
+            let asked_before = if stacked { 2 } else { 1 };
+            let script = std::iter::repeat_n(Ready, asked_before).chain(script.iter().copied());
+            let upstream = Upstream::always(Step::Status(201));
+            let hesitant = Hesitant {
                 inner: upstream.service(),
-                script: Arc::new(Mutex::new(script.iter().copied().collect())),
-            });
-        let expected = post_with_key();
-        let (expected_headers, expected_body) = (expected.headers().clone(), b"{\"amount\":4200}");
-        let res = service.oneshot(post_with_key()).await.unwrap();
-        assert_eq!(res.status(), StatusCode::CREATED, "{script:?}");
-        assert_eq!(attempts_of(&res), attempts, "{script:?}");
-        let seen = upstream.seen();
-        assert_eq!(seen.len(), 1, "{script:?}: only a ready service is called");
-        assert_eq!(seen[0].method, Method::POST, "{script:?}");
-        assert_eq!(seen[0].uri, "http://payments.local/charges", "{script:?}");
-        assert_eq!(seen[0].headers, expected_headers, "{script:?}");
-        assert_eq!(&seen[0].body[..], expected_body, "{script:?}");
+                script: Arc::new(Mutex::new(script.collect())),
+            };
+            let retry = FrozenRetryLayer::new(unbudgeted());
+            let (status, attempted) = if stacked {
+                let res = ServiceBuilder::new()
+                    .layer(IdempotencyLayer::client(MemoryStore::new()))
+                    .layer(retry)
+                    .service(hesitant)
+                    .oneshot(post_with_key())
+                    .await
+                    .unwrap();
+                (res.status(), attempts_of(&res))
+            } else {
+                let res = retry
+                    .layer(hesitant)
+                    .oneshot(post_with_key())
+                    .await
+                    .unwrap();
+                (res.status(), attempts_of(&res))
+            };
+            let case = format!("stacked={stacked}, {attempts} attempts");
+            assert_eq!(status, StatusCode::CREATED, "{case}");
+            assert_eq!(attempted, *attempts, "{case}");
+            let seen = upstream.seen();
+            assert_eq!(seen.len(), 1, "{case}: only a ready service is called");
+            assert_eq!(seen[0].method, Method::POST, "{case}");
+            assert_eq!(seen[0].uri, "http://payments.local/charges", "{case}");
+            let mut headers = seen[0].headers.clone();
+            // The client layer adds the frozen body's digest; nothing else changes.
+            assert_eq!(
+                headers.remove("content-digest").is_some(),
+                stacked,
+                "{case}"
+            );
+            assert_eq!(headers, *post_with_key().headers(), "{case}");
+            assert_eq!(&seen[0].body[..], b"{\"amount\":4200}", "{case}");
+        }
     }
 }
 

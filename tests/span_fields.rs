@@ -61,45 +61,49 @@ async fn one_request_per_face(server_key: &str, step: &str) {
     .await;
 }
 
-/// The line of the caller's closing event.
-fn caller_line(text: &str) -> &str {
-    text.lines()
-        .find(|line| line.contains("caller done"))
-        .unwrap_or_else(|| panic!("no closing event in {text}"))
+/// The caller's span holds none of the layers' fields: a span with recorded fields shows
+/// them in braces on every line it is part of, its closing line included.
+fn assert_caller_span_untouched(text: &str) {
+    assert!(text.contains("caller done"), "no closing event in {text}");
+    assert!(
+        !text.contains("caller{"),
+        "the caller's span got a layer's field: {text}"
+    );
 }
 
-/// Under a subscriber that does not take `debug`, the layers' spans are disabled, and the
-/// fields they would have recorded go nowhere: not into the caller's span, which happens
-/// to declare the same names. Under one that does, they land in the layers' own spans, and
-/// the caller's span still holds nothing of theirs.
+/// The closing line of a layer's span of `face`.
+fn closing_line<'a>(text: &'a str, face: &str) -> &'a str {
+    text.lines()
+        .find(|line| {
+            line.contains(&format!("idempotency{{face=\"{face}\"")) && line.contains("close")
+        })
+        .unwrap_or_else(|| panic!("no {face} span closed in {text}"))
+}
+
+/// Whatever the filter, the fields the layers record land in their own spans or nowhere:
+/// never in the caller's span, which happens to declare the same names. Under a filter
+/// that takes `debug` for the layers, their spans hold the key, the outcome and how the
+/// run was settled; under one that does not (`info`, or `debug` for other targets only,
+/// which leaves the caller's span current inside the layers), they hold nothing.
 #[tokio::test(flavor = "current_thread")]
 async fn the_layers_record_their_fields_in_their_own_spans_only() {
-    {
-        let (logs, _info) = capture::events(tracing::Level::INFO);
-        one_request_per_face("\"info-run\"", "info-run").await;
+    // Widest last: `tracing`'s level hint is global, and only ever raised by a new
+    // subscriber while this one test runs in the binary.
+    for filter in ["info", "span_fields=debug"] {
+        let (logs, _default) = capture::spans(filter);
+        one_request_per_face("\"info-run\"", &format!("run-{filter}")).await;
         let text = logs.text();
-        let line = caller_line(&text);
-        assert!(
-            !line.contains("outcome") && !line.contains("settled") && !line.contains("key"),
-            "the caller's span got a layer's field: {line}"
-        );
-        assert!(!text.contains("idempotency{"), "{text}");
+        assert_caller_span_untouched(&text);
+        assert!(!text.contains("idempotency{"), "{filter}: {text}");
     }
-    {
-        let (logs, _debug) = capture::events(tracing::Level::DEBUG);
-        one_request_per_face("\"debug-run\"", "debug-run").await;
-        let text = logs.text();
-        let line = caller_line(&text);
-        assert!(
-            !line.contains("outcome") && !line.contains("settled") && !line.contains("key"),
-            "the caller's span got a layer's field: {line}"
-        );
-        for face in ["server", "client"] {
-            assert!(
-                text.lines()
-                    .any(|line| line.contains(&format!("idempotency{{face=\"{face}\" key="))),
-                "no {face} span with its key recorded in {text}"
-            );
-        }
+    let (logs, _default) = capture::spans("debug");
+    one_request_per_face("\"debug-run\"", "debug-run").await;
+    let text = logs.text();
+    assert_caller_span_untouched(&text);
+    let server = closing_line(&text, "server");
+    for field in ["key=", "outcome=\"executed\"", "settled=\"recorded\""] {
+        assert!(server.contains(field), "no {field} in {server}");
     }
+    let client = closing_line(&text, "client");
+    assert!(client.contains("key="), "no key in {client}");
 }

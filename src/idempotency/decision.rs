@@ -159,14 +159,23 @@ macro_rules! request_span {
 pub(crate) use request_span;
 
 /// The span the layer's fields (`key`, `outcome`, `settled`) are recorded in: the current
-/// one when a subscriber may have enabled the layer's `debug`-level span, else none.
+/// one when it is the layer's own ([`request_span!`]), else none.
 ///
-/// With no subscriber, or none that takes `debug`, the layer's span is disabled: the
-/// lookup (a thread-local access per call, several per request) would only find nothing,
-/// or a span of the caller's own that is not the layer's to record into.
+/// The current span is the caller's whenever the layer's is disabled (a filter that takes
+/// `debug` for other targets only, a subscriber reloaded during the request): its fields
+/// are not the layer's to write. With no subscriber that takes `debug` at all, the
+/// layer's span is disabled, and the lookup (a thread-local access, several per request)
+/// is skipped.
 pub(crate) fn layer_span() -> tracing::Span {
-    if tracing::level_enabled!(tracing::Level::DEBUG) {
-        tracing::Span::current()
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        return tracing::Span::none();
+    }
+    let current = tracing::Span::current();
+    let ours = current.metadata().is_some_and(|meta| {
+        meta.name() == "idempotency" && meta.target().starts_with(env!("CARGO_CRATE_NAME"))
+    });
+    if ours {
+        current
     } else {
         tracing::Span::none()
     }

@@ -560,7 +560,7 @@ impl MemoryStore {
         mut outcome: Outcome,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let now = Instant::now();
+        let mut now = Instant::now();
         let weight = outcome.weight() as u64;
         // The outcome takes the place of the reserve its claim kept, which in a store at
         // its cap (the steady state of a long-running process) needs room the claim did
@@ -568,7 +568,12 @@ impl MemoryStore {
         // and settled again. (Were the lease lost meanwhile, what this evicted was past
         // its protected window: evictable anyway.)
         let growth = weight.saturating_sub(TOMBSTONE_RESERVE);
-        let mut room = self.has_room(growth) || self.make_room(growth, now);
+        let mut room = self.has_room(growth);
+        if !room {
+            room = self.make_room(growth, now);
+            // Evicting takes time: the record is settled, and its windows start, after it.
+            now = Instant::now();
+        }
         if room {
             let left_out = self.settle(key, token, now, |store, shard, now| {
                 let open = shard.get_mut(&key).expect("owned");

@@ -58,3 +58,20 @@ pub fn events(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard
         .finish();
     (logs, tracing::subscriber::set_default(subscriber))
 }
+
+/// Capture, on this thread until the guard is dropped, the events and the closing of every
+/// span (each with the fields recorded in it) that `filter` (`EnvFilter` directives, e.g.
+/// `"info,my_crate=debug"`) enables.
+pub fn spans(filter: &str) -> (Logs, tracing::subscriber::DefaultGuard) {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}

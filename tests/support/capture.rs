@@ -26,6 +26,12 @@ impl Logs {
     pub fn clear(&self) {
         self.0.lock().unwrap().clear();
     }
+
+    /// What a `fmt` subscriber writes through: each write goes to these logs.
+    fn writer(&self) -> impl Fn() -> Self + 'static {
+        let logs = self.clone();
+        move || logs.clone()
+    }
 }
 
 impl std::io::Write for Logs {
@@ -49,10 +55,7 @@ pub fn warnings() -> (Logs, tracing::subscriber::DefaultGuard) {
 pub fn events(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
+        .with_writer(logs.writer())
         .with_ansi(false)
         .with_max_level(level)
         .finish();
@@ -65,10 +68,7 @@ pub fn events(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard
 pub fn spans(filter: &str) -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
+        .with_writer(logs.writer())
         .with_ansi(false)
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)

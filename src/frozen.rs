@@ -74,7 +74,6 @@ struct Frozen {
 
 /// The body's SHA-256, in one pass over the contiguous body, and the fingerprint made of it
 /// (as `Content-Digest` is).
-#[derive(Debug)]
 enum Hashes {
     /// Made at freezing: a keyed request needs both at once (it is claimed by its
     /// fingerprint and carries its digest), so it skips the locks' first-use path.
@@ -469,10 +468,6 @@ impl FrozenRequest {
     /// copy, so "the same buffer" is a pointer comparison, not a second pass over the bytes).
     fn reuse_fingerprint_of(&self, earlier: &FrozenRequest) {
         let (now, then) = (&*self.0, &*earlier.0);
-        let same = now.method == then.method
-            && now.uri == then.uri
-            && now.body.as_ptr() == then.body.as_ptr()
-            && now.body.len() == then.body.len();
         let Hashes::OnFirstUse {
             digest,
             fingerprint,
@@ -480,6 +475,10 @@ impl FrozenRequest {
         else {
             return;
         };
+        let same = now.method == then.method
+            && now.uri == then.uri
+            && now.body.as_ptr() == then.body.as_ptr()
+            && now.body.len() == then.body.len();
         if !same {
             return;
         }

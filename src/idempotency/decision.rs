@@ -159,7 +159,8 @@ macro_rules! request_span {
 pub(crate) use request_span;
 
 /// The span the layer's fields (`key`, `outcome`, `settled`) are recorded in: the current
-/// one when it is the layer's own ([`request_span!`]), else none.
+/// one when it is the layer's own ([`request_span!`], enabled, as a current span is), else
+/// none, where recording does nothing.
 ///
 /// The current span is the caller's whenever the layer's is disabled (a filter that takes
 /// `debug` for other targets only, a subscriber reloaded during the request): its fields

@@ -567,7 +567,7 @@ impl MemoryStore {
         // not: make it first, so that the record is settled under one lock, not refused
         // and settled again. (Were the lease lost meanwhile, what this evicted was past
         // its protected window: evictable anyway.)
-        let growth = weight.saturating_sub(TOMBSTONE_RESERVE);
+        let growth = Record::completion_growth(weight);
         let mut room = self.has_room(growth);
         if !room {
             room = self.make_room(growth, now);
@@ -773,6 +773,13 @@ impl Record {
     /// This (open) record's weight once completed with an outcome of `outcome_weight`.
     fn completed_weight(&self, outcome_weight: u64) -> u64 {
         self.weight - TOMBSTONE_RESERVE + outcome_weight
+    }
+
+    /// What completing an open record with an outcome of `outcome_weight` adds to the
+    /// budget ([`completed_weight`](Self::completed_weight) less the open weight), known
+    /// before the record is looked up.
+    fn completion_growth(outcome_weight: u64) -> u64 {
+        outcome_weight.saturating_sub(TOMBSTONE_RESERVE)
     }
 
     fn view(&self, now: Instant) -> super::RecordView {

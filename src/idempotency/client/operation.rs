@@ -224,10 +224,7 @@ struct Keyed {
 
 /// The operation's decision log, its key also recorded in the span.
 fn tracked(wire: WireKey) -> Track {
-    let span = decision::layer_span();
-    if !span.is_disabled() {
-        span.record("key", tracing::field::display(decision::KeyDigest(&wire)));
-    }
+    decision::layer_span().record("key", tracing::field::display(decision::KeyDigest(&wire)));
     Track::new(Face::Client, Some(wire))
 }
 

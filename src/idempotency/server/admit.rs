@@ -215,9 +215,8 @@ fn reporting(
     let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
         .then(|| WireKey::Header(key.clone()));
     let track = Track::new(Face::Server, wire);
-    let span = decision::layer_span();
-    if let (false, Some(wire)) = (span.is_disabled(), track.wire()) {
-        span.record("key", tracing::field::display(decision::KeyDigest(wire)));
+    if let Some(wire) = track.wire() {
+        decision::layer_span().record("key", tracing::field::display(decision::KeyDigest(wire)));
     }
     Report {
         track,

@@ -67,6 +67,37 @@ fn replayed_body(begin: Begin) -> Bytes {
     }
 }
 
+/// Complete `key` as `token` with `body`, then check that a repeat replays it.
+async fn complete_and_replay(
+    store: &impl IdempotencyStore,
+    key: LedgerKey,
+    token: LeaseToken,
+    body: impl Into<Bytes>,
+) {
+    let body = body.into();
+    store
+        .complete(key, token, response(body.clone()), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed_body(store.begin(begin_request(key, 0)).await.unwrap()),
+        body
+    );
+}
+
+/// Claim and complete operations `0..ops` under `salt`, each with a zeroed body of
+/// `body_len` bytes.
+async fn complete_many(store: &impl IdempotencyStore, salt: u8, ops: u32, body_len: usize) {
+    for n in 0..ops {
+        let token = acquire(store, begin_request(key(salt, n), n)).await;
+        let body = Bytes::from(vec![0; body_len]);
+        store
+            .complete(key(salt, n), token, response(body), RETENTION)
+            .await
+            .unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The byte cap
 // ---------------------------------------------------------------------------------------
@@ -125,14 +156,7 @@ async fn byte_pressure_never_hands_out_an_operation_still_in_flight() {
     acquire(&store, begin_request(in_flight, 0)).await;
 
     // Other operations complete meanwhile, ten times the cap's worth.
-    for n in 0..1000 {
-        let token = acquire(&store, begin_request(key(15, n), n)).await;
-        let body = Bytes::from(vec![0; 10 * KIB]);
-        store
-            .complete(key(15, n), token, response(body), RETENTION)
-            .await
-            .unwrap();
-    }
+    complete_many(&store, 15, 1000, 10 * KIB).await;
     store.run_pending_tasks().await;
 
     // The first owner's lease (30 s) is still live: nobody else may own the operation.
@@ -149,14 +173,7 @@ async fn byte_pressure_never_hands_out_an_operation_still_in_flight() {
 async fn at_the_cap_a_completion_by_a_lost_lease_is_fenced_and_the_new_owner_records() {
     const BODY: usize = 10 * KIB;
     let store = MemoryStore::builder().max_bytes(MIB as u64).build();
-    for n in 0..200 {
-        let token = acquire(&store, begin_request(key(19, n), n)).await;
-        let body = Bytes::from(vec![0; BODY]);
-        store
-            .complete(key(19, n), token, response(body), RETENTION)
-            .await
-            .unwrap();
-    }
+    complete_many(&store, 19, 200, BODY).await;
     let contested = key(19, u32::MAX);
     let first = acquire(&store, begin_request(contested, 0)).await;
     tokio::time::advance(LEASE + MS).await;
@@ -170,13 +187,8 @@ async fn at_the_cap_a_completion_by_a_lost_lease_is_fenced_and_the_new_owner_rec
         .complete(contested, first, response(late), RETENTION)
         .await;
     assert!(stale.unwrap_err().is_fenced());
-    let owned = Bytes::from(vec![b'o'; BODY]);
-    store
-        .complete(contested, second, response(owned.clone()), RETENTION)
-        .await
-        .unwrap();
-    let replayed = replayed_body(store.begin(begin_request(contested, 0)).await.unwrap());
-    assert_eq!(replayed, owned, "the new owner's outcome, whole");
+    // The new owner's outcome, whole.
+    complete_and_replay(&store, contested, second, vec![b'o'; BODY]).await;
     let weight = store.weighted_size();
     assert!(weight <= MIB as u64, "weighted_size {weight} over the cap");
 }
@@ -252,14 +264,7 @@ async fn expired_lease_resumes_with_the_frozen_bytes_never_acquires() {
         .complete(key, first, response("late".into()), RETENTION)
         .await;
     assert!(stale.unwrap_err().is_fenced());
-    store
-        .complete(key, second, response("ok".into()), RETENTION)
-        .await
-        .unwrap();
-    assert_eq!(
-        replayed_body(store.begin(begin_request(key, 0)).await.unwrap()),
-        "ok"
-    );
+    complete_and_replay(&store, key, second, "ok").await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -352,14 +357,7 @@ async fn a_completion_whose_retention_overflows_leaves_the_claim_and_the_budget_
     assert_eq!(store.weighted_size(), claimed);
 
     // Still the owner's open claim: it completes, and replays.
-    store
-        .complete(key, token, response("charged".into()), RETENTION)
-        .await
-        .unwrap();
-    assert_eq!(
-        replayed_body(store.begin(begin_request(key, 0)).await.unwrap()),
-        "charged"
-    );
+    complete_and_replay(&store, key, token, "charged").await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -420,14 +418,7 @@ async fn round_trip(store: &impl IdempotencyStore, salt: u8) {
         store.begin(begin_request(key, 0)).await.unwrap(),
         Begin::Busy { .. }
     ));
-    store
-        .complete(key, token, response("done".into()), RETENTION)
-        .await
-        .unwrap();
-    assert_eq!(
-        replayed_body(store.begin(begin_request(key, 0)).await.unwrap()),
-        "done"
-    );
+    complete_and_replay(store, key, token, "done").await;
     assert!(matches!(
         store.begin(begin_request(key, 1)).await.unwrap(),
         Begin::Drift { .. }

@@ -7,12 +7,15 @@ mod capture;
 
 use std::convert::Infallible;
 
+use axum::middleware::{self, Next};
+use axum::routing::post;
+use axum::Router;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
-use tower_idempotency::{IdempotencyLayer, OperationId};
+use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId};
 use tracing::Instrument;
 
 /// A side effect that answers `201 Created`.
@@ -23,31 +26,51 @@ async fn created<B>(_: Request<B>) -> Result<Response<Full<Bytes>>, Infallible> 
         .unwrap())
 }
 
-/// One request through the server face and one through the client face, each inside a
-/// caller's span that declares the fields the layers record in theirs, then an event in
-/// that span, so the capture shows what the caller's span holds.
-async fn one_request_per_face(server_key: &str, step: &str) {
-    let server = ServiceBuilder::new()
-        .layer(IdempotencyLayer::server(MemoryStore::new()))
-        .service(service_fn(created));
-    let caller = tracing::info_span!(
+/// A caller's span that declares the fields the layers record in theirs.
+fn caller_span() -> tracing::Span {
+    tracing::info_span!(
         "caller",
         key = tracing::field::Empty,
         outcome = tracing::field::Empty,
         settled = tracing::field::Empty,
-    );
-    async {
-        let req = Request::post("/charges")
-            .header("idempotency-key", server_key)
-            .header("authorization", "Bearer tenant-1")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap();
-        let response = server.oneshot(req).await.unwrap();
-        assert_eq!(response.status(), StatusCode::CREATED);
+    )
+}
 
-        let client = ServiceBuilder::new()
-            .layer(IdempotencyLayer::client(MemoryStore::new()))
-            .service(service_fn(created));
+/// A middleware of the application's own around the routes, as tracing layers are: the
+/// request runs in the caller's span, which then logs that it is done.
+async fn in_caller_span(req: axum::extract::Request, next: Next) -> axum::response::Response {
+    let span = caller_span();
+    let response = next.run(req).instrument(span.clone()).await;
+    span.in_scope(|| tracing::info!("caller done"));
+    response
+}
+
+/// One request through each face, composed as applications compose them: the server
+/// layer on a nested axum route under a middleware of the application's own that runs
+/// the request in its span; the client layer over the retry layer, called from inside the
+/// application's span. Each caller's span logs once it is done, so the capture shows what
+/// it holds.
+async fn one_request_per_face(server_key: &str, step: &str) {
+    let charges = Router::new()
+        .route("/charges", post(|| async { (StatusCode::CREATED, "{}") }))
+        .route_layer(IdempotencyLayer::server(MemoryStore::new()));
+    let app = Router::new()
+        .nest("/v1", charges)
+        .layer(middleware::from_fn(in_caller_span));
+    let req = Request::post("/v1/charges")
+        .header("idempotency-key", server_key)
+        .header("authorization", "Bearer tenant-1")
+        .body(axum::body::Body::from("{}"))
+        .unwrap();
+    let response = app.oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::default())
+        .service(service_fn(created));
+    let caller = caller_span();
+    async {
         let mut req = Request::post("http://pay.local/charges")
             .body(Full::new(Bytes::from_static(b"{}")))
             .unwrap();

@@ -62,6 +62,8 @@ pin_project! {
         server: Arc<ServerFace>,
         key: Option<HeaderKey>,
         ledger_key: LedgerKey,
+        // Whether the request carries a `Content-Digest` to check its body by.
+        digest_sent: bool,
         started: Option<tokio::time::Instant>,
         #[pin]
         step: Step<S, B, ResB>,
@@ -95,12 +97,13 @@ where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
     B: Body,
 {
-    /// The ledger's part of a request whose body `collect` reads.
+    /// The ledger's part of a request whose body `collect` reads, under its key (as sent,
+    /// and as the ledger knows it); `digest_sent` says whether it carries a `Content-Digest`.
     pub(super) fn new(
         inner: S,
         server: Arc<ServerFace>,
-        key: HeaderKey,
-        ledger_key: LedgerKey,
+        (key, ledger_key): (HeaderKey, LedgerKey),
+        digest_sent: bool,
         collect: CollectRequest<B>,
         started: Option<tokio::time::Instant>,
     ) -> Self {
@@ -109,6 +112,7 @@ where
             server,
             key: Some(key),
             ledger_key,
+            digest_sent,
             started,
             step: Step::Reading { collect },
         }
@@ -148,8 +152,15 @@ where
                     Ok(read) => {
                         let key = this.key.take().expect("read once");
                         let report = reporting(this.server, &key, *this.started);
-                        let ledger_key = *this.ledger_key;
-                        claim(this.server, this.inner, ledger_key, key, read, report)
+                        let keys = (*this.ledger_key, key);
+                        claim(
+                            this.server,
+                            this.inner,
+                            keys,
+                            *this.digest_sent,
+                            read,
+                            report,
+                        )
                     }
                     Err(err) => {
                         let answer = refused_body(this.server, &err);
@@ -240,8 +251,8 @@ fn refused_digest<T>(err: &DigestError) -> Response<ResponseBody<T>> {
 fn claim<S, B, ResB>(
     server: &Arc<ServerFace>,
     inner: &mut Option<S>,
-    ledger_key: LedgerKey,
-    key: HeaderKey,
+    (ledger_key, key): (LedgerKey, HeaderKey),
+    digest_sent: bool,
     (parts, body): (Parts, Bytes),
     report: Report,
 ) -> Next<S, B, ResB>
@@ -254,7 +265,7 @@ where
 {
     // Bytes that are not what their sender digested are refused before the ledger sees
     // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
-    let digest = match verified_body_digest(&parts.headers, &body) {
+    let digest = match verified_body_digest(&parts.headers, digest_sent, &body) {
         Ok(digest) => digest,
         Err(err) => return answered_by(report, refused_digest(&err)),
     };

@@ -23,19 +23,18 @@ use super::body::{Buffered, ResponseBody};
 use super::decision::{layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
 use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
-use crate::digest::{
-    BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
-};
+use crate::digest::{BodyDigest, ContentDigest, DigestError, IDEMPOTENT_REQUEST_DIGEST};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::frozen::{CollectRequest, DEFAULT_BODY_LIMIT};
-use crate::key::{hex, update_length_prefixed, HeaderKey};
+use crate::key::{hex, update_length_prefixed};
 use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
 
 mod admit;
 mod body;
 mod execute;
+mod head;
 pub mod problem;
 mod staged;
 #[cfg(feature = "postgres")]
@@ -43,6 +42,7 @@ mod transactional;
 
 use admit::Admit;
 pub use body::RequestBody;
+use head::KeyedHead;
 use staged::Keyed;
 
 /// `Idempotent-Replayed: true` marks a response replayed from the ledger: the handler was
@@ -169,7 +169,7 @@ pub enum InDoubtPolicy {
     OutcomeUnknown,
     /// Run the handler again for a request with the same fingerprint: **at least once**.
     /// Safe only when the handler's own effects are idempotent, e.g. its downstream calls
-    /// carry the key (it is in the request's extensions as a [`HeaderKey`]).
+    /// carry the key (it is in the request's extensions as a [`HeaderKey`](crate::HeaderKey)).
     RunAgain,
 }
 
@@ -861,7 +861,8 @@ where
         if !server.is_side_effect(&req) {
             return ServerFuture::pass_through(self.inner.call(req.map(RequestBody::streaming)));
         }
-        let key = match HeaderKey::from_headers(req.headers()) {
+        let head = KeyedHead::of(req.headers());
+        let key = match head.key {
             Ok(Some(key)) => key,
             Ok(None) if !server.require_key => {
                 return ServerFuture::pass_through(
@@ -904,7 +905,15 @@ where
             let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
             let clone = self.inner.clone();
             let inner = std::mem::replace(&mut self.inner, clone);
-            Admit::new(inner, self.face.clone(), key, ledger_key, collect, started)
+            let digest_sent = head.content_digest;
+            Admit::new(
+                inner,
+                self.face.clone(),
+                (key, ledger_key),
+                digest_sent,
+                collect,
+                started,
+            )
         };
         let detach = !self.face.cancel_on_disconnect;
         ServerFuture::keyed(Keyed::new(admit, span, detach))
@@ -1013,10 +1022,15 @@ fn settled(how: &'static str) {
     layer_span().record("settled", how);
 }
 
-/// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one;
-/// else computed here. Every `sha-256` and `sha-512` member must match the body.
-fn verified_body_digest(headers: &HeaderMap, body: &[u8]) -> Result<BodyDigest, DigestError> {
-    if !headers.contains_key(&CONTENT_DIGEST) {
+/// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one
+/// (`sent`: the request has that header); else computed here. Every `sha-256` and `sha-512`
+/// member must match the body.
+fn verified_body_digest(
+    headers: &HeaderMap,
+    sent: bool,
+    body: &[u8],
+) -> Result<BodyDigest, DigestError> {
+    if !sent {
         return Ok(BodyDigest::of(body));
     }
     let sent = ContentDigest::of_headers(headers)?;

@@ -957,11 +957,12 @@ async fn record_reconciled<T>(
             status: parts.status,
         }
     } else {
+        let (headers, copy) = detached(&parts.headers, &body);
         Outcome::Response(StoredResponse::new(
             parts.status,
             parts.version,
-            detached_headers(&parts.headers),
-            body.clone(),
+            headers,
+            copy,
         ))
     };
     if let Err(err) = lease.complete(outcome).await {
@@ -974,14 +975,22 @@ async fn record_reconciled<T>(
     Ok(response)
 }
 
-/// `headers` with every value copied into one exact-size buffer of their own.
-fn detached_headers(headers: &http::HeaderMap) -> http::HeaderMap {
-    let total = headers.values().map(|value| value.len()).sum();
-    let mut values = bytes::BytesMut::with_capacity(total);
+/// A copy of a response's `headers` and `body` for the ledger, in one exact-size buffer of
+/// its own: the header values first, then the body.
+///
+/// A body or header value sliced out of a transport's read buffer (hyper hands out both
+/// so) would otherwise keep that whole buffer alive for the retention, unseen by the
+/// store's budget. One buffer rather than one for the values and one for the body: they
+/// are kept, and dropped, together.
+fn detached(headers: &http::HeaderMap, body: &[u8]) -> (http::HeaderMap, Bytes) {
+    let values_len: usize = headers.values().map(|value| value.len()).sum();
+    let mut buffer = bytes::BytesMut::with_capacity(values_len + body.len());
     for value in headers.values() {
-        values.extend_from_slice(value.as_bytes());
+        buffer.extend_from_slice(value.as_bytes());
     }
-    let mut values = values.freeze();
+    buffer.extend_from_slice(body);
+    let mut values = buffer.freeze();
+    let body = values.split_off(values_len);
     let mut detached = http::HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
         let own = values.split_to(value.len());
@@ -990,5 +999,40 @@ fn detached_headers(headers: &http::HeaderMap) -> http::HeaderMap {
         own.set_sensitive(value.is_sensitive());
         detached.append(name.clone(), own);
     }
-    detached
+    (detached, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detached_copy_owns_its_bytes_and_keeps_every_header_as_it_was() {
+        let read_buffer = Bytes::from(b"text/plain;ch_1secret{\"id\":\"ch_1\"}".to_vec());
+        let start = read_buffer.as_ptr() as usize;
+        let range = start..start + read_buffer.len();
+        let value = |at: std::ops::Range<usize>| {
+            http::HeaderValue::from_maybe_shared(read_buffer.slice(at)).unwrap()
+        };
+        let mut headers = http::HeaderMap::new();
+        headers.append(http::header::CONTENT_TYPE, value(0..10));
+        headers.append("x-charge-id", value(11..15));
+        headers.append("x-charge-id", http::HeaderValue::from_static(""));
+        let mut secret = value(15..21);
+        secret.set_sensitive(true);
+        headers.append(http::header::AUTHORIZATION, secret);
+        let body = read_buffer.slice(21..);
+
+        let (copy, copied_body) = detached(&headers, &body);
+
+        assert_eq!(copied_body, body);
+        assert!(!range.contains(&(copied_body.as_ptr() as usize)));
+        let before: Vec<_> = headers.iter().collect();
+        let after: Vec<_> = copy.iter().collect();
+        assert_eq!(before, after, "the same headers, in the same order");
+        for ((_, was), (_, is)) in headers.iter().zip(copy.iter()) {
+            assert_eq!(was.is_sensitive(), is.is_sensitive());
+            assert!(is.is_empty() || !range.contains(&(is.as_bytes().as_ptr() as usize)));
+        }
+    }
 }

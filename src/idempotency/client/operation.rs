@@ -571,15 +571,9 @@ fn record<ResB: Send + 'static>(
     };
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
-            // The record gets its own exact-size copies: a body or header value sliced out
-            // of the transport's read buffer (hyper hands out both so) would otherwise keep
-            // that whole buffer alive for the retention, unseen by the store's budget.
-            let stored = StoredResponse::new(
-                parts.status,
-                parts.version,
-                super::detached_headers(&parts.headers),
-                Bytes::copy_from_slice(&bytes),
-            );
+            // The record gets its own exact-size copy (see `detached`).
+            let (headers, copy) = super::detached(&parts.headers, &bytes);
+            let stored = StoredResponse::new(parts.status, parts.version, headers, copy);
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }
         Buffered::Overflow(prefix, rest) => {

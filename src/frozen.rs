@@ -44,7 +44,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
+use http::header::{Entry, CONTENT_LENGTH};
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
@@ -172,10 +172,9 @@ impl FrozenRequest {
         let mut hashes = Hashes::on_first_use();
         if content_digest {
             let sha256 = BodyDigest::of(&body);
-            if !parts.headers.contains_key(&CONTENT_DIGEST) {
-                parts
-                    .headers
-                    .insert(CONTENT_DIGEST.clone(), sha256.header_value());
+            // One lookup: a digest the caller sent is kept as it is.
+            if let Entry::Vacant(place) = parts.headers.entry(&CONTENT_DIGEST) {
+                place.insert(sha256.header_value());
             }
             hashes = Hashes::Made {
                 digest: sha256,

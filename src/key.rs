@@ -276,7 +276,14 @@ impl HeaderKey {
     /// assert_eq!(HeaderKey::from_headers(&headers), Err(InvalidKey::Repeated));
     /// ```
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, InvalidKey> {
-        let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
+        Self::from_values(headers.get_all(&IDEMPOTENCY_KEY).iter())
+    }
+
+    /// The key of a request whose `Idempotency-Key` values are `values`, as
+    /// [`from_headers`](Self::from_headers) reads them.
+    pub(crate) fn from_values<'a>(
+        mut values: impl Iterator<Item = &'a HeaderValue>,
+    ) -> Result<Option<Self>, InvalidKey> {
         let Some(first) = values.next() else {
             return Ok(None);
         };

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::idempotency::{ClientFace, Idempotency};
@@ -32,6 +32,10 @@ const REGENERATED: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock order f
 
 fn op() -> OperationId {
     OperationId::new("task-9", "create-order")
+}
+
+fn source<B>(response: &Response<B>) -> Option<ResponseSource> {
+    response.extensions().get::<ResponseSource>().copied()
 }
 
 fn key_hex() -> String {
@@ -187,6 +191,59 @@ async fn a_callers_own_key_is_sent_unchanged_and_deduplicates() {
         provider.attempts()[0].headers()["idempotency-key"],
         "welcome-mail-7"
     );
+}
+
+/// A request may carry an `OperationId` and a key of its caller's own: the caller's key
+/// wins, sent as it came (with the caller's own `Content-Digest`), and names the
+/// operation; a malformed or repeated one is refused, whatever the `OperationId` says.
+#[tokio::test]
+async fn a_callers_own_key_wins_over_an_operation_id_and_is_checked_all_the_same() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack(&store, &provider);
+    let with_op_and = |keys: &[&'static str]| {
+        let mut req = post(ORIGINAL);
+        for key in keys {
+            req.headers_mut()
+                .append("idempotency-key", HeaderValue::from_static(key));
+        }
+        req
+    };
+
+    let mut own = with_op_and(&["welcome-mail-7"]);
+    own.headers_mut().insert(
+        "content-digest",
+        HeaderValue::from_static("sha-256=:c2VudA==:"),
+    );
+    svc.clone().oneshot(own).await.unwrap();
+    let sent = &provider.attempts()[0];
+    let keys: Vec<_> = sent.headers().get_all("idempotency-key").iter().collect();
+    assert_eq!(
+        keys,
+        ["welcome-mail-7"],
+        "the caller's key, alone, unchanged"
+    );
+    assert_eq!(sent.headers()["content-digest"], "sha-256=:c2VudA==:");
+
+    // The caller's key named the operation: the same key without the `OperationId` is
+    // its replay; the `OperationId` alone is another operation.
+    let mut same_key = with_op_and(&["welcome-mail-7"]);
+    same_key.extensions_mut().remove::<OperationId>();
+    same_key.headers_mut().insert(
+        "content-digest",
+        HeaderValue::from_static("sha-256=:c2VudA==:"),
+    );
+    let replay = svc.clone().oneshot(same_key).await.unwrap();
+    assert_eq!(source(&replay), Some(ResponseSource::Replayed));
+    let derived = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(source(&derived), Some(ResponseSource::Sent));
+    assert_eq!(provider.calls(), 2);
+
+    for keys in [&["has space"][..], &["a", "b"][..]] {
+        let err = svc.clone().oneshot(with_op_and(keys)).await.unwrap_err();
+        assert!(err.is_invalid_key(), "{keys:?}: {err}");
+    }
+    assert_eq!(provider.calls(), 2, "nothing more was sent");
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::Entry;
 use http::{Extensions, Request, Response};
 use http_body::Body;
 use http_body_util::Full;
@@ -586,7 +587,23 @@ fn identify<B>(
     client: &ClientFace,
     req: &mut Request<B>,
 ) -> Result<Option<(LedgerKey, WireKey)>, Error> {
-    if let Some(key) = HeaderKey::from_headers(req.headers()).map_err(Error::from_invalid_key)? {
+    // An operation's key is derived before its header is looked up, so that one lookup
+    // finds the key sent (which wins) or makes the derived key's place.
+    let derived = req
+        .extensions()
+        .get::<OperationId>()
+        .map(|op| op.key(&client.scope));
+    let sent = match derived {
+        Some(key) => match req.headers_mut().entry(&IDEMPOTENCY_KEY) {
+            Entry::Occupied(sent) => HeaderKey::from_values(sent.iter()),
+            Entry::Vacant(place) => {
+                place.insert(key.header_value());
+                return Ok(Some((LedgerKey::for_operation(key), WireKey::Derived(key))));
+            }
+        },
+        None => HeaderKey::from_headers(req.headers()),
+    };
+    if let Some(key) = sent.map_err(Error::from_invalid_key)? {
         let uri = req.uri();
         let ledger_key = LedgerKey::client_header(
             &client.scope,
@@ -595,12 +612,6 @@ fn identify<B>(
             key.as_str(),
         );
         return Ok(Some((ledger_key, WireKey::Header(key))));
-    }
-    if let Some(op) = req.extensions().get::<OperationId>() {
-        let key = op.key(&client.scope);
-        req.headers_mut()
-            .insert(&IDEMPOTENCY_KEY, key.header_value());
-        return Ok(Some((LedgerKey::for_operation(key), WireKey::Derived(key))));
     }
     if client.require_key {
         return Err(Error::missing_key());

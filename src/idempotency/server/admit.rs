@@ -19,6 +19,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RequestBody;
+use super::execute::{self, Execute};
 use super::staged::Admitted;
 use super::{
     call, original_target, outcome, problem, replay, verified_body_digest, InDoubtPolicy, Owned,
@@ -50,6 +51,19 @@ type FailingOpen<ResB, E> = Pin<Box<dyn Future<Output = Result<Response<ResB>, E
 
 /// What a keyed request's ledger part answers without the handler.
 type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
+
+/// The handler's part of a request whose key is owned, boxed where it is made: the request
+/// and what settling it needs go into the box once, rather than through each future on
+/// the way to it.
+pub(super) type Handling<S, B, ResB> = Pin<
+    Box<
+        Execute<
+            <S as Service<Request<RequestBody<B>>>>::Future,
+            ResB,
+            <S as Service<Request<RequestBody<B>>>>::Error,
+        >,
+    >,
+>;
 
 pin_project! {
     /// The ledger's part of one keyed request (see the module docs).
@@ -140,9 +154,10 @@ where
     S::Error: Send + 'static,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
-    type Output = Admitted<Answer<ResB, S::Error>, Owned<S, B>>;
+    type Output = Admitted<Answer<ResB, S::Error>, Handling<S, B, ResB>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -196,13 +211,15 @@ where
 }
 
 /// Where deciding leaves the ledger's part: another step, or its end.
+// The next step is built once and moved into place; boxing it is what this future avoids.
+#[allow(clippy::large_enum_variant)]
 enum Next<S, B, ResB>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
     B: Body,
 {
     Step(Step<S, B, ResB>),
-    Admitted(Admitted<Answer<ResB, S::Error>, Owned<S, B>>),
+    Admitted(Admitted<Answer<ResB, S::Error>, Handling<S, B, ResB>>),
 }
 
 fn done<S, B, ResB, T>(mut step: Pin<&mut Step<S, B, ResB>>, admitted: T) -> Poll<T>
@@ -261,7 +278,8 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Body<Data = Bytes> + Send + 'static,
-    ResB: 'static,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
     // Bytes that are not what their sender digested are refused before the ledger sees
     // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
@@ -334,7 +352,8 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Body<Data = Bytes> + Send + 'static,
-    ResB: 'static,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
     let Claimant {
         parts,
@@ -400,7 +419,7 @@ where
             return answered_by(report, problem::outcome_unknown());
         }
     };
-    Next::Admitted(Admitted::Handle(Owned {
+    let owned = Owned {
         inner: inner.take().expect("handed on once"),
         server: server.clone(),
         key: (ledger_key, digest),
@@ -408,7 +427,8 @@ where
         transaction,
         request: handler_request(parts, header_key, body),
         report,
-    }))
+    };
+    Next::Admitted(Admitted::Handle(Box::pin(execute::handle(owned))))
 }
 
 /// The request the handler gets: the head as it came, with the key, which handlers can pass

@@ -13,8 +13,6 @@ use tracing::Instrument;
 
 use super::admit::Admit;
 use super::body::RequestBody;
-use super::execute;
-use super::Owned;
 use crate::idempotency::body::ResponseBody;
 use crate::BoxError;
 
@@ -91,8 +89,9 @@ where
                         this.stage.set(Stage::Done);
                         return Poll::Ready(answer);
                     }
-                    Admitted::Handle(owned) => {
-                        let execute = handle(owned, *this.detach, this.span);
+                    Admitted::Handle(handling) => {
+                        let span = this.detach.then(|| this.span.clone());
+                        let execute = Detaching::new(handling, span);
                         this.stage.set(Stage::Handle { execute });
                     }
                 },
@@ -105,24 +104,6 @@ where
             }
         }
     }
-}
-
-/// Start the handler's part of an owned key, boxed.
-fn handle<S, B, ResB>(
-    owned: Owned<S, B>,
-    detach: bool,
-    span: &tracing::Span,
-) -> Detaching<Result<Response<ResponseBody<ResB>>, S::Error>>
-where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body<Data = bytes::Bytes> + Send + 'static,
-    ResB: Body<Data = bytes::Bytes> + Unpin + Send + 'static,
-    ResB::Error: Into<BoxError>,
-{
-    let span = detach.then(|| span.clone());
-    Detaching::new(Box::pin(execute::handle(owned)), span)
 }
 
 /// The boxed handler's part of a keyed request. Dropped while it runs (the client went

@@ -536,21 +536,19 @@ impl<B: Body> CollectRequest<B> {
     /// Start reading `req`'s body; refused at once when it says it is over `limit`.
     pub(crate) fn new(req: Request<B>, limit: usize) -> Result<Self, Error> {
         let (parts, body) = req.into_parts();
-        Self::from_parts(parts, body, limit)
+        check_declared_length(&parts.headers, &body, limit)?;
+        Ok(Self::checked(parts, body, limit))
     }
 
-    /// [`new`](Self::new), of a request already taken apart.
-    pub(crate) fn from_parts(
-        parts: http::request::Parts,
-        body: B,
-        limit: usize,
-    ) -> Result<Self, Error> {
-        check_declared_length(&parts.headers, &body, limit)?;
-        Ok(Self {
+    /// Start reading the body of a request already taken apart, once
+    /// [`check_declared_length`] let it through. Infallible, so that a caller can build it
+    /// straight into the future that holds it.
+    pub(crate) fn checked(parts: http::request::Parts, body: B, limit: usize) -> Self {
+        Self {
             collected: Collected::new(&body, limit),
             body,
             parts: Some(parts),
-        })
+        }
     }
 }
 
@@ -580,7 +578,7 @@ pub(crate) fn path_and_query(uri: &Uri) -> &str {
 }
 
 /// Refuse before reading a byte when the sender already says the body is too large.
-fn check_declared_length<B: Body>(
+pub(crate) fn check_declared_length<B: Body>(
     headers: &HeaderMap,
     body: &B,
     limit: usize,

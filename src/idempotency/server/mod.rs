@@ -26,7 +26,7 @@ use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{BodyDigest, ContentDigest, DigestError, IDEMPOTENT_REQUEST_DIGEST};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
-use crate::frozen::{CollectRequest, DEFAULT_BODY_LIMIT};
+use crate::frozen::{check_declared_length, CollectRequest, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed};
 use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
@@ -898,10 +898,10 @@ where
             };
             // Read and limit the body before any lease is taken: a refused body leaves the
             // key unused.
-            let collect = match CollectRequest::from_parts(parts, body, server.body_limit) {
-                Ok(collect) => collect,
-                Err(err) => return ServerFuture::answer(admit::refused_body(server, &err)),
-            };
+            if let Err(err) = check_declared_length(&parts.headers, &body, server.body_limit) {
+                return ServerFuture::answer(admit::refused_body(server, &err));
+            }
+            let collect = CollectRequest::checked(parts, body, server.body_limit);
             let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
             let clone = self.inner.clone();
             let inner = std::mem::replace(&mut self.inner, clone);

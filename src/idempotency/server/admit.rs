@@ -3,7 +3,8 @@
 //!
 //! A future of its own rather than an `async fn`, so that the request's future is a type
 //! that can be named and held in place: a replay or a refusal allocates no future at all,
-//! and only a request whose handler runs boxes that part (see [`Keyed`](super::staged::Keyed)).
+//! and only a request whose handler runs boxes that part, where its claim is decided (see
+//! [`Handling`] and [`Keyed`](super::staged::Keyed)).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -23,7 +23,9 @@ use super::body::{Buffered, ResponseBody};
 use super::decision::{layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
 use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
-use crate::digest::{BodyDigest, ContentDigest, DigestError, IDEMPOTENT_REQUEST_DIGEST};
+use crate::digest::{
+    BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
+};
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::frozen::{check_declared_length, CollectRequest, DEFAULT_BODY_LIMIT};
@@ -1030,11 +1032,12 @@ fn verified_body_digest(
     sent: bool,
     body: &[u8],
 ) -> Result<BodyDigest, DigestError> {
+    debug_assert_eq!(sent, headers.contains_key(&CONTENT_DIGEST));
     if !sent {
         return Ok(BodyDigest::of(body));
     }
-    let sent = ContentDigest::of_headers(headers)?;
-    Ok(sent.verify(body)?.unwrap_or_else(|| BodyDigest::of(body)))
+    let field = ContentDigest::of_headers(headers)?;
+    Ok(field.verify(body)?.unwrap_or_else(|| BodyDigest::of(body)))
 }
 
 /// The transaction a claim was made in (transactional mode), if any. Dropped unused (a

@@ -20,7 +20,7 @@ use crate::BoxError;
 pub(super) enum Admitted<R, O> {
     /// Answered without the handler: a replay, a refusal, a conflict.
     Answer(R),
-    /// The key is this request's: its handler is to run.
+    /// The key is this request's: its handler's part, started.
     Handle(O),
 }
 

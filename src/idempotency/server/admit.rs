@@ -168,7 +168,7 @@ where
                     Ok(read) => {
                         let key = this.key.take().expect("read once");
                         let report = reporting(this.server, &key, *this.started);
-                        let keys = (*this.ledger_key, key);
+                        let keys = (key, *this.ledger_key);
                         claim(
                             this.server,
                             this.inner,
@@ -269,7 +269,7 @@ fn refused_digest<T>(err: &DigestError) -> Response<ResponseBody<T>> {
 fn claim<S, B, ResB>(
     server: &Arc<ServerFace>,
     inner: &mut Option<S>,
-    (ledger_key, key): (LedgerKey, HeaderKey),
+    (key, ledger_key): (HeaderKey, LedgerKey),
     digest_sent: bool,
     (parts, body): (Parts, Bytes),
     report: Report,

@@ -477,3 +477,46 @@ async fn over_loopback_a_crash_after_sending_resolves_to_the_real_response() {
     assert!(err.is_in_doubt());
     assert_eq!(provider.effects_for_operation(&op2, ""), 1);
 }
+
+/// A reconciler that read the provider over hyper hands back a response sliced out of the
+/// transport's read buffer, as the client layer's own responses are. The outcome it
+/// records owns exact-size copies: a record must never keep that buffer alive for its
+/// retention, unseen by the store's budget.
+#[tokio::test(start_paused = true)]
+async fn a_reconciled_outcome_keeps_no_transport_buffer_alive() {
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let read_buffer = Bytes::from(vec![b'a'; 8192]);
+    let start = read_buffer.as_ptr() as usize;
+    let range = start..start + read_buffer.len();
+    let found = {
+        let read_buffer = read_buffer.clone();
+        move |_: InDoubtOperation| {
+            let mut response = http::Response::new(read_buffer.slice(16..64));
+            *response.status_mut() = StatusCode::CREATED;
+            let value = http::HeaderValue::from_maybe_shared(read_buffer.slice(0..16)).unwrap();
+            response.headers_mut().insert("x-charge-id", value);
+            std::future::ready(Ok::<_, BoxError>(Reconciled::Applied(response)))
+        }
+    };
+    let reconciled = resume(&ledger, &provider, found).await.unwrap();
+    assert_eq!(
+        reconciled.extensions().get(),
+        Some(&ResponseSource::Reconciled)
+    );
+
+    let replay = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
+    assert_eq!(replay.extensions().get(), Some(&ResponseSource::Replayed));
+    let value = replay.headers()["x-charge-id"].as_bytes();
+    assert_eq!(value, &[b'a'; 16][..]);
+    assert!(
+        !range.contains(&(value.as_ptr() as usize)),
+        "the header pins the read buffer"
+    );
+    assert_eq!(replay.body().len(), 48);
+    assert!(
+        !range.contains(&(replay.body().as_ptr() as usize)),
+        "the body pins the read buffer"
+    );
+    assert_eq!(effects(&provider), 1);
+}

@@ -31,6 +31,7 @@
 //! assert_eq!(key.header_value().to_str().unwrap(), format!("\"{}\"", key.to_hex()));
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -238,8 +239,54 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
 /// assert_eq!(quoted.as_str(), "order-42");
 /// assert!(HeaderKey::parse(&HeaderValue::from_static("\"\"")).is_err());
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct HeaderKey(String);
+#[derive(Clone)]
+pub struct HeaderKey(KeyText);
+
+/// The longest key held without an allocation: a UUID (36), a ULID (26) and the 64 hex
+/// digits of a derived key all fit.
+const INLINE_KEY_LEN: usize = 64;
+
+/// A key's characters (visible ASCII, checked by [`HeaderKey::parse`]). Every keyed request
+/// parses one, and the server hands it on to the handler: held inline, the common key
+/// costs no allocation of its own.
+#[derive(Clone)]
+enum KeyText {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_KEY_LEN],
+    },
+    Heap(Box<str>),
+}
+
+impl KeyText {
+    fn new(text: &str) -> Self {
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= INLINE_KEY_LEN => {
+                let mut bytes = [0; INLINE_KEY_LEN];
+                bytes[..text.len()].copy_from_slice(text.as_bytes());
+                Self::Inline { len, bytes }
+            }
+            _ => Self::Heap(text.into()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(text) => text.as_bytes(),
+        }
+    }
+
+    /// Checked again as UTF-8 (the crate forbids `unsafe`): hot paths take
+    /// [`as_bytes`](Self::as_bytes).
+    fn as_str(&self) -> &str {
+        match self {
+            Self::Inline { len, bytes } => std::str::from_utf8(&bytes[..usize::from(*len)])
+                .expect("a key is visible ASCII, copied whole"),
+            Self::Heap(text) => text,
+        }
+    }
+}
 
 impl HeaderKey {
     /// Parse one header value.
@@ -262,7 +309,7 @@ impl HeaderKey {
         if key.len() > MAX_KEY_LEN {
             return Err(InvalidKey::TooLong { len: key.len() });
         }
-        Ok(Self(key))
+        Ok(Self(KeyText::new(&key)))
     }
 
     /// Read the key from `headers`: `Ok(None)` when absent, an error when repeated or malformed.
@@ -295,13 +342,39 @@ impl HeaderKey {
 
     /// The key's characters, without quotes.
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_str()
+    }
+
+    /// The key's characters as bytes (ASCII): what the ledger's key is made of.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl PartialEq for HeaderKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for HeaderKey {}
+
+impl std::hash::Hash for HeaderKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As `str` hashes, so that a key hashes as its text does.
+        self.as_str().hash(state);
+    }
+}
+
+impl fmt::Debug for HeaderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("HeaderKey").field(&self.as_str()).finish()
     }
 }
 
 impl fmt::Display for HeaderKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -323,11 +396,11 @@ const SF_PLAIN: [bool; 256] = {
 
 /// A bare token: visible ASCII only (no spaces, no controls, no obs-text). `text` is
 /// `bytes` as text, when they are UTF-8.
-fn bare_token(bytes: &[u8], text: Option<&str>) -> Result<String, InvalidKey> {
+fn bare_token<'a>(bytes: &[u8], text: Option<&'a str>) -> Result<Cow<'a, str>, InvalidKey> {
     if let Some(&byte) = bytes.iter().find(|&&b| !is_visible_ascii(b)) {
         return Err(InvalidKey::InvalidCharacter { byte });
     }
-    Ok(text.expect("visible ASCII is UTF-8").to_owned())
+    Ok(Cow::Borrowed(text.expect("visible ASCII is UTF-8")))
 }
 
 /// How many bytes `inner` starts with that an sf-string key holds as they are. Eight at a
@@ -353,18 +426,25 @@ fn plain_run(inner: &[u8]) -> usize {
 /// The inside of an RFC 8941 sf-string: `\"` and `\\` escapes, every other escape invalid.
 /// The key itself must still be visible ASCII, so the space an sf-string permits is refused.
 /// `text` is `inner` as text, when it is UTF-8.
-fn unescape_sf_string(inner: &[u8], text: Option<&str>) -> Result<String, InvalidKey> {
-    // Keys seldom hold escapes: validate the run before the first one in a single scan and
-    // copy it whole, so a plain key costs one pass and one copy rather than a push per byte.
+fn unescape_sf_string<'a>(
+    inner: &'a [u8],
+    text: Option<&'a str>,
+) -> Result<Cow<'a, str>, InvalidKey> {
+    // Keys seldom hold escapes: validate the run before the first one in a single scan, and
+    // when it is the whole key, borrow it: a plain key costs one pass and no copy here.
     let plain = plain_run(inner);
     let (head, rest) = inner.split_at(plain);
-    let mut out = String::with_capacity(inner.len());
     // The plain run is ASCII, so it ends on a character boundary of `text`. Without
     // `text`, a byte after it is not UTF-8, and the loop below refuses it.
-    out.push_str(match text {
+    let head = match text {
         Some(text) => &text[..plain],
         None => std::str::from_utf8(head).expect("visible ASCII is UTF-8"),
-    });
+    };
+    if rest.is_empty() {
+        return Ok(Cow::Borrowed(head));
+    }
+    let mut out = String::with_capacity(inner.len());
+    out.push_str(head);
     let mut bytes = rest.iter();
     while let Some(&byte) = bytes.next() {
         match byte {
@@ -377,7 +457,7 @@ fn unescape_sf_string(inner: &[u8], text: Option<&str>) -> Result<String, Invali
             byte => return Err(InvalidKey::InvalidCharacter { byte }),
         }
     }
-    Ok(out)
+    Ok(Cow::Owned(out))
 }
 
 /// Why an `Idempotency-Key` header was refused.
@@ -587,6 +667,26 @@ mod tests {
     const PLAIN: &[&[u8]] = &[b"a", b"7", b"-"];
     const ESCAPES: &[&[u8]] = &[b"\\\"", b"\\\\"];
     const HOSTILE: &[&[u8]] = &[b"\"", b"\\", b" ", b"\t", b"\xc3\xa9", b"\xe9", b"\xff"];
+    const PADS: &[usize] = &[
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        INLINE_KEY_LEN - 2,
+        INLINE_KEY_LEN - 1,
+        INLINE_KEY_LEN,
+        INLINE_KEY_LEN + 1,
+        MAX_KEY_LEN - 1,
+        MAX_KEY_LEN,
+    ];
 
     proptest::proptest! {
         /// Any header value, quoted or not, with escapes, spaces, tabs, and bytes that are
@@ -603,12 +703,12 @@ mod tests {
                 ],
                 0..12,
             ),
-            long in proptest::bool::weighted(0.05),
+            // Now and then a run of plain bytes that takes the key across the length it is
+            // held inline up to, or past the longest a key may be.
+            pad in proptest::sample::select(PADS),
         ) {
             let mut raw = body.concat();
-            if long {
-                raw.extend(std::iter::repeat_n(b'k', MAX_KEY_LEN));
-            }
+            raw.extend(std::iter::repeat_n(b'k', pad));
             if quoted {
                 raw.insert(0, b'"');
                 raw.push(b'"');
@@ -630,6 +730,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn keys_held_inline_or_not_compare_hash_and_print_by_their_characters() {
+        use std::collections::hash_map::DefaultHasher;
+        use std::hash::{Hash, Hasher};
+        let hash = |key: &HeaderKey| {
+            let mut hasher = DefaultHasher::new();
+            key.hash(&mut hasher);
+            hasher.finish()
+        };
+        for len in [
+            1,
+            INLINE_KEY_LEN - 1,
+            INLINE_KEY_LEN,
+            INLINE_KEY_LEN + 1,
+            MAX_KEY_LEN,
+        ] {
+            let text = "k".repeat(len);
+            let bare = parse(text.as_bytes()).unwrap();
+            let quoted = parse(format!("\"{text}\"").as_bytes()).unwrap();
+            assert_eq!(bare.as_str(), text, "{len} characters");
+            assert_eq!(bare, quoted);
+            assert_eq!(hash(&bare), hash(&quoted));
+            assert_eq!(bare.to_string(), text);
+            assert_eq!(format!("{bare:?}"), format!("HeaderKey({text:?})"));
+            let other = parse(format!("{}j", &text[1..]).as_bytes()).unwrap();
+            assert_ne!(bare, other, "{len} characters, the last differs");
+        }
+        // An escaped key is copied out of its value; it equals the same characters sent bare.
+        let escaped = parse(br#""a\"b""#).unwrap();
+        assert_eq!(escaped.as_str(), "a\"b");
+        assert_eq!(escaped, parse(br#"a"b"#).unwrap());
     }
 
     #[test]

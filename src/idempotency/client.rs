@@ -605,11 +605,11 @@ fn identify<B>(
     };
     if let Some(key) = sent.map_err(Error::from_invalid_key)? {
         let uri = req.uri();
-        let ledger_key = LedgerKey::client_header(
+        let ledger_key = LedgerKey::client_header_of(
             &client.scope,
             uri.scheme_str().unwrap_or(""),
             uri.authority().map_or("", |a| a.as_str()),
-            key.as_str(),
+            key.as_bytes(),
         );
         return Ok(Some((ledger_key, WireKey::Header(key))));
     }

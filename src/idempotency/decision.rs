@@ -135,7 +135,7 @@ impl fmt::Display for KeyDigest<'_> {
         hasher.update(b"tower-idempotency/log/v1");
         match self.0 {
             WireKey::Derived(key) => hasher.update(key.to_hex().as_bytes()),
-            WireKey::Header(key) => hasher.update(key.as_str().as_bytes()),
+            WireKey::Header(key) => hasher.update(key.as_bytes()),
         }
         f.write_str(&hex(&hasher.finalize()[..8]))
     }

@@ -49,22 +49,42 @@ impl LedgerKey {
     /// The record key of a caller-supplied `Idempotency-Key` on the client side, sent to
     /// the target `scheme://authority`.
     pub fn client_header(scope: &str, scheme: &str, authority: &str, key: &str) -> Self {
+        Self::client_header_of(scope, scheme, authority, key.as_bytes())
+    }
+
+    /// [`client_header`](Self::client_header) of a key given as its bytes (a
+    /// [`HeaderKey`](crate::HeaderKey)'s, which are ASCII).
+    pub(crate) fn client_header_of(scope: &str, scheme: &str, authority: &str, key: &[u8]) -> Self {
         Self::hash(
             b"tower-idempotency/ledger/client/v2",
-            &[scope, scheme, authority, key],
+            &[
+                scope.as_bytes(),
+                scheme.as_bytes(),
+                authority.as_bytes(),
+                key,
+            ],
         )
     }
 
     /// The record key of an `Idempotency-Key` received by a server, in `scope`.
     pub fn server(scope: &str, key: &str) -> Self {
-        Self::hash(b"tower-idempotency/ledger/server/v2", &[scope, key])
+        Self::server_of(scope, key.as_bytes())
     }
 
-    fn hash(tag: &[u8], fields: &[&str]) -> Self {
+    /// [`server`](Self::server) of a key given as its bytes (a
+    /// [`HeaderKey`](crate::HeaderKey)'s, which are ASCII).
+    pub(crate) fn server_of(scope: &str, key: &[u8]) -> Self {
+        Self::hash(
+            b"tower-idempotency/ledger/server/v2",
+            &[scope.as_bytes(), key],
+        )
+    }
+
+    fn hash(tag: &[u8], fields: &[&[u8]]) -> Self {
         let mut hasher = Sha256::new();
         hasher.update(tag);
         for field in fields {
-            update_length_prefixed(&mut hasher, field.as_bytes());
+            update_length_prefixed(&mut hasher, field);
         }
         Self(hasher.finalize().into())
     }

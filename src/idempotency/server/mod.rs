@@ -896,7 +896,7 @@ where
                     outcome("scope-missing");
                     return ServerFuture::answer(problem::scope_missing());
                 };
-                LedgerKey::server(&scope, key.as_str())
+                LedgerKey::server_of(&scope, key.as_bytes())
             };
             // Read and limit the body before any lease is taken: a refused body leaves the
             // key unused.

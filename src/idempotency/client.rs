@@ -24,7 +24,9 @@ use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::error::{ConfigError, Drift};
 use crate::frozen::{FrozenRequest, Handoff, RetriedOutside, DEFAULT_BODY_LIMIT};
 use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
-use crate::ledger::{Begin, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{
+    Begin, HeaderBlock, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse,
+};
 use crate::phase::{classify, ClassifyPhase, FailurePhase};
 use crate::retry::{RetryPolicy, DEFAULT_MAX_ELAPSED};
 use crate::{BoxError, Error};
@@ -817,7 +819,7 @@ fn replay<T>(outcome: Outcome) -> Result<Response<ResponseBody<T>>, Error> {
             let mut response = Response::new(ResponseBody::buffered(stored.body().clone()));
             *response.status_mut() = stored.status();
             *response.version_mut() = stored.version();
-            *response.headers_mut() = stored.headers().clone();
+            *response.headers_mut() = stored.headers();
             response.extensions_mut().insert(ResponseSource::Replayed);
             Ok(response)
         }
@@ -969,7 +971,7 @@ async fn record_reconciled<T>(
         }
     } else {
         let (headers, copy) = detached(&parts.headers, &body);
-        Outcome::Response(StoredResponse::new(
+        Outcome::Response(StoredResponse::of_block(
             parts.status,
             parts.version,
             headers,
@@ -986,31 +988,14 @@ async fn record_reconciled<T>(
     Ok(response)
 }
 
-/// A copy of a response's `headers` and `body` for the ledger, in one exact-size buffer of
-/// its own: the header values first, then the body.
+/// A copy of a response's `headers` and `body` for the ledger: a header block (names,
+/// values and sensitivity in one exact-size buffer) and the body in one of its own.
 ///
 /// A body or header value sliced out of a transport's read buffer (hyper hands out both
 /// so) would otherwise keep that whole buffer alive for the retention, unseen by the
-/// store's budget. One buffer rather than one for the values and one for the body: they
-/// are kept, and dropped, together.
-fn detached(headers: &http::HeaderMap, body: &[u8]) -> (http::HeaderMap, Bytes) {
-    let values_len: usize = headers.values().map(|value| value.len()).sum();
-    let mut buffer = bytes::BytesMut::with_capacity(values_len + body.len());
-    for value in headers.values() {
-        buffer.extend_from_slice(value.as_bytes());
-    }
-    buffer.extend_from_slice(body);
-    let mut values = buffer.freeze();
-    let body = values.split_off(values_len);
-    let mut detached = http::HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let own = values.split_to(value.len());
-        let mut own = http::HeaderValue::from_maybe_shared(own)
-            .expect("the bytes of a valid header value are a valid header value");
-        own.set_sensitive(value.is_sensitive());
-        detached.append(name.clone(), own);
-    }
-    (detached, body)
+/// store's budget.
+fn detached(headers: &http::HeaderMap, body: &[u8]) -> (HeaderBlock, Bytes) {
+    (HeaderBlock::of(headers), Bytes::copy_from_slice(body))
 }
 
 #[cfg(test)]
@@ -1035,6 +1020,7 @@ mod tests {
         let body = read_buffer.slice(21..);
 
         let (copy, copied_body) = detached(&headers, &body);
+        let copy = copy.to_map();
 
         assert_eq!(copied_body, body);
         assert!(!range.contains(&(copied_body.as_ptr() as usize)));

@@ -1,5 +1,7 @@
 //! The values a ledger stores, and their versioned byte encoding.
 
+mod headers;
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use sha2::{Digest, Sha256};
 use super::StoreError;
 use crate::frozen::FrozenRequest;
 use crate::key::{hex, update_length_prefixed, IdempotencyKey};
+pub(crate) use headers::{entry_size, BlockWriter, HeaderBlock};
 
 /// The key of a ledger record: 32 bytes, already scoped.
 ///
@@ -240,7 +243,7 @@ impl Outcome {
                 out.u8(0);
                 out.u16(response.status().as_u16());
                 out.u8(version_code(response.version()));
-                out.headers(response.headers());
+                out.header_block(response.header_block());
                 out.bytes(response.body());
             }
             Self::Tombstone { status } => {
@@ -258,9 +261,9 @@ impl Outcome {
             0 => {
                 let status = input.status()?;
                 let version = version_from_code(input.u8()?)?;
-                let headers = input.headers()?;
+                let headers = input.header_block()?;
                 let body = Bytes::copy_from_slice(input.bytes()?);
-                Self::Response(StoredResponse::new(status, version, headers, body))
+                Self::Response(StoredResponse::of_block(status, version, headers, body))
             }
             1 => Self::Tombstone {
                 status: input.status()?,
@@ -274,20 +277,48 @@ impl Outcome {
 
 /// A response as recorded: status, version, headers and the whole body.
 ///
+/// The headers are held in one buffer, in order (repeated names and sensitivity kept), not
+/// as a [`HeaderMap`]: a record is written on every operation and read only by its replays,
+/// so the writer makes one exact-size buffer and hashes nothing, and a replay builds the
+/// map it answers with ([`headers`](Self::headers)).
+///
 /// Cloning is a reference-count increment.
+///
+/// ```
+/// use tower_idempotency::ledger::StoredResponse;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.append(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
+/// headers.append("x-charge-id", "ch_1".parse().unwrap());
+/// let stored = StoredResponse::new(
+///     http::StatusCode::CREATED, http::Version::HTTP_11, headers.clone(), r#"{"id":"ch_1"}"#.into());
+/// assert_eq!(stored.status(), http::StatusCode::CREATED);
+/// assert_eq!(stored.headers(), headers);
+/// assert_eq!(stored.body().as_ref(), br#"{"id":"ch_1"}"#);
+/// ```
 #[derive(Clone)]
 pub struct StoredResponse(Arc<Stored>);
 
 struct Stored {
     status: StatusCode,
     version: Version,
-    headers: HeaderMap,
+    headers: HeaderBlock,
     body: Bytes,
 }
 
 impl StoredResponse {
     /// Record a response.
     pub fn new(status: StatusCode, version: Version, headers: HeaderMap, body: Bytes) -> Self {
+        Self::of_block(status, version, HeaderBlock::of(&headers), body)
+    }
+
+    /// Record a response whose headers are already in a block.
+    pub(crate) fn of_block(
+        status: StatusCode,
+        version: Version,
+        headers: HeaderBlock,
+        body: Bytes,
+    ) -> Self {
         Self(Arc::new(Stored {
             status,
             version,
@@ -306,8 +337,14 @@ impl StoredResponse {
         self.0.version
     }
 
-    /// The recorded headers.
-    pub fn headers(&self) -> &HeaderMap {
+    /// The recorded headers, as a map built for the caller (the record holds them in one
+    /// buffer; the values share it).
+    pub fn headers(&self) -> HeaderMap {
+        self.0.headers.to_map()
+    }
+
+    /// The recorded headers as they are held.
+    pub(crate) fn header_block(&self) -> &HeaderBlock {
         &self.0.headers
     }
 
@@ -316,11 +353,10 @@ impl StoredResponse {
         &self.0.body
     }
 
-    /// Bytes held in memory, for weighing caches.
+    /// Bytes held in memory, for weighing caches: the record itself, its header buffer and
+    /// its body.
     pub fn weight(&self) -> usize {
-        std::mem::size_of::<Stored>()
-            + crate::frozen::headers_weight(&self.0.headers)
-            + self.0.body.len()
+        std::mem::size_of::<Stored>() + self.0.headers.weight() + self.0.body.len()
     }
 }
 
@@ -426,6 +462,14 @@ impl Writer {
             self.bytes(value.as_bytes());
         }
     }
+    /// The same layout as [`headers`](Self::headers): sensitivity is not stored.
+    fn header_block(&mut self, block: &HeaderBlock) {
+        self.u32(block.len() as u32);
+        for entry in block.entries() {
+            self.bytes(entry.name);
+            self.bytes(block.value_bytes(&entry));
+        }
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -479,6 +523,23 @@ impl<'a> Reader<'a> {
             headers.try_append(name, value).map_err(corrupt)?;
         }
         Ok(headers)
+    }
+    fn header_block(&mut self) -> Result<HeaderBlock, StoreError> {
+        let count = self.u32()? as usize;
+        let mut pairs = Vec::with_capacity(count.min(256));
+        let mut names = headers::DistinctNames::default();
+        for _ in 0..count {
+            let name = HeaderName::from_bytes(self.bytes()?).map_err(corrupt)?;
+            let value = self.bytes()?;
+            if !headers::is_valid_value(value) {
+                return Err(corrupt("record holds an invalid header value"));
+            }
+            if !names.admit(&name) {
+                return Err(corrupt("record holds more header names than a HeaderMap"));
+            }
+            pairs.push((name, value));
+        }
+        Ok(HeaderBlock::of_checked_pairs(&pairs))
     }
     fn finish(self) -> Result<(), StoreError> {
         if self.0.is_empty() {

@@ -456,7 +456,7 @@ pub async fn replay_is_byte_identical(store: &dyn IdempotencyStore) {
         Begin::Replay(Outcome::Response(stored)) => {
             assert_eq!(stored.status(), StatusCode::ACCEPTED);
             assert_eq!(stored.version(), Version::HTTP_2);
-            assert_eq!(stored.headers(), &headers);
+            assert_eq!(stored.headers(), headers);
             assert_eq!(stored.body().as_ref(), &body[..]);
         }
         other => panic!("replay_is_byte_identical: got {other:?}"),

@@ -573,7 +573,7 @@ fn record<ResB: Send + 'static>(
         Buffered::Whole(bytes) => {
             // The record gets its own exact-size copy (see `detached`).
             let (headers, copy) = super::detached(&parts.headers, &bytes);
-            let stored = StoredResponse::new(parts.status, parts.version, headers, copy);
+            let stored = StoredResponse::of_block(parts.status, parts.version, headers, copy);
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }
         Buffered::Overflow(prefix, rest) => {

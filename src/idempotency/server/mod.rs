@@ -30,6 +30,7 @@ use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::frozen::{check_declared_length, CollectRequest, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed};
+use crate::ledger::{entry_size, BlockWriter, HeaderBlock};
 use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
 
@@ -783,55 +784,62 @@ impl ServerFace {
         }
     }
 
-    fn replayable(&self, headers: &HeaderMap) -> HeaderMap {
-        let mut kept = HeaderMap::new();
-        for (name, value) in headers {
-            if self.replay_headers.contains(name) {
-                kept.append(name.clone(), value.clone());
-            }
-        }
-        kept
+    /// The allowed name a response header named `name` (in lower case, as names are held)
+    /// is replayed under, if it is: cloned from the allow-list, never parsed again.
+    fn replays(&self, name: &[u8]) -> Option<&HeaderName> {
+        self.replay_headers
+            .iter()
+            .find(|allowed| allowed.as_str().as_bytes() == name)
     }
 
-    /// The headers to record of a response: the allowed ones, the request's `digest`,
-    /// and `Idempotent-Replayed: true`, so that the record holds its replays' headers
-    /// whole (see [`replayed_headers`](Self::replayed_headers)).
-    fn recorded_headers(&self, response: &HeaderMap, digest: HeaderValue) -> HeaderMap {
-        let mut headers = self.replayable(response);
-        headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest);
-        headers.insert(
-            IDEMPOTENT_REPLAYED.clone(),
-            HeaderValue::from_static("true"),
-        );
-        headers
+    /// The headers to record of a response: the allowed ones, in order, then the request's
+    /// `digest` field. Written into one buffer of exactly their size; a replay adds its
+    /// `Idempotent-Replayed: true` (see [`replayed_headers`](Self::replayed_headers)).
+    fn recorded_headers(&self, response: &HeaderMap, digest: &[u8]) -> HeaderBlock {
+        let digest_name = IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes();
+        let kept = || {
+            response
+                .iter()
+                .filter(|(name, _)| self.replay_headers.contains(name))
+        };
+        let size = kept()
+            .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
+            .sum::<usize>()
+            + entry_size(digest_name.len(), digest.len());
+        let mut block = BlockWriter::with_capacity(size);
+        for (name, value) in kept() {
+            block.push(name, value);
+        }
+        block.push_checked(digest_name, digest, false);
+        block.finish()
     }
 
     /// The headers a replay of `stored` carries: the allowed ones, the request's digest
-    /// (one value) and one `Idempotent-Replayed: true`. A record made under this
-    /// allow-list holds exactly those and is copied as it is, hashing nothing; any other
-    /// (made by an earlier release, under another replica's wider allow-list, or by a
-    /// store of one's own) is filtered again.
-    fn replayed_headers(&self, stored: &HeaderMap) -> HeaderMap {
-        let (mut marks, mut digests) = (0, 0);
-        let as_recorded = stored.iter().all(|(name, value)| {
-            if name == IDEMPOTENT_REPLAYED {
-                marks += 1;
-                return value == "true";
-            }
-            if name == IDEMPOTENT_REQUEST_DIGEST {
-                digests += 1;
-                return true;
-            }
-            self.replay_headers.contains(name)
-        });
-        if as_recorded && marks == 1 && digests <= 1 {
-            return stored.clone();
+    /// (its first value) and one `Idempotent-Replayed: true`. Filtered on every replay, so
+    /// a record made by an earlier release (which held the mark), under another replica's
+    /// wider allow-list, or by a store of one's own replays only what this layer allows.
+    fn replayed_headers(&self, stored: &StoredResponse) -> HeaderMap {
+        let block = stored.header_block();
+        let mut headers = block.map_sized_for(1);
+        let mut digest_kept = false;
+        for entry in block.entries() {
+            let name = if entry.name == IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes() {
+                if std::mem::replace(&mut digest_kept, true) {
+                    continue;
+                }
+                IDEMPOTENT_REQUEST_DIGEST.clone()
+            } else if entry.name == IDEMPOTENT_REPLAYED.as_str().as_bytes() {
+                // An earlier release's record holds its mark; the replay adds its own.
+                continue;
+            } else {
+                match self.replays(entry.name) {
+                    Some(allowed) => allowed.clone(),
+                    None => continue,
+                }
+            };
+            headers.append(name, block.value(&entry));
         }
-        let mut headers = self.replayable(stored);
-        if let Some(digest) = stored.get(&IDEMPOTENT_REQUEST_DIGEST) {
-            headers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
-        }
-        headers.insert(
+        headers.append(
             IDEMPOTENT_REPLAYED.clone(),
             HeaderValue::from_static("true"),
         );
@@ -1091,7 +1099,7 @@ fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> 
             outcome("replayed");
             let mut response = Response::new(ResponseBody::buffered(stored.body().clone()));
             *response.status_mut() = stored.status();
-            *response.headers_mut() = server.replayed_headers(stored.headers());
+            *response.headers_mut() = server.replayed_headers(&stored);
             response
         }
         Outcome::Tombstone { status } => {
@@ -1118,8 +1126,8 @@ fn recording<ResBody>(
     match buffered {
         Buffered::Whole(bytes) => {
             // Replays say which request they answer (see `crate::digest`).
-            let headers = server.recorded_headers(&parts.headers, digest.header_value_copied());
-            let stored = StoredResponse::new(status, parts.version, headers, bytes.clone());
+            let headers = server.recorded_headers(&parts.headers, &digest.field());
+            let stored = StoredResponse::of_block(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),
                 ResponseBody::buffered(bytes),
@@ -1144,6 +1152,7 @@ fn recording<ResBody>(
 mod tests {
     use super::*;
     use crate::ledger::MemoryStore;
+    use http::{StatusCode, Version};
 
     fn parts(auth: &[&'static str]) -> Parts {
         let mut req = Request::post("/charges");
@@ -1194,9 +1203,15 @@ mod tests {
         assert!(err.to_string().contains("retention"));
     }
 
+    fn replayed(face: &ServerFace, recorded: HeaderMap) -> HeaderMap {
+        let stored = StoredResponse::new(StatusCode::OK, Version::HTTP_11, recorded, Bytes::new());
+        face.replayed_headers(&stored)
+    }
+
     #[test]
-    fn only_allow_listed_headers_are_kept() {
+    fn only_allow_listed_headers_are_recorded() {
         let service = tower_layer::Layer::layer(&IdempotencyLayer::server(MemoryStore::new()), ());
+        let digest = b"sha-256=:AAAA:";
         let mut headers = HeaderMap::new();
         headers.insert(
             header::CONTENT_TYPE,
@@ -1208,15 +1223,28 @@ mod tests {
         );
         headers.append(header::LINK, HeaderValue::from_static("</a>; rel=a"));
         headers.append(header::LINK, HeaderValue::from_static("</b>; rel=b"));
-        let kept = service.face.replayable(&headers);
-        assert_eq!(kept.len(), 3);
+        let kept = service.face.recorded_headers(&headers, digest).to_map();
+        assert_eq!(kept.len(), 4);
         assert!(kept.get(header::SET_COOKIE).is_none());
         assert_eq!(kept.get_all(header::LINK).iter().count(), 2);
+        assert_eq!(kept[&IDEMPOTENT_REQUEST_DIGEST], "sha-256=:AAAA:");
+        assert!(
+            kept.get(&IDEMPOTENT_REPLAYED).is_none(),
+            "each replay adds it"
+        );
 
         // Every header allowed: kept whole, every value of every name in its order.
         headers.remove(header::SET_COOKIE);
-        let kept = service.face.replayable(&headers);
+        let mut kept = service.face.recorded_headers(&headers, digest).to_map();
+        kept.remove(&IDEMPOTENT_REQUEST_DIGEST);
         assert_eq!(kept, headers);
+        let order = |map: &HeaderMap| {
+            map.get_all(header::LINK)
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(&kept), order(&headers));
     }
 
     #[test]
@@ -1231,7 +1259,9 @@ mod tests {
             header::SET_COOKIE,
             HeaderValue::from_static("session=secret"),
         );
-        let recorded = service.face.recorded_headers(&response, digest.clone());
+        let block = service.face.recorded_headers(&response, digest.as_bytes());
+        let stored =
+            StoredResponse::of_block(StatusCode::OK, Version::HTTP_11, block, Bytes::new());
         let mut expected = response.clone();
         expected.remove(header::SET_COOKIE);
         expected.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
@@ -1239,29 +1269,31 @@ mod tests {
             IDEMPOTENT_REPLAYED.clone(),
             HeaderValue::from_static("true"),
         );
-        assert_eq!(recorded, expected);
-        // A record made under this allow-list replays as it was recorded.
-        assert_eq!(service.face.replayed_headers(&recorded), expected);
+        assert_eq!(service.face.replayed_headers(&stored), expected);
+        let recorded = stored.headers();
 
-        // A record of an earlier release (no replay mark), one made under a wider
+        // A record of an earlier release (which held the mark), one made under a wider
         // allow-list, or one marked otherwise replays only what this one allows, marked.
         let mut earlier = recorded.clone();
-        earlier.remove(&IDEMPOTENT_REPLAYED);
-        assert_eq!(service.face.replayed_headers(&earlier), expected);
+        earlier.insert(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("true"),
+        );
+        assert_eq!(replayed(&service.face, earlier), expected);
         let mut wider = recorded.clone();
         wider.insert(
             header::SET_COOKIE,
             HeaderValue::from_static("session=secret"),
         );
         wider.insert("x-internal", HeaderValue::from_static("1"));
-        assert_eq!(service.face.replayed_headers(&wider), expected);
+        assert_eq!(replayed(&service.face, wider), expected);
         let mut unmarked = recorded.clone();
         unmarked.insert(
             IDEMPOTENT_REPLAYED.clone(),
             HeaderValue::from_static("false"),
         );
-        assert_eq!(service.face.replayed_headers(&unmarked), expected);
-        // Copied whole or filtered, a replay carries one mark and one digest.
+        assert_eq!(replayed(&service.face, unmarked), expected);
+        // Whatever the record holds, a replay carries one mark and one digest: the first.
         let mut repeated = recorded.clone();
         repeated.append(
             IDEMPOTENT_REPLAYED.clone(),
@@ -1271,7 +1303,7 @@ mod tests {
             IDEMPOTENT_REQUEST_DIGEST.clone(),
             HeaderValue::from_static("x"),
         );
-        let replayed = service.face.replayed_headers(&repeated);
+        let replayed = replayed(&service.face, repeated);
         assert_eq!(replayed, expected);
         assert_eq!(replayed.get_all(&IDEMPOTENT_REPLAYED).iter().count(), 1);
         assert_eq!(

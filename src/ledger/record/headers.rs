@@ -1,0 +1,382 @@
+//! A recorded response's headers, held in one buffer.
+//!
+//! A record is written on every operation and read only by its replays, most never. A
+//! `HeaderMap` costs its writer two allocations and a hash of every name (the crate's own
+//! names are long custom ones, hashed byte by byte); a block costs one exact-size buffer and
+//! no hashing, and its replay builds the map it answers with.
+//!
+//! Layout, entry after entry in the order they were recorded (repeated names kept):
+//! `flags: u8` (bit 0: the value is sensitive), `name length: u16` big-endian, the name,
+//! `value length: u32` big-endian, the value. Every block is checked when it is made
+//! (names and values valid, lengths in bounds), so reading one cannot fail.
+
+use std::fmt;
+use std::ops::Range;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::digest::IDEMPOTENT_REQUEST_DIGEST;
+use crate::idempotency::IDEMPOTENT_REPLAYED;
+
+/// Bytes an entry takes besides its name and value: flags, the two lengths.
+const ENTRY_OVERHEAD: usize = 1 + 2 + 4;
+
+/// `flags` bit: the value is sensitive (`HeaderValue::is_sensitive`).
+const SENSITIVE: u8 = 1;
+
+/// The most entries a map is sized for up front: a block may hold far more values than a
+/// `HeaderMap` may be presized for (it bounds distinct names, not values).
+const PRESIZED: usize = 64;
+
+/// A recorded response's headers (see the module docs). Cloning is a reference-count
+/// increment.
+#[derive(Clone, Default)]
+pub(crate) struct HeaderBlock {
+    bytes: Bytes,
+    len: u32,
+}
+
+/// One entry of a [`HeaderBlock`], borrowed.
+pub(crate) struct Entry<'a> {
+    pub(crate) name: &'a [u8],
+    value: Range<usize>,
+    sensitive: bool,
+}
+
+impl HeaderBlock {
+    /// Every header of `headers`, in order, sensitivity kept.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let mut block = BlockWriter::exactly(headers.iter());
+        for (name, value) in headers {
+            block.push(name, value);
+        }
+        block.finish()
+    }
+
+    /// How many headers the block holds.
+    pub(crate) fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Bytes held.
+    pub(crate) fn weight(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The entries, in the order they were recorded.
+    pub(crate) fn entries(&self) -> Entries<'_> {
+        Entries {
+            rest: &self.bytes,
+            at: 0,
+        }
+    }
+
+    /// The entry's name, without allocating for this crate's own (custom) names.
+    pub(crate) fn name(entry: &Entry<'_>) -> HeaderName {
+        match entry.name {
+            b"idempotent-request-digest" => IDEMPOTENT_REQUEST_DIGEST.clone(),
+            b"idempotent-replayed" => IDEMPOTENT_REPLAYED.clone(),
+            name => HeaderName::from_bytes(name).expect("checked when the block was made"),
+        }
+    }
+
+    /// The entry's value, sharing the block's bytes.
+    pub(crate) fn value(&self, entry: &Entry<'_>) -> HeaderValue {
+        let mut value = HeaderValue::from_maybe_shared(self.bytes.slice(entry.value.clone()))
+            .expect("checked when the block was made");
+        value.set_sensitive(entry.sensitive);
+        value
+    }
+
+    /// The entry's value as it is held.
+    pub(crate) fn value_bytes(&self, entry: &Entry<'_>) -> &[u8] {
+        &self.bytes[entry.value.clone()]
+    }
+
+    /// An empty map with room for this block's entries and `more`, up to a bound.
+    pub(crate) fn map_sized_for<T>(&self, more: usize) -> HeaderMap<T> {
+        HeaderMap::with_capacity((self.len() + more).min(PRESIZED))
+    }
+
+    /// The headers as a map, every one of them.
+    pub(crate) fn to_map(&self) -> HeaderMap {
+        let mut map = self.map_sized_for(0);
+        for entry in self.entries() {
+            map.append(Self::name(&entry), self.value(&entry));
+        }
+        map
+    }
+
+    /// A block of pairs read from a store, each name parsed, each value checked (see
+    /// [`is_valid_value`]) and the distinct names counted by the reader (see
+    /// [`DistinctNames`]); sensitivity is not stored.
+    pub(crate) fn of_checked_pairs(pairs: &[(HeaderName, &[u8])]) -> Self {
+        let size = pairs
+            .iter()
+            .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
+            .sum();
+        let mut block = BlockWriter::with_capacity(size);
+        for (name, value) in pairs {
+            block.push_checked(name.as_str().as_bytes(), value, false);
+        }
+        block.finish()
+    }
+}
+
+impl fmt::Debug for HeaderBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.to_map(), f)
+    }
+}
+
+/// The entries of a [`HeaderBlock`].
+pub(crate) struct Entries<'a> {
+    rest: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Entry<'a>;
+
+    fn next(&mut self) -> Option<Entry<'a>> {
+        let (&flags, rest) = self.rest.split_first()?;
+        let (name_len, rest) = rest.split_at(2);
+        let name_len = usize::from(u16::from_be_bytes([name_len[0], name_len[1]]));
+        let (name, rest) = rest.split_at(name_len);
+        let (value_len, rest) = rest.split_at(4);
+        let value_len = u32::from_be_bytes(value_len.try_into().expect("4 bytes")) as usize;
+        let start = self.at + ENTRY_OVERHEAD + name_len;
+        self.rest = &rest[value_len..];
+        self.at = start + value_len;
+        Some(Entry {
+            name,
+            value: start..start + value_len,
+            sensitive: flags & SENSITIVE != 0,
+        })
+    }
+}
+
+/// Writes a [`HeaderBlock`] into one buffer of exactly its size: a `Vec` filled to its
+/// capacity becomes `Bytes` without a second allocation.
+pub(crate) struct BlockWriter {
+    bytes: Vec<u8>,
+    len: u32,
+}
+
+impl BlockWriter {
+    /// A writer with room for exactly these entries.
+    pub(crate) fn exactly<'h>(
+        entries: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+    ) -> Self {
+        let size = entries
+            .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
+            .sum();
+        Self::with_capacity(size)
+    }
+
+    /// A writer with room for `size` bytes of entries (see [`entry_size`]).
+    pub(crate) fn with_capacity(size: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(size),
+            len: 0,
+        }
+    }
+
+    /// Add a header.
+    pub(crate) fn push(&mut self, name: &HeaderName, value: &HeaderValue) {
+        self.push_checked(
+            name.as_str().as_bytes(),
+            value.as_bytes(),
+            value.is_sensitive(),
+        );
+    }
+
+    /// Add a header whose name and value the caller knows to be valid.
+    pub(crate) fn push_checked(&mut self, name: &[u8], value: &[u8], sensitive: bool) {
+        debug_assert!(HeaderName::from_bytes(name).is_ok());
+        debug_assert!(HeaderValue::from_bytes(value).is_ok());
+        let name_len = u16::try_from(name.len()).expect("a header name is under 64 KiB");
+        let value_len = u32::try_from(value.len()).expect("records are far below 4 GiB");
+        self.bytes.push(if sensitive { SENSITIVE } else { 0 });
+        self.bytes.extend_from_slice(&name_len.to_be_bytes());
+        self.bytes.extend_from_slice(name);
+        self.bytes.extend_from_slice(&value_len.to_be_bytes());
+        self.bytes.extend_from_slice(value);
+        self.len += 1;
+    }
+
+    /// The block written.
+    pub(crate) fn finish(self) -> HeaderBlock {
+        debug_assert_eq!(self.bytes.len(), self.bytes.capacity(), "sized exactly");
+        HeaderBlock {
+            bytes: Bytes::from(self.bytes),
+            len: self.len,
+        }
+    }
+}
+
+/// Counts the distinct names of headers read from a store: a `HeaderMap` holds a bounded
+/// number of them and panics past it, so a forged record must be refused before a replay
+/// builds its map. (Values of one name are not bounded.)
+#[derive(Default)]
+pub(crate) struct DistinctNames(HeaderMap<()>);
+
+impl DistinctNames {
+    /// Count `name`; `false` once there are more than a `HeaderMap` holds.
+    pub(crate) fn admit(&mut self, name: &HeaderName) -> bool {
+        self.0.try_append(name, ()).is_ok()
+    }
+}
+
+/// Bytes an entry of a name and a value of these lengths takes in a block.
+pub(crate) fn entry_size(name_len: usize, value_len: usize) -> usize {
+    ENTRY_OVERHEAD + name_len + value_len
+}
+
+/// Whether `value` is a valid header value (`HeaderValue::from_bytes`' rule), without
+/// copying it.
+pub(crate) fn is_valid_value(value: &[u8]) -> bool {
+    value.iter().all(|&b| b == b'\t' || (b >= 32 && b != 127))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Outcome, StoredResponse};
+    use http::{StatusCode, Version};
+    use proptest::prelude::*;
+
+    /// Names: standard ones, this crate's own, and other custom ones, so that a map holds
+    /// repeated names as well as several of each kind.
+    const NAMES: &[&str] = &[
+        "content-type",
+        "link",
+        "set-cookie",
+        "idempotent-request-digest",
+        "idempotent-replayed",
+        "x-charge-id",
+        "x-a",
+    ];
+
+    fn header_map() -> impl Strategy<Value = Vec<(usize, Vec<u8>, bool)>> {
+        let value =
+            proptest::collection::vec(prop_oneof![Just(b'\t'), 0x20u8..0x7f, 0x80u8..=0xff], 0..40);
+        proptest::collection::vec((0..NAMES.len(), value, any::<bool>()), 0..12)
+    }
+
+    fn build(entries: &[(usize, Vec<u8>, bool)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value, sensitive) in entries {
+            let mut value = HeaderValue::from_bytes(value).unwrap();
+            value.set_sensitive(*sensitive);
+            map.append(HeaderName::from_static(NAMES[*name]), value);
+        }
+        map
+    }
+
+    /// Every `(name, value, sensitive)` in the map's own order.
+    fn listed(map: &HeaderMap) -> Vec<(String, Vec<u8>, bool)> {
+        map.iter()
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    value.as_bytes().to_vec(),
+                    value.is_sensitive(),
+                )
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// A block gives back the map it was made of: every value of every name, in order,
+        /// sensitivity kept; its weight is its exact size.
+        #[test]
+        fn a_block_holds_its_map_whole(entries in header_map()) {
+            let map = build(&entries);
+            let block = HeaderBlock::of(&map);
+            prop_assert_eq!(block.len(), map.len());
+            prop_assert_eq!(listed(&block.to_map()), listed(&map));
+            let size: usize = map
+                .iter()
+                .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
+                .sum();
+            prop_assert_eq!(block.weight(), size);
+        }
+
+        /// Stored and read back, a response keeps its headers, in order; sensitivity is
+        /// not stored (as before the block).
+        #[test]
+        fn a_stored_response_round_trips_through_its_encoding(entries in header_map()) {
+            let map = build(&entries);
+            let stored = StoredResponse::new(StatusCode::CREATED, Version::HTTP_2, map.clone(), "b".into());
+            let Outcome::Response(decoded) = Outcome::decode(&Outcome::Response(stored).encode()).unwrap() else {
+                panic!("a response")
+            };
+            let plain = |map: &HeaderMap| {
+                listed(map).into_iter().map(|(n, v, _)| (n, v)).collect::<Vec<_>>()
+            };
+            prop_assert_eq!(plain(&decoded.headers()), plain(&map));
+            prop_assert!(decoded.headers().values().all(|value| !value.is_sensitive()));
+            prop_assert_eq!(decoded.body().as_ref(), b"b");
+        }
+    }
+
+    #[test]
+    fn values_share_the_block_and_the_crates_names_are_not_copied() {
+        let mut map = HeaderMap::new();
+        map.append(
+            &crate::digest::IDEMPOTENT_REQUEST_DIGEST,
+            HeaderValue::from_static("sha-256=:AAAA:"),
+        );
+        map.append("x-charge-id", HeaderValue::from_static("ch_1"));
+        let block = HeaderBlock::of(&map);
+        let held = block.bytes.as_ptr() as usize..block.bytes.as_ptr() as usize + block.weight();
+        for entry in block.entries() {
+            let value = block.value(&entry);
+            assert!(held.contains(&(value.as_bytes().as_ptr() as usize)));
+        }
+        let digest = block.entries().next().unwrap();
+        assert_eq!(
+            HeaderBlock::name(&digest),
+            crate::digest::IDEMPOTENT_REQUEST_DIGEST
+        );
+    }
+
+    /// Writes an encoded response record holding `headers` as stored pairs.
+    fn record_with(pairs: &[(&[u8], &[u8])], count: u32) -> Vec<u8> {
+        let mut out = vec![1, 0, 0, 201, 2];
+        out.extend_from_slice(&count.to_be_bytes());
+        for (name, value) in pairs {
+            out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            out.extend_from_slice(name);
+            out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            out.extend_from_slice(value);
+        }
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out
+    }
+
+    #[test]
+    fn stored_headers_are_checked_when_read() {
+        let good = record_with(&[(b"Content-Type", b"text/plain")], 1);
+        let Outcome::Response(stored) = Outcome::decode(&good).unwrap() else {
+            panic!("a response")
+        };
+        assert_eq!(
+            stored.headers()["content-type"],
+            "text/plain",
+            "names held in lower case"
+        );
+        // Too many distinct names: `tests/hostile_input.rs`.
+        let cases: [(&str, Vec<u8>); 3] = [
+            ("bad name", record_with(&[(b"bad name", b"v")], 1)),
+            ("bad value", record_with(&[(b"x-a", b"line\nbreak")], 1)),
+            ("missing pair", record_with(&[(b"x-a", b"v")], 2)),
+        ];
+        for (case, bytes) in cases {
+            let err = Outcome::decode(&bytes).unwrap_err();
+            assert!(err.is_corrupt(), "{case}: {err}");
+        }
+    }
+}

@@ -28,7 +28,7 @@ const SHARDS: usize = 64;
 
 /// What a record costs besides its own fields and the requests and responses it holds: its
 /// map slot at the map's load factor, its eviction-index entry, the allocations of its
-/// recorded response (the shared `Arc`, the header table, the body) and the allocator's
+/// recorded response (see `StoredResponse::weight`) and the allocator's
 /// rounding. Calibrated with `examples/memory_footprint.rs`: with it, a million small server
 /// records grow the process by about the budget, not 1.4 times it.
 const PER_RECORD_OVERHEAD: u64 = 480;

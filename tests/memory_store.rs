@@ -193,6 +193,71 @@ async fn at_the_cap_a_completion_by_a_lost_lease_is_fenced_and_the_new_owner_rec
     assert!(weight <= MIB as u64, "weighted_size {weight} over the cap");
 }
 
+/// At the cap every new operation evicts one record; a completion that evicts also makes
+/// the room the next claim needs, so claims evict nothing while completions can. With every
+/// record protected, a completion that has the room for its outcome still records it whole,
+/// evicting nothing.
+#[tokio::test(start_paused = true)]
+async fn at_the_cap_completions_evict_for_the_next_claim_too() {
+    const BODY: usize = KIB;
+    const LIVE: u64 = 50;
+    // One completed record's weight, and a store holding exactly `LIVE` of them.
+    let probe = MemoryStore::new();
+    complete_many(&probe, 29, 10, BODY).await;
+    let record = probe.weighted_size() / probe.entry_count();
+    let store = MemoryStore::builder().max_bytes(LIVE * record).build();
+    complete_many(&store, 30, LIVE as u32, BODY).await;
+    // The last completion made the room for one more claim.
+    assert_eq!(store.entry_count(), LIVE - 1);
+
+    let mut claims_evicted = 0;
+    let mut completions_evicted = 0;
+    for n in 0..200 {
+        let before = store.evictions();
+        let token = acquire(&store, begin_request(key(31, n), 0)).await;
+        let claimed = store.evictions();
+        complete_and_replay(&store, key(31, n), token, vec![1; BODY]).await;
+        claims_evicted += claimed - before;
+        completions_evicted += store.evictions() - claimed;
+        assert!(store.weighted_size() <= store.max_bytes());
+    }
+    // The first claim found the store full; from then on, completions made the room.
+    assert!(
+        claims_evicted <= 1,
+        "claims evicted {claims_evicted} records"
+    );
+    assert!(
+        (199..=201).contains(&completions_evicted),
+        "completions evicted {completions_evicted} records"
+    );
+    assert!(
+        store.entry_count() >= LIVE - 2,
+        "{} live",
+        store.entry_count()
+    );
+
+    // Every record protected: a completion that has room for its outcome records it whole,
+    // and makes no room for a claim by evicting what the window protects.
+    let protected = |key, n| {
+        BeginRequest::new(key, fingerprint(n), LEASE, RETENTION)
+            .with_protected_window(Duration::from_secs(3600))
+    };
+    let full = MemoryStore::builder().max_bytes(LIVE * record).build();
+    let mut recorded = 0;
+    for n in 0.. {
+        let token = match full.begin(protected(key(32, n), 0)).await {
+            Ok(Begin::Acquired { token }) => token,
+            Ok(other) => panic!("expected Acquired, got {other:?}"),
+            Err(err) if err.is_full() => break,
+            Err(err) => panic!("{err}"),
+        };
+        complete_and_replay(&full, key(32, n), token, vec![2; BODY]).await;
+        recorded += 1;
+    }
+    assert_eq!(full.evictions(), 0, "a protected record was evicted");
+    assert!(recorded >= LIVE - 1, "only {recorded} recorded");
+}
+
 #[tokio::test]
 async fn a_record_heavier_than_the_cap_is_never_forgotten_silently() {
     let store = MemoryStore::builder().max_bytes(MIB as u64).build();

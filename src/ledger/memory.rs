@@ -33,6 +33,15 @@ const SHARDS: usize = 64;
 /// records grow the process by about the budget, not 1.4 times it.
 const PER_RECORD_OVERHEAD: u64 = 480;
 
+/// Whether making room may sweep every shard for open records past their retention.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sweep {
+    /// When the eviction index has nothing left to evict.
+    IfNeeded,
+    /// Never: the eviction index alone.
+    Never,
+}
+
 /// Kept free in every open record's weight, so that completing it can always fall back to
 /// a tombstone without needing a byte more than the claim already holds.
 const TOMBSTONE_RESERVE: u64 = 16;
@@ -105,6 +114,9 @@ struct Inner {
     evictable: Mutex<EvictionIndex>,
     /// Hands out the sequence numbers that tell two lives of one key apart.
     next_seq: AtomicU64,
+    /// The weight of the latest new claim: the room a completion that evicts anyway leaves
+    /// for the next one (see `complete_now`).
+    last_claim: AtomicU64,
     evictions: AtomicU64,
     refused: AtomicU64,
     /// One generation counter per shard, bumped when a record of the shard settles while
@@ -228,6 +240,7 @@ impl MemoryStoreBuilder {
                 max_bytes: self.max_bytes,
                 evictable: Mutex::new(EvictionIndex::default()),
                 next_seq: AtomicU64::new(0),
+                last_claim: AtomicU64::new(0),
                 evictions: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
                 settled: (0..SHARDS)
@@ -401,7 +414,13 @@ impl MemoryStore {
     /// Takes no shard lock while holding the eviction index's, and is called with no shard
     /// lock held, so locks are only ever taken shard first.
     fn make_room(&self, needed: u64, now: Instant) -> bool {
-        let mut swept = false;
+        self.evict_until(needed, now, Sweep::IfNeeded)
+    }
+
+    /// [`make_room`](Self::make_room), sweeping for open records past their retention only
+    /// under [`Sweep::IfNeeded`].
+    fn evict_until(&self, needed: u64, now: Instant, sweep: Sweep) -> bool {
+        let mut swept = sweep == Sweep::Never;
         loop {
             if self.has_room(needed) {
                 return true;
@@ -455,13 +474,10 @@ impl MemoryStore {
             }
             Entry::Vacant(entry) => {
                 // Absent: a new claim, if the budget has room for it.
-                let record = Record::claim(&request, now, self.seq());
-                if self.reweigh(0, record.weight) {
-                    self.inner.gauges.added(record.weight);
-                    entry.insert(record);
-                    return Ok(acquired(&request));
+                match self.claim_vacant(entry, Record::claim(&request, now, self.seq())) {
+                    None => return Ok(acquired(&request)),
+                    Some(record) => record,
                 }
-                record
             }
         };
         // No room: evict what may be evicted, then try again.
@@ -469,16 +485,17 @@ impl MemoryStore {
         drop(shard);
         if self.make_room(needed, now) {
             let mut shard = lock(self.shard(&request.key));
-            if shard.contains_key(&request.key) {
-                // Someone claimed it meanwhile: answer as that record says.
-                drop(shard);
-                return self.begin_now(request);
-            }
-            if self
-                .insert_if_room(&mut shard, request.key, record)
-                .is_none()
-            {
-                return Ok(acquired(&request));
+            match shard.entry(request.key) {
+                Entry::Occupied(_) => {
+                    // Someone claimed it meanwhile: answer as that record says.
+                    drop(shard);
+                    return self.begin_now(request);
+                }
+                Entry::Vacant(entry) => {
+                    if self.claim_vacant(entry, record).is_none() {
+                        return Ok(acquired(&request));
+                    }
+                }
             }
         }
         self.inner.refused.fetch_add(1, Ordering::Relaxed);
@@ -489,6 +506,26 @@ impl MemoryStore {
              operation (raise max_bytes or shorten the protected window)"
         );
         Err(StoreError::full())
+    }
+
+    /// Put a new claim in `entry`'s place (one lookup: a claim holds no outcome, so it is
+    /// never in the eviction index) if the budget has room for it; hand it back if not.
+    #[must_use]
+    fn claim_vacant(
+        &self,
+        entry: std::collections::hash_map::VacantEntry<'_, LedgerKey, Record>,
+        record: Record,
+    ) -> Option<Record> {
+        debug_assert!(matches!(record.state, State::InFlight { .. }));
+        self.inner
+            .last_claim
+            .store(record.weight, Ordering::Relaxed);
+        if !self.reweigh(0, record.weight) {
+            return Some(record);
+        }
+        self.inner.gauges.added(record.weight);
+        entry.insert(record);
+        None
     }
 
     fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Instant) -> Begin {
@@ -569,8 +606,17 @@ impl MemoryStore {
         // its protected window: evictable anyway.)
         let growth = Record::completion_growth(weight);
         let mut room = self.has_room(growth);
-        if !room {
-            room = self.make_room(growth, now);
+        // At the cap every new operation evicts a record. A completion that evicts also
+        // makes the room the next claim will need (as large as the latest), so that claims
+        // find room where they look first and the evicting happens here, under no shard
+        // lock: a claim that has to evict looks its key up twice and moves its record.
+        // Best effort, from the eviction index alone: a store full of protected records
+        // must not sweep every shard on every completion for room nobody asked for yet.
+        let headroom = self.inner.last_claim.load(Ordering::Relaxed);
+        if !self.has_room(growth + headroom) {
+            room = self.evict_until(growth + headroom, now, Sweep::Never)
+                || self.has_room(growth)
+                || self.make_room(growth, now);
             // Evicting takes time: the record is settled, and its windows start, after it.
             now = Instant::now();
         }

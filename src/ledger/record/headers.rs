@@ -6,8 +6,8 @@
 //! no hashing, and its replay builds the map it answers with.
 //!
 //! Layout, entry after entry in the order they were recorded (repeated names kept):
-//! `flags: u8` (bit 0: the value is sensitive), `name length: u16` big-endian, the name,
-//! `value length: u32` big-endian, the value. Every block is checked when it is made
+//! `flags: u8` (bit 0: the value is sensitive), `name length: u16` big-endian, `value
+//! length: u32` big-endian, the name, the value (the fixed part first, written at once). Every block is checked when it is made
 //! (names and values valid, lengths in bounds), so reading one cannot fail.
 
 use std::fmt;
@@ -140,12 +140,11 @@ impl<'a> Iterator for Entries<'a> {
     type Item = Entry<'a>;
 
     fn next(&mut self) -> Option<Entry<'a>> {
-        let (&flags, rest) = self.rest.split_first()?;
-        let (name_len, rest) = rest.split_at(2);
-        let name_len = usize::from(u16::from_be_bytes([name_len[0], name_len[1]]));
+        let (fixed, rest) = self.rest.split_first_chunk::<ENTRY_OVERHEAD>()?;
+        let flags = fixed[0];
+        let name_len = usize::from(u16::from_be_bytes([fixed[1], fixed[2]]));
+        let value_len = u32::from_be_bytes([fixed[3], fixed[4], fixed[5], fixed[6]]) as usize;
         let (name, rest) = rest.split_at(name_len);
-        let (value_len, rest) = rest.split_at(4);
-        let value_len = u32::from_be_bytes(value_len.try_into().expect("4 bytes")) as usize;
         let start = self.at + ENTRY_OVERHEAD + name_len;
         self.rest = &rest[value_len..];
         self.at = start + value_len;
@@ -198,10 +197,12 @@ impl BlockWriter {
         debug_assert!(HeaderValue::from_bytes(value).is_ok());
         let name_len = u16::try_from(name.len()).expect("a header name is under 64 KiB");
         let value_len = u32::try_from(value.len()).expect("records are far below 4 GiB");
-        self.bytes.push(if sensitive { SENSITIVE } else { 0 });
-        self.bytes.extend_from_slice(&name_len.to_be_bytes());
+        let [n0, n1] = name_len.to_be_bytes();
+        let [v0, v1, v2, v3] = value_len.to_be_bytes();
+        let flags = if sensitive { SENSITIVE } else { 0 };
+        self.bytes
+            .extend_from_slice(&[flags, n0, n1, v0, v1, v2, v3]);
         self.bytes.extend_from_slice(name);
-        self.bytes.extend_from_slice(&value_len.to_be_bytes());
         self.bytes.extend_from_slice(value);
         self.len += 1;
     }

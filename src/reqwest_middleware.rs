@@ -147,7 +147,7 @@ impl Middleware for IdempotencyMiddleware {
         Self: 'async_trait,
     {
         let span = request_span!(face = "client", key = tracing::field::Empty);
-        Box::pin(operation(self.face.clone(), req, extensions, next).instrument(span))
+        Box::pin(operation(self.face.clone(), req, extensions, next).instrument(span.into_span()))
     }
 }
 

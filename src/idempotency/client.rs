@@ -17,7 +17,9 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::decision::{request_span, Decision, OutcomeEvent, OutcomeHook, Track, WireKey};
+use super::decision::{
+    request_span, Decision, OutcomeEvent, OutcomeHook, RequestSpan, Track, WireKey,
+};
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::reconcile::{self, InDoubtOperation, Reconcile, Reconciled, DEFAULT_RECONCILE_TIMEOUT};
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
@@ -475,7 +477,7 @@ pin_project! {
     {
         #[pin]
         operation: Operation<'static, S, B, ResB>,
-        span: tracing::Span,
+        span: RequestSpan,
     }
 }
 

@@ -141,19 +141,18 @@ impl fmt::Display for KeyDigest<'_> {
     }
 }
 
-/// A request's `idempotency` span (`tracing::debug_span!` with these fields), or
-/// [`Span::none`](tracing::Span::none) when no subscriber takes `debug`.
+/// A request's `idempotency` span (`tracing::debug_span!` with these fields), or no span at
+/// all ([`RequestSpan`]) when no subscriber takes `debug`.
 ///
-/// Such a span would be disabled anyway; a disabled span is still checked, and with
-/// `tracing`'s `log` feature (which axum's default `tower-log` turns on) handed to `log`,
-/// at every poll, enter, exit and drop.
+/// Such a span would be disabled anyway; a disabled span, even [`Span::none`]
+/// (tracing::Span::none), is still checked, and with `tracing`'s `log` feature (which
+/// axum's default `tower-log` turns on) handed to `log`, at every poll, enter, exit and drop.
 macro_rules! request_span {
     ($($fields:tt)*) => {
-        if tracing::level_enabled!(tracing::Level::DEBUG) {
-            tracing::debug_span!("idempotency", $($fields)*)
-        } else {
-            tracing::Span::none()
-        }
+        $crate::idempotency::decision::RequestSpan(
+            tracing::level_enabled!(tracing::Level::DEBUG)
+                .then(|| tracing::debug_span!("idempotency", $($fields)*)),
+        )
     };
 }
 pub(crate) use request_span;
@@ -179,6 +178,30 @@ pub(crate) fn layer_span() -> tracing::Span {
         current
     } else {
         tracing::Span::none()
+    }
+}
+
+/// Record `field` in the layer's span ([`layer_span`]); nothing at all, not even a span
+/// handle to drop, when no subscriber may take `debug`.
+pub(crate) fn record_in_layer_span(field: &str, value: impl tracing::Value) {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        layer_span().record(field, value);
+    }
+}
+
+/// A request's span, when a subscriber may take it (see [`request_span!`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RequestSpan(pub(crate) Option<tracing::Span>);
+
+impl RequestSpan {
+    /// Enter the span, if there is one.
+    pub(crate) fn enter(&self) -> Option<tracing::span::Entered<'_>> {
+        self.0.as_ref().map(tracing::Span::enter)
+    }
+
+    /// The span, or [`Span::none`](tracing::Span::none), for what needs one.
+    pub(crate) fn into_span(self) -> tracing::Span {
+        self.0.unwrap_or_else(tracing::Span::none)
     }
 }
 

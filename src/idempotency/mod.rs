@@ -306,7 +306,7 @@
 
 mod body;
 pub(crate) mod client;
-mod decision;
+pub(crate) mod decision;
 mod engine;
 mod layer;
 mod reconcile;

@@ -224,7 +224,7 @@ struct Keyed {
 
 /// The operation's decision log, its key also recorded in the span.
 fn tracked(wire: WireKey) -> Track {
-    decision::layer_span().record("key", tracing::field::display(decision::KeyDigest(&wire)));
+    decision::record_in_layer_span("key", tracing::field::display(decision::KeyDigest(&wire)));
     Track::new(Face::Client, Some(wire))
 }
 

@@ -245,7 +245,7 @@ fn reporting(
         .then(|| WireKey::Header(key.clone()));
     let track = Track::new(Face::Server, wire);
     if let Some(wire) = track.wire() {
-        decision::layer_span().record("key", tracing::field::display(decision::KeyDigest(wire)));
+        decision::record_in_layer_span("key", tracing::field::display(decision::KeyDigest(wire)));
     }
     Report {
         track,

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::{Buffered, ResponseBody};
-use super::decision::{layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
+use super::decision::{record_in_layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
 use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{
@@ -1024,12 +1024,12 @@ where
 
 /// Record what the layer decided for this request (once per request).
 fn outcome(what: &'static str) {
-    layer_span().record("outcome", what);
+    record_in_layer_span("outcome", what);
 }
 
 /// Record how a handler run's lease was settled (once per run).
 fn settled(how: &'static str) {
-    layer_span().record("settled", how);
+    record_in_layer_span("settled", how);
 }
 
 /// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one

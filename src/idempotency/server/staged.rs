@@ -14,6 +14,7 @@ use tracing::Instrument;
 use super::admit::Admit;
 use super::body::RequestBody;
 use crate::idempotency::body::ResponseBody;
+use crate::idempotency::decision::RequestSpan;
 use crate::BoxError;
 
 /// How the ledger's part of a keyed request ended.
@@ -35,7 +36,7 @@ pin_project! {
     {
         #[pin]
         stage: Stage<S, B, ResB>,
-        span: tracing::Span,
+        span: RequestSpan,
         // Whether a handler still running when the client goes away finishes anyway.
         detach: bool,
     }
@@ -58,7 +59,7 @@ where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
     B: Body,
 {
-    pub(super) fn new(admit: Admit<S, B, ResB>, span: tracing::Span, detach: bool) -> Self {
+    pub(super) fn new(admit: Admit<S, B, ResB>, span: RequestSpan, detach: bool) -> Self {
         Self {
             stage: Stage::Admit { admit },
             span,
@@ -90,7 +91,7 @@ where
                         return Poll::Ready(answer);
                     }
                     Admitted::Handle(handling) => {
-                        let span = this.detach.then(|| this.span.clone());
+                        let span = this.detach.then(|| this.span.clone().into_span());
                         let execute = Detaching::new(handling, span);
                         this.stage.set(Stage::Handle { execute });
                     }

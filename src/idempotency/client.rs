@@ -997,7 +997,7 @@ async fn record_reconciled<T>(
 /// so) would otherwise keep that whole buffer alive for the retention, unseen by the
 /// store's budget.
 fn detached(headers: &http::HeaderMap, body: &[u8]) -> (HeaderBlock, Bytes) {
-    (HeaderBlock::of(headers), Bytes::copy_from_slice(body))
+    HeaderBlock::with_body(headers, body)
 }
 
 #[cfg(test)]

@@ -54,6 +54,27 @@ impl HeaderBlock {
         block.finish()
     }
 
+    /// Every header of `headers` (as [`of`](Self::of)) and a copy of `body`, in one buffer:
+    /// the block and the body share it, and are dropped together.
+    pub(crate) fn with_body(headers: &HeaderMap, body: &[u8]) -> (Self, Bytes) {
+        let mut block = BlockWriter::exactly_and(headers.iter(), body.len());
+        for (name, value) in headers {
+            block.push(name, value);
+        }
+        let len = block.len;
+        let size = block.bytes.len();
+        block.bytes.extend_from_slice(body);
+        debug_assert_eq!(block.bytes.len(), block.bytes.capacity(), "sized exactly");
+        let bytes = Bytes::from(block.bytes);
+        (
+            Self {
+                bytes: bytes.slice(..size),
+                len,
+            },
+            bytes.slice(size..),
+        )
+    }
+
     /// How many headers the block holds.
     pub(crate) fn len(&self) -> usize {
         self.len as usize
@@ -172,6 +193,17 @@ impl BlockWriter {
             .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
             .sum();
         Self::with_capacity(size)
+    }
+
+    /// A writer with room for exactly these entries and `more` bytes after them.
+    fn exactly_and<'h>(
+        entries: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+        more: usize,
+    ) -> Self {
+        let size: usize = entries
+            .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
+            .sum();
+        Self::with_capacity(size + more)
     }
 
     /// A writer with room for `size` bytes of entries (see [`entry_size`]).

@@ -279,6 +279,57 @@ async fn a_record_heavier_than_the_cap_is_never_forgotten_silently() {
     }
 }
 
+/// A claim larger than the whole budget is refused without evicting anything for it, and
+/// leaves no headroom behind: the next completion evicts what it and one ordinary claim
+/// need, not every evictable record.
+#[tokio::test]
+async fn an_outsized_claim_evicts_nothing_and_completions_evict_what_they_need() {
+    let store = MemoryStore::builder().max_bytes(MIB as u64).build();
+    complete_many(&store, 42, 2000, KIB).await;
+    let live = store.entry_count();
+    let record = store.weighted_size() / live;
+    let open = acquire(&store, begin_request(key(43, 0), 0)).await;
+    let evicted = store.evictions();
+
+    let frozen = frozen_of(2 * MIB);
+    let outsized =
+        BeginRequest::new(key(43, 1), frozen.fingerprint(), LEASE, RETENTION).with_frozen(frozen);
+    let refused = store.begin(outsized).await.unwrap_err();
+    assert!(refused.is_full(), "{refused}");
+    assert_eq!(
+        store.evictions(),
+        evicted,
+        "evicted for a claim that cannot fit"
+    );
+
+    complete_and_replay(&store, key(43, 0), open, vec![3; KIB]).await;
+    let by_completion = store.evictions() - evicted;
+    // Its own outcome and one claim's room (at most a sixteenth of the budget).
+    let most = (MIB as u64 / 16) / record + 2;
+    assert!(
+        by_completion <= most,
+        "one completion evicted {by_completion} of {live} records (at most {most})"
+    );
+
+    // A large claim that fits (a quarter of the budget) makes completions leave room for at
+    // most a sixteenth of the budget, not for another one like it.
+    let open = acquire(&store, begin_request(key(43, 2), 0)).await;
+    let large = frozen_of(MIB / 4);
+    let large =
+        BeginRequest::new(key(43, 3), large.fingerprint(), LEASE, RETENTION).with_frozen(large);
+    assert!(matches!(
+        store.begin(large).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+    let evicted = store.evictions();
+    complete_and_replay(&store, key(43, 2), open, vec![4; KIB]).await;
+    let by_completion = store.evictions() - evicted;
+    assert!(
+        by_completion <= most,
+        "one completion evicted {by_completion} records after a large claim (at most {most})"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Lease and retention, on a paused clock
 // ---------------------------------------------------------------------------------------

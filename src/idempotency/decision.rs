@@ -144,9 +144,10 @@ impl fmt::Display for KeyDigest<'_> {
 /// A request's `idempotency` span (`tracing::debug_span!` with these fields), or no span at
 /// all ([`RequestSpan`]) when no subscriber takes `debug`.
 ///
-/// Such a span would be disabled anyway; a disabled span, even [`Span::none`]
-/// (tracing::Span::none), is still checked, and with `tracing`'s `log` feature (which
-/// axum's default `tower-log` turns on) handed to `log`, at every poll, enter, exit and drop.
+/// Such a span would be disabled anyway; a disabled span, even
+/// [`Span::none`](tracing::Span::none), is still checked, and with `tracing`'s `log`
+/// feature (which axum's default `tower-log` turns on) handed to `log`, at every poll,
+/// enter, exit and drop.
 macro_rules! request_span {
     ($($fields:tt)*) => {
         $crate::idempotency::decision::RequestSpan(

@@ -27,9 +27,8 @@ const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 const SHARDS: usize = 64;
 
 /// What a record costs besides its own fields and the requests and responses it holds: its
-/// map slot at the map's load factor, its eviction-index entry, the allocations of its
-/// recorded response (see `StoredResponse::weight`) and the allocator's
-/// rounding. Calibrated with `examples/memory_footprint.rs`: with it, a million small server
+/// map slot at the map's load factor, its eviction-index entry and the allocator's rounding
+/// (a recorded response weighs its own allocations: `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a million small server
 /// records grow the process by about the budget, not 1.4 times it.
 const PER_RECORD_OVERHEAD: u64 = 480;
 
@@ -114,8 +113,8 @@ struct Inner {
     evictable: Mutex<EvictionIndex>,
     /// Hands out the sequence numbers that tell two lives of one key apart.
     next_seq: AtomicU64,
-    /// The weight of the latest new claim: the room a completion that evicts anyway leaves
-    /// for the next one (see `complete_now`).
+    /// The weight of the latest new claim (at most a sixteenth of the budget): the room a
+    /// completion that evicts anyway leaves for the next one (see `complete_now`).
     last_claim: AtomicU64,
     evictions: AtomicU64,
     refused: AtomicU64,
@@ -420,6 +419,10 @@ impl MemoryStore {
     /// [`make_room`](Self::make_room), sweeping for open records past their retention only
     /// under [`Sweep::IfNeeded`].
     fn evict_until(&self, needed: u64, now: Instant, sweep: Sweep) -> bool {
+        if needed > self.inner.max_bytes {
+            // No eviction makes room for more than the whole budget: evict nothing for it.
+            return false;
+        }
         let mut swept = sweep == Sweep::Never;
         loop {
             if self.has_room(needed) {
@@ -467,8 +470,12 @@ impl MemoryStore {
                 let expired = entry.remove();
                 self.forget(&expired);
                 let record = Record::claim(&request, now, self.seq());
+                let weight = record.weight;
                 match self.insert_if_room(&mut shard, request.key, record) {
-                    None => return Ok(acquired(&request)),
+                    None => {
+                        self.claimed(weight);
+                        return Ok(acquired(&request));
+                    }
                     Some(record) => record,
                 }
             }
@@ -517,15 +524,21 @@ impl MemoryStore {
         record: Record,
     ) -> Option<Record> {
         debug_assert!(matches!(record.state, State::InFlight { .. }));
-        self.inner
-            .last_claim
-            .store(record.weight, Ordering::Relaxed);
         if !self.reweigh(0, record.weight) {
             return Some(record);
         }
+        self.claimed(record.weight);
         self.inner.gauges.added(record.weight);
         entry.insert(record);
         None
+    }
+
+    /// A claim of `weight` bytes was taken: the room a completion that evicts leaves for
+    /// the next one (see `complete_now`), never more than a sixteenth of the budget, so an
+    /// outsized claim cannot make completions empty the eviction index.
+    fn claimed(&self, weight: u64) {
+        let headroom = weight.min(self.inner.max_bytes / 16);
+        self.inner.last_claim.store(headroom, Ordering::Relaxed);
     }
 
     fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Instant) -> Begin {

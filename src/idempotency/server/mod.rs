@@ -93,7 +93,8 @@ pub const DEFAULT_REPLAY_HEADERS: &[HeaderName] = &[
 ];
 
 /// Headers never recorded nor replayed, whatever the configuration: credentials and
-/// session state of the first caller, per-response values, hop-by-hop headers.
+/// session state of the first caller, per-response values, hop-by-hop headers, and the
+/// layer's own (a replay's digest is the request's, never a value the handler set).
 const NEVER_REPLAYED: &[&str] = &[
     "set-cookie",
     "set-cookie2",
@@ -114,6 +115,7 @@ const NEVER_REPLAYED: &[&str] = &[
     "upgrade",
     "content-length",
     "idempotent-replayed",
+    "idempotent-request-digest",
     "idempotency-fail-open",
 ];
 
@@ -837,7 +839,10 @@ impl ServerFace {
                     None => continue,
                 }
             };
-            headers.append(name, block.value(&entry));
+            // Never stops early: see `HeaderBlock::to_map`.
+            if headers.try_append(name, block.value(&entry)).is_err() {
+                break;
+            }
         }
         headers.append(
             IDEMPOTENT_REPLAYED.clone(),
@@ -1194,6 +1199,11 @@ mod tests {
             .replay_headers([header::TRANSFER_ENCODING])
             .build()
             .is_err());
+        // The layer's own headers: a replay carries the request's digest and one mark.
+        for own in [&IDEMPOTENT_REQUEST_DIGEST, &IDEMPOTENT_REPLAYED] {
+            let err = builder().replay_headers([own.clone()]).build().unwrap_err();
+            assert!(err.to_string().contains(own.as_str()), "{err}");
+        }
         assert!(builder().lease(Duration::ZERO).build().is_err());
         let err = builder()
             .lease(Duration::from_secs(10))
@@ -1212,6 +1222,8 @@ mod tests {
     fn only_allow_listed_headers_are_recorded() {
         let service = tower_layer::Layer::layer(&IdempotencyLayer::server(MemoryStore::new()), ());
         let digest = b"sha-256=:AAAA:";
+        // A handler's own digest header is never recorded: the record's is the request's.
+        let handlers = HeaderValue::from_static("sha-256=:from-the-handler:");
         let mut headers = HeaderMap::new();
         headers.insert(
             header::CONTENT_TYPE,
@@ -1223,7 +1235,12 @@ mod tests {
         );
         headers.append(header::LINK, HeaderValue::from_static("</a>; rel=a"));
         headers.append(header::LINK, HeaderValue::from_static("</b>; rel=b"));
-        let kept = service.face.recorded_headers(&headers, digest).to_map();
+        let mut with_handlers = headers.clone();
+        with_handlers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), handlers);
+        let kept = service
+            .face
+            .recorded_headers(&with_handlers, digest)
+            .to_map();
         assert_eq!(kept.len(), 4);
         assert!(kept.get(header::SET_COOKIE).is_none());
         assert_eq!(kept.get_all(header::LINK).iter().count(), 2);

@@ -2,8 +2,8 @@
 //!
 //! A record is written on every operation and read only by its replays, most never. A
 //! `HeaderMap` costs its writer two allocations and a hash of every name (the crate's own
-//! names are long custom ones, hashed byte by byte); a block costs one exact-size buffer and
-//! no hashing, and its replay builds the map it answers with.
+//! names are long custom ones, hashed byte by byte); a block costs one exact-size buffer
+//! and no hashing, and its replay builds the map it answers with.
 //!
 //! Layout, entry after entry in the order they were recorded (repeated names kept):
 //! `flags: u8` (bit 0: the value is sensitive), `name length: u16` big-endian, `value
@@ -124,7 +124,15 @@ impl HeaderBlock {
     pub(crate) fn to_map(&self) -> HeaderMap {
         let mut map = self.map_sized_for(0);
         for entry in self.entries() {
-            map.append(Self::name(&entry), self.value(&entry));
+            // A block read from a store was checked to hold no more distinct names than a
+            // map does (`DistinctNames`), so this never stops early; it never panics either,
+            // whatever the map's limits become.
+            if map
+                .try_append(Self::name(&entry), self.value(&entry))
+                .is_err()
+            {
+                break;
+            }
         }
         map
     }
@@ -252,8 +260,15 @@ impl BlockWriter {
 /// Counts the distinct names of headers read from a store: a `HeaderMap` holds a bounded
 /// number of them and panics past it, so a forged record must be refused before a replay
 /// builds its map. (Values of one name are not bounded.)
-#[derive(Default)]
 pub(crate) struct DistinctNames(HeaderMap<()>);
+
+impl Default for DistinctNames {
+    /// Sized as the maps replays build ([`HeaderBlock::map_sized_for`]), so that both grow
+    /// alike.
+    fn default() -> Self {
+        Self(HeaderMap::with_capacity(PRESIZED))
+    }
+}
 
 impl DistinctNames {
     /// Count `name`; `false` once there are more than a `HeaderMap` holds.
@@ -370,9 +385,12 @@ mod tests {
             assert!(held.contains(&(value.as_bytes().as_ptr() as usize)));
         }
         let digest = block.entries().next().unwrap();
+        let name = HeaderBlock::name(&digest);
+        assert_eq!(name, crate::digest::IDEMPOTENT_REQUEST_DIGEST);
         assert_eq!(
-            HeaderBlock::name(&digest),
-            crate::digest::IDEMPOTENT_REQUEST_DIGEST
+            name.as_str().as_ptr(),
+            crate::digest::IDEMPOTENT_REQUEST_DIGEST.as_str().as_ptr(),
+            "the static name, not a copy"
         );
     }
 

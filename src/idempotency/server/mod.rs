@@ -543,8 +543,10 @@ impl ServerBuilder {
     /// The response headers recorded and replayed (replacing [`DEFAULT_REPLAY_HEADERS`]).
     /// Headers that must never be replayed are refused at build time: `Set-Cookie`,
     /// `WWW-Authenticate`, `Proxy-Authenticate`, `Authentication-Info`, `Authorization`,
-    /// `Cookie`, `Date`, `Content-Length`, and the hop-by-hop headers (`Connection`,
-    /// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`).
+    /// `Cookie`, `Date`, `Content-Length`, the hop-by-hop headers (`Connection`,
+    /// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), and the layer's own
+    /// (`Idempotent-Replayed`, `Idempotent-Request-Digest`, `Idempotency-Fail-Open`: the
+    /// layer writes them, whatever the handler set).
     pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         self.replay_headers = headers.into_iter().collect();
         self

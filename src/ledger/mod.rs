@@ -77,7 +77,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
 pub(crate) use record::DigestState;
-pub(crate) use record::{entry_size, BlockWriter, HeaderBlock};
+pub(crate) use record::{entries_size, entry_size, BlockWriter, HeaderBlock};
 pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
 #[cfg(feature = "redis-cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]

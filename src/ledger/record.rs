@@ -6,13 +6,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderName, Method, StatusCode, Uri, Version};
 use sha2::{Digest, Sha256};
 
 use super::StoreError;
 use crate::frozen::FrozenRequest;
 use crate::key::{hex, update_length_prefixed, IdempotencyKey};
-pub(crate) use headers::{entry_size, BlockWriter, HeaderBlock};
+pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
 
 /// The key of a ledger record: 32 bytes, already scoped.
 ///
@@ -521,17 +521,10 @@ impl<'a> Reader<'a> {
     fn status(&mut self) -> Result<StatusCode, StoreError> {
         StatusCode::from_u16(self.u16()?).map_err(corrupt)
     }
+    /// A header map: read as a block, which checks names, values and how many distinct
+    /// names there are (a forged record is refused, not a panic in its reader).
     fn headers(&mut self) -> Result<HeaderMap, StoreError> {
-        let count = self.u32()? as usize;
-        let mut headers = HeaderMap::with_capacity(count.min(256));
-        for _ in 0..count {
-            let name = HeaderName::from_bytes(self.bytes()?).map_err(corrupt)?;
-            let value = HeaderValue::from_bytes(self.bytes()?).map_err(corrupt)?;
-            // A `HeaderMap` holds a bounded number of names and panics past it; a forged
-            // record must be refused, not crash its reader.
-            headers.try_append(name, value).map_err(corrupt)?;
-        }
-        Ok(headers)
+        Ok(self.header_block()?.to_map())
     }
     fn header_block(&mut self) -> Result<HeaderBlock, StoreError> {
         let count = self.u32()? as usize;
@@ -562,6 +555,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn frozen_requests_round_trip_with_repeated_headers() {

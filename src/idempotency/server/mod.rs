@@ -30,7 +30,7 @@ use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::frozen::{check_declared_length, CollectRequest, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed};
-use crate::ledger::{entry_size, BlockWriter, HeaderBlock};
+use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock};
 use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
 
@@ -806,10 +806,7 @@ impl ServerFace {
                 .iter()
                 .filter(|(name, _)| self.replay_headers.contains(name))
         };
-        let size = kept()
-            .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
-            .sum::<usize>()
-            + entry_size(digest_name.len(), digest.len());
+        let size = entries_size(kept()) + entry_size(digest_name.len(), digest.len());
         let mut block = BlockWriter::with_capacity(size);
         for (name, value) in kept() {
             block.push(name, value);

@@ -31,7 +31,7 @@ const PRESIZED: usize = 64;
 
 /// A recorded response's headers (see the module docs). Cloning is a reference-count
 /// increment.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct HeaderBlock {
     bytes: Bytes,
     len: u32,
@@ -47,20 +47,16 @@ pub(crate) struct Entry<'a> {
 impl HeaderBlock {
     /// Every header of `headers`, in order, sensitivity kept.
     pub(crate) fn of(headers: &HeaderMap) -> Self {
-        let mut block = BlockWriter::exactly(headers.iter());
-        for (name, value) in headers {
-            block.push(name, value);
-        }
+        let mut block = BlockWriter::with_capacity(entries_size(headers.iter()));
+        block.push_all(headers);
         block.finish()
     }
 
     /// Every header of `headers` (as [`of`](Self::of)) and a copy of `body`, in one buffer:
     /// the block and the body share it, and are dropped together.
     pub(crate) fn with_body(headers: &HeaderMap, body: &[u8]) -> (Self, Bytes) {
-        let mut block = BlockWriter::exactly_and(headers.iter(), body.len());
-        for (name, value) in headers {
-            block.push(name, value);
-        }
+        let mut block = BlockWriter::with_capacity(entries_size(headers.iter()) + body.len());
+        block.push_all(headers);
         let len = block.len;
         let size = block.bytes.len();
         block.bytes.extend_from_slice(body);
@@ -146,6 +142,7 @@ impl HeaderBlock {
             .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
             .sum();
         let mut block = BlockWriter::with_capacity(size);
+        // Not `push`: the values are bytes read from the store, checked, not `HeaderValue`s.
         for (name, value) in pairs {
             block.push_checked(name.as_str().as_bytes(), value, false);
         }
@@ -193,28 +190,7 @@ pub(crate) struct BlockWriter {
 }
 
 impl BlockWriter {
-    /// A writer with room for exactly these entries.
-    pub(crate) fn exactly<'h>(
-        entries: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
-    ) -> Self {
-        let size = entries
-            .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
-            .sum();
-        Self::with_capacity(size)
-    }
-
-    /// A writer with room for exactly these entries and `more` bytes after them.
-    fn exactly_and<'h>(
-        entries: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
-        more: usize,
-    ) -> Self {
-        let size: usize = entries
-            .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
-            .sum();
-        Self::with_capacity(size + more)
-    }
-
-    /// A writer with room for `size` bytes of entries (see [`entry_size`]).
+    /// A writer with room for `size` bytes (see [`entries_size`]).
     pub(crate) fn with_capacity(size: usize) -> Self {
         Self {
             bytes: Vec::with_capacity(size),
@@ -229,6 +205,13 @@ impl BlockWriter {
             value.as_bytes(),
             value.is_sensitive(),
         );
+    }
+
+    /// Add every header of `headers`, in order.
+    fn push_all(&mut self, headers: &HeaderMap) {
+        for (name, value) in headers {
+            self.push(name, value);
+        }
     }
 
     /// Add a header whose name and value the caller knows to be valid.
@@ -280,6 +263,15 @@ impl DistinctNames {
 /// Bytes an entry of a name and a value of these lengths takes in a block.
 pub(crate) fn entry_size(name_len: usize, value_len: usize) -> usize {
     ENTRY_OVERHEAD + name_len + value_len
+}
+
+/// Bytes these headers take in a block.
+pub(crate) fn entries_size<'h>(
+    headers: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+) -> usize {
+    headers
+        .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
+        .sum()
 }
 
 /// Whether `value` is a valid header value (`HeaderValue::from_bytes`' rule), without

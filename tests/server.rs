@@ -40,6 +40,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_idempotency::digest::BodyDigest;
 use tower_idempotency::idempotency::{problem, ServerBuilder};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
@@ -271,6 +272,19 @@ async fn effect(State(probe): State<Probe>, body: Bytes) -> Response<Body> {
         .unwrap()
 }
 
+/// `POST /forged`: 201, setting the layer's own headers as a handler might (copied from an
+/// upstream response, say) — values that are not the layer's to answer with.
+async fn forged(State(probe): State<Probe>) -> Response<Body> {
+    let number = probe.start().finish();
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header(CONTENT_TYPE, "text/plain")
+        .header("idempotent-request-digest", "sha-256=:Zm9yZ2Vk:")
+        .header("idempotent-replayed", "false")
+        .body(Body::from(format!("forged {number}")))
+        .unwrap()
+}
+
 async fn read(State(probe): State<Probe>) -> &'static str {
     probe.start().finish();
     "read"
@@ -333,6 +347,7 @@ fn routes(probe: Probe) -> Router {
         .route("/panic", post(panics))
         .route("/slow", post(slow))
         .route("/big", post(big))
+        .route("/forged", post(forged))
         .with_state(probe)
 }
 
@@ -1098,6 +1113,48 @@ async fn a_replay_is_byte_identical_and_keeps_only_allow_listed_headers() {
             "location"
         ]
     );
+}
+
+/// A handler that sets `Idempotent-Request-Digest` and `Idempotent-Replayed` itself: its
+/// first caller gets its answer untouched, and every replay carries the digest of the
+/// request it answers and one `Idempotent-Replayed: true`. Composed as users do: a
+/// panic-catching layer between the handler and ours, two tenants sending the same key.
+#[tokio::test]
+async fn a_replay_carries_the_requests_digest_whatever_the_handler_set() {
+    let app = Fixture::start_catching_panics(|b| b).await;
+    let send = |tenant: &str, body: &'static str| {
+        Request::post(format!("http://{}/forged", app.addr))
+            .header("authorization", format!("Bearer {tenant}"))
+            .header("idempotency-key", "\"k\"")
+            .body(full(body))
+            .unwrap()
+    };
+    for (tenant, body) in [("tenant-a", "{\"a\":1}"), ("tenant-b", "{\"b\":2}")] {
+        let first = app.send(send(tenant, body)).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert_eq!(
+            first.header("idempotent-request-digest"),
+            Some("sha-256=:Zm9yZ2Vk:"),
+            "the first caller gets the handler's answer as it was"
+        );
+        let replay = app.send(send(tenant, body)).await;
+        assert_eq!(replay.status, StatusCode::CREATED);
+        assert_eq!(replay.body, first.body);
+        let digests: Vec<_> = replay
+            .headers
+            .get_all("idempotent-request-digest")
+            .iter()
+            .collect();
+        let expected = BodyDigest::of(body.as_bytes()).header_value();
+        assert_eq!(digests, [&expected], "{tenant}: the request's digest, once");
+        let marks: Vec<_> = replay
+            .headers
+            .get_all("idempotent-replayed")
+            .iter()
+            .collect();
+        assert_eq!(marks, ["true"], "{tenant}: one mark");
+    }
+    assert_eq!(app.probe.runs().started, 2, "one run per tenant");
 }
 
 #[tokio::test]

@@ -1035,4 +1035,19 @@ mod tests {
             assert!(is.is_empty() || !range.contains(&(is.as_bytes().as_ptr() as usize)));
         }
     }
+
+    #[test]
+    fn a_records_headers_and_body_share_one_buffer() {
+        let mut headers = http::HeaderMap::new();
+        headers.append(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        headers.append("x-charge-id", http::HeaderValue::from_static("ch_1"));
+        let (block, body) = detached(&headers, b"{\"id\":\"ch_1\"}");
+        // The body starts where the block's last value ends: one allocation, freed once.
+        let last = block.entries().last().expect("two entries");
+        let end = block.value_bytes(&last).as_ptr_range().end;
+        assert_eq!(end, body.as_ptr());
+    }
 }

@@ -44,7 +44,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{Entry, CONTENT_LENGTH};
+use http::header::{Entry, HeaderValue, CONTENT_LENGTH};
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
@@ -583,10 +583,22 @@ pub(crate) fn check_declared_length<B: Body>(
     body: &B,
     limit: usize,
 ) -> Result<(), Error> {
-    let declared = headers
-        .get(CONTENT_LENGTH)
+    check_length(declared_length(headers.get(CONTENT_LENGTH)), body, limit)
+}
+
+/// The length a `Content-Length` value declares, when it is a number.
+pub(crate) fn declared_length(content_length: Option<&HeaderValue>) -> Option<u64> {
+    content_length
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse::<u64>().ok());
+        .and_then(|value| value.trim().parse::<u64>().ok())
+}
+
+/// [`check_declared_length`] of a request whose `Content-Length` declares `declared`.
+pub(crate) fn check_length<B: Body>(
+    declared: Option<u64>,
+    body: &B,
+    limit: usize,
+) -> Result<(), Error> {
     let hinted = body.size_hint().exact().or(Some(body.size_hint().lower()));
     let known = declared.into_iter().chain(hinted).max();
     match known {

@@ -259,14 +259,19 @@ enum KeyText {
 }
 
 impl KeyText {
-    fn new(text: &str) -> Self {
-        match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= INLINE_KEY_LEN => {
+    /// `ascii` is a key's characters, checked to be visible ASCII.
+    fn new(ascii: &[u8]) -> Self {
+        match u8::try_from(ascii.len()) {
+            Ok(len) if ascii.len() <= INLINE_KEY_LEN => {
                 let mut bytes = [0; INLINE_KEY_LEN];
-                bytes[..text.len()].copy_from_slice(text.as_bytes());
+                bytes[..ascii.len()].copy_from_slice(ascii);
                 Self::Inline { len, bytes }
             }
-            _ => Self::Heap(text.into()),
+            _ => Self::Heap(
+                std::str::from_utf8(ascii)
+                    .expect("a key is visible ASCII")
+                    .into(),
+            ),
         }
     }
 
@@ -292,16 +297,12 @@ impl HeaderKey {
     /// Parse one header value.
     pub fn parse(value: &HeaderValue) -> Result<Self, InvalidKey> {
         let bytes = value.as_bytes();
-        // A key is ASCII: checked as UTF-8 from the value's first byte (where the check
-        // runs a word at a time), it comes out as text without a second pass. A value that
-        // is not UTF-8 holds a byte no key may hold, which the scans below name.
-        let text = std::str::from_utf8(bytes).ok();
+        // Every byte is checked against the rules below, so what they accept is visible
+        // ASCII: the key needs no UTF-8 check of its own.
         let key = match bytes {
-            [b'"', inner @ .., b'"'] => {
-                unescape_sf_string(inner, text.map(|text| &text[1..text.len() - 1]))?
-            }
+            [b'"', inner @ .., b'"'] => unescape_sf_string(inner)?,
             [b'"', ..] => return Err(InvalidKey::BadSfString),
-            _ => bare_token(bytes, text)?,
+            _ => bare_token(bytes)?,
         };
         if key.is_empty() {
             return Err(InvalidKey::Empty);
@@ -394,66 +395,76 @@ const SF_PLAIN: [bool; 256] = {
     plain
 };
 
-/// A bare token: visible ASCII only (no spaces, no controls, no obs-text). `text` is
-/// `bytes` as text, when they are UTF-8.
-fn bare_token<'a>(bytes: &[u8], text: Option<&'a str>) -> Result<Cow<'a, str>, InvalidKey> {
+/// A bare token: visible ASCII only (no spaces, no controls, no obs-text).
+fn bare_token(bytes: &[u8]) -> Result<Cow<'_, [u8]>, InvalidKey> {
     if let Some(&byte) = bytes.iter().find(|&&b| !is_visible_ascii(b)) {
         return Err(InvalidKey::InvalidCharacter { byte });
     }
-    Ok(Cow::Borrowed(text.expect("visible ASCII is UTF-8")))
+    Ok(Cow::Borrowed(bytes))
 }
 
-/// How many bytes `inner` starts with that an sf-string key holds as they are. Eight at a
-/// time, with one branch per eight (a key is tens of them), then byte by byte from the
-/// first eight that are not all plain.
+/// Whether each of the eight bytes of `word` is one an sf-string key holds as it is
+/// ([`SF_PLAIN`]), checked at once: no byte below `!` or above `~` (which takes in every
+/// byte that is not ASCII), none equal to `"` or `\`. Each test is the classic
+/// "has a byte less than / greater than / equal to" word trick; a borrow or carry can only
+/// mark a byte next to one that is marked already, so the answer for the word is exact.
+fn all_plain(word: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = ONES * 0x80;
+    let has_zero_byte = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let below_visible = word.wrapping_sub(ONES * 0x21) & !word & HIGH;
+    let above_visible = (word.wrapping_add(ONES) | word) & HIGH;
+    let quote = has_zero_byte(word ^ (ONES * u64::from(b'"')));
+    let backslash = has_zero_byte(word ^ (ONES * u64::from(b'\\')));
+    below_visible | above_visible | quote | backslash == 0
+}
+
+/// Eight bytes as one word (any byte order: [`all_plain`] tests each byte alike).
+fn word(eight: &[u8]) -> u64 {
+    u64::from_ne_bytes(eight.try_into().expect("eight bytes"))
+}
+
+/// How many bytes `inner` starts with that an sf-string key holds as they are. A word at
+/// a time (a key is tens of bytes); a plain key's last bytes as its last eight, which
+/// overlap what was checked; byte by byte only from the first word that is not all plain.
 fn plain_run(inner: &[u8]) -> usize {
     let whole = inner
         .chunks_exact(8)
-        .take_while(|chunk| {
-            chunk
-                .iter()
-                .fold(true, |all, &b| all & SF_PLAIN[usize::from(b)])
-        })
+        .take_while(|&eight| all_plain(word(eight)))
         .count()
         * 8;
+    let rest = &inner[whole..];
+    if rest.len() < 8 && inner.len() >= 8 && all_plain(word(&inner[inner.len() - 8..])) {
+        return inner.len();
+    }
     whole
-        + inner[whole..]
+        + rest
             .iter()
             .position(|&b| !SF_PLAIN[usize::from(b)])
-            .unwrap_or(inner.len() - whole)
+            .unwrap_or(rest.len())
 }
 
 /// The inside of an RFC 8941 sf-string: `\"` and `\\` escapes, every other escape invalid.
 /// The key itself must still be visible ASCII, so the space an sf-string permits is refused.
-/// `text` is `inner` as text, when it is UTF-8.
-fn unescape_sf_string<'a>(
-    inner: &'a [u8],
-    text: Option<&'a str>,
-) -> Result<Cow<'a, str>, InvalidKey> {
+fn unescape_sf_string(inner: &[u8]) -> Result<Cow<'_, [u8]>, InvalidKey> {
     // Keys seldom hold escapes: validate the run before the first one in a single scan, and
     // when it is the whole key, borrow it: a plain key costs one pass and no copy here.
     let plain = plain_run(inner);
     let (head, rest) = inner.split_at(plain);
-    // The plain run is ASCII, so it ends on a character boundary of `text`. Without
-    // `text`, a byte after it is not UTF-8, and the loop below refuses it.
-    let head = match text {
-        Some(text) => &text[..plain],
-        None => std::str::from_utf8(head).expect("visible ASCII is UTF-8"),
-    };
     if rest.is_empty() {
         return Ok(Cow::Borrowed(head));
     }
-    let mut out = String::with_capacity(inner.len());
-    out.push_str(head);
+    let mut out = Vec::with_capacity(inner.len());
+    out.extend_from_slice(head);
     let mut bytes = rest.iter();
     while let Some(&byte) = bytes.next() {
         match byte {
             b'\\' => match bytes.next() {
-                Some(&escaped @ (b'"' | b'\\')) => out.push(escaped as char),
+                Some(&escaped @ (b'"' | b'\\')) => out.push(escaped),
                 _ => return Err(InvalidKey::BadSfString),
             },
             b'"' => return Err(InvalidKey::BadSfString),
-            byte if is_visible_ascii(byte) => out.push(byte as char),
+            byte if is_visible_ascii(byte) => out.push(byte),
             byte => return Err(InvalidKey::InvalidCharacter { byte }),
         }
     }
@@ -596,6 +607,36 @@ mod tests {
         }
     }
 
+    /// Words of bytes drawn mostly from the edges of the plain range (where the word
+    /// tests' borrows and carries are), so that plain words and words with one odd byte
+    /// both come often.
+    fn edgy_bytes() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let byte = prop_oneof![
+            6 => proptest::sample::select(vec![0x20u8, 0x21, 0x22, 0x23, 0x5b, 0x5c, 0x5d, 0x7e, 0x7f, 0x80, 0xff, 0x00, 0x01]),
+            10 => 0x21u8..=0x7e,
+            1 => any::<u8>(),
+        ];
+        proptest::collection::vec(byte, 0..40)
+    }
+
+    proptest::proptest! {
+        /// The word-at-a-time scan finds the first byte the table refuses, wherever it is
+        /// and whatever is next to it.
+        #[test]
+        fn plain_run_agrees_with_the_table(inner in edgy_bytes()) {
+            let expected = inner
+                .iter()
+                .position(|&b| !SF_PLAIN[usize::from(b)])
+                .unwrap_or(inner.len());
+            proptest::prop_assert_eq!(plain_run(&inner), expected);
+            for eight in inner.windows(8) {
+                let plain = eight.iter().all(|&b| SF_PLAIN[usize::from(b)]);
+                proptest::prop_assert_eq!(all_plain(word(eight)), plain, "{:02x?}", eight);
+            }
+        }
+    }
+
     #[test]
     fn rejects_everything_else() {
         assert_eq!(parse(b""), Err(InvalidKey::Empty));
@@ -723,7 +764,8 @@ mod tests {
         for len in 0..40 {
             assert_eq!(plain_run(&vec![b'k'; len]), len, "all plain, {len} bytes");
             for at in 0..len {
-                for stop in [b'"', b'\\', b' ', 0xff] {
+                // Every byte the table refuses, next to plain ones on both sides.
+                for stop in (0..=255u8).filter(|&b| !SF_PLAIN[usize::from(b)]) {
                     let mut bytes = vec![b'k'; len];
                     bytes[at] = stop;
                     assert_eq!(plain_run(&bytes), at, "{stop:#04x} at {at} of {len}");

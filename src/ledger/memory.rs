@@ -610,7 +610,7 @@ impl MemoryStore {
         mut outcome: Outcome,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let mut now = Instant::now();
+        let now = Instant::now();
         let weight = outcome.weight() as u64;
         // The outcome takes the place of the reserve its claim kept, which in a store at
         // its cap (the steady state of a long-running process) needs room the claim did
@@ -630,8 +630,6 @@ impl MemoryStore {
             room = self.evict_until(growth + headroom, now, Sweep::Never)
                 || self.has_room(growth)
                 || self.make_room(growth, now);
-            // Evicting takes time: the record is settled, and its windows start, after it.
-            now = Instant::now();
         }
         if room {
             let left_out = self.settle(key, token, now, |store, shard, now| {

@@ -1,16 +1,19 @@
 //! What the server face reads of a side-effecting request's headers before its body: the
-//! `Idempotency-Key`, and whether a `Content-Digest` came with it.
+//! `Idempotency-Key`, whether a `Content-Digest` came with it, and the length its
+//! `Content-Length` declares.
 //!
-//! One pass over the headers rather than two lookups. Both names are custom headers, which
+//! One pass over the headers rather than three lookups. Both names are custom headers, which
 //! a `HeaderMap` lookup hashes byte by byte, while a pass compares each name it meets by
 //! its kind and length first: a request of a dozen headers is cheaper to walk than the
-//! two names are to hash and probe for. [`HeaderKey::from_headers`] and
-//! `HeaderMap::contains_key` give the same answers (a property test below holds the two
-//! ways to each other).
+//! three names are to hash and probe for. [`HeaderKey::from_headers`],
+//! `HeaderMap::contains_key` and `HeaderMap::get` give the same answers (a property test
+//! below holds the two ways to each other).
 
+use http::header::CONTENT_LENGTH;
 use http::HeaderMap;
 
 use crate::digest::CONTENT_DIGEST;
+use crate::frozen::declared_length;
 use crate::key::{HeaderKey, InvalidKey, IDEMPOTENCY_KEY};
 
 /// A keyed request's head as the server face reads it (see the module docs).
@@ -20,6 +23,8 @@ pub(super) struct KeyedHead {
     pub(super) key: Result<Option<HeaderKey>, InvalidKey>,
     /// Whether the request carries a `Content-Digest` (of any value) to check the body by.
     pub(super) content_digest: bool,
+    /// What the request's (first) `Content-Length` declares, when it is a number.
+    pub(super) declared_length: Option<u64>,
 }
 
 impl KeyedHead {
@@ -28,8 +33,12 @@ impl KeyedHead {
         let mut key = None;
         let mut repeated = false;
         let mut content_digest = false;
+        let mut content_length = None;
         for (name, value) in headers {
-            if *name == IDEMPOTENCY_KEY {
+            if *name == CONTENT_LENGTH {
+                // The first, as `HeaderMap::get` reads it.
+                content_length = content_length.or(Some(value));
+            } else if *name == IDEMPOTENCY_KEY {
                 repeated |= key.replace(value).is_some();
             } else if *name == CONTENT_DIGEST {
                 content_digest = true;
@@ -43,6 +52,7 @@ impl KeyedHead {
         Self {
             key,
             content_digest,
+            declared_length: declared_length(content_length),
         }
     }
 }
@@ -69,9 +79,11 @@ mod tests {
         ]
     }
 
-    /// Values that are valid keys, malformed keys and empty values.
+    /// Values that are valid keys, malformed keys, lengths (some padded, some too long to
+    /// be one) and empty values.
     fn value() -> impl Strategy<Value = HeaderValue> {
         prop_oneof![
+            "[ ]?[0-9]{1,21}[ ]?".prop_map(|text| HeaderValue::from_str(&text).unwrap()),
             "\"[a-z0-9-]{0,12}\"".prop_map(|text| HeaderValue::from_str(&text).unwrap()),
             "[a-z0-9 ]{0,12}".prop_map(|text| HeaderValue::from_str(&text).unwrap()),
             Just(HeaderValue::from_static("")),
@@ -80,7 +92,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn one_pass_reads_what_the_two_lookups_read(
+        fn one_pass_reads_what_the_lookups_read(
             headers in prop::collection::vec((name(), value()), 0..12),
         ) {
             let mut map = HeaderMap::new();
@@ -90,6 +102,7 @@ mod tests {
             let head = KeyedHead::of(&map);
             prop_assert_eq!(head.key, HeaderKey::from_headers(&map));
             prop_assert_eq!(head.content_digest, map.contains_key(&CONTENT_DIGEST));
+            prop_assert_eq!(head.declared_length, declared_length(map.get(CONTENT_LENGTH)));
         }
     }
 

@@ -28,7 +28,7 @@ use crate::digest::{
 };
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
-use crate::frozen::{check_declared_length, CollectRequest, DEFAULT_BODY_LIMIT};
+use crate::frozen::{check_length, CollectRequest, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed};
 use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock};
 use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
@@ -912,7 +912,7 @@ where
             };
             // Read and limit the body before any lease is taken: a refused body leaves the
             // key unused.
-            if let Err(err) = check_declared_length(&parts.headers, &body, server.body_limit) {
+            if let Err(err) = check_length(head.declared_length, &body, server.body_limit) {
                 return ServerFuture::answer(admit::refused_body(server, &err));
             }
             let collect = CollectRequest::checked(parts, body, server.body_limit);

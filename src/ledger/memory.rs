@@ -594,13 +594,29 @@ impl MemoryStore {
         settle: impl FnOnce(&Self, &mut Shard, Instant) -> T,
     ) -> Result<T, StoreError> {
         let mut shard = lock(self.shard(&key));
-        let owned = shard
+        if !shard
             .get(&key)
-            .is_some_and(|record| record.retain_until > now && record.state.is_owned_by(token));
-        if !owned {
+            .is_some_and(|record| record.is_owned(token, now))
+        {
             return Err(StoreError::fenced());
         }
         Ok(settle(self, &mut shard, now))
+    }
+
+    /// [`settle`](Self::settle) for a change to the owned record alone: the record is
+    /// looked up once, to check the lease and to change it.
+    fn settle_record<T>(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        now: Instant,
+        settle: impl FnOnce(&Self, &mut Record, Instant) -> T,
+    ) -> Result<T, StoreError> {
+        let mut shard = lock(self.shard(&key));
+        match shard.get_mut(&key) {
+            Some(record) if record.is_owned(token, now) => Ok(settle(self, record, now)),
+            _ => Err(StoreError::fenced()),
+        }
     }
 
     fn complete_now(
@@ -632,8 +648,7 @@ impl MemoryStore {
                 || self.make_room(growth, now);
         }
         if room {
-            let left_out = self.settle(key, token, now, |store, shard, now| {
-                let open = shard.get_mut(&key).expect("owned");
+            let left_out = self.settle_record(key, token, now, |store, open, now| {
                 store.complete_in_place(open, key, (outcome, weight), retention, now)
             })?;
             let Err((left, needed)) = left_out else {
@@ -786,6 +801,12 @@ impl State {
 }
 
 impl Record {
+    /// Whether `token`'s lease holds this record at `now` (a record past its retention is
+    /// gone, whatever it still holds).
+    fn is_owned(&self, token: LeaseToken, now: Instant) -> bool {
+        self.retain_until > now && self.state.is_owned_by(token)
+    }
+
     fn claim(request: &BeginRequest, now: Instant, seq: u64) -> Self {
         let mut record = Self {
             fingerprint: request.fingerprint,
@@ -921,8 +942,7 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        let settled = self.settle(key, token, Instant::now(), |_, shard, now| {
-            let record = shard.get_mut(&key).expect("owned");
+        let settled = self.settle_record(key, token, Instant::now(), |_, record, now| {
             record.state = State::InDoubt;
             // A real attempt failed: keep the record at least `retention` from now.
             record.retain_until = record.retain_until.max(now + retention);
@@ -953,8 +973,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
-        let settled = self.settle(key, token, Instant::now(), |_, shard, now| {
-            let record = shard.get_mut(&key).expect("owned");
+        let settled = self.settle_record(key, token, Instant::now(), |_, record, now| {
             if let State::InFlight { lease_until, .. } = &mut record.state {
                 *lease_until = now + lease;
             }

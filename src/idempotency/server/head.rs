@@ -2,12 +2,12 @@
 //! `Idempotency-Key`, whether a `Content-Digest` came with it, and the length its
 //! `Content-Length` declares.
 //!
-//! One pass over the headers rather than three lookups. Both names are custom headers, which
-//! a `HeaderMap` lookup hashes byte by byte, while a pass compares each name it meets by
-//! its kind and length first: a request of a dozen headers is cheaper to walk than the
-//! three names are to hash and probe for. [`HeaderKey::from_headers`],
-//! `HeaderMap::contains_key` and `HeaderMap::get` give the same answers (a property test
-//! below holds the two ways to each other).
+//! One pass over the headers rather than three lookups. The first two names are custom
+//! headers, which a `HeaderMap` lookup hashes byte by byte, while a pass compares each name
+//! it meets by its kind and length first (and a standard name like `Content-Length` by its
+//! tag alone): a request of a dozen headers is cheaper to walk than the three names are to
+//! hash and probe for. [`HeaderKey::from_headers`], `HeaderMap::contains_key` and
+//! `HeaderMap::get` give the same answers (a property test below holds the pass to them).
 
 use http::header::CONTENT_LENGTH;
 use http::HeaderMap;

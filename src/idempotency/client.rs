@@ -972,7 +972,7 @@ async fn record_reconciled<T>(
             status: parts.status,
         }
     } else {
-        let (headers, copy) = detached(&parts.headers, &body);
+        let (headers, copy) = HeaderBlock::with_body(&parts.headers, &body);
         Outcome::Response(StoredResponse::of_block(
             parts.status,
             parts.version,
@@ -988,17 +988,6 @@ async fn record_reconciled<T>(
     let mut response = Response::from_parts(parts, ResponseBody::buffered(body));
     response.extensions_mut().insert(ResponseSource::Reconciled);
     Ok(response)
-}
-
-/// A copy of a response's `headers` and `body` for the ledger: a header block (names,
-/// values and sensitivity) and the body, in one exact-size buffer of the record's own.
-///
-/// A body or header value sliced out of a transport's read buffer (hyper hands out both
-/// so) would otherwise keep that whole buffer alive for the retention, unseen by the
-/// store's budget. One buffer rather than two: a record's allocations are freed cold, when
-/// it is evicted, and one costs less than two there.
-fn detached(headers: &http::HeaderMap, body: &[u8]) -> (HeaderBlock, Bytes) {
-    HeaderBlock::with_body(headers, body)
 }
 
 #[cfg(test)]
@@ -1022,7 +1011,7 @@ mod tests {
         headers.append(http::header::AUTHORIZATION, secret);
         let body = read_buffer.slice(21..);
 
-        let (copy, copied_body) = detached(&headers, &body);
+        let (copy, copied_body) = HeaderBlock::with_body(&headers, &body);
         let copy = copy.to_map();
 
         assert_eq!(copied_body, body);
@@ -1044,7 +1033,7 @@ mod tests {
             http::HeaderValue::from_static("application/json"),
         );
         headers.append("x-charge-id", http::HeaderValue::from_static("ch_1"));
-        let (block, body) = detached(&headers, b"{\"id\":\"ch_1\"}");
+        let (block, body) = HeaderBlock::with_body(&headers, b"{\"id\":\"ch_1\"}");
         // The body starts where the block's last value ends: one allocation, freed once.
         let last = block.entries().last().expect("two entries");
         let end = block.value_bytes(&last).as_ptr_range().end;

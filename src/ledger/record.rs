@@ -465,18 +465,26 @@ impl Writer {
         self.0.extend_from_slice(bytes);
     }
     fn headers(&mut self, headers: &HeaderMap) {
-        self.u32(headers.len() as u32);
-        for (name, value) in headers {
-            self.bytes(name.as_str().as_bytes());
-            self.bytes(value.as_bytes());
-        }
+        let pairs = headers.iter();
+        self.pairs(
+            headers.len(),
+            pairs.map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes())),
+        );
     }
-    /// The same layout as [`headers`](Self::headers): sensitivity is not stored.
     fn header_block(&mut self, block: &HeaderBlock) {
-        self.u32(block.len() as u32);
-        for entry in block.entries() {
-            self.bytes(entry.name);
-            self.bytes(block.value_bytes(&entry));
+        let pairs = block.entries();
+        self.pairs(
+            block.len(),
+            pairs.map(|entry| (entry.name, block.value_bytes(&entry))),
+        );
+    }
+    /// `count` headers as name and value bytes, the one layout of a frozen request's and a
+    /// recorded response's headers (sensitivity is not stored).
+    fn pairs<'h>(&mut self, count: usize, pairs: impl Iterator<Item = (&'h [u8], &'h [u8])>) {
+        self.u32(count as u32);
+        for (name, value) in pairs {
+            self.bytes(name);
+            self.bytes(value);
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody}
 use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal};
 use crate::idempotency::ResponseSource;
-use crate::ledger::{Begin, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{Begin, HeaderBlock, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::phase::classify;
 use crate::retry::{is_in_progress_answer, is_retryable_status};
 use crate::{BoxError, Error};
@@ -571,8 +571,8 @@ fn record<ResB: Send + 'static>(
     };
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
-            // The record gets its own exact-size copy (see `detached`).
-            let (headers, copy) = super::detached(&parts.headers, &bytes);
+            // The record gets its own exact-size copy (see `HeaderBlock::with_body`).
+            let (headers, copy) = HeaderBlock::with_body(&parts.headers, &bytes);
             let stored = StoredResponse::of_block(parts.status, parts.version, headers, copy);
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }

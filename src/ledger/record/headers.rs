@@ -7,8 +7,9 @@
 //!
 //! Layout, entry after entry in the order they were recorded (repeated names kept):
 //! `flags: u8` (bit 0: the value is sensitive), `name length: u16` big-endian, `value
-//! length: u32` big-endian, the name, the value (the fixed part first, written at once). Every block is checked when it is made
-//! (names and values valid, lengths in bounds), so reading one cannot fail.
+//! length: u32` big-endian, the name, the value (the fixed part first, written at once).
+//! Every block is checked when it is made (names and values valid, lengths in bounds), so
+//! reading one cannot fail.
 
 use std::fmt;
 use std::ops::Range;
@@ -52,8 +53,13 @@ impl HeaderBlock {
         block.finish()
     }
 
-    /// Every header of `headers` (as [`of`](Self::of)) and a copy of `body`, in one buffer:
-    /// the block and the body share it, and are dropped together.
+    /// Every header of `headers` (as [`of`](Self::of)) and a copy of `body`, in one
+    /// exact-size buffer of their own: what a client records of a response.
+    ///
+    /// A body or header value sliced out of a transport's read buffer (hyper hands out both
+    /// so) would otherwise keep that whole buffer alive for the retention, unseen by the
+    /// store's budget. One buffer rather than two: a record's allocations are freed cold,
+    /// when it is evicted, and one costs less than two there.
     pub(crate) fn with_body(headers: &HeaderMap, body: &[u8]) -> (Self, Bytes) {
         let mut block = BlockWriter::with_capacity(entries_size(headers.iter()) + body.len());
         block.push_all(headers);

@@ -447,19 +447,43 @@ pub(crate) fn hand_over(mut parts: http::request::Parts, body: Bytes) -> Handed 
     }
 }
 
+/// Whether two URIs are the same bytes: scheme, authority, path and query.
+fn same_uri_bytes(a: &Uri, b: &Uri) -> bool {
+    a.scheme() == b.scheme()
+        && a.authority().map(|a| a.as_str()) == b.authority().map(|b| b.as_str())
+        && a.path_and_query().map(|pq| pq.as_str()) == b.path_and_query().map(|pq| pq.as_str())
+}
+
+/// Whether two maps hold the same headers in the same order. A value cloned from the
+/// other shares its bytes, so most compare by address before they compare by content.
+fn same_headers(a: &HeaderMap, b: &HeaderMap) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b.iter())
+            .all(|((a_name, a_value), (b_name, b_value))| {
+                let (a_value, b_value) = (a_value.as_bytes(), b_value.as_bytes());
+                a_name == b_name
+                    && a_value.len() == b_value.len()
+                    && (a_value.as_ptr() == b_value.as_ptr() || a_value == b_value)
+            })
+}
+
 impl FrozenRequest {
     /// Whether `parts` and `body` are this request's head and bytes as they are: the
     /// headers compared in order (a rebuilt request keeps the frozen order), the body by
     /// identity (a rebuilt request shares the frozen `Bytes`).
+    ///
+    /// Byte for byte, which is stricter than `==` on a `Uri` (its host compares without
+    /// case): a rebuilt request holds clones of the frozen parts, so it always passes, and
+    /// anything else that fails is frozen anew, which is only slower.
     fn is_exactly(&self, parts: &http::request::Parts, body: &Bytes) -> bool {
         let frozen = &*self.0;
         frozen.body.as_ptr() == body.as_ptr()
             && frozen.body.len() == body.len()
             && frozen.method == parts.method
             && frozen.version == parts.version
-            && frozen.uri == parts.uri
-            && frozen.headers.len() == parts.headers.len()
-            && frozen.headers.iter().eq(parts.headers.iter())
+            && same_uri_bytes(&frozen.uri, &parts.uri)
+            && same_headers(&frozen.headers, &parts.headers)
     }
 
     /// Take `earlier`'s digest and fingerprint when it covers exactly what this request says: the same

@@ -818,7 +818,7 @@ fn drift_error(
 fn replay<T>(outcome: Outcome) -> Result<Response<ResponseBody<T>>, Error> {
     match outcome {
         Outcome::Response(stored) => {
-            let mut response = Response::new(ResponseBody::buffered(stored.body().clone()));
+            let mut response = Response::new(ResponseBody::buffered(stored.body()));
             *response.status_mut() = stored.status();
             *response.version_mut() = stored.version();
             *response.headers_mut() = stored.headers();
@@ -972,12 +972,11 @@ async fn record_reconciled<T>(
             status: parts.status,
         }
     } else {
-        let (headers, copy) = HeaderBlock::with_body(&parts.headers, &body);
-        Outcome::Response(StoredResponse::of_block(
+        let recorded = HeaderBlock::with_body(&parts.headers, &body);
+        Outcome::Response(StoredResponse::of_block_with_body(
             parts.status,
             parts.version,
-            headers,
-            copy,
+            recorded,
         ))
     };
     if let Err(err) = lease.complete(outcome).await {
@@ -1011,8 +1010,9 @@ mod tests {
         headers.append(http::header::AUTHORIZATION, secret);
         let body = read_buffer.slice(21..);
 
-        let (copy, copied_body) = HeaderBlock::with_body(&headers, &body);
-        let copy = copy.to_map();
+        let recorded = HeaderBlock::with_body(&headers, &body);
+        let copied_body = recorded.body();
+        let copy = recorded.to_map();
 
         assert_eq!(copied_body, body);
         assert!(!range.contains(&(copied_body.as_ptr() as usize)));
@@ -1033,7 +1033,8 @@ mod tests {
             http::HeaderValue::from_static("application/json"),
         );
         headers.append("x-charge-id", http::HeaderValue::from_static("ch_1"));
-        let (block, body) = HeaderBlock::with_body(&headers, b"{\"id\":\"ch_1\"}");
+        let block = HeaderBlock::with_body(&headers, b"{\"id\":\"ch_1\"}");
+        let body = block.body();
         // The body starts where the block's last value ends: one allocation, freed once.
         let last = block.entries().last().expect("two entries");
         let end = block.value_bytes(&last).as_ptr_range().end;

@@ -244,7 +244,7 @@ impl Outcome {
                 out.u16(response.status().as_u16());
                 out.u8(version_code(response.version()));
                 out.header_block(response.header_block());
-                out.bytes(response.body());
+                out.bytes(response.body_bytes());
             }
             Self::Tombstone { status } => {
                 out.u8(1);
@@ -261,9 +261,13 @@ impl Outcome {
             0 => {
                 let status = input.status()?;
                 let version = version_from_code(input.u8()?)?;
-                let headers = input.header_block()?;
-                let body = Bytes::copy_from_slice(input.bytes()?);
-                Self::Response(StoredResponse::of_block(status, version, headers, body))
+                let headers = input.header_pairs()?;
+                // The body after the headers, in the block's one buffer, as a client's
+                // record holds it.
+                let recorded = HeaderBlock::of_checked_pairs(&headers, input.bytes()?);
+                Self::Response(StoredResponse::of_block_with_body(
+                    status, version, recorded,
+                ))
             }
             1 => Self::Tombstone {
                 status: input.status()?,
@@ -303,7 +307,8 @@ struct Stored {
     status: StatusCode,
     version: Version,
     headers: HeaderBlock,
-    body: Bytes,
+    /// `None`: the body is held after the headers, in their block.
+    body: Option<Bytes>,
 }
 
 impl StoredResponse {
@@ -323,7 +328,22 @@ impl StoredResponse {
             status,
             version,
             headers,
-            body,
+            body: Some(body),
+        }))
+    }
+
+    /// Record a response whose body is held after its headers, in their block
+    /// ([`HeaderBlock::with_body`]).
+    pub(crate) fn of_block_with_body(
+        status: StatusCode,
+        version: Version,
+        headers_and_body: HeaderBlock,
+    ) -> Self {
+        Self(Arc::new(Stored {
+            status,
+            version,
+            headers: headers_and_body,
+            body: None,
         }))
     }
 
@@ -348,9 +368,21 @@ impl StoredResponse {
         &self.0.headers
     }
 
-    /// The recorded body.
-    pub fn body(&self) -> &Bytes {
-        &self.0.body
+    /// The recorded body: a handle sharing the record's bytes (a reference-count
+    /// increment, not a copy).
+    pub fn body(&self) -> Bytes {
+        match &self.0.body {
+            Some(body) => body.clone(),
+            None => self.0.headers.body(),
+        }
+    }
+
+    /// The recorded body as it is held.
+    pub(crate) fn body_bytes(&self) -> &[u8] {
+        match &self.0.body {
+            Some(body) => body,
+            None => self.0.headers.body_bytes(),
+        }
     }
 
     /// Bytes held in memory, for weighing caches: the record itself, its header buffer, its
@@ -358,7 +390,7 @@ impl StoredResponse {
     pub fn weight(&self) -> usize {
         std::mem::size_of::<Stored>()
             + self.0.headers.weight()
-            + self.0.body.len()
+            + self.0.body.as_ref().map_or(0, Bytes::len)
             + RESPONSE_ALLOCATIONS
     }
 }
@@ -374,7 +406,7 @@ impl fmt::Debug for StoredResponse {
         f.debug_struct("StoredResponse")
             .field("status", &self.0.status)
             .field("headers", &self.0.headers)
-            .field("body_len", &self.0.body.len())
+            .field("body_len", &self.body_bytes().len())
             .finish()
     }
 }
@@ -532,9 +564,10 @@ impl<'a> Reader<'a> {
     /// A header map: read as a block, which checks names, values and how many distinct
     /// names there are (a forged record is refused, not a panic in its reader).
     fn headers(&mut self) -> Result<HeaderMap, StoreError> {
-        Ok(self.header_block()?.to_map())
+        Ok(HeaderBlock::of_checked_pairs(&self.header_pairs()?, &[]).to_map())
     }
-    fn header_block(&mut self) -> Result<HeaderBlock, StoreError> {
+    /// Headers as names and checked values, ready for [`HeaderBlock::of_checked_pairs`].
+    fn header_pairs(&mut self) -> Result<Vec<(HeaderName, &'a [u8])>, StoreError> {
         let count = self.u32()? as usize;
         let mut pairs = Vec::with_capacity(count.min(256));
         let mut names = headers::DistinctNames::default();
@@ -549,7 +582,7 @@ impl<'a> Reader<'a> {
             }
             pairs.push((name, value));
         }
-        Ok(HeaderBlock::of_checked_pairs(&pairs))
+        Ok(pairs)
     }
     fn finish(self) -> Result<(), StoreError> {
         if self.0.is_empty() {

@@ -690,7 +690,7 @@ impl World {
             },
             Begin::InDoubt => Answer::InDoubt,
             Begin::Replay(Outcome::Response(response)) => {
-                let id = std::str::from_utf8(response.body())
+                let id = std::str::from_utf8(&response.body())
                     .ok()
                     .and_then(|body| body.strip_prefix("outcome-"))
                     .and_then(|id| id.parse().ok())

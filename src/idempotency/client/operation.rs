@@ -572,8 +572,8 @@ fn record<ResB: Send + 'static>(
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
             // The record gets its own exact-size copy (see `HeaderBlock::with_body`).
-            let (headers, copy) = HeaderBlock::with_body(&parts.headers, &bytes);
-            let stored = StoredResponse::of_block(parts.status, parts.version, headers, copy);
+            let recorded = HeaderBlock::with_body(&parts.headers, &bytes);
+            let stored = StoredResponse::of_block_with_body(parts.status, parts.version, recorded);
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }
         Buffered::Overflow(prefix, rest) => {

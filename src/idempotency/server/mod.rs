@@ -1101,7 +1101,7 @@ fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<ResponseBody<T>> 
     match stored {
         Outcome::Response(stored) => {
             outcome("replayed");
-            let mut response = Response::new(ResponseBody::buffered(stored.body().clone()));
+            let mut response = Response::new(ResponseBody::buffered(stored.body()));
             *response.status_mut() = stored.status();
             *response.headers_mut() = server.replayed_headers(&stored);
             response

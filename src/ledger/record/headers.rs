@@ -30,12 +30,15 @@ const SENSITIVE: u8 = 1;
 /// `HeaderMap` may be presized for (it bounds distinct names, not values).
 const PRESIZED: usize = 64;
 
-/// A recorded response's headers (see the module docs). Cloning is a reference-count
-/// increment.
+/// A recorded response's headers (see the module docs), and on a client's record the
+/// response body after them. Cloning is a reference-count increment.
 #[derive(Clone)]
 pub(crate) struct HeaderBlock {
+    /// The entries, then the body recorded with them ([`with_body`](Self::with_body)).
     bytes: Bytes,
     len: u32,
+    /// Where the entries end and the body begins.
+    end: usize,
 }
 
 /// One entry of a [`HeaderBlock`], borrowed.
@@ -53,28 +56,31 @@ impl HeaderBlock {
         block.finish()
     }
 
-    /// Every header of `headers` (as [`of`](Self::of)) and a copy of `body`, in one
-    /// exact-size buffer of their own: what a client records of a response.
+    /// Every header of `headers` (as [`of`](Self::of)) and a copy of `body` after them
+    /// ([`body`](Self::body)), in one exact-size buffer of their own: what a client records
+    /// of a response.
     ///
     /// A body or header value sliced out of a transport's read buffer (hyper hands out both
     /// so) would otherwise keep that whole buffer alive for the retention, unseen by the
     /// store's budget. One buffer rather than two: a record's allocations are freed cold,
-    /// when it is evicted, and one costs less than two there.
-    pub(crate) fn with_body(headers: &HeaderMap, body: &[u8]) -> (Self, Bytes) {
+    /// when it is evicted, and one costs less than two there. The buffer is not sliced
+    /// here: the first slice of a `Bytes` made from a `Vec` allocates its shared handle,
+    /// which a record that is never replayed (most are not) then never needs.
+    pub(crate) fn with_body(headers: &HeaderMap, body: &[u8]) -> Self {
         let mut block = BlockWriter::with_capacity(entries_size(headers.iter()) + body.len());
         block.push_all(headers);
-        let len = block.len;
-        let size = block.bytes.len();
-        block.bytes.extend_from_slice(body);
-        debug_assert_eq!(block.bytes.len(), block.bytes.capacity(), "sized exactly");
-        let bytes = Bytes::from(block.bytes);
-        (
-            Self {
-                bytes: bytes.slice(..size),
-                len,
-            },
-            bytes.slice(size..),
-        )
+        block.finish_with_body(body)
+    }
+
+    /// The body held after the entries: empty unless the block was made
+    /// [`with_body`](Self::with_body). Shares the block's buffer.
+    pub(crate) fn body(&self) -> Bytes {
+        self.bytes.slice(self.end..)
+    }
+
+    /// The body held after the entries, as it is held.
+    pub(crate) fn body_bytes(&self) -> &[u8] {
+        &self.bytes[self.end..]
     }
 
     /// How many headers the block holds.
@@ -82,7 +88,7 @@ impl HeaderBlock {
         self.len as usize
     }
 
-    /// Bytes held.
+    /// Bytes held: the entries and the body after them.
     pub(crate) fn weight(&self) -> usize {
         self.bytes.len()
     }
@@ -90,7 +96,7 @@ impl HeaderBlock {
     /// The entries, in the order they were recorded.
     pub(crate) fn entries(&self) -> Entries<'_> {
         Entries {
-            rest: &self.bytes,
+            rest: &self.bytes[..self.end],
             at: 0,
         }
     }
@@ -141,18 +147,19 @@ impl HeaderBlock {
 
     /// A block of pairs read from a store, each name parsed, each value checked (see
     /// [`is_valid_value`]) and the distinct names counted by the reader (see
-    /// [`DistinctNames`]); sensitivity is not stored.
-    pub(crate) fn of_checked_pairs(pairs: &[(HeaderName, &[u8])]) -> Self {
-        let size = pairs
+    /// [`DistinctNames`]); sensitivity is not stored. `body` is held after them (as
+    /// [`with_body`](Self::with_body) does), or empty.
+    pub(crate) fn of_checked_pairs(pairs: &[(HeaderName, &[u8])], body: &[u8]) -> Self {
+        let size: usize = pairs
             .iter()
             .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
             .sum();
-        let mut block = BlockWriter::with_capacity(size);
+        let mut block = BlockWriter::with_capacity(size + body.len());
         // Not `push`: the values are bytes read from the store, checked, not `HeaderValue`s.
         for (name, value) in pairs {
             block.push_checked(name.as_str().as_bytes(), value, false);
         }
-        block.finish()
+        block.finish_with_body(body)
     }
 }
 
@@ -236,12 +243,23 @@ impl BlockWriter {
         self.len += 1;
     }
 
+    /// The block written, `body` after its entries (see [`HeaderBlock::with_body`]).
+    fn finish_with_body(mut self, body: &[u8]) -> HeaderBlock {
+        let end = self.bytes.len();
+        self.bytes.extend_from_slice(body);
+        let mut block = self.finish();
+        block.end = end;
+        block
+    }
+
     /// The block written.
     pub(crate) fn finish(self) -> HeaderBlock {
         debug_assert_eq!(self.bytes.len(), self.bytes.capacity(), "sized exactly");
+        let end = self.bytes.len();
         HeaderBlock {
             bytes: Bytes::from(self.bytes),
             len: self.len,
+            end,
         }
     }
 }
@@ -364,7 +382,7 @@ mod tests {
             };
             prop_assert_eq!(plain(&decoded.headers()), plain(&map));
             prop_assert!(decoded.headers().values().all(|value| !value.is_sensitive()));
-            prop_assert_eq!(decoded.body().as_ref(), b"b");
+            prop_assert_eq!(&decoded.body()[..], b"b");
         }
     }
 

@@ -370,6 +370,7 @@ impl StoredResponse {
 
     /// The recorded body: a handle sharing the record's bytes (a reference-count
     /// increment, not a copy).
+    #[inline]
     pub fn body(&self) -> Bytes {
         match &self.0.body {
             Some(body) => body.clone(),

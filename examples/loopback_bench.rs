@@ -16,6 +16,7 @@
 //! | `client_frozen_retry` | `FrozenRetryLayer` over hyper-util | bare axum |
 //! | `client_stack` | client `IdempotencyLayer` (`MemoryStore`) over `FrozenRetryLayer`, a new `OperationId` per request | bare axum |
 //! | `client_stack_copied` | diagnostic: as `client_stack`, response bodies copied out of hyper's read buffer before they are recorded | bare axum |
+//! | `client_floor` | yardstick: the least a client layer keeping the ledger's promise does (`benches/common/floor.rs`, its own `MemoryStore`) over hyper-util, a new `OperationId` per request | bare axum |
 //! | `server_bare` | hyper-util, a new `Idempotency-Key` per request | bare axum |
 //! | `server_layer` | the same | axum with the server `IdempotencyLayer` (`MemoryStore`) |
 //! | `server_layer_replay` | the same, one fixed key (every request is a replay) | axum with the server layer |
@@ -565,6 +566,7 @@ fn main() {
     let server_store = MemoryStore::new();
     let client_store = MemoryStore::new();
     let client_copied_store = MemoryStore::new();
+    let client_floor_store = MemoryStore::new();
     if std::env::var("LOOPBACK_EMPTY_STORES").map_or(true, |v| v != "1") {
         let filling = Instant::now();
         // Each store is filled on the worker thread that will use it, not on this one: a
@@ -579,8 +581,9 @@ fn main() {
         let s = on_worker(&server_rt, &server_store, RecordKind::Server);
         let c = on_worker(&client_rt, &client_store, RecordKind::Client);
         let cc = on_worker(&client_rt, &client_copied_store, RecordKind::Client);
+        let cf = on_worker(&client_rt, &client_floor_store, RecordKind::Client);
         eprintln!(
-            "loopback_bench: stores filled to their 64 MiB cap in {:.1?} (server {s}, client {c}, client_copied {cc} records)",
+            "loopback_bench: stores filled to their 64 MiB cap in {:.1?} (server {s}, client {c}, client_copied {cc}, client_floor {cf} records)",
             filling.elapsed()
         );
     }
@@ -636,6 +639,15 @@ fn main() {
                 .layer(retry())
                 .map_response(|r: Response<hyper::body::Incoming>| r.map(Copied))
                 .service(http.clone()),
+            Template::new(bare_addr, &body, Marking::FreshOperation),
+        ),
+        variant(
+            "client_floor",
+            "client_bare",
+            common::floor::FloorService {
+                inner: http.clone(),
+                store: client_floor_store.clone(),
+            },
             Template::new(bare_addr, &body, Marking::FreshOperation),
         ),
         variant(

@@ -23,6 +23,8 @@
 //! | `frozen_retry_no_budget` | `FrozenRetryLayer`, the default policy without its retry budget (which `tower_retry_clone`'s policy does not keep either) |
 //! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
 //! | `stack_fresh` / `stack_replay` | client `IdempotencyLayer` over `FrozenRetryLayer`, the same two ways |
+//! | `client_floor` / `client_floor_replay` | a yardstick, not the crate's code path: the least a client layer keeping the ledger's promise does for a new operation / a replay, written straight against the crate's public parts (`benches/common/floor.rs`) |
+//! | `stack_floor` | `client_floor` over the hand-written `tower::retry` of `tower_retry_clone` |
 //! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
 //! | `server_fresh` / `server_replay` | server `IdempotencyLayer` over the handler, a new key per call / always the same key |
 //! | `store_begin_complete_{1k,100k,1m}` | `begin` + `complete` of a new operation in a `MemoryStore` at that many live records |
@@ -59,6 +61,7 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 
+use common::floor::Floor;
 use common::ledger::{begin_complete, key, outcome, replay, Picker};
 use common::moka_ledger::MokaLedger;
 use common::{handler, json_body, runtime, BufferBody, CloneAttempts, Noop, Template};
@@ -93,6 +96,9 @@ const VARIANTS: &[&str] = &[
     "client_replay",
     "stack_fresh",
     "stack_replay",
+    "client_floor",
+    "client_floor_replay",
+    "stack_floor",
     "server_bare",
     "server_fresh",
     "server_replay",
@@ -536,6 +542,59 @@ fn sha256_1kib(n: u64) -> Counts {
     window.close()
 }
 
+// --- The floor: the least a client layer does ------------------------------------------
+
+/// `client_floor`, `client_floor_replay`, `stack_floor`: the floor over `inner`, its store
+/// filled to its cap as the layer variants' are, then `n` operations made by `make` (new
+/// ones, or with `replay` one operation recorded first and replayed).
+async fn floor_variant<S>(
+    inner: S,
+    make: impl Fn() -> Request<Full<Bytes>>,
+    fill: impl Fn() -> Request<Full<Bytes>>,
+    replay: bool,
+    n: u64,
+) -> (Counts, Option<StoreDelta>)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    let store = MemoryStore::new();
+    let mut floor = Floor::new(inner, store.clone());
+    while store.evictions() < 1_000 {
+        let response = floor.call(fill()).await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+    assert_eq!(floor.replays, 0, "the fill makes new operations");
+    std::thread::sleep(common::BENCH_PROTECTION + Duration::from_millis(10));
+    if replay {
+        floor.call(make()).await;
+        floor.call(make()).await;
+        assert_eq!(
+            floor.replays, 1,
+            "the second call of an operation is a replay"
+        );
+    }
+    let (replays, watch) = (floor.replays, StoreWatch::new(&store));
+    let window = Window::open();
+    for _ in 0..n {
+        let response = floor.call(make()).await;
+        black_box(response.into_body().collect().await.is_ok());
+    }
+    let counts = window.close();
+    let delta = watch.delta();
+    assert_eq!(delta.refused, 0, "new operations were refused room");
+    if replay {
+        assert_eq!(floor.replays - replays, n, "every call must be a replay");
+    } else {
+        assert_eq!(floor.replays, replays, "no call may be a replay");
+        assert!(
+            delta.evictions >= n,
+            "every new operation must evict a record"
+        );
+    }
+    (counts, Some(delta))
+}
+
 // --- Variants --------------------------------------------------------------------------
 
 fn live_records(suffix: &str) -> u64 {
@@ -606,6 +665,14 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     Plan::Replay
                 };
                 service_variant(svc, Some(&store), plan, fresh_op, fixed_op, n).await
+            }
+            "client_floor" => floor_variant(Noop, fresh_op, fresh_op, false, n).await,
+            "client_floor_replay" => floor_variant(Noop, fixed_op, fresh_op, true, n).await,
+            "stack_floor" => {
+                let retry = ServiceBuilder::new()
+                    .layer(RetryLayer::new(CloneAttempts(3)))
+                    .service(Noop);
+                floor_variant(retry, fresh_op, fresh_op, false, n).await
             }
             "server_bare" => {
                 let fresh_key = || t.fresh_key();

@@ -3,6 +3,7 @@
 //! as measured.
 #![allow(dead_code)] // each bench uses its own part of it
 
+pub mod floor;
 pub mod ledger;
 pub mod moka_ledger;
 

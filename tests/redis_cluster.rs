@@ -421,11 +421,17 @@ async fn a_slot_migrated_under_load_loses_nothing() {
         batches += 1;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    for node in cluster.nodes() {
-        cluster_support::cli(
-            node.port(),
-            &["cluster", "setslot", &slot, "node", &target_id],
-        );
+    // The new owner first, then the old one, then the rest, as `CLUSTER SETSLOT`'s
+    // documentation orders it (and `redis-cli --cluster reshard` does): told the other way
+    // round, the old owner redirects to a node still importing, which redirects back
+    // (`MOVED` both ways) until it is told, and a client's retries can run out in between.
+    let others = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.port())
+        .filter(|port| *port != target && *port != owner);
+    for port in [target, owner].into_iter().chain(others) {
+        cluster_support::cli(port, &["cluster", "setslot", &slot, "node", &target_id]);
     }
     // Keep the load on a little while the clients learn the new owner (MOVED).
     tokio::time::sleep(Duration::from_millis(100)).await;

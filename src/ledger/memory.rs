@@ -584,27 +584,28 @@ impl MemoryStore {
         }
     }
 
-    /// Run `settle` on the open record of `key` owned by `token` at `now`, or refuse as
-    /// fenced.
-    fn settle<T>(
+    /// The shard of `key`, locked, when `token`'s lease holds its record at `now` (for a
+    /// settlement that may remove the record or put another in its place); else fenced.
+    fn owned_shard(
         &self,
-        key: LedgerKey,
+        key: &LedgerKey,
         token: LeaseToken,
         now: Instant,
-        settle: impl FnOnce(&Self, &mut Shard, Instant) -> T,
-    ) -> Result<T, StoreError> {
-        let mut shard = lock(self.shard(&key));
-        if !shard
-            .get(&key)
+    ) -> Result<MutexGuard<'_, Shard>, StoreError> {
+        let shard = lock(self.shard(key));
+        if shard
+            .get(key)
             .is_some_and(|record| record.is_owned(token, now))
         {
-            return Err(StoreError::fenced());
+            Ok(shard)
+        } else {
+            Err(StoreError::fenced())
         }
-        Ok(settle(self, &mut shard, now))
     }
 
-    /// [`settle`](Self::settle) for a change to the owned record alone: the record is
-    /// looked up once, to check the lease and to change it.
+    /// Run `settle` on the open record of `key` owned by `token` at `now`, or refuse as
+    /// fenced: for a change to the record alone, looked up once to check the lease and to
+    /// change it.
     fn settle_record<T>(
         &self,
         key: LedgerKey,
@@ -659,19 +660,20 @@ impl MemoryStore {
             room = self.make_room(needed, Instant::now());
         }
         // No room for the whole outcome: settle for less.
-        self.settle(key, token, Instant::now(), |store, shard, now| {
-            let open = shard.get_mut(&key).expect("owned");
-            let outcome = if room {
-                match store.complete_in_place(open, key, (outcome, weight), retention, now) {
-                    Ok(()) => return,
-                    Err((outcome, _)) => outcome,
-                }
-            } else {
-                outcome
-            };
-            let whole = open.completed(outcome, retention, now, store.seq());
-            store.complete_as_tombstone(shard, key, whole);
-        })
+        let now = Instant::now();
+        let mut shard = self.owned_shard(&key, token, now)?;
+        let open = shard.get_mut(&key).expect("owned");
+        let outcome = if room {
+            match self.complete_in_place(open, key, (outcome, weight), retention, now) {
+                Ok(()) => return Ok(()),
+                Err((outcome, _)) => outcome,
+            }
+        } else {
+            outcome
+        };
+        let whole = open.completed(outcome, retention, now, self.seq());
+        self.complete_as_tombstone(&mut shard, key, whole);
+        Ok(())
     }
 
     /// Complete the open `record` of `key` with `outcome` where it stands, if the budget
@@ -918,18 +920,20 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
-        let settled = self.settle(key, token, Instant::now(), |store, shard, _| {
-            let record = shard.get_mut(&key).expect("owned");
-            match record.state {
-                // No attempt can have left: forget it, the next caller starts afresh.
-                State::InFlight { resumed: false, .. } => {
-                    store.remove(shard, &key);
+        let settled = self
+            .owned_shard(&key, token, Instant::now())
+            .map(|mut shard| {
+                let record = shard.get_mut(&key).expect("owned");
+                match record.state {
+                    // No attempt can have left: forget it, the next caller starts afresh.
+                    State::InFlight { resumed: false, .. } => {
+                        self.remove(&mut shard, &key);
+                    }
+                    // An earlier attempt may have been sent: releasing would let the next
+                    // caller send new bytes. Keep it in doubt so the next caller resumes.
+                    _ => record.state = State::InDoubt,
                 }
-                // An earlier attempt may have been sent: releasing would let the next
-                // caller send new bytes. Keep it in doubt so the next caller resumes.
-                _ => record.state = State::InDoubt,
-            }
-        });
+            });
         if settled.is_ok() {
             self.announce_settled(&key);
         }

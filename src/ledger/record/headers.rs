@@ -446,4 +446,24 @@ mod tests {
             assert!(err.is_corrupt(), "{case}: {err}");
         }
     }
+
+    #[test]
+    fn a_recorded_body_shares_its_buffer_only_once_a_replay_reads_it() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let recorded = HeaderBlock::with_body(&headers, b"{\"id\":\"ch_1\"}");
+        let stored =
+            StoredResponse::of_block_with_body(StatusCode::CREATED, Version::HTTP_11, recorded);
+        // Written, the record holds its one buffer alone: no shared handle allocated yet.
+        assert!(stored.header_block().bytes.is_unique());
+        assert_eq!(stored.body_bytes(), b"{\"id\":\"ch_1\"}");
+        // A replay's body shares the buffer (a handle, not a copy).
+        let body = stored.body();
+        assert_eq!(&body[..], b"{\"id\":\"ch_1\"}");
+        assert!(!stored.header_block().bytes.is_unique());
+        assert_eq!(stored.headers(), headers);
+    }
 }

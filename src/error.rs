@@ -42,6 +42,7 @@ struct ErrorImpl {
 #[derive(Debug)]
 enum Kind {
     MissingKey,
+    MissingScope,
     InvalidKey(InvalidKey),
     BodyTooLarge { limit: usize, declared: Option<u64> },
     Body,
@@ -64,6 +65,10 @@ impl Error {
 
     pub(crate) fn missing_key() -> Self {
         Self::new(Kind::MissingKey, None)
+    }
+
+    pub(crate) fn missing_scope() -> Self {
+        Self::new(Kind::MissingScope, None)
     }
 
     pub(crate) fn from_invalid_key(err: InvalidKey) -> Self {
@@ -139,6 +144,14 @@ impl Error {
     /// `Idempotency-Key`, and the layer requires one. Nothing was sent.
     pub fn is_missing_key(&self) -> bool {
         matches!(self.inner.kind, Kind::MissingKey)
+    }
+
+    /// The caller's own `Idempotency-Key` travelled without a credential to scope it by
+    /// (no `Authorization` header, and no
+    /// [scope function](crate::idempotency::ClientBuilder::caller_key_scope)). Nothing was
+    /// sent.
+    pub fn is_missing_scope(&self) -> bool {
+        matches!(self.inner.kind, Kind::MissingScope)
     }
 
     /// The caller's own `Idempotency-Key` header was malformed. Nothing was sent.
@@ -287,7 +300,16 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner.kind {
             Kind::MissingKey => f.write_str(
-                "side-effecting request has no OperationId or Idempotency-Key; nothing was sent",
+                "side-effecting request has no OperationId (and no Idempotency-Key header); \
+                 nothing was sent: insert an OperationId into the request's extensions, or \
+                 build the layer with require_key(false) to pass such requests through \
+                 unprotected",
+            ),
+            Kind::MissingScope => f.write_str(
+                "the request's own Idempotency-Key travels without an Authorization header, so \
+                 it cannot be kept apart from another principal's key; nothing was sent: use an \
+                 OperationId, or build the layer with caller_key_scope(..) naming the \
+                 principal (or caller_keys_unscoped())",
             ),
             Kind::InvalidKey(err) => write!(f, "{err}; nothing was sent"),
             Kind::BodyTooLarge { limit, declared } => match declared {

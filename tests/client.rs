@@ -181,6 +181,7 @@ async fn a_callers_own_key_is_sent_unchanged_and_deduplicates() {
     let svc = stack(&Arc::new(MemoryStore::new()), &provider);
     for _ in 0..2 {
         let req = Request::post("http://mail.local/send")
+            .header("authorization", "Bearer sk_test")
             .header("idempotency-key", "welcome-mail-7")
             .body(Full::new(Bytes::from_static(b"hello")))
             .unwrap();
@@ -203,6 +204,8 @@ async fn a_callers_own_key_wins_over_an_operation_id_and_is_checked_all_the_same
     let svc = stack(&store, &provider);
     let with_op_and = |keys: &[&'static str]| {
         let mut req = post(ORIGINAL);
+        req.headers_mut()
+            .insert("authorization", HeaderValue::from_static("Bearer sk_test"));
         for key in keys {
             req.headers_mut()
                 .append("idempotency-key", HeaderValue::from_static(key));
@@ -262,7 +265,7 @@ async fn a_malformed_caller_key_fails_before_anything_is_sent() {
 }
 
 #[tokio::test]
-async fn a_keyless_side_effect_passes_through_or_fails_when_keys_are_required() {
+async fn a_keyless_side_effect_is_refused_unless_keys_are_made_optional() {
     let store = Arc::new(MemoryStore::new());
     let provider = SideEffectService::new();
     let keyless = || {
@@ -270,7 +273,19 @@ async fn a_keyless_side_effect_passes_through_or_fails_when_keys_are_required() 
             .body(Full::new(Bytes::new()))
             .unwrap()
     };
-    let lenient = stack(&store, &provider);
+    let strict = stack(&store, &provider);
+    let err = strict.oneshot(keyless()).await.unwrap_err();
+    assert!(err.is_missing_key(), "{err}");
+    assert!(err.to_string().contains("OperationId"), "{err}");
+    assert_eq!(provider.calls(), 0, "nothing was sent");
+
+    let lenient = stack_with(
+        IdempotencyLayer::client_builder(store.clone())
+            .require_key(false)
+            .build()
+            .unwrap(),
+        &provider,
+    );
     lenient.oneshot(keyless()).await.unwrap();
     assert_eq!(provider.effects_without_key(), 1);
     assert_eq!(
@@ -278,17 +293,6 @@ async fn a_keyless_side_effect_passes_through_or_fails_when_keys_are_required() 
         0,
         "pass-through never touches the ledger"
     );
-
-    let strict = stack_with(
-        IdempotencyLayer::client_builder(store.clone())
-            .require_key(true)
-            .build()
-            .unwrap(),
-        &provider,
-    );
-    let err = strict.oneshot(keyless()).await.unwrap_err();
-    assert!(err.is_missing_key(), "{err}");
-    assert_eq!(provider.calls(), 1, "nothing more was sent");
 }
 
 #[tokio::test]

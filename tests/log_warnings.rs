@@ -112,8 +112,12 @@ async fn a_retry_layer_outside_the_idempotency_layer_is_reported_once() {
 async fn an_unprotected_side_effect_is_marked_and_reported() {
     let (logs, _default) = capture::warnings();
     let provider = SideEffectService::new();
+    let lenient = IdempotencyLayer::client_builder(MemoryStore::new())
+        .require_key(false)
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(lenient)
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider);
     for _ in 0..2 {

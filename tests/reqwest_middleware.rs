@@ -174,12 +174,41 @@ async fn a_refused_connection_is_pre_write_and_releases_the_operation() {
     assert_eq!(provider.effects(), 1);
 }
 
+/// The README's stack with reqwest-retry in front, and one call whose `OperationId` was
+/// forgotten, against a provider that commits and then times out: refused before a byte
+/// leaves, with an error naming what is missing (the charge would otherwise happen twice).
 #[tokio::test]
-async fn reads_and_keyless_side_effects_pass_through_marked() {
+async fn a_side_effect_without_an_operation_id_is_refused_not_charged_twice() {
+    let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
+    let server = serve(&provider).await;
+    let client = retrying_client(middleware());
+    let err = client
+        .post(server.uri("/charges").to_string())
+        .body(ORDER)
+        .timeout(ATTEMPT_TIMEOUT)
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no OperationId"), "{err}");
+    assert_eq!(
+        provider.calls(),
+        0,
+        "nothing was sent, so nothing was charged"
+    );
+}
+
+#[tokio::test]
+async fn reads_and_keyless_side_effects_pass_through_marked_when_keys_are_optional() {
     let provider = SideEffectService::new();
     let server = serve(&provider).await;
+    let lenient = IdempotencyMiddleware::new(
+        IdempotencyLayer::client_builder(MemoryStore::new())
+            .require_key(false)
+            .build()
+            .unwrap(),
+    );
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(middleware())
+        .with(lenient)
         .build();
     let keyless = client
         .post(server.uri("/charges").to_string())

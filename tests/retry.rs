@@ -222,6 +222,9 @@ fn post_with_key() -> Req {
         "idempotency-key",
         HeaderValue::from_static("\"order-42-charge\""),
     );
+    // A caller's own key is scoped by the credential it travels with.
+    req.headers_mut()
+        .insert("authorization", HeaderValue::from_static("Bearer sk_test"));
     req
 }
 

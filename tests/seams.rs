@@ -31,7 +31,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::problem;
+use tower_idempotency::idempotency::{problem, ReleaseOn};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
@@ -404,6 +404,7 @@ async fn a_callers_own_key_sent_to_two_hosts_is_two_operations() {
         .service(provider.clone());
     let to = |host: &str| {
         Request::post(format!("http://{host}/v1/orders"))
+            .header("authorization", "Bearer sk_test")
             .header("idempotency-key", "\"order-42\"")
             .body(Full::new(Bytes::from_static(b"{\"order\":42}")))
             .unwrap()
@@ -429,6 +430,109 @@ async fn a_callers_own_key_sent_to_two_hosts_is_two_operations() {
     let again = client.oneshot(to("shipping.example")).await.unwrap();
     assert_eq!(source(&again), Some(ResponseSource::Replayed));
     assert_eq!(body_of(again).await, body_of(shipping).await);
+}
+
+// ---------------------------------------------------------------------------------------
+// Review II, hole 1: a caller's own key never answers for another credential
+// ---------------------------------------------------------------------------------------
+
+/// A platform sends two merchants' calls through one client layer, each under the
+/// merchant's own API key, both keyed `order-1001-charge` with the same target and body:
+/// merchant B's charge is sent (never answered with A's record), each replays its own, and
+/// a key sent without a credential is refused unless the layer names the principal.
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
+        .service(provider.clone());
+    let charge = |credential: Option<&str>| {
+        let mut req = Request::post("http://payments.example/v1/charges")
+            .header("idempotency-key", "\"order-1001-charge\"");
+        if let Some(credential) = credential {
+            req = req.header("authorization", credential);
+        }
+        req.body(Full::new(Bytes::from_static(b"{\"amount\":1999}")))
+            .unwrap()
+    };
+    let a = client
+        .clone()
+        .oneshot(charge(Some("Bearer sk_merchant_a")))
+        .await
+        .unwrap();
+    let b = client
+        .clone()
+        .oneshot(charge(Some("Bearer sk_merchant_b")))
+        .await
+        .unwrap();
+    assert_eq!(source(&a), Some(ResponseSource::Sent));
+    assert_eq!(
+        source(&b),
+        Some(ResponseSource::Sent),
+        "merchant B was answered with merchant A's charge"
+    );
+    assert_eq!(provider.effects(), 2, "each merchant's charge was sent");
+    let again = client
+        .clone()
+        .oneshot(charge(Some("Bearer sk_merchant_b")))
+        .await
+        .unwrap();
+    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(body_of(again).await, body_of(b).await);
+
+    // No credential to scope the key by: refused before anything is sent.
+    let err = client.clone().oneshot(charge(None)).await.unwrap_err();
+    assert!(err.is_missing_scope(), "{err}");
+    assert_eq!(provider.calls(), 2);
+
+    // The same rule's opt-outs: a principal named by the user, or one namespace for all.
+    let by_tenant = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .caller_key_scope(|parts| {
+                    let tenant = parts.headers.get("x-tenant").map(|v| v.as_bytes());
+                    String::from_utf8_lossy(tenant.unwrap_or_default()).into_owned()
+                })
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let mut keyed = charge(None);
+    keyed
+        .headers_mut()
+        .insert("x-tenant", HeaderValue::from_static("t1"));
+    let first = by_tenant.clone().oneshot(keyed).await.unwrap();
+    assert_eq!(source(&first), Some(ResponseSource::Sent));
+    let mut other = charge(None);
+    other
+        .headers_mut()
+        .insert("x-tenant", HeaderValue::from_static("t2"));
+    let second = by_tenant.oneshot(other).await.unwrap();
+    assert_eq!(source(&second), Some(ResponseSource::Sent));
+    let unscoped = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .caller_keys_unscoped()
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let first = unscoped
+        .clone()
+        .oneshot(charge(Some("Bearer sk_merchant_a")))
+        .await
+        .unwrap();
+    assert_eq!(source(&first), Some(ResponseSource::Sent));
+    let shared = unscoped
+        .oneshot(charge(Some("Bearer sk_merchant_b")))
+        .await
+        .unwrap();
+    assert_eq!(
+        source(&shared),
+        Some(ResponseSource::Replayed),
+        "unscoped, by choice"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1195,4 +1299,338 @@ async fn the_fault_layer_shows_what_a_handlers_failures_do_to_its_keys() {
 
     assert_eq!(runs.load(Ordering::SeqCst), 3, "each handler ran once");
     assert_eq!(faults.calls(), 3);
+}
+
+// ---------------------------------------------------------------------------------------
+// Review II, hole 5: an owner that leaves before a byte was sent leaves nothing in doubt
+// ---------------------------------------------------------------------------------------
+
+/// A memory store whose `begin` applies at once but answers only after `delay` (a
+/// round trip to a distant ledger): the claim exists while its answer is on the way.
+#[derive(Debug, Clone)]
+struct SlowToAnswer {
+    inner: Arc<MemoryStore>,
+    delay: Arc<AtomicU64>,
+}
+
+impl IdempotencyStore for SlowToAnswer {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        let applied = self.inner.begin(request);
+        let delay = Duration::from_millis(self.delay.load(Ordering::SeqCst));
+        StoreFuture::new(async move {
+            let answer = applied.await;
+            tokio::time::sleep(delay).await;
+            answer
+        })
+    }
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.complete(key, token, outcome, retention)
+    }
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.inner.abandon(key, token)
+    }
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.mark_in_doubt(key, token, retention)
+    }
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        self.inner.renew(key, token, lease)
+    }
+}
+
+/// A provider that answers its first readiness check, then is not ready while `open` is
+/// false (a pool whose last connection was just taken by another caller): the layer's own
+/// `poll_ready` passes, the operation's call waits, and nothing is sent until it opens.
+#[derive(Clone)]
+struct Gated {
+    open: Arc<std::sync::atomic::AtomicBool>,
+    checks: Arc<AtomicUsize>,
+    provider: SideEffectService,
+}
+
+impl tower::Service<Request<Full<Bytes>>> for Gated {
+    type Response = <SideEffectService as tower::Service<Request<Full<Bytes>>>>::Response;
+    type Error = <SideEffectService as tower::Service<Request<Full<Bytes>>>>::Error;
+    type Future = <SideEffectService as tower::Service<Request<Full<Bytes>>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        if self.checks.fetch_add(1, Ordering::SeqCst) == 0 || self.open.load(Ordering::SeqCst) {
+            tower::Service::<Request<Full<Bytes>>>::poll_ready(&mut self.provider, cx)
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+
+    fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
+        self.provider.call(req)
+    }
+}
+
+/// The orchestrator's timeout fires while `begin`'s answer is still on the way: the claim
+/// was made, nothing was sent. With a provider that does not deduplicate, a claim left to
+/// expire would read as in doubt and refuse every later run for the retention.
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_leaves_during_begins_round_trip_leaves_nothing_in_doubt() {
+    let store = SlowToAnswer {
+        inner: Arc::new(MemoryStore::new()),
+        delay: Arc::new(AtomicU64::new(1_000)),
+    };
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let client = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(store.clone())
+                .provider_deduplicates(false)
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        client.clone().oneshot(post(ORIGINAL)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller left mid round trip");
+
+    // Long after the lease would have run out, the orchestrator runs the step again.
+    store.delay.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let res = client.oneshot(post(ORIGINAL)).await.expect("not in doubt");
+    assert_eq!(source(&res), Some(ResponseSource::Sent));
+    assert_eq!(provider.effects(), 1);
+}
+
+/// The claim was answered, but the inner service never became ready before the caller's
+/// timeout: nothing was sent, so the operation is released, not left in doubt.
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_leaves_before_its_call_leaves_nothing_in_doubt() {
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let gated = Gated {
+        open: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        checks: Arc::new(AtomicUsize::new(0)),
+        provider: provider.clone(),
+    };
+    let client = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(false)
+                .build()
+                .unwrap(),
+        )
+        .service(gated.clone());
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        client.clone().oneshot(post(ORIGINAL)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller left before its call");
+    assert!(
+        gated.checks.load(Ordering::SeqCst) > 1,
+        "the operation waited to call"
+    );
+    assert_eq!(provider.calls(), 0);
+
+    gated.open.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let res = client.oneshot(post(ORIGINAL)).await.expect("not in doubt");
+    assert_eq!(source(&res), Some(ResponseSource::Sent));
+    assert_eq!(provider.effects(), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Review II, hole 9: answers that say the operation never started are not recorded
+// ---------------------------------------------------------------------------------------
+
+/// A provider that refuses the first call with `refusal` (a stale token, a rate limit)
+/// and charges from then on, counting its charges.
+fn refuses_once(
+    refusal: StatusCode,
+    charges: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    let calls = Arc::new(AtomicUsize::new(0));
+    service_fn(move |_req: Request<Full<Bytes>>| {
+        let (calls, charges) = (calls.clone(), charges.clone());
+        async move {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                let mut res = Response::new(Full::new(Bytes::from_static(b"refused")));
+                *res.status_mut() = refusal;
+                return Ok::<_, Infallible>(res);
+            }
+            let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut res = Response::new(Full::new(Bytes::from(format!("charge {n}"))));
+            *res.status_mut() = StatusCode::CREATED;
+            Ok(res)
+        }
+    })
+}
+
+/// An orchestrator's call gets `401` (its token was stale), `407`, `408` or `429`: the
+/// answer reaches it, but the operation is released, so the same `OperationId` runs once
+/// the token is refreshed (rather than replaying the `401` for 24 h, or refusing the step
+/// as in doubt when the provider does not deduplicate).
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_says_nothing_started_releases_the_operation() {
+    for refusal in [401, 407, 408, 429].map(|s| StatusCode::from_u16(s).unwrap()) {
+        let charges = Arc::new(AtomicUsize::new(0));
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(MemoryStore::new())
+                    .provider_deduplicates(false)
+                    .build()
+                    .unwrap(),
+            )
+            .service(refuses_once(refusal, charges.clone()));
+        let refused = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+        assert_eq!(refused.status(), refusal);
+        let charged = client.clone().oneshot(post(ORIGINAL)).await;
+        let charged = charged.unwrap_or_else(|err| panic!("{refusal}: {err}"));
+        assert_eq!(
+            charged.status(),
+            StatusCode::CREATED,
+            "{refusal} was recorded"
+        );
+        assert_eq!(source(&charged), Some(ResponseSource::Sent));
+        let again = client.oneshot(post(ORIGINAL)).await.unwrap();
+        assert_eq!(source(&again), Some(ResponseSource::Replayed));
+        assert_eq!(charges.load(Ordering::SeqCst), 1);
+    }
+    // Opted out: the refusal is the recorded outcome.
+    let charges = Arc::new(AtomicUsize::new(0));
+    let client = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .release_on(ReleaseOn::nothing())
+                .build()
+                .unwrap(),
+        )
+        .service(refuses_once(StatusCode::UNAUTHORIZED, charges.clone()));
+    client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    let replayed = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(replayed.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(source(&replayed), Some(ResponseSource::Replayed));
+}
+
+/// Sticky: an attempt that timed out may have charged; a `429` to the retry that followed
+/// does not release the operation, which stays in doubt and is resumed, never run afresh.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_after_an_attempt_that_may_have_left_keeps_the_operation_in_doubt() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let provider = {
+        let calls = calls.clone();
+        service_fn(move |_req: Request<Full<Bytes>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let status = match n {
+                    0 => {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        StatusCode::CREATED
+                    }
+                    1 => StatusCode::TOO_MANY_REQUESTS,
+                    _ => StatusCode::CREATED,
+                };
+                let mut res = Response::new(Full::new(Bytes::from_static(b"{}")));
+                *res.status_mut() = status;
+                Ok::<_, Infallible>(res)
+            }
+        })
+    };
+    let policy = RetryPolicy::builder()
+        .max_attempts(2)
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .attempt_timeout(Duration::from_secs(1))
+        .no_budget()
+        .build()
+        .unwrap();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(FrozenRetryLayer::new(policy))
+        .service(provider);
+    let limited = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    let next = client.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(
+        source(&next),
+        Some(ResponseSource::Resent),
+        "the operation stayed in doubt and its frozen bytes were resent"
+    );
+}
+
+/// Over loopback, our own two faces: the client's call reaches the server face without
+/// credentials and is refused `400 scope-missing` (the handler never ran, the server's
+/// ledger untouched); the client releases the operation, and once the caller sends its
+/// credentials the same `OperationId` runs, once.
+#[tokio::test]
+async fn the_server_faces_scope_missing_is_released_by_the_client_face() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/charges",
+            route_post({
+                let runs = runs.clone();
+                move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, "charged")
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::server(MemoryStore::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .service(http);
+    let charge = |credential: Option<&'static str>| {
+        let mut req = Request::post(format!("http://{addr}/charges"));
+        if let Some(credential) = credential {
+            req = req.header("authorization", credential);
+        }
+        let mut req = req.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+        req.extensions_mut().insert(op());
+        req
+    };
+    let refused = client.clone().oneshot(charge(None)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    let refused = String::from_utf8(body_of(refused).await.to_vec()).unwrap();
+    assert_eq!(problem_type(&refused), problem::SCOPE_MISSING);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    let charged = client
+        .clone()
+        .oneshot(charge(Some("Bearer sk_test")))
+        .await
+        .unwrap();
+    assert_eq!(
+        charged.status(),
+        StatusCode::CREATED,
+        "the 400 was replayed"
+    );
+    assert_eq!(source(&charged), Some(ResponseSource::Sent));
+    let again = client
+        .oneshot(charge(Some("Bearer sk_test")))
+        .await
+        .unwrap();
+    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -22,6 +22,8 @@ use super::decision::{
 };
 use super::engine::{BusyPolicy, LeaseGuard, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::reconcile::{self, InDoubtOperation, Reconcile, Reconciled, DEFAULT_RECONCILE_TIMEOUT};
+use super::release::ReleaseOn;
+use super::scope::Scope;
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::error::{ConfigError, Drift};
 use crate::frozen::{FrozenRequest, Handoff, RetriedOutside, DEFAULT_BODY_LIMIT};
@@ -58,7 +60,9 @@ pub enum DriftPolicy {
 pub struct ClientFace {
     ledger: Ledger,
     scope: String,
+    caller_keys: Scope,
     require_key: bool,
+    release_on: ReleaseOn,
     drift: DriftPolicy,
     busy: BusyPolicy,
     body_limit: usize,
@@ -92,12 +96,13 @@ impl fmt::Debug for dyn ClassifyPhase {
 /// | setting | default |
 /// |---|---|
 /// | scope (mixed into every key) | `""` |
-/// | key required on side effects | no: keyless calls pass through |
+/// | [key required](ClientBuilder::require_key) on side effects | yes: a side effect without an `OperationId` or key fails, nothing sent |
 /// | lease (renewed by a live owner) | 10 s |
 /// | retention | 24 h |
 /// | retry window checked against | 30 s (the default retry policy's); see [`retry_policy`](ClientBuilder::retry_policy) |
 /// | protected window (never evicted) | retry window + lease |
 /// | busy operation | wait up to 30 s, then a busy error |
+/// | [answers released](ClientBuilder::release_on), not recorded | `401`, `407`, `408`, `429`, the server face's refusals that say nothing ran |
 /// | payload drift | [`DriftPolicy::Reject`] |
 /// | request body limit | 1 MiB |
 /// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
@@ -123,7 +128,9 @@ impl fmt::Debug for dyn ClassifyPhase {
 pub struct ClientBuilder {
     store: Arc<dyn IdempotencyStore>,
     scope: String,
+    caller_keys: Scope,
     require_key: bool,
+    release_on: ReleaseOn,
     lease: Duration,
     retention: Duration,
     retry_window: Duration,
@@ -146,7 +153,9 @@ impl ClientBuilder {
         Self {
             store,
             scope: String::new(),
-            require_key: false,
+            caller_keys: Scope::Authorization,
+            require_key: true,
+            release_on: ReleaseOn::default(),
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
             retry_window: DEFAULT_MAX_ELAPSED,
@@ -172,9 +181,85 @@ impl ClientBuilder {
         self
     }
 
+    /// Who owns a caller's own `Idempotency-Key`: a function of the request head giving the
+    /// principal it is sent for. A key the caller chose (rather than one derived from an
+    /// [`OperationId`](crate::OperationId)) is only unique within that principal's
+    /// namespace — two merchants may both send `order-1001-charge` — so its record is kept
+    /// under the principal, and one principal's record never answers another's request.
+    ///
+    /// **Without a scope function**, the principal is a hash of the `Authorization` header
+    /// the key travels with (as providers scope keys by API key, and as the server face
+    /// does), and a request carrying its own key but **no** `Authorization` fails with a
+    /// [missing-scope error](crate::Error::is_missing_scope) before anything is sent. Set a
+    /// function when your credentials travel otherwise (an `X-Api-Key` header, mTLS) or
+    /// rotate between an operation's attempts; it is trusted, `""` included.
+    ///
+    /// Keys derived from an `OperationId` are not scoped by credential: the orchestrator
+    /// names the operation, and a token refreshed between a call and its resume must not
+    /// turn it into a second operation. Keep tenants apart there with [`scope`](Self::scope)
+    /// (one layer per tenant) or tenant-unique task ids.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .caller_key_scope(|parts| {
+    ///         parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn caller_key_scope<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> String + Send + Sync + 'static,
+    {
+        self.caller_keys = Scope::Custom(Arc::new(scope));
+        self
+    }
+
+    /// One namespace for every caller's own keys, whatever credential they travel with:
+    /// a request sent under one credential can be answered with the record of a request
+    /// sent under another with the same key, target and payload. Choose it only when every
+    /// request through this layer acts for one principal.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .caller_keys_unscoped()
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn caller_keys_unscoped(mut self) -> Self {
+        self.caller_keys = Scope::Unscoped;
+        self
+    }
+
     /// Refuse side-effecting requests that carry neither an
-    /// [`OperationId`](crate::OperationId) nor an `Idempotency-Key` (a missing-key error;
-    /// nothing is sent). Off by default: such requests pass through untouched.
+    /// [`OperationId`](crate::OperationId) nor an `Idempotency-Key`: a
+    /// [missing-key error](crate::Error::is_missing_key) naming the missing `OperationId`,
+    /// and nothing is sent. **On by default** (fail closed, as the server face does): a
+    /// side effect whose `OperationId` was forgotten would otherwise pass through
+    /// unprotected, and a retry outside this layer would run it twice.
+    ///
+    /// With `false`, such requests pass through untouched, marked
+    /// [`ResponseSource::Unprotected`](crate::idempotency::ResponseSource::Unprotected) and
+    /// reported once as a warning. To let one request through without turning the check
+    /// off, declare what it is: an [`EffectClass`](crate::EffectClass) other than
+    /// `SideEffect` in its extensions (a `POST` that only reads, say).
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// // Opt out: keyless side effects pass through, unprotected.
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .require_key(false)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
     pub fn require_key(mut self, require: bool) -> Self {
         self.require_key = require;
         self
@@ -231,6 +316,30 @@ impl ClientBuilder {
     /// may be evicted before its retention ends. Clamped to the retention.
     pub fn protected_window(mut self, window: Duration) -> Self {
         self.protected = Some(window);
+        self
+    }
+
+    /// Which answers say the operation never started (default [`ReleaseOn::default`]:
+    /// `401`, `407`, `408`, `429`, and this crate's server-face refusals that say nothing
+    /// ran). Such an answer reaches the caller, but the operation is **released** rather
+    /// than recorded, so the next run sends it again — after the token was refreshed, the
+    /// rate limit waited out, the credentials fixed — instead of being answered with the
+    /// refusal for the whole retention. An operation an earlier attempt may have sent is
+    /// never released: it stays in doubt. [`ReleaseOn::nothing`] records every answer.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_idempotency::idempotency::ReleaseOn;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .release_on(ReleaseOn::default().status(StatusCode::FORBIDDEN))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn release_on(mut self, rule: ReleaseOn) -> Self {
+        self.release_on = rule;
         self
     }
 
@@ -393,7 +502,9 @@ impl ClientBuilder {
         let client = ClientFace {
             ledger: Ledger::new(self.store, self.lease, self.retention, protected),
             scope: self.scope,
+            caller_keys: self.caller_keys,
             require_key: self.require_key,
+            release_on: self.release_on,
             drift: self.drift,
             busy: self.busy,
             body_limit: self.body_limit,
@@ -528,8 +639,8 @@ impl ClientFace {
                 method = %frozen.method(),
                 uri = %frozen.uri(),
                 "a side-effecting request passed through unprotected (no OperationId, no \
-                 Idempotency-Key); insert an OperationId, or build the layer with \
-                 require_key(true) to refuse such requests"
+                 Idempotency-Key) because the layer was built with require_key(false); \
+                 insert an OperationId to protect it"
             );
         }
     }
@@ -537,11 +648,9 @@ impl ClientFace {
     /// A `FrozenRetryLayer` **outside** this layer marks the requests it retries: each of its
     /// attempts would then consult the ledger on its own, so a retry after a lost answer is
     /// a replay at best and a busy error at worst. Said once, naming the fix.
-    fn check_layer_order<B>(&self, req: &Request<B>) {
+    fn check_layer_order(&self, extensions: &Extensions) {
         use std::sync::atomic::Ordering::Relaxed;
-        if req.extensions().get::<RetriedOutside>().is_some()
-            && !self.warned_order.swap(true, Relaxed)
-        {
+        if extensions.get::<RetriedOutside>().is_some() && !self.warned_order.swap(true, Relaxed) {
             tracing::warn!(
                 "FrozenRetryLayer is outside IdempotencyLayer: put the idempotency layer \
                  outside (first in ServiceBuilder), or build both with \
@@ -587,30 +696,37 @@ fn into_error(error: BoxError, phase: FailurePhase) -> Error {
 /// [`OperationId`] names one operation, wherever it is sent: sent to another target (or
 /// with another method, path or body) it is a drift, never a replay of the first target's
 /// answer, since the fingerprint covers the whole target.
-fn identify<B>(
+fn identify(
     client: &ClientFace,
-    req: &mut Request<B>,
+    parts: &mut http::request::Parts,
 ) -> Result<Option<(LedgerKey, WireKey)>, Error> {
     // An operation's key is derived before its header is looked up, so that one lookup
     // finds the key sent (which wins) or makes the derived key's place.
-    let derived = req
-        .extensions()
+    let derived = parts
+        .extensions
         .get::<OperationId>()
         .map(|op| op.key(&client.scope));
     let sent = match derived {
-        Some(key) => match req.headers_mut().entry(&IDEMPOTENCY_KEY) {
+        Some(key) => match parts.headers.entry(&IDEMPOTENCY_KEY) {
             Entry::Occupied(sent) => HeaderKey::from_values(sent.iter()),
             Entry::Vacant(place) => {
                 place.insert(key.header_value());
                 return Ok(Some((LedgerKey::for_operation(key), WireKey::Derived(key))));
             }
         },
-        None => HeaderKey::from_headers(req.headers()),
+        None => HeaderKey::from_headers(&parts.headers),
     };
     if let Some(key) = sent.map_err(Error::from_invalid_key)? {
-        let uri = req.uri();
+        // A caller's own key is the caller's principal's: kept under it, so that another
+        // principal's record with the same key never answers this request.
+        let principal = client
+            .caller_keys
+            .of(parts)
+            .ok_or_else(Error::missing_scope)?;
+        let uri = &parts.uri;
         let ledger_key = LedgerKey::client_header_of(
             &client.scope,
+            &principal,
             uri.scheme_str().unwrap_or(""),
             uri.authority().map_or("", |a| a.as_str()),
             key.as_bytes(),

@@ -334,6 +334,16 @@ impl Ledger {
         let mut tries = 0;
         // The lost answer stands for the first try's.
         let mut lost = lost.map(Err);
+        // From the first call on, the store may hold a claim under this token that no one
+        // will use if this future is dropped before an answer arrives (the caller's timeout
+        // fired mid round trip): nothing was sent under it, so it must not expire into
+        // doubt. Disarmed once the answer is in the caller's hands.
+        let mut unanswered = UnansweredClaim {
+            ledger: self,
+            key: request.key,
+            token: request.token,
+            armed: true,
+        };
         loop {
             tries += 1;
             let answer = match lost.take() {
@@ -346,16 +356,18 @@ impl Ledger {
                 }
             };
             match answer {
-                Ok(answer) => return Ok(answer),
+                Ok(answer) => {
+                    unanswered.armed = false;
+                    return Ok(answer);
+                }
                 Err(err) if is_ambiguous(&err) && tries < BEGIN_TRIES => {
                     tracing::debug!(%err, tries, "begin failed; asking again with the same token");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_STORE_RETRY);
                 }
                 Err(err) => {
-                    if is_ambiguous(&err) {
-                        self.release_unused(request.key, request.token);
-                    }
+                    // An ambiguous failure may have left a claim: released by the guard.
+                    unanswered.armed = is_ambiguous(&err);
                     return Err(err);
                 }
             }
@@ -397,14 +409,25 @@ impl Ledger {
         });
     }
 
-    /// Hold the lease of `key` under `token`; settle it with the guard's methods.
+    /// Hold the lease of `key` under `token`; settle it with the guard's methods. Dropped
+    /// unsettled, the guard leaves the operation in doubt (see [`LeaseGuard`]).
     pub(crate) fn hold(&self, key: LedgerKey, token: LeaseToken) -> LeaseGuard {
+        let mut lease = self.hold_unsent(key, token);
+        lease.sending();
+        lease
+    }
+
+    /// [`hold`](Self::hold) a lease under which nothing has been sent yet: until
+    /// [`LeaseGuard::sending`], a drop releases the operation instead of leaving it in
+    /// doubt (the owner went away before a byte could leave).
+    pub(crate) fn hold_unsent(&self, key: LedgerKey, token: LeaseToken) -> LeaseGuard {
         LeaseGuard {
             ledger: self.clone(),
             key,
             token,
             pending: None,
             done: false,
+            sent: false,
         }
     }
 
@@ -533,8 +556,9 @@ pub(crate) type Settling = Pin<Box<dyn Future<Output = Result<(), StoreError>> +
 /// A settle is finished even if its caller is dropped halfway through the store call: the
 /// guard keeps what it was asked to do and completes it in a background task. Dropped
 /// before any settle (the caller went away, or a panic unwound through it), it marks the
-/// operation in doubt the same way: the request may have been sent, or the handler may have
-/// done part of its work. So a cancelled or panicking request never leaves its key in
+/// operation in doubt the same way once anything may have been sent (the request may be on
+/// the wire, or the handler may have done part of its work), and releases it when nothing
+/// was (a guard from [`Ledger::hold_unsent`] not yet [sending](LeaseGuard::sending)). So a cancelled or panicking request never leaves its key in
 /// flight until the lease runs out.
 pub(crate) struct LeaseGuard {
     ledger: Ledger,
@@ -543,6 +567,26 @@ pub(crate) struct LeaseGuard {
     /// The settle under way, if any: what a drop must finish.
     pending: Option<Settle>,
     done: bool,
+    /// Whether anything may have been sent under the lease: what a drop without a settle
+    /// under way does (leave the operation in doubt, or release it).
+    sent: bool,
+}
+
+/// A claim `begin` may have made whose answer its caller has not seen: released in the
+/// background if dropped armed (see [`Ledger::begin_once`]).
+struct UnansweredClaim<'a> {
+    ledger: &'a Ledger,
+    key: LedgerKey,
+    token: LeaseToken,
+    armed: bool,
+}
+
+impl Drop for UnansweredClaim<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ledger.release_unused(self.key, self.token);
+        }
+    }
 }
 
 impl LeaseGuard {
@@ -590,6 +634,12 @@ impl LeaseGuard {
     /// Leave the operation in doubt: its bytes may have left.
     pub(crate) fn mark_in_doubt(self) -> Settling {
         self.settle(Settle::MarkInDoubt)
+    }
+
+    /// From here on, the request may leave: a drop leaves the operation in doubt rather
+    /// than releasing it. Called before the inner service is called, never after.
+    pub(crate) fn sending(&mut self) {
+        self.sent = true;
     }
 
     /// Hand the lease on unsettled, to whoever goes on with the operation under the same
@@ -801,7 +851,16 @@ impl Drop for LeaseGuard {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let settle = self.pending.take().unwrap_or(Settle::MarkInDoubt);
+        // Nothing sent yet (the owner went away between its claim and its call): release,
+        // so the next run sends it rather than finding it in doubt. The store never
+        // releases an operation an earlier attempt may have sent (a resumed claim goes
+        // back to doubt), so this is safe whatever came before.
+        let unsettled = if self.sent {
+            Settle::MarkInDoubt
+        } else {
+            Settle::Abandon
+        };
+        let settle = self.pending.take().unwrap_or(unsettled);
         let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
         let mut settling = Box::pin(async move {
             let deadline = Instant::now() + ledger.lease;

@@ -13,12 +13,12 @@
 //!
 //! 1. Find the key: the caller's own `Idempotency-Key` header, else one derived from the
 //!    request's [`OperationId`](crate::OperationId) (and sent as `Idempotency-Key`). With
-//!    neither, the request passes through, marked [`ResponseSource::Unprotected`] (and
-//!    reported once as a warning), or fails with a missing-key error when
-//!    [required](ClientBuilder::require_key). Passing through is the default because it is
-//!    safe against the retry layer inside (it never resends a keyless side effect once it
-//!    may have left) and because many `POST`s a client sends are not operations an
-//!    orchestrator names; a caller's own retry of such a request is what stays unprotected.
+//!    neither, the request fails with a [missing-key error](crate::Error::is_missing_key)
+//!    and nothing is sent (fail closed, as on the server face): a side effect whose
+//!    `OperationId` was forgotten would otherwise be charged twice by any retry outside
+//!    this layer. Opt out with [`require_key(false)`](ClientBuilder::require_key): such
+//!    requests then pass through, marked [`ResponseSource::Unprotected`] and reported once
+//!    as a warning.
 //! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent), adding
 //!    `Content-Digest: sha-256=:…:` of its body (see [`digest`](crate::digest)), hashed in
 //!    the one pass that also makes the fingerprint.
@@ -310,6 +310,8 @@ pub(crate) mod decision;
 mod engine;
 mod layer;
 mod reconcile;
+mod release;
+mod scope;
 mod server;
 mod stack;
 
@@ -324,6 +326,7 @@ pub use reconcile::{
     InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
     DEFAULT_RECONCILE_TIMEOUT,
 };
+pub use release::ReleaseOn;
 pub use server::{
     problem, InDoubtPolicy, RequestBody, ServerBuilder, ServerErrorPolicy, ServerFace,
     ServerFuture, DEFAULT_MAX_WAITERS, DEFAULT_REPLAY_HEADERS, DEFAULT_SERVER_PROTECTED_WINDOW,

@@ -70,6 +70,27 @@ impl ClientStackBuilder {
         self
     }
 
+    /// See [`ClientBuilder::release_on`].
+    pub fn release_on(mut self, rule: super::ReleaseOn) -> Self {
+        self.client = self.client.release_on(rule);
+        self
+    }
+
+    /// See [`ClientBuilder::caller_key_scope`].
+    pub fn caller_key_scope<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> String + Send + Sync + 'static,
+    {
+        self.client = self.client.caller_key_scope(scope);
+        self
+    }
+
+    /// See [`ClientBuilder::caller_keys_unscoped`].
+    pub fn caller_keys_unscoped(mut self) -> Self {
+        self.client = self.client.caller_keys_unscoped();
+        self
+    }
+
     /// See [`ClientBuilder::lease`].
     pub fn lease(mut self, lease: Duration) -> Self {
         self.client = self.client.lease(lease);

@@ -36,8 +36,8 @@ pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
 /// let a = LedgerKey::server("tenant-a", "k1");
 /// let b = LedgerKey::server("tenant-b", "k1");
 /// assert_ne!(a, b);
-/// let payments = LedgerKey::client_header("", "https", "payments.example", "k1");
-/// let shipping = LedgerKey::client_header("", "https", "shipping.example", "k1");
+/// let payments = LedgerKey::client_header("", "", "https", "payments.example", "k1");
+/// let shipping = LedgerKey::client_header("", "", "https", "shipping.example", "k1");
 /// assert_ne!(payments, shipping);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,19 +49,34 @@ impl LedgerKey {
         Self(*key.as_bytes())
     }
 
-    /// The record key of a caller-supplied `Idempotency-Key` on the client side, sent to
-    /// the target `scheme://authority`.
-    pub fn client_header(scope: &str, scheme: &str, authority: &str, key: &str) -> Self {
-        Self::client_header_of(scope, scheme, authority, key.as_bytes())
+    /// The record key of a caller-supplied `Idempotency-Key` on the client side, sent for
+    /// `principal` (by default a hash of the request's `Authorization` header: see
+    /// [`ClientBuilder::caller_key_scope`](crate::idempotency::ClientBuilder::caller_key_scope))
+    /// to the target `scheme://authority`.
+    pub fn client_header(
+        scope: &str,
+        principal: &str,
+        scheme: &str,
+        authority: &str,
+        key: &str,
+    ) -> Self {
+        Self::client_header_of(scope, principal, scheme, authority, key.as_bytes())
     }
 
     /// [`client_header`](Self::client_header) of a key given as its bytes (a
     /// [`HeaderKey`](crate::HeaderKey)'s, which are ASCII).
-    pub(crate) fn client_header_of(scope: &str, scheme: &str, authority: &str, key: &[u8]) -> Self {
+    pub(crate) fn client_header_of(
+        scope: &str,
+        principal: &str,
+        scheme: &str,
+        authority: &str,
+        key: &[u8],
+    ) -> Self {
         Self::hash(
-            b"tower-idempotency/ledger/client/v2",
+            b"tower-idempotency/ledger/client/v3",
             &[
                 scope.as_bytes(),
+                principal.as_bytes(),
                 scheme.as_bytes(),
                 authority.as_bytes(),
                 key,
@@ -675,12 +690,12 @@ mod tests {
         let op = IdempotencyKey::derive("s", "k", "");
         assert_ne!(
             LedgerKey::for_operation(op),
-            LedgerKey::client_header("s", "", "", "k")
+            LedgerKey::client_header("s", "", "", "", "k")
         );
         assert_ne!(LedgerKey::server("a", "k"), LedgerKey::server("ak", ""));
         assert_ne!(
-            LedgerKey::client_header("", "https", "a.example", "k"),
-            LedgerKey::client_header("", "https", "a.exampl", "ek")
+            LedgerKey::client_header("", "", "https", "a.example", "k"),
+            LedgerKey::client_header("", "", "https", "a.exampl", "ek")
         );
     }
 }

@@ -23,10 +23,10 @@ use tower_service::Service;
 
 use super::{failed_outside, identify, into_error, operate_after, replay, ClientFace};
 use crate::effect::EffectClass;
-use crate::frozen::{CollectRequest, FrozenRequest, Handoff};
+use crate::frozen::{check_declared_length, CollectRequest, FrozenRequest, Handoff};
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
 use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
-use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal};
+use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal, Settling};
 use crate::idempotency::ResponseSource;
 use crate::ledger::{Begin, HeaderBlock, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::phase::classify;
@@ -90,18 +90,21 @@ where
     pub(crate) fn new(
         inner: S,
         client: Arc<ClientFace>,
-        mut req: Request<B>,
+        req: Request<B>,
         started: Option<tokio::time::Instant>,
     ) -> Self {
         let side_effect = EffectClass::of_request(&req).is_side_effect();
+        let (mut parts, body) = req.into_parts();
         let key = if side_effect {
-            client.check_layer_order(&req);
-            identify(&client, &mut req)
+            client.check_layer_order(&parts.extensions);
+            identify(&client, &mut parts)
         } else {
             Ok(None)
         };
-        let step = match key.and_then(|key| Ok((key, CollectRequest::new(req, client.body_limit)?)))
-        {
+        let step = match key.and_then(|key| {
+            check_declared_length(&parts.headers, &body, client.body_limit)?;
+            Ok((key, CollectRequest::checked(parts, body, client.body_limit)))
+        }) {
             Ok((key, collect)) => Step::Freezing {
                 collect,
                 key,
@@ -354,8 +357,17 @@ pin_project! {
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
     {
-        Calling { #[pin] call: Oneshot<S, Request<Full<Bytes>>> },
-        Buffering { parts: Option<http::response::Parts>, buffer: BufferUpTo<ResB> },
+        // Waiting for the inner service to be ready: nothing has been sent.
+        Readying { inner: Option<S>, request: Option<Request<Full<Bytes>>> },
+        Calling { #[pin] call: S::Future },
+        Buffering {
+            parts: Option<http::response::Parts>,
+            buffer: BufferUpTo<ResB>,
+            // What the answer says once read: "try again" (in doubt unless the body says
+            // nothing ran), and whether the body may name a problem type that releases.
+            retryable: bool,
+            read_problem: bool,
+        },
         Finishing { future: Finishing<ResB> },
         Done,
     }
@@ -396,12 +408,13 @@ where
         mut extensions: Extensions,
         source: ResponseSource,
     ) -> Self {
-        // Dropped before settling (the caller gave up), the guard marks the record in
-        // doubt: the request may already be on the wire.
-        let lease = client.ledger.hold(key, token);
+        // Dropped before settling (the caller gave up), the guard releases the operation
+        // while nothing was sent, and marks it in doubt once the inner service was called:
+        // the request may be on the wire.
+        let lease = client.ledger.hold_unsent(key, token);
         let handoff = Handoff::new(frozen.clone(), !client.provider_deduplicates);
         extensions.insert(handoff.clone());
-        let call = inner.oneshot(frozen.to_request_with(extensions));
+        let request = frozen.to_request_with(extensions);
         Self {
             client,
             track: Some(track),
@@ -409,7 +422,10 @@ where
             handoff,
             source,
             renewal: Renewal::new(),
-            step: ExchangeStep::Calling { call },
+            step: ExchangeStep::Readying {
+                inner: Some(inner),
+                request: Some(request),
+            },
         }
     }
 }
@@ -431,6 +447,29 @@ where
                 .as_ref()
                 .expect("Exchange polled after completion");
             let next = match this.step.as_mut().project() {
+                ExchangeStepProj::Readying { inner, request } => {
+                    let service = inner.as_mut().expect("called once");
+                    match service.poll_ready(cx) {
+                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Ready(Ok(())) => {
+                            // The last moment nothing can have left: from the call on, a
+                            // drop leaves the operation in doubt.
+                            this.lease
+                                .as_mut()
+                                .expect("held until the call is answered")
+                                .sending();
+                            let request = request.take().expect("sent once");
+                            let call = inner.take().expect("called once").call(request);
+                            ExchangeStep::Calling { call }
+                        }
+                        Poll::Ready(Err(error)) => {
+                            let lease = this.lease.take().expect("held until the call");
+                            ExchangeStep::Finishing {
+                                future: not_ready(track, lease, error.into()),
+                            }
+                        }
+                    }
+                }
                 ExchangeStepProj::Calling { call } => {
                     let result = match call.poll(cx) {
                         Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
@@ -441,7 +480,7 @@ where
                     match result {
                         Ok(response) => answered(
                             this.client,
-                            track,
+                            (track, this.handoff),
                             lease,
                             response,
                             *this.source,
@@ -452,14 +491,29 @@ where
                         },
                     }
                 }
-                ExchangeStepProj::Buffering { parts, buffer } => {
+                ExchangeStepProj::Buffering {
+                    parts,
+                    buffer,
+                    retryable,
+                    read_problem,
+                } => {
                     let buffered = match Pin::new(buffer).poll(cx) {
                         Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                         Poll::Ready(buffered) => buffered.map_err(Into::<BoxError>::into),
                     };
                     let lease = this.lease.take().expect("held while the body is read");
                     let parts = parts.take().expect("taken once");
-                    match record(this.client, lease, parts, buffered) {
+                    let read = Read {
+                        retryable: *retryable,
+                        read_problem: *read_problem,
+                    };
+                    match record(
+                        this.client,
+                        (track, this.handoff),
+                        lease,
+                        (parts, read),
+                        buffered,
+                    ) {
                         Ok(response) => {
                             this.step.set(ExchangeStep::Done);
                             let track = this.track.take().expect("given back once");
@@ -479,6 +533,23 @@ where
             this.step.set(next);
         }
     }
+}
+
+/// The inner service refused to become ready: nothing was sent, so release the operation
+/// (a resumed one goes back to doubt: the store never releases what may have been sent).
+fn not_ready<ResB: Send + 'static>(
+    track: &Track,
+    lease: LeaseGuard,
+    error: BoxError,
+) -> Finishing<ResB> {
+    track.decided(Decision::Released);
+    let settling = lease.abandon();
+    Box::pin(async move {
+        if let Err(err) = settling.await {
+            tracing::warn!(%err, "could not release the operation; it will expire into doubt");
+        }
+        Err(into_error(error, crate::phase::FailurePhase::PreWrite))
+    })
 }
 
 /// The call failed: leave the operation in doubt if its bytes may have left, else release
@@ -509,12 +580,48 @@ fn failed<ResB: Send + 'static>(
     })
 }
 
-/// The server answered: leave the operation in doubt when the answer says "try again" (a
-/// later run resends the frozen bytes rather than replaying a 503), else read the body to
-/// record it (the lease goes back in `held`).
+/// What an answer said before its body was read.
+#[derive(Clone, Copy)]
+struct Read {
+    /// "Try again": left in doubt unless the body says nothing ran.
+    retryable: bool,
+    /// A problem response whose type may say nothing ran.
+    read_problem: bool,
+}
+
+/// Settle the lease of an operation whose answer says it never started: released, unless
+/// an earlier attempt may have sent it (sticky: then it stays in doubt).
+fn release_not_started(track: &Track, handoff: &Handoff, lease: LeaseGuard) -> Settling {
+    if handoff.may_have_been_sent() {
+        track.decided(Decision::InDoubt);
+        lease.mark_in_doubt()
+    } else {
+        track.decided(Decision::Released);
+        lease.abandon()
+    }
+}
+
+/// Finish settling, then answer `response` as it came.
+fn settled_then<ResB: Send + 'static>(
+    settling: Settling,
+    response: Response<ResponseBody<ResB>>,
+) -> Finishing<ResB> {
+    Box::pin(async move {
+        if let Err(err) = settling.await {
+            tracing::warn!(%err, "could not settle the operation; it will expire into doubt");
+        }
+        Ok(response)
+    })
+}
+
+/// The server answered. An answer that says the operation never started (see
+/// [`ReleaseOn`](crate::idempotency::ReleaseOn)) releases it; one that says "try again"
+/// leaves it in doubt, so a later run resends the frozen bytes rather than replaying a
+/// 503; any other is read to be recorded (the lease goes back in `held`). A problem
+/// response is read first in either case, to see whether its type says nothing ran.
 fn answered<ResB, S>(
     client: &ClientFace,
-    track: &Track,
+    (track, handoff): (&Track, &Handoff),
     lease: LeaseGuard,
     response: Response<ResB>,
     source: ResponseSource,
@@ -525,19 +632,25 @@ where
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,
 {
     let status = response.status();
+    if client.release_on.releases_status(status) {
+        let settling = release_not_started(track, handoff, lease);
+        let mut response = response.map(ResponseBody::inner);
+        response.extensions_mut().insert(source);
+        return ExchangeStep::Finishing {
+            future: settled_then(settling, response),
+        };
+    }
     // Only answers that mean "come back later" leave the operation open; any other answer,
     // a business `409` ("already exists") included, is its final outcome.
-    if is_retryable_status(status) || is_in_progress_answer(status, response.headers()) {
+    let retryable =
+        is_retryable_status(status) || is_in_progress_answer(status, response.headers());
+    let read_problem = client.release_on.reads_problem(response.headers());
+    if retryable && !read_problem {
         track.decided(Decision::InDoubt);
         let mut response = response.map(ResponseBody::inner);
         response.extensions_mut().insert(source);
         return ExchangeStep::Finishing {
-            future: Box::pin(async move {
-                if let Err(err) = lease.mark_in_doubt().await {
-                    tracing::warn!(%err, "could not mark the operation in doubt");
-                }
-                Ok(response)
-            }),
+            future: settled_then(lease.mark_in_doubt(), response),
         };
     }
     let (mut parts, body) = response.into_parts();
@@ -546,15 +659,20 @@ where
     ExchangeStep::Buffering {
         parts: Some(parts),
         buffer: buffer_up_to(body, client.response_limit),
+        retryable,
+        read_problem,
     }
 }
 
 /// Record the buffered response (or a tombstone) and answer it; a store that awaits, or
-/// whose answer was lost, finishes in a future of its own, as does a lost body.
+/// whose answer was lost, finishes in a future of its own, as does a lost body. A problem
+/// response whose type says nothing ran releases the operation instead, and a "try again"
+/// one leaves it in doubt.
 fn record<ResB: Send + 'static>(
     client: &ClientFace,
+    (track, handoff): (&Track, &Handoff),
     lease: LeaseGuard,
-    parts: http::response::Parts,
+    (parts, read): (http::response::Parts, Read),
     buffered: Result<Buffered<ResB>, BoxError>,
 ) -> Result<Response<ResponseBody<ResB>>, Finishing<ResB>> {
     let buffered = match buffered {
@@ -569,12 +687,30 @@ fn record<ResB: Send + 'static>(
             }));
         }
     };
+    if let Buffered::Whole(bytes) = &buffered {
+        if read.read_problem && client.release_on.releases_problem(bytes) {
+            let settling = release_not_started(track, handoff, lease);
+            let response = Response::from_parts(parts, ResponseBody::buffered(bytes.clone()));
+            return Err(settled_then(settling, response));
+        }
+        if read.retryable {
+            track.decided(Decision::InDoubt);
+            let response = Response::from_parts(parts, ResponseBody::buffered(bytes.clone()));
+            return Err(settled_then(lease.mark_in_doubt(), response));
+        }
+    }
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
             // The record gets its own exact-size copy (see `HeaderBlock::with_body`).
             let recorded = HeaderBlock::with_body(&parts.headers, &bytes);
             let stored = StoredResponse::of_block_with_body(parts.status, parts.version, recorded);
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
+        }
+        Buffered::Overflow(prefix, rest) if read.retryable => {
+            // A "try again" answer too large to read whole: in doubt, as unread.
+            track.decided(Decision::InDoubt);
+            let response = Response::from_parts(parts, ResponseBody::overflow(prefix, rest));
+            return Err(settled_then(lease.mark_in_doubt(), response));
         }
         Buffered::Overflow(prefix, rest) => {
             tracing::info!(

@@ -16,12 +16,12 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::{Buffered, ResponseBody};
 use super::decision::{record_in_layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
 use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::scope::Scope;
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{
     BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
@@ -29,7 +29,6 @@ use crate::digest::{
 use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::frozen::{check_length, CollectRequest, DEFAULT_BODY_LIMIT};
-use crate::key::{hex, update_length_prefixed};
 use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock};
 use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
@@ -178,8 +177,6 @@ pub enum InDoubtPolicy {
     RunAgain,
 }
 
-type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
-
 /// The default bound on requests waiting at once for in-flight keys under
 /// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
 pub const DEFAULT_MAX_WAITERS: usize = 256;
@@ -187,28 +184,6 @@ pub const DEFAULT_MAX_WAITERS: usize = 256;
 /// The default protected window of a server record: how long after it completes it is
 /// never evicted from a store with a memory budget, so the clients' retries find it.
 pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(5 * 60);
-
-/// Whose keys a request's key is among.
-#[derive(Clone)]
-enum Scope {
-    /// A hash of the `Authorization` header; a keyed request without one is refused.
-    Authorization,
-    /// One scope for every caller, chosen explicitly.
-    Unscoped,
-    /// The user's function of the request head.
-    Custom(Arc<ScopeFn>),
-}
-
-impl Scope {
-    /// The scope of a request, or `None` when it has no principal to be scoped by.
-    fn of(&self, parts: &Parts) -> Option<String> {
-        match self {
-            Self::Authorization => authorization_scope(parts),
-            Self::Unscoped => Some(String::new()),
-            Self::Custom(scope) => Some(scope(parts)),
-        }
-    }
-}
 
 /// The server face's configuration (see [`ServerBuilder`] and the
 /// [module docs](crate::idempotency#the-server-face)).
@@ -322,24 +297,6 @@ impl fmt::Debug for ServerBuilder {
             .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
-}
-
-/// The default scope: a hash of the `Authorization` header's values, so each credential
-/// gets its own keys and the credential itself is never part of a key input kept anywhere.
-/// Without the header there is no principal: `None`, and the request is refused.
-fn authorization_scope(parts: &Parts) -> Option<String> {
-    let mut values = parts
-        .headers
-        .get_all(header::AUTHORIZATION)
-        .iter()
-        .peekable();
-    values.peek()?;
-    let mut hasher = Sha256::new();
-    hasher.update(b"tower-idempotency/scope/authorization/v1");
-    for value in values {
-        update_length_prefixed(&mut hasher, value.as_bytes());
-    }
-    Some(hex(&hasher.finalize()))
 }
 
 /// The request target as the client sent it. A router that nests this layer under a
@@ -1157,30 +1114,6 @@ mod tests {
     use super::*;
     use crate::ledger::MemoryStore;
     use http::{StatusCode, Version};
-
-    fn parts(auth: &[&'static str]) -> Parts {
-        let mut req = Request::post("/charges");
-        for value in auth {
-            req = req.header(header::AUTHORIZATION, *value);
-        }
-        req.body(()).unwrap().into_parts().0
-    }
-
-    #[test]
-    fn default_scope_hashes_credentials_and_never_holds_them() {
-        assert_eq!(authorization_scope(&parts(&[])), None);
-        let a = authorization_scope(&parts(&["Bearer a"]));
-        let b = authorization_scope(&parts(&["Bearer b"]));
-        assert_ne!(a, b);
-        assert_eq!(a, authorization_scope(&parts(&["Bearer a"])));
-        assert_ne!(
-            authorization_scope(&parts(&["a", "b"])),
-            authorization_scope(&parts(&["ab"]))
-        );
-        let a = a.unwrap();
-        assert_eq!(a.len(), 64);
-        assert!(!a.contains("Bearer"));
-    }
 
     #[test]
     fn build_refuses_unsafe_settings() {

@@ -11,6 +11,8 @@
 //!     PORT=3002 cargo run --features redis-cluster --example axum_server
 //! # the charges table and the ledger in one PostgreSQL database, committed together:
 //! LEDGER=postgres DATABASE_URL=postgres://app@127.0.0.1/payments cargo run --features postgres --example axum_server
+//! # or PostgreSQL as a plain shared ledger (charges kept in memory, as with Redis):
+//! LEDGER=postgres-store DATABASE_URL=postgres://app@127.0.0.1/payments cargo run --features postgres --example axum_server
 //!
 //! curl -i localhost:3000/charges -H 'authorization: tenant-a' \
 //!      -H 'idempotency-key: "order-42-charge"' -H 'content-type: application/json' \
@@ -27,6 +29,7 @@
 //! - `IN_FLIGHT=409` (the default) answers a duplicate of a charge still in progress with
 //!   `409` and `Retry-After`, as the IETF draft says; `IN_FLIGHT=wait` makes it wait (up to
 //!   `IN_FLIGHT_WAIT_MS`, default 10 000) for the first request's response and replay it.
+//!   Both apply with every `LEDGER`.
 //!
 //! Authentication runs **outside** the idempotency layer, so the layer can scope keys by
 //! the authenticated tenant (one tenant's key never meets another's) and unauthenticated
@@ -36,7 +39,12 @@
 //! ledger's database, and the idempotency layer runs in transactional mode: the handler
 //! inserts the charge in the request's transaction, and the layer records the response in
 //! the same transaction before it commits. A crash before the commit leaves neither the
-//! charge nor a record (the retry charges once); after it, the retry replays.
+//! charge nor a record (the retry charges once); after it, the retry replays. Any number
+//! of instances may start at once on a fresh database: the ledger's migration and the
+//! `charges` table are each created by one of them while the others wait.
+//! `LEDGER=postgres-store` uses the same database as a plain shared ledger instead
+//! ([`PostgresStore`](tower_idempotency::ledger::PostgresStore) behind
+//! [`app_with`]), with the charges in memory as in the other modes.
 //!
 //! The tests in `tests/server.rs` include this file and drive [`app`] over real TCP;
 //! `tests/postgres_server.rs` runs the PostgreSQL mode in a real process and kills it.
@@ -199,17 +207,22 @@ async fn list_charges(
     Json(of_order)
 }
 
-/// The ledger: the one place that decides which store backs the service: the embedded store for one process, or Redis (`LEDGER=redis` and
-/// `REDIS_URL`, with the `redis` feature) so several instances share one ledger, or a Redis
-/// Cluster (`LEDGER=redis-cluster` and `REDIS_CLUSTER_URLS`, with the `redis-cluster` feature).
+/// The ledger: the one place that decides which store backs the service: the embedded
+/// store for one process, or Redis (`LEDGER=redis` and `REDIS_URL`, with the `redis`
+/// feature) so several instances share one ledger, or a Redis Cluster
+/// (`LEDGER=redis-cluster` and `REDIS_CLUSTER_URLS`, with the `redis-cluster` feature), or
+/// PostgreSQL (`LEDGER=postgres-store` and `DATABASE_URL`, with the `postgres` feature).
+/// `LEDGER=postgres` is the transactional mode, served by [`postgres::app_with`] instead.
 #[allow(dead_code)]
 async fn ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
     match std::env::var("LEDGER").as_deref() {
         Ok("redis") => redis_ledger().await,
         Ok("redis-cluster") => redis_cluster_ledger().await,
+        Ok("postgres-store") => postgres_ledger().await,
         Ok("memory") | Err(_) => Ok(Arc::new(MemoryStore::new())),
         Ok(other) => Err(format!(
-            "LEDGER={other:?}: expected `memory`, `redis`, `redis-cluster` or `postgres`"
+            "LEDGER={other:?}: expected `memory`, `redis`, `redis-cluster`, `postgres` or \
+             `postgres-store`"
         )
         .into()),
     }
@@ -231,6 +244,31 @@ async fn redis_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
 async fn redis_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
     Err(
         "LEDGER=redis needs the `redis` feature: cargo run --features redis --example axum_server"
+            .into(),
+    )
+}
+
+/// `LEDGER=postgres-store`: the ledger's schema in `DATABASE_URL`'s database, migrated by
+/// whichever instance gets there first.
+#[allow(dead_code)]
+#[cfg(feature = "postgres")]
+async fn postgres_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
+    let url =
+        std::env::var("DATABASE_URL").map_err(|_| "LEDGER=postgres-store needs DATABASE_URL")?;
+    let store = tower_idempotency::ledger::PostgresStore::builder(url)
+        .schema("payments_idem")
+        .connect()
+        .await?;
+    store.migrate().await?;
+    Ok(Arc::new(store))
+}
+
+#[allow(dead_code)]
+#[cfg(not(feature = "postgres"))]
+async fn postgres_ledger() -> Result<Arc<dyn IdempotencyStore>, BoxError> {
+    Err(
+        "LEDGER=postgres-store needs the `postgres` feature: cargo run --features postgres \
+         --example axum_server"
             .into(),
     )
 }
@@ -300,7 +338,7 @@ async fn main() -> Result<(), BoxError> {
     let latency = Duration::from_millis(env_or("CHARGE_LATENCY_MS", 20)?);
 
     let router = match std::env::var("LEDGER").as_deref() {
-        Ok("postgres") => postgres_app_from_env(latency).await?,
+        Ok("postgres") => postgres_app_from_env(latency, in_flight_policy()?).await?,
         _ => app_with(ledger().await?, latency, in_flight_policy()?),
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
@@ -316,7 +354,10 @@ async fn main() -> Result<(), BoxError> {
 /// `LEDGER=postgres`: the transactional service on `DATABASE_URL`.
 #[allow(dead_code)]
 #[cfg(feature = "postgres")]
-async fn postgres_app_from_env(latency: Duration) -> Result<Router, BoxError> {
+async fn postgres_app_from_env(
+    latency: Duration,
+    in_flight: BusyPolicy,
+) -> Result<Router, BoxError> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "LEDGER=postgres needs DATABASE_URL")?;
     let store = tower_idempotency::ledger::PostgresStore::builder(url)
         .schema("payments_idem")
@@ -325,12 +366,15 @@ async fn postgres_app_from_env(latency: Duration) -> Result<Router, BoxError> {
     // Test hook: wait this long after the charge is written, before answering (and so
     // before the commit), so a test can kill the process in between.
     let hold = Duration::from_millis(env_or("CHARGE_HOLD_AFTER_WRITE_MS", 0)?);
-    postgres::app(store, latency, hold).await
+    postgres::app_with(store, latency, hold, in_flight).await
 }
 
 #[allow(dead_code)]
 #[cfg(not(feature = "postgres"))]
-async fn postgres_app_from_env(_latency: Duration) -> Result<Router, BoxError> {
+async fn postgres_app_from_env(
+    _latency: Duration,
+    _in_flight: BusyPolicy,
+) -> Result<Router, BoxError> {
     Err("LEDGER=postgres needs the `postgres` feature: cargo run --features postgres --example axum_server".into())
 }
 
@@ -349,26 +393,28 @@ pub mod postgres {
 
     /// The service on `store`'s database: migrates the ledger's schema and creates the
     /// `charges` table if needed. `hold_after_write` delays the answer after the charge is
-    /// written (a test hook; zero in production).
+    /// written (a test hook; zero in production). A duplicate of a charge in progress gets
+    /// `409`.
+    #[allow(dead_code)]
     pub async fn app(
         store: PostgresStore,
         provider_latency: Duration,
         hold_after_write: Duration,
     ) -> Result<Router, BoxError> {
+        app_with(store, provider_latency, hold_after_write, BusyPolicy::Fail).await
+    }
+
+    /// [`app`], with duplicates of an in-flight charge handled per `in_flight`.
+    pub async fn app_with(
+        store: PostgresStore,
+        provider_latency: Duration,
+        hold_after_write: Duration,
+        in_flight: BusyPolicy,
+    ) -> Result<Router, BoxError> {
         store.migrate().await?;
-        store
-            .pool()
-            .get()
-            .await?
-            .batch_execute(
-                "CREATE TABLE IF NOT EXISTS charges (
-                     charge_id    bigserial PRIMARY KEY,
-                     tenant       text   NOT NULL,
-                     order_id     text   NOT NULL,
-                     amount_cents bigint NOT NULL)",
-            )
-            .await?;
+        create_charges_table(&store).await?;
         let idempotency = IdempotencyLayer::transactional_server_builder(store.clone())
+            .busy_policy(in_flight)
             .scope(|parts| {
                 parts
                     .extensions
@@ -389,6 +435,34 @@ pub mod postgres {
             .get(list_charges)
             .route_layer(middleware::from_fn(authenticate));
         Ok(Router::new().route("/charges", route).with_state(charges))
+    }
+
+    /// Create the `charges` table unless it exists. `CREATE TABLE IF NOT EXISTS` is not
+    /// safe against itself: two instances starting together on a fresh database may both
+    /// find the table missing, and the second then fails on the first's row type
+    /// (`pg_type_typname_nsp_index`). So they take turns under a transaction-scoped
+    /// advisory lock, as the ledger's own migration does.
+    async fn create_charges_table(store: &PostgresStore) -> Result<(), BoxError> {
+        let mut client = store.pool().get().await?;
+        let tx = client.transaction().await?;
+        // DDL may wait on the lock longer than a ledger call is allowed to take.
+        tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
+            .await?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('payments demo: charges'))",
+            &[],
+        )
+        .await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS charges (
+                 charge_id    bigserial PRIMARY KEY,
+                 tenant       text   NOT NULL,
+                 order_id     text   NOT NULL,
+                 amount_cents bigint NOT NULL)",
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     fn failed(err: impl std::fmt::Display) -> (StatusCode, String) {

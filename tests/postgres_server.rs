@@ -317,3 +317,38 @@ async fn a_rejected_payload_is_recorded_and_a_failed_handler_leaves_nothing() {
     assert!(!head.contains("idempotent-replayed"), "{head}");
     assert!(charges_of(&url, &order).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_on_a_fresh_database_all_start() {
+    // A database of its own: fresh, with no `charges` table yet.
+    let Some(server) = postgres_support::PostgresServer::spawn().await else {
+        return;
+    };
+    let url = server.url();
+    let schema = postgres_support::fresh_schema();
+    // Started at the same instant, each migrates the ledger and creates the table.
+    let replicas: Vec<_> = (0..3)
+        .map(|_| {
+            let (url, schema) = (url.clone(), schema.clone());
+            std::thread::spawn(move || DemoServer::start(&url, &schema, Duration::ZERO))
+        })
+        .collect();
+    let replicas: Vec<DemoServer> = replicas
+        .into_iter()
+        .map(|replica| replica.join().expect("every replica started"))
+        .collect();
+    // And they serve: a charge through one replays through another.
+    let order = format!("order-{:08x}", fastrand::u32(..));
+    let body = format!("{{\"order_id\":\"{order}\",\"amount_cents\":700}}");
+    let (status, _, charged) = post_charge(replicas[0].addr, "together", &body)
+        .await
+        .expect("answered");
+    assert_eq!(status, 201, "{charged}");
+    let (status, head, replayed) = post_charge(replicas[2].addr, "together", &body)
+        .await
+        .expect("answered");
+    assert_eq!(status, 201);
+    assert!(head.contains("idempotent-replayed: true"), "{head}");
+    assert_eq!(replayed, charged);
+    assert_eq!(charges_of(&url, &order).await.len(), 1);
+}

@@ -13,6 +13,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
+use tower_idempotency::idempotency::ServerFace;
 use tower_idempotency::ledger::{PostgresStore, PostgresTransaction};
 use tower_idempotency::{BusyPolicy, IdempotencyLayer};
 
@@ -230,4 +231,255 @@ async fn fail_open_is_refused_and_the_store_bounds_its_connections() {
     };
     assert_eq!(show("statement_timeout").await, "750ms");
     assert_eq!(show("lock_timeout").await, "40ms");
+}
+
+/// Serve `/notes` behind `layer`: the handler writes a note for the request's key through
+/// its transaction, then takes `handling` (unless the key starts with `quick`) before
+/// answering `201`.
+async fn serve_notes(
+    schema: String,
+    handling: Duration,
+    layer: IdempotencyLayer<ServerFace>,
+) -> SocketAddr {
+    let app = Router::new()
+        .route(
+            "/notes",
+            post(
+                move |tx: PostgresTransaction, headers: axum::http::HeaderMap| async move {
+                    let key = headers["idempotency-key"].to_str().unwrap();
+                    let key = key.trim_matches('"').to_owned();
+                    write_note(&tx, &schema, &key).await;
+                    if !key.starts_with("quick") {
+                        tokio::time::sleep(handling).await;
+                    }
+                    (StatusCode::CREATED, format!("noted {key}"))
+                },
+            ),
+        )
+        .route_layer(layer);
+    serve(app).await
+}
+
+async fn problem_type(response: reqwest::Response) -> String {
+    let body = response.bytes().await.expect("a problem body");
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    body["type"].as_str().expect("a type").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_outlasts_the_operation_timeout_and_replays() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    // Each ledger call may take 400 ms; the duplicate may wait 5 s.
+    let store = PostgresStore::builder(pg.url())
+        .schema(postgres_support::fresh_schema())
+        .operation_timeout(Duration::from_millis(400))
+        .connect()
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let table = format!("{}.notes", store.schema());
+    store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .batch_execute(&format!("CREATE TABLE {table} (key text NOT NULL)"))
+        .await
+        .expect("create the table");
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
+        .build()
+        .expect("layer");
+    let addr = serve_notes(
+        store.schema().to_owned(),
+        Duration::from_millis(1500),
+        layer,
+    )
+    .await;
+    let first = tokio::spawn(async move { post_with_key(addr, "/notes", "long").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = post_with_key(addr, "/notes", "long").await;
+    assert_eq!(
+        second.status(),
+        201,
+        "the duplicate waited for the first's commit, past the store's operation timeout"
+    );
+    assert!(replayed(&second));
+    assert_eq!(second.text().await.expect("body"), "noted long");
+    assert_eq!(first.await.expect("first").status(), 201);
+    assert_eq!(notes(&store, "long").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_bounded_and_hold_no_pooled_connection() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    // Two connections: the slow request's transaction holds one for its whole handler.
+    let store = PostgresStore::builder(pg.url())
+        .schema(postgres_support::fresh_schema())
+        .pool_size(2)
+        .operation_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let table = format!("{}.notes", store.schema());
+    store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .batch_execute(&format!("CREATE TABLE {table} (key text NOT NULL)"))
+        .await
+        .expect("create the table");
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
+        .max_waiters(1)
+        .build()
+        .expect("layer");
+    let addr = serve_notes(
+        store.schema().to_owned(),
+        Duration::from_millis(1500),
+        layer,
+    )
+    .await;
+    let first = tokio::spawn(async move { post_with_key(addr, "/notes", "slow").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let duplicates: Vec<_> = (0..3)
+        .map(|_| {
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                let response = post_with_key(addr, "/notes", "slow").await;
+                (response, started.elapsed())
+            })
+        })
+        .collect();
+    // Meanwhile another key is served: the waiter does not sit on the second connection.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let other = post_with_key(addr, "/notes", "quick-other").await;
+    assert_eq!(
+        other.status(),
+        201,
+        "another key is not starved by a waiter"
+    );
+    assert!(!replayed(&other));
+
+    let (mut replays, mut refused) = (0, 0);
+    for duplicate in duplicates {
+        let (response, took) = duplicate.await.expect("duplicate");
+        match response.status().as_u16() {
+            201 => {
+                assert!(replayed(&response));
+                replays += 1;
+            }
+            409 => {
+                assert!(response.headers().contains_key("retry-after"));
+                assert!(
+                    took < Duration::from_millis(700),
+                    "refused at once, not after waiting ({took:?})"
+                );
+                refused += 1;
+            }
+            other => panic!(
+                "a duplicate got {other} after {took:?}: {}",
+                response.text().await.unwrap_or_default()
+            ),
+        }
+    }
+    assert_eq!((replays, refused), (1, 2), "one waiter, two refused");
+    assert_eq!(first.await.expect("first").status(), 201);
+    assert_eq!(notes(&store, "slow").await, 1);
+    assert_eq!(notes(&store, "quick-other").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_409_leaves_no_error_in_postgresql_s_log() {
+    // Its own server, to read its log.
+    let Some(server) = postgres_support::PostgresServer::spawn().await else {
+        return;
+    };
+    let store = database(&server.url()).await;
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .build()
+        .expect("layer");
+    let addr = serve_notes(store.schema().to_owned(), Duration::from_millis(600), layer).await;
+    let first = tokio::spawn(async move { post_with_key(addr, "/notes", "busy").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = tokio::time::Instant::now();
+    let duplicate = post_with_key(addr, "/notes", "busy").await;
+    assert_eq!(duplicate.status(), 409);
+    assert!(duplicate.headers().contains_key("retry-after"));
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "answered at once"
+    );
+    assert_eq!(first.await.expect("first").status(), 201);
+    let log = server.log_text();
+    let errors: Vec<_> = log.lines().filter(|line| line.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "PostgreSQL logged: {errors:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_commit_unknown_and_the_retry_replays() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = PostgresStore::builder(pg.url())
+        .schema(postgres_support::fresh_schema())
+        .operation_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let schema = store.schema().to_owned();
+    // Every commit with a note in it takes 1 s (a deferred trigger): past the store's
+    // bound, so the layer gives up on the commit's answer, and the commit then lands.
+    store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .batch_execute(&format!(
+            "CREATE TABLE {schema}.notes (key text NOT NULL);
+             CREATE FUNCTION {schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {schema}.notes
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+                 EXECUTE FUNCTION {schema}.slow_commit();"
+        ))
+        .await
+        .expect("create the table");
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .build()
+        .expect("layer");
+    let addr = serve_notes(schema, Duration::ZERO, layer).await;
+    let first = post_with_key(addr, "/notes", "lost").await;
+    assert_eq!(first.status(), 503);
+    assert!(first.headers().contains_key("retry-after"));
+    assert_eq!(
+        problem_type(first).await,
+        tower_idempotency::idempotency::problem::COMMIT_UNKNOWN,
+        "not `ledger-unavailable`: the request may have been handled"
+    );
+    // The commit landed after all: the retry (once the commit is over) replays it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let retry = loop {
+        let retry = post_with_key(addr, "/notes", "lost").await;
+        if retry.status() != 409 {
+            break retry;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still busy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(retry.status(), 201);
+    assert!(replayed(&retry));
+    assert_eq!(retry.text().await.expect("body"), "noted lost");
+    assert_eq!(notes(&store, "lost").await, 1);
 }

@@ -116,7 +116,8 @@ impl WaiterLimit {
         }
     }
 
-    fn try_enter(&self) -> Option<WaiterPermit> {
+    /// A place among the waiters, or `None` when they are all taken.
+    pub(crate) fn try_enter(&self) -> Option<WaiterPermit> {
         // A counter, not a synchronisation point: relaxed is enough.
         use std::sync::atomic::Ordering::Relaxed;
         self.waiting
@@ -127,7 +128,7 @@ impl WaiterLimit {
 }
 
 /// One place among the waiters, given back when the wait ends (however it ends).
-struct WaiterPermit(Arc<std::sync::atomic::AtomicUsize>);
+pub(crate) struct WaiterPermit(Arc<std::sync::atomic::AtomicUsize>);
 
 impl Drop for WaiterPermit {
     fn drop(&mut self) {

@@ -18,7 +18,8 @@
 //! - [`postgres_url`] gives a URL to run against: `DATABASE_URL` when it is set, otherwise a
 //!   private server. Tests must not assume an empty database: each uses its own schema
 //!   ([`fresh_schema`]), since `DATABASE_URL` may point at a shared one.
-//! - [`PostgresServer::spawn`] always starts a private server: `initdb` in a temporary
+//! - [`PostgresServer::spawn`] always starts a private server (for tests that kill,
+//!   restart, pause it or read its log): `initdb` in a temporary
 //!   directory, then `pg_ctl start` on a free loopback port (no Unix socket in a shared
 //!   place), with `fsync` off (a test's data need not survive a power cut). PostgreSQL
 //!   refuses to run as root, so under root both run as the `postgres` user (`runuser`).
@@ -176,6 +177,81 @@ impl PostgresServer {
         assert!(started, "PostgreSQL did not restart on port {}", self.port);
     }
 
+    /// Kill the server and every process of it with `SIGKILL`: no shutdown of any kind,
+    /// like a machine losing power (committed transactions survive through the
+    /// write-ahead log). [`restart`](Self::restart) brings it back, after crash recovery.
+    pub fn kill(&mut self) {
+        let processes = self.processes();
+        signal("KILL", &processes);
+        // Wait until they are dead (gone, or zombies nobody reaped yet), so a restart does
+        // not find the old postmaster's shared memory still attached.
+        let alive = |pid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                let state = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next());
+                !matches!(state, Some("Z" | "X"))
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while processes.iter().any(alive) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "PostgreSQL's processes outlived SIGKILL"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Freeze the server and every process of it (`SIGSTOP`): connections stay open and
+    /// nothing answers, as in a long stall of the machine. Undo with [`resume`](Self::resume).
+    pub fn pause(&self) {
+        signal("STOP", &self.processes());
+    }
+
+    /// Let a [paused](Self::pause) server run again.
+    pub fn resume(&self) {
+        signal("CONT", &self.processes());
+    }
+
+    /// The server's log so far (`ERROR` lines included: PostgreSQL logs every failed
+    /// statement).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+
+    /// The postmaster and its children: the first line of `postmaster.pid`, and every
+    /// process whose parent it is (from `/proc`).
+    fn processes(&self) -> Vec<u32> {
+        let Some(postmaster) = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()
+            .and_then(|pid| pid.lines().next()?.trim().parse::<u32>().ok())
+        else {
+            return Vec::new();
+        };
+        let mut processes = vec![postmaster];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // `pid (comm) state ppid …`; the command may hold spaces and parentheses.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            if parent == Some(postmaster) {
+                processes.push(pid);
+            }
+        }
+        processes
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.join("data")
     }
@@ -264,6 +340,19 @@ fn run(command: &mut Command) {
         "{command:?} failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Send `SIG<name>` to `processes`; those already gone are ignored.
+fn signal(name: &str, processes: &[u32]) {
+    if processes.is_empty() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .args(processes.iter().map(u32::to_string))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 fn free_port() -> u16 {

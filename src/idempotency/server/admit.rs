@@ -322,8 +322,8 @@ fn claim_in_place(server: &Arc<ServerFace>, begin: BeginRequest) -> Result<Claim
         let server = server.clone();
         return Err(Box::pin(async move {
             let database = server.transactional.as_ref().expect("checked above");
-            match super::transactional::claim(database, &begin, server.busy).await {
-                Ok((answer, transaction)) => (Ok(answer), Some(transaction)),
+            match super::transactional::claim(&server, database, &begin).await {
+                Ok((answer, transaction)) => (Ok(answer), transaction),
                 Err(err) => (Err(err), None),
             }
         }));

@@ -694,12 +694,15 @@ impl IdempotencyLayer<ServerFace> {
     ///   [`ServerErrorPolicy`] does not apply: the rollback proves nothing happened).
     /// - A process that dies before the commit leaves nothing (PostgreSQL rolls back), so
     ///   no key is ever left in doubt by this mode.
-    /// - A duplicate arriving while the first runs waits for its commit up to the
-    ///   [`BusyPolicy::Wait`] bound and replays it, or is answered `409` under
-    ///   [`BusyPolicy::Fail`] (the default) after the store's
-    ///   [`lock_wait`](crate::ledger::PostgresStoreBuilder::lock_wait) (100 ms).
-    /// - A commit that fails (or whose answer is lost) is answered `503` with
-    ///   `Retry-After`: the retry then replays the record or, finding none, runs again.
+    /// - A duplicate arriving while the first runs is answered `409` at once under
+    ///   [`BusyPolicy::Fail`] (the default); under [`BusyPolicy::Wait`] it waits for the
+    ///   commit, up to the bound, and replays it (still busy then, `409`). Waiters hold no
+    ///   pooled connection and count against [`max_waiters`](ServerBuilder::max_waiters).
+    /// - A commit PostgreSQL refuses is answered `503`
+    ///   [`ledger-unavailable`](problem::LEDGER_UNAVAILABLE) (nothing happened); a commit
+    ///   whose answer is lost, `503` [`commit-unknown`](problem::COMMIT_UNKNOWN) (it may
+    ///   have happened). Both carry `Retry-After`: the retry replays the record or,
+    ///   finding none, runs again.
     ///
     /// Every other setting of [`ServerBuilder`] applies as usual. Only the transaction's
     /// writes are covered: calls the handler makes to other systems are not undone by a

@@ -31,6 +31,7 @@
 //! | 400 | `#scope-missing` | [`SCOPE_MISSING`] |
 //! | 400 | `#content-digest-mismatch` | [`CONTENT_DIGEST_MISMATCH`] |
 //! | 400 | `#content-digest-invalid` | [`CONTENT_DIGEST_INVALID`] |
+//! | 503 | `#commit-unknown` | [`COMMIT_UNKNOWN`] |
 //!
 //! # key-missing
 //!
@@ -127,6 +128,16 @@
 //! `sha-256` or `sha-512` member is not a byte sequence of that algorithm's length.
 //! Members of other algorithms are ignored, never refused. The handler was not called and
 //! the ledger was not touched.
+//!
+//! # commit-unknown
+//!
+//! **503**, with `Retry-After`. Only in the
+//! [transactional mode](crate::IdempotencyLayer::transactional_server_builder): the handler
+//! ran, and the transaction holding its writes and its recorded response was sent its
+//! `COMMIT`, but the answer was lost (the connection to the database failed, or the
+//! database did not answer in time). The request **may have been handled**. Retry with the
+//! same key: if the commit landed you get the recorded response, and if it did not, the
+//! request runs again (nothing of the first attempt was kept). Never retry under a new key.
 
 use std::time::Duration;
 
@@ -182,6 +193,9 @@ problem_types! {
     CONTENT_DIGEST_MISMATCH = "content-digest-mismatch";
     /// 400: the `Content-Digest` is malformed ([docs](self#content-digest-invalid)).
     CONTENT_DIGEST_INVALID = "content-digest-invalid";
+    /// 503: the request's commit was sent and not answered; it may have been handled
+    /// ([docs](self#commit-unknown)).
+    COMMIT_UNKNOWN = "commit-unknown";
 }
 
 /// The media type of every problem body.
@@ -350,6 +364,20 @@ pub(crate) fn ledger_unavailable<T>(retry_after: Duration) -> Response<ResponseB
     with_retry_after(response, retry_after)
 }
 
+/// The transactional mode's commit was sent and not answered (see [`COMMIT_UNKNOWN`]).
+#[cfg(feature = "postgres")]
+pub(crate) fn commit_unknown<T>(retry_after: Duration) -> Response<ResponseBody<T>> {
+    let response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        COMMIT_UNKNOWN,
+        "Outcome of the request's commit unknown",
+        "the request was handled, but the answer to its commit was lost: it may have taken effect. Retry later with the same key: you get its recorded response if it did, or it runs again if it did not"
+            .to_owned(),
+        None,
+    );
+    with_retry_after(response, retry_after)
+}
+
 pub(crate) fn ledger_full<T>(retry_after: Duration) -> Response<ResponseBody<T>> {
     let response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -439,6 +467,7 @@ mod tests {
             (LEDGER_UNAVAILABLE, "ledger-unavailable"),
             (CONTENT_DIGEST_MISMATCH, "content-digest-mismatch"),
             (CONTENT_DIGEST_INVALID, "content-digest-invalid"),
+            (COMMIT_UNKNOWN, "commit-unknown"),
         ] {
             assert_eq!(uri.rsplit_once('#').unwrap().1, fragment);
             assert_eq!(

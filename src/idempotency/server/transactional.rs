@@ -3,10 +3,12 @@
 //! [`IdempotencyLayer::transactional_server_builder`](crate::IdempotencyLayer::transactional_server_builder)).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::RequestBody;
@@ -14,26 +16,53 @@ use super::{outcome, problem, recording, settled, ServerFace};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, ResponseBody};
 use crate::idempotency::engine::BusyPolicy;
-use crate::ledger::postgres::OpenTransaction;
+use crate::ledger::postgres::{CommitError, OpenTransaction};
 use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, PostgresStore, StoreError};
 use crate::BoxError;
 
-/// Open the request's transaction with its claim.
+/// The first pause between two claims of a key another transaction holds, under
+/// [`BusyPolicy::Wait`]; it doubles up to [`MAX_BUSY_POLL`].
+const FIRST_BUSY_POLL: Duration = Duration::from_millis(10);
+const MAX_BUSY_POLL: Duration = Duration::from_millis(200);
+
+/// Open the request's transaction with its claim. A key another request holds is busy at
+/// once (the claim never waits on it in the database); under [`BusyPolicy::Wait`] the
+/// claim is made again, backing off, until it is not busy or the bound runs out. Between
+/// two tries a waiter holds no connection (its transaction is rolled back) but a place
+/// among the layer's [waiters](super::ServerBuilder::max_waiters): past that bound it is
+/// answered busy at once.
 pub(super) async fn claim(
+    server: &ServerFace,
     database: &PostgresStore,
     begin: &BeginRequest,
-    busy: BusyPolicy,
-) -> Result<(Begin, OpenTransaction), StoreError> {
-    // Under `Fail`, the store's lock wait (100 ms by default): long enough to ride out the
-    // brief locks of a sweep or of the table growing under I/O pressure (a fresh key must
-    // not be answered busy), short enough to be "at once" for a duplicate's client.
-    let lock_wait = match busy {
-        // Waiting on the first request's row lock is waiting for its commit, after which
-        // the claim reads its record and replays it: no polling.
-        BusyPolicy::Wait(limit) => limit.max(database.lock_wait()),
-        BusyPolicy::Fail => database.lock_wait(),
+) -> Result<(Begin, Option<OpenTransaction>), StoreError> {
+    let give_up_at = match server.busy {
+        BusyPolicy::Wait(limit) => Instant::now() + limit,
+        BusyPolicy::Fail => Instant::now(),
     };
-    database.begin_in_transaction(begin, lock_wait).await
+    let mut pause = FIRST_BUSY_POLL;
+    let mut permit = None;
+    loop {
+        let (answer, transaction) = database.begin_in_transaction(begin).await?;
+        if !matches!(answer, Begin::Busy { .. }) {
+            return Ok((answer, Some(transaction)));
+        }
+        // Rolled back now: the connection goes back to the pool while we wait.
+        drop(transaction);
+        let now = Instant::now();
+        if now >= give_up_at {
+            return Ok((answer, None));
+        }
+        if let (None, Some(limit)) = (&permit, &server.ledger.waiters) {
+            match limit.try_enter() {
+                Some(entered) => permit = Some(entered),
+                // A storm of duplicates: answer busy now rather than queue one more.
+                None => return Ok((answer, None)),
+            }
+        }
+        tokio::time::sleep(pause.min(give_up_at - now)).await;
+        pause = (pause * 2).min(MAX_BUSY_POLL);
+    }
 }
 
 /// Run the handler with the transaction in its request, then commit its writes with the
@@ -112,14 +141,22 @@ where
             settled(how);
             Response::from_parts(parts, body)
         }
-        Err(err) => {
-            // Rolled back, or unknown: either way the retry is right (it replays the
-            // record, or finds none and runs again). The handler's answer must not reach
-            // the client as if it had happened.
-            tracing::error!(%err, "the request's transaction did not commit");
+        Err(CommitError::RolledBack(err)) => {
+            // Nothing happened: the retry runs the handler again, and that is right. The
+            // handler's answer must not reach the client as if it had happened.
+            tracing::error!(%err, "the request's transaction was rolled back at its commit");
             settled("rolled-back");
             outcome("transaction-failed");
             problem::ledger_unavailable(server.retry_after)
+        }
+        Err(CommitError::Unknown(err)) => {
+            // It may have committed: the retry replays the record, or, finding none, runs
+            // the handler again; either is right. But this caller must not be told that
+            // nothing happened, nor be shown the handler's answer as certain.
+            tracing::error!(%err, "the request's commit was sent but not answered");
+            settled("commit-unknown");
+            outcome("commit-unknown");
+            problem::commit_unknown(server.retry_after)
         }
     }
 }

@@ -82,9 +82,15 @@
 //! - a handler that fails (a `5xx`, an error, a panic) or asks for a rollback
 //!   ([`PostgresTransaction::set_rollback_only`]) leaves no record and none of its writes.
 //!
-//! While the transaction is open, its claim is an uncommitted row: a duplicate request
-//! waits up to the busy policy's bound for it to commit (then replays), or is answered
-//! `409` after the [`lock_wait`](PostgresStoreBuilder::lock_wait).
+//! While the transaction is open, its claim is an uncommitted row, and the transaction
+//! holds the key's advisory lock (`pg_try_advisory_xact_lock`, taken by the claim without
+//! waiting). A duplicate request finds the lock taken at once and is busy: answered `409`
+//! under [`BusyPolicy::Fail`](crate::BusyPolicy::Fail), or, under
+//! [`BusyPolicy::Wait`](crate::BusyPolicy::Wait), asks again (backing off, up to 200 ms
+//! apart) until the first commits and it replays, or the bound runs out (then `409`). A
+//! waiting duplicate holds no pooled connection between its tries, and counts against
+//! [`max_waiters`](crate::idempotency::ServerBuilder::max_waiters). A `409` leaves no
+//! error in PostgreSQL's log.
 //!
 //! # Durability, failover, clocks
 //!
@@ -120,7 +126,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Socket};
 
-pub(crate) use transaction::OpenTransaction;
+pub(crate) use transaction::{CommitError, OpenTransaction};
 pub use transaction::{PostgresTransaction, TransactionClient};
 
 use super::{
@@ -185,6 +191,11 @@ struct Inner {
 /// The SQL of every call, with the schema filled in once.
 struct Statements {
     begin: String,
+    /// `begin` in the transactional mode: run only under the key's advisory lock, taken
+    /// without waiting (the `InitPlan`'s one-time filter is checked before `begin_op` is
+    /// called: no lock, no row, and no wait), and lifting the store's bounds for the
+    /// handler's statements once it has answered.
+    claim: String,
     complete: String,
     abandon: String,
     mark_in_doubt: String,
@@ -199,6 +210,13 @@ impl Statements {
             begin: format!(
                 "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome \
                  FROM {schema}.begin_op($1, $2, $3, $4, $5, $6, $7)"
+            ),
+            claim: format!(
+                "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome, \
+                 set_config('statement_timeout', '0', true), \
+                 set_config('lock_timeout', '0', true) \
+                 FROM {schema}.begin_op($1, $2, $3, $4, $5, $6, $7) \
+                 WHERE (SELECT pg_try_advisory_xact_lock($8))"
             ),
             complete: format!("SELECT {schema}.complete_op($1, $2, $3, $4, $5, $6)"),
             abandon: format!("SELECT {schema}.abandon_op($1, $2)"),
@@ -449,11 +467,6 @@ impl PostgresStore {
         &self.inner.schema
     }
 
-    /// See [`PostgresStoreBuilder::lock_wait`].
-    pub(crate) fn lock_wait(&self) -> Duration {
-        self.inner.lock_wait
-    }
-
     async fn bounded<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, StoreError>>,
@@ -589,7 +602,9 @@ impl PostgresStoreBuilder {
 
     /// How long a call waits for a record another transaction holds (default 100 ms): the
     /// `lock_timeout` of the store's connections. A `begin` that waits longer answers busy.
-    /// Only a transactional-mode request's open transaction holds a record that long.
+    /// Only a transactional-mode request's open transaction holds a record that long, and
+    /// a transactional-mode claim does not wait for one (see the
+    /// [module docs](self#the-transactional-server-mode)).
     ///
     /// ```
     /// # use std::time::Duration;

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper, Object};
 
+use tokio_postgres::types::ToSql;
+
 use super::{
     begin_params, busy_behind_a_transaction, classify, decode_begin, from_pg, from_pool, millis,
     outcome_status, token_bytes, PgFailure, PostgresStore,
@@ -192,21 +194,24 @@ pub(crate) struct OpenTransaction {
 }
 
 impl PostgresStore {
-    /// Open a transaction whose first statement is `begin` of `request`: `BEGIN`, the claim
-    /// and the reset of the claim's lock wait travel together, in one round trip. The claim
-    /// waits up to `lock_wait` for another open transaction holding the key, then answers
-    /// busy.
+    /// Open a transaction whose first statement claims `request`'s key: `BEGIN` and the
+    /// claim travel together, in one round trip, and the claim also lifts the store's
+    /// bounds for the handler's own statements.
+    ///
+    /// The claim never waits for another open transaction holding the key: it first takes
+    /// the key's transaction-scoped advisory lock without waiting, and when another
+    /// request's transaction holds it, `begin_op` is not run at all and the answer is busy.
+    /// Waiting on the row lock instead would hold a pooled connection per waiting
+    /// duplicate, and a wait cut off by `lock_timeout` leaves an error in PostgreSQL's
+    /// log for every `409`. Brief row locks (a plain-mode call on the same key, the sweep)
+    /// are still waited for, up to the store's [`lock_wait`](super::PostgresStoreBuilder::lock_wait).
     pub(crate) async fn begin_in_transaction(
         &self,
         request: &BeginRequest,
-        lock_wait: Duration,
     ) -> Result<(Begin, OpenTransaction), StoreError> {
         let frozen = request.frozen.as_ref().map(crate::FrozenRequest::encode);
         let params = begin_params(request, &frozen);
-        let open = format!("BEGIN; SET LOCAL lock_timeout = {}", millis(lock_wait, 1));
-        // The handler's own statements run under PostgreSQL's defaults, not the store's
-        // short bounds for ledger calls.
-        const HANDLER_BOUNDS: &str = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0";
+        let lock = claim_lock(&self.inner.schema, request.key);
         let work = async {
             let object = self
                 .inner
@@ -220,21 +225,25 @@ impl PostgresStore {
             };
             let client = connection.client();
             let statement = client
-                .prepare_cached(&self.inner.sql.begin)
+                .prepare_cached(&self.inner.sql.claim)
                 .await
                 .map_err(classify)?;
-            let params = params.as_params();
-            let (opened, claimed, bounded) = tokio::join!(
-                client.batch_execute(&open),
-                client.query_one(&statement, &params),
-                client.batch_execute(HANDLER_BOUNDS),
+            let [key, fp, token, lease, retention, take_over, frozen] = params.as_params();
+            let params: [&(dyn ToSql + Sync); 8] =
+                [key, fp, token, lease, retention, take_over, frozen, &lock];
+            let (opened, claimed) = tokio::join!(
+                client.batch_execute("BEGIN"),
+                client.query(&statement, &params),
             );
             let outcome = opened
                 .map_err(classify)
                 .and_then(|()| claimed.map_err(classify))
-                .and_then(|row| {
-                    bounded.map_err(classify)?;
-                    decode_begin(&row, request.token).map_err(|err| PgFailure(err, false))
+                .and_then(|rows| match rows.first() {
+                    // No row: the key's lock is another open transaction's.
+                    None => Ok(busy_behind_a_transaction(request)),
+                    Some(row) => {
+                        decode_begin(row, request.token).map_err(|err| PgFailure(err, false))
+                    }
                 });
             Ok::<_, PgFailure>((outcome, connection))
         };
@@ -251,12 +260,59 @@ impl PostgresStore {
         };
         match outcome {
             Ok(answer) => Ok((answer, transaction)),
-            // Dropping `transaction` rolls the aborted transaction back.
+            // Dropping `transaction` rolls the aborted transaction back. Only a transaction
+            // that does not take the key's advisory lock (an older release's) holds a row
+            // that long.
             Err(failure) if failure.is_lock_wait() => {
                 Ok((busy_behind_a_transaction(request), transaction))
             }
             Err(failure) => Err(failure.into_store_error()),
         }
+    }
+}
+
+/// The advisory lock a transactional-mode claim takes on its key: 64 bits of the key (a
+/// SHA-256 already) mixed with the schema's name, so two ledgers sharing a database do not
+/// hold up each other's keys. Every process must compute the same number, hence a fixed
+/// hash (FNV-1a) rather than the standard library's.
+fn claim_lock(schema: &str, key: LedgerKey) -> i64 {
+    let schema = schema
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let bytes = key.as_bytes();
+    let key = u64::from_be_bytes(bytes[..8].try_into().expect("32 bytes"));
+    i64::from_be_bytes((key ^ schema).to_be_bytes())
+}
+
+/// Why a request's transaction did not commit, as far as the layer can tell.
+#[derive(Debug)]
+pub(crate) enum CommitError {
+    /// PostgreSQL answered, or the `COMMIT` was never sent: the transaction was rolled
+    /// back, the handler's writes with it.
+    RolledBack(StoreError),
+    /// The answer was lost (the connection failed, or the bound ran out) after the
+    /// `COMMIT` was sent: it may have committed.
+    Unknown(StoreError),
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::RolledBack(err) => write!(f, "rolled back: {err}"),
+            Self::Unknown(err) => write!(f, "commit outcome unknown: {err}"),
+        }
+    }
+}
+
+/// A statement of a pipelined commit failed: PostgreSQL's own error ends the transaction
+/// as a rollback; a lost connection leaves the commit unknown.
+fn commit_failure(err: tokio_postgres::Error) -> CommitError {
+    if err.as_db_error().is_some() {
+        CommitError::RolledBack(from_pg(err))
+    } else {
+        CommitError::Unknown(from_pg(err))
     }
 }
 
@@ -274,17 +330,17 @@ impl OpenTransaction {
     }
 
     /// Record `outcome` under `token` and commit, the two sent together: one round trip.
-    /// `Ok` means both the handler's writes and the record are committed. An error means
-    /// they were rolled back, or (the connection lost mid-commit) it is unknown which: a
-    /// retry then replays the record or, finding none, runs the handler again, and either
-    /// is right.
+    /// `Ok` means both the handler's writes and the record are committed. An error says
+    /// whether they were rolled back or (the connection lost, or the bound run out, after
+    /// the `COMMIT` was sent) it is unknown which: a retry then replays the record or,
+    /// finding none, runs the handler again, and either is right.
     pub(crate) async fn commit_with(
         self,
         key: LedgerKey,
         token: LeaseToken,
         outcome: &Outcome,
         retention: Duration,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), CommitError> {
         let encoded = outcome.encode();
         let status = outcome_status(outcome);
         let token = token_bytes(token);
@@ -294,15 +350,17 @@ impl OpenTransaction {
             // The handler may still hold the connection (a guard kept past its response);
             // wait for it, within the bound.
             let Some(connection) = self.shared.connection.lock().await.take() else {
-                return Err(StoreError::unavailable(
+                return Err(CommitError::RolledBack(StoreError::unavailable(
                     "the request's transaction was already over",
-                ));
+                )));
             };
             let client = connection.client();
+            // Nothing is committed without the `COMMIT`: a failure here is a rollback
+            // (the connection, closed on drop, takes the transaction with it).
             let statement = client
                 .prepare_cached(&self.store.inner.sql.complete)
                 .await
-                .map_err(from_pg)?;
+                .map_err(|err| CommitError::RolledBack(from_pg(err)))?;
             // `p_strict`: a refused completion raises, so the transaction cannot commit
             // without its record; the `COMMIT` then ends it as a rollback.
             let key = key.as_bytes().as_slice();
@@ -315,8 +373,7 @@ impl OpenTransaction {
             );
             let result = match (recorded, committed) {
                 (Ok(_), Ok(())) => Ok(()),
-                (Err(err), _) => Err(from_pg(err)),
-                (Ok(_), Err(err)) => Err(from_pg(err)),
+                (Err(err), _) | (Ok(_), Err(err)) => Err(commit_failure(err)),
             };
             if !connection.client().is_closed() {
                 // Committed, or ended as a rollback by the failed statement: either way
@@ -327,7 +384,7 @@ impl OpenTransaction {
         };
         tokio::time::timeout(bound, work)
             .await
-            .map_err(|_elapsed| StoreError::timeout())?
+            .map_err(|_elapsed| CommitError::Unknown(StoreError::timeout()))?
     }
 }
 

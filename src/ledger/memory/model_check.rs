@@ -552,17 +552,19 @@ fn a_neighbours_settle_wakes_a_waiter_for_nothing() {
 
 /// The store of the eviction scenario, before its callers race: key 1 completed past its
 /// protected window (the one record that may be evicted), key 2 completed inside it, key
-/// 3 in flight.
-fn fill_for_eviction(store: &MemoryStore) {
+/// 3 in flight. Key 1's outcome carries `padding` bytes, so that evicting it makes that much
+/// more room.
+fn fill_for_eviction(store: &MemoryStore, padding: usize) {
     let unprotected = request(Key(1), Token(1), LONG).with_protected_window(Duration::ZERO);
     ready(store.begin(unprotected)).expect("claim");
-    ready(store.complete(
-        ledger_key(Key(1)),
-        lease_token(Token(1)),
-        outcome(OutcomeId(1)),
-        LONG,
-    ))
-    .expect("complete");
+    let padded = Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from(vec![b'.'; padding]),
+    ));
+    ready(store.complete(ledger_key(Key(1)), lease_token(Token(1)), padded, LONG))
+        .expect("complete");
     ready(store.begin(request(Key(2), Token(2), LONG))).expect("claim");
     ready(store.complete(
         ledger_key(Key(2)),
@@ -590,13 +592,13 @@ fn eviction_spares_open_and_protected_records() {
         Some(2),
         || {
             let scratch = MemoryStore::new();
-            fill_for_eviction(&scratch);
+            fill_for_eviction(&scratch, 0);
             let full = scratch.weighted_size();
             ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
             let claim = scratch.weighted_size() - full;
 
             let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
-            fill_for_eviction(&store);
+            fill_for_eviction(&store, 0);
             let claimer = |key: Key, token: Token| {
                 let store = store.clone();
                 loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))
@@ -665,13 +667,13 @@ fn eviction_spares_open_and_protected_records() {
 fn two_claims_race_for_one_eviction() {
     explore("two_claims_race_for_one_eviction", None, || {
         let scratch = MemoryStore::new();
-        fill_for_eviction(&scratch);
+        fill_for_eviction(&scratch, 0);
         let full = scratch.weighted_size();
         ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
         let claim = scratch.weighted_size() - full;
 
         let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
-        fill_for_eviction(&store);
+        fill_for_eviction(&store, 0);
         let claimer = |key: Key, token: Token| {
             let store = store.clone();
             loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))
@@ -685,6 +687,47 @@ fn two_claims_race_for_one_eviction() {
         assert_eq!(
             usize::from(acquired(&first)) + usize::from(acquired(&second)),
             1,
+            "first {first:?}, second {second:?}"
+        );
+        assert_books_balance(&store);
+    });
+}
+
+/// Evicting key 1 makes room for two new claims, which race for it: both should get it.
+///
+/// They do not always: one claim pops key 1 from the eviction order and is preempted before
+/// it takes key 1's shard to remove it; the other finds the order empty (key 2's window has
+/// not ended), sweeps every shard for records past their retention, finds none and refuses
+/// with a full error, although the room it needed was being made. The first then removes
+/// key 1 and claims: the budget ends half empty and a claim was refused. A claim refused
+/// while the budget holds a record it may evict breaks the documented promise (refusal only
+/// when the budget is full of records to keep); it takes an eviction order down to its last
+/// evictable record and two evicting callers at once. Run with `-- --ignored` to see loom
+/// find it.
+#[test]
+#[ignore = "a claim is refused while another caller evicts the room it needs"]
+fn two_claims_share_one_eviction() {
+    explore("two_claims_share_one_eviction", None, || {
+        let scratch = MemoryStore::new();
+        ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
+        let claim = scratch.weighted_size();
+        let scratch = MemoryStore::new();
+        fill_for_eviction(&scratch, 2 * claim as usize);
+        let full = scratch.weighted_size();
+
+        let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
+        fill_for_eviction(&store, 2 * claim as usize);
+        let claimer = |key: Key, token: Token| {
+            let store = store.clone();
+            loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))
+        };
+        let first = claimer(Key(4), Token(4));
+        let second = claimer(Key(5), Token(5));
+        let first = first.join().expect("first");
+        let second = second.join().expect("second");
+        assert!(
+            matches!(first, Ok(Begin::Acquired { .. }))
+                && matches!(second, Ok(Begin::Acquired { .. })),
             "first {first:?}, second {second:?}"
         );
         assert_books_balance(&store);

@@ -2,8 +2,6 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -16,8 +14,12 @@ use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
 
 mod eviction;
+#[cfg(all(test, tower_idempotency_loom))]
+mod model_check;
+mod sync;
 
 use eviction::EvictionIndex;
+use sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 
 /// The default byte budget of a [`MemoryStore`]: 64 MiB.
 const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;

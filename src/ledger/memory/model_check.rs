@@ -1,0 +1,735 @@
+//! Every interleaving of the memory store's concurrent calls, checked with loom.
+//!
+//! Built only with `RUSTFLAGS="--cfg tower_idempotency_loom"` (see `.ci/run`): the store's
+//! locks and atomics are then loom's (`sync.rs`), and each scenario below runs once per
+//! interleaving of them, up to loom's partial-order reduction (interleavings that only
+//! reorder independent steps are run once). Two or three threads call `begin`, `complete`,
+//! `abandon`, `mark_in_doubt` and `renew` on one or two keys, wait for a settle with
+//! `notify_settled`, or fight over a full budget; after every schedule:
+//!
+//! - **one owner, fencing**: the answers every thread got are those of the reference model
+//!   (`testing::model`) run in *some* order of the calls that keeps each thread's own order
+//!   (each call is atomic), followed by the final reads: a write by a token that lost the
+//!   operation is refused as fenced and never shows in a replay, and no two callers ever
+//!   hold one key;
+//! - **no lost wake-up**: a waiter that subscribed before finding the operation busy is
+//!   woken by its settle (a waiter left asleep is a deadlock loom reports), and finds the
+//!   operation no longer busy;
+//! - **budget**: the bytes counted equal the sum of the records' weights, never above the
+//!   budget, and the eviction order holds exactly the completed records;
+//! - **eviction**: a record in flight or inside its protected window is never evicted.
+//!
+//! Time does not move in these scenarios. The store reads `tokio::time::Instant`, which
+//! without a runtime is the real clock: every lease, retention and protected window is
+//! either zero (over as soon as it starts, whatever the clock says next) or hours long
+//! (never over while a scenario runs), so the real clock never changes an answer and every
+//! schedule is deterministic, as loom needs.
+//!
+//! Each test prints how many schedules it explored.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc as StdArc;
+use std::task::{Context, Wake, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, Version};
+
+use super::{lock, MemoryStore, Ordering, State};
+use crate::frozen::FrozenRequest;
+use crate::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordState, StoreError,
+    StoreFuture, StoredResponse,
+};
+use crate::testing::model::{Answer, Fp, Key, Model, Op, OutcomeId, Token};
+
+/// A lease that is over as soon as it starts: its owner can be taken over at once.
+const EXPIRED: Duration = Duration::ZERO;
+/// A lease or retention that never ends while a scenario runs.
+const LONG: Duration = Duration::from_secs(3600);
+
+/// How far the real clock may move while one schedule runs.
+const CLOCK_SLACK: Duration = Duration::from_secs(60);
+
+/// The real key of an abstract one: `Key(n)` lands in shard `n % 64`, so `Key(0)` and
+/// `Key(64)` share a shard (and its settle notifications).
+fn ledger_key(key: Key) -> LedgerKey {
+    LedgerKey::from_bytes([key.0; 32])
+}
+
+fn lease_token(token: Token) -> LeaseToken {
+    LeaseToken::from_u128(u128::from(token.0))
+}
+
+fn frozen(fp: Fp) -> FrozenRequest {
+    FrozenRequest::from_parts(
+        Method::POST,
+        "http://provider.local/charges".parse().expect("static URI"),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from(format!("{{\"payload\":{}}}", fp.0)),
+    )
+}
+
+fn outcome(id: OutcomeId) -> Outcome {
+    Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from(format!("outcome-{}", id.0)),
+    ))
+}
+
+/// The memory store answers every call on its first poll.
+fn ready<T>(mut future: StoreFuture<'_, T>) -> Result<T, StoreError> {
+    future
+        .take_ready()
+        .expect("the memory store answers without awaiting")
+}
+
+fn request(key: Key, token: Token, lease: Duration) -> BeginRequest {
+    let frozen = frozen(Fp(0));
+    BeginRequest::new(ledger_key(key), frozen.fingerprint(), lease, LONG)
+        .with_frozen(frozen)
+        .with_token(lease_token(token))
+}
+
+/// `op` on the store, its answer in the model's terms.
+fn run(store: &MemoryStore, lease: Duration, op: &Op) -> Answer {
+    let write = |written: Result<(), StoreError>| match written {
+        Ok(()) => Answer::Ok,
+        Err(err) if err.is_fenced() => Answer::Fenced,
+        Err(err) => panic!("{op:?} failed: {err}"),
+    };
+    match *op {
+        Op::Begin {
+            key,
+            fingerprint,
+            token,
+            take_over,
+        } => {
+            assert_eq!(fingerprint, Fp(0), "the scenarios use one payload");
+            let mut request = request(key, token, lease);
+            if !take_over {
+                request = request.probe();
+            }
+            let begin = ready(store.begin(request)).unwrap_or_else(|err| panic!("{op:?}: {err}"));
+            name_begin(begin)
+        }
+        Op::Complete {
+            key,
+            token,
+            outcome: id,
+        } => write(ready(store.complete(
+            ledger_key(key),
+            lease_token(token),
+            outcome(id),
+            LONG,
+        ))),
+        Op::Abandon { key, token } => {
+            write(ready(store.abandon(ledger_key(key), lease_token(token))))
+        }
+        Op::MarkInDoubt { key, token } => write(ready(store.mark_in_doubt(
+            ledger_key(key),
+            lease_token(token),
+            LONG,
+        ))),
+        Op::Renew { key, token } => write(ready(store.renew(
+            ledger_key(key),
+            lease_token(token),
+            lease,
+        ))),
+        Op::Advance(_) => unreachable!("time does not move in these scenarios"),
+    }
+}
+
+fn name_begin(begin: Begin) -> Answer {
+    let token = |token: LeaseToken| Token(u32::try_from(token.as_u128()).expect("a test token"));
+    let frozen = |frozen: Option<FrozenRequest>| {
+        let frozen = frozen.expect("the frozen request handed back");
+        assert_eq!(
+            frozen.body(),
+            self::frozen(Fp(0)).body(),
+            "frozen bytes altered"
+        );
+        Fp(0)
+    };
+    match begin {
+        Begin::Acquired { token: t } => Answer::Acquired { token: token(t) },
+        Begin::Busy { retry_after } => Answer::Busy { retry_after },
+        Begin::Resume {
+            token: t,
+            frozen: f,
+        } => Answer::Resume {
+            token: token(t),
+            frozen: frozen(f),
+        },
+        Begin::InDoubt => Answer::InDoubt,
+        Begin::Replay(Outcome::Response(response)) => {
+            let body = String::from_utf8(response.body().to_vec()).expect("utf-8 outcome");
+            let id = body
+                .strip_prefix("outcome-")
+                .and_then(|id| id.parse().ok())
+                .unwrap_or_else(|| panic!("a replay of an outcome never recorded: {body}"));
+            Answer::Replay(OutcomeId(id))
+        }
+        Begin::Replay(tombstone) => {
+            panic!("a tombstone where the whole outcome fits: {tombstone:?}")
+        }
+        Begin::Drift { .. } => panic!("a drift where every call sends the same payload"),
+    }
+}
+
+/// One caller: the calls it made and the answers it got, in its order.
+struct Caller {
+    store: MemoryStore,
+    lease: Duration,
+    history: Vec<(Op, Answer)>,
+}
+
+impl Caller {
+    fn new(store: &MemoryStore, lease: Duration) -> Self {
+        Self {
+            store: store.clone(),
+            lease,
+            history: Vec::new(),
+        }
+    }
+
+    fn call(&mut self, op: Op) -> Answer {
+        let answer = run(&self.store, self.lease, &op);
+        self.history.push((op, answer.clone()));
+        answer
+    }
+
+    fn begin(&mut self, key: Key, token: Token) -> Answer {
+        self.call(Op::Begin {
+            key,
+            fingerprint: Fp(0),
+            token,
+            take_over: true,
+        })
+    }
+
+    fn probe(&mut self, key: Key, token: Token) -> Answer {
+        self.call(Op::Begin {
+            key,
+            fingerprint: Fp(0),
+            token,
+            take_over: false,
+        })
+    }
+
+    fn settle(&mut self, settle: Settle, key: Key, token: Token, id: OutcomeId) -> Answer {
+        self.call(match settle {
+            Settle::Complete => Op::Complete {
+                key,
+                token,
+                outcome: id,
+            },
+            Settle::Abandon => Op::Abandon { key, token },
+            Settle::MarkInDoubt => Op::MarkInDoubt { key, token },
+            Settle::Renew => Op::Renew { key, token },
+        })
+    }
+}
+
+/// The writes an owner makes.
+#[derive(Clone, Copy, Debug)]
+enum Settle {
+    Complete,
+    Abandon,
+    MarkInDoubt,
+    Renew,
+}
+
+fn owns(answer: &Answer) -> bool {
+    matches!(answer, Answer::Acquired { .. } | Answer::Resume { .. })
+}
+
+/// Panics unless the answers are those of the model run in some order of the threads'
+/// calls that keeps each thread's own order (each call is atomic), after `before` and
+/// followed by `after`.
+fn assert_linearizable(
+    lease: Duration,
+    before: &[(Op, Answer)],
+    threads: &[Vec<(Op, Answer)>],
+    after: &[(Op, Answer)],
+) {
+    let mut model = Model::new(lease, LONG);
+    assert!(
+        agree_in_order(&mut model, before),
+        "the setup disagrees with the model: {before:?}"
+    );
+    let mut next = vec![0; threads.len()];
+    assert!(
+        some_order_agrees(&model, threads, &mut next, after),
+        "no order of the calls gives these answers in the reference model\n\
+         setup: {before:?}\nthreads: {threads:#?}\nthen: {after:?}"
+    );
+}
+
+fn agrees(expected: &Answer, actual: &Answer, lease: Duration) -> bool {
+    match (expected, actual) {
+        // Up to the lease, give or take the time the scenario ran: the store reads its clock
+        // before it takes the shard's lock, so a caller that read it before the owner
+        // claimed (and was preempted) is told a little *more* than the lease.
+        (Answer::Busy { .. }, Answer::Busy { retry_after }) => *retry_after <= lease + CLOCK_SLACK,
+        (expected, actual) => expected == actual,
+    }
+}
+
+fn agree_in_order(model: &mut Model, calls: &[(Op, Answer)]) -> bool {
+    calls
+        .iter()
+        .all(|(op, actual)| agrees(&model.apply(op), actual, model.lease()))
+}
+
+fn some_order_agrees(
+    model: &Model,
+    threads: &[Vec<(Op, Answer)>],
+    next: &mut [usize],
+    after: &[(Op, Answer)],
+) -> bool {
+    let mut all_done = true;
+    for thread in 0..threads.len() {
+        let Some((op, actual)) = threads[thread].get(next[thread]) else {
+            continue;
+        };
+        all_done = false;
+        let mut model = model.clone();
+        if !agrees(&model.apply(op), actual, model.lease()) {
+            continue;
+        }
+        next[thread] += 1;
+        let agreed = some_order_agrees(&model, threads, next, after);
+        next[thread] -= 1;
+        if agreed {
+            return true;
+        }
+    }
+    all_done && agree_in_order(&mut model.clone(), after)
+}
+
+/// The budget's books after a schedule: the bytes counted are the records' weights, within
+/// the budget, and the eviction order holds exactly the completed records.
+fn assert_books_balance(store: &MemoryStore) {
+    let inner = &store.inner;
+    let mut weights = 0;
+    let mut completed = Vec::new();
+    for shard in inner.shards.iter() {
+        for (key, record) in lock(shard).iter() {
+            weights += record.weight;
+            if let State::Completed { .. } = record.state {
+                completed.push((*key, record.seq));
+            }
+        }
+    }
+    let used = inner.used.load(Ordering::Relaxed);
+    assert_eq!(used, weights, "bytes counted against the records' weights");
+    assert!(
+        used <= inner.max_bytes,
+        "{used} bytes over a budget of {}",
+        inner.max_bytes
+    );
+    let mut ordered = Vec::new();
+    let end_of_time = tokio::time::Instant::now() + 10 * LONG;
+    let mut index = lock(&inner.evictable);
+    while let Some(entry) = index.pop_ended_by(end_of_time) {
+        ordered.push(entry);
+    }
+    completed.sort();
+    ordered.sort();
+    assert_eq!(
+        ordered, completed,
+        "the eviction order against the completed records"
+    );
+}
+
+/// A waker loom can see: woken, it releases the waiting thread; a waiter never woken is a
+/// deadlock loom reports. Cloning and dropping it touch nothing of loom's, since tokio's
+/// watch channel clones and drops wakers under its own (`std`) locks.
+struct Wakeup(loom::sync::Notify);
+
+impl Wake for Wakeup {
+    fn wake(self: StdArc<Self>) {
+        self.0.notify();
+    }
+
+    fn wake_by_ref(self: &StdArc<Self>) {
+        self.0.notify();
+    }
+}
+
+/// Block this thread until `settled` completes.
+fn wait(mut settled: crate::ledger::Settled) {
+    let wakeup = StdArc::new(Wakeup(loom::sync::Notify::new()));
+    let waker = Waker::from(wakeup.clone());
+    let mut cx = Context::from_waker(&waker);
+    while settled.as_mut().poll(&mut cx).is_pending() {
+        wakeup.0.wait();
+    }
+}
+
+/// Run `scenario` under every schedule loom tells apart (up to `preemptions` preemptions
+/// per schedule, if bounded) and print how many that was.
+fn explore(name: &str, preemptions: Option<usize>, scenario: impl Fn() + Send + Sync + 'static) {
+    let schedules = StdArc::new(AtomicUsize::new(0));
+    let counted = schedules.clone();
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = preemptions;
+    builder.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        scenario();
+    });
+    let schedules = schedules.load(Ordering::Relaxed);
+    let bound = preemptions.map_or_else(
+        || "every schedule".to_owned(),
+        |bound| format!("every schedule with up to {bound} preemptions"),
+    );
+    eprintln!("model_check {name}: {schedules} schedules explored ({bound})");
+}
+
+fn spawn(
+    mut caller: Caller,
+    script: impl FnOnce(&mut Caller) + Send + 'static,
+) -> loom::thread::JoinHandle<Vec<(Op, Answer)>> {
+    loom::thread::spawn(move || {
+        script(&mut caller);
+        caller.history
+    })
+}
+
+fn join(threads: Vec<loom::thread::JoinHandle<Vec<(Op, Answer)>>>) -> Vec<Vec<(Op, Answer)>> {
+    threads
+        .into_iter()
+        .map(|thread| thread.join().expect("a caller panicked"))
+        .collect()
+}
+
+/// Three callers race to claim one key: one owns it, the others are told it is busy (or
+/// replayed, once the owner is done), and the owner's outcome is what is replayed.
+#[test]
+fn racing_claims_leave_one_owner() {
+    explore("racing_claims_leave_one_owner", None, || {
+        let store = MemoryStore::new();
+        let racers = (1..=3u8)
+            .map(|n| {
+                spawn(Caller::new(&store, LONG), move |caller| {
+                    let token = Token(n.into());
+                    if owns(&caller.begin(Key(0), token)) {
+                        caller.settle(Settle::Complete, Key(0), token, OutcomeId(n));
+                    }
+                })
+            })
+            .collect();
+        let threads = join(racers);
+        let owners = threads.iter().filter(|calls| owns(&calls[0].1)).count();
+        assert_eq!(owners, 1, "{threads:?}");
+        let mut reader = Caller::new(&store, LONG);
+        reader.probe(Key(0), Token(9));
+        assert_linearizable(LONG, &[], &threads, &reader.history);
+        assert_books_balance(&store);
+    });
+}
+
+/// An owner whose lease ran out writes while another caller takes the operation over: the
+/// write lands before the take-over or is fenced, never after it, for every write and
+/// whether the lapsed owner held a first claim or a resume.
+#[test]
+fn a_lapsed_owner_races_a_take_over() {
+    for settle in [
+        Settle::Complete,
+        Settle::Abandon,
+        Settle::MarkInDoubt,
+        Settle::Renew,
+    ] {
+        for resumed in [false, true] {
+            let name = format!("a_lapsed_owner_races_a_take_over({settle:?}, resumed: {resumed})");
+            explore(&name, None, move || {
+                let store = MemoryStore::new();
+                let mut setup = Caller::new(&store, EXPIRED);
+                if resumed {
+                    setup.begin(Key(0), Token(0));
+                }
+                assert!(owns(&setup.begin(Key(0), Token(1))));
+                let lapsed = spawn(Caller::new(&store, EXPIRED), move |caller| {
+                    caller.settle(settle, Key(0), Token(1), OutcomeId(1));
+                });
+                let rival = spawn(Caller::new(&store, EXPIRED), |caller| {
+                    if owns(&caller.begin(Key(0), Token(2))) {
+                        caller.settle(Settle::Complete, Key(0), Token(2), OutcomeId(2));
+                    }
+                });
+                let threads = join(vec![lapsed, rival]);
+                let mut reader = Caller::new(&store, EXPIRED);
+                reader.probe(Key(0), Token(9));
+                assert_linearizable(EXPIRED, &setup.history, &threads, &reader.history);
+                assert_books_balance(&store);
+            });
+        }
+    }
+}
+
+/// Wait for `key` as the layers do: subscribe, then ask; sleep until a settle while the
+/// operation is busy. At most `rounds` answers.
+fn wait_while_busy(caller: &mut Caller, key: Key, token: Token, rounds: usize) {
+    for _ in 0..rounds {
+        let settled = caller
+            .store
+            .notify_settled(ledger_key(key))
+            .expect("the memory store notifies");
+        match caller.begin(key, token) {
+            Answer::Busy { .. } => wait(settled),
+            _ => return,
+        }
+    }
+}
+
+fn busy_answers(calls: &[(Op, Answer)]) -> usize {
+    calls
+        .iter()
+        .filter(|(_, answer)| matches!(answer, Answer::Busy { .. }))
+        .count()
+}
+
+/// A caller waits for a busy operation while its owner settles it: whichever comes first,
+/// the waiter is woken (no lost wake-up) and then finds the operation settled.
+#[test]
+fn a_waiter_is_woken_by_every_settle() {
+    for settle in [Settle::Complete, Settle::Abandon, Settle::MarkInDoubt] {
+        let name = format!("a_waiter_is_woken_by_every_settle({settle:?})");
+        explore(&name, None, move || {
+            let store = MemoryStore::new();
+            let mut setup = Caller::new(&store, LONG);
+            assert!(owns(&setup.begin(Key(0), Token(1))));
+            let owner = spawn(Caller::new(&store, LONG), move |caller| {
+                caller.settle(settle, Key(0), Token(1), OutcomeId(1));
+            });
+            let waiter = spawn(Caller::new(&store, LONG), |caller| {
+                wait_while_busy(caller, Key(0), Token(2), 3);
+            });
+            let threads = join(vec![owner, waiter]);
+            let waited = &threads[1];
+            // One settle: woken by it, the waiter never finds the operation busy again.
+            assert!(busy_answers(waited) <= 1, "{waited:?}");
+            assert!(!matches!(waited.last(), Some((_, Answer::Busy { .. }))));
+            assert_linearizable(LONG, &setup.history, &threads, &[]);
+            assert_books_balance(&store);
+        });
+    }
+}
+
+/// A settle of another key in the same shard wakes a waiter for nothing: it asks again,
+/// finds the operation still busy, sleeps again and is woken by the settle it waits for.
+#[test]
+fn a_neighbours_settle_wakes_a_waiter_for_nothing() {
+    explore(
+        "a_neighbours_settle_wakes_a_waiter_for_nothing",
+        None,
+        || {
+            let (key, neighbour) = (Key(0), Key(64));
+            let store = MemoryStore::new();
+            let mut setup = Caller::new(&store, LONG);
+            assert!(owns(&setup.begin(key, Token(1))));
+            assert!(owns(&setup.begin(neighbour, Token(3))));
+            let owner = spawn(Caller::new(&store, LONG), move |caller| {
+                caller.settle(Settle::Complete, neighbour, Token(3), OutcomeId(3));
+                caller.settle(Settle::Complete, key, Token(1), OutcomeId(1));
+            });
+            let waiter = spawn(Caller::new(&store, LONG), move |caller| {
+                wait_while_busy(caller, key, Token(2), 3);
+            });
+            let threads = join(vec![owner, waiter]);
+            let waited = &threads[1];
+            assert!(busy_answers(waited) <= 2, "{waited:?}");
+            assert!(!matches!(waited.last(), Some((_, Answer::Busy { .. }))));
+            assert_linearizable(LONG, &setup.history, &threads, &[]);
+            assert_books_balance(&store);
+        },
+    );
+}
+
+/// The store of the eviction scenario, before its callers race: key 1 completed past its
+/// protected window (the one record that may be evicted), key 2 completed inside it, key
+/// 3 in flight. Key 1's outcome carries `padding` bytes, so that evicting it makes that much
+/// more room.
+fn fill_for_eviction(store: &MemoryStore, padding: usize) {
+    let unprotected = request(Key(1), Token(1), LONG).with_protected_window(Duration::ZERO);
+    ready(store.begin(unprotected)).expect("claim");
+    let padded = Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from(vec![b'.'; padding]),
+    ));
+    ready(store.complete(ledger_key(Key(1)), lease_token(Token(1)), padded, LONG))
+        .expect("complete");
+    ready(store.begin(request(Key(2), Token(2), LONG))).expect("claim");
+    ready(store.complete(
+        ledger_key(Key(2)),
+        lease_token(Token(2)),
+        outcome(OutcomeId(2)),
+        LONG,
+    ))
+    .expect("complete");
+    ready(store.begin(request(Key(3), Token(3), LONG))).expect("claim");
+}
+
+fn state(store: &MemoryStore, key: Key) -> Option<RecordState> {
+    ready(store.inspect(ledger_key(key)))
+        .expect("inspect")
+        .map(|view| view.state)
+}
+
+/// A full store, room for one more claim only by evicting key 1: a new key's claim, a
+/// claim on key 1 itself and the completion of key 3 race for it. Whatever the order, the
+/// protected record and the open one stay, one claim gets the room, and the books balance.
+#[test]
+fn eviction_spares_open_and_protected_records() {
+    explore(
+        "eviction_spares_open_and_protected_records",
+        Some(2),
+        || {
+            let scratch = MemoryStore::new();
+            fill_for_eviction(&scratch, 0);
+            let full = scratch.weighted_size();
+            ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
+            let claim = scratch.weighted_size() - full;
+
+            let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
+            fill_for_eviction(&store, 0);
+            let claimer = |key: Key, token: Token| {
+                let store = store.clone();
+                loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))
+            };
+            let newcomer = claimer(Key(4), Token(4));
+            let reclaimer = claimer(Key(1), Token(5));
+            let completer = {
+                let store = store.clone();
+                loom::thread::spawn(move || {
+                    let key = ledger_key(Key(3));
+                    ready(store.complete(key, lease_token(Token(3)), outcome(OutcomeId(3)), LONG))
+                })
+            };
+            let newcomer = newcomer.join().expect("newcomer");
+            let reclaimer = reclaimer.join().expect("reclaimer");
+            completer
+                .join()
+                .expect("completer")
+                .expect("a completion never fails for room");
+
+            let acquired =
+                |begin: &Result<Begin, StoreError>| matches!(begin, Ok(Begin::Acquired { .. }));
+            let refused =
+                |begin: &Result<Begin, StoreError>| matches!(begin, Err(err) if err.is_full());
+            assert!(acquired(&newcomer) || refused(&newcomer), "{newcomer:?}");
+            assert!(
+                acquired(&reclaimer)
+                    || refused(&reclaimer)
+                    || matches!(&reclaimer, Ok(Begin::Replay(_))),
+                "{reclaimer:?}"
+            );
+            // Evicting key 1 makes room for exactly one claim.
+            assert_eq!(
+                usize::from(acquired(&newcomer)) + usize::from(acquired(&reclaimer)),
+                1,
+                "newcomer {newcomer:?}, reclaimer {reclaimer:?}"
+            );
+            assert!(matches!(
+                state(&store, Key(2)),
+                Some(RecordState::Completed { .. })
+            ));
+            assert!(matches!(
+                state(&store, Key(3)),
+                Some(RecordState::Completed { .. })
+            ));
+            if acquired(&newcomer) {
+                assert!(matches!(
+                    state(&store, Key(4)),
+                    Some(RecordState::InFlight { .. })
+                ));
+            }
+            if acquired(&reclaimer) {
+                assert!(matches!(
+                    state(&store, Key(1)),
+                    Some(RecordState::InFlight { .. })
+                ));
+            }
+            assert!(store.evictions() <= 1);
+            assert_books_balance(&store);
+        },
+    );
+}
+
+/// Two new claims race for the room that evicting key 1 makes: one of them gets it.
+#[test]
+fn two_claims_race_for_one_eviction() {
+    explore("two_claims_race_for_one_eviction", None, || {
+        let scratch = MemoryStore::new();
+        fill_for_eviction(&scratch, 0);
+        let full = scratch.weighted_size();
+        ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
+        let claim = scratch.weighted_size() - full;
+
+        let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
+        fill_for_eviction(&store, 0);
+        let claimer = |key: Key, token: Token| {
+            let store = store.clone();
+            loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))
+        };
+        let first = claimer(Key(4), Token(4));
+        let second = claimer(Key(5), Token(5));
+        let first = first.join().expect("first");
+        let second = second.join().expect("second");
+        let acquired =
+            |begin: &Result<Begin, StoreError>| matches!(begin, Ok(Begin::Acquired { .. }));
+        assert_eq!(
+            usize::from(acquired(&first)) + usize::from(acquired(&second)),
+            1,
+            "first {first:?}, second {second:?}"
+        );
+        assert_books_balance(&store);
+    });
+}
+
+/// Evicting key 1 makes room for two new claims, which race for it: both should get it.
+///
+/// They do not always: one claim pops key 1 from the eviction order and is preempted before
+/// it takes key 1's shard to remove it; the other finds the order empty (key 2's window has
+/// not ended), sweeps every shard for records past their retention, finds none and refuses
+/// with a full error, although the room it needed was being made. The first then removes
+/// key 1 and claims: the budget ends half empty and a claim was refused. A claim refused
+/// while the budget holds a record it may evict breaks the documented promise (refusal only
+/// when the budget is full of records to keep); it takes an eviction order down to its last
+/// evictable record and two evicting callers at once. Run with `-- --ignored` to see loom
+/// find it.
+#[test]
+#[ignore = "a claim is refused while another caller evicts the room it needs"]
+fn two_claims_share_one_eviction() {
+    explore("two_claims_share_one_eviction", None, || {
+        let scratch = MemoryStore::new();
+        ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
+        let claim = scratch.weighted_size();
+        let scratch = MemoryStore::new();
+        fill_for_eviction(&scratch, 2 * claim as usize);
+        let full = scratch.weighted_size();
+
+        let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
+        fill_for_eviction(&store, 2 * claim as usize);
+        let claimer = |key: Key, token: Token| {
+            let store = store.clone();
+            loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))
+        };
+        let first = claimer(Key(4), Token(4));
+        let second = claimer(Key(5), Token(5));
+        let first = first.join().expect("first");
+        let second = second.join().expect("second");
+        assert!(
+            matches!(first, Ok(Begin::Acquired { .. }))
+                && matches!(second, Ok(Begin::Acquired { .. })),
+            "first {first:?}, second {second:?}"
+        );
+        assert_books_balance(&store);
+    });
+}

@@ -184,9 +184,12 @@ type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 /// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
 pub const DEFAULT_MAX_WAITERS: usize = 256;
 
-/// The default protected window of a server record: how long after it completes it is
-/// never evicted from a store with a memory budget, so the clients' retries find it.
-pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// The default protected window of a server record, besides the lease: how long after it
+/// completes it is never evicted from a store with a memory budget, so the clients' retries
+/// find it. A minute covers a client's automatic retries (this crate's default retry window
+/// is 30 s, and SDKs' are shorter); a caller that comes back later (an orchestrator resuming
+/// after a crash) needs a durable store, where nothing is evicted, not a longer window here.
+pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(60);
 
 /// Whose keys a request's key is among.
 #[derive(Clone)]
@@ -261,7 +264,7 @@ impl fmt::Debug for ServerFace {
 /// | [key required](ServerBuilder::require_key) on them | yes: `400` without one |
 /// | [lease](ServerBuilder::lease) (renewed while the handler runs) | 10 s |
 /// | [retention](ServerBuilder::retention) | 24 h |
-/// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 5 min |
+/// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 1 min |
 /// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
 /// | [waiters](ServerBuilder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
 /// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
@@ -467,7 +470,7 @@ impl ServerBuilder {
     }
 
     /// How long after it completes a key's record is never evicted from a store with a
-    /// memory budget (default the lease plus 5 minutes): cover your clients' retry windows.
+    /// memory budget (default the lease plus 1 minute): cover your clients' retry windows.
     /// When the budget is full of such records, new keys get `503`
     /// [`ledger-full`](problem::LEDGER_FULL) rather than an outcome being forgotten.
     /// Clamped to the retention.

@@ -135,7 +135,7 @@ async fn run<S, B>(
     make: impl Fn(u64) -> Request<Full<Bytes>>,
 ) where
     S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + 'static,
-    S::Error: std::fmt::Debug,
+    S::Error: Into<tower_idempotency::BoxError>,
     S::Future: 'static,
     B: Body + 'static,
 {
@@ -161,16 +161,28 @@ async fn run<S, B>(
             let (svc, counts) = (svc.clone(), counts.clone());
             tokio::task::spawn_local(async move {
                 let sent = Instant::now();
-                let response = svc.oneshot(request).await.expect("the services never fail");
-                let status = response.status();
-                let _ = response.into_body().collect().await;
+                // The server face answers a refusal `503 ledger-full`; the client face fails
+                // the call with `Error::is_ledger_full`.
+                let counter = match svc.oneshot(request).await {
+                    Ok(response) => {
+                        let status = response.status();
+                        let _ = response.into_body().collect().await;
+                        match status.as_u16() {
+                            200..=299 => &counts.ok,
+                            503 => &counts.refused,
+                            _ => &counts.other,
+                        }
+                    }
+                    Err(err) => {
+                        let err: tower_idempotency::BoxError = err.into();
+                        match err.downcast_ref::<tower_idempotency::Error>() {
+                            Some(err) if err.is_ledger_full() => &counts.refused,
+                            _ => &counts.other,
+                        }
+                    }
+                };
                 let latency = sent.elapsed().as_micros() as u64;
                 counts.max_latency_us.fetch_max(latency, Ordering::Relaxed);
-                let counter = match status.as_u16() {
-                    200..=299 => &counts.ok,
-                    503 => &counts.refused,
-                    _ => &counts.other,
-                };
                 counter.fetch_add(1, Ordering::Relaxed);
             });
         }

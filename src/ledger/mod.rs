@@ -687,9 +687,34 @@ impl StoreError {
         }
     }
 
+    /// [`StoreError::full`], knowing when room frees up: in `retry_after`, the first record
+    /// the store keeps leaves its protected window and may make way for a new one.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::StoreError;
+    /// let err = StoreError::full_until(Duration::from_secs(12));
+    /// assert!(err.is_full());
+    /// assert_eq!(err.retry_after(), Some(Duration::from_secs(12)));
+    /// assert_eq!(StoreError::full().retry_after(), None);
+    /// ```
+    pub fn full_until(retry_after: Duration) -> Self {
+        Self {
+            kind: StoreErrorKind::Full,
+            source: Some(Box::new(RoomFreesIn(retry_after))),
+        }
+    }
+
     /// See [`StoreError::full`].
     pub fn is_full(&self) -> bool {
         self.kind == StoreErrorKind::Full
+    }
+
+    /// When a [full](Self::is_full) store expects room for a new claim, if it knows
+    /// ([`full_until`](Self::full_until)).
+    pub fn retry_after(&self) -> Option<Duration> {
+        let room = self.source.as_deref()?.downcast_ref::<RoomFreesIn>()?;
+        Some(room.0)
     }
 
     /// See [`StoreError::unavailable`].
@@ -741,6 +766,19 @@ impl fmt::Display for StoreError {
         }
     }
 }
+
+/// How long until a full store has room again (the source of a
+/// [`full_until`](StoreError::full_until) error).
+#[derive(Debug)]
+struct RoomFreesIn(Duration);
+
+impl fmt::Display for RoomFreesIn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "room frees up in {:?}", self.0)
+    }
+}
+
+impl std::error::Error for RoomFreesIn {}
 
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {

@@ -378,7 +378,8 @@ where
         Err(err) if err.is_full() => {
             outcome("ledger-full");
             report.track.decided(Decision::Full);
-            return answered_by(report, problem::ledger_full(server.retry_after));
+            let retry_after = err.retry_after().unwrap_or(server.retry_after);
+            return answered_by(report, problem::ledger_full(retry_after));
         }
         Err(err) => {
             outcome("ledger-unavailable");

@@ -189,3 +189,71 @@ async fn a_store_past_its_high_water_mark_warns_with_the_rate_it_sustains() {
     assert!(record(&store, key(3, 82), WINDOW).await);
     assert!(logs.text().is_empty(), "{}", logs.text());
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_tenant_flooding_a_shared_store_leaves_room_for_the_others() {
+    let (_logs, _default) = capture::warnings();
+    // The default scope: one per `Authorization`, so every tenant has a share.
+    let store = MemoryStore::builder().max_bytes(128 * 1024).build();
+    let server = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::server_builder(store.clone())
+                .protected_window(WINDOW)
+                .build()
+                .unwrap(),
+        )
+        .service(SideEffectService::new());
+    let request = |tenant: &str, n: u32| {
+        Request::post("/charges")
+            .header("authorization", format!("Bearer {tenant}"))
+            .header("idempotency-key", format!("\"{tenant}-{n}\""))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    // The flood: new keys, as fast as the store takes them, until it refuses them.
+    let mut flooded = 0;
+    loop {
+        let response = server
+            .clone()
+            .oneshot(request("flood", flooded))
+            .await
+            .unwrap();
+        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::CREATED);
+        flooded += 1;
+        assert!(flooded < 1000, "the flood was never refused");
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    assert!(flooded > 10, "{flooded}");
+    // Another tenant is still served, inside everyone's protected window.
+    for n in 0..5 {
+        let response = server.clone().oneshot(request("quiet", n)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "quiet request {n}");
+    }
+    // And the flood stays refused.
+    let response = server
+        .clone()
+        .oneshot(request("flood", 9999))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(store.evictions(), 0, "nothing protected was evicted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_scope_a_store_is_shared_first_come() {
+    let (_logs, _default) = capture::warnings();
+    // Claims without a scope (the client face, an unscoped server) have no share: one
+    // caller may fill the whole budget.
+    let store = MemoryStore::builder()
+        .max_bytes(8 * one_record().await)
+        .build();
+    let mut n = 0;
+    while record(&store, key(5, n), WINDOW).await {
+        n += 1;
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(n, 8);
+}

@@ -56,6 +56,13 @@ const PRESSURE_CHECK_EVERY_US: u64 = 1_000_000;
 /// How often, at most, the store warns of pressure, and of refusals (µs).
 const WARN_EVERY_US: u64 = 30_000_000;
 
+/// Buckets of per-scope bytes: scopes are counted by their id modulo this (bucket `0` is
+/// no scope), so a store keeps a fixed 8 KiB of counters however many scopes it sees.
+const SCOPE_BUCKETS: u64 = 1024;
+
+/// The default share of the budget one scope may hold once the store is under pressure.
+const DEFAULT_SCOPE_SHARE: f64 = 0.25;
+
 /// Kept free in every open record's weight, so that completing it can always fall back to
 /// a tombstone without needing a byte more than the claim already holds.
 const TOMBSTONE_RESERVE: u64 = 16;
@@ -147,6 +154,13 @@ struct Inner {
     /// never).
     warned_pressure: AtomicU64,
     warned_refusal: AtomicU64,
+    /// Bytes held by each scope's records (see [`SCOPE_BUCKETS`]).
+    scope_bytes: Box<[AtomicU64]>,
+    /// What one scope may hold (see `MemoryStoreBuilder::scope_share`) once protected
+    /// records pass the high-water mark.
+    scope_share: u64,
+    /// Whether protected records held past the high-water mark at the last look.
+    pressed: std::sync::atomic::AtomicBool,
     /// The protected window of the latest claim, in µs: the window the sustainable rate
     /// in a warning is worked out for.
     last_window_us: AtomicU64,
@@ -261,12 +275,35 @@ impl std::fmt::Debug for Inner {
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
+    scope_share: f64,
 }
 
 impl MemoryStoreBuilder {
     /// The byte budget for every record the store holds (default 192 MiB).
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The share of the budget one scope (a tenant, a principal: [`BeginRequest::scope`])
+    /// may hold once protected records pass 80 % of the budget (default 0.25): from then
+    /// on a new claim of a scope over its share is refused, and the rest of the budget goes
+    /// to the scopes under theirs, so one tenant's flood cannot turn every other tenant's
+    /// requests into refusals. Below the mark, and for claims without a scope (the client
+    /// face, an [unscoped](crate::idempotency::ServerBuilder::unscoped) server), nothing
+    /// changes. `1.0` turns shares off.
+    ///
+    /// The cost: a store with one scope (a service called by one principal) refuses it
+    /// once its protected records pass the mark, not when the budget is full.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().scope_share(0.5).build();
+    /// # let _ = store;
+    /// ```
+    pub fn scope_share(mut self, share: f64) -> Self {
+        self.scope_share = share.clamp(0.0, 1.0);
         self
     }
 
@@ -290,6 +327,9 @@ impl MemoryStoreBuilder {
                 warned_pressure: AtomicU64::new(0),
                 warned_refusal: AtomicU64::new(0),
                 last_window_us: AtomicU64::new(0),
+                scope_bytes: (0..SCOPE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+                scope_share: (self.max_bytes as f64 * self.scope_share) as u64,
+                pressed: std::sync::atomic::AtomicBool::new(false),
                 settled: (0..SHARDS)
                     .map(|_| tokio::sync::watch::Sender::new(0))
                     .collect(),
@@ -315,6 +355,7 @@ impl MemoryStore {
     pub fn builder() -> MemoryStoreBuilder {
         MemoryStoreBuilder {
             max_bytes: DEFAULT_MAX_BYTES,
+            scope_share: DEFAULT_SCOPE_SHARE,
         }
     }
 
@@ -395,6 +436,28 @@ impl MemoryStore {
         (open + inside).min(used)
     }
 
+    /// A record of scope bucket `scope` went from `old` to `new` bytes.
+    fn scoped(&self, scope: u16, old: u64, new: u64) {
+        if scope == 0 {
+            return;
+        }
+        let bytes = &self.inner.scope_bytes[usize::from(scope)];
+        if new >= old {
+            bytes.fetch_add(new - old, Ordering::Relaxed);
+        } else {
+            bytes.fetch_sub(old - new, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a new claim of `weight` bytes in scope bucket `scope` is over its share while
+    /// the store is under pressure (then it is refused, leaving the room to other scopes).
+    fn over_share(&self, scope: u16, weight: u64) -> bool {
+        scope != 0
+            && self.inner.pressed.load(Ordering::Relaxed)
+            && self.inner.scope_bytes[usize::from(scope)].load(Ordering::Relaxed) + weight
+                > self.inner.scope_share
+    }
+
     /// µs from the store's epoch to `at`.
     fn micros(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.inner.epoch).as_micros() as u64
@@ -432,9 +495,9 @@ impl MemoryStore {
         let max = self.inner.max_bytes.max(1);
         let protected = self.protected_bytes_at(now);
         self.inner.gauges.protected(protected as f64 / max as f64);
-        if protected * 100 < max * HIGH_WATER_PERCENT
-            || !self.may_warn(&self.inner.warned_pressure, at)
-        {
+        let pressed = protected * 100 >= max * HIGH_WATER_PERCENT;
+        self.inner.pressed.store(pressed, Ordering::Relaxed);
+        if !pressed || !self.may_warn(&self.inner.warned_pressure, at) {
             return;
         }
         // Rare (at most every 30 s): counting the records locks every shard in turn.
@@ -520,6 +583,7 @@ impl MemoryStore {
     fn forget(&self, record: &Record) {
         self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
         self.inner.gauges.removed(record.weight);
+        self.scoped(record.scope, record.weight, 0);
         if let State::Completed { protect_until, .. } = record.state {
             self.inner
                 .completed_bytes
@@ -542,10 +606,12 @@ impl MemoryStore {
                 .fetch_add(record.weight, Ordering::Relaxed);
             lock(&self.inner.evictable).insert((protect_until, record.seq), key);
         }
-        let weight = record.weight;
+        let (weight, scope) = (record.weight, record.scope);
+        self.scoped(scope, 0, weight);
         match shard.insert(key, record) {
             Some(old) => {
                 self.inner.gauges.reweighed(old.weight, weight);
+                self.scoped(old.scope, old.weight, 0);
                 if let State::Completed { protect_until, .. } = old.state {
                     self.inner
                         .completed_bytes
@@ -624,6 +690,7 @@ impl MemoryStore {
                     .fetch_sub(record.weight, Ordering::Relaxed);
                 self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
                 self.inner.gauges.removed(record.weight);
+                self.scoped(record.scope, record.weight, 0);
                 if record.retain_until > now {
                     self.inner.evictions.fetch_add(1, Ordering::Relaxed);
                 }
@@ -648,6 +715,10 @@ impl MemoryStore {
                 let expired = entry.remove();
                 self.forget(&expired);
                 let record = Record::claim(&request, now, self.seq());
+                if self.over_share(record.scope, record.weight) {
+                    drop(shard);
+                    return Err(self.refuse(now));
+                }
                 let weight = record.weight;
                 match self.insert_if_room(&mut shard, request.key, record) {
                     None => {
@@ -659,8 +730,14 @@ impl MemoryStore {
                 }
             }
             Entry::Vacant(entry) => {
-                // Absent: a new claim, if the budget has room for it.
-                match self.claim_vacant(entry, Record::claim(&request, now, self.seq())) {
+                // Absent: a new claim, if the budget has room for it and its scope is not
+                // over its share of a store under pressure.
+                let record = Record::claim(&request, now, self.seq());
+                if self.over_share(record.scope, record.weight) {
+                    drop(shard);
+                    return Err(self.refuse(now));
+                }
+                match self.claim_vacant(entry, record) {
                     None => {
                         drop(shard);
                         self.note_claim(&request, now);
@@ -733,6 +810,7 @@ impl MemoryStore {
             Ordering::Relaxed,
         );
         self.inner.gauges.added(record.weight);
+        self.scoped(record.scope, 0, record.weight);
         entry.insert(record);
         None
     }
@@ -915,6 +993,7 @@ impl MemoryStore {
             return Err((outcome, weight - record.weight));
         }
         self.inner.gauges.reweighed(record.weight, weight);
+        self.scoped(record.scope, record.weight, weight);
         self.inner
             .completed_bytes
             .fetch_add(weight, Ordering::Relaxed);
@@ -949,6 +1028,15 @@ impl MemoryStore {
         if self.insert_if_room(shard, key, done).is_some() {
             unreachable!("a tombstone never outweighs the claim it replaces");
         }
+    }
+}
+
+/// The bucket a scope's bytes are counted in: `0` for no scope, never `0` for one.
+fn scope_bucket(scope: u64) -> u16 {
+    if scope == 0 {
+        0
+    } else {
+        (scope % (SCOPE_BUCKETS - 1) + 1) as u16
     }
 }
 
@@ -999,6 +1087,8 @@ struct Record {
     created: Instant,
     /// Ownership handed out: the first claim and each resume.
     attempts: u32,
+    /// The bucket of the scope's bytes this record counts in (`0`: no scope).
+    scope: u16,
 }
 
 #[derive(Debug)]
@@ -1047,6 +1137,7 @@ impl Record {
             weight: 0,
             created: now,
             attempts: 1,
+            scope: scope_bucket(request.scope),
         };
         record.weight = record.measure();
         record
@@ -1070,6 +1161,7 @@ impl Record {
             weight,
             created: self.created,
             attempts: self.attempts,
+            scope: self.scope,
         }
     }
 

@@ -528,6 +528,10 @@ pub struct BeginRequest {
     /// `false` for a probe: an in-doubt operation is answered [`Begin::InDoubt`] and left
     /// untouched, instead of being handed to this caller with [`Begin::Resume`].
     pub take_over: bool,
+    /// A short id of the scope (tenant, principal) the key belongs to, `0` for none (see
+    /// [`BeginRequest::with_scope`]): a store with a memory budget keeps one scope from
+    /// taking every other scope's room.
+    pub scope: u64,
 }
 
 impl BeginRequest {
@@ -548,6 +552,7 @@ impl BeginRequest {
             retention,
             protected: retention,
             take_over: true,
+            scope: 0,
         }
     }
 
@@ -569,6 +574,31 @@ impl BeginRequest {
         self
     }
 
+    /// The key belongs to `scope` (a tenant or principal; `""`: every caller's): a store
+    /// with a memory budget gives each scope a fair share of it (see
+    /// [`MemoryStoreBuilder::scope_share`]). The server face sets its scope on every
+    /// request.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::{BeginRequest, LedgerKey};
+    /// # let fp = tower_idempotency::Fingerprint::of(&http::Method::POST, "/", b"");
+    /// let key = LedgerKey::server("tenant-a", "k1");
+    /// let request = BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(60))
+    ///     .with_scope("tenant-a");
+    /// assert_ne!(request.scope, 0);
+    /// assert_eq!(request.with_scope("").scope, 0);
+    /// ```
+    pub fn with_scope(self, scope: &str) -> Self {
+        self.with_scope_id(scope_id(scope))
+    }
+
+    /// [`with_scope`](Self::with_scope) by the scope's id ([`scope_id`]).
+    pub(crate) fn with_scope_id(mut self, scope: u64) -> Self {
+        self.scope = scope;
+        self
+    }
+
     /// Make this `begin` a probe: it never takes an in-doubt operation over.
     pub fn probe(mut self) -> Self {
         self.take_over = false;
@@ -579,6 +609,19 @@ impl BeginRequest {
     pub fn protected_window(&self) -> Duration {
         self.protected.min(self.retention)
     }
+}
+
+/// The short id of a scope, as [`BeginRequest::scope`] carries it: `0` for `""`, else a
+/// hash of it that is never `0`. Two scopes may share an id (and then a share): it sizes
+/// shares, it never tells records apart (the [`LedgerKey`] does).
+pub(crate) fn scope_id(scope: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    if scope.is_empty() {
+        return 0;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    scope.hash(&mut hasher);
+    hasher.finish() | 1
 }
 
 /// The answer of [`IdempotencyStore::begin`].

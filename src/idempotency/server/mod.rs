@@ -31,7 +31,7 @@ use crate::error::ConfigError;
 use crate::frozen::{check_length, CollectRequest, DEFAULT_BODY_LIMIT};
 use crate::key::{hex, update_length_prefixed};
 use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock};
-use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{scope_id, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
 
 mod admit;
@@ -904,14 +904,18 @@ where
         let admit = {
             let _entered = span.enter();
             let (parts, body) = req.into_parts();
-            let ledger_key = {
+            let (ledger_key, scope_id) = {
                 // The scope stays in this block: it may name a tenant, and neither logs nor
-                // the ledger ever see it, only the hash it goes into.
+                // the ledger ever see it, only the hashes it goes into (the second, short,
+                // gives the scope its share of a store's budget).
                 let Some(scope) = server.scope.of(&parts) else {
                     outcome("scope-missing");
                     return ServerFuture::answer(problem::scope_missing());
                 };
-                LedgerKey::server_of(&scope, key.as_bytes())
+                (
+                    LedgerKey::server_of(&scope, key.as_bytes()),
+                    scope_id(&scope),
+                )
             };
             // Read and limit the body before any lease is taken: a refused body leaves the
             // key unused.
@@ -926,7 +930,7 @@ where
             Admit::new(
                 inner,
                 self.face.clone(),
-                (key, ledger_key),
+                (key, ledger_key, scope_id),
                 digest_sent,
                 collect,
                 started,

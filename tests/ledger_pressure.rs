@@ -240,6 +240,23 @@ async fn one_tenant_flooding_a_shared_store_leaves_room_for_the_others() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(store.evictions(), 0, "nothing protected was evicted");
+
+    // Once the flood's records leave their window, the pressure is gone and the flooding
+    // tenant is served again (its refusals look at the pressure, at most once a second:
+    // the first of them may still be refused).
+    tokio::time::advance(WINDOW + Duration::from_secs(2)).await;
+    let mut statuses = Vec::new();
+    for n in 10_000..10_002 {
+        statuses.push(
+            server
+                .clone()
+                .oneshot(request("flood", n))
+                .await
+                .unwrap()
+                .status(),
+        );
+    }
+    assert_eq!(statuses.last(), Some(&StatusCode::CREATED), "{statuses:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -773,6 +773,9 @@ impl MemoryStore {
     /// Refuse a claim for room: count it, warn (at most every 30 s) and say when room
     /// frees up, from the front of the eviction order alone (no sweep, no shard lock).
     fn refuse(&self, now: Instant) -> StoreError {
+        // Refused claims look at the pressure too (when due): were every claim refused for
+        // its share, nothing else would ever see the pressure pass.
+        self.check_pressure(now);
         let refused = self.inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
         let first_end = lock(&self.inner.evictable).first_end();
         if self.may_warn(&self.inner.warned_refusal, self.micros(now)) {

@@ -22,8 +22,8 @@ use eviction::EvictionIndex;
 /// The default byte budget of a [`MemoryStore`]: 192 MiB. With the layers' default protected
 /// windows it keeps up with ~2,900 new server operations a second (~1 KB a record, lease +
 /// 1 min) or ~1,600 client ones (~3.1 KB with a 1 KiB request, retry window + lease, 40 s),
-/// and each face's target rate (2,000 and 1,000) holds under two thirds of it protected,
-/// below the warning's 80 % mark.
+/// and each face's target rate (2,000 and 1,000 a second) keeps 70 % and 62 % of it
+/// protected, below the warning's 80 % mark.
 const DEFAULT_MAX_BYTES: u64 = 192 * 1024 * 1024;
 
 /// Shards of the record map: enough that unrelated keys rarely share a lock on a many-core

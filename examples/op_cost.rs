@@ -27,13 +27,14 @@
 //! | `stack_floor` | `client_floor` over the hand-written `tower::retry` of `tower_retry_clone` |
 //! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
 //! | `server_fresh` / `server_replay` | server `IdempotencyLayer` over the handler, a new key per call / always the same key |
+//! | `server_refused` | server `IdempotencyLayer` (default protected window) over a 16 MiB store full of protected records: a new key per call, each refused `503 ledger-full` |
 //! | `store_begin_complete_{1k,100k,1m}` | `begin` + `complete` of a new operation in a `MemoryStore` at that many live records |
 //! | `store_replay_{1k,100k,1m}` | `begin` of a completed operation picked at random in such a store |
 //! | `moka_begin_complete_{1k,100k,1m}` / `moka_replay_{1k,100k,1m}` | the same against `benches/common/moka_ledger.rs`, the best moka-backed ledger (the yardstick `MemoryStore` is measured against) |
 //! | `sha256_1kib` | one SHA-256 of the 1 KiB body (`sha2`), to price SHA separately |
 //!
 //! Setup happens before the measured loop: building the stack, filling its store and warming
-//! up. The layers' stores (`MemoryStore::new()`, 64 MiB) are filled through the measured
+//! up. The layers' stores (`MemoryStore::new()`, at its default budget) are filled through the measured
 //! service itself until they are at their cap and evicting, then left 60 ms so that every
 //! prefilled record is past the benches' 50 ms protected window: each new operation of the
 //! loop then evicts one old record, the steady state the benches reach after their first
@@ -81,7 +82,7 @@ use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{MemoryStore, Outcome};
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{FrozenRetryLayer, ResponseSource};
+use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, ResponseSource};
 
 const BODY_LEN: usize = 1024;
 
@@ -102,6 +103,7 @@ const VARIANTS: &[&str] = &[
     "server_bare",
     "server_fresh",
     "server_replay",
+    "server_refused",
     "store_begin_complete_1k",
     "store_begin_complete_100k",
     "store_begin_complete_1m",
@@ -344,6 +346,28 @@ async fn fill_to_cap<S, ResBody>(
     std::thread::sleep(common::BENCH_PROTECTION + Duration::from_millis(10));
 }
 
+/// Send new operations until the store, full of records inside their protected window,
+/// refuses them; then a few more refusals to warm the refusing path.
+async fn fill_until_refused<S, ResBody>(
+    svc: &mut S,
+    store: &MemoryStore,
+    make_fresh: &impl Fn() -> Request<Full<Bytes>>,
+) where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Debug,
+    ResBody: Body,
+    ResBody::Error: std::fmt::Debug,
+{
+    while store.refused_claims() < 100 {
+        let status = common::call_once(svc, make_fresh()).await;
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::SERVICE_UNAVAILABLE,
+            "{status}"
+        );
+    }
+    assert_eq!(store.evictions(), 0, "a protected record was evicted");
+}
+
 /// Which request a layer variant sends, and how its setup prepares the store.
 enum Plan {
     /// No store: warm up, then the same request shape every call.
@@ -352,6 +376,8 @@ enum Plan {
     Fresh,
     /// The same operation every call: fill the store, record the operation, check replays.
     Replay,
+    /// A new operation per call into a store full of protected records: every one refused.
+    Refused,
 }
 
 async fn service_variant<S, ResBody>(
@@ -368,8 +394,10 @@ where
     ResBody: Body,
     ResBody::Error: std::fmt::Debug,
 {
-    if let Some(store) = store {
-        fill_to_cap(&mut svc, store, &make_fresh).await;
+    match (store, &plan) {
+        (Some(store), Plan::Refused) => fill_until_refused(&mut svc, store, &make_fresh).await,
+        (Some(store), _) => fill_to_cap(&mut svc, store, &make_fresh).await,
+        (None, _) => {}
     }
     let counts;
     match plan {
@@ -392,6 +420,16 @@ where
                 delta.evictions
             );
             assert!(!checked_call(&mut svc, make_fresh()).await.replayed);
+            return (counts, Some(delta));
+        }
+        Plan::Refused => {
+            let watch = StoreWatch::new(store.expect("a store"));
+            let window = Window::open();
+            drive(&mut svc, &make_fresh, n).await;
+            counts = window.close();
+            let delta = watch.delta();
+            assert_eq!(delta.refused, n, "every new operation is refused");
+            assert_eq!(delta.evictions, 0, "nothing protected was evicted");
             return (counts, Some(delta));
         }
         Plan::Replay => {
@@ -691,6 +729,17 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 let fresh_key = || t.fresh_key();
                 let fixed_key = || t.fixed_key();
                 service_variant(svc, Some(&store), plan, fresh_key, fixed_key, n).await
+            }
+            "server_refused" => {
+                // The default protected window: nothing the fill records may be evicted.
+                let store = MemoryStore::builder().max_bytes(16 << 20).build();
+                let layer = IdempotencyLayer::server_builder(store.clone())
+                    .unscoped()
+                    .build()
+                    .expect("valid settings");
+                let svc = ServiceBuilder::new().layer(layer).service(handler());
+                let fresh_key = || t.fresh_key();
+                service_variant(svc, Some(&store), Plan::Refused, fresh_key, fresh_key, n).await
             }
             "sha256_1kib" => (sha256_1kib(n), None),
             other => {

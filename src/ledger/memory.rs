@@ -21,8 +21,12 @@ mod sync;
 use eviction::EvictionIndex;
 use sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 
-/// The default byte budget of a [`MemoryStore`]: 64 MiB.
-const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// The default byte budget of a [`MemoryStore`]: 192 MiB. With the layers' default protected
+/// windows it keeps up with ~2,900 new server operations a second (~1 KB a record, lease +
+/// 1 min) or ~1,600 client ones (~3.1 KB with a 1 KiB request, retry window + lease, 40 s),
+/// and each face's target rate (2,000 and 1,000 a second) keeps 70 % and 62 % of it
+/// protected, below the warning's 80 % mark.
+const DEFAULT_MAX_BYTES: u64 = 192 * 1024 * 1024;
 
 /// Shards of the record map: enough that unrelated keys rarely share a lock on a many-core
 /// machine, few enough to stay small.
@@ -43,6 +47,24 @@ enum Sweep {
     Never,
 }
 
+/// The share of the budget that protected records (open, or completed inside their
+/// protected window) may hold before the store warns that it is nearing refusals.
+const HIGH_WATER_PERCENT: u64 = 80;
+
+/// How often, at most, a claim looks at how much of the budget is protected (in µs since the
+/// store's epoch): a binary search in the eviction order, under its lock.
+const PRESSURE_CHECK_EVERY_US: u64 = 1_000_000;
+
+/// How often, at most, the store warns of pressure, and of refusals (µs).
+const WARN_EVERY_US: u64 = 30_000_000;
+
+/// Buckets of per-scope bytes: scopes are counted by their id modulo this (bucket `0` is
+/// no scope), so a store keeps a fixed 8 KiB of counters however many scopes it sees.
+const SCOPE_BUCKETS: u64 = 1024;
+
+/// The default share of the budget one scope may hold once the store is under pressure.
+const DEFAULT_SCOPE_SHARE: f64 = 0.25;
+
 /// Kept free in every open record's weight, so that completing it can always fall back to
 /// a tombstone without needing a byte more than the claim already holds.
 const TOMBSTONE_RESERVE: u64 = 16;
@@ -50,7 +72,7 @@ const TOMBSTONE_RESERVE: u64 = 16;
 /// The embedded ledger, in this process.
 ///
 /// Every record — in flight, in doubt or completed — sits in one sharded map and counts
-/// against one byte budget, [`max_bytes`](MemoryStoreBuilder::max_bytes) (64 MiB by
+/// against one byte budget, [`max_bytes`](MemoryStoreBuilder::max_bytes) (192 MiB by
 /// default): its key, its bookkeeping, its frozen request and its recorded response.
 /// [`weighted_size`](MemoryStore::weighted_size) is that count, exactly, at every moment.
 ///
@@ -120,6 +142,30 @@ struct Inner {
     last_claim: AtomicU64,
     evictions: AtomicU64,
     refused: AtomicU64,
+    /// What the times below count from.
+    epoch: Instant,
+    /// No open record's retention ends before this (µs since `epoch`; a lower bound): a
+    /// claim that finds no room sweeps every shard for open records past their retention
+    /// only once this has passed, so a flood of refused claims never sweeps at all.
+    open_expiry_floor: AtomicU64,
+    /// Bytes of the completed records held (the rest of `used` is open records).
+    completed_bytes: AtomicU64,
+    /// When a claim next looks at the pressure (µs since `epoch`).
+    next_pressure_check: AtomicU64,
+    /// When the store last warned of pressure, and of refusals (µs since `epoch`; `0`:
+    /// never).
+    warned_pressure: AtomicU64,
+    warned_refusal: AtomicU64,
+    /// Bytes held by each scope's records (see [`SCOPE_BUCKETS`]).
+    scope_bytes: Box<[AtomicU64]>,
+    /// What one scope may hold (see `MemoryStoreBuilder::scope_share`) once protected
+    /// records pass the high-water mark.
+    scope_share: u64,
+    /// Whether protected records held past the high-water mark at the last look.
+    pressed: std::sync::atomic::AtomicBool,
+    /// The protected window of the latest claim, in µs: the window the sustainable rate
+    /// in a warning is worked out for.
+    last_window_us: AtomicU64,
     /// One generation counter per shard, bumped when a record of the shard settles while
     /// someone listens: waiters for a busy key wake when its owner is done instead of
     /// polling. Per shard, not per key, so listening allocates nothing per key; a settle of
@@ -134,6 +180,7 @@ struct Inner {
 struct Gauges {
     bytes: metrics::Gauge,
     records: metrics::Gauge,
+    protected: metrics::Gauge,
 }
 
 #[cfg(feature = "metrics")]
@@ -142,7 +189,13 @@ impl Gauges {
         Self {
             bytes: metrics::gauge!("idempotency_store_bytes", "store" => "memory"),
             records: metrics::gauge!("idempotency_store_records", "store" => "memory"),
+            protected: metrics::gauge!("idempotency_store_protected_ratio", "store" => "memory"),
         }
+    }
+
+    /// The share of the budget protected records hold, as last looked at.
+    fn protected(&self, ratio: f64) {
+        self.protected.set(ratio);
     }
 
     /// A record of `weight` bytes came in.
@@ -178,6 +231,8 @@ impl Gauges {
     fn removed(&self, _: u64) {}
 
     fn reweighed(&self, _: u64, _: u64) {}
+
+    fn protected(&self, _: f64) {}
 }
 
 #[cfg(feature = "metrics")]
@@ -222,12 +277,35 @@ impl std::fmt::Debug for Inner {
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
+    scope_share: f64,
 }
 
 impl MemoryStoreBuilder {
-    /// The byte budget for every record the store holds (default 64 MiB).
+    /// The byte budget for every record the store holds (default 192 MiB).
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The share of the budget one scope (a tenant, a principal: [`BeginRequest::scope`])
+    /// may hold once protected records pass 80 % of the budget (default 0.25): from then
+    /// on a new claim of a scope over its share is refused, and the rest of the budget goes
+    /// to the scopes under theirs, so one tenant's flood cannot turn every other tenant's
+    /// requests into refusals. Below the mark, and for claims without a scope (the client
+    /// face, an [unscoped](crate::idempotency::ServerBuilder::unscoped) server), nothing
+    /// changes. `1.0` turns shares off.
+    ///
+    /// The cost: a store with one scope (a service called by one principal) refuses it
+    /// once its protected records pass the mark, not when the budget is full.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().scope_share(0.5).build();
+    /// # let _ = store;
+    /// ```
+    pub fn scope_share(mut self, share: f64) -> Self {
+        self.scope_share = share.clamp(0.0, 1.0);
         self
     }
 
@@ -244,6 +322,16 @@ impl MemoryStoreBuilder {
                 last_claim: AtomicU64::new(0),
                 evictions: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                epoch: Instant::now(),
+                open_expiry_floor: AtomicU64::new(u64::MAX),
+                completed_bytes: AtomicU64::new(0),
+                next_pressure_check: AtomicU64::new(0),
+                warned_pressure: AtomicU64::new(0),
+                warned_refusal: AtomicU64::new(0),
+                last_window_us: AtomicU64::new(0),
+                scope_bytes: (0..SCOPE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+                scope_share: (self.max_bytes as f64 * self.scope_share) as u64,
+                pressed: std::sync::atomic::AtomicBool::new(false),
                 settled: (0..SHARDS)
                     .map(|_| tokio::sync::watch::Sender::new(0))
                     .collect(),
@@ -260,7 +348,7 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store with the default 64 MiB budget.
+    /// A store with the default 192 MiB budget.
     pub fn new() -> Self {
         Self::builder().build()
     }
@@ -269,6 +357,7 @@ impl MemoryStore {
     pub fn builder() -> MemoryStoreBuilder {
         MemoryStoreBuilder {
             max_bytes: DEFAULT_MAX_BYTES,
+            scope_share: DEFAULT_SCOPE_SHARE,
         }
     }
 
@@ -314,10 +403,147 @@ impl MemoryStore {
     /// # }
     /// ```
     pub async fn run_pending_tasks(&self) {
-        let now = Instant::now();
+        self.sweep_all(Instant::now());
+    }
+
+    /// The bytes of the records the store may not evict now (open ones, and completed ones
+    /// inside their protected window): what a new claim cannot make room from. Estimated
+    /// for the completed records, from their count and their mean weight.
+    ///
+    /// When it passes 80 % of the budget the store warns (at most every 30 s) with the rate
+    /// of new operations it can sustain, and with feature `metrics` it is reported, as a
+    /// share of the budget, in the gauge `idempotency_store_protected_ratio` (looked at no
+    /// more than once a second, by the claims).
+    ///
+    /// ```
+    /// let store = tower_idempotency::ledger::MemoryStore::new();
+    /// assert_eq!(store.protected_bytes(), 0);
+    /// ```
+    pub fn protected_bytes(&self) -> u64 {
+        self.protected_bytes_at(Instant::now())
+    }
+
+    fn protected_bytes_at(&self, now: Instant) -> u64 {
+        // Read the completed bytes first: a record completing meanwhile moves bytes from
+        // open to completed, which only makes this estimate err towards protected.
+        let completed = self.inner.completed_bytes.load(Ordering::Relaxed);
+        let used = self.inner.used.load(Ordering::Relaxed);
+        let (held, ended) = lock(&self.inner.evictable).ended_by(now);
+        let open = used.saturating_sub(completed);
+        let inside = if held == 0 {
+            0
+        } else {
+            (u128::from(completed) * (held - ended) as u128 / held as u128) as u64
+        };
+        (open + inside).min(used)
+    }
+
+    /// A record of scope bucket `scope` went from `old` to `new` bytes.
+    fn scoped(&self, scope: u16, old: u64, new: u64) {
+        if scope == 0 {
+            return;
+        }
+        let bytes = &self.inner.scope_bytes[usize::from(scope)];
+        if new >= old {
+            bytes.fetch_add(new - old, Ordering::Relaxed);
+        } else {
+            bytes.fetch_sub(old - new, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a new claim of `weight` bytes in scope bucket `scope` is over its share while
+    /// the store is under pressure (then it is refused, leaving the room to other scopes).
+    fn over_share(&self, scope: u16, weight: u64) -> bool {
+        scope != 0
+            && self.inner.pressed.load(Ordering::Relaxed)
+            && self.inner.scope_bytes[usize::from(scope)].load(Ordering::Relaxed) + weight
+                > self.inner.scope_share
+    }
+
+    /// µs from the store's epoch to `at`.
+    fn micros(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.inner.epoch).as_micros() as u64
+    }
+
+    /// Whether to warn now, at most once every [`WARN_EVERY_US`] per kind of warning.
+    fn may_warn(&self, last: &AtomicU64, at: u64) -> bool {
+        let before = last.load(Ordering::Relaxed);
+        if before != 0 && at < before + WARN_EVERY_US {
+            return false;
+        }
+        last.compare_exchange(before, at.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// At most once a second (the first claim to find it due): how much of the budget is
+    /// protected, into the gauge, and a warning past the high-water mark.
+    fn check_pressure(&self, now: Instant) {
+        let at = self.micros(now);
+        let due = self.inner.next_pressure_check.load(Ordering::Relaxed);
+        if at < due
+            || self
+                .inner
+                .next_pressure_check
+                .compare_exchange(
+                    due,
+                    at + PRESSURE_CHECK_EVERY_US,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let max = self.inner.max_bytes.max(1);
+        let protected = self.protected_bytes_at(now);
+        self.inner.gauges.protected(protected as f64 / max as f64);
+        let pressed = protected * 100 >= max * HIGH_WATER_PERCENT;
+        self.inner.pressed.store(pressed, Ordering::Relaxed);
+        if !pressed || !self.may_warn(&self.inner.warned_pressure, at) {
+            return;
+        }
+        // Rare (at most every 30 s): counting the records locks every shard in turn.
+        let records = self.entry_count().max(1);
+        let per_record = (self.weighted_size() / records).max(1);
+        let window = Duration::from_micros(self.inner.last_window_us.load(Ordering::Relaxed));
+        let sustainable = max as f64 / per_record as f64 / window.as_secs_f64().max(0.001);
+        tracing::warn!(
+            max_bytes = max,
+            protected_bytes = protected,
+            bytes_per_record = per_record,
+            protected_window_secs = window.as_secs_f64(),
+            sustainable_per_sec = sustainable as u64,
+            "the memory ledger's protected records hold {}% of its budget: at {per_record} bytes \
+             a record and a {:.0} s protected window it sustains about {:.0} new operations a \
+             second, and refuses new ones past that (raise max_bytes, shorten the protected \
+             window, or move to a shared store)",
+            protected * 100 / max,
+            window.as_secs_f64(),
+            sustainable,
+        );
+    }
+
+    /// Drop every record past its retention, in every shard, and learn when the first open
+    /// record left will end.
+    fn sweep_all(&self, now: Instant) {
+        // Claims meanwhile lower the floor on their own; a record this sweep keeps lowers it
+        // here, so no open record is left above it.
+        self.inner
+            .open_expiry_floor
+            .store(u64::MAX, Ordering::Relaxed);
         for shard in self.inner.shards.iter() {
             let mut shard = lock(shard);
             self.sweep(&mut shard, now);
+            let first_end = shard
+                .values()
+                .filter(|record| !matches!(record.state, State::Completed { .. }))
+                .map(|record| record.retain_until)
+                .min();
+            if let Some(end) = first_end {
+                self.inner
+                    .open_expiry_floor
+                    .fetch_min(self.micros(end), Ordering::Relaxed);
+            }
         }
     }
 
@@ -359,7 +585,11 @@ impl MemoryStore {
     fn forget(&self, record: &Record) {
         self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
         self.inner.gauges.removed(record.weight);
+        self.scoped(record.scope, record.weight, 0);
         if let State::Completed { protect_until, .. } = record.state {
+            self.inner
+                .completed_bytes
+                .fetch_sub(record.weight, Ordering::Relaxed);
             lock(&self.inner.evictable).remove((protect_until, record.seq));
         }
     }
@@ -373,13 +603,21 @@ impl MemoryStore {
             return Some(record);
         }
         if let State::Completed { protect_until, .. } = record.state {
+            self.inner
+                .completed_bytes
+                .fetch_add(record.weight, Ordering::Relaxed);
             lock(&self.inner.evictable).insert((protect_until, record.seq), key);
         }
-        let weight = record.weight;
+        let (weight, scope) = (record.weight, record.scope);
+        self.scoped(scope, 0, weight);
         match shard.insert(key, record) {
             Some(old) => {
                 self.inner.gauges.reweighed(old.weight, weight);
+                self.scoped(old.scope, old.weight, 0);
                 if let State::Completed { protect_until, .. } = old.state {
+                    self.inner
+                        .completed_bytes
+                        .fetch_sub(old.weight, Ordering::Relaxed);
                     lock(&self.inner.evictable).remove((protect_until, old.seq));
                 }
             }
@@ -436,18 +674,25 @@ impl MemoryStore {
                     return false;
                 }
                 // Nothing left to evict: open records past their retention (abandoned in
-                // doubt) are the only other bytes that may go. Rare, so a full sweep.
+                // doubt) are the only other bytes that may go, and only once the first of
+                // them may have ended. Then a full sweep, which learns when the next one
+                // ends: a store full of protected records refuses without sweeping again
+                // (a flood of new keys costs each a refusal, not a walk of every record).
                 swept = true;
-                for shard in self.inner.shards.iter() {
-                    self.sweep(&mut lock(shard), now);
+                if self.micros(now) >= self.inner.open_expiry_floor.load(Ordering::Relaxed) {
+                    self.sweep_all(now);
                 }
                 continue;
             };
             let mut shard = lock(self.shard(&key));
             if shard.get(&key).is_some_and(|record| record.seq == seq) {
                 let record = shard.remove(&key).expect("checked under the same lock");
+                self.inner
+                    .completed_bytes
+                    .fetch_sub(record.weight, Ordering::Relaxed);
                 self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
                 self.inner.gauges.removed(record.weight);
+                self.scoped(record.scope, record.weight, 0);
                 if record.retain_until > now {
                     self.inner.evictions.fetch_add(1, Ordering::Relaxed);
                 }
@@ -472,19 +717,34 @@ impl MemoryStore {
                 let expired = entry.remove();
                 self.forget(&expired);
                 let record = Record::claim(&request, now, self.seq());
+                if self.over_share(record.scope, record.weight) {
+                    drop(shard);
+                    return Err(self.refuse(now));
+                }
                 let weight = record.weight;
                 match self.insert_if_room(&mut shard, request.key, record) {
                     None => {
-                        self.claimed(weight);
+                        drop(shard);
+                        self.claimed(weight, &request, now);
                         return Ok(acquired(&request));
                     }
                     Some(record) => record,
                 }
             }
             Entry::Vacant(entry) => {
-                // Absent: a new claim, if the budget has room for it.
-                match self.claim_vacant(entry, Record::claim(&request, now, self.seq())) {
-                    None => return Ok(acquired(&request)),
+                // Absent: a new claim, if the budget has room for it and its scope is not
+                // over its share of a store under pressure.
+                let record = Record::claim(&request, now, self.seq());
+                if self.over_share(record.scope, record.weight) {
+                    drop(shard);
+                    return Err(self.refuse(now));
+                }
+                match self.claim_vacant(entry, record) {
+                    None => {
+                        drop(shard);
+                        self.note_claim(&request, now);
+                        return Ok(acquired(&request));
+                    }
                     Some(record) => record,
                 }
             }
@@ -502,19 +762,40 @@ impl MemoryStore {
                 }
                 Entry::Vacant(entry) => {
                     if self.claim_vacant(entry, record).is_none() {
+                        drop(shard);
+                        self.note_claim(&request, now);
                         return Ok(acquired(&request));
                     }
                 }
             }
         }
-        self.inner.refused.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(
-            max_bytes = self.inner.max_bytes,
-            used = self.weighted_size(),
-            "the memory ledger is full of records inside their protected window; refusing a new \
-             operation (raise max_bytes or shorten the protected window)"
-        );
-        Err(StoreError::full())
+        Err(self.refuse(now))
+    }
+
+    /// Refuse a claim for room: count it, warn (at most every 30 s) and say when room
+    /// frees up, from the front of the eviction order alone (no sweep, no shard lock).
+    fn refuse(&self, now: Instant) -> StoreError {
+        // Refused claims look at the pressure too (when due): were every claim refused for
+        // its share, nothing else would ever see the pressure pass.
+        self.check_pressure(now);
+        let refused = self.inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let first_end = lock(&self.inner.evictable).first_end();
+        if self.may_warn(&self.inner.warned_refusal, self.micros(now)) {
+            tracing::warn!(
+                max_bytes = self.inner.max_bytes,
+                used = self.weighted_size(),
+                refused,
+                "the memory ledger is full of records inside their protected window; refusing \
+                 new operations (raise max_bytes, shorten the protected window, or move to a \
+                 shared store)"
+            );
+        }
+        match first_end {
+            // The first completed record to leave its protected window makes room then; an
+            // open one leaves when it completes or ends, which nothing here can tell.
+            Some(end) if end > now => StoreError::full_until(end - now),
+            _ => StoreError::full(),
+        }
     }
 
     /// Put a new claim in `entry`'s place (one lookup: a claim holds no outcome, so it is
@@ -529,8 +810,12 @@ impl MemoryStore {
         if !self.reweigh(0, record.weight) {
             return Some(record);
         }
-        self.claimed(record.weight);
+        self.inner.last_claim.store(
+            record.weight.min(self.inner.max_bytes / 16),
+            Ordering::Relaxed,
+        );
         self.inner.gauges.added(record.weight);
+        self.scoped(record.scope, 0, record.weight);
         entry.insert(record);
         None
     }
@@ -538,9 +823,25 @@ impl MemoryStore {
     /// A claim of `weight` bytes was taken: the room a completion that evicts leaves for
     /// the next one (see `complete_now`), never more than a sixteenth of the budget, so an
     /// outsized claim cannot make completions empty the eviction index.
-    fn claimed(&self, weight: u64) {
+    fn claimed(&self, weight: u64, request: &BeginRequest, now: Instant) {
         let headroom = weight.min(self.inner.max_bytes / 16);
         self.inner.last_claim.store(headroom, Ordering::Relaxed);
+        self.note_claim(request, now);
+    }
+
+    /// What every new claim tells the store, after its shard lock is released: when the
+    /// open record may end (for the sweep's floor), its protected window (for the pressure
+    /// warning), and a look at the pressure when one is due.
+    fn note_claim(&self, request: &BeginRequest, now: Instant) {
+        let ends = self.micros(now + request.retention);
+        self.inner
+            .open_expiry_floor
+            .fetch_min(ends, Ordering::Relaxed);
+        let window = request.protected_window().as_micros() as u64;
+        if self.inner.last_window_us.load(Ordering::Relaxed) != window {
+            self.inner.last_window_us.store(window, Ordering::Relaxed);
+        }
+        self.check_pressure(now);
     }
 
     fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Instant) -> Begin {
@@ -697,6 +998,10 @@ impl MemoryStore {
             return Err((outcome, weight - record.weight));
         }
         self.inner.gauges.reweighed(record.weight, weight);
+        self.scoped(record.scope, record.weight, weight);
+        self.inner
+            .completed_bytes
+            .fetch_add(weight, Ordering::Relaxed);
         let seq = self.seq();
         // An open record is not in the eviction order: only its completion enters it.
         lock(&self.inner.evictable).insert((protect_until, seq), key);
@@ -728,6 +1033,15 @@ impl MemoryStore {
         if self.insert_if_room(shard, key, done).is_some() {
             unreachable!("a tombstone never outweighs the claim it replaces");
         }
+    }
+}
+
+/// The bucket a scope's bytes are counted in: `0` for no scope, never `0` for one.
+fn scope_bucket(scope: u64) -> u16 {
+    if scope == 0 {
+        0
+    } else {
+        (scope % (SCOPE_BUCKETS - 1) + 1) as u16
     }
 }
 
@@ -778,6 +1092,8 @@ struct Record {
     created: Instant,
     /// Ownership handed out: the first claim and each resume.
     attempts: u32,
+    /// The bucket of the scope's bytes this record counts in (`0`: no scope).
+    scope: u16,
 }
 
 #[derive(Debug)]
@@ -826,6 +1142,7 @@ impl Record {
             weight: 0,
             created: now,
             attempts: 1,
+            scope: scope_bucket(request.scope),
         };
         record.weight = record.measure();
         record
@@ -849,6 +1166,7 @@ impl Record {
             weight,
             created: self.created,
             attempts: self.attempts,
+            scope: self.scope,
         }
     }
 

@@ -528,6 +528,10 @@ pub struct BeginRequest {
     /// `false` for a probe: an in-doubt operation is answered [`Begin::InDoubt`] and left
     /// untouched, instead of being handed to this caller with [`Begin::Resume`].
     pub take_over: bool,
+    /// A short id of the scope (tenant, principal) the key belongs to, `0` for none (see
+    /// [`BeginRequest::with_scope`]): a store with a memory budget keeps one scope from
+    /// taking every other scope's room.
+    pub scope: u64,
 }
 
 impl BeginRequest {
@@ -548,6 +552,7 @@ impl BeginRequest {
             retention,
             protected: retention,
             take_over: true,
+            scope: 0,
         }
     }
 
@@ -569,6 +574,31 @@ impl BeginRequest {
         self
     }
 
+    /// The key belongs to `scope` (a tenant or principal; `""`: every caller's): a store
+    /// with a memory budget gives each scope a fair share of it (see
+    /// [`MemoryStoreBuilder::scope_share`]). The server face sets its scope on every
+    /// request.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::{BeginRequest, LedgerKey};
+    /// # let fp = tower_idempotency::Fingerprint::of(&http::Method::POST, "/", b"");
+    /// let key = LedgerKey::server("tenant-a", "k1");
+    /// let request = BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(60))
+    ///     .with_scope("tenant-a");
+    /// assert_ne!(request.scope, 0);
+    /// assert_eq!(request.with_scope("").scope, 0);
+    /// ```
+    pub fn with_scope(self, scope: &str) -> Self {
+        self.with_scope_id(scope_id(scope))
+    }
+
+    /// [`with_scope`](Self::with_scope) by the scope's id ([`scope_id`]).
+    pub(crate) fn with_scope_id(mut self, scope: u64) -> Self {
+        self.scope = scope;
+        self
+    }
+
     /// Make this `begin` a probe: it never takes an in-doubt operation over.
     pub fn probe(mut self) -> Self {
         self.take_over = false;
@@ -579,6 +609,19 @@ impl BeginRequest {
     pub fn protected_window(&self) -> Duration {
         self.protected.min(self.retention)
     }
+}
+
+/// The short id of a scope, as [`BeginRequest::scope`] carries it: `0` for `""`, else a
+/// hash of it that is never `0`. Two scopes may share an id (and then a share): it sizes
+/// shares, it never tells records apart (the [`LedgerKey`] does).
+pub(crate) fn scope_id(scope: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    if scope.is_empty() {
+        return 0;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    scope.hash(&mut hasher);
+    hasher.finish() | 1
 }
 
 /// The answer of [`IdempotencyStore::begin`].
@@ -687,9 +730,34 @@ impl StoreError {
         }
     }
 
+    /// [`StoreError::full`], knowing when room frees up: in `retry_after`, the first record
+    /// the store keeps leaves its protected window and may make way for a new one.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::StoreError;
+    /// let err = StoreError::full_until(Duration::from_secs(12));
+    /// assert!(err.is_full());
+    /// assert_eq!(err.retry_after(), Some(Duration::from_secs(12)));
+    /// assert_eq!(StoreError::full().retry_after(), None);
+    /// ```
+    pub fn full_until(retry_after: Duration) -> Self {
+        Self {
+            kind: StoreErrorKind::Full,
+            source: Some(Box::new(RoomFreesIn(retry_after))),
+        }
+    }
+
     /// See [`StoreError::full`].
     pub fn is_full(&self) -> bool {
         self.kind == StoreErrorKind::Full
+    }
+
+    /// When a [full](Self::is_full) store expects room for a new claim, if it knows
+    /// ([`full_until`](Self::full_until)).
+    pub fn retry_after(&self) -> Option<Duration> {
+        let room = self.source.as_deref()?.downcast_ref::<RoomFreesIn>()?;
+        Some(room.0)
     }
 
     /// See [`StoreError::unavailable`].
@@ -741,6 +809,19 @@ impl fmt::Display for StoreError {
         }
     }
 }
+
+/// How long until a full store has room again (the source of a
+/// [`full_until`](StoreError::full_until) error).
+#[derive(Debug)]
+struct RoomFreesIn(Duration);
+
+impl fmt::Display for RoomFreesIn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "room frees up in {:?}", self.0)
+    }
+}
+
+impl std::error::Error for RoomFreesIn {}
 
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {

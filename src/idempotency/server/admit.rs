@@ -77,6 +77,8 @@ pin_project! {
         server: Arc<ServerFace>,
         key: Option<HeaderKey>,
         ledger_key: LedgerKey,
+        // The short id of the key's scope: its share of a store's budget.
+        scope: u64,
         // Whether the request carries a `Content-Digest` to check its body by.
         digest_sent: bool,
         started: Option<tokio::time::Instant>,
@@ -117,7 +119,7 @@ where
     pub(super) fn new(
         inner: S,
         server: Arc<ServerFace>,
-        (key, ledger_key): (HeaderKey, LedgerKey),
+        (key, ledger_key, scope): (HeaderKey, LedgerKey, u64),
         digest_sent: bool,
         collect: CollectRequest<B>,
         started: Option<tokio::time::Instant>,
@@ -127,6 +129,7 @@ where
             server,
             key: Some(key),
             ledger_key,
+            scope,
             digest_sent,
             started,
             step: Step::Reading { collect },
@@ -168,7 +171,7 @@ where
                     Ok(read) => {
                         let key = this.key.take().expect("read once");
                         let report = reporting(this.server, &key, *this.started);
-                        let keys = (key, *this.ledger_key);
+                        let keys = (key, *this.ledger_key, *this.scope);
                         claim(
                             this.server,
                             this.inner,
@@ -269,7 +272,7 @@ fn refused_digest<T>(err: &DigestError) -> Response<ResponseBody<T>> {
 fn claim<S, B, ResB>(
     server: &Arc<ServerFace>,
     inner: &mut Option<S>,
-    (key, ledger_key): (HeaderKey, LedgerKey),
+    (key, ledger_key, scope): (HeaderKey, LedgerKey, u64),
     digest_sent: bool,
     (parts, body): (Parts, Bytes),
     report: Report,
@@ -298,7 +301,10 @@ where
         digest,
         report,
     };
-    let mut begin = server.ledger.request(ledger_key, fingerprint);
+    let mut begin = server
+        .ledger
+        .request(ledger_key, fingerprint)
+        .with_scope_id(scope);
     if server.in_doubt == InDoubtPolicy::OutcomeUnknown {
         // An in-doubt key is only ever looked at: answering it never changes its record,
         // so a client that keeps retrying cannot keep it alive.
@@ -378,7 +384,8 @@ where
         Err(err) if err.is_full() => {
             outcome("ledger-full");
             report.track.decided(Decision::Full);
-            return answered_by(report, problem::ledger_full(server.retry_after));
+            let retry_after = err.retry_after().unwrap_or(server.retry_after);
+            return answered_by(report, problem::ledger_full(retry_after));
         }
         Err(err) => {
             outcome("ledger-unavailable");

@@ -30,7 +30,7 @@ use crate::effect::EffectClass;
 use crate::error::ConfigError;
 use crate::frozen::{check_length, CollectRequest, DEFAULT_BODY_LIMIT};
 use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock};
-use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{scope_id, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::BoxError;
 
 mod admit;
@@ -181,9 +181,12 @@ pub enum InDoubtPolicy {
 /// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
 pub const DEFAULT_MAX_WAITERS: usize = 256;
 
-/// The default protected window of a server record: how long after it completes it is
-/// never evicted from a store with a memory budget, so the clients' retries find it.
-pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// The default protected window of a server record, besides the lease: how long after it
+/// completes it is never evicted from a store with a memory budget, so the clients' retries
+/// find it. A minute covers a client's automatic retries (this crate's default retry window
+/// is 30 s, and SDKs' are shorter); a caller that comes back later (an orchestrator resuming
+/// after a crash) needs a durable store, where nothing is evicted, not a longer window here.
+pub const DEFAULT_SERVER_PROTECTED_WINDOW: Duration = Duration::from_secs(60);
 
 /// The server face's configuration (see [`ServerBuilder`] and the
 /// [module docs](crate::idempotency#the-server-face)).
@@ -236,7 +239,7 @@ impl fmt::Debug for ServerFace {
 /// | [key required](ServerBuilder::require_key) on them | yes: `400` without one |
 /// | [lease](ServerBuilder::lease) (renewed while the handler runs) | 10 s |
 /// | [retention](ServerBuilder::retention) | 24 h |
-/// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 5 min |
+/// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 1 min |
 /// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
 /// | [waiters](ServerBuilder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
 /// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
@@ -424,7 +427,7 @@ impl ServerBuilder {
     }
 
     /// How long after it completes a key's record is never evicted from a store with a
-    /// memory budget (default the lease plus 5 minutes): cover your clients' retry windows.
+    /// memory budget (default the lease plus 1 minute): cover your clients' retry windows.
     /// When the budget is full of such records, new keys get `503`
     /// [`ledger-full`](problem::LEDGER_FULL) rather than an outcome being forgotten.
     /// Clamped to the retention.
@@ -861,14 +864,18 @@ where
         let admit = {
             let _entered = span.enter();
             let (parts, body) = req.into_parts();
-            let ledger_key = {
+            let (ledger_key, scope_id) = {
                 // The scope stays in this block: it may name a tenant, and neither logs nor
-                // the ledger ever see it, only the hash it goes into.
+                // the ledger ever see it, only the hashes it goes into (the second, short,
+                // gives the scope its share of a store's budget).
                 let Some(scope) = server.scope.of(&parts) else {
                     outcome("scope-missing");
                     return ServerFuture::answer(problem::scope_missing());
                 };
-                LedgerKey::server_of(&scope, key.as_bytes())
+                (
+                    LedgerKey::server_of(&scope, key.as_bytes()),
+                    scope_id(&scope),
+                )
             };
             // Read and limit the body before any lease is taken: a refused body leaves the
             // key unused.
@@ -883,7 +890,7 @@ where
             Admit::new(
                 inner,
                 self.face.clone(),
-                (key, ledger_key),
+                (key, ledger_key, scope_id),
                 digest_sent,
                 collect,
                 started,

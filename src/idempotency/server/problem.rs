@@ -209,6 +209,17 @@ fn problem<T>(
     detail: String,
     extra: Option<(&str, Value)>,
 ) -> Response<ResponseBody<T>> {
+    problem_with_body(status, problem_body(status, kind, title, detail, extra))
+}
+
+/// The `application/problem+json` body of a [`problem`].
+fn problem_body(
+    status: StatusCode,
+    kind: &'static str,
+    title: &str,
+    detail: String,
+    extra: Option<(&str, Value)>,
+) -> Bytes {
     let mut members = vec![
         ("type", Value::from(kind)),
         ("title", Value::from(title)),
@@ -227,7 +238,12 @@ fn problem<T>(
         json.push_str(&value.to_string());
     }
     json.push('}');
-    let mut response = Response::new(ResponseBody::buffered(Bytes::from(json)));
+    Bytes::from(json)
+}
+
+/// A problem response of `status` with a body made by [`problem_body`].
+fn problem_with_body<T>(status: StatusCode, body: Bytes) -> Response<ResponseBody<T>> {
+    let mut response = Response::new(ResponseBody::buffered(body));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -379,15 +395,21 @@ pub(crate) fn commit_unknown<T>(retry_after: Duration) -> Response<ResponseBody<
 }
 
 pub(crate) fn ledger_full<T>(retry_after: Duration) -> Response<ResponseBody<T>> {
-    let response = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        LEDGER_FULL,
-        "Idempotency ledger full",
-        "the request was not handled because the idempotency ledger has no room for a new key; retry later with the same key"
-            .to_owned(),
-        None,
-    );
-    with_retry_after(response, retry_after)
+    // A flood of new keys against a full ledger is answered with this alone, so it must
+    // cost no more than serving one: the body is the same every time, written once.
+    static BODY: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let body = BODY.get_or_init(|| {
+        problem_body(
+            status,
+            LEDGER_FULL,
+            "Idempotency ledger full",
+            "the request was not handled because the idempotency ledger has no room for a new key; retry later with the same key"
+                .to_owned(),
+            None,
+        )
+    });
+    with_retry_after(problem_with_body(status, body.clone()), retry_after)
 }
 
 pub(crate) fn scope_missing<T>() -> Response<ResponseBody<T>> {

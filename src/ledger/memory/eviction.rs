@@ -86,6 +86,29 @@ impl EvictionIndex {
         Some((key, seq))
     }
 
+    /// When the first record in the order leaves its protected window.
+    pub(super) fn first_end(&self) -> Option<Instant> {
+        let deque = self.sorted.front().map(|(place, _)| place.0);
+        let tree = self.overflow.first_key_value().map(|(place, _)| place.0);
+        match (deque, tree) {
+            (Some(deque), Some(tree)) => Some(deque.min(tree)),
+            (one, other) => one.or(other),
+        }
+    }
+
+    /// How many records the order holds, and how many of them left their protected window
+    /// by `now`: a binary search in the deque, a walk of the (small) tree's ended front.
+    pub(super) fn ended_by(&self, now: Instant) -> (usize, usize) {
+        let held = self.sorted.len() + self.overflow.len();
+        let in_deque = self.sorted.partition_point(|(place, _)| place.0 <= now);
+        let in_tree = self
+            .overflow
+            .keys()
+            .take_while(|place| place.0 <= now)
+            .count();
+        (held, in_deque + in_tree)
+    }
+
     /// A deque that grew for a burst keeps its room; give most of it back once it holds a
     /// quarter of it, as the tree it replaces freed its nodes.
     fn give_back_room(&mut self) {

@@ -25,10 +25,13 @@
 //! 3. `begin` in the ledger, storing the frozen request before any byte leaves.
 //! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
 //!    never taken for a dead owner's). A response is recorded (up to 1 MiB; a larger one
-//!    reaches the caller whole and is kept as a tombstone). A response meaning "try again"
-//!    (`408`, `429`, `5xx`, and a `409` with `Retry-After`: "still in progress") leaves the
-//!    operation *in doubt*, so a later run resends rather than replaying the failure; any
-//!    other `409` ("already exists") is a final answer, recorded like a `201`. An error
+//!    reaches the caller whole and is kept as a tombstone). A response saying the operation
+//!    never started ([`ReleaseOn`]: `401`, `407`, `408`, `429`, the server face's refusals
+//!    that say nothing ran) releases it, so the next run sends it once the token is
+//!    refreshed or the limit waited out. A response meaning "try again" (`5xx`, and a `409`
+//!    with `Retry-After`: "still in progress") leaves the operation *in doubt*, so a later
+//!    run resends rather than replaying the failure; any other `409` ("already exists") is
+//!    a final answer, recorded like a `201`. An error
 //!    releases the operation only when **no** attempt of it may have been sent: "may have
 //!    been sent" is sticky across the retries inside, so attempts refused at connect after
 //!    one that reached the server leave the operation in doubt. A recording lost to a
@@ -47,10 +50,15 @@
 //! Layers between this one and the [`FrozenRetryLayer`](crate::FrozenRetryLayer) (a
 //! `map_request` adding `Authorization`, a tracing header) keep their changes: the retry
 //! layer resends what it was handed, byte for byte, reusing the body and fingerprint this
-//! layer computed. A caller's own `Idempotency-Key` names an operation **at its target**
-//! (scheme, host, port): the same key sent to two hosts is two operations. An
-//! [`OperationId`](crate::OperationId) names one operation wherever it is sent: sent to
-//! another target it is a drift, never a replay of the first target's answer.
+//! layer computed. A caller's own `Idempotency-Key` names an operation **for its principal
+//! at its target**: the same key sent under two credentials (by default, two
+//! `Authorization` headers; see [`ClientBuilder::caller_key_scope`]) or to two hosts is
+//! two operations, and a caller's key travelling with no credential is refused (the
+//! credential must be on the request when it reaches this layer; one added by a layer
+//! inside is not seen). An [`OperationId`](crate::OperationId) names one operation
+//! wherever it is sent and whatever credential it travels with (a token refreshed between
+//! a call and its resume is the same operation): sent to another target it is a drift,
+//! never a replay of the first target's answer.
 //!
 //! # Reconciling in-doubt operations
 //!

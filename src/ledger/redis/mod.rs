@@ -40,7 +40,7 @@
 //!   default), and every script touches only that key. A script is atomic on its key, so
 //!   `begin` is one step with no check-then-set, and the scripts stay valid under any
 //!   key-slot sharding.
-//! - **One round trip per ledger operation.** The six scripts are loaded when the store
+//! - **One round trip per ledger operation.** The seven scripts are loaded when the store
 //!   connects and invoked by SHA (`EVALSHA`); if Redis has forgotten them (a restart,
 //!   `SCRIPT FLUSH`, a failover) the call loads the script and retries once. A fresh
 //!   operation costs two commands (`begin`, `complete`), a replay one.
@@ -236,15 +236,17 @@ const MARK_IN_DOUBT_LUA: &str = concat!(
 );
 const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
+const FORGET_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("forget.lua"));
 
 /// Every script, for loading them all when the store connects.
-const ALL_SCRIPTS: [&str; 6] = [
+const ALL_SCRIPTS: [&str; 7] = [
     BEGIN_LUA,
     COMPLETE_LUA,
     ABANDON_LUA,
     MARK_IN_DOUBT_LUA,
     RENEW_LUA,
     INSPECT_LUA,
+    FORGET_LUA,
 ];
 
 // Each script is hashed once per process; `Script` invokes by SHA and loads on NOSCRIPT.
@@ -254,6 +256,7 @@ static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(ABANDON_LUA));
 static MARK_IN_DOUBT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_IN_DOUBT_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
 
 /// The distributed ledger on Redis. See the [module docs](self) for how it works, the record
 /// layout and what durability to expect.
@@ -786,6 +789,39 @@ impl IdempotencyStore for RedisStore {
             call.arg(token_hex(token)).arg(millis(lease, 1));
             self.settle(&call).await
         })
+    }
+
+    fn forget(&self, key: LedgerKey, expected: super::Expected) -> StoreFuture<'_, super::Forget> {
+        StoreFuture::new(async move {
+            let mut call = ScriptCall::new(&FORGET, self.redis_key(&key));
+            call.arg(expected.kind.as_str())
+                .arg(expected.fingerprint.to_hex())
+                .arg(expected.attempts)
+                .arg(if expected.force { "1" } else { "0" });
+            let answer = match self.invoke(&call).await {
+                Ok(reply) => decode_forget(&reply),
+                Err(err) => Err(err),
+            };
+            super::report_forget("redis", &key, &expected, &answer);
+            answer
+        })
+    }
+}
+
+/// Turn `forget`'s reply into the protocol's answer.
+fn decode_forget(reply: &[Value]) -> Result<super::Forget, StoreError> {
+    use super::Forget;
+    match tag(reply)? {
+        b"forgotten" => Ok(Forget::Forgotten),
+        b"absent" => Ok(Forget::Absent),
+        b"changed" => Ok(Forget::Changed),
+        b"live" => match reply.get(1) {
+            Some(Value::Int(ms)) => Ok(Forget::Live {
+                lease_left: Duration::from_millis(u64::try_from(*ms).unwrap_or(0)),
+            }),
+            _ => Err(unexpected(reply)),
+        },
+        _ => Err(unexpected(reply)),
     }
 }
 

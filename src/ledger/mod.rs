@@ -52,6 +52,16 @@
 //! [`mark_in_doubt`]: IdempotencyStore::mark_in_doubt
 //! [`renew`]: IdempotencyStore::renew
 //!
+//! # Forgetting a record on purpose
+//!
+//! A record that should not be there (a recorded `401` the caller can never get past, an
+//! operation in doubt that an operator reconciled by hand) need not wait out its retention:
+//! [`IdempotencyStore::forget`] removes it, but only if it is still as an
+//! [`inspect`](IdempotencyStore::inspect) showed it ([`Expected`]), and never from under a
+//! live owner unless forced. [`Records`], from a built layer's `records()`, finds a record
+//! by the keys that layer derives (an [`OperationId`](crate::OperationId), or a request
+//! head). See [`forget`](self::forget).
+//!
 //! # Bring your own store
 //!
 //! [`IdempotencyStore`] is object safe: the layers hold stores as
@@ -63,7 +73,7 @@
 //! round trip) returns `StoreFuture::new(async move { ... })`, one small allocation per
 //! ledger call, noise next to the round trip.
 
-mod forget;
+pub mod forget;
 mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

@@ -66,6 +66,10 @@
 //!   unreachable or slow, calls fail with an [unavailable](super::StoreError::is_unavailable)
 //!   or [timeout](super::StoreError::is_timeout) error, never a claim.
 //!
+//! An operator's [`forget`](super::IdempotencyStore::forget) is one conditional `DELETE` of
+//! the record's row, which re-checks its state, fingerprint, attempts and, while in flight,
+//! its lease on the row it locks (see [`forget`](super::forget)); the schema is unchanged.
+//!
 //! # The transactional server mode
 //!
 //! With [`IdempotencyLayer::transactional_server_builder`](crate::IdempotencyLayer::transactional_server_builder),

@@ -91,6 +91,10 @@
 //! is not a hash written by it) as [corrupt](super::StoreError::is_corrupt) rather than
 //! misread it.
 //!
+//! An operator's [`forget`](super::IdempotencyStore::forget) deletes the key, in a script
+//! that first checks `state`, `fp`, `attempts` and, while in flight, `lease_until_ms`
+//! against what the operator saw (see [`forget`](super::forget)).
+//!
 //! # Durability
 //!
 //! The ledger is only as durable as the Redis behind it, and a lost record can mean an

@@ -287,13 +287,16 @@ pub(crate) fn report(
     let _ = result;
 }
 
+/// A server face's key derivation from a request head.
+type DeriveKey = dyn Fn(&Parts) -> Option<LedgerKey> + Send + Sync;
+
 /// How a [`Records`] handle derives record keys: as its layer does.
 #[derive(Clone)]
 enum Keys {
     /// The client face's `scope` (`""` for a bare store).
     Client(String),
     /// The server face's derivation from a request head.
-    Server(Arc<dyn Fn(&Parts) -> Option<LedgerKey> + Send + Sync>),
+    Server(Arc<DeriveKey>),
 }
 
 /// An operator's handle on a ledger: look at one record, and forget it (fenced), by the keys

@@ -60,7 +60,7 @@
 //! [`inspect`](IdempotencyStore::inspect) showed it ([`Expected`]), and never from under a
 //! live owner unless forced. [`Records`], from a built layer's `records()`, finds a record
 //! by the keys that layer derives (an [`OperationId`](crate::OperationId), or a request
-//! head). See [`forget`](self::forget).
+//! head). See [`forget`].
 //!
 //! # Bring your own store
 //!

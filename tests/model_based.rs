@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
-use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::ledger::{MemoryStore, RecordKind};
 use tower_idempotency::testing::model::{
     try_check, Answer, Fp, Key, Model, Op, OutcomeId, State, Token,
 };
@@ -77,6 +77,13 @@ enum Step {
     Renew {
         by: Writer,
         key: u8,
+    },
+    /// An operator forgets `key`'s record as the model shows it now, or as a stale look
+    /// showed it (one attempt earlier), forcing a live lease or not.
+    Forget {
+        key: u8,
+        stale: bool,
+        force: bool,
     },
     /// Time passes.
     Wait(Wait),
@@ -173,6 +180,31 @@ impl Plan {
                     key: Key(key),
                     token: writer(&model, &held, &sent, by, key, &mut new_token),
                 },
+                Step::Forget { key, stale, force } => {
+                    let (kind, fingerprint, attempts) = match model.record(Key(key)) {
+                        Some(record) => (
+                            match record.state {
+                                State::InFlight { .. } => RecordKind::InFlight,
+                                State::InDoubt => RecordKind::InDoubt,
+                                State::Completed(_) => RecordKind::Completed,
+                            },
+                            record.fingerprint,
+                            record.attempts,
+                        ),
+                        None => (RecordKind::InFlight, Fp(key * 2), 1),
+                    };
+                    Op::Forget {
+                        key: Key(key),
+                        kind,
+                        fingerprint,
+                        attempts: if stale {
+                            attempts.saturating_sub(1)
+                        } else {
+                            attempts
+                        },
+                        force,
+                    }
+                }
                 Step::Wait(Wait::WithinLease) => Op::Advance(self.within_lease),
                 Step::Wait(Wait::PastLease) => {
                     if past_lease == self.max_past_lease {
@@ -262,7 +294,9 @@ fn steps(max_len: usize, retention_waits: bool) -> impl Strategy<Value = Vec<Ste
         .prop_map(|(by, key, outcome)| Step::Complete { by, key, outcome });
     let abandon = (by.clone(), key.clone()).prop_map(|(by, key)| Step::Abandon { by, key });
     let mark = (by.clone(), key.clone()).prop_map(|(by, key)| Step::MarkInDoubt { by, key });
-    let renew = (by, key).prop_map(|(by, key)| Step::Renew { by, key });
+    let renew = (by, key.clone()).prop_map(|(by, key)| Step::Renew { by, key });
+    let forget = (key, prop::bool::weighted(0.3), any::<bool>())
+        .prop_map(|(key, stale, force)| Step::Forget { key, stale, force });
     let wait = prop_oneof![
         3 => Just(Wait::WithinLease),
         3 => Just(Wait::PastLease),
@@ -276,6 +310,7 @@ fn steps(max_len: usize, retention_waits: bool) -> impl Strategy<Value = Vec<Ste
         2 => abandon,
         2 => mark,
         2 => renew,
+        1 => forget,
         3 => wait,
         1 => crash,
     ];

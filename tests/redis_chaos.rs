@@ -38,6 +38,9 @@ static COME_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsiz
 /// flight (unhindered, one takes about 20 ms).
 static SLOWED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const IN_FLIGHT: usize = 16;
+/// Operations answered `201` so far: the faults wait for the load to flow again after the
+/// restart before they freeze Redis.
+static SETTLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 type Runs = Arc<Mutex<HashMap<String, usize>>>;
 
@@ -102,6 +105,7 @@ async fn run_operation(
             let body = res.into_body().collect().await.unwrap().to_bytes();
             match status {
                 StatusCode::CREATED => {
+                    SETTLED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if started.elapsed() > Duration::from_millis(500) {
                         SLOWED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -137,12 +141,25 @@ async fn redis_killed_restarted_and_frozen_under_load_charges_each_operation_onc
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
 
     // The faults, while the load runs: a crash of Redis and a restart a moment later, then
-    // Redis frozen for 2 s (a long fork, a stalled disk) so replies time out.
+    // Redis frozen for 2 s (a long fork, a stalled disk) so replies time out. Each is
+    // shorter than the 3 s lease, the bound inside which an owner's outcome must land; so
+    // the freeze waits until the restarted Redis serves the load again (the servers have
+    // reconnected: what the crash left pending can land) rather than a fixed time, which
+    // on a loaded machine may not cover the restart and the reconnection.
     let faults = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         redis.stop();
         tokio::time::sleep(Duration::from_millis(400)).await;
         redis.restart().await;
+        let restarted = SETTLED.load(std::sync::atomic::Ordering::Relaxed);
+        let waited = tokio::time::Instant::now();
+        while SETTLED.load(std::sync::atomic::Ordering::Relaxed) < restarted + IN_FLIGHT {
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "the load never flowed again after the restart"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
         redis.pause();
         tokio::time::sleep(Duration::from_secs(2)).await;

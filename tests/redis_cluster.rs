@@ -19,6 +19,9 @@ mod redis_support;
 #[path = "support/orders.rs"]
 mod orders;
 
+#[path = "support/capture.rs"]
+mod capture;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -209,6 +212,54 @@ fn reset_stats(cluster: &RedisCluster) {
     for node in cluster.nodes() {
         cluster_support::cli(node.port(), &["config", "resetstat"]);
     }
+}
+
+/// Hole 13, on a cluster: persistence is per node, so each node that would forget the
+/// ledger on a restart is named, and only those.
+#[tokio::test(flavor = "current_thread")]
+async fn connecting_warns_for_each_node_that_keeps_no_record_across_a_restart() {
+    // A private cluster: the test changes its nodes' configuration. Its nodes start with
+    // `save ""` and `appendonly no`.
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let ports: Vec<u16> = cluster.nodes().iter().map(|node| node.port()).collect();
+    let named = |logged: &str, port: u16| logged.contains(&format!("127.0.0.1:{port}"));
+    let (logs, _default) = capture::warnings();
+
+    connect(&cluster.urls(), "idem:").await;
+    let logged = logs.text();
+    assert_eq!(
+        logged.matches("keeps no record across a restart").count(),
+        3,
+        "{logged}"
+    );
+    assert!(ports.iter().all(|port| named(&logged, *port)), "{logged}");
+
+    // The first node logs its writes now: the two others are still named.
+    let reply = cluster_support::cli(ports[0], &["config", "set", "appendonly", "yes"]);
+    assert_eq!(reply.trim(), "OK");
+    logs.clear();
+    connect(&cluster.urls(), "idem:").await;
+    let logged = logs.text();
+    assert_eq!(
+        logged.matches("keeps no record across a restart").count(),
+        2,
+        "{logged}"
+    );
+    assert!(!named(&logged, ports[0]), "{logged}");
+    assert!(
+        named(&logged, ports[1]) && named(&logged, ports[2]),
+        "{logged}"
+    );
+
+    for port in &ports[1..] {
+        let reply = cluster_support::cli(*port, &["config", "set", "appendonly", "yes"]);
+        assert_eq!(reply.trim(), "OK");
+    }
+    logs.clear();
+    connect(&cluster.urls(), "idem:").await;
+    assert!(logs.text().is_empty(), "{}", logs.text());
 }
 
 #[tokio::test]

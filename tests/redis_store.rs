@@ -661,7 +661,7 @@ async fn connecting_warns_when_redis_may_evict_ledger_records() {
 
     connect(&server.url(), "idem:").await;
     assert!(
-        logs.text().is_empty(),
+        !logs.text().contains("maxmemory-policy"),
         "noeviction (redis-server's default) is what the ledger needs: no warning"
     );
 
@@ -681,6 +681,52 @@ async fn connecting_warns_when_redis_may_evict_ledger_records() {
             "{policy}: {logged}"
         );
     }
+}
+
+/// Hole 13: a Redis without persistence forgets every record when it restarts, and each
+/// operation retried after that runs again. Connecting to one says so; connecting to one
+/// with an append-only file does not.
+#[tokio::test(flavor = "current_thread")]
+async fn connecting_warns_when_redis_keeps_no_record_across_a_restart() {
+    // Private servers: one as `RedisServer::spawn` starts it (`save ""`, `appendonly no`),
+    // one with `appendonly yes`.
+    let Some(forgetful) = RedisServer::spawn().await else {
+        return;
+    };
+    let Some(durable) = RedisServer::spawn_durable().await else {
+        return;
+    };
+    let (logs, _default) = capture::warnings();
+
+    connect(&forgetful.url(), "idem:").await;
+    let logged = logs.text();
+    let node = format!("127.0.0.1:{}", forgetful.port());
+    assert!(
+        logged.contains("WARN")
+            && logged.contains(&node)
+            && logged.contains("keeps no record across a restart")
+            && logged.contains("charged twice")
+            && logged.contains("appendonly yes")
+            && logged.contains("appendfsync everysec"),
+        "{logged}"
+    );
+
+    logs.clear();
+    connect(&durable.url(), "idem:").await;
+    assert!(logs.text().is_empty(), "{}", logs.text());
+
+    // Snapshots alone keep the records up to the last one: not "nothing survives".
+    let mut admin = admin(&forgetful.url()).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("save")
+        .arg("60 1")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    logs.clear();
+    connect(&forgetful.url(), "idem:").await;
+    assert!(logs.text().is_empty(), "{}", logs.text());
 }
 
 #[tokio::test]

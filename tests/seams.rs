@@ -1302,6 +1302,170 @@ async fn the_fault_layer_shows_what_a_handlers_failures_do_to_its_keys() {
 }
 
 // ---------------------------------------------------------------------------------------
+// A store away for less than the lease: a live owner's writes land while its lease holds
+// ---------------------------------------------------------------------------------------
+
+/// A store that is away (every call fails `unavailable` without applying) inside a window
+/// of time, each call taking `call_time` to fail or apply, as calls to a Redis that is
+/// restarting or frozen do.
+#[derive(Clone, Debug)]
+struct AwayStore {
+    inner: MemoryStore,
+    away: Arc<std::sync::Mutex<(tokio::time::Instant, tokio::time::Instant)>>,
+    call_time: Duration,
+}
+
+impl AwayStore {
+    /// Away from `from` to `until` after now.
+    fn new(from: Duration, until: Duration, call_time: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        Self {
+            inner: MemoryStore::new(),
+            away: Arc::new(std::sync::Mutex::new((now + from, now + until))),
+            call_time,
+        }
+    }
+
+    /// Answer `call` (made when the call reaches the store, after its `call_time`), unless
+    /// the store is away then.
+    fn call<'a, T: Send + 'a>(
+        &'a self,
+        call: impl FnOnce(&'a MemoryStore) -> StoreFuture<'a, T> + Send + 'a,
+    ) -> StoreFuture<'a, T> {
+        StoreFuture::new(async move {
+            tokio::time::sleep(self.call_time).await;
+            let (from, until) = *self.away.lock().unwrap();
+            let now = tokio::time::Instant::now();
+            if from <= now && now < until {
+                return Err(StoreError::unavailable("injected: the ledger is away"));
+            }
+            call(&self.inner).await
+        })
+    }
+}
+
+impl IdempotencyStore for AwayStore {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        self.call(move |inner| inner.begin(request))
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.call(move |inner| inner.complete(key, token, outcome, retention))
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.call(move |inner| inner.abandon(key, token))
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.call(move |inner| inner.mark_in_doubt(key, token, retention))
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        self.call(move |inner| inner.renew(key, token, lease))
+    }
+}
+
+/// A server over `store` with a 3 s lease, whose handler takes `work` and counts its runs.
+fn slow_server(store: AwayStore, work: Duration, runs: Arc<AtomicUsize>) -> Router {
+    let handler = move || {
+        let runs = runs.clone();
+        async move {
+            tokio::time::sleep(work).await;
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            (StatusCode::CREATED, format!("{{\"run\":{n}}}"))
+        }
+    };
+    Router::new()
+        .route("/charges", route_post(handler))
+        .route_layer(
+            IdempotencyLayer::server_builder(store)
+                .lease(Duration::from_secs(3))
+                .build()
+                .unwrap(),
+        )
+}
+
+/// Reliability II, the chaos test's flake: the handler finished 100 ms into its 3 s lease,
+/// the store went away and came back at 2.7 s. Its outcome must be recorded before the
+/// lease ends, so a retry after the lease replays it: the completion's retries used to
+/// back off to a second, give up a pause before their deadline, and leave the key to
+/// expire into doubt (`500 outcome-unknown` for every retry) although the store was back.
+#[tokio::test(start_paused = true)]
+async fn a_finished_owner_records_its_outcome_when_the_store_is_back_within_the_lease() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = AwayStore::new(
+        Duration::from_millis(50),
+        Duration::from_millis(2700),
+        Duration::ZERO,
+    );
+    let app = slow_server(store, Duration::from_millis(100), runs.clone());
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await }
+    });
+
+    // Past the lease of the first claim: only a recorded outcome answers this one well.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let (status, replayed, again) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (StatusCode::CREATED, Some("true")),
+        "{again}"
+    );
+    let (status, _, first) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(again, first);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Reliability II: a live owner whose renewal failed (the store away from 0.5 s to 2.5 s,
+/// each call taking 100 ms) renews again as soon as the store is back, inside its 3 s
+/// lease. A retry at 3.1 s must find it busy, not in doubt: renewals used to be retried a
+/// third of a lease after each failure, the third one after the lease had run out.
+#[tokio::test(start_paused = true)]
+async fn a_live_owner_renews_its_lease_when_the_store_is_back_within_it() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = AwayStore::new(
+        Duration::from_millis(500),
+        Duration::from_millis(2500),
+        Duration::from_millis(100),
+    );
+    let app = slow_server(store, Duration::from_secs(5), runs.clone());
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await }
+    });
+
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let (status, replayed, body) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+    assert_ne!(
+        problem_type(&body).rsplit('#').next(),
+        Some("outcome-unknown"),
+        "the live owner's key read as in doubt: {body}"
+    );
+    assert!(
+        status == StatusCode::CONFLICT
+            || (status == StatusCode::CREATED && replayed.as_deref() == Some("true")),
+        "{status}: {body}"
+    );
+    let (status, _, _) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// ---------------------------------------------------------------------------------------
 // Review II, hole 5: an owner that leaves before a byte was sent leaves nothing in doubt
 // ---------------------------------------------------------------------------------------
 

@@ -539,6 +539,27 @@ impl IdempotencyLayer<ClientFace> {
     pub fn client_builder(store: impl IdempotencyStore) -> ClientBuilder {
         ClientBuilder::new(Arc::new(store))
     }
+
+    /// An operator's handle on this layer's ledger: look at the record of an
+    /// [`OperationId`](crate::OperationId) as this layer keys it (its scope included) and
+    /// forget it, fenced. See [`Records`](crate::ledger::Records).
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).scope("agent").build().unwrap();
+    /// let records = layer.records();
+    /// let key = records.operation_key(&OperationId::new("task-7", "charge"));
+    /// assert!(records.inspect(key).await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn records(&self) -> crate::ledger::Records {
+        let face = self.face();
+        crate::ledger::Records::client(face.ledger.store.clone(), face.scope.clone())
+    }
 }
 
 impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ClientFace>

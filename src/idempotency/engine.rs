@@ -35,6 +35,11 @@ const MAX_BUSY_POLL: Duration = Duration::from_millis(250);
 const BEGIN_TRIES: u32 = 3;
 const FIRST_STORE_RETRY: Duration = Duration::from_millis(25);
 const MAX_STORE_RETRY: Duration = Duration::from_secs(1);
+/// Settles and renewals are retried at least this many times per lease once their pause
+/// stops doubling: a store that comes back before the lease ends is then written to within
+/// a tenth of a lease, while the lease still holds, rather than up to a whole
+/// [`MAX_STORE_RETRY`] later, when a short lease may have run out into doubt.
+const RETRIES_PER_LEASE: u32 = 10;
 /// How long a claim nobody will use (its `begin` reply was lost) is retried in the background
 /// before it is left to read as in doubt.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10 * 60);
@@ -194,6 +199,12 @@ impl Ledger {
             shared: Shared::default(),
             waiters,
         }))
+    }
+
+    /// The longest pause between two tries of a settle or a renewal: a tenth of the lease,
+    /// within [`FIRST_STORE_RETRY`] and [`MAX_STORE_RETRY`].
+    fn max_retry_pause(&self) -> Duration {
+        (self.lease / RETRIES_PER_LEASE).clamp(FIRST_STORE_RETRY, MAX_STORE_RETRY)
     }
 
     pub(crate) fn request(&self, key: LedgerKey, fingerprint: crate::Fingerprint) -> BeginRequest {
@@ -454,8 +465,13 @@ impl Ledger {
     }
 
     /// Apply `settle` under `token`, asking again while the store's answer is lost or the
-    /// store is away, until `deadline`. A `fenced` answer after a lost one most likely means
-    /// the lost one applied (the record left our hands through our own write).
+    /// store is away, until `deadline` (the last try is made at the deadline, not a pause
+    /// before it). A `fenced` answer after a lost one most likely means the lost one applied
+    /// (the record left our hands through our own write).
+    ///
+    /// The pause between tries doubles up to a tenth of the lease: an owner whose handler
+    /// finished records its outcome as soon as the store is back, while its lease still
+    /// holds, instead of sleeping past the lease's end and letting the key read as in doubt.
     ///
     /// `lost`: the lost answer of a first try already made (in place).
     async fn apply(
@@ -467,6 +483,7 @@ impl Ledger {
         lost: Option<StoreError>,
     ) -> Result<(), StoreError> {
         let mut pause = FIRST_STORE_RETRY;
+        let max_pause = self.max_retry_pause();
         let mut lost_one = false;
         // The lost answer stands for the first try's.
         let mut lost = lost.map(Err);
@@ -475,6 +492,7 @@ impl Ledger {
                 Some(lost) => lost,
                 None => self.settle_once(key, token, settle).await,
             };
+            let now = Instant::now();
             match result {
                 Ok(()) => return Ok(()),
                 Err(err) if err.is_fenced() && lost_one => {
@@ -484,11 +502,11 @@ impl Ledger {
                     );
                     return Ok(());
                 }
-                Err(err) if is_ambiguous(&err) && Instant::now() + pause < deadline => {
+                Err(err) if is_ambiguous(&err) && now < deadline => {
                     lost_one = true;
                     tracing::debug!(%err, ?settle, "settling failed; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_STORE_RETRY);
+                    tokio::time::sleep(pause.min(deadline - now)).await;
+                    pause = (pause * 2).min(max_pause);
                 }
                 Err(err) => return Err(err),
             }
@@ -725,11 +743,16 @@ pin_project! {
     ///
     /// Nothing happens before its first poll, so work that is ready at once never starts a
     /// timer. A renewal refused as fenced (the operation was taken over) stops it: later
-    /// writes under the lost lease will be refused, never applied.
+    /// writes under the lost lease will be refused, never applied. A renewal that fails
+    /// otherwise (the store is away, or its answer was lost) is tried again soon, the pause
+    /// doubling up to a tenth of the lease, not a third of a lease later: two such misses
+    /// in a row would let the lease run out under its live owner while the store was back.
     pub(crate) struct Renewal {
         #[pin]
         sleep: Option<tokio::time::Sleep>,
         call: Option<(RenewCall, Started)>,
+        // The pause before the next try while renewals fail; `None` after a success.
+        retry: Option<Duration>,
         stopped: bool,
     }
 }
@@ -739,6 +762,7 @@ impl Renewal {
         Self {
             sleep: None,
             call: None,
+            retry: None,
             stopped: false,
         }
     }
@@ -759,18 +783,35 @@ impl Renewal {
                 let renewed = std::task::ready!(call.as_mut().poll(cx));
                 observe("renew", *started, &renewed);
                 *this.call = None;
-                match renewed {
-                    Ok(()) => {}
+                // The next renewal is a third of a lease after a success, and soon after a
+                // failure.
+                let next = match renewed {
+                    Ok(()) => {
+                        *this.retry = None;
+                        every
+                    }
                     Err(err) if err.is_fenced() => {
                         tracing::warn!("the lease was taken over while its owner was working");
                         *this.stopped = true;
                         continue;
                     }
-                    Err(err) => tracing::warn!(%err, "could not renew the lease; trying again"),
-                }
-                // The next renewal is a third of a lease after this one.
+                    Err(err) => {
+                        let pause = match *this.retry {
+                            None => {
+                                tracing::warn!(%err, "could not renew the lease; trying again");
+                                FIRST_STORE_RETRY
+                            }
+                            Some(pause) => {
+                                tracing::debug!(%err, "could not renew the lease; trying again");
+                                (pause * 2).min(lease.ledger.max_retry_pause())
+                            }
+                        };
+                        *this.retry = Some(pause);
+                        pause.min(every)
+                    }
+                };
                 if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
-                    sleep.reset(Instant::now() + every);
+                    sleep.reset(Instant::now() + next);
                 }
             }
             match this.sleep.as_mut().as_pin_mut() {

@@ -1304,4 +1304,30 @@ impl IdempotencyStore for MemoryStore {
         });
         StoreFuture::ready(settled)
     }
+
+    // An operator forgetting one record (see `ledger::forget`). The record is judged and
+    // removed under its shard's lock, so nothing can move it in between; removal is the
+    // same as a retention's end (budget, gauges and eviction order follow), and it wakes
+    // waiters like a settle, since the key is free now.
+    fn forget(&self, key: LedgerKey, expected: super::Expected) -> StoreFuture<'_, super::Forget> {
+        let now = Instant::now();
+        let answer = {
+            let mut shard = lock(self.shard(&key));
+            let current = shard
+                .get(&key)
+                .filter(|record| record.retain_until > now)
+                .map(|record| record.view(now));
+            let answer = expected.judge(current.as_ref());
+            if answer.is_forgotten() {
+                self.remove(&mut shard, &key);
+            }
+            answer
+        };
+        if answer.is_forgotten() {
+            self.announce_settled(&key);
+        }
+        let answer = Ok(answer);
+        super::report_forget("memory", &key, &expected, &answer);
+        StoreFuture::ready(answer)
+    }
 }

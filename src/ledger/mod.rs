@@ -52,6 +52,16 @@
 //! [`mark_in_doubt`]: IdempotencyStore::mark_in_doubt
 //! [`renew`]: IdempotencyStore::renew
 //!
+//! # Forgetting a record on purpose
+//!
+//! A record that should not be there (a recorded `401` the caller can never get past, an
+//! operation in doubt that an operator reconciled by hand) need not wait out its retention:
+//! [`IdempotencyStore::forget`] removes it, but only if it is still as an
+//! [`inspect`](IdempotencyStore::inspect) showed it ([`Expected`]), and never from under a
+//! live owner unless forced. [`Records`], from a built layer's `records()`, finds a record
+//! by the keys that layer derives (an [`OperationId`](crate::OperationId), or a request
+//! head). See [`forget`].
+//!
 //! # Bring your own store
 //!
 //! [`IdempotencyStore`] is object safe: the layers hold stores as
@@ -63,6 +73,7 @@
 //! round trip) returns `StoreFuture::new(async move { ... })`, one small allocation per
 //! ledger call, noise next to the round trip.
 
+pub mod forget;
 mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -72,6 +83,8 @@ mod record;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
+pub(crate) use forget::report as report_forget;
+pub use forget::{Expected, Forget, RecordKind, Records};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -385,6 +398,48 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
         let _ = key;
         None
     }
+
+    /// Remove the record of `key` on an operator's word, **only if it is still as
+    /// `expected`** (the state, fingerprint and attempts an [`inspect`](Self::inspect)
+    /// showed; see [`Expected`]), in one atomic step: a record that moved on since is
+    /// answered [`Forget::Changed`], an operation in flight under a live lease
+    /// [`Forget::Live`] unless [forced](Expected::force), and neither is touched. A
+    /// forgotten record is gone at once, whatever its state: the next `begin` of its key is
+    /// [`Begin::Acquired`], and its owner's writes (if it had one) are fenced. The built-in
+    /// stores log and count each call (see [`Records`], the operator's handle).
+    ///
+    /// The default answers an [unavailable](StoreError::is_unavailable) error and changes
+    /// nothing: a store that cannot forget safely says so.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Begin, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, MemoryStore};
+    /// use tower_idempotency::Fingerprint;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = MemoryStore::new();
+    /// let key = LedgerKey::from_bytes([4; 32]);
+    /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let request = BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(3600));
+    /// let Begin::Acquired { token } = store.begin(request.clone()).await? else { unreachable!() };
+    /// store.mark_in_doubt(key, token, Duration::from_secs(3600)).await?;
+    ///
+    /// // In doubt; checked by hand, the effect never happened: forget it.
+    /// let view = store.inspect(key).await?.expect("a record");
+    /// assert_eq!(store.forget(key, Expected::of(&view)).await?, Forget::Forgotten);
+    /// assert!(matches!(store.begin(request).await?, Begin::Acquired { .. }));
+    /// // The old look no longer matches the new claim.
+    /// assert_eq!(store.forget(key, Expected::of(&view)).await?, Forget::Changed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn forget(&self, key: LedgerKey, expected: Expected) -> StoreFuture<'_, Forget> {
+        let _ = (key, expected);
+        StoreFuture::ready(Err(StoreError::unavailable(
+            "this store cannot forget records",
+        )))
+    }
 }
 
 /// What [`IdempotencyStore::inspect`] shows of a record.
@@ -488,6 +543,10 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 
     fn notify_settled(&self, key: LedgerKey) -> Option<Settled> {
         (**self).notify_settled(key)
+    }
+
+    fn forget(&self, key: LedgerKey, expected: Expected) -> StoreFuture<'_, Forget> {
+        (**self).forget(key, expected)
     }
 }
 

@@ -31,7 +31,8 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
 use crate::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse,
+    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
+    RecordKind, StoredResponse,
 };
 
 /// The lease every check uses.
@@ -85,6 +86,138 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     renewal_keeps_a_live_owner(&*store, &clock).await;
     renewal_is_fenced(&*store).await;
     settle_notifications_wake_listeners(&*store).await;
+    forgetting_is_fenced(&*store, &clock).await;
+}
+
+/// [`forget`](IdempotencyStore::forget) removes a record only if it is still as an
+/// [`inspect`](IdempotencyStore::inspect) showed it, and a live owner's only when forced:
+/// an absent key is `Absent`; a live claim is `Live` (and still busy) until forced, and
+/// its owner is fenced after; a look taken before a resume is `Changed` (and the record
+/// stays); a record in doubt, completed, or in flight under a lease that ran out is
+/// forgotten; a forgotten key is acquired afresh, with no frozen request left to resume.
+pub async fn forgetting_is_fenced(store: &dyn IdempotencyStore, clock: &Clock) {
+    const LIVE: Duration = Duration::from_secs(30);
+    let look = |key| async move {
+        let view = store.inspect(key).await.expect("inspect");
+        Expected::of(&view.expect("forgetting_is_fenced: a record to look at"))
+    };
+    let forget = |key, expected| async move { store.forget(key, expected).await.expect("forget") };
+    let req = frozen("{\"amount\":17}");
+    let live =
+        |key| BeginRequest::new(key, req.fingerprint(), LIVE, RETENTION).with_frozen(req.clone());
+
+    let key = fresh_key();
+    let expected = Expected::new(RecordKind::Completed, req.fingerprint(), 1);
+    assert_eq!(
+        forget(key, expected).await,
+        Forget::Absent,
+        "forgetting_is_fenced: absent"
+    );
+
+    // A live owner keeps its lease unless the operator forces it.
+    let owner = acquire(store, live(key)).await;
+    let seen = look(key).await;
+    assert!(
+        matches!(forget(key, seen).await, Forget::Live { lease_left } if lease_left <= LIVE),
+        "forgetting_is_fenced: a live lease was not answered Live"
+    );
+    assert!(
+        matches!(
+            store.begin(live(key)).await.expect("begin"),
+            Begin::Busy { .. }
+        ),
+        "forgetting_is_fenced: a refused forget changed the record"
+    );
+    assert_eq!(
+        forget(key, seen.force()).await,
+        Forget::Forgotten,
+        "forgetting_is_fenced: forced"
+    );
+    assert!(
+        store
+            .complete(key, owner, response("late"), RETENTION)
+            .await
+            .unwrap_err()
+            .is_fenced(),
+        "forgetting_is_fenced: the forgotten owner's write applied"
+    );
+    acquire(store, live(key)).await;
+
+    // A look taken before the operation moved on never removes it.
+    let key = fresh_key();
+    let owner = acquire(store, request(key, &req)).await;
+    store
+        .mark_in_doubt(key, owner, RETENTION)
+        .await
+        .expect("mark");
+    let stale = look(key).await;
+    assert_eq!(stale.kind, RecordKind::InDoubt);
+    let (owner, _) = resume(store, request(key, &req)).await;
+    store
+        .mark_in_doubt(key, owner, RETENTION)
+        .await
+        .expect("mark");
+    assert_eq!(
+        forget(key, stale).await,
+        Forget::Changed,
+        "forgetting_is_fenced: a stale look"
+    );
+    let other = Expected {
+        fingerprint: sample_fingerprint(),
+        ..look(key).await
+    };
+    assert_eq!(
+        forget(key, other).await,
+        Forget::Changed,
+        "forgetting_is_fenced: another payload"
+    );
+    // The record stayed: still in doubt, resumable with its bytes. Then forgotten as seen.
+    resume(store, request(key, &req)).await;
+    clock.advance(LEASE + Duration::from_millis(100)).await;
+    let expired = look(key).await;
+    assert_eq!(expired.kind, RecordKind::InFlight);
+    assert_eq!(expired.attempts, 3);
+    assert_eq!(
+        forget(key, expired).await,
+        Forget::Forgotten,
+        "forgetting_is_fenced: expired lease"
+    );
+    assert!(store.inspect(key).await.expect("inspect").is_none());
+    acquire(store, request(key, &req)).await;
+
+    // In doubt, and completed.
+    let key = fresh_key();
+    let owner = acquire(store, request(key, &req)).await;
+    store
+        .mark_in_doubt(key, owner, RETENTION)
+        .await
+        .expect("mark");
+    assert_eq!(
+        forget(key, look(key).await).await,
+        Forget::Forgotten,
+        "forgetting_is_fenced: in doubt"
+    );
+    acquire(store, request(key, &req)).await;
+
+    let key = fresh_key();
+    let owner = acquire(store, request(key, &req)).await;
+    store
+        .complete(key, owner, response("401"), RETENTION)
+        .await
+        .expect("complete");
+    let done = look(key).await;
+    assert_eq!(done.kind, RecordKind::Completed);
+    assert_eq!(
+        forget(key, done).await,
+        Forget::Forgotten,
+        "forgetting_is_fenced: completed"
+    );
+    assert_eq!(
+        forget(key, done).await,
+        Forget::Absent,
+        "forgetting_is_fenced: twice"
+    );
+    acquire(store, request(key, &req)).await;
 }
 
 /// A store that [notifies](IdempotencyStore::notify_settled) wakes a listener subscribed

@@ -48,6 +48,13 @@
 //! - `mark_in_doubt` → in doubt, retention `max(retention, now + retention)`.
 //! - `renew` → lease `now + lease`.
 //!
+//! `forget(key, kind, fingerprint, attempts, force)` is not fenced by a token but by what
+//! the operator saw: absent → [`Answer::Absent`]; a record in another state kind, with
+//! another fingerprint or another number of attempts (each claim and resume counts one) →
+//! [`Answer::Changed`], nothing changes; in flight with a live lease and not `force` →
+//! [`Answer::Live`] with the time the lease still runs, nothing changes; otherwise the
+//! record is removed (absent, whatever its state) → [`Answer::Forgotten`].
+//!
 //! # What is compared
 //!
 //! Only what the protocol fixes: the answer's variant; the token handed out; the outcome a
@@ -110,8 +117,8 @@ use http::{HeaderMap, Method, StatusCode, Version};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
 use crate::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
-    StoredResponse,
+    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
+    RecordKind, StoreError, StoredResponse,
 };
 
 /// An abstract ledger key; the checker maps each to a fresh random [`LedgerKey`].
@@ -180,6 +187,19 @@ pub enum Op {
         /// The writer's token.
         token: Token,
     },
+    /// [`IdempotencyStore::forget`], expecting the record as an operator saw it.
+    Forget {
+        /// The record.
+        key: Key,
+        /// The state kind expected.
+        kind: RecordKind,
+        /// The payload expected.
+        fingerprint: Fp,
+        /// The attempts expected.
+        attempts: u32,
+        /// Remove an in-flight record even under a live lease.
+        force: bool,
+    },
     /// Let this much time pass.
     Advance(Duration),
 }
@@ -218,6 +238,18 @@ pub enum Answer {
     Ok,
     /// A write refused as [fenced](StoreError::is_fenced), having changed nothing.
     Fenced,
+    /// [`Forget::Forgotten`]: the record was removed.
+    Forgotten,
+    /// [`Forget::Absent`]: there was no record.
+    Absent,
+    /// [`Forget::Changed`]: the record is not as expected; nothing changed.
+    Changed,
+    /// [`Forget::Live`]: in flight under a live lease; nothing changed. A store's answer
+    /// matches the model's with any `lease_left` up to the lease.
+    Live {
+        /// How long the owner's lease still runs.
+        lease_left: Duration,
+    },
 }
 
 /// The state of a record the [`Model`] holds.
@@ -248,6 +280,8 @@ pub struct Record {
     pub state: State,
     /// When the record is forgotten (model time).
     pub retain_until: Duration,
+    /// Ownership handed out: the first claim and each resume.
+    pub attempts: u32,
 }
 
 /// The reference model: the ledger protocol for abstract keys, on a clock it is told to move.
@@ -354,6 +388,13 @@ impl Model {
                 record.retain_until = record.retain_until.max(now + retention);
                 Answer::Ok
             }
+            Op::Forget {
+                key,
+                kind,
+                fingerprint,
+                attempts,
+                force,
+            } => self.forget(key, kind, fingerprint, attempts, force),
             Op::Renew { key, token } => {
                 let lease_until = self.now + self.lease;
                 let Some(record) = self.owned(key, token) else {
@@ -385,6 +426,7 @@ impl Model {
                         resumed: false,
                     },
                     retain_until: now + self.retention,
+                    attempts: 1,
                 },
             );
             return Answer::Acquired { token };
@@ -420,10 +462,44 @@ impl Model {
                     lease_until: now + lease,
                     resumed: true,
                 };
+                record.attempts += 1;
                 Answer::Resume {
                     token,
                     frozen: record.fingerprint,
                 }
+            }
+        }
+    }
+
+    fn forget(
+        &mut self,
+        key: Key,
+        kind: RecordKind,
+        fingerprint: Fp,
+        attempts: u32,
+        force: bool,
+    ) -> Answer {
+        self.forget_if_expired(key);
+        let Some(record) = self.records.get(&key) else {
+            return Answer::Absent;
+        };
+        let current = match record.state {
+            State::InFlight { .. } => RecordKind::InFlight,
+            State::InDoubt => RecordKind::InDoubt,
+            State::Completed(_) => RecordKind::Completed,
+        };
+        if current != kind || record.fingerprint != fingerprint || record.attempts != attempts {
+            return Answer::Changed;
+        }
+        match record.state {
+            State::InFlight { lease_until, .. } if lease_until > self.now && !force => {
+                Answer::Live {
+                    lease_left: lease_until - self.now,
+                }
+            }
+            _ => {
+                self.records.remove(&key);
+                Answer::Forgotten
             }
         }
     }
@@ -516,6 +592,7 @@ where
         let actual = world.run(store, &model, op, &mut advance).await;
         let agree = match (&expected, &actual) {
             (Answer::Busy { .. }, Ok(Answer::Busy { retry_after })) => *retry_after <= model.lease,
+            (Answer::Live { .. }, Ok(Answer::Live { lease_left })) => *lease_left <= model.lease,
             (expected, Ok(actual)) => expected == actual,
             (_, Err(_)) => false,
         };
@@ -605,6 +682,26 @@ impl World {
                     .mark_in_doubt(self.key(key), self.token(token), model.retention)
                     .await;
                 name_write(written)
+            }
+            Op::Forget {
+                key,
+                kind,
+                fingerprint,
+                attempts,
+                force,
+            } => {
+                let mut expected =
+                    Expected::new(kind, self.request(fingerprint).fingerprint(), attempts);
+                if force {
+                    expected = expected.force();
+                }
+                match store.forget(self.key(key), expected).await {
+                    Ok(Forget::Forgotten) => Ok(Answer::Forgotten),
+                    Ok(Forget::Absent) => Ok(Answer::Absent),
+                    Ok(Forget::Changed) => Ok(Answer::Changed),
+                    Ok(Forget::Live { lease_left }) => Ok(Answer::Live { lease_left }),
+                    Err(err) => Err(format!("Err({err}) from forget")),
+                }
             }
             Op::Renew { key, token } => {
                 let written = store

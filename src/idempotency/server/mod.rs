@@ -681,6 +681,40 @@ impl IdempotencyLayer<ServerFace> {
         ServerBuilder::new(Arc::new(store))
     }
 
+    /// An operator's handle on this layer's ledger: look at the record a request head
+    /// (its `Idempotency-Key` and whatever the layer's scope reads, e.g. `Authorization`)
+    /// leads to, as this layer keys it, and forget it, fenced. See
+    /// [`Records`](crate::ledger::Records).
+    ///
+    /// ```
+    /// use axum::http::Request;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let layer = IdempotencyLayer::server(MemoryStore::new());
+    /// let (head, ()) = Request::post("/charges")
+    ///     .header("authorization", "Bearer tenant-1")
+    ///     .header("idempotency-key", "\"order-17\"")
+    ///     .body(())
+    ///     .unwrap()
+    ///     .into_parts();
+    /// let records = layer.records();
+    /// let key = records.request_key(&head).expect("keyed and scoped");
+    /// assert!(records.inspect(key).await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn records(&self) -> crate::ledger::Records {
+        let face = self.face().clone();
+        let store = face.ledger.store.clone();
+        crate::ledger::Records::server(store, move |head: &Parts| {
+            let key = crate::key::HeaderKey::from_headers(&head.headers).ok()??;
+            let scope = face.scope.of(head)?;
+            Some(LedgerKey::server_of(&scope, key.as_bytes()))
+        })
+    }
+
     /// Configure the server layer in **transactional mode** over a PostgreSQL ledger
     /// (feature `postgres`): each keyed request runs in one transaction of `store`'s
     /// database, which the handler receives as a

@@ -66,6 +66,10 @@
 //!   unreachable or slow, calls fail with an [unavailable](super::StoreError::is_unavailable)
 //!   or [timeout](super::StoreError::is_timeout) error, never a claim.
 //!
+//! An operator's [`forget`](super::IdempotencyStore::forget) is one conditional `DELETE` of
+//! the record's row, which re-checks its state, fingerprint, attempts and, while in flight,
+//! its lease on the row it locks (see [`forget`](super::forget)); the schema is unchanged.
+//!
 //! # The transactional server mode
 //!
 //! With [`IdempotencyLayer::transactional_server_builder`](crate::IdempotencyLayer::transactional_server_builder),
@@ -881,6 +885,14 @@ impl IdempotencyStore for PostgresStore {
         })
     }
 
+    fn forget(&self, key: LedgerKey, expected: super::Expected) -> StoreFuture<'_, super::Forget> {
+        StoreFuture::new(async move {
+            let answer = self.forget_record(key, expected).await;
+            super::report_forget("postgres", &key, &expected, &answer);
+            answer
+        })
+    }
+
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
         StoreFuture::new(async move {
             let rows = self
@@ -897,6 +909,58 @@ impl IdempotencyStore for PostgresStore {
                 })
                 .await?;
             rows.first().map(decode_inspect).transpose()
+        })
+    }
+}
+
+// An operator forgetting one record (see `ledger::forget`): one conditional `DELETE`, its
+// own statement rather than a schema function, so the schema version stays as it is.
+impl PostgresStore {
+    /// Delete the record of `key` if it is still as `expected`. The `DELETE` re-checks its
+    /// conditions on the row it locks (a concurrent transition makes it wait, then judge
+    /// the new version), so the record is judged and removed in one atomic step. When
+    /// nothing was deleted, a read says why; if the record matches by then (a lease ran
+    /// out in between), the answer is `Changed`: nothing was forgotten, look again.
+    async fn forget_record(
+        &self,
+        key: LedgerKey,
+        expected: super::Expected,
+    ) -> Result<super::Forget, StoreError> {
+        let sql = format!(
+            "DELETE FROM {schema}.records \
+             WHERE key = $1 AND retain_until > clock_timestamp() \
+               AND state = $2 AND fingerprint = $3 AND attempts = $4 \
+               AND (state <> 'in_flight' OR $5 OR lease_until <= clock_timestamp()) \
+             RETURNING state",
+            schema = self.inner.schema
+        );
+        let attempts = i32::try_from(expected.attempts).unwrap_or(i32::MAX);
+        let deleted = self
+            .bounded(async {
+                let client = self.inner.pool.get().await.map_err(from_pool)?;
+                let statement = client.prepare_cached(&sql).await.map_err(from_pg)?;
+                client
+                    .query(
+                        &statement,
+                        &[
+                            &key.as_bytes().as_slice(),
+                            &expected.kind.as_str(),
+                            &expected.fingerprint.as_bytes().as_slice(),
+                            &attempts,
+                            &expected.force,
+                        ],
+                    )
+                    .await
+                    .map_err(from_pg)
+            })
+            .await?;
+        if !deleted.is_empty() {
+            return Ok(super::Forget::Forgotten);
+        }
+        let current = self.inspect(key).await?;
+        Ok(match expected.judge(current.as_ref()) {
+            super::Forget::Forgotten => super::Forget::Changed,
+            refused => refused,
         })
     }
 }

@@ -5,13 +5,14 @@ use std::fmt;
 use std::time::Duration;
 
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
-use ::redis::IntoConnectionInfo;
+use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use ::redis::{IntoConnectionInfo, Value};
 
 use super::connection::Connection;
 use super::{
-    from_redis, warn_if_ledger_keys_can_be_evicted, RedisStore, ALL_SCRIPTS,
-    DEFAULT_CONNECTION_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT,
+    from_redis, warn_if_ledger_keys_can_be_evicted, warn_unless_records_survive_a_restart,
+    Persistence, RedisStore, ALL_SCRIPTS, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_OPERATION_TIMEOUT,
+    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, PERSISTENCE_SETTINGS,
 };
 use crate::ledger::StoreError;
 
@@ -205,6 +206,9 @@ impl RedisClusterBuilder {
 
         // Asks one node: the setting must be the same on every node of a ledger's cluster.
         warn_if_ledger_keys_can_be_evicted(&connection, &addr, bound).await;
+        // Persistence is per node, and a replica promoted by a failover brings its own:
+        // every node is asked, and each one that would forget the ledger is named.
+        warn_if_nodes_do_not_keep_records(&connection, bound).await;
 
         Ok(RedisStore {
             connection,
@@ -245,6 +249,52 @@ impl RedisClusterBuilder {
 
 /// Redis hashes only the part between the first `{` and the next `}` when that part is not
 /// empty: such a prefix would decide every record's slot.
+/// Read the persistence settings of every node of the cluster (primaries and replicas) and
+/// [warn](warn_unless_records_survive_a_restart) for each that would lose the ledger on a
+/// restart. Nodes that refuse `CONFIG GET` are not asked twice.
+async fn warn_if_nodes_do_not_keep_records(connection: &Connection, bound: Duration) {
+    let Connection::Cluster(cluster) = connection else {
+        return;
+    };
+    let mut cluster = cluster.clone();
+    let ask_every_node = async {
+        // Node address → its `CONFIG GET` reply for each setting, in order.
+        let mut nodes: Vec<(String, Vec<Vec<String>>)> = Vec::new();
+        for setting in PERSISTENCE_SETTINGS {
+            let mut ask = ::redis::cmd("CONFIG");
+            ask.arg("GET").arg(setting);
+            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+            // Without a response policy the cluster client answers a map: address → reply.
+            let Value::Map(replies) = cluster.route_command(ask, routing).await? else {
+                continue;
+            };
+            for (node, reply) in replies {
+                let node: String = ::redis::from_redis_value(node)?;
+                let reply: Vec<String> = ::redis::from_redis_value(reply).unwrap_or_default();
+                match nodes.iter_mut().find(|(known, _)| *known == node) {
+                    Some((_, seen)) => seen.push(reply),
+                    None => nodes.push((node, vec![reply])),
+                }
+            }
+        }
+        Ok::<_, ::redis::RedisError>(nodes)
+    };
+    match tokio::time::timeout(bound, ask_every_node).await {
+        Ok(Ok(mut nodes)) => {
+            nodes.sort();
+            for (node, replies) in nodes {
+                match Persistence::from_replies(&replies) {
+                    Some(persistence) => warn_unless_records_survive_a_restart(&node, &persistence),
+                    None => tracing::debug!(%node, "could not read the persistence settings"),
+                }
+            }
+        }
+        _ => tracing::debug!(
+            "could not read the cluster nodes' persistence settings; make sure appendonly is yes"
+        ),
+    }
+}
+
 fn has_hash_tag(prefix: &str) -> bool {
     match prefix.find('{') {
         Some(open) => prefix[open + 1..].find('}').is_some_and(|close| close > 0),

@@ -40,7 +40,7 @@
 //!   default), and every script touches only that key. A script is atomic on its key, so
 //!   `begin` is one step with no check-then-set, and the scripts stay valid under any
 //!   key-slot sharding.
-//! - **One round trip per ledger operation.** The six scripts are loaded when the store
+//! - **One round trip per ledger operation.** The seven scripts are loaded when the store
 //!   connects and invoked by SHA (`EVALSHA`); if Redis has forgotten them (a restart,
 //!   `SCRIPT FLUSH`, a failover) the call loads the script and retries once. A fresh
 //!   operation costs two commands (`begin`, `complete`), a replay one.
@@ -91,6 +91,10 @@
 //! is not a hash written by it) as [corrupt](super::StoreError::is_corrupt) rather than
 //! misread it.
 //!
+//! An operator's [`forget`](super::IdempotencyStore::forget) deletes the key, in a script
+//! that first checks `state`, `fp`, `attempts` and, while in flight, `lease_until_ms`
+//! against what the operator saw (see [`forget`](super::forget)).
+//!
 //! # Durability
 //!
 //! The ledger is only as durable as the Redis behind it, and a lost record can mean an
@@ -105,7 +109,10 @@
 //!   an fsync per event-loop turn. `appendfsync everysec` bounds the loss to about the last
 //!   second or two of acknowledged records (a crash of the Redis process alone usually loses
 //!   nothing, the writes having reached the OS; a power or kernel failure loses that window).
-//!   Neither helps when a failover promotes a replica that lagged.
+//!   Neither helps when a failover promotes a replica that lagged. Without either (`save ""`
+//!   and `appendonly no`) a restart forgets every record, and each operation retried after
+//!   it runs again: the store reads `appendonly`, `appendfsync` and `save` when it connects
+//!   (on a cluster, from every node) and logs a warning naming each node that keeps nothing.
 //! - **`WAIT numreplicas timeout`** makes a client wait until its earlier writes reached that
 //!   many replicas (in memory, not necessarily on disk). It narrows the failover window but
 //!   does not close it: on timeout the write stays applied without the replicas, and the
@@ -233,15 +240,17 @@ const MARK_IN_DOUBT_LUA: &str = concat!(
 );
 const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
+const FORGET_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("forget.lua"));
 
 /// Every script, for loading them all when the store connects.
-const ALL_SCRIPTS: [&str; 6] = [
+const ALL_SCRIPTS: [&str; 7] = [
     BEGIN_LUA,
     COMPLETE_LUA,
     ABANDON_LUA,
     MARK_IN_DOUBT_LUA,
     RENEW_LUA,
     INSPECT_LUA,
+    FORGET_LUA,
 ];
 
 // Each script is hashed once per process; `Script` invokes by SHA and loads on NOSCRIPT.
@@ -251,6 +260,7 @@ static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(ABANDON_LUA));
 static MARK_IN_DOUBT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_IN_DOUBT_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
 
 /// The distributed ledger on Redis. See the [module docs](self) for how it works, the record
 /// layout and what durability to expect.
@@ -576,6 +586,7 @@ impl RedisStoreBuilder {
 
         let connection = Connection::Single(manager);
         warn_if_ledger_keys_can_be_evicted(&connection, &addr, bound).await;
+        warn_if_records_do_not_survive_a_restart(&connection, &addr, bound).await;
 
         Ok(RedisStore {
             connection,
@@ -608,6 +619,87 @@ async fn warn_if_ledger_keys_can_be_evicted(connection: &Connection, addr: &str,
             ),
         },
         _ => tracing::debug!(%addr, "could not read maxmemory-policy; make sure it is noeviction"),
+    }
+}
+
+/// The persistence settings of one Redis node: what of the ledger it keeps when it restarts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Persistence {
+    /// `appendonly`: the append-only file logs every write.
+    appendonly: bool,
+    /// `appendfsync`: when that log reaches the disk (`always`, `everysec` or `no`).
+    appendfsync: String,
+    /// `save`: the RDB snapshot schedule; empty when no snapshot is ever taken.
+    save: String,
+}
+
+/// The three settings [`Persistence`] is read from, one `CONFIG GET` each (Redis before 7
+/// takes one name per `CONFIG GET`).
+const PERSISTENCE_SETTINGS: [&str; 3] = ["appendonly", "appendfsync", "save"];
+
+impl Persistence {
+    /// From the replies of `CONFIG GET` for each of [`PERSISTENCE_SETTINGS`], in order; `None`
+    /// when one is missing (a server that hides its configuration).
+    fn from_replies(replies: &[Vec<String>]) -> Option<Self> {
+        let value = |i: usize| replies.get(i).and_then(|pair| pair.get(1)).cloned();
+        Some(Self {
+            appendonly: value(0)?.eq_ignore_ascii_case("yes"),
+            appendfsync: value(1)?,
+            save: value(2)?,
+        })
+    }
+
+    /// Whether a record the node acknowledged may still be there after it restarts: it logs
+    /// writes to an append-only file, or takes RDB snapshots.
+    fn keeps_records(&self) -> bool {
+        self.appendonly || !self.save.trim().is_empty()
+    }
+}
+
+/// Say so, as loudly as for eviction, when `node` keeps nothing across a restart (no
+/// append-only file, no snapshots): each record it held is gone when it comes back, and an
+/// operation retried after that finds no record and runs again, charged twice.
+fn warn_unless_records_survive_a_restart(node: &str, persistence: &Persistence) {
+    if persistence.keeps_records() {
+        return;
+    }
+    tracing::warn!(
+        node,
+        appendonly = "no",
+        save = "",
+        "the ledger's Redis at {node} keeps no record across a restart (appendonly no, \
+         save \"\"): after a restart every operation it recorded is forgotten, and a retry of \
+         one runs it again (charged twice). Set appendonly yes: with appendfsync always each \
+         record is on disk before Redis acknowledges it; with appendfsync everysec a crash of \
+         the host may lose the last second of records (and run those operations again); \
+         RDB snapshots (save) alone lose everything since the last snapshot"
+    );
+}
+
+/// Read one Redis's persistence settings and [warn](warn_unless_records_survive_a_restart)
+/// when it would lose the ledger on a restart. A server that refuses `CONFIG GET` is not
+/// asked twice.
+async fn warn_if_records_do_not_survive_a_restart(
+    connection: &Connection,
+    addr: &str,
+    bound: Duration,
+) {
+    let mut connection = connection.clone();
+    let mut ask = ::redis::pipe();
+    for setting in PERSISTENCE_SETTINGS {
+        ask.cmd("CONFIG").arg("GET").arg(setting);
+    }
+    let reply =
+        tokio::time::timeout(bound, ask.query_async::<Vec<Vec<String>>>(&mut connection)).await;
+    match reply {
+        Ok(Ok(replies)) => match Persistence::from_replies(&replies) {
+            Some(persistence) => warn_unless_records_survive_a_restart(addr, &persistence),
+            None => tracing::debug!(%addr, "could not read the persistence settings"),
+        },
+        _ => tracing::debug!(
+            %addr,
+            "could not read the persistence settings; make sure appendonly is yes"
+        ),
     }
 }
 
@@ -701,6 +793,39 @@ impl IdempotencyStore for RedisStore {
             call.arg(token_hex(token)).arg(millis(lease, 1));
             self.settle(&call).await
         })
+    }
+
+    fn forget(&self, key: LedgerKey, expected: super::Expected) -> StoreFuture<'_, super::Forget> {
+        StoreFuture::new(async move {
+            let mut call = ScriptCall::new(&FORGET, self.redis_key(&key));
+            call.arg(expected.kind.as_str())
+                .arg(expected.fingerprint.to_hex())
+                .arg(expected.attempts)
+                .arg(if expected.force { "1" } else { "0" });
+            let answer = match self.invoke(&call).await {
+                Ok(reply) => decode_forget(&reply),
+                Err(err) => Err(err),
+            };
+            super::report_forget("redis", &key, &expected, &answer);
+            answer
+        })
+    }
+}
+
+/// Turn `forget`'s reply into the protocol's answer.
+fn decode_forget(reply: &[Value]) -> Result<super::Forget, StoreError> {
+    use super::Forget;
+    match tag(reply)? {
+        b"forgotten" => Ok(Forget::Forgotten),
+        b"absent" => Ok(Forget::Absent),
+        b"changed" => Ok(Forget::Changed),
+        b"live" => match reply.get(1) {
+            Some(Value::Int(ms)) => Ok(Forget::Live {
+                lease_left: Duration::from_millis(u64::try_from(*ms).unwrap_or(0)),
+            }),
+            _ => Err(unexpected(reply)),
+        },
+        _ => Err(unexpected(reply)),
     }
 }
 

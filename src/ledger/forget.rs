@@ -1,0 +1,438 @@
+//! Forgetting one record on purpose: the operator's way out of a record that should not be
+//! there, fenced so that a stale look never removes a record that moved on.
+//!
+//! A record sometimes outlives its use: a recorded `401` the caller can never get past, an
+//! operation left in doubt that an operator has since checked by hand. Waiting out its
+//! retention (24 h by default) is the only other way out. [`IdempotencyStore::forget`]
+//! removes it at once, **only if it is still as the operator saw it** ([`Expected`], taken
+//! from [`inspect`](IdempotencyStore::inspect)'s [`RecordView`]): same state, same
+//! fingerprint, same number of attempts, and, for an operation in flight, a lease that ran
+//! out (a live owner's lease is never taken from it unless the operator
+//! [forces](Expected::force) it). Anything else is answered with what stood in the way, and
+//! nothing changes.
+//!
+//! A forgotten record is gone: the next request with its key runs the operation again. Only
+//! forget an in-doubt operation once you know its effect did not happen (or will not mind
+//! it happening again).
+//!
+//! [`Records`] is the operator's handle: from a built layer
+//! ([`ClientLayer::records`](crate::idempotency::ClientLayer),
+//! [`ServerLayer::records`](crate::idempotency::ServerLayer)), it derives record keys as the
+//! layer does, from an [`OperationId`] or a request head, so nobody computes a
+//! [`LedgerKey`] by hand.
+//!
+//! Every built-in store logs each forget (`WARN` when a record was removed, `INFO` when it
+//! was refused) with the key's digest and the state forgotten, and with feature `metrics`
+//! counts it in `idempotency_ledger_forget_total` (labels `store`, `state`: the expected
+//! one, `result`: `forgotten`, `absent`, `changed`, `live` or `error`).
+//!
+//! # Example
+//!
+//! ```
+//! use tower_idempotency::ledger::{Expected, Forget, MemoryStore, RecordState};
+//! use tower_idempotency::{IdempotencyLayer, OperationId};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+//! let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+//!     .scope("billing-agent")
+//!     .build()
+//!     .unwrap();
+//! let records = layer.records();
+//! let key = records.operation_key(&OperationId::new("task-7", "charge"));
+//! # records.store().begin(tower_idempotency::ledger::BeginRequest::new(
+//! #     key, tower_idempotency::Fingerprint::of(&http::Method::POST, "/charges", b"{}"),
+//! #     std::time::Duration::ZERO, std::time::Duration::from_secs(60))).await?;
+//!
+//! // Look first, then forget what you looked at, and only that.
+//! let view = records.inspect(key).await?.expect("a record");
+//! assert!(matches!(view.state, RecordState::InFlight { .. }));
+//! assert_eq!(records.forget(key, Expected::of(&view)).await?, Forget::Forgotten);
+//! assert!(records.inspect(key).await?.is_none());
+//! // The same look again finds nothing to forget.
+//! assert_eq!(records.forget(key, Expected::of(&view)).await?, Forget::Absent);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+
+use super::{IdempotencyStore, LedgerKey, RecordState, RecordView, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::key::OperationId;
+
+/// Which state a record is in, as [`Expected`] names it: [`RecordState`] without its
+/// details.
+///
+/// ```
+/// use tower_idempotency::ledger::{RecordKind, RecordState};
+///
+/// let state = RecordState::Completed { status: http::StatusCode::UNAUTHORIZED };
+/// assert_eq!(RecordKind::of(&state), RecordKind::Completed);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordKind {
+    /// An owner holds (or held, if its lease ran out) the operation.
+    InFlight,
+    /// An attempt may have been sent; the next claim resumes.
+    InDoubt,
+    /// Done, with a recorded outcome.
+    Completed,
+}
+
+impl RecordKind {
+    /// The kind of `state`.
+    pub fn of(state: &RecordState) -> Self {
+        match state {
+            RecordState::InFlight { .. } => Self::InFlight,
+            RecordState::InDoubt => Self::InDoubt,
+            RecordState::Completed { .. } => Self::Completed,
+        }
+    }
+
+    /// `in_flight`, `in_doubt` or `completed`: the name the stores and the logs use.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::RecordKind;
+    /// assert_eq!(RecordKind::InDoubt.as_str(), "in_doubt");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::InDoubt => "in_doubt",
+            Self::Completed => "completed",
+        }
+    }
+}
+
+/// What an operator saw of a record: [`IdempotencyStore::forget`] removes it only if it is
+/// still so.
+///
+/// A record is still as seen when its state kind, its fingerprint and its attempts (each
+/// claim and resume counts one) are unchanged: every transition of a record changes its
+/// kind or its attempts, except a renewal of its lease. So a look taken before the
+/// operation was resumed, completed or marked in doubt never removes it. An operation in
+/// flight under a lease that still runs is never forgotten either, however it was seen,
+/// unless [forced](Self::force): its owner is alive and working.
+///
+/// ```
+/// use tower_idempotency::ledger::{Expected, RecordKind};
+/// # use tower_idempotency::Fingerprint;
+/// # let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+/// // Usually taken from a look: `Expected::of(&view)`. Or spelled out:
+/// let expected = Expected::new(RecordKind::InFlight, fp, 1).force();
+/// assert!(expected.force);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Expected {
+    /// The state the record was seen in.
+    pub kind: RecordKind,
+    /// The fingerprint it was seen with.
+    pub fingerprint: Fingerprint,
+    /// Its attempts when seen.
+    pub attempts: u32,
+    /// Remove an operation in flight even while its owner's lease runs: the owner's later
+    /// writes are then refused as fenced, and the next request runs the operation again,
+    /// perhaps while the owner still does.
+    pub force: bool,
+}
+
+impl Expected {
+    /// A record in state `kind`, with `fingerprint` and `attempts`; not forced.
+    pub fn new(kind: RecordKind, fingerprint: Fingerprint, attempts: u32) -> Self {
+        Self {
+            kind,
+            fingerprint,
+            attempts,
+            force: false,
+        }
+    }
+
+    /// The record as `view` shows it; not forced.
+    pub fn of(view: &RecordView) -> Self {
+        Self::new(RecordKind::of(&view.state), view.fingerprint, view.attempts)
+    }
+
+    /// Forget it even while an owner's lease runs (see [`force`](Self#structfield.force)).
+    pub fn force(mut self) -> Self {
+        self.force = true;
+        self
+    }
+
+    /// What [`forget`](IdempotencyStore::forget) must do to the record `current` (`None`:
+    /// absent), seen atomically with the removal: for stores that read the record and
+    /// remove it under one lock or in one transaction.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::{Expected, Forget, RecordKind};
+    /// # use tower_idempotency::Fingerprint;
+    /// # let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// assert_eq!(Expected::new(RecordKind::InDoubt, fp, 2).judge(None), Forget::Absent);
+    /// ```
+    pub fn judge(&self, current: Option<&RecordView>) -> Forget {
+        let Some(current) = current else {
+            return Forget::Absent;
+        };
+        if RecordKind::of(&current.state) != self.kind
+            || current.fingerprint != self.fingerprint
+            || current.attempts != self.attempts
+        {
+            return Forget::Changed;
+        }
+        match current.state {
+            RecordState::InFlight { lease_left, .. } if !lease_left.is_zero() && !self.force => {
+                Forget::Live { lease_left }
+            }
+            _ => Forget::Forgotten,
+        }
+    }
+}
+
+/// What [`IdempotencyStore::forget`] did.
+///
+/// ```
+/// # use tower_idempotency::ledger::Forget;
+/// assert!(Forget::Forgotten.is_forgotten());
+/// assert!(!Forget::Changed.is_forgotten());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forget {
+    /// The record was as expected, and is gone: the next request with its key runs the
+    /// operation again.
+    Forgotten,
+    /// There is no record (never made, already forgotten or released, or past its
+    /// retention). Nothing changed.
+    Absent,
+    /// The record is not as expected any more (it moved on since it was looked at).
+    /// Nothing changed: look again.
+    Changed,
+    /// The record is in flight and its owner's lease still runs for `lease_left`. Nothing
+    /// changed: wait for the owner, or [force](Expected::force) it.
+    Live {
+        /// How long the owner's lease still runs.
+        lease_left: Duration,
+    },
+}
+
+impl Forget {
+    /// Whether the record was removed.
+    pub fn is_forgotten(&self) -> bool {
+        matches!(self, Self::Forgotten)
+    }
+
+    fn as_str(&self) -> &'static str {
+        match self {
+            Self::Forgotten => "forgotten",
+            Self::Absent => "absent",
+            Self::Changed => "changed",
+            Self::Live { .. } => "live",
+        }
+    }
+}
+
+/// Log, and with feature `metrics` count, one forget by `store` (`memory`, `redis`,
+/// `postgres`): the operator's act must leave a trace.
+pub(crate) fn report(
+    store: &'static str,
+    key: &LedgerKey,
+    expected: &Expected,
+    answer: &Result<Forget, StoreError>,
+) {
+    let state = expected.kind.as_str();
+    let result = match answer {
+        Ok(Forget::Forgotten) => {
+            tracing::warn!(
+                store,
+                key = %key.to_hex(),
+                state,
+                attempts = expected.attempts,
+                forced = expected.force,
+                "a ledger record was forgotten on purpose: the next request with its key runs \
+                 the operation again"
+            );
+            "forgotten"
+        }
+        Ok(refused) => {
+            tracing::info!(
+                store,
+                key = %key.to_hex(),
+                state,
+                attempts = expected.attempts,
+                result = refused.as_str(),
+                "a ledger record was not forgotten: it is not as expected"
+            );
+            refused.as_str()
+        }
+        Err(err) => {
+            tracing::info!(store, key = %key.to_hex(), state, %err, "could not forget a ledger record");
+            "error"
+        }
+    };
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_ledger_forget_total",
+        "store" => store,
+        "state" => state,
+        "result" => result
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = result;
+}
+
+/// A server face's key derivation from a request head.
+type DeriveKey = dyn Fn(&Parts) -> Option<LedgerKey> + Send + Sync;
+
+/// How a [`Records`] handle derives record keys: as its layer does.
+#[derive(Clone)]
+enum Keys {
+    /// The client face's `scope` (`""` for a bare store).
+    Client(String),
+    /// The server face's derivation from a request head.
+    Server(Arc<DeriveKey>),
+}
+
+/// An operator's handle on a ledger: look at one record, and forget it (fenced), by the keys
+/// a layer derives. See the [module docs](self).
+///
+/// From a built layer, [`ClientLayer::records`](crate::idempotency::ClientLayer) or
+/// [`ServerLayer::records`](crate::idempotency::ServerLayer), or over a bare store with
+/// [`Records::new`] (whose [`operation_key`](Self::operation_key) is the client face's
+/// with the default scope `""`). Cloning is cheap.
+///
+/// ```
+/// use tower_idempotency::ledger::{MemoryStore, Records};
+/// use tower_idempotency::OperationId;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let records = Records::new(MemoryStore::new());
+/// let key = records.operation_key(&OperationId::new("task-7", "charge"));
+/// assert!(records.inspect(key).await?.is_none());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Records {
+    store: Arc<dyn IdempotencyStore>,
+    keys: Keys,
+}
+
+impl Records {
+    /// A handle on `store`, deriving keys as a client layer with the default scope does.
+    pub fn new(store: impl IdempotencyStore) -> Self {
+        Self::client(Arc::new(store), String::new())
+    }
+
+    /// A client layer's handle.
+    pub(crate) fn client(store: Arc<dyn IdempotencyStore>, scope: String) -> Self {
+        Self {
+            store,
+            keys: Keys::Client(scope),
+        }
+    }
+
+    /// A server layer's handle: `derive` is its key derivation from a request head.
+    pub(crate) fn server(
+        store: Arc<dyn IdempotencyStore>,
+        derive: impl Fn(&Parts) -> Option<LedgerKey> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            store,
+            keys: Keys::Server(Arc::new(derive)),
+        }
+    }
+
+    /// The store behind the handle.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::{MemoryStore, Records};
+    /// let records = Records::new(MemoryStore::new());
+    /// assert!(format!("{:?}", records.store()).contains("MemoryStore"));
+    /// ```
+    pub fn store(&self) -> &Arc<dyn IdempotencyStore> {
+        &self.store
+    }
+
+    /// The record key a client layer gives the operation `operation` (set on a request as
+    /// an extension): [`LedgerKey::for_operation`] of the key derived in the layer's
+    /// scope. On a server layer's handle, the key of a client layer with the default scope.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::{LedgerKey, MemoryStore};
+    /// use tower_idempotency::{IdempotencyLayer, OperationId};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).scope("agent").build().unwrap();
+    /// let op = OperationId::new("task-7", "charge");
+    /// assert_eq!(layer.records().operation_key(&op), LedgerKey::for_operation(op.key("agent")));
+    /// ```
+    pub fn operation_key(&self, operation: &OperationId) -> LedgerKey {
+        let scope = match &self.keys {
+            Keys::Client(scope) => scope.as_str(),
+            Keys::Server(_) => "",
+        };
+        LedgerKey::for_operation(operation.key(scope))
+    }
+
+    /// The record key a server layer gives a request with this head: its `Idempotency-Key`
+    /// header in the scope the layer's scope function (by default, a hash of the
+    /// `Authorization` header) gives it. `None` when the head has no valid key, or no scope.
+    /// So an operator rebuilds the head of the caller's request (its key and credentials)
+    /// rather than the scope. On a client layer's handle, the key in the empty scope
+    /// ([`LedgerKey::server`]`("", key)`).
+    ///
+    /// ```
+    /// use axum::http::Request;
+    /// use tower_idempotency::ledger::MemoryStore;
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::server(MemoryStore::new());
+    /// let (head, ()) = Request::post("/charges")
+    ///     .header("authorization", "Bearer tenant-1")
+    ///     .header("idempotency-key", "\"order-17\"")
+    ///     .body(())
+    ///     .unwrap()
+    ///     .into_parts();
+    /// assert!(layer.records().request_key(&head).is_some());
+    /// ```
+    pub fn request_key(&self, head: &Parts) -> Option<LedgerKey> {
+        match &self.keys {
+            Keys::Server(derive) => derive(head),
+            Keys::Client(_) => {
+                let key = crate::key::HeaderKey::from_headers(&head.headers).ok()??;
+                Some(LedgerKey::server("", key.as_str()))
+            }
+        }
+    }
+
+    /// [`IdempotencyStore::inspect`]: the record of `key`, or `None`.
+    pub async fn inspect(&self, key: LedgerKey) -> Result<Option<RecordView>, StoreError> {
+        self.store.inspect(key).await
+    }
+
+    /// [`IdempotencyStore::forget`]: remove the record of `key` if it is still as
+    /// `expected`.
+    pub async fn forget(&self, key: LedgerKey, expected: Expected) -> Result<Forget, StoreError> {
+        self.store.forget(key, expected).await
+    }
+}
+
+impl fmt::Debug for Records {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keys = match &self.keys {
+            Keys::Client(_) => "client",
+            Keys::Server(_) => "server",
+        };
+        f.debug_struct("Records")
+            .field("store", &self.store)
+            .field("keys", &keys)
+            .finish()
+    }
+}

@@ -1,0 +1,31 @@
+-- forget: an operator removes a record, only if it is still as they saw it (see the
+-- `ledger::forget` docs). Judged and deleted in one script: nothing can move the record
+-- in between.
+--
+-- KEYS[1]  the record
+-- ARGV[1]  the expected state: 'in_flight', 'in_doubt' or 'completed'
+-- ARGV[2]  the expected fingerprint (64 hex)
+-- ARGV[3]  the expected attempts
+-- ARGV[4]  '1' to remove an operation in flight even while its lease runs, else '0'
+local key = KEYS[1]
+
+local r = redis.call('HMGET', key, 'v', 'state', 'fp', 'attempts', 'lease_until_ms')
+local bad = unreadable(key, r[1])
+if bad then return bad end
+if r[1] == false then
+  return {'absent'}
+end
+-- Every transition but a renewal changes the state or the attempts: a look taken before
+-- one of them no longer matches.
+if r[2] ~= ARGV[1] or r[3] ~= ARGV[2] or tonumber(r[4] or 0) ~= tonumber(ARGV[3]) then
+  return {'changed'}
+end
+-- A live owner's lease is only taken from it on purpose.
+if r[2] == 'in_flight' and ARGV[4] ~= '1' then
+  local left = tonumber(r[5] or 0) - now_ms()
+  if left > 0 then
+    return {'live', left}
+  end
+end
+redis.call('DEL', key)
+return {'forgotten'}

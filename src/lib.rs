@@ -146,3 +146,9 @@ pub type BoxError = tower::BoxError;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
+
+/// The README's Rust examples, compiled as doctests so the front door never drifts from
+/// the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -110,6 +110,18 @@
 //! expire early (an operation is resumed while its owner lives; the owner's writes are then
 //! fenced) and one that runs behind keeps them longer.
 //!
+//! # Sizing
+//!
+//! One pooled connection per ledger call in flight, and in the transactional mode one per
+//! request for its whole handler: size the pool (16 by default) for your concurrency times
+//! handler time, and `max_connections` for the sum of every replica's pool. Storage grows
+//! with rate × retention × (frozen request + response, each capped at 1 MiB by the layers);
+//! the sweep keeps it there. `tokio-postgres` (with a `deadpool-postgres` pool) rather than
+//! `sqlx`: it pipelines concurrent queries on one connection, which lets the transactional
+//! mode send its claim with `BEGIN` and its record with `COMMIT` (no round trip added), and
+//! it builds in a fraction of the time; the store works beside an application on `sqlx`.
+//! Latencies are in the repository's `BENCHMARKS.md`.
+//!
 //! # Limits
 //!
 //! - PostgreSQL 12 or later (tested with 15); the transactional mode needs `READ COMMITTED`,

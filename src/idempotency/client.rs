@@ -364,7 +364,8 @@ impl ClientBuilder {
     /// record would vanish while its operation can still retry) and a protected window
     /// shorter than that (a full store could evict an operation still being retried).
     pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
-        let must_keep = self.retry_window + self.lease;
+        // Saturating: durations are unbounded here and saturate when the ledger takes them.
+        let must_keep = self.retry_window.saturating_add(self.lease);
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }

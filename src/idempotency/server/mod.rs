@@ -21,7 +21,7 @@ use tower_service::Service;
 
 use super::body::{Buffered, ResponseBody};
 use super::decision::{record_in_layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
-use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION, LONGEST};
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{
     BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST,
@@ -633,7 +633,9 @@ impl ServerBuilder {
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }
-        if self.retention <= self.lease {
+        // Compared as the ledger will hold them (saturated): a lease and a retention that
+        // both saturate are equal there.
+        if self.retention.min(LONGEST) <= self.lease.min(LONGEST) {
             return Err(ConfigError::new(format!(
                 "the retention ({:?}) must be longer than the lease ({:?})",
                 self.retention, self.lease

@@ -235,7 +235,8 @@ fn with_retry_after<T>(
 pub(crate) fn retry_after_value(after: Duration) -> HeaderValue {
     let mut secs = after.as_secs();
     if after.subsec_nanos() > 0 || secs == 0 {
-        secs += 1;
+        // Saturating: a `retry_after(Duration::MAX)` the builder accepted must not panic.
+        secs = secs.saturating_add(1);
     }
     HeaderValue::from(secs)
 }

@@ -11,7 +11,7 @@ use deadpool_postgres::{ClientWrapper, Object};
 
 use super::{
     begin_params, busy_behind_a_transaction, classify, decode_begin, from_pg, from_pool, millis,
-    outcome_status, token_bytes, PgFailure, PostgresStore,
+    outcome_status, setting_millis, token_bytes, PgFailure, PostgresStore,
 };
 use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, Outcome, StoreError};
 
@@ -203,7 +203,10 @@ impl PostgresStore {
     ) -> Result<(Begin, OpenTransaction), StoreError> {
         let frozen = request.frozen.as_ref().map(crate::FrozenRequest::encode);
         let params = begin_params(request, &frozen);
-        let open = format!("BEGIN; SET LOCAL lock_timeout = {}", millis(lock_wait, 1));
+        let open = format!(
+            "BEGIN; SET LOCAL lock_timeout = {}",
+            setting_millis(lock_wait)
+        );
         // The handler's own statements run under PostgreSQL's defaults, not the store's
         // short bounds for ledger calls.
         const HANDLER_BOUNDS: &str = "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0";

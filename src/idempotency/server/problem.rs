@@ -43,9 +43,11 @@
 //! **400.** The `Idempotency-Key` header is malformed: empty, longer than 255 characters,
 //! holding a byte that is not visible ASCII (a space, a control character, non-ASCII), an
 //! invalid RFC 8941 string (an opening `"` without its closing one, an escape other than
-//! `\"` and `\\`), or the header appears more than once. The member `reason` names which:
-//! `empty`, `too-long`, `invalid-character`, `bad-sf-string` or `repeated`. The handler
-//! was not called and the ledger was not touched.
+//! `\"` and `\\`), a bare (unquoted) value holding a delimiter such as `,` (it is not one
+//! key: `a,b` is what a proxy makes of two `Idempotency-Key` lines; quote a key holding
+//! one), or the header appears more than once. The member `reason` names which: `empty`,
+//! `too-long`, `invalid-character`, `bad-sf-string`, `not-a-token` or `repeated`. The
+//! handler was not called and the ledger was not touched.
 //!
 //! # body-unreadable
 //!
@@ -261,6 +263,7 @@ pub(crate) fn key_invalid<T>(err: &InvalidKey) -> Response<ResponseBody<T>> {
         InvalidKey::TooLong { .. } => "too-long",
         InvalidKey::InvalidCharacter { .. } => "invalid-character",
         InvalidKey::BadSfString => "bad-sf-string",
+        InvalidKey::NotAToken { .. } => "not-a-token",
         InvalidKey::Repeated => "repeated",
         // A reason added to `InvalidKey` later is still a malformed key.
         #[allow(unreachable_patterns)]
@@ -270,7 +273,7 @@ pub(crate) fn key_invalid<T>(err: &InvalidKey) -> Response<ResponseBody<T>> {
         StatusCode::BAD_REQUEST,
         KEY_INVALID,
         "Invalid Idempotency-Key",
-        format!("{err}; send one Idempotency-Key of 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        format!("{err}; send one Idempotency-Key of 1 to {MAX_KEY_LEN} visible ASCII characters, as an RFC 8941 string or a bare token"),
         member("reason", reason),
     )
 }

@@ -68,8 +68,11 @@
 //! # payload-mismatch
 //!
 //! **422.** This key was first used with a different request: another method, path and
-//! query, or body. A key names one request; use a new key for a new request. The stored
-//! outcome is not disclosed.
+//! query, or body. The member `differs` names which of them, from `"method"`, `"target"`
+//! and `"body"` (a body reformatted, say, is `["body"]`; a record written by an older
+//! fingerprint derivation names all three). A key names one request; use a new key for a
+//! new request. The stored outcome is not disclosed, nor anything of the first request but
+//! which parts differ (and only within the key's scope).
 //!
 //! # response-not-recorded
 //!
@@ -138,6 +141,7 @@ use http::{Method, Response, StatusCode};
 use serde_json::Value;
 
 use crate::digest::DigestError;
+use crate::fingerprint::RequestPart;
 use crate::idempotency::ResponseBody;
 use crate::key::{InvalidKey, MAX_KEY_LEN};
 
@@ -309,14 +313,23 @@ pub(crate) fn in_flight<T>(retry_after: Duration) -> Response<ResponseBody<T>> {
     with_retry_after(response, retry_after)
 }
 
-pub(crate) fn payload_mismatch<T>() -> Response<ResponseBody<T>> {
+/// `differs`: the parts of the request that differ from the one first sent with the key.
+pub(crate) fn payload_mismatch<T>(differs: &[RequestPart]) -> Response<ResponseBody<T>> {
+    let named: Vec<&str> = differs.iter().map(RequestPart::as_str).collect();
+    let detail = match named.as_slice() {
+        [] => "this Idempotency-Key was first used with another request".to_owned(),
+        [one] => format!("this Idempotency-Key was first used with another {one}"),
+        [init @ .., last] => format!(
+            "this Idempotency-Key was first used with another {} and {last}",
+            init.join(", ")
+        ),
+    };
     problem(
         StatusCode::UNPROCESSABLE_ENTITY,
         PAYLOAD_MISMATCH,
         "Idempotency-Key reused with a different request",
-        "this Idempotency-Key was first used with another method, path or body; use a new key for a new request"
-            .to_owned(),
-        None,
+        format!("{detail}; use a new key for a new request"),
+        member("differs", named),
     )
 }
 

@@ -190,7 +190,9 @@ impl ClientBuilder {
     }
 
     /// How long records are kept (default 24 h). Must outlast the retry window plus the
-    /// lease, and should outlast your longest crash-and-resume gap.
+    /// lease, and should outlast your longest crash-and-resume gap. "Keep forever"
+    /// (`Duration::MAX`) is accepted and held as about 139 years, as is any duration of the
+    /// ledger longer than that (lease, protected window, busy wait).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self

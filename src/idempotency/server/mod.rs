@@ -477,7 +477,9 @@ impl ServerBuilder {
     }
 
     /// How long outcomes are kept for replay (default 24 h); must be longer than the lease.
-    /// Make it outlast your clients' longest retry window.
+    /// Make it outlast your clients' longest retry window. "Keep forever" (`Duration::MAX`)
+    /// is accepted and held as about 139 years, as is any duration of the ledger longer
+    /// than that (lease, protected window, busy wait).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self

@@ -135,7 +135,7 @@ where
 {
     let op = OperationId::new("task-forever", "charge");
     // The first attempt takes a while, so the duplicate finds it in flight.
-    provider.push_fault(Fault::Latency(Duration::from_secs(2)));
+    provider.push_fault(Fault::Latency(Duration::from_millis(50)));
     let first = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
     tokio::task::yield_now().await;
     let duplicate = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
@@ -241,7 +241,7 @@ proptest! {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 commit: false,
             });
-            provider.push_fault(Fault::Latency(Duration::from_secs(2)));
+            provider.push_fault(Fault::Latency(Duration::from_millis(50)));
             let first = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
             tokio::task::yield_now().await;
             let duplicate = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
@@ -333,7 +333,7 @@ proptest! {
                 let started = started.clone();
                 async move {
                     started.notify_one();
-                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     let mut response = Response::new(Full::new(Bytes::from_static(b"created")));
                     *response.status_mut() = StatusCode::CREATED;
                     Ok::<_, Infallible>(response)

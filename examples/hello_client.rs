@@ -19,18 +19,31 @@ async fn main() -> Result<(), tower::BoxError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let server = provider.clone().serve(listener).await?;
 
-    let policy = RetryPolicy::builder().attempt_timeout(Duration::from_millis(500)).build()?;
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_millis(500))
+        .build()?;
     let client = ServiceBuilder::new()
         .layer(IdempotencyLayer::client(MemoryStore::new())) // outside: once per operation
         .layer(FrozenRetryLayer::new(policy)) // inside: resends the frozen bytes
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
 
-    let mut charge = Request::post(server.uri("/charges"))
-        .body(Full::new(Bytes::from(r#"{"order_id":"order_42","amount_cents":1999}"#)))?;
-    charge.extensions_mut().insert(OperationId::new("task-7", "charge_customer"));
+    let mut charge = Request::post(server.uri("/charges")).body(Full::new(Bytes::from(
+        r#"{"order_id":"order_42","amount_cents":1999}"#,
+    )))?;
+    charge
+        .extensions_mut()
+        .insert(OperationId::new("task-7", "charge_customer"));
 
     let response = client.oneshot(charge).await?;
-    println!("status {}, provider effects: {}", response.status(), provider.effects());
-    assert_eq!(provider.effects(), 1, "charged once, though the first answer was lost");
+    println!(
+        "status {}, provider effects: {}",
+        response.status(),
+        provider.effects()
+    );
+    assert_eq!(
+        provider.effects(),
+        1,
+        "charged once, though the first answer was lost"
+    );
     Ok(())
 }

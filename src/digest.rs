@@ -13,6 +13,16 @@
 //! allows; a request without the field is fingerprinted all the same. The verified SHA-256
 //! digest is the one the fingerprint is made of, so the body is hashed once.
 //!
+//! `Content-Digest` is over the content as sent, after content coding (RFC 9530 §2). Behind
+//! request decompression (tower-http's `RequestDecompressionLayer` in front of the layer,
+//! as when it wraps the router and the layer the method router) the layer sees the decoded
+//! body, without `Content-Encoding` or `Content-Length`: a digest that matches it is
+//! verified, one that does not (the gzip bytes' digest) cannot be checked and is left
+//! unverified, and the decoded body is fingerprinted, the same on every retry. A body that
+//! still has its framing (`Content-Length` or `Transfer-Encoding`) was not decoded, and its
+//! digest must match. With the layer in front of decompression, it sees the gzip bytes and
+//! their `Content-Encoding`, verifies the digest against them and fingerprints them.
+//!
 //! Replays carry the recorded request's digest in [`IDEMPOTENT_REQUEST_DIGEST`], in the
 //! same syntax. Not in `Content-Digest` nor `Repr-Digest`: in a response those describe the
 //! **response's** content and representation (RFC 9530 §2–3), and a cache, proxy or client

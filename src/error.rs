@@ -408,6 +408,23 @@ impl Drift {
         self.new
     }
 
+    /// The parts of the request that differ from the one first sent: its method, its
+    /// target, its body (see [`Fingerprint::differing_parts`]).
+    ///
+    /// ```
+    /// # use tower_idempotency::{Drift, Fingerprint};
+    /// use tower_idempotency::fingerprint::RequestPart;
+    ///
+    /// let drift = Drift::fingerprints(
+    ///     Fingerprint::of(&http::Method::POST, "/orders", b"{}"),
+    ///     Fingerprint::of(&http::Method::POST, "/orders/7", b"{}"),
+    /// );
+    /// assert_eq!(drift.differing_parts().collect::<Vec<_>>(), [RequestPart::Target]);
+    /// ```
+    pub fn differing_parts(&self) -> impl Iterator<Item = crate::fingerprint::RequestPart> {
+        self.stored.differing_parts(&self.new)
+    }
+
     /// Top-level JSON fields added, removed or changed, sorted; `None` when either body is
     /// not a JSON object.
     pub fn changed_fields(&self) -> Option<&[String]> {
@@ -422,6 +439,13 @@ impl fmt::Display for Drift {
             "payload drift: the operation was first sent with fingerprint {} and is now {}",
             self.stored, self.new
         )?;
+        let mut parts = self.differing_parts().map(|part| part.as_str());
+        if let Some(first) = parts.next() {
+            write!(f, "; differs in: {first}")?;
+            for part in parts {
+                write!(f, ", {part}")?;
+            }
+        }
         if let Some(fields) = &self.changed_fields {
             write!(f, "; changed fields: {}", fields.join(", "))?;
         }

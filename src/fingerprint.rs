@@ -2,10 +2,9 @@
 //!
 //! ```text
 //! body_digest = SHA-256( body )
-//! fingerprint = SHA-256( "tower-idempotency/fingerprint/v2"
-//!                        || u64_be(len(method)) || method
-//!                        || u64_be(len(target)) || target
-//!                        || body_digest )
+//! fingerprint =      SHA-256( "tower-idempotency/fingerprint/v3/method" || method )[..4]
+//!                 || SHA-256( "tower-idempotency/fingerprint/v3/target" || target )[..12]
+//!                 || body_digest[..16]
 //! ```
 //!
 //! `target` is the request target as the client sent it: `scheme://authority/path?query`
@@ -14,24 +13,35 @@
 //! another resource or another method is a different fingerprint: a drift, never a replay
 //! of the other request's outcome.
 //!
+//! The fingerprint is made of three segments, one per part of the request, so two that
+//! differ say **which part** differs ([`Fingerprint::differing_parts`]): a `422` or a drift
+//! error names the method, the target or the body instead of leaving the caller to guess.
+//! Equality still means "the same request": 4 bytes tell methods apart (there are a handful
+//! per resource), 12 the targets, 16 the bodies; guessing a different body with the same
+//! segment takes 2^64 tries for a collision and 2^128 for a chosen one. Each segment hashes
+//! one part alone behind its own tag, so no part can run into another.
+//!
 //! The body enters through its SHA-256 [`BodyDigest`], the very digest `Content-Digest:
 //! sha-256` carries (see [`digest`](crate::digest)): the body is hashed once, for both, and
 //! a server that verified a client's `Content-Digest` fingerprints without a second pass.
 //! Headers are left out on purpose: they carry the idempotency key itself, tracing ids and
 //! dates that legitimately differ between a request and its retry.
 //!
-//! Version 1 hashed the body into the fingerprint directly; records written by it read as a
-//! drift under version 2 (see the changelog).
+//! Version 1 hashed the body into the fingerprint directly, version 2 hashed method, target
+//! and body digest into one SHA-256; records written by either read as a drift under
+//! version 3, naming every part (see the changelog).
 //!
 //! # Example
 //!
 //! ```
 //! use tower_idempotency::digest::BodyDigest;
+//! use tower_idempotency::fingerprint::RequestPart;
 //! use tower_idempotency::Fingerprint;
 //!
 //! let a = Fingerprint::of(&http::Method::POST, "/charges", b"{\"amount\":100}");
 //! let b = Fingerprint::of(&http::Method::POST, "/charges", b"{\"amount\":200}");
 //! assert_ne!(a, b);
+//! assert_eq!(a.differing_parts(&b).collect::<Vec<_>>(), [RequestPart::Body]);
 //! let digest = BodyDigest::of(b"{\"amount\":100}");
 //! assert_eq!(Fingerprint::from_digest(&http::Method::POST, "/charges", &digest), a);
 //! ```
@@ -42,11 +52,17 @@ use http::Method;
 use sha2::{Digest, Sha256};
 
 use crate::digest::BodyDigest;
-use crate::key::{hex, update_length_prefixed};
+use crate::key::hex;
 
-const FINGERPRINT_TAG: &[u8] = b"tower-idempotency/fingerprint/v2";
+const METHOD_TAG: &[u8] = b"tower-idempotency/fingerprint/v3/method";
+const TARGET_TAG: &[u8] = b"tower-idempotency/fingerprint/v3/target";
 
-/// SHA-256 over a request's method, target and body digest.
+/// Where each part's segment lies in the fingerprint.
+const METHOD: std::ops::Range<usize> = 0..4;
+const TARGET: std::ops::Range<usize> = 4..16;
+const BODY: std::ops::Range<usize> = 16..32;
+
+/// A request's method, target and body digest, hashed segment by segment.
 ///
 /// See the [module docs](crate::fingerprint) for the exact encoding.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,6 +99,69 @@ impl Fingerprint {
     /// The digest as 64 lowercase hex digits.
     pub fn to_hex(&self) -> String {
         hex(&self.0)
+    }
+}
+
+impl Fingerprint {
+    /// The parts of the request in which the requests fingerprinted `self` and `other`
+    /// differ: none when the fingerprints are equal. Fingerprints of an older derivation
+    /// (see the [module docs](crate::fingerprint)) differ in every part.
+    ///
+    /// ```
+    /// use tower_idempotency::fingerprint::RequestPart;
+    /// use tower_idempotency::Fingerprint;
+    ///
+    /// let first = Fingerprint::of(&http::Method::POST, "/orders", b"{}");
+    /// let again = Fingerprint::of(&http::Method::PUT, "/orders/7", b"{}");
+    /// let parts: Vec<_> = first.differing_parts(&again).collect();
+    /// assert_eq!(parts, [RequestPart::Method, RequestPart::Target]);
+    /// assert_eq!(first.differing_parts(&first).count(), 0);
+    /// ```
+    pub fn differing_parts(&self, other: &Fingerprint) -> impl Iterator<Item = RequestPart> {
+        let (a, b) = (self.0, other.0);
+        [
+            (RequestPart::Method, METHOD),
+            (RequestPart::Target, TARGET),
+            (RequestPart::Body, BODY),
+        ]
+        .into_iter()
+        .filter(move |(_, range)| a[range.clone()] != b[range.clone()])
+        .map(|(part, _)| part)
+    }
+}
+
+/// A part of a request its [`Fingerprint`] covers.
+///
+/// ```
+/// use tower_idempotency::fingerprint::RequestPart;
+///
+/// assert_eq!(RequestPart::Target.as_str(), "target");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum RequestPart {
+    /// The method.
+    Method,
+    /// The request target: the path and query (and, for a client, the scheme and host).
+    Target,
+    /// The body's bytes.
+    Body,
+}
+
+impl RequestPart {
+    /// `"method"`, `"target"` or `"body"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Method => "method",
+            Self::Target => "target",
+            Self::Body => "body",
+        }
+    }
+}
+
+impl fmt::Display for RequestPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -125,27 +204,36 @@ impl Fingerprint {
     }
 }
 
-/// Hash the tag, the method and the target, given in pieces that are hashed as if joined
-/// (so an absolute URI need not be formatted into a new string first).
-fn head(method: &Method, target: &[&str]) -> Sha256 {
+/// The method's segment, with the target's hasher fed its tag: the target is given in
+/// pieces that are hashed as if joined (so an absolute URI need not be formatted into a new
+/// string first), and [`finish`] completes it.
+fn head(method: &Method, target: &[&str]) -> ([u8; 4], Sha256) {
+    let method: [u8; 32] = Sha256::new()
+        .chain_update(METHOD_TAG)
+        .chain_update(method.as_str())
+        .finalize()
+        .into();
     let mut hasher = Sha256::new();
-    hasher.update(FINGERPRINT_TAG);
-    update_length_prefixed(&mut hasher, method.as_str().as_bytes());
-    let len: usize = target.iter().map(|piece| piece.len()).sum();
-    hasher.update((len as u64).to_be_bytes());
+    hasher.update(TARGET_TAG);
     for piece in target {
         hasher.update(piece.as_bytes());
     }
-    hasher
+    let mut segment = [0; 4];
+    segment.copy_from_slice(&method[..4]);
+    (segment, hasher)
 }
 
-/// The body digest is fixed-size, so it needs no length prefix to stay apart from the head.
-/// Inlined into each caller (every keyed request makes one fingerprint): a call moves the
-/// hasher's state, for a handful of instructions of work.
+/// Each part hashed alone behind its own tag, so no part needs a length prefix to stay
+/// apart from another. Inlined into each caller (every keyed request makes one
+/// fingerprint): a call moves the hasher's state, for a handful of instructions of work.
 #[inline(always)]
-fn finish(mut hasher: Sha256, body: &BodyDigest) -> Fingerprint {
-    hasher.update(body.as_bytes());
-    Fingerprint(hasher.finalize().into())
+fn finish((method, target): ([u8; 4], Sha256), body: &BodyDigest) -> Fingerprint {
+    let target: [u8; 32] = target.finalize().into();
+    let mut fingerprint = [0; 32];
+    fingerprint[METHOD].copy_from_slice(&method);
+    fingerprint[TARGET].copy_from_slice(&target[..TARGET.len()]);
+    fingerprint[BODY].copy_from_slice(&body.as_bytes()[..BODY.len()]);
+    Fingerprint(fingerprint)
 }
 
 #[cfg(test)]
@@ -153,13 +241,73 @@ mod tests {
     use super::*;
 
     #[test]
-    fn golden_vector_v2() {
+    fn golden_vector_v3() {
         // Pinned: stores keep fingerprints, so a change here makes every record a drift.
         assert_eq!(
             Fingerprint::of(&Method::POST, "/charges", b"{}").to_hex(),
-            // The module docs' encoding, computed independently.
-            "bbb7e7196d68041880fff7283ff3abe4d49de6623e00c2a9dd4e369700d55669"
+            "44a44d82b0709c1d8ad6d176bb707eb744136fa355b3678a1146ad16f7e8649e"
         );
+    }
+
+    #[test]
+    fn golden_vector_matches_an_independent_encoding() {
+        // The module docs' encoding, computed by hand.
+        let segment = |tag: &str, part: &[u8], len: usize| {
+            let mut input = tag.as_bytes().to_vec();
+            input.extend_from_slice(part);
+            Sha256::digest(&input)[..len].to_vec()
+        };
+        let mut expected = segment("tower-idempotency/fingerprint/v3/method", b"POST", 4);
+        expected.extend(segment(
+            "tower-idempotency/fingerprint/v3/target",
+            b"/charges",
+            12,
+        ));
+        expected.extend_from_slice(&Sha256::digest(b"{}")[..16]);
+        assert_eq!(
+            Fingerprint::of(&Method::POST, "/charges", b"{}").as_bytes(),
+            &expected[..]
+        );
+        let absolute: http::Uri = "https://pay.local:8443/charges?x=1".parse().unwrap();
+        let mut expected = segment("tower-idempotency/fingerprint/v3/method", b"POST", 4);
+        expected.extend(segment(
+            "tower-idempotency/fingerprint/v3/target",
+            b"https://pay.local:8443/charges?x=1",
+            12,
+        ));
+        expected.extend_from_slice(&Sha256::digest(b"{}")[..16]);
+        assert_eq!(
+            Fingerprint::of_request(&Method::POST, &absolute, &BodyDigest::of(b"{}")).as_bytes(),
+            &expected[..]
+        );
+    }
+
+    #[test]
+    fn a_difference_names_exactly_the_parts_that_differ() {
+        use RequestPart::{Body, Method as M, Target};
+        let methods = [Method::POST, Method::PATCH];
+        let targets = ["/orders", "/orders?retry=1"];
+        let bodies: [&[u8]; 2] = [b"{\"a\":1}", b"{ \"a\": 1 }"];
+        let fp = |i: usize, j: usize, k: usize| Fingerprint::of(&methods[i], targets[j], bodies[k]);
+        for (i, j, k) in (0..8).map(|n| (n & 1, (n >> 1) & 1, (n >> 2) & 1)) {
+            let mut expected = Vec::new();
+            if i == 1 {
+                expected.push(M);
+            }
+            if j == 1 {
+                expected.push(Target);
+            }
+            if k == 1 {
+                expected.push(Body);
+            }
+            assert_eq!(
+                fp(0, 0, 0)
+                    .differing_parts(&fp(i, j, k))
+                    .collect::<Vec<_>>(),
+                expected
+            );
+            assert_eq!((fp(0, 0, 0) == fp(i, j, k)), expected.is_empty());
+        }
     }
 
     #[test]
@@ -182,7 +330,7 @@ mod tests {
         assert_ne!(base, Fingerprint::of(&Method::PUT, "/a", b"x"));
         assert_ne!(base, Fingerprint::of(&Method::POST, "/a?", b"x"));
         assert_ne!(base, Fingerprint::of(&Method::POST, "/a", b"y"));
-        // The path's length prefix keeps path and body apart.
+        // Each part is hashed alone: path and body stay apart.
         assert_ne!(
             Fingerprint::of(&Method::POST, "/ab", b""),
             Fingerprint::of(&Method::POST, "/a", b"b")

@@ -226,8 +226,14 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
 
 /// A key read from an `Idempotency-Key` header: 1 to 255 visible ASCII characters.
 ///
-/// The IETF draft defines the header as an RFC 8941 sf-string (`"…"`); many clients send a
-/// bare token instead, so both are accepted. Anything else is an [`InvalidKey`].
+/// The IETF draft defines the header as one RFC 8941 sf-string (`"…"`); many clients send a
+/// bare token instead (a UUID, `order-42`), so both are accepted. A bare token is made of
+/// the characters of an RFC 8941 sf-token — letters, digits, ``!#$%&'*+-.^_`|~`` (RFC 9110
+/// `tchar`), `:` and `/` — and may start with any of them (keys such as UUIDs start with a
+/// digit). Anything else is an [`InvalidKey`]: in particular a bare value holding a comma,
+/// which is what a proxy makes of two `Idempotency-Key` lines (RFC 9110 §5.3), or any
+/// other delimiter (`;`, `=`, `"`, …), which a structured field parser would read as more
+/// than one string. Quote such a key as an sf-string.
 ///
 /// ```
 /// use tower_idempotency::HeaderKey;
@@ -395,10 +401,51 @@ const SF_PLAIN: [bool; 256] = {
     plain
 };
 
-/// A bare token: visible ASCII only (no spaces, no controls, no obs-text).
+/// The bytes a bare token key is made of: RFC 9110 `tchar` (letters, digits and
+/// ``!#$%&'*+-.^_`|~``) and the `:` and `/` an RFC 8941 sf-token also allows. Every other
+/// visible byte is a delimiter of some structured field or list syntax: `,` above all,
+/// which joins two field lines into one value (RFC 9110 §5.3). A table, because every
+/// keyed request scans its key byte by byte.
+const TOKEN: [bool; 256] = {
+    let mut token = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        token[byte] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+                    | b':'
+                    | b'/'
+            );
+        byte += 1;
+    }
+    token
+};
+
+/// A bare token: [`TOKEN`] bytes only. A byte that is not visible ASCII (a space, a
+/// control, obs-text) is an invalid character; a visible delimiter says the value is not
+/// one bare key.
 fn bare_token(bytes: &[u8]) -> Result<Cow<'_, [u8]>, InvalidKey> {
-    if let Some(&byte) = bytes.iter().find(|&&b| !is_visible_ascii(b)) {
-        return Err(InvalidKey::InvalidCharacter { byte });
+    if let Some(&byte) = bytes.iter().find(|&&b| !TOKEN[usize::from(b)]) {
+        return Err(if is_visible_ascii(byte) {
+            InvalidKey::NotAToken { byte }
+        } else {
+            InvalidKey::InvalidCharacter { byte }
+        });
     }
     Ok(Cow::Borrowed(bytes))
 }
@@ -495,6 +542,13 @@ pub enum InvalidKey {
     },
     /// A value opening with `"` that is not a valid RFC 8941 sf-string.
     BadSfString,
+    /// A bare (unquoted) key holding a delimiter: a byte that is visible ASCII but not a
+    /// token character (see [`HeaderKey`]), such as the `,` of two values joined into one.
+    /// Quote the key as an sf-string to send it.
+    NotAToken {
+        /// The first delimiter.
+        byte: u8,
+    },
     /// The header appears more than once.
     Repeated,
 }
@@ -512,6 +566,12 @@ impl fmt::Display for InvalidKey {
                 "the Idempotency-Key holds byte 0x{byte:02x}; only visible ASCII is allowed"
             ),
             Self::BadSfString => f.write_str("the Idempotency-Key is not a valid RFC 8941 string"),
+            Self::NotAToken { byte } => write!(
+                f,
+                "the Idempotency-Key holds {:?} outside quotes: it is not one key (two values \
+                 joined by a comma?); send one RFC 8941 string, `\"…\"`",
+                char::from(*byte)
+            ),
             Self::Repeated => f.write_str("the Idempotency-Key header appears more than once"),
         }
     }
@@ -693,6 +753,9 @@ mod tests {
                     if !is_visible_ascii(byte) {
                         return Err(InvalidKey::InvalidCharacter { byte });
                     }
+                    if !is_token_byte(byte) {
+                        return Err(InvalidKey::NotAToken { byte });
+                    }
                     key.push(char::from(byte));
                 }
                 key
@@ -702,6 +765,103 @@ mod tests {
             0 => Err(InvalidKey::Empty),
             len if len > MAX_KEY_LEN => Err(InvalidKey::TooLong { len }),
             _ => Ok(key),
+        }
+    }
+
+    /// RFC 9110 `tchar`, and the `:` and `/` of an RFC 8941 sf-token, as the RFCs list them.
+    fn is_token_byte(byte: u8) -> bool {
+        byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&byte)
+    }
+
+    #[test]
+    fn the_token_table_is_the_grammar() {
+        for byte in 0..=255u8 {
+            assert_eq!(
+                TOKEN[usize::from(byte)],
+                is_token_byte(byte),
+                "byte {byte:#04x}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bare_value_with_a_delimiter_is_not_a_key() {
+        // What a proxy makes of two field lines, with or without the space.
+        assert_eq!(
+            parse(b"key,with,commas"),
+            Err(InvalidKey::NotAToken { byte: b',' })
+        );
+        assert_eq!(parse(b"a, b"), Err(InvalidKey::NotAToken { byte: b',' }));
+        for delimiter in b"\"(),;<=>?@[\\]{}" {
+            let raw = [b'a', *delimiter, b'b'];
+            assert_eq!(
+                parse(&raw),
+                Err(InvalidKey::NotAToken { byte: *delimiter }),
+                "{raw:?}"
+            );
+        }
+        // Quoted, the same characters are one key.
+        assert_eq!(
+            parse(b"\"key,with,commas\"").unwrap().as_str(),
+            "key,with,commas"
+        );
+        // Keys clients send bare stay keys: UUIDs, ULIDs, paths, URNs, base64url.
+        for key in [
+            "550e8400-e29b-41d4-a716-446655440000",
+            "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+            "orders/42",
+            "urn:order:42",
+            "c2VjcmV0LWtleQ",
+            "*",
+        ] {
+            assert_eq!(parse(key.as_bytes()).unwrap().as_str(), key);
+        }
+    }
+
+    /// The grammar, written independently of the parser: one sf-string of 1 to 255
+    /// visible ASCII characters (`\"` and `\\` escaped), or one bare token.
+    fn is_one_key(raw: &[u8]) -> bool {
+        let sf_string = || {
+            let [b'"', inner @ .., b'"'] = raw else {
+                return false;
+            };
+            let (mut len, mut i) = (0, 0);
+            while i < inner.len() {
+                match inner[i] {
+                    b'\\' if matches!(inner.get(i + 1), Some(b'"' | b'\\')) => i += 2,
+                    b'\\' | b'"' => return false,
+                    0x21..=0x7e => i += 1,
+                    _ => return false,
+                }
+                len += 1;
+            }
+            (1..=MAX_KEY_LEN).contains(&len)
+        };
+        let token =
+            || (1..=MAX_KEY_LEN).contains(&raw.len()) && raw.iter().all(|&b| is_token_byte(b));
+        sf_string() || token()
+    }
+
+    proptest::proptest! {
+        /// Any value made of visible ASCII, spaces, commas, quotes and backslashes (the
+        /// bytes the grammar turns on): accepted exactly when it is one sf-string or one
+        /// bare token.
+        #[test]
+        fn a_value_is_a_key_exactly_when_it_is_one_sf_string_or_one_token(
+            raw in proptest::collection::vec(
+                proptest::prop_oneof![
+                    4 => proptest::sample::select(b"ab7-_.:/*".to_vec()),
+                    3 => proptest::sample::select(b"\",\\ ;=()".to_vec()),
+                    2 => 0x20u8..=0x7e,
+                    1 => proptest::prelude::any::<u8>(),
+                ],
+                0..12,
+            ),
+        ) {
+            let parsed = HeaderValue::from_bytes(&raw).ok().map(|value| HeaderKey::parse(&value));
+            if let Some(parsed) = parsed {
+                proptest::prop_assert_eq!(parsed.is_ok(), is_one_key(&raw), "{:?}", String::from_utf8_lossy(&raw));
+            }
         }
     }
 
@@ -801,10 +961,12 @@ mod tests {
             let other = parse(format!("{}j", &text[1..]).as_bytes()).unwrap();
             assert_ne!(bare, other, "{len} characters, the last differs");
         }
-        // An escaped key is copied out of its value; it equals the same characters sent bare.
+        // An escaped key is copied out of its value; it equals the same characters sent
+        // without escapes, and its characters are the key (a bare `a"b` is no key at all).
         let escaped = parse(br#""a\"b""#).unwrap();
         assert_eq!(escaped.as_str(), "a\"b");
-        assert_eq!(escaped, parse(br#"a"b"#).unwrap());
+        assert_eq!(escaped, HeaderKey(KeyText::new(b"a\"b")));
+        assert_eq!(parse(br#"a"b"#), Err(InvalidKey::NotAToken { byte: b'"' }));
     }
 
     #[test]

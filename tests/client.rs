@@ -359,6 +359,12 @@ async fn drift_is_rejected_naming_the_fields_that_changed() {
         ["fulfillment_intent_id", "summary"]
     );
     assert_ne!(drift.stored(), drift.new_fingerprint());
+    // The same method and target: the body is what changed, and the error says so.
+    assert_eq!(
+        drift.differing_parts().collect::<Vec<_>>(),
+        [tower_idempotency::fingerprint::RequestPart::Body]
+    );
+    assert!(err.to_string().contains("differs in: body;"), "{err}");
     assert!(err.to_string().contains("fulfillment_intent_id"));
     assert_eq!(
         provider.calls(),

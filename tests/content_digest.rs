@@ -223,3 +223,173 @@ async fn client_and_server_agree_on_one_digest_end_to_end() {
     assert_eq!(response.headers()[&IDEMPOTENT_REQUEST_DIGEST], expected);
     assert_eq!(provider.runs.load(Ordering::SeqCst), 1);
 }
+
+// ---------------------------------------------------------------------------------------
+// Behind tower-http's request decompression
+// ---------------------------------------------------------------------------------------
+
+/// How the server layer and tower-http's `RequestDecompressionLayer` are stacked.
+#[derive(Clone, Copy, Debug)]
+enum Stacking {
+    /// The README's wiring: the layer on the method router, decompression on the router,
+    /// so the layer sees the decoded body, without `Content-Encoding` and `Content-Length`.
+    DecompressionOutside,
+    /// The layer outside: it sees the gzip bytes as sent, `Content-Encoding: gzip` and all.
+    LayerOutside,
+}
+
+/// `POST /charges` echoing the body its handler got, behind both layers stacked so.
+async fn compressed_provider(stacking: Stacking) -> Provider {
+    use tower_http::decompression::RequestDecompressionLayer;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = post(move |body: Bytes| {
+        let runs = counted.clone();
+        async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let json = serde_json::json!({
+                "charge_id": format!("ch_{n}"),
+                "body": String::from_utf8(body.to_vec()).unwrap(),
+            });
+            (StatusCode::CREATED, axum::Json(json))
+        }
+    });
+    let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+        .unscoped()
+        .build()
+        .unwrap();
+    let app = match stacking {
+        Stacking::DecompressionOutside => Router::new()
+            .route("/charges", handler.route_layer(layer))
+            .layer(RequestDecompressionLayer::new()),
+        Stacking::LayerOutside => Router::new()
+            .route("/charges", handler)
+            .layer(RequestDecompressionLayer::new())
+            .layer(layer),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Provider { base, runs }
+}
+
+fn gzip(body: &[u8]) -> Bytes {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(body).unwrap();
+    Bytes::from(encoder.finish().unwrap())
+}
+
+/// A keyed `POST /charges` of `gzipped` bytes, `Content-Encoding: gzip`, its
+/// `Content-Digest` over `digested` (RFC 9530: the content as sent, the gzip bytes).
+fn gzipped_charge(base: &str, key: &str, gzipped: &Bytes, digested: &[u8]) -> Request<Full<Bytes>> {
+    Request::post(format!("{base}/charges"))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .header("idempotency-key", format!("\"{key}\""))
+        .header(&CONTENT_DIGEST, BodyDigest::of(digested).header_value())
+        .body(Full::new(gzipped.clone()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_gzip_request_with_its_content_digest_is_served_and_replayed_however_the_layers_stack() {
+    for stacking in [Stacking::DecompressionOutside, Stacking::LayerOutside] {
+        let provider = compressed_provider(stacking).await;
+        let gzipped = gzip(BODY.as_bytes());
+        let (first, json) =
+            send(gzipped_charge(&provider.base, "k-gzip", &gzipped, &gzipped)).await;
+        assert_eq!(first.status(), StatusCode::CREATED, "{stacking:?}: {json}");
+        assert_eq!(
+            json["body"], BODY,
+            "{stacking:?}: the handler got the decoded body"
+        );
+
+        // The retry of the same bytes is the same request: replayed, never run again.
+        let (retry, replayed) =
+            send(gzipped_charge(&provider.base, "k-gzip", &gzipped, &gzipped)).await;
+        assert_eq!(
+            retry.status(),
+            StatusCode::CREATED,
+            "{stacking:?}: {replayed}"
+        );
+        assert_eq!(
+            retry.headers()["idempotent-replayed"],
+            "true",
+            "{stacking:?}"
+        );
+        assert_eq!(replayed, json, "{stacking:?}");
+        assert_eq!(provider.runs.load(Ordering::SeqCst), 1, "{stacking:?}");
+
+        // The same key with another body is still another request.
+        let other = gzip(br#"{"order_id":"order-42","amount_cents":1}"#);
+        let (reused, problem_body) =
+            send(gzipped_charge(&provider.base, "k-gzip", &other, &other)).await;
+        assert_eq!(
+            reused.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{stacking:?}"
+        );
+        assert_eq!(
+            problem_body["differs"],
+            serde_json::json!(["body"]),
+            "{stacking:?}"
+        );
+        assert_eq!(provider.runs.load(Ordering::SeqCst), 1, "{stacking:?}");
+    }
+}
+
+#[tokio::test]
+async fn behind_decompression_a_digest_of_the_decoded_body_still_verifies_and_a_plain_mismatch_is_still_refused(
+) {
+    let provider = compressed_provider(Stacking::DecompressionOutside).await;
+    let gzipped = gzip(BODY.as_bytes());
+    // A sender that digested the decoded bytes: the layer sees those bytes, and they match.
+    let (response, json) = send(gzipped_charge(
+        &provider.base,
+        "k-decoded",
+        &gzipped,
+        BODY.as_bytes(),
+    ))
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED, "{json}");
+    assert_eq!(provider.runs.load(Ordering::SeqCst), 1);
+
+    // Nothing was decoded: the body is the content as sent, so a digest of other bytes is
+    // still a mismatch, and nothing runs.
+    let wrong = BodyDigest::of(b"{\"amount_cents\":1}").header_value();
+    let (response, problem_body) = send(charge(
+        &provider.base,
+        "k-plain",
+        BODY,
+        Some(wrong.to_str().unwrap()),
+    ))
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(problem_body["type"], problem::CONTENT_DIGEST_MISMATCH);
+    assert_eq!(provider.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_chunked_body_behind_decompression_is_still_checked_against_its_digest() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let provider = compressed_provider(Stacking::DecompressionOutside).await;
+    let wrong = BodyDigest::of(b"{}").header_value();
+    // `Transfer-Encoding: chunked`, no `Content-Length`: the framing is there, nothing
+    // decoded the body, so its digest must match.
+    let request = format!(
+        "POST /charges HTTP/1.1\r\nHost: charges.local\r\nIdempotency-Key: \"k-chunked\"\r\n\
+         Content-Digest: {}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+         {:x}\r\n{BODY}\r\n0\r\n\r\n",
+        wrong.to_str().unwrap(),
+        BODY.len()
+    );
+    let addr = provider.base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("content-digest-mismatch"), "{answer}");
+    assert_eq!(provider.runs.load(Ordering::SeqCst), 0);
+}

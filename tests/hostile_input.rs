@@ -130,6 +130,20 @@ fn is_visible_ascii(byte: u8) -> bool {
     (0x21..=0x7e).contains(&byte)
 }
 
+/// What a bare key is made of: RFC 9110 `tchar`, and the `:` and `/` of an sf-token.
+fn is_token_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&byte)
+}
+
+/// Why a bare value is refused for its byte `byte`, one that is not a token byte.
+fn bare_refusal(byte: u8) -> InvalidKey {
+    if is_visible_ascii(byte) {
+        InvalidKey::NotAToken { byte }
+    } else {
+        InvalidKey::InvalidCharacter { byte }
+    }
+}
+
 /// Bytes a `HeaderValue` may hold, skewed towards the interesting ones: quotes,
 /// backslashes, spaces, tabs (the only control byte a header value can carry) and
 /// obs-text.
@@ -189,10 +203,14 @@ proptest! {
         let quoted = parse(&sf_string(key.as_bytes())).unwrap();
         prop_assert_eq!(quoted.as_str(), key.as_str());
         prop_assert_eq!(quoted.to_string(), key.clone());
-        // A bare token cannot start with a quote: that opens an sf-string.
-        if !key.starts_with('"') {
+        // Bare, it is a key when it is one token, and refused for its first delimiter
+        // otherwise (a comma, a quote, …): quoting is how such a key is sent.
+        if key.bytes().all(is_token_byte) {
             let bare = parse(key.as_bytes()).unwrap();
             prop_assert_eq!(&bare, &quoted);
+        } else if !key.starts_with('"') {
+            let first = key.bytes().find(|&b| !is_token_byte(b)).unwrap();
+            prop_assert_eq!(parse(key.as_bytes()), Err(InvalidKey::NotAToken { byte: first }));
         }
     }
 
@@ -212,7 +230,10 @@ proptest! {
             Err(InvalidKey::InvalidCharacter { byte: bad })
         );
         if raw[0] != b'"' {
-            prop_assert_eq!(parse(&raw), Err(InvalidKey::InvalidCharacter { byte: bad }));
+            // Bare, the first byte that is not a token byte is named: the bad one, or a
+            // delimiter before it.
+            let first = *raw.iter().find(|&&b| !is_token_byte(b)).unwrap();
+            prop_assert_eq!(parse(&raw), Err(bare_refusal(first)));
         }
     }
 
@@ -223,7 +244,7 @@ proptest! {
             parse(&sf_string(key.as_bytes())),
             Err(InvalidKey::TooLong { len: key.len() })
         );
-        if !key.starts_with('"') {
+        if key.bytes().all(is_token_byte) {
             prop_assert_eq!(parse(key.as_bytes()), Err(InvalidKey::TooLong { len: key.len() }));
         }
     }
@@ -250,9 +271,10 @@ proptest! {
                     prop_assert!(!is_visible_ascii(byte) && raw.contains(&byte));
                 }
                 if raw.first() != Some(&b'"') {
-                    // A bare token is refused for its first bad byte, else for its length.
-                    let expected = match raw.iter().find(|&&b| !is_visible_ascii(b)) {
-                        Some(&byte) => InvalidKey::InvalidCharacter { byte },
+                    // A bare token is refused for its first byte that is not a token byte,
+                    // else for its length.
+                    let expected = match raw.iter().find(|&&b| !is_token_byte(b)) {
+                        Some(&byte) => bare_refusal(byte),
                         None if raw.is_empty() => InvalidKey::Empty,
                         None => InvalidKey::TooLong { len: raw.len() },
                     };
@@ -327,7 +349,8 @@ fn huge_and_many_keys_are_refused_in_linear_time() {
     assert_eq!(parse(b"\""), Err(InvalidKey::BadSfString));
     assert_eq!(parse(b"\"\\\""), Err(InvalidKey::BadSfString));
     assert_eq!(parse(b"\"\\\"\"").unwrap().as_str(), "\"");
-    assert_eq!(parse(b"a\"").unwrap().as_str(), "a\"");
+    // A quote inside a bare value is a delimiter, not part of a key.
+    assert_eq!(parse(b"a\""), Err(InvalidKey::NotAToken { byte: b'"' }));
     assert_eq!(parse(b"\"\""), Err(InvalidKey::Empty));
     assert_eq!(parse(b""), Err(InvalidKey::Empty));
 }

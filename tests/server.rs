@@ -980,6 +980,76 @@ async fn the_same_key_with_a_different_body_gets_422() {
     assert_eq!(app.probe.runs().started, 1);
 }
 
+/// The `422` says what differs: the same JSON reformatted is the body; the same body to
+/// another target is the target; another method is the method (with the rest).
+#[tokio::test]
+async fn a_422_names_the_part_of_the_request_that_differs() {
+    let app =
+        Fixture::start(|b| b.side_effect_methods([http::Method::POST, http::Method::PATCH])).await;
+    let first = app
+        .send(
+            app.keyed("/effect", "k")
+                .body(full(r#"{"amount":1,"currency":"eur"}"#))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let differs = |answer: &Answer| {
+        assert_eq!(
+            answer.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{answer:?}"
+        );
+        assert_eq!(answer.problem(), problem::PAYLOAD_MISMATCH);
+        (
+            answer.json()["differs"].clone(),
+            answer.json()["detail"].clone(),
+        )
+    };
+
+    let reformatted = app
+        .send(
+            app.keyed("/effect", "k")
+                .body(full("{ \"amount\": 1, \"currency\": \"eur\" }"))
+                .unwrap(),
+        )
+        .await;
+    let (parts, detail) = differs(&reformatted);
+    assert_eq!(parts, serde_json::json!(["body"]));
+    assert!(
+        detail.as_str().unwrap().contains("another body"),
+        "{detail}"
+    );
+
+    let elsewhere = app
+        .send(
+            app.keyed("/effect?attempt=2", "k")
+                .body(full(r#"{"amount":1,"currency":"eur"}"#))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(differs(&elsewhere).0, serde_json::json!(["target"]));
+
+    let patched = app
+        .send(
+            app.keyed("/effect?attempt=2", "k")
+                .method(http::Method::PATCH)
+                .body(full("{}"))
+                .unwrap(),
+        )
+        .await;
+    let (parts, detail) = differs(&patched);
+    assert_eq!(parts, serde_json::json!(["method", "target", "body"]));
+    assert!(
+        detail
+            .as_str()
+            .unwrap()
+            .contains("another method, target and body"),
+        "{detail}"
+    );
+    assert_eq!(app.probe.runs().started, 1);
+}
+
 #[tokio::test]
 async fn another_scopes_key_behaves_exactly_like_an_unused_key() {
     let app = Arc::new(Fixture::start(|b| b).await);

@@ -275,7 +275,9 @@ impl ClientBuilder {
     }
 
     /// How long records are kept (default 24 h). Must outlast the retry window plus the
-    /// lease, and should outlast your longest crash-and-resume gap.
+    /// lease, and should outlast your longest crash-and-resume gap. "Keep forever"
+    /// (`Duration::MAX`) is accepted and held as about 139 years, as is any duration of the
+    /// ledger longer than that (lease, protected window, busy wait).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
@@ -473,7 +475,8 @@ impl ClientBuilder {
     /// record would vanish while its operation can still retry) and a protected window
     /// shorter than that (a full store could evict an operation still being retried).
     pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
-        let must_keep = self.retry_window + self.lease;
+        // Saturating: durations are unbounded here and saturate when the ledger takes them.
+        let must_keep = self.retry_window.saturating_add(self.lease);
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }

@@ -24,6 +24,13 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// The default retention of ledger records.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The longest lease, retention, protected window or busy wait the layers work with: about
+/// 139 years (2^42 ms). A longer setting ("keep forever": `Duration::MAX`) saturates to it
+/// rather than being refused. It is far beyond any real use, yet every clock can add it to
+/// the present (`Instant + Duration::MAX` panics, on every request) and every store can
+/// hold it: Redis `PX` and PostgreSQL intervals are clamped to the same bound.
+pub(crate) const LONGEST: Duration = Duration::from_millis(1 << 42);
+
 /// The first pause between two `begin`s while waiting for a busy operation on a store that
 /// cannot notify ([`IdempotencyStore::notify_settled`] answers `None`); it doubles up to
 /// [`MAX_BUSY_POLL`]. A store that notifies wakes its waiters when the owner settles.
@@ -191,6 +198,9 @@ impl Ledger {
         protected: Duration,
         waiters: Option<WaiterLimit>,
     ) -> Self {
+        // Saturated here, where every duration a store or a clock is handed comes from, so
+        // that no setting a builder accepted can overflow an `Instant` or a store's TTL.
+        let (lease, retention) = (lease.min(LONGEST), retention.min(LONGEST));
         Self(Arc::new(LedgerState {
             store,
             lease,
@@ -234,7 +244,7 @@ impl Ledger {
     ) -> Result<Begin, StoreError> {
         let mut lost = lost;
         let give_up_at = match busy {
-            BusyPolicy::Wait(limit) => Instant::now() + limit,
+            BusyPolicy::Wait(limit) => Instant::now() + limit.min(LONGEST),
             BusyPolicy::Fail => Instant::now(),
         };
         let mut pause = FIRST_BUSY_POLL;

@@ -252,7 +252,10 @@ impl RetryPolicy {
     /// assert_eq!(policy.retry_window(), Duration::from_secs(22));
     /// ```
     pub fn retry_window(&self) -> Duration {
-        self.max_elapsed + self.attempt_timeout.unwrap_or_default()
+        // Saturating: "retry for ever" (`Duration::MAX`) is a window no ledger outlives, not
+        // an overflow.
+        self.max_elapsed
+            .saturating_add(self.attempt_timeout.unwrap_or_default())
     }
 }
 

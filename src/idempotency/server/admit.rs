@@ -416,9 +416,13 @@ where
             let retry_after = retry_after.min(server.retry_after);
             return answered_by(report, problem::in_flight(retry_after));
         }
-        Begin::Drift { .. } => {
+        Begin::Drift { stored, .. } => {
             outcome("payload-mismatch");
-            return answered_by(report, problem::payload_mismatch());
+            // Made again rather than kept for the rare refusal: it costs a hash of the
+            // method and the target, on this path alone.
+            let new = Fingerprint::of_received(&parts.method, original_target(&parts), &digest);
+            let differs: Vec<_> = stored.differing_parts(&new).collect();
+            return answered_by(report, problem::payload_mismatch(&differs));
         }
         // Answers added later are not understood by this release: run nothing.
         #[allow(unreachable_patterns)]

@@ -20,7 +20,7 @@ use tower_service::Service;
 
 use super::body::{Buffered, ResponseBody};
 use super::decision::{record_in_layer_span, request_span, OutcomeEvent, OutcomeHook, Track};
-use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION, LONGEST};
 use super::scope::Scope;
 use super::{Idempotency, IdempotencyLayer, DEFAULT_RESPONSE_LIMIT};
 use crate::digest::{
@@ -437,7 +437,9 @@ impl ServerBuilder {
     }
 
     /// How long outcomes are kept for replay (default 24 h); must be longer than the lease.
-    /// Make it outlast your clients' longest retry window.
+    /// Make it outlast your clients' longest retry window. "Keep forever" (`Duration::MAX`)
+    /// is accepted and held as about 139 years, as is any duration of the ledger longer
+    /// than that (lease, protected window, busy wait).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
@@ -593,7 +595,9 @@ impl ServerBuilder {
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }
-        if self.retention <= self.lease {
+        // Compared as the ledger will hold them (saturated): a lease and a retention that
+        // both saturate are equal there.
+        if self.retention.min(LONGEST) <= self.lease.min(LONGEST) {
             return Err(ConfigError::new(format!(
                 "the retention ({:?}) must be longer than the lease ({:?})",
                 self.retention, self.lease
@@ -1039,7 +1043,9 @@ fn settled(how: &'static str) {
 
 /// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one
 /// (`sent`: the request has that header); else computed here. Every `sha-256` and `sha-512`
-/// member must match the body.
+/// member must match the body, unless a layer in front decoded it (see [`decoded_in_front`]):
+/// the digest is then of bytes this layer never sees, and the body is fingerprinted as
+/// received, as if no digest had come.
 fn verified_body_digest(
     headers: &HeaderMap,
     sent: bool,
@@ -1050,7 +1056,35 @@ fn verified_body_digest(
         return Ok(BodyDigest::of(body));
     }
     let field = ContentDigest::of_headers(headers)?;
-    Ok(field.verify(body)?.unwrap_or_else(|| BodyDigest::of(body)))
+    match field.verify(body) {
+        Ok(verified) => Ok(verified.unwrap_or_else(|| BodyDigest::of(body))),
+        Err(err) if err.is_mismatch() && decoded_in_front(headers) => {
+            tracing::debug!(
+                "the Content-Digest is not of the body received, whose framing headers a layer \
+                 in front removed (request decompression): not verified"
+            );
+            Ok(BodyDigest::of(body))
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Whether a layer in front of this one may have decoded the body: it carries neither
+/// `Content-Length` nor `Transfer-Encoding`, nor a `Content-Encoding` still to decode.
+///
+/// `Content-Digest` is over the content as sent, content coding applied (RFC 9530 §2).
+/// Request decompression (tower-http's `RequestDecompressionLayer`) decodes the body and
+/// removes `Content-Encoding` and `Content-Length`, and leaves the `Content-Digest` of the
+/// encoded bytes behind: checked against the decoded body, it would refuse every compressed
+/// request. A body as received over HTTP/1.1 always has its framing (one of the two
+/// headers), so a mismatch with it present is a body that is not what its sender digested.
+/// Without them (a decoded body; HTTP/2 senders that declare no length; requests made
+/// in-process) the digest cannot be told from one of other bytes, and a `400` that drops
+/// the request would be wrong for the first.
+fn decoded_in_front(headers: &HeaderMap) -> bool {
+    !headers.contains_key(header::CONTENT_LENGTH)
+        && !headers.contains_key(header::TRANSFER_ENCODING)
+        && !headers.contains_key(header::CONTENT_ENCODING)
 }
 
 /// The transaction a claim was made in (transactional mode), if any. Dropped unused (a

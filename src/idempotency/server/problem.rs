@@ -44,9 +44,11 @@
 //! **400.** The `Idempotency-Key` header is malformed: empty, longer than 255 characters,
 //! holding a byte that is not visible ASCII (a space, a control character, non-ASCII), an
 //! invalid RFC 8941 string (an opening `"` without its closing one, an escape other than
-//! `\"` and `\\`), or the header appears more than once. The member `reason` names which:
-//! `empty`, `too-long`, `invalid-character`, `bad-sf-string` or `repeated`. The handler
-//! was not called and the ledger was not touched.
+//! `\"` and `\\`), a bare (unquoted) value holding a delimiter such as `,` (it is not one
+//! key: `a,b` is what a proxy makes of two `Idempotency-Key` lines; quote a key holding
+//! one), or the header appears more than once. The member `reason` names which: `empty`,
+//! `too-long`, `invalid-character`, `bad-sf-string`, `not-a-token` or `repeated`. The
+//! handler was not called and the ledger was not touched.
 //!
 //! # body-unreadable
 //!
@@ -67,8 +69,11 @@
 //! # payload-mismatch
 //!
 //! **422.** This key was first used with a different request: another method, path and
-//! query, or body. A key names one request; use a new key for a new request. The stored
-//! outcome is not disclosed.
+//! query, or body. The member `differs` names which of them, from `"method"`, `"target"`
+//! and `"body"` (a body reformatted, say, is `["body"]`; a record written by an older
+//! fingerprint derivation names all three). A key names one request; use a new key for a
+//! new request. The stored outcome is not disclosed, nor anything of the first request but
+//! which parts differ (and only within the key's scope).
 //!
 //! # response-not-recorded
 //!
@@ -147,6 +152,7 @@ use http::{Method, Response, StatusCode};
 use serde_json::Value;
 
 use crate::digest::DigestError;
+use crate::fingerprint::RequestPart;
 use crate::idempotency::ResponseBody;
 use crate::key::{InvalidKey, MAX_KEY_LEN};
 
@@ -265,7 +271,8 @@ fn with_retry_after<T>(
 pub(crate) fn retry_after_value(after: Duration) -> HeaderValue {
     let mut secs = after.as_secs();
     if after.subsec_nanos() > 0 || secs == 0 {
-        secs += 1;
+        // Saturating: a `retry_after(Duration::MAX)` the builder accepted must not panic.
+        secs = secs.saturating_add(1);
     }
     HeaderValue::from(secs)
 }
@@ -290,6 +297,7 @@ pub(crate) fn key_invalid<T>(err: &InvalidKey) -> Response<ResponseBody<T>> {
         InvalidKey::TooLong { .. } => "too-long",
         InvalidKey::InvalidCharacter { .. } => "invalid-character",
         InvalidKey::BadSfString => "bad-sf-string",
+        InvalidKey::NotAToken { .. } => "not-a-token",
         InvalidKey::Repeated => "repeated",
         // A reason added to `InvalidKey` later is still a malformed key.
         #[allow(unreachable_patterns)]
@@ -299,7 +307,7 @@ pub(crate) fn key_invalid<T>(err: &InvalidKey) -> Response<ResponseBody<T>> {
         StatusCode::BAD_REQUEST,
         KEY_INVALID,
         "Invalid Idempotency-Key",
-        format!("{err}; send one Idempotency-Key of 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        format!("{err}; send one Idempotency-Key of 1 to {MAX_KEY_LEN} visible ASCII characters, as an RFC 8941 string or a bare token"),
         member("reason", reason),
     )
 }
@@ -335,14 +343,23 @@ pub(crate) fn in_flight<T>(retry_after: Duration) -> Response<ResponseBody<T>> {
     with_retry_after(response, retry_after)
 }
 
-pub(crate) fn payload_mismatch<T>() -> Response<ResponseBody<T>> {
+/// `differs`: the parts of the request that differ from the one first sent with the key.
+pub(crate) fn payload_mismatch<T>(differs: &[RequestPart]) -> Response<ResponseBody<T>> {
+    let named: Vec<&str> = differs.iter().map(RequestPart::as_str).collect();
+    let detail = match named.as_slice() {
+        [] => "this Idempotency-Key was first used with another request".to_owned(),
+        [one] => format!("this Idempotency-Key was first used with another {one}"),
+        [init @ .., last] => format!(
+            "this Idempotency-Key was first used with another {} and {last}",
+            init.join(", ")
+        ),
+    };
     problem(
         StatusCode::UNPROCESSABLE_ENTITY,
         PAYLOAD_MISMATCH,
         "Idempotency-Key reused with a different request",
-        "this Idempotency-Key was first used with another method, path or body; use a new key for a new request"
-            .to_owned(),
-        None,
+        format!("{detail}; use a new key for a new request"),
+        member("differs", named),
     )
 }
 

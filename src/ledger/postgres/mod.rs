@@ -714,8 +714,8 @@ impl PostgresStoreBuilder {
         // client gave up on does not keep running, nor keep waiting on a lock.
         let options = format!(
             "-c statement_timeout={} -c lock_timeout={}",
-            millis(self.operation_timeout, 1),
-            millis(self.lock_wait, 1),
+            setting_millis(self.operation_timeout),
+            setting_millis(self.lock_wait),
         );
         let options = match config.get_options() {
             Some(theirs) if !theirs.is_empty() => format!("{theirs} {options}"),
@@ -744,7 +744,9 @@ impl PostgresStoreBuilder {
                 lock_wait: self.lock_wait,
             }),
         };
-        let bound = self.connection_timeout + self.operation_timeout;
+        let bound = self
+            .connection_timeout
+            .saturating_add(self.operation_timeout);
         let probe = async {
             let client = store.inner.pool.get().await.map_err(from_pool)?;
             client.simple_query("SELECT 1").await.map_err(from_pg)
@@ -1119,6 +1121,14 @@ pub(crate) fn millis(duration: Duration, min: u128) -> i64 {
     duration.as_millis().clamp(min, MAX_MS) as i64
 }
 
+/// A duration as the value of a millisecond setting (`statement_timeout`, `lock_timeout`):
+/// at least 1 (0 turns the bound off) and at most `i32::MAX`, PostgreSQL's limit for them
+/// (about 24.8 days). Past it the server refuses the setting, and with it every connection
+/// or transaction: a longer bound is as good as that one.
+pub(crate) fn setting_millis(duration: Duration) -> i64 {
+    millis(duration, 1).min(i64::from(i32::MAX))
+}
+
 /// A database failure before it is given its place in the protocol.
 pub(crate) struct PgFailure(StoreError, bool);
 
@@ -1208,6 +1218,8 @@ mod tests {
         assert_eq!(millis(Duration::ZERO, 1), 1);
         assert_eq!(millis(Duration::ZERO, 0), 0);
         assert_eq!(millis(Duration::MAX, 1), 1 << 42);
+        assert_eq!(setting_millis(Duration::MAX), i64::from(i32::MAX));
+        assert_eq!(setting_millis(Duration::ZERO), 1);
     }
 
     #[test]

@@ -179,7 +179,9 @@ impl RedisClusterBuilder {
             );
         }
         let client = self.client()?;
-        let bound = self.connection_timeout + self.operation_timeout;
+        let bound = self
+            .connection_timeout
+            .saturating_add(self.operation_timeout);
         let connect_and_load = async {
             let mut connection = Connection::Cluster(client.get_async_connection().await?);
             // `SCRIPT LOAD` goes to every primary: keyless commands of this kind are routed

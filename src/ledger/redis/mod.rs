@@ -583,7 +583,9 @@ impl RedisStoreBuilder {
         for code in ALL_SCRIPTS {
             load.cmd("SCRIPT").arg("LOAD").arg(code);
         }
-        let bound = self.connection_timeout + self.operation_timeout;
+        let bound = self
+            .connection_timeout
+            .saturating_add(self.operation_timeout);
         let mut connection = manager.clone();
         match tokio::time::timeout(bound, load.query_async::<Vec<String>>(&mut connection)).await {
             Ok(Ok(_shas)) => {}

@@ -108,6 +108,7 @@ async fn a_callers_own_bare_key_with_a_comma_is_a_clear_error_and_nothing_is_sen
         .service(provider.clone());
     let request = |key: &'static str| {
         Request::post("http://orders.local/orders")
+            .header("authorization", "Bearer sk_test") // a caller's key is scoped by it
             .header("idempotency-key", key)
             .body(Full::new(Bytes::from_static(b"{}")))
             .unwrap()

@@ -668,8 +668,12 @@ impl MemoryStore {
             if self.has_room(needed) {
                 return true;
             }
-            let front = lock(&self.inner.evictable).pop_ended_by(now);
-            let Some((key, seq)) = front else {
+            // Looked at, not taken out: the entry leaves the order only with its record
+            // (below, under the shard's lock). Were it taken out first, a caller preempted
+            // between the two would hide from every other caller the room it is about to
+            // make, and they would refuse for want of it.
+            let front = lock(&self.inner.evictable).first_ended_by(now);
+            let Some((place, key)) = front else {
                 if swept {
                     return false;
                 }
@@ -684,15 +688,14 @@ impl MemoryStore {
                 }
                 continue;
             };
+            // A record and its entry change together under the record's shard lock: if this
+            // life of the key is gone (another caller evicted it, or it was claimed anew),
+            // so is its entry, and the next look finds the next one.
             let mut shard = lock(self.shard(&key));
-            if shard.get(&key).is_some_and(|record| record.seq == seq) {
-                let record = shard.remove(&key).expect("checked under the same lock");
-                self.inner
-                    .completed_bytes
-                    .fetch_sub(record.weight, Ordering::Relaxed);
-                self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
-                self.inner.gauges.removed(record.weight);
-                self.scoped(record.scope, record.weight, 0);
+            if shard.get(&key).is_some_and(|record| record.seq == place.1) {
+                let record = self
+                    .remove(&mut shard, &key)
+                    .expect("checked under the lock");
                 if record.retain_until > now {
                     self.inner.evictions.fetch_add(1, Ordering::Relaxed);
                 }

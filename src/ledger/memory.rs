@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Begin, BeginRequest, DigestState, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
-    StoreFuture,
+    Begin, BeginRequest, DigestState, FieldDigests, IdempotencyStore, LeaseToken, LedgerKey,
+    Outcome, StoreError, StoreFuture,
 };
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
@@ -73,7 +73,9 @@ const TOMBSTONE_RESERVE: u64 = 16;
 ///
 /// Every record — in flight, in doubt or completed — sits in one sharded map and counts
 /// against one byte budget, [`max_bytes`](MemoryStoreBuilder::max_bytes) (192 MiB by
-/// default): its key, its bookkeeping, its frozen request and its recorded response.
+/// default): its key, its bookkeeping, its frozen request while the operation is open (once
+/// it is completed, only a digest of each top-level JSON field of its body, enough to name
+/// what a later request changed: [`Begin::DriftFields`]) and its recorded response.
 /// [`weighted_size`](MemoryStore::weighted_size) is that count, exactly, at every moment.
 ///
 /// The budget is kept without ever forgetting an operation that may still be retried:
@@ -849,9 +851,15 @@ impl MemoryStore {
 
     fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Instant) -> Begin {
         if record.fingerprint != request.fingerprint {
-            return Begin::Drift {
-                stored: record.fingerprint,
-                frozen: record.frozen.clone(),
+            return match &record.kept {
+                Kept::Fields(fields) => Begin::DriftFields {
+                    stored: record.fingerprint,
+                    fields: fields.clone(),
+                },
+                kept => Begin::Drift {
+                    stored: record.fingerprint,
+                    frozen: kept.frozen(),
+                },
             };
         }
         match &mut record.state {
@@ -861,7 +869,7 @@ impl MemoryStore {
                 if *resumed {
                     Begin::Resume {
                         token: *token,
-                        frozen: record.frozen.clone(),
+                        frozen: record.kept.frozen(),
                     }
                 } else {
                     acquired(&request)
@@ -884,7 +892,7 @@ impl MemoryStore {
                 record.attempts += 1;
                 Begin::Resume {
                     token: request.token,
-                    frozen: record.frozen.clone(),
+                    frozen: record.kept.frozen(),
                 }
             }
         }
@@ -996,7 +1004,8 @@ impl MemoryStore {
         // so a panic leaves the record, the budget and the eviction order as they were.
         let protect_until = now + record.protected.min(retention);
         let retain_until = now + retention;
-        let weight = record.completed_weight(outcome_weight);
+        let kept = record.kept.completed();
+        let weight = record.completed_weight(outcome_weight, &kept);
         if !self.reweigh(record.weight, weight) {
             return Err((outcome, weight - record.weight));
         }
@@ -1015,6 +1024,7 @@ impl MemoryStore {
         record.retain_until = retain_until;
         record.seq = seq;
         record.weight = weight;
+        record.kept = kept;
         Ok(())
     }
 
@@ -1026,7 +1036,7 @@ impl MemoryStore {
             "the memory ledger has no room for an outcome; keeping a tombstone (the operation \
              is done, but cannot be replayed)"
         );
-        done.frozen = None;
+        done.kept = Kept::Nothing;
         if let State::Completed { outcome, .. } = &mut done.state {
             *outcome = Outcome::Tombstone {
                 status: outcome_status(outcome),
@@ -1080,8 +1090,8 @@ type Shard = HashMap<LedgerKey, Record, DigestState>;
 #[derive(Debug)]
 struct Record {
     fingerprint: Fingerprint,
-    /// The frozen request: resent on resume, shown when a later request drifts.
-    frozen: Option<FrozenRequest>,
+    /// What is kept of the request.
+    kept: Kept,
     state: State,
     /// When the record's retention ends.
     retain_until: Instant,
@@ -1133,7 +1143,7 @@ impl Record {
     fn claim(request: &BeginRequest, now: Instant, seq: u64) -> Self {
         let mut record = Self {
             fingerprint: request.fingerprint,
-            frozen: request.frozen.clone(),
+            kept: request.frozen.clone().map_or(Kept::Nothing, Kept::Frozen),
             state: State::InFlight {
                 token: request.token,
                 lease_until: now + request.lease,
@@ -1151,14 +1161,11 @@ impl Record {
         record
     }
 
-    /// This (open) record, completed with `outcome`.
+    /// This (open) record, completed with `outcome`, keeping nothing of its request.
     fn completed(&self, outcome: Outcome, retention: Duration, now: Instant, seq: u64) -> Self {
-        // The same key, bookkeeping and frozen request: only the outcome's bytes are new, in
-        // place of the reserve an open record keeps for a tombstone.
-        let weight = self.completed_weight(outcome.weight() as u64);
-        Self {
+        let mut done = Self {
             fingerprint: self.fingerprint,
-            frozen: self.frozen.clone(),
+            kept: Kept::Nothing,
             state: State::Completed {
                 outcome,
                 protect_until: now + self.protected.min(retention),
@@ -1166,21 +1173,26 @@ impl Record {
             retain_until: now + retention,
             protected: self.protected,
             seq,
-            weight,
+            weight: 0,
             created: self.created,
             attempts: self.attempts,
             scope: self.scope,
-        }
+        };
+        done.weight = done.measure();
+        done
     }
 
-    /// This (open) record's weight once completed with an outcome of `outcome_weight`.
-    fn completed_weight(&self, outcome_weight: u64) -> u64 {
-        self.weight - TOMBSTONE_RESERVE + outcome_weight
+    /// This (open) record's weight once completed with an outcome of `outcome_weight`,
+    /// keeping `kept` of its request: its frozen request gives way to `kept`, and the reserve
+    /// it kept for a tombstone to the outcome.
+    fn completed_weight(&self, outcome_weight: u64, kept: &Kept) -> u64 {
+        self.weight - self.kept.weight() + kept.weight() - TOMBSTONE_RESERVE + outcome_weight
     }
 
-    /// What completing an open record with an outcome of `outcome_weight` adds to the
-    /// budget ([`completed_weight`](Self::completed_weight) less the open weight), known
-    /// before the record is looked up.
+    /// The most completing an open record with an outcome of `outcome_weight` adds to the
+    /// budget ([`completed_weight`](Self::completed_weight) less the open weight: what is
+    /// kept of the request never outweighs the frozen request), known before the record is
+    /// looked up.
     fn completion_growth(outcome_weight: u64) -> u64 {
         outcome_weight.saturating_sub(TOMBSTONE_RESERVE)
     }
@@ -1210,15 +1222,57 @@ impl Record {
     }
 
     fn measure(&self) -> u64 {
-        let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight) as u64;
+        let kept = self.kept.weight();
         let state = match &self.state {
             State::Completed { outcome, .. } => outcome.weight() as u64,
             _ => TOMBSTONE_RESERVE,
         };
         PER_RECORD_OVERHEAD
             + (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>()) as u64
-            + frozen
+            + kept
             + state
+    }
+}
+
+/// What a record keeps of its request.
+#[derive(Debug)]
+enum Kept {
+    /// The frozen request, while the operation is open: resent on resume, shown when a
+    /// later request drifts.
+    Frozen(FrozenRequest),
+    /// Once it is completed, nothing will be resent: the digests of its body's top-level
+    /// JSON fields, to name the fields a later request changed.
+    Fields(FieldDigests),
+    /// Nothing (a request made without one, a body that is no JSON object, a tombstone).
+    Nothing,
+}
+
+impl Kept {
+    fn frozen(&self) -> Option<FrozenRequest> {
+        match self {
+            Self::Frozen(frozen) => Some(frozen.clone()),
+            _ => None,
+        }
+    }
+
+    fn weight(&self) -> u64 {
+        match self {
+            Self::Frozen(frozen) => frozen.weight() as u64,
+            Self::Fields(fields) => fields.weight() as u64,
+            Self::Nothing => 0,
+        }
+    }
+
+    /// What a completed record keeps of this: the field digests of a frozen request, if its
+    /// body is a JSON object and they weigh less than the request (they always do but for
+    /// bodies of many tiny fields, which then name no fields in a drift report).
+    fn completed(&self) -> Self {
+        let Self::Frozen(frozen) = self else {
+            return Self::Nothing;
+        };
+        FieldDigests::of(frozen.body())
+            .filter(|fields| fields.weight() <= frozen.weight())
+            .map_or(Self::Nothing, Self::Fields)
     }
 }
 

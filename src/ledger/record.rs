@@ -1,5 +1,6 @@
 //! The values a ledger stores, and their versioned byte encoding.
 
+mod fields;
 mod headers;
 
 use std::fmt;
@@ -12,6 +13,7 @@ use sha2::{Digest, Sha256};
 use super::StoreError;
 use crate::frozen::FrozenRequest;
 use crate::key::{hex, update_length_prefixed, IdempotencyKey};
+pub use fields::FieldDigests;
 pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
 
 /// The key of a ledger record: 32 bytes, already scoped.

@@ -176,7 +176,9 @@ fn name_begin(begin: Begin) -> Answer {
         Begin::Replay(tombstone) => {
             panic!("a tombstone where the whole outcome fits: {tombstone:?}")
         }
-        Begin::Drift { .. } => panic!("a drift where every call sends the same payload"),
+        Begin::Drift { .. } | Begin::DriftFields { .. } => {
+            panic!("a drift where every call sends the same payload")
+        }
     }
 }
 

@@ -33,10 +33,11 @@ const DEFAULT_MAX_BYTES: u64 = 192 * 1024 * 1024;
 const SHARDS: usize = 64;
 
 /// What a record costs besides its own fields and the requests and responses it holds: its
-/// map slot at the map's load factor, its eviction-index entry and the allocator's rounding
-/// (a recorded response weighs its own allocations: `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a million small server
-/// records grow the process by about the budget, not 1.4 times it.
-const PER_RECORD_OVERHEAD: u64 = 480;
+/// map slot (a key and a pointer) at the map's load factor, its eviction-index entry and the
+/// allocator's rounding of its box (a recorded response weighs its own allocations:
+/// `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a
+/// million small server records grow the process by about the budget.
+const PER_RECORD_OVERHEAD: u64 = 160;
 
 /// Whether making room may sweep every shard for open records past their retention.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -577,7 +578,7 @@ impl MemoryStore {
     }
 
     /// Take `key`'s record out of the map and the budget.
-    fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Record> {
+    fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Box<Record>> {
         let record = shard.remove(key)?;
         self.forget(&record);
         Some(record)
@@ -599,7 +600,12 @@ impl MemoryStore {
     /// Put `record` in the map, replacing `key`'s, if the budget has room for the
     /// difference; hand it back (`Some`) otherwise.
     #[must_use]
-    fn insert_if_room(&self, shard: &mut Shard, key: LedgerKey, record: Record) -> Option<Record> {
+    fn insert_if_room(
+        &self,
+        shard: &mut Shard,
+        key: LedgerKey,
+        record: Box<Record>,
+    ) -> Option<Box<Record>> {
         let old = shard.get(&key).map_or(0, |old| old.weight);
         if !self.reweigh(old, record.weight) {
             return Some(record);
@@ -808,9 +814,9 @@ impl MemoryStore {
     #[must_use]
     fn claim_vacant(
         &self,
-        entry: std::collections::hash_map::VacantEntry<'_, LedgerKey, Record>,
-        record: Record,
-    ) -> Option<Record> {
+        entry: std::collections::hash_map::VacantEntry<'_, LedgerKey, Box<Record>>,
+        record: Box<Record>,
+    ) -> Option<Box<Record>> {
         debug_assert!(matches!(record.state, State::InFlight { .. }));
         if !self.reweigh(0, record.weight) {
             return Some(record);
@@ -986,7 +992,7 @@ impl MemoryStore {
             outcome
         };
         let whole = open.completed(outcome, retention, now, self.seq());
-        self.complete_as_tombstone(&mut shard, key, whole);
+        self.complete_as_tombstone(&mut shard, key, Box::new(whole));
         Ok(())
     }
 
@@ -1030,7 +1036,7 @@ impl MemoryStore {
 
     /// Keep the fact that an operation is done when its outcome does not fit: a tombstone
     /// is never heavier than the claim it replaces (see [`TOMBSTONE_RESERVE`]).
-    fn complete_as_tombstone(&self, shard: &mut Shard, key: LedgerKey, mut done: Record) {
+    fn complete_as_tombstone(&self, shard: &mut Shard, key: LedgerKey, mut done: Box<Record>) {
         tracing::warn!(
             max_bytes = self.inner.max_bytes,
             "the memory ledger has no room for an outcome; keeping a tombstone (the operation \
@@ -1083,8 +1089,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One shard of the records.
-type Shard = HashMap<LedgerKey, Record, DigestState>;
+/// One shard of the records. Boxed: a map keeps a share of its slots empty (an eighth to
+/// over half, as it grows by doubling), and an empty slot of a key and a pointer costs 40
+/// bytes where one of a key and a whole record would cost 200.
+type Shard = HashMap<LedgerKey, Box<Record>, DigestState>;
 
 /// A record, in whichever state.
 #[derive(Debug)]
@@ -1140,8 +1148,8 @@ impl Record {
         self.retain_until > now && self.state.is_owned_by(token)
     }
 
-    fn claim(request: &BeginRequest, now: Instant, seq: u64) -> Self {
-        let mut record = Self {
+    fn claim(request: &BeginRequest, now: Instant, seq: u64) -> Box<Self> {
+        let mut record = Box::new(Self {
             fingerprint: request.fingerprint,
             kept: request.frozen.clone().map_or(Kept::Nothing, Kept::Frozen),
             state: State::InFlight {
@@ -1156,7 +1164,7 @@ impl Record {
             created: now,
             attempts: 1,
             scope: scope_bucket(request.scope),
-        };
+        });
         record.weight = record.measure();
         record
     }

@@ -70,6 +70,32 @@ const DEFAULT_SCOPE_SHARE: f64 = 0.25;
 /// a tombstone without needing a byte more than the claim already holds.
 const TOMBSTONE_RESERVE: u64 = 16;
 
+/// A point in a record's life, in nanoseconds since its store's epoch: 8 bytes where an
+/// `Instant` takes 16, and a record holds four. Adding a duration saturates: a retention of
+/// more than five centuries is kept as long as the process lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Stamp(u64);
+
+impl Stamp {
+    /// The time from `earlier` to this, or zero.
+    fn since(self, earlier: Stamp) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    fn micros(self) -> u64 {
+        self.0 / 1_000
+    }
+}
+
+impl std::ops::Add<Duration> for Stamp {
+    type Output = Stamp;
+
+    fn add(self, duration: Duration) -> Stamp {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Stamp(self.0.saturating_add(nanos))
+    }
+}
+
 /// The embedded ledger, in this process.
 ///
 /// Every record — in flight, in doubt or completed — sits in one sharded map and counts
@@ -468,6 +494,17 @@ impl MemoryStore {
         at.saturating_duration_since(self.inner.epoch).as_micros() as u64
     }
 
+    /// `at` as records hold it.
+    fn stamp(&self, at: Instant) -> Stamp {
+        let nanos = at.saturating_duration_since(self.inner.epoch).as_nanos();
+        Stamp(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// A record's `stamp` as an instant (for the eviction order).
+    fn instant(&self, stamp: Stamp) -> Instant {
+        self.inner.epoch + Duration::from_nanos(stamp.0)
+    }
+
     /// Whether to warn now, at most once every [`WARN_EVERY_US`] per kind of warning.
     fn may_warn(&self, last: &AtomicU64, at: u64) -> bool {
         let before = last.load(Ordering::Relaxed);
@@ -545,7 +582,7 @@ impl MemoryStore {
             if let Some(end) = first_end {
                 self.inner
                     .open_expiry_floor
-                    .fetch_min(self.micros(end), Ordering::Relaxed);
+                    .fetch_min(end.micros(), Ordering::Relaxed);
             }
         }
     }
@@ -567,6 +604,7 @@ impl MemoryStore {
 
     /// Drop a shard's records whose retention ended.
     fn sweep(&self, shard: &mut Shard, now: Instant) {
+        let now = self.stamp(now);
         let expired: Vec<LedgerKey> = shard
             .iter()
             .filter(|(_, record)| record.retain_until <= now)
@@ -593,7 +631,7 @@ impl MemoryStore {
             self.inner
                 .completed_bytes
                 .fetch_sub(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).remove((protect_until, record.seq));
+            lock(&self.inner.evictable).remove((self.instant(protect_until), record.seq));
         }
     }
 
@@ -614,7 +652,7 @@ impl MemoryStore {
             self.inner
                 .completed_bytes
                 .fetch_add(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).insert((protect_until, record.seq), key);
+            lock(&self.inner.evictable).insert((self.instant(protect_until), record.seq), key);
         }
         let (weight, scope) = (record.weight, record.scope);
         self.scoped(scope, 0, weight);
@@ -626,7 +664,7 @@ impl MemoryStore {
                     self.inner
                         .completed_bytes
                         .fetch_sub(old.weight, Ordering::Relaxed);
-                    lock(&self.inner.evictable).remove((protect_until, old.seq));
+                    lock(&self.inner.evictable).remove((self.instant(protect_until), old.seq));
                 }
             }
             None => self.inner.gauges.added(weight),
@@ -704,7 +742,7 @@ impl MemoryStore {
                 let record = self
                     .remove(&mut shard, &key)
                     .expect("checked under the lock");
-                if record.retain_until > now {
+                if record.retain_until > self.stamp(now) {
                     self.inner.evictions.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -717,17 +755,18 @@ impl MemoryStore {
 
     fn begin_now(&self, request: BeginRequest) -> Result<Begin, StoreError> {
         let now = Instant::now();
+        let at = self.stamp(now);
         let mut shard = lock(self.shard(&request.key));
         // One lookup for the common answers: a new claim, or what the record says.
         let record = match shard.entry(request.key) {
-            Entry::Occupied(entry) if entry.get().retain_until > now => {
-                return Ok(self.begin_on_existing(entry.into_mut(), request, now));
+            Entry::Occupied(entry) if entry.get().retain_until > at => {
+                return Ok(self.begin_on_existing(entry.into_mut(), request, at));
             }
             Entry::Occupied(entry) => {
                 // Past its retention: gone, and claimed anew.
                 let expired = entry.remove();
                 self.forget(&expired);
-                let record = Record::claim(&request, now, self.seq());
+                let record = Record::claim(&request, at, self.seq());
                 if self.over_share(record.scope, record.weight) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -745,7 +784,7 @@ impl MemoryStore {
             Entry::Vacant(entry) => {
                 // Absent: a new claim, if the budget has room for it and its scope is not
                 // over its share of a store under pressure.
-                let record = Record::claim(&request, now, self.seq());
+                let record = Record::claim(&request, at, self.seq());
                 if self.over_share(record.scope, record.weight) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -855,7 +894,7 @@ impl MemoryStore {
         self.check_pressure(now);
     }
 
-    fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Instant) -> Begin {
+    fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Stamp) -> Begin {
         if record.fingerprint != request.fingerprint {
             return match &record.kept {
                 Kept::Fields(fields) => Begin::DriftFields {
@@ -871,10 +910,10 @@ impl MemoryStore {
         match &mut record.state {
             State::Completed { outcome, .. } => Begin::Replay(outcome.clone()),
             // Our own claim, asked again after a lost reply: the same answer.
-            State::InFlight { token, resumed, .. } if *token == request.token => {
+            State::InFlight { token, resumed, .. } if *token == request.token.into() => {
                 if *resumed {
                     Begin::Resume {
-                        token: *token,
+                        token: (*token).into(),
                         frozen: record.kept.frozen(),
                     }
                 } else {
@@ -882,7 +921,7 @@ impl MemoryStore {
                 }
             }
             State::InFlight { lease_until, .. } if *lease_until > now => Begin::Busy {
-                retry_after: *lease_until - now,
+                retry_after: lease_until.since(now),
             },
             // In doubt, or in flight under an expired lease (the owner may have sent and
             // died). A probe is told so and changes nothing.
@@ -891,7 +930,7 @@ impl MemoryStore {
                 // Hand the operation over under the caller's token, with the bytes first
                 // frozen. Its retention is not extended: only a completion starts a new life.
                 *state = State::InFlight {
-                    token: request.token,
+                    token: request.token.into(),
                     lease_until: now + request.lease,
                     resumed: true,
                 };
@@ -915,7 +954,7 @@ impl MemoryStore {
         let shard = lock(self.shard(key));
         if shard
             .get(key)
-            .is_some_and(|record| record.is_owned(token, now))
+            .is_some_and(|record| record.is_owned(token, self.stamp(now)))
         {
             Ok(shard)
         } else {
@@ -935,7 +974,9 @@ impl MemoryStore {
     ) -> Result<T, StoreError> {
         let mut shard = lock(self.shard(&key));
         match shard.get_mut(&key) {
-            Some(record) if record.is_owned(token, now) => Ok(settle(self, record, now)),
+            Some(record) if record.is_owned(token, self.stamp(now)) => {
+                Ok(settle(self, record, now))
+            }
             _ => Err(StoreError::fenced()),
         }
     }
@@ -991,7 +1032,7 @@ impl MemoryStore {
         } else {
             outcome
         };
-        let whole = open.completed(outcome, retention, now, self.seq());
+        let whole = open.completed(outcome, retention, self.stamp(now), self.seq());
         self.complete_as_tombstone(&mut shard, key, Box::new(whole));
         Ok(())
     }
@@ -1008,8 +1049,9 @@ impl MemoryStore {
     ) -> Result<(), (Outcome, u64)> {
         // What can fail (an instant out of range panics) comes before anything is written,
         // so a panic leaves the record, the budget and the eviction order as they were.
-        let protect_until = now + record.protected.min(retention);
-        let retain_until = now + retention;
+        let at = self.stamp(now);
+        let protect_until = at + Duration::from_nanos(record.protected).min(retention);
+        let retain_until = at + retention;
         let kept = record.kept.completed();
         let weight = record.completed_weight(outcome_weight, &kept);
         if !self.reweigh(record.weight, weight) {
@@ -1022,7 +1064,7 @@ impl MemoryStore {
             .fetch_add(weight, Ordering::Relaxed);
         let seq = self.seq();
         // An open record is not in the eviction order: only its completion enters it.
-        lock(&self.inner.evictable).insert((protect_until, seq), key);
+        lock(&self.inner.evictable).insert((self.instant(protect_until), seq), key);
         record.state = State::Completed {
             outcome,
             protect_until,
@@ -1094,7 +1136,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// bytes where one of a key and a whole record would cost 200.
 type Shard = HashMap<LedgerKey, Box<Record>, DigestState>;
 
-/// A record, in whichever state.
+/// A record, in whichever state. Boxed in its shard, in an allocation of 144 bytes: keep it
+/// there (its box grows by 16 bytes past each multiple of 16, less the allocator's 8).
 #[derive(Debug)]
 struct Record {
     fingerprint: Fingerprint,
@@ -1102,15 +1145,15 @@ struct Record {
     kept: Kept,
     state: State,
     /// When the record's retention ends.
-    retain_until: Instant,
-    /// How long a completion of this record stays protected from eviction.
-    protected: Duration,
+    retain_until: Stamp,
+    /// How long a completion of this record stays protected from eviction, in ns.
+    protected: u64,
     /// Tells this life of the key from a later one (in the eviction index).
     seq: u64,
     /// Bytes counted against the budget.
     weight: u64,
     /// When the operation was first claimed.
-    created: Instant,
+    created: Stamp,
     /// Ownership handed out: the first claim and each resume.
     attempts: u32,
     /// The bucket of the scope's bytes this record counts in (`0`: no scope).
@@ -1122,8 +1165,8 @@ enum State {
     /// An owner holds the lease. `resumed`: ownership came from a resume, so an earlier
     /// attempt may have been sent and the record can never be released.
     InFlight {
-        token: LeaseToken,
-        lease_until: Instant,
+        token: HeldToken,
+        lease_until: Stamp,
         resumed: bool,
     },
     /// An attempt may have been sent; the next claim resumes.
@@ -1131,34 +1174,54 @@ enum State {
     /// Done; replayed until its retention ends. Never evicted before `protect_until`.
     Completed {
         outcome: Outcome,
-        protect_until: Instant,
+        protect_until: Stamp,
     },
 }
 
 impl State {
     fn is_owned_by(&self, owner: LeaseToken) -> bool {
-        matches!(self, Self::InFlight { token, .. } if *token == owner)
+        matches!(self, Self::InFlight { token, .. } if *token == HeldToken::from(owner))
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Record>() <= 136);
+
+/// A [`LeaseToken`] as a record holds it: two words, aligned as words (a `u128` is aligned
+/// to 16 bytes, which would pad every record to a multiple of 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HeldToken([u64; 2]);
+
+impl From<LeaseToken> for HeldToken {
+    fn from(token: LeaseToken) -> Self {
+        let value = token.as_u128();
+        Self([(value >> 64) as u64, value as u64])
+    }
+}
+
+impl From<HeldToken> for LeaseToken {
+    fn from(HeldToken([high, low]): HeldToken) -> Self {
+        LeaseToken::from_u128(u128::from(high) << 64 | u128::from(low))
     }
 }
 
 impl Record {
     /// Whether `token`'s lease holds this record at `now` (a record past its retention is
     /// gone, whatever it still holds).
-    fn is_owned(&self, token: LeaseToken, now: Instant) -> bool {
+    fn is_owned(&self, token: LeaseToken, now: Stamp) -> bool {
         self.retain_until > now && self.state.is_owned_by(token)
     }
 
-    fn claim(request: &BeginRequest, now: Instant, seq: u64) -> Box<Self> {
+    fn claim(request: &BeginRequest, now: Stamp, seq: u64) -> Box<Self> {
         let mut record = Box::new(Self {
             fingerprint: request.fingerprint,
             kept: request.frozen.clone().map_or(Kept::Nothing, Kept::Frozen),
             state: State::InFlight {
-                token: request.token,
+                token: request.token.into(),
                 lease_until: now + request.lease,
                 resumed: false,
             },
             retain_until: now + request.retention,
-            protected: request.protected_window(),
+            protected: u64::try_from(request.protected_window().as_nanos()).unwrap_or(u64::MAX),
             seq,
             weight: 0,
             created: now,
@@ -1170,13 +1233,13 @@ impl Record {
     }
 
     /// This (open) record, completed with `outcome`, keeping nothing of its request.
-    fn completed(&self, outcome: Outcome, retention: Duration, now: Instant, seq: u64) -> Self {
+    fn completed(&self, outcome: Outcome, retention: Duration, now: Stamp, seq: u64) -> Self {
         let mut done = Self {
             fingerprint: self.fingerprint,
             kept: Kept::Nothing,
             state: State::Completed {
                 outcome,
-                protect_until: now + self.protected.min(retention),
+                protect_until: now + Duration::from_nanos(self.protected).min(retention),
             },
             retain_until: now + retention,
             protected: self.protected,
@@ -1205,14 +1268,14 @@ impl Record {
         outcome_weight.saturating_sub(TOMBSTONE_RESERVE)
     }
 
-    fn view(&self, now: Instant) -> super::RecordView {
+    fn view(&self, now: Stamp) -> super::RecordView {
         let state = match &self.state {
             State::InFlight {
                 lease_until,
                 resumed,
                 ..
             } => super::RecordState::InFlight {
-                lease_left: lease_until.saturating_duration_since(now),
+                lease_left: lease_until.since(now),
                 may_have_been_sent: *resumed,
             },
             State::InDoubt => super::RecordState::InDoubt,
@@ -1224,8 +1287,8 @@ impl Record {
             state,
             fingerprint: self.fingerprint,
             attempts: self.attempts,
-            age: now.saturating_duration_since(self.created),
-            retention_left: self.retain_until.saturating_duration_since(now),
+            age: now.since(self.created),
+            retention_left: self.retain_until.since(now),
         }
     }
 
@@ -1331,10 +1394,10 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        let settled = self.settle_record(key, token, Instant::now(), |_, record, now| {
+        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
             record.state = State::InDoubt;
             // A real attempt failed: keep the record at least `retention` from now.
-            record.retain_until = record.retain_until.max(now + retention);
+            record.retain_until = record.retain_until.max(store.stamp(now) + retention);
         });
         if settled.is_ok() {
             self.announce_settled(&key);
@@ -1352,7 +1415,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {
-        let now = Instant::now();
+        let now = self.stamp(Instant::now());
         let shard = lock(self.shard(&key));
         let view = shard
             .get(&key)
@@ -1362,9 +1425,9 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
-        let settled = self.settle_record(key, token, Instant::now(), |_, record, now| {
+        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
             if let State::InFlight { lease_until, .. } = &mut record.state {
-                *lease_until = now + lease;
+                *lease_until = store.stamp(now) + lease;
             }
         });
         StoreFuture::ready(settled)

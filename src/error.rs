@@ -389,6 +389,20 @@ impl Drift {
         }
     }
 
+    /// A drift whose changed fields were found otherwise (from digests of the stored
+    /// body's fields).
+    pub(crate) fn with_fields(
+        stored: Fingerprint,
+        new: Fingerprint,
+        changed_fields: Option<Vec<String>>,
+    ) -> Self {
+        Self {
+            stored,
+            new,
+            changed_fields,
+        }
+    }
+
     /// A drift known only by its fingerprints (the stored body is not available).
     pub fn fingerprints(stored: Fingerprint, new: Fingerprint) -> Self {
         Self {

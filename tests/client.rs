@@ -374,6 +374,42 @@ async fn drift_is_rejected_naming_the_fields_that_changed() {
     assert_eq!(provider.effects(), 1);
 }
 
+/// A completed operation's store keeps the digests of its request's fields, not the request:
+/// a regenerated payload is still refused naming the fields that changed, and under
+/// `ResendFrozen` the outcome first recorded is replayed.
+#[tokio::test(start_paused = true)]
+async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let first = stack(&store, &provider)
+        .oneshot(post(ORIGINAL))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+
+    let err = stack(&store, &provider)
+        .oneshot(post(REGENERATED))
+        .await
+        .unwrap_err();
+    let drift = err.drift().expect("a drift");
+    assert_eq!(
+        drift.changed_fields().unwrap(),
+        ["fulfillment_intent_id", "summary"]
+    );
+
+    let resend_frozen = IdempotencyLayer::client_builder(store.clone())
+        .drift_policy(DriftPolicy::ResendFrozen)
+        .build()
+        .unwrap();
+    let replayed = stack_with(resend_frozen, &provider)
+        .oneshot(post(REGENERATED))
+        .await
+        .unwrap();
+    assert_eq!(replayed.status(), StatusCode::CREATED);
+    assert_eq!(source(&replayed), Some(ResponseSource::Replayed));
+    assert_eq!(provider.calls(), 1, "sent once, by the first call");
+}
+
 #[tokio::test(start_paused = true)]
 async fn drift_under_resend_frozen_sends_the_original_bytes() {
     let store = Arc::new(MemoryStore::new());

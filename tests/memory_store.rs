@@ -458,22 +458,22 @@ async fn a_key_claimed_anew_after_its_retention_is_weighed_once() {
 }
 
 #[tokio::test]
-async fn a_completion_whose_retention_overflows_leaves_the_claim_and_the_budget_as_they_were() {
-    // `retention` is the caller's: one past what an instant can hold panics while the
-    // completion is worked out, and must not leave a half-written record behind.
+async fn a_completion_whose_retention_overflows_is_kept_for_good() {
+    // `retention` is the caller's: one past what an instant can hold neither panics nor
+    // shortens the record's life.
     let store = MemoryStore::new();
     let key = key(18, 0);
     let token = acquire(&store, begin_request(key, 0)).await;
-    let claimed = store.weighted_size();
-    let overflowing = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // `MemoryStore` works the completion out in the call itself, before any poll.
-        drop(store.complete(key, token, response("charged".into()), Duration::MAX));
-    }));
-    assert!(overflowing.is_err(), "an instant past its range panics");
-    assert_eq!(store.weighted_size(), claimed);
-
-    // Still the owner's open claim: it completes, and replays.
-    complete_and_replay(&store, key, token, "charged").await;
+    store
+        .complete(key, token, response("charged".into()), Duration::MAX)
+        .await
+        .unwrap();
+    store.run_pending_tasks().await;
+    assert_eq!(
+        replayed_body(store.begin(begin_request(key, 0)).await.unwrap()),
+        "charged"
+    );
+    assert_eq!(store.entry_count(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -609,7 +609,7 @@ fn frozen_of(body_len: usize) -> FrozenRequest {
 }
 
 #[tokio::test]
-async fn a_record_weighs_its_frozen_request_body() {
+async fn a_record_weighs_its_frozen_request_body_until_it_completes() {
     let store = MemoryStore::new();
     store.run_pending_tasks().await;
     assert_eq!(store.weighted_size(), 0);
@@ -628,7 +628,8 @@ async fn a_record_weighs_its_frozen_request_body() {
     // Key, head and bookkeeping are counted too, but they are small.
     assert!(in_flight < (102 * KIB) as u64, "{in_flight}");
 
-    // Completing it adds the recorded response's body.
+    // Completing it gives the request back (a completed operation is never resent) and
+    // adds the recorded response's body.
     store
         .complete(
             key,
@@ -641,10 +642,69 @@ async fn a_record_weighs_its_frozen_request_body() {
     store.run_pending_tasks().await;
     let completed = store.weighted_size();
     assert!(
-        completed > (150 * KIB) as u64,
-        "request 100 KiB + response 50 KiB weigh {completed}"
+        completed > (50 * KIB) as u64 && completed < (51 * KIB) as u64,
+        "a response of 50 KiB, the request given back, weighs {completed}"
     );
     assert_eq!(store.entry_count(), 1);
+}
+
+/// A completed operation keeps only a digest of each top-level JSON field of its request:
+/// light, and enough to name what a regenerated request changed.
+#[tokio::test]
+async fn a_completed_record_keeps_the_digests_of_its_fields_not_its_request() {
+    let store = MemoryStore::new();
+    let mut body = br#"{"order_id":"o_1","summary":""#.to_vec();
+    body.resize(10 * KIB, b'x');
+    body.extend_from_slice(br#"","total_cents":100}"#);
+    let frozen = FrozenRequest::from_parts(
+        Method::POST,
+        "http://orders.local/orders".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from(body),
+    );
+    let key = key(13, 0);
+    let request = |frozen: &FrozenRequest| {
+        BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION).with_frozen(frozen.clone())
+    };
+    let token = acquire(&store, request(&frozen)).await;
+    assert!(store.weighted_size() > (10 * KIB) as u64);
+    store
+        .complete(key, token, response(Bytes::from_static(b"{}")), RETENTION)
+        .await
+        .unwrap();
+    let completed = store.weighted_size();
+    assert!(
+        completed < KIB as u64,
+        "a completed record weighs {completed}"
+    );
+
+    let regenerated = FrozenRequest::from_parts(
+        Method::POST,
+        "http://orders.local/orders".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from_static(br#"{"order_id":"o_1","summary":"short","total_cents":100}"#),
+    );
+    match store.begin(request(&regenerated)).await.unwrap() {
+        Begin::DriftFields { stored, fields } => {
+            assert_eq!(stored, frozen.fingerprint());
+            assert_eq!(
+                fields.changed_fields(regenerated.body()).unwrap(),
+                ["summary"]
+            );
+            assert_eq!(
+                fields.changed_fields(frozen.body()).unwrap(),
+                Vec::<String>::new()
+            );
+        }
+        other => panic!("expected DriftFields, got {other:?}"),
+    }
+    // The same payload still replays.
+    assert!(matches!(
+        store.begin(request(&frozen)).await.unwrap(),
+        Begin::Replay(_)
+    ));
 }
 
 #[tokio::test]

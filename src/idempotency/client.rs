@@ -836,6 +836,28 @@ where
                 .await
                 .map_err(Error::store)?
         }
+        Begin::DriftFields { stored, fields } if client.drift == DriftPolicy::ResendFrozen => {
+            // A completed operation whose store kept only its fields: its outcome is what
+            // continuing with the bytes first frozen gives. Asked for under the fingerprint
+            // on record, as a probe; if the record left meanwhile there is nothing to resend.
+            let begin = client.ledger.request(key, stored).probe();
+            match client
+                .ledger
+                .begin(begin, client.busy)
+                .await
+                .map_err(Error::store)?
+            {
+                Begin::Replay(outcome) => Begin::Replay(outcome),
+                Begin::Acquired { token } => {
+                    // Ours now, with nothing sent and nothing to send: let it go.
+                    // (Were the release lost, the claim stays unsent and leaves with its
+                    // lease: nothing was sent either way.)
+                    let _ = client.ledger.hold_unsent(key, token).abandon().await;
+                    Begin::DriftFields { stored, fields }
+                }
+                _ => Begin::DriftFields { stored, fields },
+            }
+        }
         other => other,
     };
     track.decided(decision_of(&answer));
@@ -883,6 +905,9 @@ where
                     stored,
                     frozen: original,
                 } => Err(drift_error(stored, original.as_ref(), &frozen)),
+                Begin::DriftFields { stored, fields } => {
+                    Err(drift_fields_error(stored, &fields, &frozen))
+                }
                 _ => Err(Error::in_doubt()),
             }
         }
@@ -921,6 +946,7 @@ where
             stored,
             frozen: original,
         } => Err(drift_error(stored, original.as_ref(), &frozen)),
+        Begin::DriftFields { stored, fields } => Err(drift_fields_error(stored, &fields, &frozen)),
         // Answers added later are not understood by this release: send nothing.
         #[allow(unreachable_patterns)]
         _ => Err(Error::in_doubt()),
@@ -935,7 +961,7 @@ pub(crate) fn decision_of(answer: &Begin) -> Decision {
         Begin::Replay(_) => Decision::Replayed,
         Begin::Busy { .. } => Decision::Busy,
         Begin::InDoubt => Decision::InDoubt,
-        Begin::Drift { .. } => Decision::Drift,
+        Begin::Drift { .. } | Begin::DriftFields { .. } => Decision::Drift,
         // Answers added later are refused like an in-doubt operation.
         #[allow(unreachable_patterns)]
         _ => Decision::InDoubt,
@@ -951,6 +977,17 @@ fn drift_error(
         Some(original) => Drift::between(stored, original.body(), new.fingerprint(), new.body()),
         None => Drift::fingerprints(stored, new.fingerprint()),
     };
+    tracing::warn!(%drift, "refusing a regenerated payload");
+    Error::from_drift(drift)
+}
+
+/// [`drift_error`] where the store kept only the digests of the first request's fields.
+fn drift_fields_error(
+    stored: crate::Fingerprint,
+    fields: &crate::ledger::FieldDigests,
+    new: &FrozenRequest,
+) -> Error {
+    let drift = Drift::with_fields(stored, new.fingerprint(), fields.changed_fields(new.body()));
     tracing::warn!(%drift, "refusing a regenerated payload");
     Error::from_drift(drift)
 }

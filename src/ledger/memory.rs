@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Begin, BeginRequest, DigestState, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
-    StoreFuture,
+    Begin, BeginRequest, DigestState, FieldDigests, IdempotencyStore, LeaseToken, LedgerKey,
+    Outcome, StoreError, StoreFuture,
 };
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
@@ -33,10 +33,11 @@ const DEFAULT_MAX_BYTES: u64 = 192 * 1024 * 1024;
 const SHARDS: usize = 64;
 
 /// What a record costs besides its own fields and the requests and responses it holds: its
-/// map slot at the map's load factor, its eviction-index entry and the allocator's rounding
-/// (a recorded response weighs its own allocations: `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a million small server
-/// records grow the process by about the budget, not 1.4 times it.
-const PER_RECORD_OVERHEAD: u64 = 480;
+/// map slot (a key and a pointer) at the map's load factor, its eviction-index entry and the
+/// allocator's rounding of its box (a recorded response weighs its own allocations:
+/// `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a
+/// million small server records grow the process by about the budget.
+const PER_RECORD_OVERHEAD: u64 = 160;
 
 /// Whether making room may sweep every shard for open records past their retention.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -69,11 +70,39 @@ const DEFAULT_SCOPE_SHARE: f64 = 0.25;
 /// a tombstone without needing a byte more than the claim already holds.
 const TOMBSTONE_RESERVE: u64 = 16;
 
+/// A point in a record's life, in nanoseconds since its store's epoch: 8 bytes where an
+/// `Instant` takes 16, and a record holds four. Adding a duration saturates: a retention of
+/// more than five centuries is kept as long as the process lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Stamp(u64);
+
+impl Stamp {
+    /// The time from `earlier` to this, or zero.
+    fn since(self, earlier: Stamp) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    fn micros(self) -> u64 {
+        self.0 / 1_000
+    }
+}
+
+impl std::ops::Add<Duration> for Stamp {
+    type Output = Stamp;
+
+    fn add(self, duration: Duration) -> Stamp {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Stamp(self.0.saturating_add(nanos))
+    }
+}
+
 /// The embedded ledger, in this process.
 ///
 /// Every record — in flight, in doubt or completed — sits in one sharded map and counts
 /// against one byte budget, [`max_bytes`](MemoryStoreBuilder::max_bytes) (192 MiB by
-/// default): its key, its bookkeeping, its frozen request and its recorded response.
+/// default): its key, its bookkeeping, its frozen request while the operation is open (once
+/// it is completed, only a digest of each top-level JSON field of its body, enough to name
+/// what a later request changed: [`Begin::DriftFields`]) and its recorded response.
 /// [`weighted_size`](MemoryStore::weighted_size) is that count, exactly, at every moment.
 ///
 /// The budget is kept without ever forgetting an operation that may still be retried:
@@ -465,6 +494,17 @@ impl MemoryStore {
         at.saturating_duration_since(self.inner.epoch).as_micros() as u64
     }
 
+    /// `at` as records hold it.
+    fn stamp(&self, at: Instant) -> Stamp {
+        let nanos = at.saturating_duration_since(self.inner.epoch).as_nanos();
+        Stamp(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// A record's `stamp` as an instant (for the eviction order).
+    fn instant(&self, stamp: Stamp) -> Instant {
+        self.inner.epoch + Duration::from_nanos(stamp.0)
+    }
+
     /// Whether to warn now, at most once every [`WARN_EVERY_US`] per kind of warning.
     fn may_warn(&self, last: &AtomicU64, at: u64) -> bool {
         let before = last.load(Ordering::Relaxed);
@@ -542,7 +582,7 @@ impl MemoryStore {
             if let Some(end) = first_end {
                 self.inner
                     .open_expiry_floor
-                    .fetch_min(self.micros(end), Ordering::Relaxed);
+                    .fetch_min(end.micros(), Ordering::Relaxed);
             }
         }
     }
@@ -564,6 +604,7 @@ impl MemoryStore {
 
     /// Drop a shard's records whose retention ended.
     fn sweep(&self, shard: &mut Shard, now: Instant) {
+        let now = self.stamp(now);
         let expired: Vec<LedgerKey> = shard
             .iter()
             .filter(|(_, record)| record.retain_until <= now)
@@ -575,7 +616,7 @@ impl MemoryStore {
     }
 
     /// Take `key`'s record out of the map and the budget.
-    fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Record> {
+    fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Box<Record>> {
         let record = shard.remove(key)?;
         self.forget(&record);
         Some(record)
@@ -590,14 +631,19 @@ impl MemoryStore {
             self.inner
                 .completed_bytes
                 .fetch_sub(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).remove((protect_until, record.seq));
+            lock(&self.inner.evictable).remove((self.instant(protect_until), record.seq));
         }
     }
 
     /// Put `record` in the map, replacing `key`'s, if the budget has room for the
     /// difference; hand it back (`Some`) otherwise.
     #[must_use]
-    fn insert_if_room(&self, shard: &mut Shard, key: LedgerKey, record: Record) -> Option<Record> {
+    fn insert_if_room(
+        &self,
+        shard: &mut Shard,
+        key: LedgerKey,
+        record: Box<Record>,
+    ) -> Option<Box<Record>> {
         let old = shard.get(&key).map_or(0, |old| old.weight);
         if !self.reweigh(old, record.weight) {
             return Some(record);
@@ -606,7 +652,7 @@ impl MemoryStore {
             self.inner
                 .completed_bytes
                 .fetch_add(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).insert((protect_until, record.seq), key);
+            lock(&self.inner.evictable).insert((self.instant(protect_until), record.seq), key);
         }
         let (weight, scope) = (record.weight, record.scope);
         self.scoped(scope, 0, weight);
@@ -618,7 +664,7 @@ impl MemoryStore {
                     self.inner
                         .completed_bytes
                         .fetch_sub(old.weight, Ordering::Relaxed);
-                    lock(&self.inner.evictable).remove((protect_until, old.seq));
+                    lock(&self.inner.evictable).remove((self.instant(protect_until), old.seq));
                 }
             }
             None => self.inner.gauges.added(weight),
@@ -668,8 +714,12 @@ impl MemoryStore {
             if self.has_room(needed) {
                 return true;
             }
-            let front = lock(&self.inner.evictable).pop_ended_by(now);
-            let Some((key, seq)) = front else {
+            // Looked at, not taken out: the entry leaves the order only with its record
+            // (below, under the shard's lock). Were it taken out first, a caller preempted
+            // between the two would hide from every other caller the room it is about to
+            // make, and they would refuse for want of it.
+            let front = lock(&self.inner.evictable).first_ended_by(now);
+            let Some((place, key)) = front else {
                 if swept {
                     return false;
                 }
@@ -684,16 +734,15 @@ impl MemoryStore {
                 }
                 continue;
             };
+            // A record and its entry change together under the record's shard lock: if this
+            // life of the key is gone (another caller evicted it, or it was claimed anew),
+            // so is its entry, and the next look finds the next one.
             let mut shard = lock(self.shard(&key));
-            if shard.get(&key).is_some_and(|record| record.seq == seq) {
-                let record = shard.remove(&key).expect("checked under the same lock");
-                self.inner
-                    .completed_bytes
-                    .fetch_sub(record.weight, Ordering::Relaxed);
-                self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
-                self.inner.gauges.removed(record.weight);
-                self.scoped(record.scope, record.weight, 0);
-                if record.retain_until > now {
+            if shard.get(&key).is_some_and(|record| record.seq == place.1) {
+                let record = self
+                    .remove(&mut shard, &key)
+                    .expect("checked under the lock");
+                if record.retain_until > self.stamp(now) {
                     self.inner.evictions.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -706,17 +755,18 @@ impl MemoryStore {
 
     fn begin_now(&self, request: BeginRequest) -> Result<Begin, StoreError> {
         let now = Instant::now();
+        let at = self.stamp(now);
         let mut shard = lock(self.shard(&request.key));
         // One lookup for the common answers: a new claim, or what the record says.
         let record = match shard.entry(request.key) {
-            Entry::Occupied(entry) if entry.get().retain_until > now => {
-                return Ok(self.begin_on_existing(entry.into_mut(), request, now));
+            Entry::Occupied(entry) if entry.get().retain_until > at => {
+                return Ok(self.begin_on_existing(entry.into_mut(), request, at));
             }
             Entry::Occupied(entry) => {
                 // Past its retention: gone, and claimed anew.
                 let expired = entry.remove();
                 self.forget(&expired);
-                let record = Record::claim(&request, now, self.seq());
+                let record = Record::claim(&request, at, self.seq());
                 if self.over_share(record.scope, record.weight) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -734,7 +784,7 @@ impl MemoryStore {
             Entry::Vacant(entry) => {
                 // Absent: a new claim, if the budget has room for it and its scope is not
                 // over its share of a store under pressure.
-                let record = Record::claim(&request, now, self.seq());
+                let record = Record::claim(&request, at, self.seq());
                 if self.over_share(record.scope, record.weight) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -803,9 +853,9 @@ impl MemoryStore {
     #[must_use]
     fn claim_vacant(
         &self,
-        entry: std::collections::hash_map::VacantEntry<'_, LedgerKey, Record>,
-        record: Record,
-    ) -> Option<Record> {
+        entry: std::collections::hash_map::VacantEntry<'_, LedgerKey, Box<Record>>,
+        record: Box<Record>,
+    ) -> Option<Box<Record>> {
         debug_assert!(matches!(record.state, State::InFlight { .. }));
         if !self.reweigh(0, record.weight) {
             return Some(record);
@@ -844,28 +894,34 @@ impl MemoryStore {
         self.check_pressure(now);
     }
 
-    fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Instant) -> Begin {
+    fn begin_on_existing(&self, record: &mut Record, request: BeginRequest, now: Stamp) -> Begin {
         if record.fingerprint != request.fingerprint {
-            return Begin::Drift {
-                stored: record.fingerprint,
-                frozen: record.frozen.clone(),
+            return match &record.kept {
+                Kept::Fields(fields) => Begin::DriftFields {
+                    stored: record.fingerprint,
+                    fields: fields.clone(),
+                },
+                kept => Begin::Drift {
+                    stored: record.fingerprint,
+                    frozen: kept.frozen(),
+                },
             };
         }
         match &mut record.state {
             State::Completed { outcome, .. } => Begin::Replay(outcome.clone()),
             // Our own claim, asked again after a lost reply: the same answer.
-            State::InFlight { token, resumed, .. } if *token == request.token => {
+            State::InFlight { token, resumed, .. } if *token == request.token.into() => {
                 if *resumed {
                     Begin::Resume {
-                        token: *token,
-                        frozen: record.frozen.clone(),
+                        token: (*token).into(),
+                        frozen: record.kept.frozen(),
                     }
                 } else {
                     acquired(&request)
                 }
             }
             State::InFlight { lease_until, .. } if *lease_until > now => Begin::Busy {
-                retry_after: *lease_until - now,
+                retry_after: lease_until.since(now),
             },
             // In doubt, or in flight under an expired lease (the owner may have sent and
             // died). A probe is told so and changes nothing.
@@ -874,14 +930,14 @@ impl MemoryStore {
                 // Hand the operation over under the caller's token, with the bytes first
                 // frozen. Its retention is not extended: only a completion starts a new life.
                 *state = State::InFlight {
-                    token: request.token,
+                    token: request.token.into(),
                     lease_until: now + request.lease,
                     resumed: true,
                 };
                 record.attempts += 1;
                 Begin::Resume {
                     token: request.token,
-                    frozen: record.frozen.clone(),
+                    frozen: record.kept.frozen(),
                 }
             }
         }
@@ -898,7 +954,7 @@ impl MemoryStore {
         let shard = lock(self.shard(key));
         if shard
             .get(key)
-            .is_some_and(|record| record.is_owned(token, now))
+            .is_some_and(|record| record.is_owned(token, self.stamp(now)))
         {
             Ok(shard)
         } else {
@@ -918,7 +974,9 @@ impl MemoryStore {
     ) -> Result<T, StoreError> {
         let mut shard = lock(self.shard(&key));
         match shard.get_mut(&key) {
-            Some(record) if record.is_owned(token, now) => Ok(settle(self, record, now)),
+            Some(record) if record.is_owned(token, self.stamp(now)) => {
+                Ok(settle(self, record, now))
+            }
             _ => Err(StoreError::fenced()),
         }
     }
@@ -974,8 +1032,8 @@ impl MemoryStore {
         } else {
             outcome
         };
-        let whole = open.completed(outcome, retention, now, self.seq());
-        self.complete_as_tombstone(&mut shard, key, whole);
+        let whole = open.completed(outcome, retention, self.stamp(now), self.seq());
+        self.complete_as_tombstone(&mut shard, key, Box::new(whole));
         Ok(())
     }
 
@@ -991,9 +1049,11 @@ impl MemoryStore {
     ) -> Result<(), (Outcome, u64)> {
         // What can fail (an instant out of range panics) comes before anything is written,
         // so a panic leaves the record, the budget and the eviction order as they were.
-        let protect_until = now + record.protected.min(retention);
-        let retain_until = now + retention;
-        let weight = record.completed_weight(outcome_weight);
+        let at = self.stamp(now);
+        let protect_until = at + Duration::from_nanos(record.protected).min(retention);
+        let retain_until = at + retention;
+        let kept = record.kept.completed();
+        let weight = record.completed_weight(outcome_weight, &kept);
         if !self.reweigh(record.weight, weight) {
             return Err((outcome, weight - record.weight));
         }
@@ -1004,7 +1064,7 @@ impl MemoryStore {
             .fetch_add(weight, Ordering::Relaxed);
         let seq = self.seq();
         // An open record is not in the eviction order: only its completion enters it.
-        lock(&self.inner.evictable).insert((protect_until, seq), key);
+        lock(&self.inner.evictable).insert((self.instant(protect_until), seq), key);
         record.state = State::Completed {
             outcome,
             protect_until,
@@ -1012,18 +1072,19 @@ impl MemoryStore {
         record.retain_until = retain_until;
         record.seq = seq;
         record.weight = weight;
+        record.kept = kept;
         Ok(())
     }
 
     /// Keep the fact that an operation is done when its outcome does not fit: a tombstone
     /// is never heavier than the claim it replaces (see [`TOMBSTONE_RESERVE`]).
-    fn complete_as_tombstone(&self, shard: &mut Shard, key: LedgerKey, mut done: Record) {
+    fn complete_as_tombstone(&self, shard: &mut Shard, key: LedgerKey, mut done: Box<Record>) {
         tracing::warn!(
             max_bytes = self.inner.max_bytes,
             "the memory ledger has no room for an outcome; keeping a tombstone (the operation \
              is done, but cannot be replayed)"
         );
-        done.frozen = None;
+        done.kept = Kept::Nothing;
         if let State::Completed { outcome, .. } = &mut done.state {
             *outcome = Outcome::Tombstone {
                 status: outcome_status(outcome),
@@ -1070,26 +1131,29 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One shard of the records.
-type Shard = HashMap<LedgerKey, Record, DigestState>;
+/// One shard of the records. Boxed: a map keeps a share of its slots empty (an eighth to
+/// over half, as it grows by doubling), and an empty slot of a key and a pointer costs 40
+/// bytes where one of a key and a whole record would cost 200.
+type Shard = HashMap<LedgerKey, Box<Record>, DigestState>;
 
-/// A record, in whichever state.
+/// A record, in whichever state. Boxed in its shard, in an allocation of 144 bytes: keep it
+/// there (its box grows by 16 bytes past each multiple of 16, less the allocator's 8).
 #[derive(Debug)]
 struct Record {
     fingerprint: Fingerprint,
-    /// The frozen request: resent on resume, shown when a later request drifts.
-    frozen: Option<FrozenRequest>,
+    /// What is kept of the request.
+    kept: Kept,
     state: State,
     /// When the record's retention ends.
-    retain_until: Instant,
-    /// How long a completion of this record stays protected from eviction.
-    protected: Duration,
+    retain_until: Stamp,
+    /// How long a completion of this record stays protected from eviction, in ns.
+    protected: u64,
     /// Tells this life of the key from a later one (in the eviction index).
     seq: u64,
     /// Bytes counted against the budget.
     weight: u64,
     /// When the operation was first claimed.
-    created: Instant,
+    created: Stamp,
     /// Ownership handed out: the first claim and each resume.
     attempts: u32,
     /// The bucket of the scope's bytes this record counts in (`0`: no scope).
@@ -1101,8 +1165,8 @@ enum State {
     /// An owner holds the lease. `resumed`: ownership came from a resume, so an earlier
     /// attempt may have been sent and the record can never be released.
     InFlight {
-        token: LeaseToken,
-        lease_until: Instant,
+        token: HeldToken,
+        lease_until: Stamp,
         resumed: bool,
     },
     /// An attempt may have been sent; the next claim resumes.
@@ -1110,86 +1174,108 @@ enum State {
     /// Done; replayed until its retention ends. Never evicted before `protect_until`.
     Completed {
         outcome: Outcome,
-        protect_until: Instant,
+        protect_until: Stamp,
     },
 }
 
 impl State {
     fn is_owned_by(&self, owner: LeaseToken) -> bool {
-        matches!(self, Self::InFlight { token, .. } if *token == owner)
+        matches!(self, Self::InFlight { token, .. } if *token == HeldToken::from(owner))
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Record>() <= 136);
+
+/// A [`LeaseToken`] as a record holds it: two words, aligned as words (a `u128` is aligned
+/// to 16 bytes, which would pad every record to a multiple of 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HeldToken([u64; 2]);
+
+impl From<LeaseToken> for HeldToken {
+    fn from(token: LeaseToken) -> Self {
+        let value = token.as_u128();
+        Self([(value >> 64) as u64, value as u64])
+    }
+}
+
+impl From<HeldToken> for LeaseToken {
+    fn from(HeldToken([high, low]): HeldToken) -> Self {
+        LeaseToken::from_u128(u128::from(high) << 64 | u128::from(low))
     }
 }
 
 impl Record {
     /// Whether `token`'s lease holds this record at `now` (a record past its retention is
     /// gone, whatever it still holds).
-    fn is_owned(&self, token: LeaseToken, now: Instant) -> bool {
+    fn is_owned(&self, token: LeaseToken, now: Stamp) -> bool {
         self.retain_until > now && self.state.is_owned_by(token)
     }
 
-    fn claim(request: &BeginRequest, now: Instant, seq: u64) -> Self {
-        let mut record = Self {
+    fn claim(request: &BeginRequest, now: Stamp, seq: u64) -> Box<Self> {
+        let mut record = Box::new(Self {
             fingerprint: request.fingerprint,
-            frozen: request.frozen.clone(),
+            kept: request.frozen.clone().map_or(Kept::Nothing, Kept::Frozen),
             state: State::InFlight {
-                token: request.token,
+                token: request.token.into(),
                 lease_until: now + request.lease,
                 resumed: false,
             },
             retain_until: now + request.retention,
-            protected: request.protected_window(),
+            protected: u64::try_from(request.protected_window().as_nanos()).unwrap_or(u64::MAX),
             seq,
             weight: 0,
             created: now,
             attempts: 1,
             scope: scope_bucket(request.scope),
-        };
+        });
         record.weight = record.measure();
         record
     }
 
-    /// This (open) record, completed with `outcome`.
-    fn completed(&self, outcome: Outcome, retention: Duration, now: Instant, seq: u64) -> Self {
-        // The same key, bookkeeping and frozen request: only the outcome's bytes are new, in
-        // place of the reserve an open record keeps for a tombstone.
-        let weight = self.completed_weight(outcome.weight() as u64);
-        Self {
+    /// This (open) record, completed with `outcome`, keeping nothing of its request.
+    fn completed(&self, outcome: Outcome, retention: Duration, now: Stamp, seq: u64) -> Self {
+        let mut done = Self {
             fingerprint: self.fingerprint,
-            frozen: self.frozen.clone(),
+            kept: Kept::Nothing,
             state: State::Completed {
                 outcome,
-                protect_until: now + self.protected.min(retention),
+                protect_until: now + Duration::from_nanos(self.protected).min(retention),
             },
             retain_until: now + retention,
             protected: self.protected,
             seq,
-            weight,
+            weight: 0,
             created: self.created,
             attempts: self.attempts,
             scope: self.scope,
-        }
+        };
+        done.weight = done.measure();
+        done
     }
 
-    /// This (open) record's weight once completed with an outcome of `outcome_weight`.
-    fn completed_weight(&self, outcome_weight: u64) -> u64 {
-        self.weight - TOMBSTONE_RESERVE + outcome_weight
+    /// This (open) record's weight once completed with an outcome of `outcome_weight`,
+    /// keeping `kept` of its request: its frozen request gives way to `kept`, and the reserve
+    /// it kept for a tombstone to the outcome.
+    fn completed_weight(&self, outcome_weight: u64, kept: &Kept) -> u64 {
+        self.weight - self.kept.weight() + kept.weight() - TOMBSTONE_RESERVE + outcome_weight
     }
 
-    /// What completing an open record with an outcome of `outcome_weight` adds to the
-    /// budget ([`completed_weight`](Self::completed_weight) less the open weight), known
-    /// before the record is looked up.
+    /// The most completing an open record with an outcome of `outcome_weight` adds to the
+    /// budget ([`completed_weight`](Self::completed_weight) less the open weight: what is
+    /// kept of the request never outweighs the frozen request), known before the record is
+    /// looked up.
     fn completion_growth(outcome_weight: u64) -> u64 {
         outcome_weight.saturating_sub(TOMBSTONE_RESERVE)
     }
 
-    fn view(&self, now: Instant) -> super::RecordView {
+    fn view(&self, now: Stamp) -> super::RecordView {
         let state = match &self.state {
             State::InFlight {
                 lease_until,
                 resumed,
                 ..
             } => super::RecordState::InFlight {
-                lease_left: lease_until.saturating_duration_since(now),
+                lease_left: lease_until.since(now),
                 may_have_been_sent: *resumed,
             },
             State::InDoubt => super::RecordState::InDoubt,
@@ -1201,21 +1287,63 @@ impl Record {
             state,
             fingerprint: self.fingerprint,
             attempts: self.attempts,
-            age: now.saturating_duration_since(self.created),
-            retention_left: self.retain_until.saturating_duration_since(now),
+            age: now.since(self.created),
+            retention_left: self.retain_until.since(now),
         }
     }
 
     fn measure(&self) -> u64 {
-        let frozen = self.frozen.as_ref().map_or(0, FrozenRequest::weight) as u64;
+        let kept = self.kept.weight();
         let state = match &self.state {
             State::Completed { outcome, .. } => outcome.weight() as u64,
             _ => TOMBSTONE_RESERVE,
         };
         PER_RECORD_OVERHEAD
             + (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>()) as u64
-            + frozen
+            + kept
             + state
+    }
+}
+
+/// What a record keeps of its request.
+#[derive(Debug)]
+enum Kept {
+    /// The frozen request, while the operation is open: resent on resume, shown when a
+    /// later request drifts.
+    Frozen(FrozenRequest),
+    /// Once it is completed, nothing will be resent: the digests of its body's top-level
+    /// JSON fields, to name the fields a later request changed.
+    Fields(FieldDigests),
+    /// Nothing (a request made without one, a body that is no JSON object, a tombstone).
+    Nothing,
+}
+
+impl Kept {
+    fn frozen(&self) -> Option<FrozenRequest> {
+        match self {
+            Self::Frozen(frozen) => Some(frozen.clone()),
+            _ => None,
+        }
+    }
+
+    fn weight(&self) -> u64 {
+        match self {
+            Self::Frozen(frozen) => frozen.weight() as u64,
+            Self::Fields(fields) => fields.weight() as u64,
+            Self::Nothing => 0,
+        }
+    }
+
+    /// What a completed record keeps of this: the field digests of a frozen request, if its
+    /// body is a JSON object and they weigh less than the request (they always do but for
+    /// bodies of many tiny fields, which then name no fields in a drift report).
+    fn completed(&self) -> Self {
+        let Self::Frozen(frozen) = self else {
+            return Self::Nothing;
+        };
+        FieldDigests::of(frozen.body())
+            .filter(|fields| fields.weight() <= frozen.weight())
+            .map_or(Self::Nothing, Self::Fields)
     }
 }
 
@@ -1266,10 +1394,10 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        let settled = self.settle_record(key, token, Instant::now(), |_, record, now| {
+        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
             record.state = State::InDoubt;
             // A real attempt failed: keep the record at least `retention` from now.
-            record.retain_until = record.retain_until.max(now + retention);
+            record.retain_until = record.retain_until.max(store.stamp(now) + retention);
         });
         if settled.is_ok() {
             self.announce_settled(&key);
@@ -1287,7 +1415,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<super::RecordView>> {
-        let now = Instant::now();
+        let now = self.stamp(Instant::now());
         let shard = lock(self.shard(&key));
         let view = shard
             .get(&key)
@@ -1297,9 +1425,9 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
-        let settled = self.settle_record(key, token, Instant::now(), |_, record, now| {
+        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
             if let State::InFlight { lease_until, .. } = &mut record.state {
-                *lease_until = now + lease;
+                *lease_until = store.stamp(now) + lease;
             }
         });
         StoreFuture::ready(settled)

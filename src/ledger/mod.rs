@@ -91,7 +91,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
 pub(crate) use record::DigestState;
 pub(crate) use record::{entries_size, entry_size, BlockWriter, HeaderBlock};
-pub use record::{LeaseToken, LedgerKey, Outcome, StoredResponse};
+pub use record::{FieldDigests, LeaseToken, LedgerKey, Outcome, StoredResponse};
 #[cfg(feature = "redis-cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
 pub use redis::RedisClusterBuilder;
@@ -717,6 +717,16 @@ pub enum Begin {
         /// The request as first frozen, when stored (used to name changed fields and to
         /// resend the original bytes under the `ResendFrozen` drift policy).
         frozen: Option<FrozenRequest>,
+    },
+    /// The record holds a different fingerprint, and of the request first sent only the
+    /// digests of its top-level JSON fields: a completed operation, in a store that keeps no
+    /// more of a request nobody will resend ([`MemoryStore`]). Answered as
+    /// [`Drift`](Self::Drift) is; the fields name what changed.
+    DriftFields {
+        /// The fingerprint on record.
+        stored: Fingerprint,
+        /// The top-level fields of the request first sent.
+        fields: FieldDigests,
     },
 }
 

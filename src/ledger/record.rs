@@ -1,5 +1,6 @@
 //! The values a ledger stores, and their versioned byte encoding.
 
+mod fields;
 mod headers;
 
 use std::fmt;
@@ -12,6 +13,7 @@ use sha2::{Digest, Sha256};
 use super::StoreError;
 use crate::frozen::FrozenRequest;
 use crate::key::{hex, update_length_prefixed, IdempotencyKey};
+pub use fields::FieldDigests;
 pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
 
 /// The key of a ledger record: 32 bytes, already scoped.
@@ -332,13 +334,17 @@ impl StoredResponse {
         Self::of_block(status, version, HeaderBlock::of(&headers), body)
     }
 
-    /// Record a response whose headers are already in a block.
+    /// Record a response whose headers are already in a block. A small body is copied in
+    /// after them (see [`FOLDED_BODY`]).
     pub(crate) fn of_block(
         status: StatusCode,
         version: Version,
         headers: HeaderBlock,
         body: Bytes,
     ) -> Self {
+        if body.len() <= FOLDED_BODY && headers.body_bytes().is_empty() {
+            return Self::of_block_with_body(status, version, headers.followed_by(&body));
+        }
         Self(Arc::new(Stored {
             status,
             version,
@@ -410,6 +416,12 @@ impl StoredResponse {
             + RESPONSE_ALLOCATIONS
     }
 }
+
+/// Bodies up to this size are held in their record's header buffer, copied: a record
+/// outlives the response it was made from by its whole retention, and one buffer costs
+/// less than the body's own and its shared handle (which would also keep alive whatever
+/// buffer the body was sliced from). Larger ones are held as they came, uncopied.
+const FOLDED_BODY: usize = 1024;
 
 /// What the allocator adds to a recorded response's allocations (its shared fields, its
 /// header buffer, its body and the body's shared handle): chunk headers and rounding.
@@ -520,11 +532,12 @@ impl Writer {
         );
     }
     fn header_block(&mut self, block: &HeaderBlock) {
-        let pairs = block.entries();
-        self.pairs(
-            block.len(),
-            pairs.map(|entry| (entry.name, block.value_bytes(&entry))),
-        );
+        // As `pairs` writes them, with each value as it is sent (a digest rendered).
+        self.u32(block.len() as u32);
+        for entry in block.entries() {
+            self.bytes(entry.name);
+            self.bytes(&block.value_bytes(&entry));
+        }
     }
     /// `count` headers as name and value bytes, the one layout of a frozen request's and a
     /// recorded response's headers (sensitivity is not stored).

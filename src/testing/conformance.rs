@@ -362,7 +362,8 @@ pub async fn busy_while_in_flight(store: &dyn IdempotencyStore) {
 }
 
 /// A different fingerprint answers Drift (with the stored fingerprint and request) whether
-/// the record is in flight, in doubt or completed.
+/// the record is in flight, in doubt or completed (completed, the store may answer
+/// `DriftFields` instead, with the digests of the request's fields).
 pub async fn drift_in_every_state(store: &dyn IdempotencyStore) {
     let original = frozen("{\"summary\":\"a\"}");
     let regenerated = frozen("{\"summary\":\"b\"}");
@@ -395,6 +396,20 @@ pub async fn drift_in_every_state(store: &dyn IdempotencyStore) {
                 assert_eq!(
                     frozen.body(),
                     original.body(),
+                    "drift_in_every_state ({state})"
+                );
+            }
+            // A completed operation is never resent: a store may keep only the digests of its
+            // request's fields, which must name the field that changed.
+            Begin::DriftFields { stored, fields } if state == "completed" => {
+                assert_eq!(
+                    stored,
+                    original.fingerprint(),
+                    "drift_in_every_state ({state})"
+                );
+                assert_eq!(
+                    fields.changed_fields(regenerated.body()).as_deref(),
+                    Some(&["summary".to_owned()][..]),
                     "drift_in_every_state ({state})"
                 );
             }

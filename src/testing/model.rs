@@ -817,6 +817,19 @@ impl World {
                 }
                 Answer::Drift { stored }
             }
+            // A store that keeps only the fields of a completed operation's request: they
+            // must be those of the payload on record.
+            Begin::DriftFields { stored, fields } => {
+                let stored = self.name_fingerprint(stored)?;
+                let unchanged = fields.changed_fields(self.requests[&stored].body());
+                if unchanged.as_deref() != Some(&[][..]) {
+                    return Err(format!(
+                        "DriftFields reporting {stored:?} on record but the fields of another \
+                         payload ({fields:?}: {unchanged:?})"
+                    ));
+                }
+                Answer::Drift { stored }
+            }
         })
     }
 }

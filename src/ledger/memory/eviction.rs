@@ -52,38 +52,48 @@ impl EvictionIndex {
     }
 
     pub(super) fn remove(&mut self, place: Place) {
+        // Evictions take the front: no search for it.
+        if self
+            .sorted
+            .front()
+            .is_some_and(|(front, _)| *front == place)
+        {
+            self.sorted.pop_front();
+            self.give_back_room();
+            return;
+        }
         if self.overflow.remove(&place).is_some() {
             return;
         }
         if let Ok(at) = self.sorted.binary_search_by(|(entry, _)| entry.cmp(&place)) {
             self.sorted.remove(at);
+            self.give_back_room();
         }
     }
 
-    /// The first record in the order, if its window ended by `now`: taken out.
-    pub(super) fn pop_ended_by(&mut self, now: Instant) -> Option<(LedgerKey, u64)> {
-        let deque = self.sorted.front().map(|(place, _)| *place);
-        let tree = self.overflow.first_key_value().map(|(place, _)| *place);
-        let from_tree = match (deque, tree) {
-            (Some(deque), Some(tree)) => tree < deque,
-            (None, Some(_)) => true,
-            (_, None) => false,
+    /// The first record in the order, if its window ended by `now`: where it stands and its
+    /// key, left in the order. An evicting caller takes it out ([`remove`](Self::remove))
+    /// only once the record has left its shard, so that a caller looking for room meanwhile
+    /// still sees that some is being made, and waits for it on the shard's lock instead of
+    /// finding the order empty and refusing.
+    pub(super) fn first_ended_by(&self, now: Instant) -> Option<(Place, LedgerKey)> {
+        let deque = self.sorted.front();
+        let tree = self.overflow.first_key_value();
+        let (place, key) = match (deque, tree) {
+            (Some((deque, _)), Some((tree, key))) if tree < deque => (*tree, *key),
+            (Some((deque, key)), _) => (*deque, *key),
+            (None, Some((tree, key))) => (*tree, *key),
+            (None, None) => return None,
         };
-        if from_tree {
-            let (place, _) = self.overflow.first_key_value()?;
-            if place.0 > now {
-                return None;
-            }
-            let ((_, seq), key) = self.overflow.pop_first()?;
-            return Some((key, seq));
-        }
-        let (place, _) = self.sorted.front()?;
-        if place.0 > now {
-            return None;
-        }
-        let ((_, seq), key) = self.sorted.pop_front()?;
-        self.give_back_room();
-        Some((key, seq))
+        (place.0 <= now).then_some((place, key))
+    }
+
+    /// The first record in the order, if its window ended by `now`: taken out.
+    #[cfg(test)]
+    pub(super) fn pop_ended_by(&mut self, now: Instant) -> Option<(LedgerKey, u64)> {
+        let (place, key) = self.first_ended_by(now)?;
+        self.remove(place);
+        Some((key, place.1))
     }
 
     /// When the first record in the order leaves its protected window.

@@ -179,7 +179,9 @@ fn name_begin(begin: Begin) -> Answer {
         Begin::Replay(tombstone) => {
             panic!("a tombstone where the whole outcome fits: {tombstone:?}")
         }
-        Begin::Drift { .. } => panic!("a drift where every call sends the same payload"),
+        Begin::Drift { .. } | Begin::DriftFields { .. } => {
+            panic!("a drift where every call sends the same payload")
+        }
     }
 }
 
@@ -696,19 +698,16 @@ fn two_claims_race_for_one_eviction() {
     });
 }
 
-/// Evicting key 1 makes room for two new claims, which race for it: both should get it.
+/// Evicting key 1 makes room for two new claims, which race for it: both get it.
 ///
-/// They do not always: one claim pops key 1 from the eviction order and is preempted before
-/// it takes key 1's shard to remove it; the other finds the order empty (key 2's window has
-/// not ended), sweeps every shard for records past their retention, finds none and refuses
-/// with a full error, although the room it needed was being made. The first then removes
-/// key 1 and claims: the budget ends half empty and a claim was refused. A claim refused
-/// while the budget holds a record it may evict breaks the documented promise (refusal only
-/// when the budget is full of records to keep); it takes an eviction order down to its last
-/// evictable record and two evicting callers at once. Run with `-- --ignored` to see loom
-/// find it.
+/// The schedule this guards against: one claim finds key 1 at the front of the eviction
+/// order and is preempted before it takes key 1's shard to remove it; the other, were the
+/// entry already gone from the order, would find it empty (key 2's window has not ended),
+/// sweep, find nothing past its retention and refuse with a full error although the room it
+/// needed was being made, leaving the budget half empty. An entry leaves the order only with
+/// its record, under the record's shard lock, so the second claim waits on that lock for the
+/// room instead.
 #[test]
-#[ignore = "a claim is refused while another caller evicts the room it needs"]
 fn two_claims_share_one_eviction() {
     explore("two_claims_share_one_eviction", None, || {
         let scratch = MemoryStore::new();

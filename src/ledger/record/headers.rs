@@ -10,14 +10,21 @@
 //! length: u32` big-endian, the name, the value (the fixed part first, written at once).
 //! Every block is checked when it is made (names and values valid, lengths in bounds), so
 //! reading one cannot fail.
+//!
+//! One entry is held shorter: `Idempotent-Request-Digest: sha-256=:<base64>:`, which every
+//! server record carries, is held as its 32 digest bytes under flag bit 1 with no name (39
+//! bytes instead of 86), and rendered again when read.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
+
+use base64::Engine as _;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::digest::IDEMPOTENT_REQUEST_DIGEST;
+use crate::digest::{BodyDigest, IDEMPOTENT_REQUEST_DIGEST};
 use crate::idempotency::IDEMPOTENT_REPLAYED;
 
 /// Bytes an entry takes besides its name and value: flags, the two lengths.
@@ -25,6 +32,13 @@ const ENTRY_OVERHEAD: usize = 1 + 2 + 4;
 
 /// `flags` bit: the value is sensitive (`HeaderValue::is_sensitive`).
 const SENSITIVE: u8 = 1;
+
+/// `flags` bit: the entry is `Idempotent-Request-Digest: sha-256=:<base64>:`, held as the
+/// digest's 32 bytes, with no name.
+const REQUEST_DIGEST: u8 = 2;
+
+/// `sha-256=:` and `:` around the 44 base64 digits of a SHA-256.
+const DIGEST_FIELD: (&[u8], usize, &[u8]) = (b"sha-256=:", 44, b":");
 
 /// The most entries a map is sized for up front: a block may hold far more values than a
 /// `HeaderMap` may be presized for (it bounds distinct names, not values).
@@ -46,6 +60,8 @@ pub(crate) struct Entry<'a> {
     pub(crate) name: &'a [u8],
     value: Range<usize>,
     sensitive: bool,
+    /// The value is held as a digest's 32 bytes (see [`REQUEST_DIGEST`]).
+    digest: bool,
 }
 
 impl HeaderBlock {
@@ -110,17 +126,47 @@ impl HeaderBlock {
         }
     }
 
-    /// The entry's value, sharing the block's bytes.
+    /// The entry's value, sharing the block's bytes (a request digest, rendered).
     pub(crate) fn value(&self, entry: &Entry<'_>) -> HeaderValue {
-        let mut value = HeaderValue::from_maybe_shared(self.bytes.slice(entry.value.clone()))
-            .expect("checked when the block was made");
+        let mut value = match self.digest(entry) {
+            Some(digest) => digest.header_value(),
+            None => HeaderValue::from_maybe_shared(self.bytes.slice(entry.value.clone()))
+                .expect("checked when the block was made"),
+        };
         value.set_sensitive(entry.sensitive);
         value
     }
 
-    /// The entry's value as it is held.
-    pub(crate) fn value_bytes(&self, entry: &Entry<'_>) -> &[u8] {
-        &self.bytes[entry.value.clone()]
+    /// The entry's value's bytes (a request digest, rendered).
+    pub(crate) fn value_bytes(&self, entry: &Entry<'_>) -> Cow<'_, [u8]> {
+        match self.digest(entry) {
+            Some(digest) => Cow::Owned(digest.field().to_vec()),
+            None => Cow::Borrowed(&self.bytes[entry.value.clone()]),
+        }
+    }
+
+    /// The digest an entry holds in place of its value, if it does.
+    fn digest(&self, entry: &Entry<'_>) -> Option<BodyDigest> {
+        if !entry.digest {
+            return None;
+        }
+        let raw = self.bytes[entry.value.clone()]
+            .try_into()
+            .expect("32 bytes, checked when the block was made");
+        Some(BodyDigest::from_bytes(raw))
+    }
+
+    /// This block's entries followed by `body`, in one exact-size buffer of their own.
+    pub(crate) fn followed_by(&self, body: &[u8]) -> Self {
+        let entries = &self.bytes[..self.end];
+        let mut bytes = Vec::with_capacity(entries.len() + body.len());
+        bytes.extend_from_slice(entries);
+        bytes.extend_from_slice(body);
+        Self {
+            bytes: Bytes::from(bytes),
+            len: self.len,
+            end: self.end,
+        }
     }
 
     /// An empty map with room for this block's entries and `more`, up to a bound.
@@ -187,10 +233,16 @@ impl<'a> Iterator for Entries<'a> {
         let start = self.at + ENTRY_OVERHEAD + name_len;
         self.rest = &rest[value_len..];
         self.at = start + value_len;
+        let digest = flags & REQUEST_DIGEST != 0;
         Some(Entry {
-            name,
+            name: if digest {
+                IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes()
+            } else {
+                name
+            },
             value: start..start + value_len,
             sensitive: flags & SENSITIVE != 0,
+            digest,
         })
     }
 }
@@ -231,6 +283,15 @@ impl BlockWriter {
     pub(crate) fn push_checked(&mut self, name: &[u8], value: &[u8], sensitive: bool) {
         debug_assert!(HeaderName::from_bytes(name).is_ok());
         debug_assert!(HeaderValue::from_bytes(value).is_ok());
+        if name == IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes() {
+            if let Some(digest) = sha256_of_field(value) {
+                let flags = REQUEST_DIGEST | if sensitive { SENSITIVE } else { 0 };
+                self.bytes.extend_from_slice(&[flags, 0, 0, 0, 0, 0, 32]);
+                self.bytes.extend_from_slice(&digest);
+                self.len += 1;
+                return;
+            }
+        }
         let name_len = u16::try_from(name.len()).expect("a header name is under 64 KiB");
         let value_len = u32::try_from(value.len()).expect("records are far below 4 GiB");
         let [n0, n1] = name_len.to_be_bytes();
@@ -253,8 +314,12 @@ impl BlockWriter {
     }
 
     /// The block written.
-    pub(crate) fn finish(self) -> HeaderBlock {
-        debug_assert_eq!(self.bytes.len(), self.bytes.capacity(), "sized exactly");
+    pub(crate) fn finish(mut self) -> HeaderBlock {
+        // Sized for every entry as given: a request digest held short leaves room over,
+        // given back (in place) so the buffer becomes `Bytes` without a second allocation.
+        if self.bytes.len() < self.bytes.capacity() {
+            self.bytes.shrink_to_fit();
+        }
         let end = self.bytes.len();
         HeaderBlock {
             bytes: Bytes::from(self.bytes),
@@ -282,6 +347,23 @@ impl DistinctNames {
     pub(crate) fn admit(&mut self, name: &HeaderName) -> bool {
         self.0.try_append(name, ()).is_ok()
     }
+}
+
+/// The 32 bytes of a `sha-256=:<base64>:` field, if `value` is one, written as
+/// [`BodyDigest::field`] writes it (so that rendering them again gives `value` back).
+fn sha256_of_field(value: &[u8]) -> Option<[u8; 32]> {
+    let (prefix, digits, suffix) = DIGEST_FIELD;
+    let base64 = value
+        .strip_prefix(prefix)?
+        .strip_suffix(suffix)
+        .filter(|base64| base64.len() == digits)?;
+    let mut digest = [0u8; 33];
+    // Strict: padding required and no stray bits, so one digest has one spelling.
+    let len = base64::engine::general_purpose::STANDARD
+        .decode_slice(base64, &mut digest)
+        .ok()?;
+    let digest: [u8; 32] = digest[..len].try_into().ok()?;
+    (BodyDigest::from_bytes(digest).field() == value).then_some(digest)
 }
 
 /// Bytes an entry of a name and a value of these lengths takes in a block.
@@ -408,6 +490,84 @@ mod tests {
             crate::digest::IDEMPOTENT_REQUEST_DIGEST.as_str().as_ptr(),
             "the static name, not a copy"
         );
+    }
+
+    #[test]
+    fn a_request_digest_is_held_as_its_32_bytes_and_rendered_again() {
+        let digest = crate::digest::BodyDigest::of(b"{}");
+        let mut map = HeaderMap::new();
+        map.append(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        map.append(&IDEMPOTENT_REQUEST_DIGEST, digest.header_value());
+        let block = HeaderBlock::of(&map);
+        assert_eq!(
+            block.weight(),
+            entry_size("content-type".len(), "application/json".len()) + ENTRY_OVERHEAD + 32
+        );
+        assert_eq!(block.to_map(), map);
+        let values: Vec<Vec<u8>> = block
+            .entries()
+            .map(|entry| block.value_bytes(&entry).into_owned())
+            .collect();
+        assert_eq!(values[1], digest.header_value().as_bytes());
+
+        // Stored elsewhere, it is written out whole; read back, held short again.
+        let stored = StoredResponse::of_block(
+            StatusCode::OK,
+            Version::HTTP_11,
+            block,
+            bytes::Bytes::from_static(b"ok"),
+        );
+        let encoded = Outcome::Response(stored.clone()).encode();
+        let needle = digest.header_value();
+        assert!(encoded
+            .windows(needle.len())
+            .any(|window| window == needle.as_bytes()));
+        let Outcome::Response(decoded) = Outcome::decode(&encoded).unwrap() else {
+            panic!("a response")
+        };
+        assert_eq!(decoded.headers(), map);
+        assert_eq!(
+            decoded.header_block().weight(),
+            stored.header_block().weight()
+        );
+        assert_eq!(&decoded.body()[..], b"ok");
+
+        // Any other spelling is held as it came.
+        for other in ["sha-256=:AAAA:", "sha-512=:AAAA:"] {
+            let mut map = HeaderMap::new();
+            map.append(&IDEMPOTENT_REQUEST_DIGEST, HeaderValue::from_static(other));
+            let block = HeaderBlock::of(&map);
+            assert_eq!(block.weight(), entry_size(25, other.len()));
+            assert_eq!(block.to_map(), map);
+        }
+    }
+
+    #[test]
+    fn a_small_body_is_held_in_the_header_buffer() {
+        let mut map = HeaderMap::new();
+        map.append("x-charge-id", HeaderValue::from_static("ch_1"));
+        let small = bytes::Bytes::from(vec![b's'; 1024]);
+        let stored = StoredResponse::of_block(
+            StatusCode::OK,
+            Version::HTTP_11,
+            HeaderBlock::of(&map),
+            small.clone(),
+        );
+        assert_eq!(stored.header_block().body_bytes(), &small[..]);
+        assert_eq!(stored.body(), small);
+        assert_eq!(stored.headers(), map);
+        let large = bytes::Bytes::from(vec![b'l'; 1025]);
+        let stored = StoredResponse::of_block(
+            StatusCode::OK,
+            Version::HTTP_11,
+            HeaderBlock::of(&map),
+            large.clone(),
+        );
+        assert!(stored.header_block().body_bytes().is_empty());
+        assert_eq!(stored.body().as_ptr(), large.as_ptr(), "held, not copied");
     }
 
     /// Writes an encoded response record holding `headers` as stored pairs.

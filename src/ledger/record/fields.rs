@@ -1,0 +1,434 @@
+//! What a completed record keeps of its request: a digest of each top-level JSON field.
+//!
+//! A completed operation is never resent, so its frozen request (head, headers, whole body)
+//! is dead weight: what a later request under the same key still needs of it is the
+//! fingerprint (kept apart) and, when that differs, the names of the fields that changed.
+//! Those are found as well from a digest of each field's value as from the value itself.
+//!
+//! The body is scanned once, at completion, for the top level of a JSON object: names and
+//! the byte span of each value, strings skipped eight bytes at a time. A value written the
+//! one way JSON allows (a string without escapes, an integer, `true`, `false`, `null`) is
+//! digested as it stands; any other (a nested object or array, an escaped string, a number
+//! with a fraction or an exponent) is parsed and digested in a canonical form (keys sorted,
+//! no whitespace, strings and numbers re-encoded), so the fields named are those whose
+//! values differ, as [`Drift::between`](crate::Drift::between) finds them: re-indenting or
+//! re-escaping a payload changes no field. The common payload (flat, plain strings and
+//! integers) is never parsed, and nothing is allocated but the summary.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// The top-level fields of a request body that is a JSON object, each by a 64-bit digest of
+/// its value's bytes: what a [`MemoryStore`](crate::ledger::MemoryStore) keeps of a
+/// completed operation's request, enough to name the fields a later request under the same
+/// key changed ([`Begin::DriftFields`](crate::ledger::Begin::DriftFields)).
+///
+/// ```
+/// use tower_idempotency::ledger::FieldDigests;
+///
+/// let first = FieldDigests::of(br#"{"order_id":"o_1","summary":"a"}"#).unwrap();
+/// let again = br#"{"order_id":"o_1","summary":"b","note":1}"#;
+/// assert_eq!(first.changed_fields(again).unwrap(), ["note", "summary"]);
+/// assert!(FieldDigests::of(b"not json").is_none());
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct FieldDigests(Box<[u8]>);
+
+/// An entry: the name's length (`u16` big-endian), the name as it appears between its
+/// quotes (escapes kept), the value's digest (`u64` little-endian).
+const DIGEST_LEN: usize = 8;
+
+impl FieldDigests {
+    /// The digests of `body`'s top-level fields, if it is a JSON object (`None` if not, or if
+    /// a field name is over 64 KiB).
+    pub fn of(body: &[u8]) -> Option<Self> {
+        let fields = fields(body)?;
+        let size = fields
+            .iter()
+            .map(|(name, _)| 2 + name.len() + DIGEST_LEN)
+            .sum();
+        let mut out = Vec::with_capacity(size);
+        for (name, digest) in &fields {
+            let len = u16::try_from(name.len()).ok()?;
+            out.extend_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(name);
+            out.extend_from_slice(&digest.to_le_bytes());
+        }
+        Some(Self(out.into_boxed_slice()))
+    }
+
+    /// Bytes held, for weighing: the entries and the allocation they are in.
+    pub(crate) fn weight(&self) -> usize {
+        std::mem::size_of::<Self>() + self.0.len() + 16
+    }
+
+    /// The top-level fields added, removed or changed in `body` against these, sorted; `None`
+    /// when `body` is not a JSON object.
+    pub fn changed_fields(&self, body: &[u8]) -> Option<Vec<String>> {
+        let new = fields(body)?;
+        let mut old = self.entries().peekable();
+        let mut new = new
+            .iter()
+            .map(|(name, digest)| (&name[..], *digest))
+            .peekable();
+        let mut changed = Vec::new();
+        // Both sorted by name: a merge.
+        loop {
+            let name = match (old.peek(), new.peek()) {
+                (None, None) => break,
+                (Some((a, x)), Some((b, y))) if a == b => {
+                    let differs = x != y;
+                    let name = *a;
+                    old.next();
+                    new.next();
+                    if !differs {
+                        continue;
+                    }
+                    name
+                }
+                (Some((a, _)), Some((b, _))) if a > b => new.next()?.0,
+                (Some(_), _) => old.next()?.0,
+                (None, Some(_)) => new.next()?.0,
+            };
+            changed.push(String::from_utf8_lossy(name).into_owned());
+        }
+        Some(changed)
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
+        let mut rest = &self.0[..];
+        std::iter::from_fn(move || {
+            let (len, tail) = rest.split_first_chunk::<2>()?;
+            let (name, tail) = tail.split_at(usize::from(u16::from_be_bytes(*len)));
+            let (value, tail) = tail.split_first_chunk::<DIGEST_LEN>()?;
+            rest = tail;
+            Some((name, u64::from_le_bytes(*value)))
+        })
+    }
+}
+
+/// The top-level fields of `body`, a JSON object: each name (unescaped) and the digest of its
+/// value, sorted by name, the last of a repeated name kept (as a parser keeps it).
+fn fields(body: &[u8]) -> Option<Vec<(Cow<'_, [u8]>, u64)>> {
+    let mut fields = Vec::new();
+    scan_object(body, |name, value| {
+        let name = if name.contains(&b'\\') {
+            Cow::Owned(unescaped(name)?.into_bytes())
+        } else {
+            std::str::from_utf8(name).ok()?;
+            Cow::Borrowed(name)
+        };
+        fields.push((name, value_digest(value)?));
+        Some(())
+    })?;
+    // Stable: of a repeated name, the last comes last, and is the one kept.
+    fields.sort_by(|(a, _), (b, _)| a.cmp(b));
+    let mut kept: Vec<(Cow<'_, [u8]>, u64)> = Vec::with_capacity(fields.len());
+    for field in fields {
+        match kept.last_mut() {
+            Some(last) if last.0 == field.0 => *last = field,
+            _ => kept.push(field),
+        }
+    }
+    Some(kept)
+}
+
+/// A string's contents as written between its quotes, unescaped.
+fn unescaped(raw: &[u8]) -> Option<String> {
+    let mut quoted = Vec::with_capacity(raw.len() + 2);
+    quoted.push(b'"');
+    quoted.extend_from_slice(raw);
+    quoted.push(b'"');
+    serde_json::from_slice(&quoted).ok()
+}
+
+/// The digest of a value: of its bytes if they are the one way to write it, else of its
+/// canonical form; `None` if it is no JSON value.
+fn value_digest(value: &[u8]) -> Option<u64> {
+    let canonical_already = match value {
+        [b'"', inside @ .., b'"'] => !inside.contains(&b'\\'),
+        b"true" | b"false" | b"null" => true,
+        [b'-', digits @ ..] | digits => {
+            !digits.is_empty()
+                && digits.iter().all(u8::is_ascii_digit)
+                && (digits[0] != b'0' || digits.len() == 1)
+        }
+    };
+    if canonical_already {
+        return Some(digest(value));
+    }
+    // Keys sorted (the map is ordered by key), no whitespace, one spelling of each string
+    // and number.
+    let parsed: serde_json::Value = serde_json::from_slice(value).ok()?;
+    Some(digest(&serde_json::to_vec(&parsed).ok()?))
+}
+
+impl fmt::Debug for FieldDigests {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(
+                self.entries()
+                    .map(|(name, _)| String::from_utf8_lossy(name).into_owned()),
+            )
+            .finish()
+    }
+}
+
+/// A 64-bit digest of a value's bytes: a multiply-rotate fold, eight bytes at a time, and its
+/// length. Not cryptographic: two values that collide would only go unnamed in a drift
+/// report, and the fingerprint (SHA-256) decides whether a payload changed.
+fn digest(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut hash = bytes.len() as u64;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        hash = (hash.rotate_left(23) ^ word).wrapping_mul(K);
+    }
+    let mut last = [0u8; 8];
+    last[..words.remainder().len()].copy_from_slice(words.remainder());
+    hash = (hash.rotate_left(23) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+    hash ^ (hash >> 29)
+}
+
+/// Call `field` with each top-level name (between its quotes) and value (its bytes) of the
+/// JSON object `body`; `None` if `body` is not one, or if `field` says so.
+fn scan_object<'a>(
+    body: &'a [u8],
+    mut field: impl FnMut(&'a [u8], &'a [u8]) -> Option<()>,
+) -> Option<()> {
+    let mut at = skip_space(body, 0);
+    if body.get(at) != Some(&b'{') {
+        return None;
+    }
+    at = skip_space(body, at + 1);
+    if body.get(at) == Some(&b'}') {
+        return (skip_space(body, at + 1) == body.len()).then_some(());
+    }
+    loop {
+        if body.get(at) != Some(&b'"') {
+            return None;
+        }
+        let name_end = string_end(body, at + 1)?;
+        let name = &body[at + 1..name_end];
+        at = skip_space(body, name_end + 1);
+        if body.get(at) != Some(&b':') {
+            return None;
+        }
+        let start = skip_space(body, at + 1);
+        let end = value_end(body, start)?;
+        field(name, &body[start..end])?;
+        at = skip_space(body, end);
+        match body.get(at) {
+            Some(b',') => at = skip_space(body, at + 1),
+            Some(b'}') => return (skip_space(body, at + 1) == body.len()).then_some(()),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_space(body: &[u8], mut at: usize) -> usize {
+    while matches!(body.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        at += 1;
+    }
+    at
+}
+
+/// Where the value starting at `start` ends (exclusive).
+fn value_end(body: &[u8], start: usize) -> Option<usize> {
+    match *body.get(start)? {
+        b'"' => Some(string_end(body, start + 1)? + 1),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut at = start;
+            loop {
+                match *body.get(at)? {
+                    b'"' => at = string_end(body, at + 1)?,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(at + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                at += 1;
+            }
+        }
+        // A number, `true`, `false` or `null`: up to the next delimiter.
+        _ => {
+            let len = body[start..]
+                .iter()
+                .position(|byte| matches!(byte, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(body.len() - start);
+            (len > 0).then_some(start + len)
+        }
+    }
+}
+
+/// The index of the quote that closes the string whose contents start at `from`.
+fn string_end(body: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        let quote = from + find_quote(body.get(from..)?)?;
+        // Escaped if an odd number of backslashes runs up to it.
+        let backslashes = body[from..quote]
+            .iter()
+            .rev()
+            .take_while(|byte| **byte == b'\\')
+            .count();
+        if backslashes % 2 == 0 {
+            return Some(quote);
+        }
+        from = quote + 1;
+    }
+}
+
+/// The first `"` in `bytes`, eight bytes at a time (a string value is most of a body).
+fn find_quote(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    const QUOTES: u64 = ONES * b'"' as u64;
+    let mut words = bytes.chunks_exact(8);
+    let mut at = 0;
+    for word in &mut words {
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes")) ^ QUOTES;
+        // A zero byte of `word` (a quote) sets its high bit here; bytes after a first zero
+        // may be set too, so the lowest one set is the first quote.
+        let zero = word.wrapping_sub(ONES) & !word & HIGHS;
+        if zero != 0 {
+            return Some(at + zero.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|byte| *byte == b'"')
+        .map(|found| at + found)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::{Drift, Fingerprint};
+
+    fn changed(old: &[u8], new: &[u8]) -> Option<Vec<String>> {
+        FieldDigests::of(old)?.changed_fields(new)
+    }
+
+    /// What a comparison of the parsed bodies names.
+    fn parsed(old: &[u8], new: &[u8]) -> Option<Vec<String>> {
+        let fp = Fingerprint::of(&Method::POST, "/", b"");
+        Drift::between(fp, old, fp, new)
+            .changed_fields()
+            .map(<[String]>::to_vec)
+    }
+
+    #[test]
+    fn names_changed_added_and_removed_fields() {
+        let old = br#"{"order_id":"ord_8f21c3","summary":"a","total_cents":1,"gone":true}"#;
+        let new = br#"{"order_id":"ord_8f21c3","summary":"b","total_cents":1,"fresh":1}"#;
+        assert_eq!(changed(old, new).unwrap(), ["fresh", "gone", "summary"]);
+    }
+
+    #[test]
+    fn layout_and_spelling_are_no_change() {
+        let old = br#" { "a\"b" : "x\\\"}y" , "n": {"k": [1, "]", {"z": "}"}], "j": 1.50}, "caf\u00e9": "\u00e9" } "#;
+        let new = "{\"a\\\"b\":\"x\\\\\\\"}y\",\"n\":{\"j\":1.5,\"k\":[1,\"]\",{\"z\":\"}\"}]},\"café\":\"é\"}";
+        assert_eq!(changed(old, new.as_bytes()).unwrap(), Vec::<String>::new());
+        assert_eq!(parsed(old, new.as_bytes()).unwrap(), Vec::<String>::new());
+        let moved = br#"{"a\"b":"x\\\"}y","n":{"k":[1,"]",{"z":"{"}],"j":1.5},"caf\u00e9":"e"}"#;
+        assert_eq!(changed(old, moved).unwrap(), ["café", "n"]);
+    }
+
+    #[test]
+    fn the_last_of_a_repeated_name_counts() {
+        let old = br#"{"a":1,"a":2}"#;
+        assert_eq!(changed(old, br#"{"a":2}"#).unwrap(), Vec::<String>::new());
+        assert_eq!(changed(old, br#"{"a":1}"#).unwrap(), ["a"]);
+        assert_eq!(parsed(old, br#"{"a":1}"#).unwrap(), ["a"]);
+    }
+
+    #[test]
+    fn bodies_that_are_not_objects_have_no_fields() {
+        for body in [
+            &b""[..],
+            b"[1]",
+            b"\"s\"",
+            b"{",
+            b"{\"a\"}",
+            b"{\"a\":1,}",
+            b"{\"a\":1} x",
+            b"{\"a\":\"unterminated}",
+            b"{\"a\":tru}",
+            b"{\"a\":[1,}",
+        ] {
+            assert!(FieldDigests::of(body).is_none(), "{body:?}");
+        }
+        assert_eq!(changed(b"{}", b"{}").unwrap(), Vec::<String>::new());
+        assert!(changed(b"{}", b"nope").is_none());
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            "[ -~é\"\\\\\n]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[a-z\"]{1,3}", inner, 0..4)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Against a comparison of the parsed bodies: the same fields named, whatever the
+        /// nesting, escaping and layout.
+        #[test]
+        fn names_the_fields_a_parser_finds(
+            old in proptest::collection::btree_map("[a-z\"\\\\é]{1,4}", json_value(), 0..6),
+            new in proptest::collection::btree_map("[a-z\"\\\\é]{1,4}", json_value(), 0..6),
+            keep in any::<bool>(),
+            pretty in any::<bool>(),
+        ) {
+            let new = if keep { old.clone() } else { new };
+            let old_body = serde_json::to_vec(&old).unwrap();
+            let new_body = if pretty {
+                serde_json::to_vec_pretty(&new)
+            } else {
+                serde_json::to_vec(&new)
+            }
+            .unwrap();
+            prop_assert_eq!(changed(&old_body, &new_body), parsed(&old_body, &new_body));
+        }
+
+        #[test]
+        fn finds_the_first_quote(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            prop_assert_eq!(find_quote(&bytes), bytes.iter().position(|b| *b == b'"'));
+        }
+    }
+
+    #[test]
+    fn a_flat_payload_is_summed_up_in_a_few_bytes_a_field() {
+        let body = serde_json::to_vec(&json!({
+            "order_id": "order_000000000001",
+            "summary": "x".repeat(1000),
+        }))
+        .unwrap();
+        let fields = FieldDigests::of(&body).unwrap();
+        assert_eq!(
+            fields.0.len(),
+            2 * (2 + DIGEST_LEN) + "order_id".len() + "summary".len()
+        );
+    }
+}

@@ -1438,7 +1438,7 @@ impl IdempotencyStore for MemoryStore {
     // same as a retention's end (budget, gauges and eviction order follow), and it wakes
     // waiters like a settle, since the key is free now.
     fn forget(&self, key: LedgerKey, expected: super::Expected) -> StoreFuture<'_, super::Forget> {
-        let now = Instant::now();
+        let now = self.stamp(Instant::now());
         let answer = {
             let mut shard = lock(self.shard(&key));
             let current = shard

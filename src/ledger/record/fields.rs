@@ -212,7 +212,7 @@ const K: u64 = 0x9e37_79b9_7f4a_7c15;
 /// collide would only go unnamed in a drift report, and the fingerprint (SHA-256) decides
 /// whether a payload changed.
 fn mix(hash: u64, word: u64) -> u64 {
-    (hash.rotate_left(23) ^ word).wrapping_mul(K)
+    (hash ^ word).wrapping_mul(K)
 }
 
 fn finish(hash: u64, len: usize) -> u64 {
@@ -331,39 +331,52 @@ fn bytes_equal(word: u64, byte: u8) -> u64 {
 /// holds no escape (a plain string, the common value), the digest of its contents, made in
 /// the same pass, eight bytes at a time (a string value is most of a body).
 fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
+    let contents = body.get(from..)?;
     let mut hash = STRING_SEED;
-    let mut at = from;
-    while let Some(word) = body.get(at..at + 8) {
-        let bytes: [u8; 8] = word.try_into().expect("eight bytes");
-        let word = u64::from_le_bytes(bytes);
+    let mut words = contents.chunks_exact(8);
+    let mut at = 0;
+    for word in &mut words {
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
         let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');
         if marks != 0 {
-            let first = marks.trailing_zeros() as usize / 8;
-            if bytes[first] == b'\\' {
-                return Some((string_end(body, at + first)?, None));
-            }
-            let before = if first == 0 {
-                0
-            } else {
-                word & (u64::MAX >> (64 - 8 * first))
-            };
-            return Some((
-                at + first,
-                Some(finish(mix(hash, before), at + first - from)),
-            ));
+            return plain_end(body, from, at, word, marks, hash);
         }
         hash = mix(hash, word);
         at += 8;
     }
-    let rest = &body[at..];
-    let first = rest.iter().position(|byte| matches!(byte, b'"' | b'\\'))?;
-    if rest[first] == b'\\' {
-        return Some((string_end(body, at + first)?, None));
-    }
+    let rest = words.remainder();
     let mut last = [0u8; 8];
-    last[..first].copy_from_slice(&rest[..first]);
-    let hash = mix(hash, u64::from_le_bytes(last));
-    Some((at + first, Some(finish(hash, at + first - from))))
+    last[..rest.len()].copy_from_slice(rest);
+    let word = u64::from_le_bytes(last);
+    // The padding is zeros, never taken for a quote or a backslash.
+    let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');
+    if marks == 0 {
+        return None;
+    }
+    plain_end(body, from, at, word, marks, hash)
+}
+
+/// [`plain_string`] at the word at `at` (from `from`) holding its first quote or backslash.
+#[inline]
+fn plain_end(
+    body: &[u8],
+    from: usize,
+    at: usize,
+    word: u64,
+    marks: u64,
+    hash: u64,
+) -> Option<(usize, Option<u64>)> {
+    let first = marks.trailing_zeros() as usize / 8;
+    let end = from + at + first;
+    if body[end] == b'\\' {
+        return Some((string_end(body, end)?, None));
+    }
+    let before = if first == 0 {
+        0
+    } else {
+        word & (u64::MAX >> (64 - 8 * first))
+    };
+    Some((end, Some(finish(mix(hash, before), at + first))))
 }
 
 /// The index of the quote that closes a string, looked for from `from` (inside it).

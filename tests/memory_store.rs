@@ -735,3 +735,75 @@ async fn weights_add_up_over_records() {
         "{weight}"
     );
 }
+
+/// What a typical record weighs against the budget once completed: a server's (no request
+/// kept, a ~50-byte JSON response with its content type and the request's digest) and a
+/// client's (a 1 KiB JSON request, a ~40-byte response). The README's sizing table and the
+/// default budget's sustainable rates rest on these.
+#[tokio::test]
+async fn typical_completed_records_weigh_a_few_hundred_bytes() {
+    let request_body = {
+        let mut body = br#"{"order_id":"order_000000000001","summary":""#.to_vec();
+        body.resize(1022, b'x');
+        body.extend_from_slice(br#""}"#);
+        Bytes::from(body)
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert(
+        tower_idempotency::digest::IDEMPOTENT_REQUEST_DIGEST.clone(),
+        tower_idempotency::digest::BodyDigest::of(&request_body).header_value(),
+    );
+    let server_response = Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        headers,
+        Bytes::from_static(br#"{"id":"ch_000000000001","status":"succeeded","n":1}"#),
+    ));
+    let server = MemoryStore::new();
+    let key = key(20, 0);
+    let token = acquire(&server, begin_request(key, 0)).await;
+    server
+        .complete(key, token, server_response, RETENTION)
+        .await
+        .unwrap();
+    let server_record = server.weighted_size();
+    assert!(
+        server_record <= 600,
+        "a server record weighs {server_record}"
+    );
+
+    let frozen = FrozenRequest::from_parts(
+        Method::POST,
+        "http://provider.local/charges".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        request_body,
+    );
+    let client = MemoryStore::new();
+    let request =
+        BeginRequest::new(key, frozen.fingerprint(), LEASE, RETENTION).with_frozen(frozen);
+    let token = acquire(&client, request).await;
+    let in_flight = client.weighted_size();
+    client
+        .complete(
+            key,
+            token,
+            response(Bytes::from_static(br#"{"id":"ch_1","status":"ok"}"#)),
+            RETENTION,
+        )
+        .await
+        .unwrap();
+    let client_record = client.weighted_size();
+    assert!(
+        client_record <= 700,
+        "a client record weighs {client_record}"
+    );
+    assert!(
+        in_flight > 1500,
+        "an open one holds its request: {in_flight}"
+    );
+    eprintln!(
+        "server record {server_record} B, client record {client_record} B (open {in_flight} B)"
+    );
+}

@@ -22,10 +22,11 @@ use eviction::EvictionIndex;
 use sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 
 /// The default byte budget of a [`MemoryStore`]: 192 MiB. With the layers' default protected
-/// windows it keeps up with ~2,900 new server operations a second (~1 KB a record, lease +
-/// 1 min) or ~1,600 client ones (~3.1 KB with a 1 KiB request, retry window + lease, 40 s),
-/// and each face's target rate (2,000 and 1,000 a second) keeps 70 % and 62 % of it
-/// protected, below the warning's 80 % mark.
+/// windows it keeps up with ~5,000 new server operations a second (~570 bytes a record with
+/// a 50-byte response, lease + 1 min) or ~8,000 client ones (~600 bytes with a 1 KiB
+/// request, retry window + lease, 40 s), so each face's target rate (2,000 and 1,000 a
+/// second) keeps 40 % and 12 % of it protected: room for responses of several hundred
+/// bytes (a server record weighs its response) below the warning's 80 % mark.
 const DEFAULT_MAX_BYTES: u64 = 192 * 1024 * 1024;
 
 /// Shards of the record map: enough that unrelated keys rarely share a lock on a many-core
@@ -36,8 +37,9 @@ const SHARDS: usize = 64;
 /// map slot (a key and a pointer) at the map's load factor, its eviction-index entry and the
 /// allocator's rounding of its box (a recorded response weighs its own allocations:
 /// `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a
-/// million small server records grow the process by about the budget.
-const PER_RECORD_OVERHEAD: u64 = 160;
+/// million small server records grow the process by about the budget (a map emptier than
+/// there, just past a doubling, costs up to ~50 bytes a record more).
+const PER_RECORD_OVERHEAD: u64 = 128;
 
 /// Whether making room may sweep every shard for open records past their retention.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1052,7 +1054,7 @@ impl MemoryStore {
         let at = self.stamp(now);
         let protect_until = at + Duration::from_nanos(record.protected).min(retention);
         let retain_until = at + retention;
-        let kept = record.kept.completed();
+        let kept = record.kept.completed(record.open_kept_weight());
         let weight = record.completed_weight(outcome_weight, &kept);
         if !self.reweigh(record.weight, weight) {
             return Err((outcome, weight - record.weight));
@@ -1257,8 +1259,23 @@ impl Record {
     /// keeping `kept` of its request: its frozen request gives way to `kept`, and the reserve
     /// it kept for a tombstone to the outcome.
     fn completed_weight(&self, outcome_weight: u64, kept: &Kept) -> u64 {
-        self.weight - self.kept.weight() + kept.weight() - TOMBSTONE_RESERVE + outcome_weight
+        self.weight - self.open_kept_weight() + kept.weight() - TOMBSTONE_RESERVE + outcome_weight
     }
+
+    /// What this open record's [`Kept`] weighs, from its weight (see
+    /// [`measure`](Self::measure)) rather than measured again.
+    fn open_kept_weight(&self) -> u64 {
+        debug_assert!(!matches!(self.state, State::Completed { .. }));
+        debug_assert_eq!(
+            self.weight - Self::FIXED_WEIGHT - TOMBSTONE_RESERVE,
+            self.kept.weight()
+        );
+        self.weight - Self::FIXED_WEIGHT - TOMBSTONE_RESERVE
+    }
+
+    /// What every record weighs besides what it keeps of its request and its outcome.
+    const FIXED_WEIGHT: u64 = PER_RECORD_OVERHEAD
+        + (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>()) as u64;
 
     /// The most completing an open record with an outcome of `outcome_weight` adds to the
     /// budget ([`completed_weight`](Self::completed_weight) less the open weight: what is
@@ -1298,10 +1315,7 @@ impl Record {
             State::Completed { outcome, .. } => outcome.weight() as u64,
             _ => TOMBSTONE_RESERVE,
         };
-        PER_RECORD_OVERHEAD
-            + (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>()) as u64
-            + kept
-            + state
+        Self::FIXED_WEIGHT + kept + state
     }
 }
 
@@ -1334,15 +1348,16 @@ impl Kept {
         }
     }
 
-    /// What a completed record keeps of this: the field digests of a frozen request, if its
-    /// body is a JSON object and they weigh less than the request (they always do but for
-    /// bodies of many tiny fields, which then name no fields in a drift report).
-    fn completed(&self) -> Self {
+    /// What a completed record keeps of this (which weighs `weight`): the field digests of
+    /// a frozen request, if its body is a JSON object and they weigh less than the request
+    /// (they always do but for bodies of many tiny fields, which then name no fields in a
+    /// drift report).
+    fn completed(&self, weight: u64) -> Self {
         let Self::Frozen(frozen) = self else {
             return Self::Nothing;
         };
         FieldDigests::of(frozen.body())
-            .filter(|fields| fields.weight() <= frozen.weight())
+            .filter(|fields| fields.weight() as u64 <= weight)
             .map_or(Self::Nothing, Self::Fields)
     }
 }

@@ -9,7 +9,7 @@
 //! | in flight | an owner holds a live lease and may be sending | [`Begin::Busy`] |
 //! | in doubt | an attempt failed after its bytes may have left, or the owner's lease expired | [`Begin::Resume`] with the **stored** frozen request |
 //! | completed | outcome recorded | [`Begin::Replay`] |
-//! | any, fingerprint differs | the caller regenerated the payload | [`Begin::Drift`] |
+//! | any, fingerprint differs | the caller regenerated the payload | [`Begin::Drift`] ([`Begin::DriftFields`] for a completed one whose store kept only its fields) |
 //!
 //! A `begin` that is a [probe](BeginRequest::probe) is answered [`Begin::InDoubt`] where a
 //! claim would be answered [`Begin::Resume`], and changes nothing.

@@ -42,18 +42,20 @@ impl FieldDigests {
     /// The digests of `body`'s top-level fields, if it is a JSON object (`None` if not, or if
     /// a field name is over 64 KiB).
     pub fn of(body: &[u8]) -> Option<Self> {
-        let fields = fields(body)?;
-        let size = fields
-            .iter()
-            .map(|(name, _)| 2 + name.len() + DIGEST_LEN)
-            .sum();
-        let mut out = Vec::with_capacity(size);
-        for (name, digest) in &fields {
+        // In the body's order (sorted when compared, a cold path): one pass, one buffer.
+        let mut out = Vec::with_capacity(64);
+        scan_object(body, |name, value, plain| {
+            let name = field_name(name)?;
             let len = u16::try_from(name.len()).ok()?;
+            let digest = match plain {
+                Some(digest) => digest,
+                None => value_digest(value)?,
+            };
             out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(name);
+            out.extend_from_slice(&name);
             out.extend_from_slice(&digest.to_le_bytes());
-        }
+            Some(())
+        })?;
         Some(Self(out.into_boxed_slice()))
     }
 
@@ -66,7 +68,15 @@ impl FieldDigests {
     /// when `body` is not a JSON object.
     pub fn changed_fields(&self, body: &[u8]) -> Option<Vec<String>> {
         let new = fields(body)?;
-        let mut old = self.entries().peekable();
+        let old = last_of_each(
+            self.entries()
+                .map(|(name, digest)| (Cow::Borrowed(name), digest))
+                .collect(),
+        );
+        let mut old = old
+            .iter()
+            .map(|(name, digest)| (&name[..], *digest))
+            .peekable();
         let mut new = new
             .iter()
             .map(|(name, digest)| (&name[..], *digest))
@@ -111,16 +121,19 @@ impl FieldDigests {
 /// value, sorted by name, the last of a repeated name kept (as a parser keeps it).
 fn fields(body: &[u8]) -> Option<Vec<(Cow<'_, [u8]>, u64)>> {
     let mut fields = Vec::new();
-    scan_object(body, |name, value| {
-        let name = if name.contains(&b'\\') {
-            Cow::Owned(unescaped(name)?.into_bytes())
-        } else {
-            std::str::from_utf8(name).ok()?;
-            Cow::Borrowed(name)
+    scan_object(body, |name, value, plain| {
+        let digest = match plain {
+            Some(digest) => digest,
+            None => value_digest(value)?,
         };
-        fields.push((name, value_digest(value)?));
+        fields.push((field_name(name)?, digest));
         Some(())
     })?;
+    Some(last_of_each(fields))
+}
+
+/// `fields` sorted by name, of a repeated name the last kept.
+fn last_of_each(mut fields: Vec<(Cow<'_, [u8]>, u64)>) -> Vec<(Cow<'_, [u8]>, u64)> {
     // Stable: of a repeated name, the last comes last, and is the one kept.
     fields.sort_by(|(a, _), (b, _)| a.cmp(b));
     let mut kept: Vec<(Cow<'_, [u8]>, u64)> = Vec::with_capacity(fields.len());
@@ -130,7 +143,16 @@ fn fields(body: &[u8]) -> Option<Vec<(Cow<'_, [u8]>, u64)>> {
             _ => kept.push(field),
         }
     }
-    Some(kept)
+    kept
+}
+
+/// A name as written between its quotes, unescaped; `None` if it is no valid string.
+fn field_name(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
+    if raw.contains(&b'\\') {
+        return Some(Cow::Owned(unescaped(raw)?.into_bytes()));
+    }
+    std::str::from_utf8(raw).ok()?;
+    Some(Cow::Borrowed(raw))
 }
 
 /// A string's contents as written between its quotes, unescaped.
@@ -142,11 +164,16 @@ fn unescaped(raw: &[u8]) -> Option<String> {
     serde_json::from_slice(&quoted).ok()
 }
 
-/// The digest of a value: of its bytes if they are the one way to write it, else of its
-/// canonical form; `None` if it is no JSON value.
+/// Digests of strings (of their contents) and of other values (of their bytes) start apart,
+/// so that `1` and `"1"` differ.
+const STRING_SEED: u64 = 0x2545_f491_4f6c_dd1d;
+const VALUE_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The digest of a value that is not a plain string (see [`plain_string`]): of its bytes if
+/// they are the one way to write it, else of its canonical form; `None` if it is no JSON
+/// value.
 fn value_digest(value: &[u8]) -> Option<u64> {
     let canonical_already = match value {
-        [b'"', inside @ .., b'"'] => !inside.contains(&b'\\'),
         b"true" | b"false" | b"null" => true,
         [b'-', digits @ ..] | digits => {
             !digits.is_empty()
@@ -155,12 +182,17 @@ fn value_digest(value: &[u8]) -> Option<u64> {
         }
     };
     if canonical_already {
-        return Some(digest(value));
+        return Some(digest(VALUE_SEED, value));
     }
     // Keys sorted (the map is ordered by key), no whitespace, one spelling of each string
     // and number.
     let parsed: serde_json::Value = serde_json::from_slice(value).ok()?;
-    Some(digest(&serde_json::to_vec(&parsed).ok()?))
+    let canonical = serde_json::to_vec(&parsed).ok()?;
+    Some(match (&parsed, &canonical[..]) {
+        // As a plain string with these contents is digested.
+        (serde_json::Value::String(_), [b'"', inside @ .., b'"']) => digest(STRING_SEED, inside),
+        _ => digest(VALUE_SEED, &canonical),
+    })
 }
 
 impl fmt::Debug for FieldDigests {
@@ -174,28 +206,42 @@ impl fmt::Debug for FieldDigests {
     }
 }
 
-/// A 64-bit digest of a value's bytes: a multiply-rotate fold, eight bytes at a time, and its
-/// length. Not cryptographic: two values that collide would only go unnamed in a drift
-/// report, and the fingerprint (SHA-256) decides whether a payload changed.
-fn digest(bytes: &[u8]) -> u64 {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut hash = bytes.len() as u64;
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-        hash = (hash.rotate_left(23) ^ word).wrapping_mul(K);
-    }
-    let mut last = [0u8; 8];
-    last[..words.remainder().len()].copy_from_slice(words.remainder());
-    hash = (hash.rotate_left(23) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+const K: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// One word into a digest: a multiply-rotate fold. Not cryptographic: two values that
+/// collide would only go unnamed in a drift report, and the fingerprint (SHA-256) decides
+/// whether a payload changed.
+fn mix(hash: u64, word: u64) -> u64 {
+    (hash ^ word).wrapping_mul(K)
+}
+
+fn finish(hash: u64, len: usize) -> u64 {
+    let hash = (hash ^ len as u64).wrapping_mul(K);
     hash ^ (hash >> 29)
 }
 
+/// A 64-bit digest of `bytes`, eight at a time, the last word padded with zeros (empty if
+/// the length is a multiple of eight), then the length.
+fn digest(seed: u64, bytes: &[u8]) -> u64 {
+    let mut hash = seed;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        hash = mix(
+            hash,
+            u64::from_le_bytes(word.try_into().expect("eight bytes")),
+        );
+    }
+    let mut last = [0u8; 8];
+    last[..words.remainder().len()].copy_from_slice(words.remainder());
+    finish(mix(hash, u64::from_le_bytes(last)), bytes.len())
+}
+
 /// Call `field` with each top-level name (between its quotes) and value (its bytes) of the
-/// JSON object `body`; `None` if `body` is not one, or if `field` says so.
+/// JSON object `body`, and the value's digest if it is a plain string (found in the same
+/// pass); `None` if `body` is not one, or if `field` says so.
 fn scan_object<'a>(
     body: &'a [u8],
-    mut field: impl FnMut(&'a [u8], &'a [u8]) -> Option<()>,
+    mut field: impl FnMut(&'a [u8], &'a [u8], Option<u64>) -> Option<()>,
 ) -> Option<()> {
     let mut at = skip_space(body, 0);
     if body.get(at) != Some(&b'{') {
@@ -209,15 +255,20 @@ fn scan_object<'a>(
         if body.get(at) != Some(&b'"') {
             return None;
         }
-        let name_end = string_end(body, at + 1)?;
+        let (name_end, _) = plain_string(body, at + 1)?;
         let name = &body[at + 1..name_end];
         at = skip_space(body, name_end + 1);
         if body.get(at) != Some(&b':') {
             return None;
         }
         let start = skip_space(body, at + 1);
-        let end = value_end(body, start)?;
-        field(name, &body[start..end])?;
+        let (end, plain) = if body.get(start) == Some(&b'"') {
+            let (quote, plain) = plain_string(body, start + 1)?;
+            (quote + 1, plain)
+        } else {
+            (value_end(body, start)?, None)
+        };
+        field(name, &body[start..end], plain)?;
         at = skip_space(body, end);
         match body.get(at) {
             Some(b',') => at = skip_space(body, at + 1),
@@ -237,13 +288,13 @@ fn skip_space(body: &[u8], mut at: usize) -> usize {
 /// Where the value starting at `start` ends (exclusive).
 fn value_end(body: &[u8], start: usize) -> Option<usize> {
     match *body.get(start)? {
-        b'"' => Some(string_end(body, start + 1)? + 1),
+        b'"' => Some(plain_string(body, start + 1)?.0 + 1),
         b'{' | b'[' => {
             let mut depth = 0usize;
             let mut at = start;
             loop {
                 match *body.get(at)? {
-                    b'"' => at = string_end(body, at + 1)?,
+                    b'"' => at = plain_string(body, at + 1)?.0,
                     b'{' | b'[' => depth += 1,
                     b'}' | b']' => {
                         depth -= 1;
@@ -267,12 +318,73 @@ fn value_end(body: &[u8], start: usize) -> Option<usize> {
     }
 }
 
-/// The index of the quote that closes the string whose contents start at `from`.
+/// Bits set at the bytes of `word` equal to `byte` (and possibly at bytes after the first
+/// one: the lowest set bit is always a match).
+fn bytes_equal(word: u64, byte: u8) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zeros = word ^ (ONES * u64::from(byte));
+    zeros.wrapping_sub(ONES) & !zeros & HIGHS
+}
+
+/// The string whose contents start at `from`: the index of its closing quote and, if it
+/// holds no escape (a plain string, the common value), the digest of its contents, made in
+/// the same pass, eight bytes at a time (a string value is most of a body).
+fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
+    let contents = body.get(from..)?;
+    let mut hash = STRING_SEED;
+    let mut words = contents.chunks_exact(8);
+    let mut at = 0;
+    for word in &mut words {
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');
+        if marks != 0 {
+            return plain_end(body, from, at, word, marks, hash);
+        }
+        hash = mix(hash, word);
+        at += 8;
+    }
+    let rest = words.remainder();
+    let mut last = [0u8; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    let word = u64::from_le_bytes(last);
+    // The padding is zeros, never taken for a quote or a backslash.
+    let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');
+    if marks == 0 {
+        return None;
+    }
+    plain_end(body, from, at, word, marks, hash)
+}
+
+/// [`plain_string`] at the word at `at` (from `from`) holding its first quote or backslash.
+#[inline]
+fn plain_end(
+    body: &[u8],
+    from: usize,
+    at: usize,
+    word: u64,
+    marks: u64,
+    hash: u64,
+) -> Option<(usize, Option<u64>)> {
+    let first = marks.trailing_zeros() as usize / 8;
+    let end = from + at + first;
+    if body[end] == b'\\' {
+        return Some((string_end(body, end)?, None));
+    }
+    let before = if first == 0 {
+        0
+    } else {
+        word & (u64::MAX >> (64 - 8 * first))
+    };
+    Some((end, Some(finish(mix(hash, before), at + first))))
+}
+
+/// The index of the quote that closes a string, looked for from `from` (inside it).
 fn string_end(body: &[u8], mut from: usize) -> Option<usize> {
     loop {
         let quote = from + find_quote(body.get(from..)?)?;
         // Escaped if an odd number of backslashes runs up to it.
-        let backslashes = body[from..quote]
+        let backslashes = body[..quote]
             .iter()
             .rev()
             .take_while(|byte| **byte == b'\\')
@@ -284,20 +396,17 @@ fn string_end(body: &[u8], mut from: usize) -> Option<usize> {
     }
 }
 
-/// The first `"` in `bytes`, eight bytes at a time (a string value is most of a body).
+/// The first `"` in `bytes`, eight bytes at a time.
 fn find_quote(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    const QUOTES: u64 = ONES * b'"' as u64;
     let mut words = bytes.chunks_exact(8);
     let mut at = 0;
     for word in &mut words {
-        let word = u64::from_le_bytes(word.try_into().expect("eight bytes")) ^ QUOTES;
-        // A zero byte of `word` (a quote) sets its high bit here; bytes after a first zero
-        // may be set too, so the lowest one set is the first quote.
-        let zero = word.wrapping_sub(ONES) & !word & HIGHS;
-        if zero != 0 {
-            return Some(at + zero.trailing_zeros() as usize / 8);
+        let quotes = bytes_equal(
+            u64::from_le_bytes(word.try_into().expect("eight bytes")),
+            b'"',
+        );
+        if quotes != 0 {
+            return Some(at + quotes.trailing_zeros() as usize / 8);
         }
         at += 8;
     }

@@ -11,9 +11,10 @@
 //! Every block is checked when it is made (names and values valid, lengths in bounds), so
 //! reading one cannot fail.
 //!
-//! One entry is held shorter: `Idempotent-Request-Digest: sha-256=:<base64>:`, which every
-//! server record carries, is held as its 32 digest bytes under flag bit 1 with no name (39
-//! bytes instead of 86), and rendered again when read.
+//! One entry is held shorter in a record ([`HeaderBlock::followed_by`]):
+//! `Idempotent-Request-Digest: sha-256=:<base64>:`, which every server record carries, is
+//! held as its 32 digest bytes under flag bit 1 with no name (39 bytes instead of 86), and
+//! rendered again when read.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -156,16 +157,45 @@ impl HeaderBlock {
         Some(BodyDigest::from_bytes(raw))
     }
 
-    /// This block's entries followed by `body`, in one exact-size buffer of their own.
+    /// This block's entries followed by `body`, in one exact-size buffer of their own, with
+    /// the first request digest held short (see [`REQUEST_DIGEST`]): what a record keeps.
     pub(crate) fn followed_by(&self, body: &[u8]) -> Self {
         let entries = &self.bytes[..self.end];
-        let mut bytes = Vec::with_capacity(entries.len() + body.len());
-        bytes.extend_from_slice(entries);
+        // Where the digest's entry is, and its 32 bytes.
+        let digest = self
+            .entries()
+            .find(|entry| {
+                entry.name == IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes() && !entry.digest
+            })
+            .and_then(|entry| {
+                let held = entry.value.start - entry.name.len() - ENTRY_OVERHEAD..entry.value.end;
+                let flags = entries[held.start];
+                Some((
+                    held,
+                    flags,
+                    sha256_of_field(&self.bytes[entry.value.clone()])?,
+                ))
+            });
+        let short = ENTRY_OVERHEAD + 32;
+        let size = match &digest {
+            Some((held, ..)) => entries.len() - held.len() + short,
+            None => entries.len(),
+        };
+        let mut bytes = Vec::with_capacity(size + body.len());
+        match digest {
+            Some((held, flags, digest)) => {
+                bytes.extend_from_slice(&entries[..held.start]);
+                bytes.extend_from_slice(&[flags | REQUEST_DIGEST, 0, 0, 0, 0, 0, 32]);
+                bytes.extend_from_slice(&digest);
+                bytes.extend_from_slice(&entries[held.end..]);
+            }
+            None => bytes.extend_from_slice(entries),
+        }
         bytes.extend_from_slice(body);
         Self {
             bytes: Bytes::from(bytes),
             len: self.len,
-            end: self.end,
+            end: size,
         }
     }
 
@@ -283,15 +313,6 @@ impl BlockWriter {
     pub(crate) fn push_checked(&mut self, name: &[u8], value: &[u8], sensitive: bool) {
         debug_assert!(HeaderName::from_bytes(name).is_ok());
         debug_assert!(HeaderValue::from_bytes(value).is_ok());
-        if name == IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes() {
-            if let Some(digest) = sha256_of_field(value) {
-                let flags = REQUEST_DIGEST | if sensitive { SENSITIVE } else { 0 };
-                self.bytes.extend_from_slice(&[flags, 0, 0, 0, 0, 0, 32]);
-                self.bytes.extend_from_slice(&digest);
-                self.len += 1;
-                return;
-            }
-        }
         let name_len = u16::try_from(name.len()).expect("a header name is under 64 KiB");
         let value_len = u32::try_from(value.len()).expect("records are far below 4 GiB");
         let [n0, n1] = name_len.to_be_bytes();
@@ -314,12 +335,8 @@ impl BlockWriter {
     }
 
     /// The block written.
-    pub(crate) fn finish(mut self) -> HeaderBlock {
-        // Sized for every entry as given: a request digest held short leaves room over,
-        // given back (in place) so the buffer becomes `Bytes` without a second allocation.
-        if self.bytes.len() < self.bytes.capacity() {
-            self.bytes.shrink_to_fit();
-        }
+    pub(crate) fn finish(self) -> HeaderBlock {
+        debug_assert_eq!(self.bytes.len(), self.bytes.capacity(), "sized exactly");
         let end = self.bytes.len();
         HeaderBlock {
             bytes: Bytes::from(self.bytes),
@@ -350,7 +367,8 @@ impl DistinctNames {
 }
 
 /// The 32 bytes of a `sha-256=:<base64>:` field, if `value` is one, written as
-/// [`BodyDigest::field`] writes it (so that rendering them again gives `value` back).
+/// [`BodyDigest::field`] writes it (so that rendering them again gives `value` back: the
+/// decoding is strict, so one digest has one spelling).
 fn sha256_of_field(value: &[u8]) -> Option<[u8; 32]> {
     let (prefix, digits, suffix) = DIGEST_FIELD;
     let base64 = value
@@ -362,8 +380,7 @@ fn sha256_of_field(value: &[u8]) -> Option<[u8; 32]> {
     let len = base64::engine::general_purpose::STANDARD
         .decode_slice(base64, &mut digest)
         .ok()?;
-    let digest: [u8; 32] = digest[..len].try_into().ok()?;
-    (BodyDigest::from_bytes(digest).field() == value).then_some(digest)
+    digest[..len].try_into().ok()
 }
 
 /// Bytes an entry of a name and a value of these lengths takes in a block.
@@ -501,25 +518,32 @@ mod tests {
             HeaderValue::from_static("application/json"),
         );
         map.append(&IDEMPOTENT_REQUEST_DIGEST, digest.header_value());
-        let block = HeaderBlock::of(&map);
+        map.append("x-charge-id", HeaderValue::from_static("ch_1"));
+        // As a server records a response: its block, then the body folded in.
+        let stored = StoredResponse::of_block(
+            StatusCode::OK,
+            Version::HTTP_11,
+            HeaderBlock::of(&map),
+            bytes::Bytes::from_static(b"ok"),
+        );
+        let block = stored.header_block();
         assert_eq!(
             block.weight(),
-            entry_size("content-type".len(), "application/json".len()) + ENTRY_OVERHEAD + 32
+            entry_size("content-type".len(), "application/json".len())
+                + ENTRY_OVERHEAD
+                + 32
+                + entry_size("x-charge-id".len(), "ch_1".len())
+                + 2
         );
         assert_eq!(block.to_map(), map);
+        assert_eq!(&stored.body()[..], b"ok");
         let values: Vec<Vec<u8>> = block
             .entries()
             .map(|entry| block.value_bytes(&entry).into_owned())
             .collect();
         assert_eq!(values[1], digest.header_value().as_bytes());
 
-        // Stored elsewhere, it is written out whole; read back, held short again.
-        let stored = StoredResponse::of_block(
-            StatusCode::OK,
-            Version::HTTP_11,
-            block,
-            bytes::Bytes::from_static(b"ok"),
-        );
+        // Stored elsewhere, it is written out whole.
         let encoded = Outcome::Response(stored.clone()).encode();
         let needle = digest.header_value();
         assert!(encoded
@@ -529,19 +553,20 @@ mod tests {
             panic!("a response")
         };
         assert_eq!(decoded.headers(), map);
-        assert_eq!(
-            decoded.header_block().weight(),
-            stored.header_block().weight()
-        );
         assert_eq!(&decoded.body()[..], b"ok");
 
         // Any other spelling is held as it came.
         for other in ["sha-256=:AAAA:", "sha-512=:AAAA:"] {
             let mut map = HeaderMap::new();
             map.append(&IDEMPOTENT_REQUEST_DIGEST, HeaderValue::from_static(other));
-            let block = HeaderBlock::of(&map);
-            assert_eq!(block.weight(), entry_size(25, other.len()));
-            assert_eq!(block.to_map(), map);
+            let stored = StoredResponse::of_block(
+                StatusCode::OK,
+                Version::HTTP_11,
+                HeaderBlock::of(&map),
+                bytes::Bytes::new(),
+            );
+            assert_eq!(stored.header_block().weight(), entry_size(25, other.len()));
+            assert_eq!(stored.headers(), map);
         }
     }
 

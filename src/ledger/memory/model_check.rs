@@ -562,14 +562,13 @@ fn a_neighbours_settle_wakes_a_waiter_for_nothing() {
 fn fill_for_eviction(store: &MemoryStore, padding: usize) {
     let unprotected = request(Key(1), Token(1), LONG).with_protected_window(Duration::ZERO);
     ready(store.begin(unprotected)).expect("claim");
-    let padded = Outcome::Response(StoredResponse::new(
-        StatusCode::CREATED,
-        Version::HTTP_11,
-        HeaderMap::new(),
-        Bytes::from(vec![b'.'; padding]),
-    ));
-    ready(store.complete(ledger_key(Key(1)), lease_token(Token(1)), padded, LONG))
-        .expect("complete");
+    ready(store.complete(
+        ledger_key(Key(1)),
+        lease_token(Token(1)),
+        padded(padding),
+        LONG,
+    ))
+    .expect("complete");
     ready(store.begin(request(Key(2), Token(2), LONG))).expect("claim");
     ready(store.complete(
         ledger_key(Key(2)),
@@ -581,6 +580,41 @@ fn fill_for_eviction(store: &MemoryStore, padding: usize) {
     ready(store.begin(request(Key(3), Token(3), LONG))).expect("claim");
 }
 
+/// A budget (and key 1's padding) with room for exactly one new claim once key 1 is
+/// evicted, and for none before, even once key 3 completes: a completion gives its frozen
+/// request back, so it makes some room, less than a claim.
+fn room_for_one_claim_by_evicting_key_1() -> (u64, usize) {
+    let scratch = MemoryStore::new();
+    ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
+    let claim = scratch.weighted_size();
+    // Key 1 outweighs what completing key 3 frees (less than a claim).
+    let padding = 2 * claim as usize;
+    let scratch = MemoryStore::new();
+    fill_for_eviction(&scratch, padding);
+    let full = scratch.weighted_size();
+    let alone = MemoryStore::new();
+    let unprotected = request(Key(1), Token(1), LONG).with_protected_window(Duration::ZERO);
+    ready(alone.begin(unprotected)).expect("claim");
+    ready(alone.complete(
+        ledger_key(Key(1)),
+        lease_token(Token(1)),
+        padded(padding),
+        LONG,
+    ))
+    .expect("complete");
+    let key_1 = alone.weighted_size();
+    (full - key_1 + claim, padding)
+}
+
+fn padded(padding: usize) -> Outcome {
+    Outcome::Response(StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from(vec![b'.'; padding]),
+    ))
+}
+
 fn state(store: &MemoryStore, key: Key) -> Option<RecordState> {
     ready(store.inspect(ledger_key(key)))
         .expect("inspect")
@@ -588,22 +622,18 @@ fn state(store: &MemoryStore, key: Key) -> Option<RecordState> {
 }
 
 /// A full store, room for one more claim only by evicting key 1: a new key's claim, a
-/// claim on key 1 itself and the completion of key 3 race for it. Whatever the order, the
-/// protected record and the open one stay, one claim gets the room, and the books balance.
+/// claim on key 1 itself and the completion of key 3 (which frees less than a claim) race
+/// for it. Whatever the order, the protected record and the open one stay, one claim gets
+/// the room, and the books balance.
 #[test]
 fn eviction_spares_open_and_protected_records() {
     explore(
         "eviction_spares_open_and_protected_records",
         Some(2),
         || {
-            let scratch = MemoryStore::new();
-            fill_for_eviction(&scratch, 0);
-            let full = scratch.weighted_size();
-            ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
-            let claim = scratch.weighted_size() - full;
-
-            let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
-            fill_for_eviction(&store, 0);
+            let (budget, padding) = room_for_one_claim_by_evicting_key_1();
+            let store = MemoryStore::builder().max_bytes(budget).build();
+            fill_for_eviction(&store, padding);
             let claimer = |key: Key, token: Token| {
                 let store = store.clone();
                 loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))
@@ -671,14 +701,9 @@ fn eviction_spares_open_and_protected_records() {
 #[test]
 fn two_claims_race_for_one_eviction() {
     explore("two_claims_race_for_one_eviction", None, || {
-        let scratch = MemoryStore::new();
-        fill_for_eviction(&scratch, 0);
-        let full = scratch.weighted_size();
-        ready(scratch.begin(request(Key(4), Token(4), LONG))).expect("claim");
-        let claim = scratch.weighted_size() - full;
-
-        let store = MemoryStore::builder().max_bytes(full + claim / 2).build();
-        fill_for_eviction(&store, 0);
+        let (budget, padding) = room_for_one_claim_by_evicting_key_1();
+        let store = MemoryStore::builder().max_bytes(budget).build();
+        fill_for_eviction(&store, padding);
         let claimer = |key: Key, token: Token| {
             let store = store.clone();
             loom::thread::spawn(move || ready(store.begin(request(key, token, LONG))))

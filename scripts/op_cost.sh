@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deterministic per-operation cost of every variant of examples/op_cost.rs: instructions
+# Deterministic per-operation cost of every variant of benches/op_cost.rs: instructions
 # (callgrind Ir) and allocations, each over its baseline.
 #
 #   scripts/op_cost.sh                      # every variant (a few minutes)
@@ -46,9 +46,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 started=$SECONDS
 
 # --- Build once -------------------------------------------------------------------------
-echo "op_cost.sh: building examples/op_cost (release)..." >&2
-bin=$(cargo build --release --example op_cost --message-format=json-render-diagnostics |
-    sed -n 's/.*"executable":"\([^"]*\/op_cost\)".*/\1/p' | tail -n 1)
+echo "op_cost.sh: building benches/op_cost (release)..." >&2
+bin=$(cargo bench --no-run --bench op_cost --message-format=json-render-diagnostics |
+    sed -n 's/.*"executable":"\([^"]*\/op_cost-[0-9a-f]*\)".*/\1/p' | tail -n 1)
 [[ -n $bin && -x $bin ]] || die "could not find the built op_cost binary"
 outdir=${OP_COST_OUT:-$(dirname "$bin")/../op_cost}
 mkdir -p "$outdir"

@@ -21,7 +21,7 @@
 //!
 //! For each, requests/s and the server thread's CPU time per request (from
 //! `/proc/self/task/<tid>/schedstat`, read at the start and end of the measured window, as
-//! `examples/loopback_bench.rs` does). Ratios and deltas compare a variant with `bare` in the
+//! `benches/loopback_bench.rs` does). Ratios and deltas compare a variant with `bare` in the
 //! same round and phase; the table prints medians over rounds.
 //!
 //! Then the duplicates probe: per variant, 64 requests with the same key and body, each on a

@@ -1,7 +1,7 @@
 //! A yardstick for the client layer, not one of its code paths: the least a client layer
 //! that keeps the ledger's promise does per operation, written as plainly as the crate's
-//! public parts allow. `examples/op_cost.rs` counts its instructions and allocations
-//! (`client_floor`, `client_floor_replay`, `stack_floor`) and `examples/loopback_bench.rs`
+//! public parts allow. `benches/op_cost.rs` counts its instructions and allocations
+//! (`client_floor`, `client_floor_replay`, `stack_floor`) and `benches/loopback_bench.rs`
 //! runs it over hyper (`client_floor`), so that the layer's figures can be read against
 //! what the work itself costs.
 

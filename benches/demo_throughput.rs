@@ -2,7 +2,7 @@
 //! against `LEDGER=postgres` (transactional mode, charges in a table), in one run.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --release --features postgres --example demo_throughput
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo bench --features postgres --bench demo_throughput
 //! ```
 //!
 //! Both services run in this process on one runtime, on loopback, and are driven in
@@ -13,7 +13,7 @@
 //! Prints requests per second per round, and the medians. The memory ledger gets a budget
 //! no run fills.
 
-#[path = "axum_server.rs"]
+#[path = "../examples/axum_server.rs"]
 #[allow(dead_code)]
 mod axum_server;
 

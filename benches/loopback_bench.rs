@@ -1,8 +1,8 @@
 //! End-to-end cost of the layers over real HTTP on loopback.
 //!
 //! ```text
-//! cargo run --release --example loopback_bench
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --features redis --example loopback_bench
+//! cargo bench --bench loopback_bench
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo bench --features redis --bench loopback_bench
 //! ```
 //!
 //! axum servers and a hyper-util client in one process, each side on its own tokio runtime
@@ -52,7 +52,6 @@
 //! `LOOPBACK_VARIANTS` (a comma-separated subset, with their baselines; prefix `=` for
 //! exactly that subset), `LOOPBACK_TOPOLOGY=shared` (one two-worker runtime for both sides).
 
-#[path = "../benches/common/mod.rs"]
 mod common;
 
 use common::{json_body, key_header};

@@ -1,8 +1,8 @@
 //! Peak memory of a `MemoryStore` capped at 128 MiB after 1M distinct completed operations.
 //!
 //! ```text
-//! cargo run --release --example memory_footprint            # every scenario
-//! cargo run --release --example memory_footprint -- client  # one of them
+//! cargo bench --bench memory_footprint            # every scenario
+//! cargo bench --bench memory_footprint -- client  # one of them
 //! ```
 //!
 //! Each scenario runs in a child process of its own, so that its peak resident set
@@ -22,7 +22,6 @@
 //! stdout: one line per scenario,
 //! `memory: scenario=<name> ops=<n> cap_mib=128 baseline_mib=<b> peak_mib=<p> growth_mib=<p-b> growth_over_cap=<r> ...`.
 
-#[path = "../benches/common/mod.rs"]
 mod common;
 
 use std::convert::Infallible;
@@ -329,7 +328,7 @@ fn run(scenario: &str) {
 }
 
 fn main() {
-    if let Some(scenario) = std::env::args().nth(1) {
+    if let Some(scenario) = std::env::args().skip(1).find(|a| a != "--bench") {
         run(&scenario);
         return;
     }

@@ -2,7 +2,7 @@
 //! (`begin` + `complete`) and per replay (`begin`), against `DATABASE_URL`.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --release --features postgres --example postgres_op_cost
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo bench --features postgres --bench postgres_op_cost
 //! ```
 //!
 //! Then the transactional server mode: a handler inserting one row through the request's

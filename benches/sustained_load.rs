@@ -2,9 +2,9 @@
 //! default**, as the README wires them: does the default `MemoryStore` keep up indefinitely?
 //!
 //! ```text
-//! cargo run --release --example sustained_load                     # both faces, side by side
-//! cargo run --release --example sustained_load -- server           # one face
-//! cargo run --release --example sustained_load -- both --secs 60   # a shorter run
+//! cargo bench --bench sustained_load                     # both faces, side by side
+//! cargo bench --bench sustained_load -- server           # one face
+//! cargo bench --bench sustained_load -- both --secs 60   # a shorter run
 //! ```
 //!
 //! - `server`: `IdempotencyLayer::server(MemoryStore::new())` over a handler answering `201`
@@ -283,7 +283,7 @@ fn on_own_runtime(run: impl std::future::Future<Output = ()>) {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let (mut which, mut secs) = ("both".to_owned(), None);
     let (mut server_rate, mut client_rate) = (2000, 1000);
     while let Some(arg) = args.next() {

@@ -2,7 +2,7 @@
 //! that callgrind can count its instructions, and a counting allocator for allocations.
 //!
 //! ```text
-//! cargo build --release --example op_cost
+//! cargo bench --bench op_cost -- list  # the variants, one a line (built in release)
 //! op_cost list                        # the variants, one a line
 //! op_cost <variant> <N>               # set the variant up, then run N operations
 //! op_cost <variant> 0                 # the setup alone
@@ -59,7 +59,6 @@
 //! bytes_per_op=<y> evictions=<e> refused=<r>` (the last two from the variant's store, over
 //! the loop; `-` without one).
 
-#[path = "../benches/common/mod.rs"]
 mod common;
 
 use common::floor::{Floor, FloorService};
@@ -793,7 +792,7 @@ fn check_variant(variant: &str) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["list"] => {

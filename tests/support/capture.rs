@@ -1,8 +1,7 @@
 //! Test support: capture what `tracing` logs, to assert on warnings.
 //!
 //! ```ignore
-//! #[path = "support/capture.rs"]
-//! mod capture;
+//! use crate::support::capture;
 //!
 //! let (logs, _default) = capture::warnings();
 //! // … run the code under test on this thread …

@@ -1,8 +1,7 @@
 //! Test support: a ledger that is never there, every call answered `unavailable`.
 //!
 //! ```ignore
-//! #[path = "support/down.rs"]
-//! mod down;
+//! use crate::support::down;
 //!
 //! let layer = IdempotencyLayer::server_builder(down::DownStore).fail_open(true).build()?;
 //! ```

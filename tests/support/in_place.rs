@@ -3,8 +3,7 @@
 //! place too.
 //!
 //! ```ignore
-//! #[path = "support/in_place.rs"]
-//! mod in_place;
+//! use crate::support::in_place;
 //!
 //! let answer = in_place::at_once(memory_store.begin(request));
 //! ```

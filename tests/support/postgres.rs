@@ -1,10 +1,9 @@
 //! Test support: a private PostgreSQL server per test, stopped when the test ends.
 //!
-//! Include it from any test file:
+//! Use it from any test module:
 //!
 //! ```ignore
-//! #[path = "support/postgres.rs"]
-//! mod postgres_support;
+//! use crate::support::postgres as postgres_support;
 //!
 //! #[tokio::test]
 //! async fn uses_postgres() {
@@ -30,7 +29,7 @@
 //!
 //! The machine's own PostgreSQL (127.0.0.1:5432, if any) is never used implicitly.
 //!
-//! Only the standard library and tokio are used, so any test file can include this module
+//! Only the standard library and tokio are used, so any test module can use it
 //! whatever features it is built with.
 #![allow(dead_code)]
 

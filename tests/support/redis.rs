@@ -1,10 +1,9 @@
 //! Test support: a private `redis-server` per test, killed when the test ends.
 //!
-//! Include it from any test file:
+//! Use it from any test module:
 //!
 //! ```ignore
-//! #[path = "support/redis.rs"]
-//! mod redis_support;
+//! use crate::support::redis as redis_support;
 //!
 //! #[tokio::test]
 //! async fn uses_redis() {
@@ -27,7 +26,7 @@
 //! The machine's own Redis (127.0.0.1:6379, if any) is never used implicitly: private
 //! servers listen on a free loopback port, with persistence off.
 //!
-//! Only the standard library and tokio are used, so any test file can include this module
+//! Only the standard library and tokio are used, so any test module can use it
 //! whatever features it is built with.
 #![allow(dead_code)]
 

@@ -1,8 +1,7 @@
 //! Test support: a private Redis Cluster per test binary (or per test), killed when dropped.
 //!
 //! ```ignore
-//! #[path = "support/redis_cluster.rs"]
-//! mod cluster_support;
+//! use crate::support::redis_cluster as cluster_support;
 //!
 //! #[tokio::test]
 //! async fn uses_a_cluster() {

@@ -8,10 +8,8 @@
 //! the client's retry must charge once and get the real response.
 #![cfg(all(feature = "postgres", feature = "axum"))]
 
-#[path = "../examples/axum_server.rs"]
-mod axum_server;
-#[path = "support/postgres.rs"]
-mod postgres_support;
+use crate::support::axum_server;
+use crate::support::postgres as postgres_support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -68,7 +66,7 @@ impl DemoServer {
     fn start(url: &str, schema: &str, hold: Duration) -> Self {
         let mut child = Command::new(std::env::current_exe().expect("this test binary"))
             .args([
-                "demo_server_process",
+                test_name("demo_server_process").as_str(),
                 "--exact",
                 "--nocapture",
                 "--test-threads=1",
@@ -351,4 +349,12 @@ async fn replicas_starting_together_on_a_fresh_database_all_start() {
     assert!(head.contains("idempotent-replayed: true"), "{head}");
     assert_eq!(replayed, charged);
     assert_eq!(charges_of(&url, &order).await.len(), 1);
+}
+
+/// The libtest name of a test in this module: its path inside the test binary, which the
+/// binary's crate name does not prefix.
+fn test_name(function: &str) -> String {
+    let module = module_path!();
+    let in_binary = module.split_once("::").map_or(module, |(_, rest)| rest);
+    format!("{in_binary}::{function}")
 }

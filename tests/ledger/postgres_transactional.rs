@@ -4,8 +4,7 @@
 //! `PostgresTransaction` commits with the recorded response, or neither does.
 #![cfg(all(feature = "postgres", feature = "axum"))]
 
-#[path = "support/postgres.rs"]
-mod postgres_support;
+use crate::support::postgres as postgres_support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

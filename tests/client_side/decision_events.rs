@@ -3,8 +3,7 @@
 //! with tests that log through the same callsites under other subscribers, or none.
 #![cfg(feature = "test-util")]
 
-#[path = "support/capture.rs"]
-mod capture;
+use crate::support::capture;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! binary of its own: `tracing`'s level filter is global, so each level this test sets
 //! must be the only one alive in the process while it runs.
 
-#[path = "support/capture.rs"]
-mod capture;
+use crate::support::capture;
 
 use std::convert::Infallible;
 

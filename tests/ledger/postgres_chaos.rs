@@ -12,8 +12,7 @@
 //! `support/postgres.rs`), whatever `DATABASE_URL` says.
 #![cfg(all(feature = "postgres", feature = "axum"))]
 
-#[path = "support/postgres.rs"]
-mod postgres_support;
+use crate::support::postgres as postgres_support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -5,11 +5,9 @@
 //! are skipped with a notice, and fail instead when `REQUIRE_REDIS=1`.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
-#[path = "../examples/axum_server.rs"]
-mod axum_server;
+use crate::support::axum_server;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -95,7 +93,7 @@ fn spawn_child(
 ) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
-            "orchestrator_child_process",
+            test_name("orchestrator_child_process").as_str(),
             "--exact",
             "--nocapture",
             "--test-threads=1",
@@ -297,4 +295,12 @@ async fn two_instances_sharing_redis_charge_once_for_sixty_four_concurrent_reque
         charges += listed.len();
     }
     assert_eq!(charges, 1, "exactly one charge across both replicas");
+}
+
+/// The libtest name of a test in this module: its path inside the test binary, which the
+/// binary's crate name does not prefix.
+fn test_name(function: &str) -> String {
+    let module = module_path!();
+    let in_binary = module.split_once("::").map_or(module, |(_, rest)| rest);
+    format!("{in_binary}::{function}")
 }

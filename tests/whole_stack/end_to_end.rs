@@ -1,8 +1,7 @@
 //! Both faces together over real TCP: the client stack (idempotency outside, frozen retry
 //! inside, hyper-util) against the demo payments service (axum with the server layer).
 
-#[path = "../examples/axum_server.rs"]
-mod axum_server;
+use crate::support::axum_server;
 
 use std::time::Duration;
 

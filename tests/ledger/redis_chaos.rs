@@ -7,8 +7,7 @@
 //! never charged twice, never stuck answering `409` or `500 outcome-unknown`.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -21,16 +21,13 @@
 #![cfg(feature = "test-util")]
 
 #[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 #[cfg(feature = "redis-cluster")]
-#[path = "support/redis_cluster.rs"]
-mod cluster_support;
+use crate::support::redis_cluster as cluster_support;
 
 #[cfg(feature = "postgres")]
-#[path = "support/postgres.rs"]
-mod postgres_support;
+use crate::support::postgres as postgres_support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -3,14 +3,11 @@
 //! through the same callsites without a subscriber.
 #![cfg(feature = "test-util")]
 
-#[path = "support/capture.rs"]
-mod capture;
+use crate::support::capture;
 
-#[path = "support/in_place.rs"]
-mod in_place;
+use crate::support::in_place;
 
-#[path = "support/orders.rs"]
-mod orders;
+use crate::support::orders;
 
 use orders::{fast_policy, post, source, ORDERS};
 

@@ -10,17 +10,13 @@
 //! (`REQUIRE_REDIS=1` makes that a failure).
 #![cfg(all(feature = "redis-cluster", feature = "test-util"))]
 
-#[path = "support/redis_cluster.rs"]
-mod cluster_support;
+use crate::support::redis_cluster as cluster_support;
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
-#[path = "support/orders.rs"]
-mod orders;
+use crate::support::orders;
 
-#[path = "support/capture.rs"]
-mod capture;
+use crate::support::capture;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

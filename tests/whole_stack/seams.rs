@@ -7,15 +7,12 @@
 //! against Redis, which judges leases by its own clock.
 #![cfg(feature = "test-util")]
 
-#[path = "support/redis.rs"]
 #[cfg(feature = "redis")]
-mod redis_support;
+use crate::support::redis as redis_support;
 
-#[path = "support/orders.rs"]
-mod orders;
+use crate::support::orders;
 
-#[path = "support/in_place.rs"]
-mod in_place;
+use crate::support::in_place;
 
 use orders::{fast_policy, op, post, source, ORDERS};
 

@@ -4,10 +4,8 @@
 //! Nothing here sleeps to wait: tests wait on what they are waiting for (a handler started,
 //! the ledger settled a lease), through `watch` channels the test doubles publish.
 
-#[path = "../examples/axum_server.rs"]
-mod axum_server;
-#[path = "support/down.rs"]
-mod down;
+use crate::support::axum_server;
+use crate::support::down;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

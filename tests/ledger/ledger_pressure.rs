@@ -5,8 +5,7 @@
 //! global (see tests/log_warnings.rs), so every test here logs through a capture.
 #![cfg(feature = "test-util")]
 
-#[path = "support/capture.rs"]
-mod capture;
+use crate::support::capture;
 
 use std::time::Duration;
 

@@ -6,8 +6,7 @@
 //! schema. PostgreSQL judges leases by its own clock, so the suite sleeps for real.
 #![cfg(all(feature = "postgres", feature = "test-util"))]
 
-#[path = "support/postgres.rs"]
-mod postgres_support;
+use crate::support::postgres as postgres_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! The client `IdempotencyLayer`, over the public API.
 #![cfg(feature = "test-util")]
 
-#[path = "support/down.rs"]
-mod down;
+use crate::support::down;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

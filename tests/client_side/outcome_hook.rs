@@ -2,8 +2,7 @@
 //! its last decision, the status when there was one, the key's digest and the time taken.
 #![cfg(feature = "test-util")]
 
-#[path = "support/orders.rs"]
-mod orders;
+use crate::support::orders;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

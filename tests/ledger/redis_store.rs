@@ -6,11 +6,9 @@
 //! `redis-server` they are skipped with a notice (`REQUIRE_REDIS=1` makes that a failure).
 #![cfg(feature = "redis")]
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
-#[path = "support/capture.rs"]
-mod capture;
+use crate::support::capture;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -25,9 +25,8 @@
 //! shrunk case and proptest's seed.
 #![cfg(feature = "test-util")]
 
-#[path = "support/redis.rs"]
 #[cfg(feature = "redis")]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::collections::HashMap;
 #[cfg(feature = "redis")]

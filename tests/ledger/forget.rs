@@ -5,8 +5,7 @@
 //! model-based tests.
 #![cfg(feature = "test-util")]
 
-#[path = "support/capture.rs"]
-mod capture;
+use crate::support::capture;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -7,10 +7,8 @@
 //! through each configuration the builder accepts.
 #![cfg(feature = "test-util")]
 
-#[path = "support/down.rs"]
-mod down;
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::down;
+use crate::support::redis as redis_support;
 
 use std::convert::Infallible;
 use std::sync::Arc;

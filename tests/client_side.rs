@@ -1,0 +1,18 @@
+//! The client face and the retry layer: operations, retries, reconciling doubt, the reqwest
+//! adapters, randomized faults.
+//!
+//! One test binary per area; each file below is a module of it.
+
+mod support;
+
+mod client_side {
+    mod client;
+    mod decision_events;
+    mod fault_matrix;
+    mod outcome_hook;
+    mod randomized;
+    mod reconcile;
+    mod reqwest;
+    mod reqwest_middleware;
+    mod retry;
+}

@@ -129,16 +129,16 @@ pub mod reqwest;
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
 pub mod reqwest_middleware;
 pub mod retry;
+pub mod server;
 
 pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
-pub use idempotency::{
-    BusyPolicy, DriftPolicy, IdempotencyLayer, InDoubtPolicy, ResponseSource, ServerErrorPolicy,
-};
+pub use idempotency::{BusyPolicy, DriftPolicy, IdempotencyLayer, ResponseSource};
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
 pub use retry::FrozenRetryLayer;
+pub use server::{InDoubtPolicy, ServerBuilder, ServerErrorPolicy, ServerLayer};
 
 /// A type-erased error, as tower uses.
 pub type BoxError = tower::BoxError;

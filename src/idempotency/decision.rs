@@ -85,6 +85,24 @@ pub enum Decision {
     Reconciled,
 }
 
+/// How a `begin` answer is logged (the server face's; the client face logs the same).
+impl Decision {
+    pub(crate) fn of_begin(answer: &crate::ledger::Begin) -> Self {
+        use crate::ledger::Begin;
+        match answer {
+            Begin::Acquired { .. } => Self::Acquired,
+            Begin::Resume { .. } => Self::Resumed,
+            Begin::Replay(_) => Self::Replayed,
+            Begin::Busy { .. } => Self::Busy,
+            Begin::InDoubt => Self::InDoubt,
+            Begin::Drift { .. } | Begin::DriftFields { .. } => Self::Drift,
+            // Answers added later are refused like an in-doubt operation.
+            #[allow(unreachable_patterns)]
+            _ => Self::InDoubt,
+        }
+    }
+}
+
 impl Decision {
     const ALL: [Self; 10] = [
         Self::Acquired,

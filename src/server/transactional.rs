@@ -12,7 +12,10 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::RequestBody;
-use super::{outcome, problem, recording, settled, ServerFace};
+use super::face::ServerFace;
+use super::problem;
+use super::replay::recording;
+use super::report::{outcome, settled};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, ResponseBody};
 use crate::idempotency::engine::BusyPolicy;

@@ -17,10 +17,15 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RequestBody;
-use super::{problem, recording, settled, Owned, Report, ServerErrorPolicy, ServerFace};
+use super::face::ServerFace;
+use super::policy::ServerErrorPolicy;
+use super::problem;
+use super::replay::recording;
+use super::report::{settled, Report};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal};
+use crate::ledger::{LeaseToken, LedgerKey};
 use crate::BoxError;
 
 /// What the handler's part answers.
@@ -29,6 +34,25 @@ type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 /// The rare ends of a handler's part, boxed: settling through a store that awaits, after a
 /// failure, or the transactional mode.
 type Finishing<B, E> = Pin<Box<dyn Future<Output = Answer<B, E>> + Send>>;
+
+/// The transaction a claim was made in (transactional mode), if any. Dropped unused (a
+/// replay, a refusal) it rolls back.
+#[cfg(feature = "postgres")]
+pub(super) type Transaction = Option<crate::ledger::postgres::OpenTransaction>;
+#[cfg(not(feature = "postgres"))]
+pub(super) type Transaction = Option<std::convert::Infallible>;
+
+/// What running the handler as the key's owner needs.
+pub(super) struct Owned<S, B> {
+    /// The instance our caller polled ready (taken in `call`).
+    pub(super) inner: S,
+    pub(super) server: Arc<ServerFace>,
+    pub(super) key: (LedgerKey, BodyDigest),
+    pub(super) token: LeaseToken,
+    pub(super) transaction: Transaction,
+    pub(super) request: Request<RequestBody<B>>,
+    pub(super) report: Report,
+}
 
 /// Start the handler's part: the handler is called here, as the key's owner.
 pub(super) fn handle<S, B, ResBody>(owned: Owned<S, B>) -> Execute<S::Future, ResBody, S::Error>
@@ -179,18 +203,10 @@ where
                     this.step.set(Step::Done);
                     return Poll::Ready(this.report.answer(answered));
                 }
-                StepProj::Done => panic!("ServerFuture polled after completion"),
+                StepProj::Done => panic!("ResponseFuture polled after completion"),
             };
             this.step.set(next);
         }
-    }
-}
-
-impl Report {
-    /// Tell the hook what the request was answered, and pass the answer on.
-    fn answer<T, E>(&self, answered: Result<Response<T>, E>) -> Result<Response<T>, E> {
-        self.answered(&answered);
-        answered
     }
 }
 

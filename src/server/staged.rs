@@ -11,19 +11,11 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::admit::Admit;
+use super::admit::{Admit, Admitted};
 use super::body::RequestBody;
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::RequestSpan;
 use crate::BoxError;
-
-/// How the ledger's part of a keyed request ended.
-pub(super) enum Admitted<R, O> {
-    /// Answered without the handler: a replay, a refusal, a conflict.
-    Answer(R),
-    /// The key is this request's: its handler's part, started.
-    Handle(O),
-}
 
 pin_project! {
     /// A keyed request: the ledger's part ([`Admit`]) held in place, so a replay or a
@@ -101,7 +93,7 @@ where
                     this.stage.set(Stage::Done);
                     return Poll::Ready(answer);
                 }
-                StageProj::Done => panic!("ServerFuture polled after completion"),
+                StageProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
     }
@@ -159,7 +151,7 @@ impl<R> Detaching<R> {
         let future = self
             .future
             .as_mut()
-            .expect("ServerFuture polled after completion");
+            .expect("ResponseFuture polled after completion");
         self.polling = true;
         let polled = future.as_mut().poll(cx);
         self.polling = false;

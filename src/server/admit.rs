@@ -21,16 +21,18 @@ use tower_service::Service;
 
 use super::body::RequestBody;
 use super::execute::{self, Execute};
-use super::staged::Admitted;
-use super::{
-    call, original_target, outcome, problem, replay, verified_body_digest, InDoubtPolicy, Owned,
-    Report, ServerFace, Transaction, IDEMPOTENCY_FAIL_OPEN,
-};
+use super::execute::{Owned, Transaction};
+use super::face::ServerFace;
+use super::head::{original_target, verified_body_digest};
+use super::policy::InDoubtPolicy;
+use super::problem;
+use super::replay::replay;
+use super::report::{outcome, Report};
+use super::IDEMPOTENCY_FAIL_OPEN;
 use crate::digest::{BodyDigest, DigestError};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::CollectRequest;
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::client::decision_of;
 use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
 use crate::key::HeaderKey;
 use crate::ledger::{Begin, BeginRequest, LedgerKey, StoreError};
@@ -65,6 +67,25 @@ pub(super) type Handling<S, B, ResB> = Pin<
         >,
     >,
 >;
+
+/// How the ledger's part of a keyed request ended.
+pub(super) enum Admitted<R, O> {
+    /// Answered without the handler: a replay, a refusal, a conflict.
+    Answer(R),
+    /// The key is this request's: its handler's part, started.
+    Handle(O),
+}
+
+async fn call<S, B, ResBody>(
+    mut inner: S,
+    request: Request<RequestBody<B>>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
+{
+    // `inner` is the instance our caller polled ready (taken in `call`).
+    inner.call(request).await
+}
 
 pin_project! {
     /// The ledger's part of one keyed request (see the module docs).
@@ -204,7 +225,7 @@ where
                     report.answered(&answered);
                     return done(this.step, Admitted::Answer(answered));
                 }
-                StepProj::Done => panic!("ServerFuture polled after completion"),
+                StepProj::Done => panic!("ResponseFuture polled after completion"),
             };
             match next {
                 Next::Step(step) => this.step.set(step),
@@ -394,7 +415,7 @@ where
             return answered_by(report, problem::ledger_unavailable(server.retry_after));
         }
     };
-    report.track.decided(decision_of(&answer));
+    report.track.decided(Decision::of_begin(&answer));
     let token = match answer {
         Begin::Acquired { token } => {
             outcome("executed");

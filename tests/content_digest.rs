@@ -20,7 +20,7 @@ use sha2::{Digest, Sha512};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::digest::{BodyDigest, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST};
-use tower_idempotency::idempotency::problem;
+use tower_idempotency::server::problem;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::{IdempotencyLayer, OperationId};
 

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
-use tower_idempotency::idempotency::{problem, ServerBuilder};
+use tower_idempotency::server::{problem, ServerBuilder};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, Settled,
     StoreFuture,

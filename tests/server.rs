@@ -41,7 +41,7 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_idempotency::digest::BodyDigest;
-use tower_idempotency::idempotency::{problem, ServerBuilder};
+use tower_idempotency::server::{problem, ServerBuilder};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
@@ -460,7 +460,7 @@ impl Fixture {
         configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
         assemble: impl FnOnce(
             Router,
-            IdempotencyLayer<tower_idempotency::idempotency::ServerFace>,
+            IdempotencyLayer<tower_idempotency::server::ServerFace>,
         ) -> Router,
     ) -> Self {
         let ledger = CountingStore::new();

@@ -216,7 +216,7 @@ pub static IDEMPOTENCY_FAIL_OPEN: HeaderName = HeaderName::from_static("idempote
 /// [`ServerBuilder::build`] return it.
 ///
 /// ```
-/// use tower_idempotency::{server::ServerLayer, ledger::MemoryStore, IdempotencyLayer};
+/// use tower_idempotency::{ledger::MemoryStore, server::ServerLayer, IdempotencyLayer};
 ///
 /// let layer: ServerLayer = IdempotencyLayer::server(MemoryStore::new());
 /// # let _ = layer;

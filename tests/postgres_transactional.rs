@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use tower_idempotency::server::ServerFace;
 use tower_idempotency::ledger::{PostgresStore, PostgresTransaction};
+use tower_idempotency::server::ServerFace;
 use tower_idempotency::{BusyPolicy, IdempotencyLayer};
 
 /// A store on a fresh schema, with a `notes` table beside the ledger.

@@ -4,6 +4,38 @@
 //! A future of its own rather than an `async fn`: nested `async fn`s each keep a copy of
 //! what they are handed, and the request's future (boxed, moved as it is built) carried
 //! every one of them.
+//!
+//! # The lease, and the order of settling
+//!
+//! This request owns the key from the moment [`handle`] is called until the lease is
+//! settled by exactly one of: recording the response (`complete`), releasing the key
+//! (`abandon`, for a `5xx` under [`ServerErrorPolicy::Release`]), or leaving it in doubt
+//! (`mark_in_doubt`). The [`LeaseGuard`] is what makes "exactly one" hold whatever
+//! happens: each settle consumes it, and dropping it unsettled (a panic, a cancelled
+//! future) marks the key in doubt in the background. No path can forget the key in
+//! flight until its lease runs out, and none can settle it twice.
+//!
+//! Why each failure settles the way it does:
+//!
+//! - **The handler returned an error, or its body failed**: in doubt. The handler ran and
+//!   may have done its effect; nothing proves otherwise. Releasing would let a retry run
+//!   it a second time, the double effect this crate exists to stop.
+//! - **A `5xx` under `Release`**: released, because the application has declared that its
+//!   `5xx` means nothing happened. Under the default `Record` it is recorded like any
+//!   answer.
+//! - **The record could not be written**: the caller still gets the handler's answer (the
+//!   effect happened, and hiding its result would not undo it); the key reads in doubt
+//!   once the lease ends, so a retry is refused rather than run again.
+//!
+//! The response is recorded **before** it is returned. A client that saw an answer may
+//! retry (its connection dropped right after); the record is then already there to be
+//! replayed. Returned first, a retry racing the write would find the key in flight
+//! (`409`), and a crash in between would leave in doubt an operation whose answer was
+//! delivered.
+//!
+//! The lease is renewed while the handler runs **and** while its body is read: a large or
+//! slow response is still the owner's work, and a lease that ran out mid-body would let
+//! a duplicate take the key over (its late `complete` then refused as fenced).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,6 +75,9 @@ pub(super) type Transaction = Option<crate::ledger::postgres::OpenTransaction>;
 pub(super) type Transaction = Option<std::convert::Infallible>;
 
 /// What running the handler as the key's owner needs.
+///
+/// Built only in [`decide`](super::admit), from a `begin` that answered `Acquired` or
+/// `Resume`: holding one means the `token` is the key's current owner's.
 pub(super) struct Owned<S, B> {
     /// The instance our caller polled ready (taken in `call`).
     pub(super) inner: S,
@@ -171,7 +206,10 @@ where
                 StepProj::Calling { handling } => match handling.poll(cx) {
                     Poll::Ready(Ok(response)) => answered(this.server, this.lease, response),
                     Poll::Ready(Err(err)) => {
-                        // No response: the handler's fate is unknown.
+                        // No response: the handler's fate is unknown. Settled in a boxed
+                        // future because the store call may await; the error is returned
+                        // only once the key is marked, so a retry the caller fires at
+                        // once finds "in doubt", not a lease still running.
                         settled("in-doubt");
                         let lease = this.lease.take().expect("held while the handler runs");
                         Step::Finishing {
@@ -181,6 +219,8 @@ where
                             }),
                         }
                     }
+                    // Pending: the renewal timer is polled too, so the lease is renewed on
+                    // this task's wakeups, with no task of its own per request.
                     Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                 },
                 StepProj::Buffering { parts, buffer } => {
@@ -229,6 +269,8 @@ where
     E: Send + 'static,
 {
     if response.status().is_server_error() && server.server_errors == ServerErrorPolicy::Release {
+        // Released before the `5xx` is returned, for the reason a record is written first:
+        // the client's retry must find the key free, not still held by this request.
         settled("released");
         let lease = lease.take().expect("held while the handler runs");
         return Step::Finishing {
@@ -273,6 +315,9 @@ where
             }));
         }
     };
+    // Over the cap, a tombstone is recorded now and the body streams on afterwards: the
+    // rest of it cannot be held, and the retry must learn the handler ran (`410`) rather
+    // than run it again. A stream that fails after this point cannot change the record.
     let (recorded, body, how) = recording(server, &parts, buffered, digest);
     match lease.complete_in_place(recorded) {
         InPlace::Done(completed) => {

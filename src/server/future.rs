@@ -104,6 +104,8 @@ where
             FutureKind::Answer { .. } => "Answer",
             FutureKind::Keyed { .. } => "Keyed",
         };
-        f.debug_struct("ResponseFuture").field("kind", &kind).finish()
+        f.debug_struct("ResponseFuture")
+            .field("kind", &kind)
+            .finish()
     }
 }

@@ -237,4 +237,3 @@ pub type ServerLayer = IdempotencyLayer<ServerFace>;
 /// # let _ = service;
 /// ```
 pub type ServerService<S> = Idempotency<S, ServerFace>;
-

@@ -1,7 +1,6 @@
 //! The two choices only the application can make: what a handler's `5xx` means, and what
 //! to do with a key whose handler started and never finished.
 
-
 /// What to do with a `5xx` response from the handler.
 ///
 /// ```

@@ -95,6 +95,9 @@ where
             }
             let collect = CollectRequest::checked(parts, body, server.body_limit);
             let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
+            // The instance `poll_ready` readied goes with this request, and a fresh clone
+            // stays behind for the next `poll_ready`: the handler is called later, from
+            // another future, and tower only promises readiness for the instance polled.
             let clone = self.inner.clone();
             let inner = std::mem::replace(&mut self.inner, clone);
             let digest_sent = head.content_digest;

@@ -1,5 +1,26 @@
 //! A keyed request's future: the ledger's part in place, then the handler's part boxed,
 //! so that it can finish in the background when its client goes away.
+//!
+//! # Who may drop what, and what it leaves behind
+//!
+//! hyper drops a request's future when its connection closes. What that does to the key
+//! depends on the stage the future is in, and each stage is built so the answer is safe:
+//!
+//! - **In the ledger's part** ([`Admit`]): nothing of the handler ran. A body half read
+//!   or a refusal leaves the key unused; a claim whose answer never arrived is released by
+//!   the engine. The client's retry is a first request.
+//! - **In the handler's part, cancelling** (`cancel_on_disconnect(true)`): the boxed
+//!   future is dropped where it stands, and its lease guard marks the key in doubt at once.
+//!   In doubt, not released: the handler may have done part of its work, and only a
+//!   record of its outcome could say otherwise.
+//! - **In the handler's part, detaching** (the default): [`Detaching`]'s `Drop` moves the
+//!   boxed future to a task of its own, inside the request's span, where it finishes and
+//!   records its outcome. The retry then gets a replay rather than an unknown outcome.
+//!
+//! The handler's part is boxed for this move: a future held in place inside hyper's
+//! connection task cannot outlive it, but a `Pin<Box<_>>` can be handed to `spawn` as it
+//! is, mid-poll state and all. Spawning only on drop (rather than running every handler
+//! on a task up front) keeps the common request, whose client waits, free of a task.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,8 +41,9 @@ use crate::BoxError;
 pin_project! {
     /// A keyed request: the ledger's part ([`Admit`]) held in place, so a replay or a
     /// refusal allocates no future; once the key is owned, the handler's part
-    /// ([`Execute`](super::execute::Execute)), boxed so that it can move to a task of its own. Both run inside the
-    /// request's span.
+    /// ([`Execute`](super::execute::Execute)), boxed so that it can move to a task of its
+    /// own. Both run inside the request's span, entered on every poll, so that the events
+    /// of the store calls and of the handler land in it whichever task polls them.
     pub(super) struct Keyed<S, B, ResB>
     where
         S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
@@ -83,6 +105,8 @@ where
                         return Poll::Ready(answer);
                     }
                     Admitted::Handle(handling) => {
+                        // The span is cloned now, while the request's future still holds
+                        // it, so that a detached handler can finish in it after a drop.
                         let span = this.detach.then(|| this.span.clone().into_span());
                         let execute = Detaching::new(handling, span);
                         this.stage.set(Stage::Handle { execute });
@@ -108,7 +132,12 @@ where
 /// is then dropped where it stands (its lease guard puts the key in doubt at once) while
 /// the panic goes on to whatever catches it outside, as without this layer.
 pub(super) struct Detaching<R> {
+    // `None` once it finished: a drop after the answer has nothing to hand over.
     future: Option<Pin<Box<dyn Background<Output = R>>>>,
+    // Set across each poll of `future`. If `Drop` finds it set, the poll never returned:
+    // the future panicked mid-poll, and its state is whatever the panic left. Spawning it
+    // would poll a future that already panicked (a second panic, in a task nobody
+    // watches), so it is dropped instead, and its guard puts the key in doubt.
     polling: bool,
     /// The request's span, to finish in, when the layer lets a handler outlive its
     /// client; `None` when it cancels on disconnect.
@@ -163,9 +192,14 @@ impl<R> Detaching<R> {
 
 impl<R> Drop for Detaching<R> {
     fn drop(&mut self) {
+        // Finished, or cancelling on disconnect: the plain drop of `future` is the answer
+        // (nothing to do, or the lease guard inside marks the key in doubt).
         let (Some(future), Some(span)) = (self.future.take(), self.detach.take()) else {
             return;
         };
+        // Also when a panic unwinds through us from elsewhere (a layer outside panicked
+        // while holding this future): the process is in trouble, and a background task
+        // that outlives the panic is not what the operator expects. The key goes in doubt.
         if self.polling || std::thread::panicking() {
             return;
         }

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::HeaderValue;
+use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
@@ -61,15 +61,19 @@ use super::policy::InDoubtPolicy;
 use super::problem;
 use super::replay::replay;
 use super::report::{outcome, Report};
-use super::IDEMPOTENCY_FAIL_OPEN;
 use crate::digest::{BodyDigest, DigestError};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::CollectRequest;
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
+use crate::idempotency::decision::Decision;
 use crate::key::HeaderKey;
 use crate::ledger::{Begin, BeginRequest, LedgerKey, StoreError};
 use crate::BoxError;
+
+/// `Idempotency-Fail-Open: true` marks a response produced while the ledger was unavailable
+/// by a layer built with [`fail_open`](super::ServerBuilder::fail_open): the key was **not**
+/// checked, so a retry may run the handler again.
+pub static IDEMPOTENCY_FAIL_OPEN: HeaderName = HeaderName::from_static("idempotency-fail-open");
 
 /// What claiming a key came to, and the transaction it was made in (transactional mode).
 /// The transaction travels with the answer because in that mode the claim *is* the
@@ -232,7 +236,7 @@ where
                 StepProj::Reading { collect } => match std::task::ready!(collect.poll(cx)) {
                     Ok(read) => {
                         let key = this.key.take().expect("read once");
-                        let report = reporting(this.server, &key, *this.started);
+                        let report = Report::for_key(this.server, &key, *this.started);
                         let keys = (key, *this.ledger_key, *this.scope);
                         claim(
                             this.server,
@@ -295,28 +299,6 @@ where
 {
     step.set(Step::Done);
     Poll::Ready(admitted)
-}
-
-/// What the hook will hear of this request: every answer once the body is read is
-/// reported, refusals included.
-fn reporting(
-    server: &ServerFace,
-    key: &HeaderKey,
-    started: Option<tokio::time::Instant>,
-) -> Report {
-    // Kept for the decision events and the hook only when they could use it: it is a copy.
-    let hook = server.on_outcome.clone();
-    let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
-        .then(|| WireKey::Header(key.clone()));
-    let track = Track::new(Face::Server, wire);
-    if let Some(wire) = track.wire() {
-        decision::record_in_layer_span("key", tracing::field::display(decision::KeyDigest(wire)));
-    }
-    Report {
-        track,
-        hook,
-        started,
-    }
 }
 
 /// The answer to a body that is not what its `Content-Digest` says.

@@ -193,24 +193,15 @@ mod staged;
 #[cfg(feature = "postgres")]
 mod transactional;
 
-use http::header::HeaderName;
-
 use crate::idempotency::{Idempotency, IdempotencyLayer};
 
+pub use admit::IDEMPOTENCY_FAIL_OPEN;
 pub use body::RequestBody;
 pub use builder::ServerBuilder;
 pub use face::ServerFace;
 pub use future::ResponseFuture;
 pub use policy::{InDoubtPolicy, ServerErrorPolicy};
-
-/// `Idempotent-Replayed: true` marks a response replayed from the ledger: the handler was
-/// not called for this request.
-pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// `Idempotency-Fail-Open: true` marks a response produced while the ledger was unavailable
-/// by a layer built with [`fail_open`](ServerBuilder::fail_open): the key was **not**
-/// checked, so a retry may run the handler again.
-pub static IDEMPOTENCY_FAIL_OPEN: HeaderName = HeaderName::from_static("idempotency-fail-open");
+pub use replay::IDEMPOTENT_REPLAYED;
 
 /// The server [`IdempotencyLayer`], as [`IdempotencyLayer::server`] and
 /// [`ServerBuilder::build`] return it.

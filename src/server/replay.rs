@@ -11,10 +11,13 @@ use http::{HeaderMap, Response};
 use super::face::ServerFace;
 use super::problem;
 use super::report::outcome;
-use super::IDEMPOTENT_REPLAYED;
 use crate::digest::{BodyDigest, IDEMPOTENT_REQUEST_DIGEST};
 use crate::idempotency::body::{Buffered, ResponseBody};
 use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock, Outcome, StoredResponse};
+
+/// `Idempotent-Replayed: true` marks a response replayed from the ledger: the handler was
+/// not called for this request.
+pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The response headers recorded and replayed by default (documented on
 /// [`ServerBuilder::replay_headers`](super::ServerBuilder::replay_headers)).

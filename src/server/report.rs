@@ -3,7 +3,9 @@
 
 use http::Response;
 
-use crate::idempotency::decision::{record_in_layer_span, OutcomeHook, Track};
+use super::face::ServerFace;
+use crate::idempotency::decision::{self, record_in_layer_span, Face, OutcomeHook, Track, WireKey};
+use crate::key::HeaderKey;
 
 /// Record what the layer decided for this request (once per request).
 pub(super) fn outcome(what: &'static str) {
@@ -24,6 +26,31 @@ pub(super) struct Report {
 }
 
 impl Report {
+    /// What the hook will hear of the request with `key`: every answer once its body is
+    /// read is reported, refusals included.
+    pub(super) fn for_key(
+        server: &ServerFace,
+        key: &HeaderKey,
+        started: Option<tokio::time::Instant>,
+    ) -> Report {
+        // Kept for the decision events and the hook only when they could use it: it is a copy.
+        let hook = server.on_outcome.clone();
+        let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
+            .then(|| WireKey::Header(key.clone()));
+        let track = Track::new(Face::Server, wire);
+        if let Some(wire) = track.wire() {
+            decision::record_in_layer_span(
+                "key",
+                tracing::field::display(decision::KeyDigest(wire)),
+            );
+        }
+        Report {
+            track,
+            hook,
+            started,
+        }
+    }
+
     /// Tell the hook what the request was answered.
     pub(super) fn answered<T, E>(&self, answered: &Result<Response<T>, E>) {
         let status = answered.as_ref().ok().map(|response| response.status());

@@ -87,6 +87,8 @@
 //!   [`MemoryStore`](ledger::MemoryStore) (in process, byte-budgeted) and, with feature `redis`, `RedisStore`.
 //! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine with a client face and a
 //!   server face.
+//! - [`server`]: the server face, IETF `Idempotency-Key` semantics in front of handlers
+//!   ([`ServerBuilder`], RFC 9457 [`problem`](server::problem)s).
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
 //! - [`phase`]: whether a failed call may have reached the server.
 //! - `testing` (feature `test-util`): a fault-injecting provider double and the store

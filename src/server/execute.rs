@@ -110,6 +110,10 @@ where
     } = owned;
     match transaction {
         #[cfg(feature = "postgres")]
+        // A transaction means the claim was made inside it (transactional mode): the key
+        // is held by the transaction, not by a lease, so no guard and no renewal. The run
+        // is one `async fn` there, boxed at once: that mode pays a database round trip per
+        // request, and a box is nothing beside it.
         Some(transaction) => {
             let key = (key, digest);
             let execute = super::transactional::execute(
@@ -146,6 +150,11 @@ where
 
 pin_project! {
     /// The handler's part of a keyed request (see [`handle`]).
+    ///
+    /// Its steps move one way, `Calling` → `Buffering` → (`Finishing`) → `Done`, and the
+    /// lease moves with them: held in `lease` while the handler runs and its body is read,
+    /// taken out exactly once to be settled (in place, or inside a `Finishing` future). A
+    /// step that finds `lease` empty where it needs it is a bug, hence the `expect`s.
     pub(super) struct Execute<F, B, E> {
         server: Arc<ServerFace>,
         // Taken when the lease is settled (or handed to a finishing future).
@@ -228,6 +237,8 @@ where
                         Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                         Poll::Ready(buffered) => buffered.map_err(Into::<BoxError>::into),
                     };
+                    // The body is whole (or past the cap): the renewals stop here, since the
+                    // lease leaves `this.lease` to be settled, and an empty slot renews nothing.
                     let lease = this.lease.take().expect("held while the body is read");
                     let parts = parts.take().expect("taken once");
                     match record(this.server, lease, parts, buffered, this.digest) {
@@ -250,7 +261,9 @@ where
     }
 }
 
-/// Leave the key in doubt after a failure, saying so if even that fails.
+/// Leave the key in doubt after a failure, saying so if even that fails. A failed mark is
+/// still safe: the record stays in flight under a lease nobody renews, and reads as in
+/// doubt once the lease runs out, the same answer, later.
 async fn mark_in_doubt(lease: LeaseGuard) {
     if let Err(store_err) = lease.mark_in_doubt().await {
         tracing::warn!(%store_err, "could not mark the key in doubt");

@@ -153,6 +153,8 @@ trait Background: Future + Send {
 
 impl<F: Future + Send + 'static> Background for F {
     fn finish_in_background(self: Pin<Box<Self>>, span: tracing::Span) {
+        // Outside a tokio runtime there is nowhere to finish: the future is dropped here,
+        // and its lease guard leaves the key in doubt, the answer that is always safe.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(
                 async move {
@@ -176,6 +178,8 @@ impl<R> Detaching<R> {
         }
     }
 
+    // `polling` is set around the inner poll only, and cleared only when that poll
+    // returns: a panic inside leaves it set for `Drop` to see (see the field).
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<R> {
         let future = self
             .future

@@ -122,8 +122,8 @@ type Body = http_body_util::Full<bytes::Bytes>;
 /// The handler's own transaction with and without the transactional layer around it.
 async fn transactional(store: &PostgresStore) -> Result<(), BoxError> {
     use tower::{Layer, ServiceExt};
-    use tower_idempotency::idempotency::RequestBody;
     use tower_idempotency::ledger::PostgresTransaction;
+    use tower_idempotency::server::RequestBody;
     use tower_idempotency::IdempotencyLayer;
 
     let table = format!("{}.rows", store.schema());

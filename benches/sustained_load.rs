@@ -41,7 +41,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::idempotency::{DEFAULT_LEASE, DEFAULT_SERVER_PROTECTED_WINDOW};
+use tower_idempotency::idempotency::DEFAULT_LEASE;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{IdempotencyLayer, OperationId};
@@ -224,7 +224,8 @@ async fn run<S, B>(
 }
 
 fn server(rate: u64, secs: Option<u64>) {
-    let window = DEFAULT_LEASE + DEFAULT_SERVER_PROTECTED_WINDOW;
+    // The server builder's default protected window: the lease plus a minute.
+    let window = DEFAULT_LEASE + Duration::from_secs(60);
     let face = Face {
         name: "server",
         rate,

@@ -8,7 +8,7 @@
 //! The server face verifies the `Content-Digest` of a keyed request (one that goes through
 //! the ledger) when it carries one: a `sha-256`
 //! or `sha-512` member that does not match the body received is a `400`
-//! [`content-digest-mismatch`](crate::idempotency::problem::CONTENT_DIGEST_MISMATCH)
+//! [`content-digest-mismatch`](crate::server::problem::CONTENT_DIGEST_MISMATCH)
 //! before any lease is taken; members of other algorithms are ignored, as RFC 9530 §2
 //! allows; a request without the field is fingerprinted all the same. The verified SHA-256
 //! digest is the one the fingerprint is made of, so the body is hashed once.

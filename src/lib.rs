@@ -87,6 +87,8 @@
 //!   [`MemoryStore`](ledger::MemoryStore) (in process, byte-budgeted) and, with feature `redis`, `RedisStore`.
 //! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine with a client face and a
 //!   server face.
+//! - [`server`]: the server face, IETF `Idempotency-Key` semantics in front of handlers
+//!   ([`ServerBuilder`], RFC 9457 [`problem`](server::problem)s).
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
 //! - [`phase`]: whether a failed call may have reached the server.
 //! - `testing` (feature `test-util`): a fault-injecting provider double and the store
@@ -129,16 +131,16 @@ pub mod reqwest;
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
 pub mod reqwest_middleware;
 pub mod retry;
+pub mod server;
 
 pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
-pub use idempotency::{
-    BusyPolicy, DriftPolicy, IdempotencyLayer, InDoubtPolicy, ResponseSource, ServerErrorPolicy,
-};
+pub use idempotency::{BusyPolicy, DriftPolicy, IdempotencyLayer, ResponseSource};
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
 pub use retry::FrozenRetryLayer;
+pub use server::{InDoubtPolicy, ServerBuilder, ServerErrorPolicy, ServerLayer};
 
 /// A type-erased error, as tower uses.
 pub type BoxError = tower::BoxError;

@@ -184,7 +184,7 @@ pub fn client_layer(
 /// [`BENCH_PROTECTION`].
 pub fn server_layer(
     store: impl tower_idempotency::ledger::IdempotencyStore,
-) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::ServerFace> {
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::server::ServerFace> {
     tower_idempotency::IdempotencyLayer::server_builder(store)
         .unscoped()
         .protected_window(BENCH_PROTECTION)

@@ -85,6 +85,24 @@ pub enum Decision {
     Reconciled,
 }
 
+/// How a `begin` answer is logged (the server face's; the client face logs the same).
+impl Decision {
+    pub(crate) fn of_begin(answer: &crate::ledger::Begin) -> Self {
+        use crate::ledger::Begin;
+        match answer {
+            Begin::Acquired { .. } => Self::Acquired,
+            Begin::Resume { .. } => Self::Resumed,
+            Begin::Replay(_) => Self::Replayed,
+            Begin::Busy { .. } => Self::Busy,
+            Begin::InDoubt => Self::InDoubt,
+            Begin::Drift { .. } | Begin::DriftFields { .. } => Self::Drift,
+            // Answers added later are refused like an in-doubt operation.
+            #[allow(unreachable_patterns)]
+            _ => Self::InDoubt,
+        }
+    }
+}
+
 impl Decision {
     const ALL: [Self; 10] = [
         Self::Acquired,
@@ -208,7 +226,7 @@ impl RequestSpan {
 
 /// What one request that reached the ledger came to, for a hook set with
 /// [`ClientBuilder::on_outcome`](super::ClientBuilder::on_outcome) or
-/// [`ServerBuilder::on_outcome`](super::ServerBuilder::on_outcome).
+/// [`ServerBuilder::on_outcome`](crate::server::ServerBuilder::on_outcome).
 ///
 /// It says nothing secret: the key only as its digest (the one the decision events log,
 /// the same on a client and on the server it calls), never the key itself, the scope or a

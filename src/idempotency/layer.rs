@@ -5,7 +5,7 @@ use tower_layer::Layer;
 /// Applies the ledger to a service, with one of two faces: the client face
 /// ([`ClientLayer`](super::ClientLayer) = `IdempotencyLayer<ClientFace>`, built by
 /// [`IdempotencyLayer::client`]) for callers of side-effecting APIs, or the server face
-/// ([`ServerLayer`](super::ServerLayer) = `IdempotencyLayer<ServerFace>`, built by
+/// ([`ServerLayer`](crate::server::ServerLayer) = `IdempotencyLayer<ServerFace>`, built by
 /// [`IdempotencyLayer::server`]) in front of the handlers that perform the effects.
 ///
 /// - Client face: the inner service takes `Request<Full<Bytes>>` (whatever body you send
@@ -15,7 +15,7 @@ use tower_layer::Layer;
 ///   `B: Body<Data = Bytes>`, answers `Response<B2>` with `B2: Body<Data = Bytes> + Unpin +
 ///   Send`, and must be `Clone + Send + 'static` (axum's handlers and routers are).
 ///
-/// See the [module docs](crate::idempotency).
+/// See the [module docs](crate::idempotency) and [`server`](crate::server).
 #[derive(Debug)]
 #[must_use = "a layer does nothing until it wraps a service"]
 pub struct IdempotencyLayer<F> {

@@ -14,7 +14,7 @@
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, StatusCode};
 
-use super::problem;
+use crate::server::problem;
 
 /// Which answers say the operation never started (see
 /// [`ClientBuilder::release_on`](crate::idempotency::ClientBuilder::release_on)).

@@ -17,7 +17,7 @@
 //!
 //! [`Records`] is the operator's handle: from a built layer
 //! ([`ClientLayer::records`](crate::idempotency::ClientLayer),
-//! [`ServerLayer::records`](crate::idempotency::ServerLayer)), it derives record keys as the
+//! [`ServerLayer::records`](crate::server::ServerLayer)), it derives record keys as the
 //! layer does, from an [`OperationId`] or a request head, so nobody computes a
 //! [`LedgerKey`] by hand.
 //!
@@ -303,7 +303,7 @@ enum Keys {
 /// a layer derives. See the [module docs](self).
 ///
 /// From a built layer, [`ClientLayer::records`](crate::idempotency::ClientLayer) or
-/// [`ServerLayer::records`](crate::idempotency::ServerLayer), or over a bare store with
+/// [`ServerLayer::records`](crate::server::ServerLayer), or over a bare store with
 /// [`Records::new`] (whose [`operation_key`](Self::operation_key) is the client face's
 /// with the default scope `""`). Cloning is cheap.
 ///

@@ -12,8 +12,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use tower_idempotency::idempotency::ServerFace;
 use tower_idempotency::ledger::{PostgresStore, PostgresTransaction};
+use tower_idempotency::server::ServerFace;
 use tower_idempotency::{BusyPolicy, IdempotencyLayer};
 
 /// A store on a fresh schema, with a `notes` table beside the ledger.
@@ -464,7 +464,7 @@ async fn a_commit_whose_answer_is_lost_is_commit_unknown_and_the_retry_replays()
     assert!(first.headers().contains_key("retry-after"));
     assert_eq!(
         problem_type(first).await,
-        tower_idempotency::idempotency::problem::COMMIT_UNKNOWN,
+        tower_idempotency::server::problem::COMMIT_UNKNOWN,
         "not `ledger-unavailable`: the request may have been handled"
     );
     // The commit landed after all: the retry (once the commit is over) replays it.

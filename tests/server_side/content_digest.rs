@@ -20,8 +20,8 @@ use sha2::{Digest, Sha512};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::digest::{BodyDigest, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST};
-use tower_idempotency::idempotency::problem;
 use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::server::problem;
 use tower_idempotency::{IdempotencyLayer, OperationId};
 
 const BODY: &str = r#"{"order_id":"order-42","amount_cents":1999}"#;

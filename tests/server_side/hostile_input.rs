@@ -32,10 +32,10 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-use tower_idempotency::idempotency::problem;
 use tower_idempotency::key::MAX_KEY_LEN;
 use tower_idempotency::ledger::{MemoryStore, Outcome, StoreError, StoredResponse};
 use tower_idempotency::retry::retry_after;
+use tower_idempotency::server::problem;
 use tower_idempotency::{
     Drift, Fingerprint, FrozenRequest, HeaderKey, IdempotencyLayer, InvalidKey,
 };

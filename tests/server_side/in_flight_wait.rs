@@ -22,11 +22,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
-use tower_idempotency::idempotency::{problem, ServerBuilder};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, Settled,
     StoreFuture,
 };
+use tower_idempotency::server::{problem, ServerBuilder};
 use tower_idempotency::{BusyPolicy, IdempotencyLayer, ServerErrorPolicy};
 
 const DUPLICATES: usize = 64;

@@ -14,8 +14,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::problem;
 use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::server::problem;
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::{IdempotencyLayer, InvalidKey};
 

@@ -39,11 +39,11 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_idempotency::digest::BodyDigest;
-use tower_idempotency::idempotency::{problem, ServerBuilder};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
 };
+use tower_idempotency::server::{problem, ServerBuilder};
 use tower_idempotency::{IdempotencyLayer, InDoubtPolicy, ServerErrorPolicy};
 
 use axum_server::Charge;
@@ -456,10 +456,7 @@ impl Fixture {
 
     async fn start_with(
         configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
-        assemble: impl FnOnce(
-            Router,
-            IdempotencyLayer<tower_idempotency::idempotency::ServerFace>,
-        ) -> Router,
+        assemble: impl FnOnce(Router, IdempotencyLayer<tower_idempotency::server::ServerFace>) -> Router,
     ) -> Self {
         let ledger = CountingStore::new();
         let probe = Probe::new();

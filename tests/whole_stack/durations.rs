@@ -288,7 +288,7 @@ fn server_durations() -> impl Strategy<Value = ServerDurations> {
 fn server_builder<St: tower_idempotency::ledger::IdempotencyStore>(
     store: St,
     d: &ServerDurations,
-) -> tower_idempotency::idempotency::ServerBuilder {
+) -> tower_idempotency::ServerBuilder {
     IdempotencyLayer::server_builder(store)
         .unscoped()
         .lease(d.lease)

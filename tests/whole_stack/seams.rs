@@ -28,13 +28,14 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{problem, ReleaseOn};
+use tower_idempotency::idempotency::ReleaseOn;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
 };
 use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::server::problem;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{
     BusyPolicy, DriftPolicy, Fingerprint, FrozenRequest, FrozenRetryLayer, IdempotencyLayer,

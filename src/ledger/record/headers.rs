@@ -26,7 +26,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::digest::{BodyDigest, IDEMPOTENT_REQUEST_DIGEST};
-use crate::idempotency::IDEMPOTENT_REPLAYED;
+use crate::server::IDEMPOTENT_REPLAYED;
 
 /// Bytes an entry takes besides its name and value: flags, the two lengths.
 const ENTRY_OVERHEAD: usize = 1 + 2 + 4;

@@ -109,7 +109,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
@@ -118,6 +118,9 @@ use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use crate::key::{hex, HeaderKey};
+// The mark payment providers (and the IETF draft's examples) put on a replayed answer:
+// the one the server face writes.
+use crate::server::IDEMPOTENT_REPLAYED;
 use crate::BoxError;
 
 mod serve;
@@ -153,10 +156,6 @@ pub use serve::ServeHandle;
 /// # }
 /// ```
 pub const LOOKUP_PATH: &str = "/effects";
-
-/// The header a replayed answer carries, as payment providers (and the IETF draft's
-/// examples) mark it.
-pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// A fault to inject into one call of a [`SideEffectService`].
 ///

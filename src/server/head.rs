@@ -1,6 +1,7 @@
-//! What the server face reads of a side-effecting request's headers before its body: the
+//! What the server face reads of a side-effecting request's head: before its body, the
 //! `Idempotency-Key`, whether a `Content-Digest` came with it, and the length its
-//! `Content-Length` declares.
+//! `Content-Length` declares; once the body is read, the target as the client sent it and
+//! the body's digest, checked against the sender's.
 //!
 //! One pass over the headers rather than three lookups. The first two names are custom
 //! headers, which a `HeaderMap` lookup hashes byte by byte, while a pass compares each name
@@ -9,10 +10,11 @@
 //! hash and probe for. [`HeaderKey::from_headers`], `HeaderMap::contains_key` and
 //! `HeaderMap::get` give the same answers (a property test below holds the pass to them).
 
-use http::header::CONTENT_LENGTH;
+use http::header::{self, CONTENT_LENGTH};
+use http::request::Parts;
 use http::HeaderMap;
 
-use crate::digest::CONTENT_DIGEST;
+use crate::digest::{BodyDigest, ContentDigest, DigestError, CONTENT_DIGEST};
 use crate::frozen::declared_length;
 use crate::key::{HeaderKey, InvalidKey, IDEMPOTENCY_KEY};
 
@@ -55,6 +57,64 @@ impl KeyedHead {
             declared_length: declared_length(content_length),
         }
     }
+}
+
+/// The request target as the client sent it. A router that nests this layer under a
+/// prefix (`Router::nest("/accounts/{id}", …)`) hands it a URI with the prefix stripped;
+/// with feature `axum`, the layer reads the original from axum's `OriginalUri` extension,
+/// so `/accounts/1/charges` and `/accounts/2/charges` never look like one request.
+pub(super) fn original_target(parts: &Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = parts.extensions.get() {
+        return uri;
+    }
+    &parts.uri
+}
+
+/// The body's SHA-256: the sender's, once checked, when its `Content-Digest` carries one
+/// (`sent`: the request has that header); else computed here. Every `sha-256` and `sha-512`
+/// member must match the body, unless a layer in front decoded it (see [`decoded_in_front`]):
+/// the digest is then of bytes this layer never sees, and the body is fingerprinted as
+/// received, as if no digest had come.
+pub(super) fn verified_body_digest(
+    headers: &HeaderMap,
+    sent: bool,
+    body: &[u8],
+) -> Result<BodyDigest, DigestError> {
+    debug_assert_eq!(sent, headers.contains_key(&CONTENT_DIGEST));
+    if !sent {
+        return Ok(BodyDigest::of(body));
+    }
+    let field = ContentDigest::of_headers(headers)?;
+    match field.verify(body) {
+        Ok(verified) => Ok(verified.unwrap_or_else(|| BodyDigest::of(body))),
+        Err(err) if err.is_mismatch() && decoded_in_front(headers) => {
+            tracing::debug!(
+                "the Content-Digest is not of the body received, whose framing headers a layer \
+                 in front removed (request decompression): not verified"
+            );
+            Ok(BodyDigest::of(body))
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Whether a layer in front of this one may have decoded the body: it carries neither
+/// `Content-Length` nor `Transfer-Encoding`, nor a `Content-Encoding` still to decode.
+///
+/// `Content-Digest` is over the content as sent, content coding applied (RFC 9530 §2).
+/// Request decompression (tower-http's `RequestDecompressionLayer`) decodes the body and
+/// removes `Content-Encoding` and `Content-Length`, and leaves the `Content-Digest` of the
+/// encoded bytes behind: checked against the decoded body, it would refuse every compressed
+/// request. A body as received over HTTP/1.1 always has its framing (one of the two
+/// headers), so a mismatch with it present is a body that is not what its sender digested.
+/// Without them (a decoded body; HTTP/2 senders that declare no length; requests made
+/// in-process) the digest cannot be told from one of other bytes, and a `400` that drops
+/// the request would be wrong for the first.
+fn decoded_in_front(headers: &HeaderMap) -> bool {
+    !headers.contains_key(header::CONTENT_LENGTH)
+        && !headers.contains_key(header::TRANSFER_ENCODING)
+        && !headers.contains_key(header::CONTENT_ENCODING)
 }
 
 #[cfg(test)]

@@ -5,6 +5,39 @@
 //! that can be named and held in place: a replay or a refusal allocates no future at all,
 //! and only a request whose handler runs boxes that part, where its claim is decided (see
 //! [`Handling`] and [`Keyed`](super::staged::Keyed)).
+//!
+//! # Why the steps come in this order
+//!
+//! A keyed request walks `Reading` → `Claiming` → (answered | handed to the handler), and
+//! each step is placed where a failure costs nothing that must be undone:
+//!
+//! 1. **The body is read before the key is claimed.** Reading can fail (too large, the
+//!    client went away, a broken stream) and takes as long as the client wants. Read first,
+//!    a failure leaves no trace in the ledger: the key is still unused, and the client's
+//!    retry with a good body is a first request. Claimed first, every slow or broken upload
+//!    would hold the key in flight (turning duplicates away with `409`) and then have to
+//!    give it back, a second store call on the failure path.
+//! 2. **The body's `Content-Digest` is checked before the fingerprint is made.** The
+//!    fingerprint is what one key is bound to forever; it must be of the bytes the handler
+//!    will see, never of bytes a proxy mangled. A verified SHA-256 is also reused as the
+//!    fingerprint's body digest, so the body is hashed once.
+//! 3. **The claim is one atomic `begin` in the store.** It is the only mutual exclusion the
+//!    server face has: there is no lock in this process, because the requests racing on one
+//!    key may be in different processes. Of any number of concurrent requests with one key
+//!    exactly one is answered [`Begin::Acquired`]; the others see `Busy`, `Replay`, `Drift`
+//!    or `InDoubt`. So "who runs the handler" is decided by the store, and everything after
+//!    it here only acts on the answer.
+//! 4. **Ownership passes to the handler's part without an await in between.** [`decide`]
+//!    builds the [`Execute`] future in the same poll that saw `Acquired`, and
+//!    [`execute::handle`] takes the lease guard before it calls the handler. There is no
+//!    point at which this request owns the key and nothing would put it in doubt if the
+//!    future were dropped: before the answer is seen, the engine's unanswered-claim guard
+//!    releases a claim that was made (nothing ran); after, the lease guard marks it in
+//!    doubt (the handler may have run).
+//!
+//! Everything that answers without the handler (a replay, `409`, `422`, `500`
+//! outcome-unknown, `503`) changes nothing in the ledger: only the owner of a lease ever
+//! writes a key's record.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,7 +45,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::HeaderValue;
+use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
@@ -21,22 +54,31 @@ use tower_service::Service;
 
 use super::body::RequestBody;
 use super::execute::{self, Execute};
-use super::staged::Admitted;
-use super::{
-    call, original_target, outcome, problem, replay, verified_body_digest, InDoubtPolicy, Owned,
-    Report, ServerFace, Transaction, IDEMPOTENCY_FAIL_OPEN,
-};
+use super::execute::{Owned, Transaction};
+use super::face::ServerFace;
+use super::head::{original_target, verified_body_digest};
+use super::policy::InDoubtPolicy;
+use super::problem;
+use super::replay::replay;
+use super::report::{outcome, Report};
 use crate::digest::{BodyDigest, DigestError};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::CollectRequest;
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::client::decision_of;
-use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
+use crate::idempotency::decision::Decision;
 use crate::key::HeaderKey;
 use crate::ledger::{Begin, BeginRequest, LedgerKey, StoreError};
 use crate::BoxError;
 
+/// `Idempotency-Fail-Open: true` marks a response produced while the ledger was unavailable
+/// by a layer built with [`fail_open`](super::ServerBuilder::fail_open): the key was **not**
+/// checked, so a retry may run the handler again.
+pub static IDEMPOTENCY_FAIL_OPEN: HeaderName = HeaderName::from_static("idempotency-fail-open");
+
 /// What claiming a key came to, and the transaction it was made in (transactional mode).
+/// The transaction travels with the answer because in that mode the claim *is* the
+/// transaction's first statement: dropping it rolls the claim back, so a replay or a
+/// refusal that drops it unused leaves the key exactly as it found it.
 type Claimed = (Result<Begin, StoreError>, Transaction);
 
 /// A claim that could not be made in place: the store awaits, a busy key is waited for, a
@@ -66,6 +108,25 @@ pub(super) type Handling<S, B, ResB> = Pin<
     >,
 >;
 
+/// How the ledger's part of a keyed request ended.
+pub(super) enum Admitted<R, O> {
+    /// Answered without the handler: a replay, a refusal, a conflict.
+    Answer(R),
+    /// The key is this request's: its handler's part, started.
+    Handle(O),
+}
+
+async fn call<S, B, ResBody>(
+    mut inner: S,
+    request: Request<RequestBody<B>>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
+{
+    // `inner` is the instance our caller polled ready (taken in `call`).
+    inner.call(request).await
+}
+
 pin_project! {
     /// The ledger's part of one keyed request (see the module docs).
     pub(super) struct Admit<S, B, ResB>
@@ -73,6 +134,9 @@ pin_project! {
         S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
     {
         // The instance our caller polled ready (taken in `call`), until it is handed on.
+        // tower's contract is that `call` goes to the instance `poll_ready` said yes to; it
+        // travels here untouched, and is called at most once: by the handler's part, or by
+        // the fail-open path, never both (`Option::take` makes a second call a panic).
         inner: Option<S>,
         server: Arc<ServerFace>,
         key: Option<HeaderKey>,
@@ -100,7 +164,9 @@ pin_project! {
     }
 }
 
-/// A request waiting for its claim: what deciding needs once the answer comes.
+/// A request waiting for its claim: what deciding needs once the answer comes. Kept out of
+/// the boxed claim future on purpose: the box holds only what the store call needs, and the
+/// request's head and body stay here, moved once into the handler's request.
 struct Claimant {
     parts: Parts,
     key: HeaderKey,
@@ -170,7 +236,7 @@ where
                 StepProj::Reading { collect } => match std::task::ready!(collect.poll(cx)) {
                     Ok(read) => {
                         let key = this.key.take().expect("read once");
-                        let report = reporting(this.server, &key, *this.started);
+                        let report = Report::for_key(this.server, &key, *this.started);
                         let keys = (key, *this.ledger_key, *this.scope);
                         claim(
                             this.server,
@@ -204,7 +270,7 @@ where
                     report.answered(&answered);
                     return done(this.step, Admitted::Answer(answered));
                 }
-                StepProj::Done => panic!("ServerFuture polled after completion"),
+                StepProj::Done => panic!("ResponseFuture polled after completion"),
             };
             match next {
                 Next::Step(step) => this.step.set(step),
@@ -233,28 +299,6 @@ where
 {
     step.set(Step::Done);
     Poll::Ready(admitted)
-}
-
-/// What the hook will hear of this request: every answer once the body is read is
-/// reported, refusals included.
-fn reporting(
-    server: &ServerFace,
-    key: &HeaderKey,
-    started: Option<tokio::time::Instant>,
-) -> Report {
-    // Kept for the decision events and the hook only when they could use it: it is a copy.
-    let hook = server.on_outcome.clone();
-    let wire = (hook.is_some() || tracing::enabled!(tracing::Level::WARN))
-        .then(|| WireKey::Header(key.clone()));
-    let track = Track::new(Face::Server, wire);
-    if let Some(wire) = track.wire() {
-        decision::record_in_layer_span("key", tracing::field::display(decision::KeyDigest(wire)));
-    }
-    Report {
-        track,
-        hook,
-        started,
-    }
 }
 
 /// The answer to a body that is not what its `Content-Digest` says.
@@ -286,7 +330,9 @@ where
     ResB::Error: Into<BoxError>,
 {
     // Bytes that are not what their sender digested are refused before the ledger sees
-    // them; a verified sha-256 is the digest the fingerprint is made of (one pass).
+    // them; a verified sha-256 is the digest the fingerprint is made of (one pass). A
+    // refusal here, like a refused body, leaves the key unused: the sender's retry with
+    // the right bytes is a first request, not a `422` against bytes nobody meant.
     let digest = match verified_body_digest(&parts.headers, digest_sent, &body) {
         Ok(digest) => digest,
         Err(err) => return answered_by(report, refused_digest(&err)),
@@ -307,7 +353,10 @@ where
         .with_scope_id(scope);
     if server.in_doubt == InDoubtPolicy::OutcomeUnknown {
         // An in-doubt key is only ever looked at: answering it never changes its record,
-        // so a client that keeps retrying cannot keep it alive.
+        // so a client that keeps retrying cannot keep it alive. Without the probe, the
+        // store would hand the key to this request (`Resume`) and we would have to give it
+        // back in doubt: two writes per refusal, each a transition that renews the record,
+        // so a client retrying in a loop could keep the key alive past its retention.
         begin = begin.probe();
     }
     match claim_in_place(server, begin) {
@@ -322,6 +371,15 @@ where
 /// Claim the key through the engine in place, or say how to claim it later: through the
 /// engine's waiting and retrying path, or in transactional mode as the first statement of
 /// the request's transaction.
+///
+/// The in-place path exists for stores that answer without awaiting (`MemoryStore`): the
+/// common request then never allocates for its claim. It is only taken when waiting and
+/// asking again are not needed: a `Busy` under [`BusyPolicy::Wait`] or a lost answer
+/// falls through to the engine's `begin_after`, which resumes from exactly that answer
+/// (a lost answer is asked again with the same token, so a claim the store made but whose
+/// reply was lost is found again, never made twice).
+///
+/// [`BusyPolicy::Wait`]: crate::BusyPolicy::Wait
 fn claim_in_place(server: &Arc<ServerFace>, begin: BeginRequest) -> Result<Claimed, Claiming> {
     #[cfg(feature = "postgres")]
     if server.transactional.is_some() {
@@ -372,6 +430,9 @@ where
     let answer = match answered {
         Ok(answer) => answer,
         Err(err) if server.fail_open => {
+            // No lease, so no guard: the ledger is unreachable, so nothing could be
+            // written about this run anyway. The response says so (`Idempotency-Fail-Open`)
+            // because a retry of it may run the handler again.
             outcome("fail-open");
             tracing::warn!(%err, "ledger unavailable; running the handler unprotected (fail-open)");
             let inner = inner.take().expect("handed on once");
@@ -381,12 +442,17 @@ where
                 report: Some(report),
             });
         }
+        // A full store refused to make a record it could not keep. Nothing was claimed, so
+        // nothing is released: the handler must not run, because its outcome could not be
+        // recorded and a retry would run it again.
         Err(err) if err.is_full() => {
             outcome("ledger-full");
             report.track.decided(Decision::Full);
             let retry_after = err.retry_after().unwrap_or(server.retry_after);
             return answered_by(report, problem::ledger_full(retry_after));
         }
+        // Fail closed: running the handler without knowing whether the key was used is
+        // the double effect this layer exists to prevent.
         Err(err) => {
             outcome("ledger-unavailable");
             report.track.decided(Decision::Unavailable);
@@ -394,8 +460,11 @@ where
             return answered_by(report, problem::ledger_unavailable(server.retry_after));
         }
     };
-    report.track.decided(decision_of(&answer));
+    report.track.decided(Decision::of_begin(&answer));
     let token = match answer {
+        // The two answers that make this request the key's owner. From here the `token`
+        // fences every write: if our lease ever runs out and another request takes the
+        // key over, the store refuses our late `complete` instead of overwriting theirs.
         Begin::Acquired { token } => {
             outcome("executed");
             token
@@ -413,6 +482,8 @@ where
         Begin::Replay(stored) => return answered_by(report, replay(server, stored)),
         Begin::Busy { retry_after } => {
             outcome("in-flight");
+            // The owner's remaining lease bounds the advice: by then the key is settled or
+            // in doubt, so a longer wait would only delay the client's replay.
             let retry_after = retry_after.min(server.retry_after);
             return answered_by(report, problem::in_flight(retry_after));
         }
@@ -431,6 +502,8 @@ where
             return answered_by(report, problem::outcome_unknown());
         }
     };
+    // No await between the store's answer and the lease guard taken in `handle`: see the
+    // module docs (4.). The transaction, when there is one, moves along with the key.
     let owned = Owned {
         inner: inner.take().expect("handed on once"),
         server: server.clone(),

@@ -1,6 +1,28 @@
 //! The transactional server mode: the claim, the handler's writes and the recorded outcome
 //! in one PostgreSQL transaction (see
 //! [`IdempotencyLayer::transactional_server_builder`](crate::IdempotencyLayer::transactional_server_builder)).
+//!
+//! # What the transaction buys, and what holds the key
+//!
+//! In the engine's mode the claim, the handler's effect and the record are three separate
+//! writes, and a crash between the second and the third leaves a key in doubt. Here they
+//! are one transaction: PostgreSQL either commits the handler's writes **with** the
+//! record, or neither. So a key is never in doubt in this mode: a process that dies
+//! mid-handler leaves nothing behind (the server rolls back an abandoned transaction),
+//! and the retry runs the handler again, correctly, because nothing of the first run
+//! survived.
+//!
+//! There is no lease guard and no renewal. The key is held by the transaction itself:
+//! its claim takes a transaction-scoped advisory lock on the key, which PostgreSQL holds
+//! exactly as long as the transaction is open and frees on commit, rollback, or a lost
+//! connection. A concurrent claim takes the same lock without waiting and, finding it
+//! taken, answers busy; that is the only mutual exclusion, and it lives in the database,
+//! so it holds across processes.
+//!
+//! Dropping an [`OpenTransaction`] rolls it back. Every path that must not commit (an
+//! error, a `5xx`, a rollback request, a failed body, a panic, a cancelled future) ends by
+//! dropping it, and the key is free again: correct, because the rollback proves nothing
+//! of the handler's writes took effect.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +34,10 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::RequestBody;
-use super::{outcome, problem, recording, settled, ServerFace};
+use super::face::ServerFace;
+use super::problem;
+use super::replay::recording;
+use super::report::{outcome, settled};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, ResponseBody};
 use crate::idempotency::engine::BusyPolicy;
@@ -47,12 +72,16 @@ pub(super) async fn claim(
         if !matches!(answer, Begin::Busy { .. }) {
             return Ok((answer, Some(transaction)));
         }
-        // Rolled back now: the connection goes back to the pool while we wait.
+        // Rolled back now: the connection goes back to the pool while we wait. Holding it
+        // across the pause would tie up one pooled connection per waiting duplicate, and
+        // a storm of duplicates would then starve the handlers that hold the keys.
         drop(transaction);
         let now = Instant::now();
         if now >= give_up_at {
             return Ok((answer, None));
         }
+        // The permit is taken on the first busy answer and held until this request stops
+        // waiting (it is dropped with `permit` on return): it counts waiters, not tries.
         if let (None, Some(limit)) = (&permit, &server.ledger.waiters) {
             match limit.try_enter() {
                 Some(entered) => permit = Some(entered),
@@ -83,6 +112,8 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    // The handler gets a handle on the transaction, never the transaction itself: only
+    // this function may commit it, and only together with the record.
     request.extensions_mut().insert(transaction.handle());
     let mut inner = inner;
     let handling = inner.call(request);
@@ -112,6 +143,8 @@ where
     ResBody: Body<Data = Bytes> + Unpin,
     ResBody::Error: Into<BoxError>,
 {
+    // A `5xx` rolls back whatever the `ServerErrorPolicy`: unlike the engine's mode, the
+    // rollback *proves* that nothing happened, so the retry may run the handler again.
     if response.status().is_server_error() || transaction.is_rollback_only() {
         settled("rolled-back");
         drop(transaction);
@@ -132,6 +165,9 @@ where
             return problem::ledger_unavailable(server.retry_after);
         }
     };
+    // The record and the handler's writes commit in one `COMMIT`: after it, a retry
+    // replays; before it, a retry finds the key free (and runs again, as it should, since
+    // nothing was written). There is no moment in which one is visible without the other.
     let (recorded, body, how) = recording(server, &parts, buffered, digest);
     match transaction
         .commit_with(key, token, &recorded, server.ledger.retention)

@@ -25,7 +25,7 @@ pin_project! {
     /// use http::{Request, Response};
     /// use http_body_util::{BodyExt, Full};
     /// use tower::{service_fn, Layer};
-    /// use tower_idempotency::{idempotency::RequestBody, ledger::MemoryStore, IdempotencyLayer};
+    /// use tower_idempotency::{server::RequestBody, ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let charge = service_fn(|req: Request<RequestBody<Full<Bytes>>>| async move {
     ///     let payload = req.into_body().collect().await?.to_bytes();
@@ -70,7 +70,7 @@ impl<B> RequestBody<B> {
     /// # use http::{Request, Response};
     /// # use http_body_util::Full;
     /// # use tower::{service_fn, ServiceExt};
-    /// # use tower_idempotency::{idempotency::RequestBody, ledger::MemoryStore, IdempotencyLayer};
+    /// # use tower_idempotency::{server::RequestBody, ledger::MemoryStore, IdempotencyLayer};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let handler = service_fn(|req: Request<RequestBody<Full<Bytes>>>| async move {

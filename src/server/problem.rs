@@ -99,7 +99,7 @@
 //! **503**, with `Retry-After`. The idempotency ledger could not be reached (or failed), so
 //! the layer cannot tell whether this request already ran; it fails closed and the handler
 //! is not called. Retry later with the same key. (When the layer is built with
-//! [`fail_open`](crate::idempotency::ServerBuilder::fail_open), the handler runs instead and
+//! [`fail_open`](crate::server::ServerBuilder::fail_open), the handler runs instead and
 //! its response carries `Idempotency-Fail-Open: true`.)
 //!
 //! # ledger-full
@@ -117,7 +117,7 @@
 //! anonymous caller, where one caller could be served another's recorded response. The
 //! handler was not called and the ledger was not touched. Send the request with your
 //! credentials; operators whose callers authenticate otherwise (cookies, mTLS, API-key
-//! headers) give the layer a [scope function](crate::idempotency::ServerBuilder::scope).
+//! headers) give the layer a [scope function](crate::server::ServerBuilder::scope).
 //!
 //! # content-digest-mismatch
 //!
@@ -172,7 +172,7 @@ problem_types! {
     /// 400: a side-effecting request without an `Idempotency-Key` ([docs](self#key-missing)).
     ///
     /// ```
-    /// assert!(tower_idempotency::idempotency::problem::KEY_MISSING.ends_with("#key-missing"));
+    /// assert!(tower_idempotency::server::problem::KEY_MISSING.ends_with("#key-missing"));
     /// ```
     KEY_MISSING = "key-missing";
     /// 400: a malformed or repeated `Idempotency-Key` ([docs](self#key-invalid)).

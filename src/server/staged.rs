@@ -1,5 +1,26 @@
 //! A keyed request's future: the ledger's part in place, then the handler's part boxed,
 //! so that it can finish in the background when its client goes away.
+//!
+//! # Who may drop what, and what it leaves behind
+//!
+//! hyper drops a request's future when its connection closes. What that does to the key
+//! depends on the stage the future is in, and each stage is built so the answer is safe:
+//!
+//! - **In the ledger's part** ([`Admit`]): nothing of the handler ran. A body half read
+//!   or a refusal leaves the key unused; a claim whose answer never arrived is released by
+//!   the engine. The client's retry is a first request.
+//! - **In the handler's part, cancelling** (`cancel_on_disconnect(true)`): the boxed
+//!   future is dropped where it stands, and its lease guard marks the key in doubt at once.
+//!   In doubt, not released: the handler may have done part of its work, and only a
+//!   record of its outcome could say otherwise.
+//! - **In the handler's part, detaching** (the default): [`Detaching`]'s `Drop` moves the
+//!   boxed future to a task of its own, inside the request's span, where it finishes and
+//!   records its outcome. The retry then gets a replay rather than an unknown outcome.
+//!
+//! The handler's part is boxed for this move: a future held in place inside hyper's
+//! connection task cannot outlive it, but a `Pin<Box<_>>` can be handed to `spawn` as it
+//! is, mid-poll state and all. Spawning only on drop (rather than running every handler
+//! on a task up front) keeps the common request, whose client waits, free of a task.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,25 +32,18 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::admit::Admit;
+use super::admit::{Admit, Admitted};
 use super::body::RequestBody;
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::RequestSpan;
 use crate::BoxError;
 
-/// How the ledger's part of a keyed request ended.
-pub(super) enum Admitted<R, O> {
-    /// Answered without the handler: a replay, a refusal, a conflict.
-    Answer(R),
-    /// The key is this request's: its handler's part, started.
-    Handle(O),
-}
-
 pin_project! {
     /// A keyed request: the ledger's part ([`Admit`]) held in place, so a replay or a
     /// refusal allocates no future; once the key is owned, the handler's part
-    /// ([`Execute`](super::execute::Execute)), boxed so that it can move to a task of its own. Both run inside the
-    /// request's span.
+    /// ([`Execute`](super::execute::Execute)), boxed so that it can move to a task of its
+    /// own. Both run inside the request's span, entered on every poll, so that the events
+    /// of the store calls and of the handler land in it whichever task polls them.
     pub(super) struct Keyed<S, B, ResB>
     where
         S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
@@ -91,6 +105,8 @@ where
                         return Poll::Ready(answer);
                     }
                     Admitted::Handle(handling) => {
+                        // The span is cloned now, while the request's future still holds
+                        // it, so that a detached handler can finish in it after a drop.
                         let span = this.detach.then(|| this.span.clone().into_span());
                         let execute = Detaching::new(handling, span);
                         this.stage.set(Stage::Handle { execute });
@@ -101,7 +117,7 @@ where
                     this.stage.set(Stage::Done);
                     return Poll::Ready(answer);
                 }
-                StageProj::Done => panic!("ServerFuture polled after completion"),
+                StageProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
     }
@@ -116,7 +132,12 @@ where
 /// is then dropped where it stands (its lease guard puts the key in doubt at once) while
 /// the panic goes on to whatever catches it outside, as without this layer.
 pub(super) struct Detaching<R> {
+    // `None` once it finished: a drop after the answer has nothing to hand over.
     future: Option<Pin<Box<dyn Background<Output = R>>>>,
+    // Set across each poll of `future`. If `Drop` finds it set, the poll never returned:
+    // the future panicked mid-poll, and its state is whatever the panic left. Spawning it
+    // would poll a future that already panicked (a second panic, in a task nobody
+    // watches), so it is dropped instead, and its guard puts the key in doubt.
     polling: bool,
     /// The request's span, to finish in, when the layer lets a handler outlive its
     /// client; `None` when it cancels on disconnect.
@@ -132,6 +153,8 @@ trait Background: Future + Send {
 
 impl<F: Future + Send + 'static> Background for F {
     fn finish_in_background(self: Pin<Box<Self>>, span: tracing::Span) {
+        // Outside a tokio runtime there is nowhere to finish: the future is dropped here,
+        // and its lease guard leaves the key in doubt, the answer that is always safe.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(
                 async move {
@@ -155,11 +178,13 @@ impl<R> Detaching<R> {
         }
     }
 
+    // `polling` is set around the inner poll only, and cleared only when that poll
+    // returns: a panic inside leaves it set for `Drop` to see (see the field).
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<R> {
         let future = self
             .future
             .as_mut()
-            .expect("ServerFuture polled after completion");
+            .expect("ResponseFuture polled after completion");
         self.polling = true;
         let polled = future.as_mut().poll(cx);
         self.polling = false;
@@ -171,9 +196,14 @@ impl<R> Detaching<R> {
 
 impl<R> Drop for Detaching<R> {
     fn drop(&mut self) {
+        // Finished, or cancelling on disconnect: the plain drop of `future` is the answer
+        // (nothing to do, or the lease guard inside marks the key in doubt).
         let (Some(future), Some(span)) = (self.future.take(), self.detach.take()) else {
             return;
         };
+        // Also when a panic unwinds through us from elsewhere (a layer outside panicked
+        // while holding this future): the process is in trouble, and a background task
+        // that outlives the panic is not what the operator expects. The key goes in doubt.
         if self.polling || std::thread::panicking() {
             return;
         }

@@ -4,6 +4,38 @@
 //! A future of its own rather than an `async fn`: nested `async fn`s each keep a copy of
 //! what they are handed, and the request's future (boxed, moved as it is built) carried
 //! every one of them.
+//!
+//! # The lease, and the order of settling
+//!
+//! This request owns the key from the moment [`handle`] is called until the lease is
+//! settled by exactly one of: recording the response (`complete`), releasing the key
+//! (`abandon`, for a `5xx` under [`ServerErrorPolicy::Release`]), or leaving it in doubt
+//! (`mark_in_doubt`). The [`LeaseGuard`] is what makes "exactly one" hold whatever
+//! happens: each settle consumes it, and dropping it unsettled (a panic, a cancelled
+//! future) marks the key in doubt in the background. No path can forget the key in
+//! flight until its lease runs out, and none can settle it twice.
+//!
+//! Why each failure settles the way it does:
+//!
+//! - **The handler returned an error, or its body failed**: in doubt. The handler ran and
+//!   may have done its effect; nothing proves otherwise. Releasing would let a retry run
+//!   it a second time, the double effect this crate exists to stop.
+//! - **A `5xx` under `Release`**: released, because the application has declared that its
+//!   `5xx` means nothing happened. Under the default `Record` it is recorded like any
+//!   answer.
+//! - **The record could not be written**: the caller still gets the handler's answer (the
+//!   effect happened, and hiding its result would not undo it); the key reads in doubt
+//!   once the lease ends, so a retry is refused rather than run again.
+//!
+//! The response is recorded **before** it is returned. A client that saw an answer may
+//! retry (its connection dropped right after); the record is then already there to be
+//! replayed. Returned first, a retry racing the write would find the key in flight
+//! (`409`), and a crash in between would leave in doubt an operation whose answer was
+//! delivered.
+//!
+//! The lease is renewed while the handler runs **and** while its body is read: a large or
+//! slow response is still the owner's work, and a lease that ran out mid-body would let
+//! a duplicate take the key over (its late `complete` then refused as fenced).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,10 +49,15 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RequestBody;
-use super::{problem, recording, settled, Owned, Report, ServerErrorPolicy, ServerFace};
+use super::face::ServerFace;
+use super::policy::ServerErrorPolicy;
+use super::problem;
+use super::replay::recording;
+use super::report::{settled, Report};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal};
+use crate::ledger::{LeaseToken, LedgerKey};
 use crate::BoxError;
 
 /// What the handler's part answers.
@@ -29,6 +66,28 @@ type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 /// The rare ends of a handler's part, boxed: settling through a store that awaits, after a
 /// failure, or the transactional mode.
 type Finishing<B, E> = Pin<Box<dyn Future<Output = Answer<B, E>> + Send>>;
+
+/// The transaction a claim was made in (transactional mode), if any. Dropped unused (a
+/// replay, a refusal) it rolls back.
+#[cfg(feature = "postgres")]
+pub(super) type Transaction = Option<crate::ledger::postgres::OpenTransaction>;
+#[cfg(not(feature = "postgres"))]
+pub(super) type Transaction = Option<std::convert::Infallible>;
+
+/// What running the handler as the key's owner needs.
+///
+/// Built only in [`decide`](super::admit), from a `begin` that answered `Acquired` or
+/// `Resume`: holding one means the `token` is the key's current owner's.
+pub(super) struct Owned<S, B> {
+    /// The instance our caller polled ready (taken in `call`).
+    pub(super) inner: S,
+    pub(super) server: Arc<ServerFace>,
+    pub(super) key: (LedgerKey, BodyDigest),
+    pub(super) token: LeaseToken,
+    pub(super) transaction: Transaction,
+    pub(super) request: Request<RequestBody<B>>,
+    pub(super) report: Report,
+}
 
 /// Start the handler's part: the handler is called here, as the key's owner.
 pub(super) fn handle<S, B, ResBody>(owned: Owned<S, B>) -> Execute<S::Future, ResBody, S::Error>
@@ -51,6 +110,10 @@ where
     } = owned;
     match transaction {
         #[cfg(feature = "postgres")]
+        // A transaction means the claim was made inside it (transactional mode): the key
+        // is held by the transaction, not by a lease, so no guard and no renewal. The run
+        // is one `async fn` there, boxed at once: that mode pays a database round trip per
+        // request, and a box is nothing beside it.
         Some(transaction) => {
             let key = (key, digest);
             let execute = super::transactional::execute(
@@ -87,6 +150,11 @@ where
 
 pin_project! {
     /// The handler's part of a keyed request (see [`handle`]).
+    ///
+    /// Its steps move one way, `Calling` → `Buffering` → (`Finishing`) → `Done`, and the
+    /// lease moves with them: held in `lease` while the handler runs and its body is read,
+    /// taken out exactly once to be settled (in place, or inside a `Finishing` future). A
+    /// step that finds `lease` empty where it needs it is a bug, hence the `expect`s.
     pub(super) struct Execute<F, B, E> {
         server: Arc<ServerFace>,
         // Taken when the lease is settled (or handed to a finishing future).
@@ -147,7 +215,10 @@ where
                 StepProj::Calling { handling } => match handling.poll(cx) {
                     Poll::Ready(Ok(response)) => answered(this.server, this.lease, response),
                     Poll::Ready(Err(err)) => {
-                        // No response: the handler's fate is unknown.
+                        // No response: the handler's fate is unknown. Settled in a boxed
+                        // future because the store call may await; the error is returned
+                        // only once the key is marked, so a retry the caller fires at
+                        // once finds "in doubt", not a lease still running.
                         settled("in-doubt");
                         let lease = this.lease.take().expect("held while the handler runs");
                         Step::Finishing {
@@ -157,6 +228,8 @@ where
                             }),
                         }
                     }
+                    // Pending: the renewal timer is polled too, so the lease is renewed on
+                    // this task's wakeups, with no task of its own per request.
                     Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                 },
                 StepProj::Buffering { parts, buffer } => {
@@ -164,6 +237,8 @@ where
                         Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                         Poll::Ready(buffered) => buffered.map_err(Into::<BoxError>::into),
                     };
+                    // The body is whole (or past the cap): the renewals stop here, since the
+                    // lease leaves `this.lease` to be settled, and an empty slot renews nothing.
                     let lease = this.lease.take().expect("held while the body is read");
                     let parts = parts.take().expect("taken once");
                     match record(this.server, lease, parts, buffered, this.digest) {
@@ -179,22 +254,16 @@ where
                     this.step.set(Step::Done);
                     return Poll::Ready(this.report.answer(answered));
                 }
-                StepProj::Done => panic!("ServerFuture polled after completion"),
+                StepProj::Done => panic!("ResponseFuture polled after completion"),
             };
             this.step.set(next);
         }
     }
 }
 
-impl Report {
-    /// Tell the hook what the request was answered, and pass the answer on.
-    fn answer<T, E>(&self, answered: Result<Response<T>, E>) -> Result<Response<T>, E> {
-        self.answered(&answered);
-        answered
-    }
-}
-
-/// Leave the key in doubt after a failure, saying so if even that fails.
+/// Leave the key in doubt after a failure, saying so if even that fails. A failed mark is
+/// still safe: the record stays in flight under a lease nobody renews, and reads as in
+/// doubt once the lease runs out, the same answer, later.
 async fn mark_in_doubt(lease: LeaseGuard) {
     if let Err(store_err) = lease.mark_in_doubt().await {
         tracing::warn!(%store_err, "could not mark the key in doubt");
@@ -213,6 +282,8 @@ where
     E: Send + 'static,
 {
     if response.status().is_server_error() && server.server_errors == ServerErrorPolicy::Release {
+        // Released before the `5xx` is returned, for the reason a record is written first:
+        // the client's retry must find the key free, not still held by this request.
         settled("released");
         let lease = lease.take().expect("held while the handler runs");
         return Step::Finishing {
@@ -257,6 +328,9 @@ where
             }));
         }
     };
+    // Over the cap, a tombstone is recorded now and the body streams on afterwards: the
+    // rest of it cannot be held, and the retry must learn the handler ran (`410`) rather
+    // than run it again. A stream that fails after this point cannot change the record.
     let (recorded, body, how) = recording(server, &parts, buffered, digest);
     match lease.complete_in_place(recorded) {
         InPlace::Done(completed) => {

@@ -1,0 +1,106 @@
+//! The server face's configuration, as the builder checked it: what every stage of a
+//! request reads, and never writes. Shared by all of a layer's services and requests
+//! through one `Arc`, so it needs no lock: nothing in it changes after `build`.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::request::Parts;
+use http::{Method, Request};
+
+use super::policy::{InDoubtPolicy, ServerErrorPolicy};
+use crate::effect::EffectClass;
+use crate::idempotency::decision::OutcomeHook;
+use crate::idempotency::engine::{BusyPolicy, Ledger};
+use crate::idempotency::scope::Scope;
+use crate::idempotency::IdempotencyLayer;
+use crate::ledger::LedgerKey;
+
+/// The server face's configuration (see [`ServerBuilder`](super::ServerBuilder) and the
+/// [module docs](super)).
+pub struct ServerFace {
+    pub(super) ledger: Ledger,
+    pub(super) scope: Scope,
+    pub(super) methods: Vec<Method>,
+    pub(super) require_key: bool,
+    pub(super) busy: BusyPolicy,
+    pub(super) body_limit: usize,
+    pub(super) response_limit: usize,
+    pub(super) replay_headers: Vec<HeaderName>,
+    pub(super) server_errors: ServerErrorPolicy,
+    pub(super) in_doubt: InDoubtPolicy,
+    pub(super) fail_open: bool,
+    pub(super) cancel_on_disconnect: bool,
+    pub(super) retry_after: Duration,
+    pub(super) on_outcome: Option<OutcomeHook>,
+    /// The transactional mode's database: each keyed request runs in one transaction.
+    #[cfg(feature = "postgres")]
+    pub(super) transactional: Option<crate::ledger::PostgresStore>,
+}
+
+impl fmt::Debug for ServerFace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerFace")
+            .field("ledger", &self.ledger)
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("busy", &self.busy)
+            .field("body_limit", &self.body_limit)
+            .field("response_limit", &self.response_limit)
+            .field("replay_headers", &self.replay_headers)
+            .field("server_errors", &self.server_errors)
+            .field("in_doubt", &self.in_doubt)
+            .field("fail_open", &self.fail_open)
+            .field("cancel_on_disconnect", &self.cancel_on_disconnect)
+            .field("retry_after", &self.retry_after)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerFace {
+    /// Whether `req` goes through the ledger: its [`EffectClass`] when a layer outside set
+    /// one, else its method.
+    pub(super) fn is_side_effect<B>(&self, req: &Request<B>) -> bool {
+        match req.extensions().get::<EffectClass>() {
+            Some(class) => class.is_side_effect(),
+            None => self.methods.contains(req.method()),
+        }
+    }
+}
+
+impl IdempotencyLayer<ServerFace> {
+    /// An operator's handle on this layer's ledger: look at the record a request head
+    /// (its `Idempotency-Key` and whatever the layer's scope reads, e.g. `Authorization`)
+    /// leads to, as this layer keys it, and forget it, fenced. See
+    /// [`Records`](crate::ledger::Records).
+    ///
+    /// ```
+    /// use axum::http::Request;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let layer = IdempotencyLayer::server(MemoryStore::new());
+    /// let (head, ()) = Request::post("/charges")
+    ///     .header("authorization", "Bearer tenant-1")
+    ///     .header("idempotency-key", "\"order-17\"")
+    ///     .body(())
+    ///     .unwrap()
+    ///     .into_parts();
+    /// let records = layer.records();
+    /// let key = records.request_key(&head).expect("keyed and scoped");
+    /// assert!(records.inspect(key).await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn records(&self) -> crate::ledger::Records {
+        let face = self.face().clone();
+        let store = face.ledger.store.clone();
+        crate::ledger::Records::server(store, move |head: &Parts| {
+            let key = crate::key::HeaderKey::from_headers(&head.headers).ok()??;
+            let scope = face.scope.of(head)?;
+            Some(LedgerKey::server_of(&scope, key.as_bytes()))
+        })
+    }
+}

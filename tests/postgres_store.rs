@@ -69,11 +69,11 @@ async fn migrate_is_idempotent_concurrent_and_refuses_a_newer_schema() {
         })
         .collect();
     for migration in migrations {
-        assert_eq!(migration.await.expect("task").expect("migrate"), 1);
+        assert_eq!(migration.await.expect("task").expect("migrate"), 2);
     }
-    assert_eq!(first.schema_version().await.expect("version"), Some(1));
+    assert_eq!(first.schema_version().await.expect("version"), Some(2));
     let second = connect().await.expect("connect");
-    assert_eq!(second.migrate().await.expect("again"), 1);
+    assert_eq!(second.migrate().await.expect("again"), 2);
 
     // A schema from a later release is refused, never misread.
     let client = first.pool().get().await.expect("a connection");

@@ -16,9 +16,11 @@ use crate::frozen::FrozenRequest;
 mod eviction;
 #[cfg(all(test, tower_idempotency_loom))]
 mod model_check;
+mod released;
 mod sync;
 
 use eviction::EvictionIndex;
+use released::Released;
 use sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 
 /// The default byte budget of a [`MemoryStore`]: 192 MiB. With the layers' default protected
@@ -277,7 +279,7 @@ impl Drop for Inner {
                 let shard = shard
                     .get_mut()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                shard.len() as u64
+                shard.records.len() as u64
             })
             .sum();
         self.gauges.bytes.decrement(*self.used.get_mut() as f64);
@@ -410,7 +412,11 @@ impl MemoryStore {
 
     /// The number of records held now (including any past their retention not yet dropped).
     pub fn entry_count(&self) -> u64 {
-        self.inner.shards.iter().map(|s| lock(s).len() as u64).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).records.len() as u64)
+            .sum()
     }
 
     /// How many completed records were evicted past their protected window to make room.
@@ -577,6 +583,7 @@ impl MemoryStore {
             let mut shard = lock(shard);
             self.sweep(&mut shard, now);
             let first_end = shard
+                .records
                 .values()
                 .filter(|record| !matches!(record.state, State::Completed { .. }))
                 .map(|record| record.retain_until)
@@ -608,6 +615,7 @@ impl MemoryStore {
     fn sweep(&self, shard: &mut Shard, now: Instant) {
         let now = self.stamp(now);
         let expired: Vec<LedgerKey> = shard
+            .records
             .iter()
             .filter(|(_, record)| record.retain_until <= now)
             .map(|(key, _)| *key)
@@ -619,7 +627,7 @@ impl MemoryStore {
 
     /// Take `key`'s record out of the map and the budget.
     fn remove(&self, shard: &mut Shard, key: &LedgerKey) -> Option<Box<Record>> {
-        let record = shard.remove(key)?;
+        let record = shard.records.remove(key)?;
         self.forget(&record);
         Some(record)
     }
@@ -646,7 +654,7 @@ impl MemoryStore {
         key: LedgerKey,
         record: Box<Record>,
     ) -> Option<Box<Record>> {
-        let old = shard.get(&key).map_or(0, |old| old.weight);
+        let old = shard.records.get(&key).map_or(0, |old| old.weight);
         if !self.reweigh(old, record.weight) {
             return Some(record);
         }
@@ -658,7 +666,7 @@ impl MemoryStore {
         }
         let (weight, scope) = (record.weight, record.scope);
         self.scoped(scope, 0, weight);
-        match shard.insert(key, record) {
+        match shard.records.insert(key, record) {
             Some(old) => {
                 self.inner.gauges.reweighed(old.weight, weight);
                 self.scoped(old.scope, old.weight, 0);
@@ -740,7 +748,11 @@ impl MemoryStore {
             // life of the key is gone (another caller evicted it, or it was claimed anew),
             // so is its entry, and the next look finds the next one.
             let mut shard = lock(self.shard(&key));
-            if shard.get(&key).is_some_and(|record| record.seq == place.1) {
+            if shard
+                .records
+                .get(&key)
+                .is_some_and(|record| record.seq == place.1)
+            {
                 let record = self
                     .remove(&mut shard, &key)
                     .expect("checked under the lock");
@@ -759,8 +771,11 @@ impl MemoryStore {
         let now = Instant::now();
         let at = self.stamp(now);
         let mut shard = lock(self.shard(&request.key));
+        if self.refuses_released(&shard, &request, at) {
+            return Err(StoreError::fenced());
+        }
         // One lookup for the common answers: a new claim, or what the record says.
-        let record = match shard.entry(request.key) {
+        let record = match shard.records.entry(request.key) {
             Entry::Occupied(entry) if entry.get().retain_until > at => {
                 return Ok(self.begin_on_existing(entry.into_mut(), request, at));
             }
@@ -776,6 +791,7 @@ impl MemoryStore {
                 let weight = record.weight;
                 match self.insert_if_room(&mut shard, request.key, record) {
                     None => {
+                        shard.released.end(&request.key);
                         drop(shard);
                         self.claimed(weight, &request, now);
                         return Ok(acquired(&request));
@@ -793,6 +809,7 @@ impl MemoryStore {
                 }
                 match self.claim_vacant(entry, record) {
                     None => {
+                        shard.released.end(&request.key);
                         drop(shard);
                         self.note_claim(&request, now);
                         return Ok(acquired(&request));
@@ -806,7 +823,11 @@ impl MemoryStore {
         drop(shard);
         if self.make_room(needed, now) {
             let mut shard = lock(self.shard(&request.key));
-            match shard.entry(request.key) {
+            // Released while this claim made room: refused as it would have been at first.
+            if self.refuses_released(&shard, &request, self.stamp(now)) {
+                return Err(StoreError::fenced());
+            }
+            match shard.records.entry(request.key) {
                 Entry::Occupied(_) => {
                     // Someone claimed it meanwhile: answer as that record says.
                     drop(shard);
@@ -814,6 +835,7 @@ impl MemoryStore {
                 }
                 Entry::Vacant(entry) => {
                     if self.claim_vacant(entry, record).is_none() {
+                        shard.released.end(&request.key);
                         drop(shard);
                         self.note_claim(&request, now);
                         return Ok(acquired(&request));
@@ -822,6 +844,16 @@ impl MemoryStore {
             }
         }
         Err(self.refuse(now))
+    }
+
+    /// Whether `request` is the late `begin` of a caller that released its token on a key
+    /// that still has no record (one past its retention is none): it must claim nothing.
+    fn refuses_released(&self, shard: &Shard, request: &BeginRequest, at: Stamp) -> bool {
+        shard.released.refuses(&request.key, request.token, at)
+            && !shard
+                .records
+                .get(&request.key)
+                .is_some_and(|record| record.retain_until > at)
     }
 
     /// Refuse a claim for room: count it, warn (at most every 30 s) and say when room
@@ -955,6 +987,7 @@ impl MemoryStore {
     ) -> Result<MutexGuard<'_, Shard>, StoreError> {
         let shard = lock(self.shard(key));
         if shard
+            .records
             .get(key)
             .is_some_and(|record| record.is_owned(token, self.stamp(now)))
         {
@@ -975,7 +1008,7 @@ impl MemoryStore {
         settle: impl FnOnce(&Self, &mut Record, Instant) -> T,
     ) -> Result<T, StoreError> {
         let mut shard = lock(self.shard(&key));
-        match shard.get_mut(&key) {
+        match shard.records.get_mut(&key) {
             Some(record) if record.is_owned(token, self.stamp(now)) => {
                 Ok(settle(self, record, now))
             }
@@ -1025,7 +1058,7 @@ impl MemoryStore {
         // No room for the whole outcome: settle for less.
         let now = Instant::now();
         let mut shard = self.owned_shard(&key, token, now)?;
-        let open = shard.get_mut(&key).expect("owned");
+        let open = shard.records.get_mut(&key).expect("owned");
         let outcome = if room {
             match self.complete_in_place(open, key, (outcome, weight), retention, now) {
                 Ok(()) => return Ok(()),
@@ -1133,10 +1166,18 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One shard of the records. Boxed: a map keeps a share of its slots empty (an eighth to
-/// over half, as it grows by doubling), and an empty slot of a key and a pointer costs 40
-/// bytes where one of a key and a whole record would cost 200.
-type Shard = HashMap<LedgerKey, Box<Record>, DigestState>;
+/// One shard: its records, and the tokens its keys without a record were released under.
+#[derive(Default)]
+struct Shard {
+    /// The records, boxed: a map keeps a share of its slots empty (an eighth to over half,
+    /// as it grows by doubling), and an empty slot of a key and a pointer costs 40 bytes
+    /// where one of a key and a whole record would cost 200.
+    records: HashMap<LedgerKey, Box<Record>, DigestState>,
+    /// Released tokens of keys without a record (see [`Released`]). Behind the same lock
+    /// as the records: a `begin` reads them and claims in one step, and an `abandon`
+    /// releases and marks in one step, so no `begin` slips between the two.
+    released: Released,
+}
 
 /// A record, in whichever state. Boxed in its shard, in an allocation of 144 bytes: keep it
 /// there (its box grows by 16 bytes past each multiple of 16, less the allocator's 8).
@@ -1383,20 +1424,34 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
-        let settled = self
-            .owned_shard(&key, token, Instant::now())
-            .map(|mut shard| {
-                let record = shard.get_mut(&key).expect("owned");
+        let at = self.stamp(Instant::now());
+        let mut shard = lock(self.shard(&key));
+        let settled = match shard.records.get_mut(&key) {
+            Some(record) if record.is_owned(token, at) => {
                 match record.state {
                     // No attempt can have left: forget it, the next caller starts afresh.
+                    // The token stays released: a retried `begin` of it still on its way
+                    // must not claim the key again.
                     State::InFlight { resumed: false, .. } => {
                         self.remove(&mut shard, &key);
+                        shard.released.release(key, token, at);
                     }
                     // An earlier attempt may have been sent: releasing would let the next
                     // caller send new bytes. Keep it in doubt so the next caller resumes.
                     _ => record.state = State::InDoubt,
                 }
-            });
+                Ok(())
+            }
+            // Another caller's record: nothing of this token's to release.
+            Some(record) if record.retain_until > at => Err(StoreError::fenced()),
+            // No record (none, or one past its retention): this token's `begin` may still
+            // be on its way; it must find the key released when it comes.
+            _ => {
+                shard.released.release(key, token, at);
+                Err(StoreError::fenced())
+            }
+        };
+        drop(shard);
         if settled.is_ok() {
             self.announce_settled(&key);
         }
@@ -1433,6 +1488,7 @@ impl IdempotencyStore for MemoryStore {
         let now = self.stamp(Instant::now());
         let shard = lock(self.shard(&key));
         let view = shard
+            .records
             .get(&key)
             .filter(|record| record.retain_until > now)
             .map(|record| record.view(now));
@@ -1457,6 +1513,7 @@ impl IdempotencyStore for MemoryStore {
         let answer = {
             let mut shard = lock(self.shard(&key));
             let current = shard
+                .records
                 .get(&key)
                 .filter(|record| record.retain_until > now)
                 .map(|record| record.view(now));

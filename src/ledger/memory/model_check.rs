@@ -323,7 +323,7 @@ fn assert_books_balance(store: &MemoryStore) {
     let mut weights = 0;
     let mut completed = Vec::new();
     for shard in inner.shards.iter() {
-        for (key, record) in lock(shard).iter() {
+        for (key, record) in lock(shard).records.iter() {
             weights += record.weight;
             if let State::Completed { .. } = record.state {
                 completed.push((*key, record.seq));

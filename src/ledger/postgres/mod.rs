@@ -49,6 +49,11 @@
 //! - **Fencing.** `complete_op`, `abandon_op`, `mark_in_doubt_op` and `renew_op` only touch
 //!   an in-flight record whose token is the caller's: a stale owner's write is refused
 //!   ([fenced](super::StoreError::is_fenced)), never applied.
+//! - **A release outlasts a late claim** (see the [ledger docs](crate::ledger)): a key
+//!   `abandon_op` releases, or finds without a record, keeps a *marker* row for a minute
+//!   (state `released`, the released tokens in the `released` column), and `begin_op`
+//!   refuses those tokens. The marker is a row of the same table, so it meets a racing
+//!   claim on the primary key, as two claims do; every other call reads it as no record.
 //! - **The database's clock judges leases and retention** (`clock_timestamp()` inside each
 //!   function), never the application hosts' clocks.
 //! - **Retention.** A record past its retention is absent to every call (a new claim takes
@@ -166,10 +171,10 @@ const SWEEP_BATCH: i32 = 1000;
 const MAX_MS: u128 = 1 << 42;
 
 /// The schema version this release creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Each version's migration, applied in order; `{schema}` is the store's schema.
-const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql"), include_str!("schema_v2.sql")];
 
 /// The durable ledger on PostgreSQL. See the [module docs](self) for how it works, the
 /// transactional server mode and what durability to expect.
@@ -235,7 +240,7 @@ impl Statements {
                  WHERE (SELECT pg_try_advisory_xact_lock($8))"
             ),
             complete: format!("SELECT {schema}.complete_op($1, $2, $3, $4, $5, $6)"),
-            abandon: format!("SELECT {schema}.abandon_op($1, $2)"),
+            abandon: format!("SELECT {schema}.abandon_op($1, $2, $3)"),
             mark_in_doubt: format!("SELECT {schema}.mark_in_doubt_op($1, $2, $3)"),
             renew: format!("SELECT {schema}.renew_op($1, $2, $3)"),
             inspect: format!(
@@ -413,7 +418,7 @@ impl PostgresStore {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
     /// let store = PostgresStore::connect("postgres://app@127.0.0.1/payments").await?;
-    /// if store.schema_version().await? != Some(1) {
+    /// if store.schema_version().await? != Some(tower_idempotency::ledger::postgres::SCHEMA_VERSION) {
     ///     store.migrate().await?;
     /// }
     /// # Ok(())
@@ -862,9 +867,11 @@ impl IdempotencyStore for PostgresStore {
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
         StoreFuture::new(async move {
             let token = token_bytes(token);
+            // How long the key stays released under the token (see the ledger docs).
+            let released_ms = millis(super::RELEASED_TOKEN_TTL, 1);
             self.settle(
                 &self.inner.sql.abandon,
-                &[&key.as_bytes().as_slice(), &token.as_slice()],
+                &[&key.as_bytes().as_slice(), &token.as_slice(), &released_ms],
             )
             .await
         })
@@ -1043,6 +1050,8 @@ pub(crate) fn decode_begin(row: &Row, token: LeaseToken) -> Result<Begin, StoreE
             frozen: optional_frozen(row.get(3))?,
         },
         "in_doubt" => Begin::InDoubt,
+        // The caller released this token before its `begin` arrived: refused, no claim.
+        "released" => return Err(StoreError::fenced()),
         "replay" => match row.get::<_, Option<&[u8]>>(4) {
             Some(bytes) => Begin::Replay(Outcome::decode(bytes)?),
             None => return Err(StoreError::corrupt("completed record without an outcome")),

@@ -84,6 +84,14 @@
 //! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |
 //! | `outcome` | the recorded outcome, [`Outcome::encode`](super::Outcome::encode) (only when `completed`) |
 //!
+//! A key without a record may hold a *released marker* instead (see "A release outlasts a
+//! late claim" in the [ledger docs](crate::ledger)): a hash with `v`, `state` = `released`
+//! and a field `released:<token>` (32 hex digits) per token the key was released under, its
+//! `PX` TTL one minute from the last release. It lives in the record's own key, so each
+//! script still touches one key, in one slot; `begin` under a released token answers
+//! `released` (a [fenced](super::StoreError::is_fenced) error), any other `begin` replaces
+//! the marker with its claim, and `inspect` and `forget` see no record.
+//!
 //! The key's TTL (`PTTL`) is the retention: set by the first claim, by a completion and by
 //! an in-doubt mark (never shortened); a resume, an abandon, a renewal and a probe leave it
 //! as it is, so retrying an in-doubt key never keeps it alive. A later release
@@ -774,7 +782,8 @@ impl IdempotencyStore for RedisStore {
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
         StoreFuture::new(async move {
             let mut call = ScriptCall::new(&ABANDON, self.redis_key(&key));
-            call.arg(token_hex(token));
+            call.arg(token_hex(token))
+                .arg(millis(super::RELEASED_TOKEN_TTL, 1));
             self.settle(&call).await
         })
     }
@@ -857,6 +866,8 @@ fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, StoreError>
             frozen: optional_frozen(reply.get(1))?,
         }),
         b"in_doubt" => Ok(Begin::InDoubt),
+        // The caller released this token before its `begin` arrived: refused, no claim.
+        b"released" => Err(StoreError::fenced()),
         b"replay" => match reply.get(1) {
             Some(Value::BulkString(bytes)) => Ok(Begin::Replay(Outcome::decode(bytes)?)),
             _ => Err(StoreError::corrupt("completed record without an outcome")),

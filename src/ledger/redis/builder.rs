@@ -9,7 +9,9 @@ use ::redis::Client;
 use super::connection::Connection;
 use super::errors::from_redis;
 use super::scripts::ALL_SCRIPTS;
-use super::settings::{warn_if_ledger_keys_can_be_evicted, warn_if_records_do_not_survive_a_restart};
+use super::settings::{
+    warn_if_ledger_keys_can_be_evicted, warn_if_records_do_not_survive_a_restart,
+};
 use super::RedisStore;
 use crate::ledger::StoreError;
 
@@ -60,7 +62,6 @@ pub(super) enum Target {
     Url(String),
     Client(Client),
 }
-
 
 impl RedisStoreBuilder {
     pub(super) fn new(target: Target) -> Self {
@@ -221,7 +222,6 @@ impl RedisStoreBuilder {
     }
 }
 
-
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The URL may carry a password: show only where it points.
@@ -239,4 +239,3 @@ impl fmt::Debug for RedisStoreBuilder {
             .finish()
     }
 }
-

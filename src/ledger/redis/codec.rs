@@ -66,7 +66,9 @@ pub(super) fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, 
 }
 
 /// Turn `inspect`'s reply into a view.
-pub(super) fn decode_inspect(reply: &[Value]) -> Result<Option<crate::ledger::RecordView>, StoreError> {
+pub(super) fn decode_inspect(
+    reply: &[Value],
+) -> Result<Option<crate::ledger::RecordView>, StoreError> {
     use crate::ledger::{RecordState, RecordView};
     if tag(reply)? == b"absent" {
         return Ok(None);
@@ -165,7 +167,6 @@ pub(super) fn millis(duration: Duration, min: u128) -> u64 {
     duration.as_millis().clamp(min, MAX_TTL_MS) as u64
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,4 +208,3 @@ mod tests {
             .is_corrupt());
     }
 }
-

@@ -19,4 +19,3 @@ pub(super) fn from_redis(err: RedisError) -> StoreError {
         StoreError::unavailable(err)
     }
 }
-

@@ -35,7 +35,8 @@ pub(super) const ALL_SCRIPTS: [&str; 7] = [
 pub(super) static BEGIN: LazyLock<Script> = LazyLock::new(|| Script::new(BEGIN_LUA));
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
 pub(super) static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(ABANDON_LUA));
-pub(super) static MARK_IN_DOUBT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_IN_DOUBT_LUA));
+pub(super) static MARK_IN_DOUBT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(MARK_IN_DOUBT_LUA));
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 pub(super) static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));

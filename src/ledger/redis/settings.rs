@@ -10,7 +10,11 @@ use super::connection::Connection;
 /// record is a forgotten operation, and a forgotten operation runs again. Every record has
 /// a TTL, so the `volatile-*` policies evict them as readily as the `allkeys-*` ones. A
 /// server that refuses `CONFIG GET` (managed offerings often do) is not asked twice.
-pub(super) async fn warn_if_ledger_keys_can_be_evicted(connection: &Connection, addr: &str, bound: Duration) {
+pub(super) async fn warn_if_ledger_keys_can_be_evicted(
+    connection: &Connection,
+    addr: &str,
+    bound: Duration,
+) {
     let mut connection = connection.clone();
     let mut ask = ::redis::cmd("CONFIG");
     ask.arg("GET").arg("maxmemory-policy");
@@ -111,4 +115,3 @@ pub(super) async fn warn_if_records_do_not_survive_a_restart(
         ),
     }
 }
-

@@ -156,7 +156,6 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-
 impl IdempotencyStore for RedisStore {
     fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
         StoreFuture::new(async move {
@@ -232,7 +231,11 @@ impl IdempotencyStore for RedisStore {
         })
     }
 
-    fn forget(&self, key: LedgerKey, expected: crate::ledger::Expected) -> StoreFuture<'_, crate::ledger::Forget> {
+    fn forget(
+        &self,
+        key: LedgerKey,
+        expected: crate::ledger::Expected,
+    ) -> StoreFuture<'_, crate::ledger::Forget> {
         StoreFuture::new(async move {
             let mut call = ScriptCall::new(&FORGET, self.redis_key(&key));
             call.arg(expected.kind.as_str())
@@ -248,4 +251,3 @@ impl IdempotencyStore for RedisStore {
         })
     }
 }
-

@@ -35,7 +35,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Version};
 
-use super::{lock, MemoryStore, Ordering, State};
+use super::record::State;
+use super::shared::lock;
+use super::sync::Ordering;
+use super::MemoryStore;
 use crate::frozen::FrozenRequest;
 use crate::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordState, StoreError,

@@ -12,7 +12,7 @@
 //! [`PER_SHARD`] per shard (the one closest to its end goes first when a shard is full), and
 //! an empty shard's list costs a length check on each claim.
 
-use super::{HeldToken, Stamp};
+use super::record::{HeldToken, Stamp};
 use crate::ledger::{LeaseToken, LedgerKey, RELEASED_TOKEN_TTL};
 
 /// At most this many markers per shard (64 shards: 4,096 in all, ~200 KiB).

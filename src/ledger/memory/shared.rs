@@ -16,12 +16,16 @@ use crate::ledger::{DigestState, LedgerKey};
 /// machine, few enough to stay small.
 pub(super) const SHARDS: usize = 64;
 
+/// What every clone of a store shares. See the module docs for what each lock protects
+/// and why the atomics need no stronger ordering than `Relaxed`.
 pub(super) struct Inner {
+    /// The records, by shard: each mutex guards every transition of its keys.
     pub(super) shards: Box<[Mutex<Shard>]>,
     /// Bytes held by every record, open or completed.
     pub(super) used: AtomicU64,
     pub(super) max_bytes: u64,
-    /// Completed records by the end of their protected window: the eviction order.
+    /// Completed records by the end of their protected window: the eviction order. Taken
+    /// inside a shard's lock, never the other way around.
     pub(super) evictable: Mutex<EvictionIndex>,
     /// Hands out the sequence numbers that tell two lives of one key apart.
     pub(super) next_seq: AtomicU64,
@@ -49,7 +53,8 @@ pub(super) struct Inner {
     /// What one scope may hold (see `MemoryStoreBuilder::scope_share`) once protected
     /// records pass the high-water mark.
     pub(super) scope_share: u64,
-    /// Whether protected records held past the high-water mark at the last look.
+    /// Whether protected records held past the high-water mark at the last look: a hint,
+    /// set by the pressure check and read by each claim's fair-share check.
     pub(super) pressed: AtomicBool,
     /// The protected window of the latest claim, in µs: the window the sustainable rate
     /// in a warning is worked out for.

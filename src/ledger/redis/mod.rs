@@ -64,7 +64,9 @@
 //! again, and a `complete` whose answer was lost is retried inside the lease (a `fenced`
 //! answer after a lost one means the first applied). A claim whose `begin` never got an
 //! answer is released in the background once Redis is back, so the key is usable again
-//! rather than stuck in flight and then in doubt.
+//! rather than stuck in flight and then in doubt; the release leaves the key released
+//! under that token for a minute, so the `begin` itself, were it still on its way, claims
+//! nothing when it lands.
 //!
 //! # Record layout
 //!

@@ -49,7 +49,7 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The share of the budget one scope (a tenant, a principal: [`BeginRequest::scope`])
+    /// The share of the budget one scope (a tenant, a principal: [`BeginRequest::scope`](crate::ledger::BeginRequest::scope))
     /// may hold once protected records pass 80 % of the budget (default 0.25): from then
     /// on a new claim of a scope over its share is refused, and the rest of the budget goes
     /// to the scopes under theirs, so one tenant's flood cannot turn every other tenant's

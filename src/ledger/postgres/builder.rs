@@ -127,7 +127,7 @@ impl PostgresStoreBuilder {
     /// `lock_timeout` of the store's connections. A `begin` that waits longer answers busy.
     /// Only a transactional-mode request's open transaction holds a record that long, and
     /// a transactional-mode claim does not wait for one (see the
-    /// [module docs](self#the-transactional-server-mode)).
+    /// [module docs](super#the-transactional-server-mode)).
     ///
     /// ```
     /// # use std::time::Duration;

@@ -38,7 +38,7 @@
 //!
 //! # How it works
 //!
-//! - **One row per record** in `<schema>.records`, keyed by the 32-byte [`LedgerKey`].
+//! - **One row per record** in `<schema>.records`, keyed by the 32-byte [`LedgerKey`](crate::ledger::LedgerKey).
 //! - **One statement per ledger call**, each a call of one function (`begin_op`,
 //!   `complete_op`, …), prepared once per pooled connection: a fresh operation costs two
 //!   round trips (`begin`, `complete`), a replay one.

@@ -22,7 +22,7 @@ use crate::ledger::{
 
 /// Rows deleted per sweep statement: small enough that each statement is brief.
 const SWEEP_BATCH: i32 = 1000;
-/// The durable ledger on PostgreSQL. See the [module docs](self) for how it works, the
+/// The durable ledger on PostgreSQL. See the [module docs](super) for how it works, the
 /// transactional server mode and what durability to expect.
 ///
 /// Cloning is cheap: clones share one connection pool.

@@ -75,7 +75,7 @@
 //! | field | value |
 //! |---|---|
 //! | `v` | record format version, `1` today |
-//! | `fp` | the request [`Fingerprint`], 64 hex digits |
+//! | `fp` | the request [`Fingerprint`](crate::Fingerprint), 64 hex digits |
 //! | `state` | `in_flight`, `in_doubt` or `completed` |
 //! | `token` | the owner's token, 32 hex digits (only while `in_flight`) |
 //! | `lease_until_ms` | end of the owner's lease, Redis time in ms since the epoch (only while `in_flight`) |

@@ -17,7 +17,7 @@ use crate::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
 };
 
-/// The distributed ledger on Redis. See the [module docs](self) for how it works, the record
+/// The distributed ledger on Redis. See the [module docs](super) for how it works, the record
 /// layout and what durability to expect.
 ///
 /// Cloning is cheap: clones share one multiplexed connection.

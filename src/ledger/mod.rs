@@ -23,6 +23,19 @@
 //!   operation under ([`BeginRequest::token`]); a `begin` whose reply was lost can be sent
 //!   again with the same token and answers the same claim again ([`Begin::Acquired`] or
 //!   [`Begin::Resume`]) instead of [`Begin::Busy`], so no claim is left that nobody holds.
+//! - **A release outlasts a late claim.** A `begin` whose answer was lost may still be on
+//!   its way (queued in the store's connection, held up by a frozen server) when its caller
+//!   gives up and releases the claim it may have made. So an [`abandon`] that releases its
+//!   token's claim, or that finds the key without a record, leaves the key *released under
+//!   that token* for one minute: a `begin` carrying a released token is refused as
+//!   [fenced](StoreError::is_fenced) and changes nothing, so the late `begin` cannot make a
+//!   claim nobody owns (one that would expire into doubt). The marker is no record:
+//!   [`inspect`](IdempotencyStore::inspect) shows nothing, `forget` finds nothing, a
+//!   `begin` under any other token finds the key absent, and the first claim under another
+//!   token takes the key's place and ends the marker. A key released under several tokens
+//!   remembers each, until a minute after its last release; `abandon` answers as before
+//!   (fenced when it released no claim of its token). A `begin` held up for longer than
+//!   that minute is beyond the marker: its claim expires into doubt (never a second run).
 //! - **Fencing.** [`complete`], [`abandon`], [`mark_in_doubt`] and [`renew`] carry the
 //!   owner's [`LeaseToken`], and a write whose token is not the record's current one is
 //!   refused with a [fenced](StoreError::is_fenced) error, never applied.
@@ -108,6 +121,11 @@ use std::time::Duration;
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
 use crate::BoxError;
+
+/// How long a key stays *released under a token* after an `abandon` (see "A release
+/// outlasts a late claim" in the module docs): far longer than a `begin` is ever held up
+/// in a live store, short enough that the markers cost nothing lasting.
+pub(crate) const RELEASED_TOKEN_TTL: Duration = Duration::from_secs(60);
 
 /// The future every [`IdempotencyStore`] method returns: either an answer the store already
 /// has (no allocation) or a boxed future that still has work to do.
@@ -332,7 +350,9 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
 
     /// Release an operation held under `token` after a failure proven to happen before the
     /// request was written. If an earlier attempt may have been sent, the record becomes in
-    /// doubt instead of absent.
+    /// doubt instead of absent. A release, or an `abandon` that finds the key without a
+    /// record, leaves the key released under `token` for a minute: a late `begin` under
+    /// `token` is then refused as fenced instead of claiming it (see the module docs).
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()>;
 
     /// Mark an operation held under `token` in doubt: its bytes may have reached the server.
@@ -769,7 +789,8 @@ impl StoreError {
         }
     }
 
-    /// A write carried a token that is not the record's current owner's.
+    /// A write carried a token that is not the record's current owner's, or a `begin` a
+    /// token its caller already released (see [`IdempotencyStore::abandon`]).
     pub fn fenced() -> Self {
         Self {
             kind: StoreErrorKind::Fenced,

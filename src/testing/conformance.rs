@@ -78,6 +78,7 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     in_doubt_resumes_with_stored_bytes(&*store).await;
     expired_lease_resumes_and_fences_old_owner(&*store, &clock).await;
     abandon_releases_only_unsent_operations(&*store).await;
+    a_release_outlasts_a_late_claim(&*store).await;
     retention_expiry_forgets(&*store, &clock).await;
     tombstones_replay_as_tombstones(&*store).await;
     replay_is_byte_identical(&*store).await;
@@ -537,6 +538,55 @@ pub async fn abandon_releases_only_unsent_operations(store: &dyn IdempotencyStor
         .await
         .expect("abandon after resume");
     resume(store, request(key, &req)).await;
+}
+
+/// A `begin` that reaches the store after its caller released the claim it may have made
+/// (its answer was lost, the caller left) claims nothing: whether the release found no
+/// record (the `begin` was still on its way) or released the claim (a retried `begin` was
+/// still queued), the released token's `begin` is refused as fenced, and the key stays
+/// free for everyone else. Every token released on a key is remembered.
+pub async fn a_release_outlasts_a_late_claim(store: &dyn IdempotencyStore) {
+    let req = frozen("{\"amount\":71}");
+    let refused = |what: &str, answer: Result<Begin, crate::ledger::StoreError>| match answer {
+        Err(err) if err.is_fenced() => {}
+        other => panic!("a_release_outlasts_a_late_claim: {what}: expected fenced, got {other:?}"),
+    };
+
+    // The release arrives first: nothing to release, yet the late `begin` is refused…
+    let key = fresh_key();
+    let late = request(key, &req);
+    let _ = store.abandon(key, late.token).await;
+    refused("a begin after its release", store.begin(late.clone()).await);
+    refused("the same begin again", store.begin(late.clone()).await);
+    // …and made no claim: another caller acquires the key.
+    let other = acquire(store, request(key, &req)).await;
+    store.abandon(key, other).await.expect("abandon");
+
+    // The claim was made and released; a retried `begin` of it was still queued.
+    let key = fresh_key();
+    let claim = request(key, &req);
+    let token = acquire(store, claim.clone()).await;
+    store.abandon(key, token).await.expect("abandon");
+    refused(
+        "a retried begin after the release",
+        store.begin(claim).await,
+    );
+    acquire(store, request(key, &req)).await;
+
+    // Two callers released on one key before their `begin`s arrived: both refused.
+    let key = fresh_key();
+    let (first, second) = (request(key, &req), request(key, &req));
+    let _ = store.abandon(key, first.token).await;
+    let _ = store.abandon(key, second.token).await;
+    refused("the first released begin", store.begin(first.clone()).await);
+    refused("the second released begin", store.begin(second).await);
+    let fresh = acquire(store, request(key, &req)).await;
+    // A claim under another token ended the marker: the released token meets that claim.
+    assert!(
+        matches!(store.begin(first).await.expect("begin"), Begin::Busy { .. }),
+        "a_release_outlasts_a_late_claim: a claim takes the marker's place"
+    );
+    store.abandon(key, fresh).await.expect("abandon");
 }
 
 /// A record past its retention is forgotten.

@@ -26,7 +26,9 @@
 //! passed once `now >= d`. A record whose retention deadline has passed is absent.
 //!
 //! `begin(key, fp, token, take_over)`:
-//! 1. absent → a new claim: in flight under `token`, lease `now + lease`, not resumed,
+//! 0. absent, and released under `token` (see `abandon` below) → [`Answer::Fenced`],
+//!    nothing changes.
+//! 1. absent → a new claim (which ends the key's released tokens, if any): in flight under `token`, lease `now + lease`, not resumed,
 //!    retention `now + retention`, fingerprint `fp`. [`Answer::Acquired`].
 //! 2. a record with another fingerprint → [`Answer::Drift`] (whatever its state).
 //! 3. completed → [`Answer::Replay`] of its outcome.
@@ -45,6 +47,11 @@
 //! - `complete` → completed with the outcome, retention `now + retention`.
 //! - `abandon` → absent if the claim was never resumed; in doubt (retention unchanged) if
 //!   it was, since an earlier attempt may have been sent.
+//!
+//! An `abandon` that releases its claim, or that finds the key absent (then answered
+//! [`Answer::Fenced`]), also marks the key *released under its token* until one minute
+//! after this release (every token released on the key stays marked till then): a late
+//! `begin` of the released caller must not claim the key (rule 0).
 //! - `mark_in_doubt` → in doubt, retention `max(retention, now + retention)`.
 //! - `renew` → lease `now + lease`.
 //!
@@ -305,7 +312,19 @@ pub struct Model {
     retention: Duration,
     now: Duration,
     records: BTreeMap<Key, Record>,
+    /// Keys without a record released under some tokens, until a time: see rule 0.
+    released: BTreeMap<Key, Released>,
 }
+
+/// The tokens an absent key was released under, and until when they are refused.
+#[derive(Clone, Debug)]
+struct Released {
+    tokens: Vec<Token>,
+    until: Duration,
+}
+
+/// How long a released token is refused after the key's last release (the stores' minute).
+const RELEASED_FOR: Duration = crate::ledger::RELEASED_TOKEN_TTL;
 
 impl Model {
     /// An empty ledger at time zero, whose ops ask for `lease` and `retention`.
@@ -315,6 +334,7 @@ impl Model {
             retention,
             now: Duration::ZERO,
             records: BTreeMap::new(),
+            released: BTreeMap::new(),
         }
     }
 
@@ -369,12 +389,18 @@ impl Model {
             }
             Op::Abandon { key, token } => {
                 let Some(record) = self.owned(key, token) else {
+                    // Nothing of this token's to release; its `begin` may still be on its
+                    // way, and must not claim the key when it arrives.
+                    if self.record(key).is_none() {
+                        self.release(key, token);
+                    }
                     return Answer::Fenced;
                 };
                 if let State::InFlight { resumed: true, .. } = record.state {
                     record.state = State::InDoubt;
                 } else {
                     self.records.remove(&key);
+                    self.release(key, token);
                 }
                 Answer::Ok
             }
@@ -416,6 +442,10 @@ impl Model {
         let now = self.now;
         let lease = self.lease;
         let Some(record) = self.records.get_mut(&key) else {
+            if self.is_released(key, token) {
+                return Answer::Fenced;
+            }
+            self.released.remove(&key);
             self.records.insert(
                 key,
                 Record {
@@ -502,6 +532,31 @@ impl Model {
                 Answer::Forgotten
             }
         }
+    }
+
+    /// Mark the absent `key` released under `token` (rule 0), every token it was released
+    /// under until a minute from now.
+    fn release(&mut self, key: Key, token: Token) {
+        let until = self.now + RELEASED_FOR;
+        let now = self.now;
+        let released = self.released.entry(key).or_insert(Released {
+            tokens: Vec::new(),
+            until,
+        });
+        if released.until <= now {
+            released.tokens.clear();
+        }
+        released.until = until;
+        if !released.tokens.contains(&token) {
+            released.tokens.push(token);
+        }
+    }
+
+    /// Whether the absent `key` is released under `token` now.
+    fn is_released(&self, key: Key, token: Token) -> bool {
+        self.released
+            .get(&key)
+            .is_some_and(|released| released.until > self.now && released.tokens.contains(&token))
     }
 
     /// The record of `key`, if `token` owns it (in flight under that token).
@@ -655,6 +710,7 @@ impl World {
                 }
                 match store.begin(request).await {
                     Ok(begin) => self.name_begin(begin),
+                    Err(err) if err.is_fenced() => Ok(Answer::Fenced),
                     Err(err) => Err(format!("Err({err}) from begin")),
                 }
             }

@@ -354,14 +354,11 @@ async fn killed_restarted_and_frozen_under_load(mode: Mode) {
     drop(pg);
 }
 
-// Known to fail now and then on a loaded machine (passed 8 of 8 runs alone, failed once of
-// 9 beside other builds): after the freeze, a `begin` whose answer was lost can still be
-// queued in PostgreSQL when the engine's background release of its claim is answered (the
-// backends resume in no particular order), and make the claim after it; nobody uses that
-// claim, and once its lease runs out the key reads as in doubt (`500 outcome-unknown`).
-// Never a double charge. Closing it needs a release that outlasts a late claim (a marker
-// that refuses the released token's claim). Run it with `--ignored`.
-#[ignore = "a claim made by a begin still queued in PostgreSQL after its release strands the key"]
+// After the freeze, a `begin` whose answer was lost can still be queued in PostgreSQL when
+// the engine's background release of its claim is answered (the backends resume in no
+// particular order). The release leaves the key released under the token, so the late
+// `begin` is refused instead of making a claim nobody uses, which would read as in doubt
+// (`500 outcome-unknown`) once its lease ran out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_killed_restarted_and_frozen_under_load_store_mode_charges_once() {
     killed_restarted_and_frozen_under_load(Mode::Store).await;

@@ -68,11 +68,11 @@ async fn migrate_is_idempotent_concurrent_and_refuses_a_newer_schema() {
         })
         .collect();
     for migration in migrations {
-        assert_eq!(migration.await.expect("task").expect("migrate"), 1);
+        assert_eq!(migration.await.expect("task").expect("migrate"), 2);
     }
-    assert_eq!(first.schema_version().await.expect("version"), Some(1));
+    assert_eq!(first.schema_version().await.expect("version"), Some(2));
     let second = connect().await.expect("connect");
-    assert_eq!(second.migrate().await.expect("again"), 1);
+    assert_eq!(second.migrate().await.expect("again"), 2);
 
     // A schema from a later release is refused, never misread.
     let client = first.pool().get().await.expect("a connection");
@@ -229,6 +229,101 @@ async fn a_stopped_database_fails_closed_and_the_store_recovers() {
     }
     assert!(matches!(
         answer.expect("begin after restart"),
+        Begin::Acquired { .. }
+    ));
+}
+
+/// A database a version-1 release made, with records in it, is brought to version 2 by
+/// `migrate`: its records answer as they did, and the released-token marker works on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_one_schema_with_records_migrates_to_version_two() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let schema = postgres_support::fresh_schema();
+    let store = PostgresStore::builder(pg.url())
+        .schema(schema.clone())
+        .connect()
+        .await
+        .expect("connect");
+    // The schema as a version-1 release left it.
+    let client = store.pool().get().await.expect("a connection");
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.schema_version (
+                 singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+                 version integer NOT NULL);
+             INSERT INTO {schema}.schema_version (version) VALUES (1);
+             {}",
+            include_str!("../src/ledger/postgres/schema_v1.sql").replace("{schema}", &schema)
+        ))
+        .await
+        .expect("a version-1 schema");
+    // A completed record and one in flight, written by version 1's functions.
+    let (done, open) = (
+        LedgerKey::from_bytes([21; 32]),
+        LedgerKey::from_bytes([22; 32]),
+    );
+    let request = |key| {
+        BeginRequest::new(
+            key,
+            sample_fingerprint(),
+            Duration::from_secs(30),
+            Duration::from_secs(600),
+        )
+    };
+    let claim = |request: &BeginRequest| {
+        let sql = format!(
+            "SELECT r_answer FROM {schema}.begin_op($1, $2, $3, 30000, 600000, true, NULL)"
+        );
+        let (key, fp, token) = (
+            request.key.as_bytes().to_vec(),
+            request.fingerprint.as_bytes().to_vec(),
+            request.token.as_u128().to_be_bytes().to_vec(),
+        );
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(&sql, &[&key, &fp, &token])
+                .await
+                .expect("a version-1 claim");
+            assert_eq!(row.get::<_, &str>(0), "acquired");
+        }
+    };
+    let (done_claim, open_claim) = (request(done), request(open));
+    claim(&done_claim).await;
+    claim(&open_claim).await;
+    assert_eq!(store.schema_version().await.expect("version"), Some(1));
+
+    assert_eq!(store.migrate().await.expect("migrate"), 2);
+    store
+        .complete(
+            done,
+            done_claim.token,
+            ok_outcome(),
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("the version-1 claim completes after the upgrade");
+    assert!(matches!(
+        store.begin(request(done)).await.expect("begin"),
+        Begin::Replay(_)
+    ));
+    assert!(matches!(
+        store.begin(request(open)).await.expect("begin"),
+        Begin::Busy { .. }
+    ));
+    // Released, then its late `begin` arrives: refused, and the key stays free.
+    store
+        .abandon(open, open_claim.token)
+        .await
+        .expect("release the version-1 claim");
+    let late = store.begin(open_claim).await.unwrap_err();
+    assert!(late.is_fenced(), "{late}");
+    assert!(store.inspect(open).await.expect("inspect").is_none());
+    assert!(matches!(
+        store.begin(request(open)).await.expect("begin"),
         Begin::Acquired { .. }
     ));
 }

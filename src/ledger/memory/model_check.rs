@@ -35,7 +35,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Version};
 
-use super::{lock, MemoryStore, Ordering, State};
+use super::record::State;
+use super::shared::lock;
+use super::sync::Ordering;
+use super::MemoryStore;
 use crate::frozen::FrozenRequest;
 use crate::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordState, StoreError,
@@ -323,7 +326,7 @@ fn assert_books_balance(store: &MemoryStore) {
     let mut weights = 0;
     let mut completed = Vec::new();
     for shard in inner.shards.iter() {
-        for (key, record) in lock(shard).iter() {
+        for (key, record) in lock(shard).records.iter() {
             weights += record.weight;
             if let State::Completed { .. } = record.state {
                 completed.push((*key, record.seq));

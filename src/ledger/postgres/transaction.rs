@@ -11,10 +11,11 @@ use deadpool_postgres::{ClientWrapper, Object};
 
 use tokio_postgres::types::ToSql;
 
-use super::{
-    begin_params, busy_behind_a_transaction, classify, decode_begin, from_pg, from_pool, millis,
-    outcome_status, token_bytes, PgFailure, PostgresStore,
+use super::codec::{
+    begin_params, busy_behind_a_transaction, decode_begin, millis, outcome_status, token_bytes,
 };
+use super::errors::{classify, from_pg, from_pool, PgFailure};
+use super::PostgresStore;
 use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, Outcome, StoreError};
 
 /// The database transaction of one keyed request in the transactional server mode (see

@@ -14,10 +14,23 @@ local take_over = ARGV[5] == '1'
 local frozen = ARGV[6]
 
 -- The frozen request and the outcome can be large: read them only when the answer needs them.
-local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent')
+local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent',
+                     'released:' .. token)
 local bad = unreadable(key, r[1])
 if bad then return bad end
 local now = now_ms()
+
+if is_marker(r[3]) then
+  -- No record, only the tokens the key was released under. This caller released its token
+  -- already: its `begin` arrived after its own release (it was queued, or held up), and
+  -- must not make a claim nobody would ever use.
+  if r[7] then
+    return {'released'}
+  end
+  -- Anyone else finds the key absent: the claim takes the marker's place and ends it.
+  redis.call('DEL', key)
+  r[1] = false
+end
 
 if r[1] == false then
   -- Absent (never seen, released, or past its retention). The lease is a field, not the

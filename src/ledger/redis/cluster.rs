@@ -8,12 +8,17 @@ use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use ::redis::{IntoConnectionInfo, Value};
 
-use super::connection::Connection;
-use super::{
-    from_redis, warn_if_ledger_keys_can_be_evicted, warn_unless_records_survive_a_restart,
-    Persistence, RedisStore, ALL_SCRIPTS, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_OPERATION_TIMEOUT,
-    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, PERSISTENCE_SETTINGS,
+use super::builder::{
+    DEFAULT_CONNECTION_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
+use super::connection::Connection;
+use super::errors::from_redis;
+use super::scripts::ALL_SCRIPTS;
+use super::settings::{
+    warn_if_ledger_keys_can_be_evicted, warn_unless_records_survive_a_restart, Persistence,
+    PERSISTENCE_SETTINGS,
+};
+use super::RedisStore;
 use crate::ledger::StoreError;
 
 /// The cluster client's default wait before retrying a refused or broken request starts at

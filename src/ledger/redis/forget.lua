@@ -12,7 +12,7 @@ local key = KEYS[1]
 local r = redis.call('HMGET', key, 'v', 'state', 'fp', 'attempts', 'lease_until_ms')
 local bad = unreadable(key, r[1])
 if bad then return bad end
-if r[1] == false then
+if r[1] == false or is_marker(r[2]) then
   return {'absent'}
 end
 -- Every transition but a renewal changes the state or the attempts: a look taken before

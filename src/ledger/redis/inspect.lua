@@ -7,7 +7,7 @@ local r = redis.call('HMGET', key, 'v', 'state', 'fp', 'attempts', 'created_ms',
                      'sent')
 local bad = unreadable(key, r[1])
 if bad then return bad end
-if r[1] == false then
+if r[1] == false or is_marker(r[2]) then
   return {'absent'}
 end
 local status = 0

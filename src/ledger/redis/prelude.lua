@@ -4,8 +4,14 @@
 -- under any key-slot sharding (Redis Cluster).
 --
 -- Replies are arrays whose first element is a tag ('acquired', 'busy', 'resume', 'in_doubt',
--- 'replay', 'drift', 'ok', 'fenced', 'corrupt'), never Lua errors, so the Rust side can tell a
--- refused write from a broken server.
+-- 'replay', 'drift', 'released', 'ok', 'fenced', 'corrupt'), never Lua errors, so the Rust
+-- side can tell a refused write from a broken server.
+--
+-- A key without a record may hold a *released* marker instead: a hash with `v`, `state` =
+-- 'released' and one field `released:<token>` per token the key was released under (see
+-- abandon.lua), expiring a minute after the last release. It lives in the record's own key,
+-- so every script still touches one key (one slot) and sees marker and record atomically.
+-- To every script but begin and abandon it is no record at all.
 
 -- The record format this release writes and reads.
 local VERSION = '1'
@@ -16,6 +22,11 @@ local VERSION = '1'
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Whether a record read with HMGET (its `state` field as `state`) is a released marker.
+local function is_marker(state)
+  return state == 'released'
 end
 
 -- nil when the record can be read (or does not exist); a 'corrupt' reply otherwise.

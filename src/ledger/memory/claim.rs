@@ -1,0 +1,213 @@
+//! `begin`: claiming a key, or answering what its record says.
+
+use std::collections::hash_map::Entry;
+
+use tokio::time::Instant;
+
+use super::record::{Kept, Record, Stamp, State};
+use super::shared::{lock, Shard};
+use super::store::MemoryStore;
+use super::sync::Ordering;
+use crate::ledger::{Begin, BeginRequest, LedgerKey, StoreError};
+
+impl MemoryStore {
+    pub(super) fn begin_now(&self, request: BeginRequest) -> Result<Begin, StoreError> {
+        let now = Instant::now();
+        let at = self.stamp(now);
+        let mut shard = lock(self.shard(&request.key));
+        if self.refuses_released(&shard, &request, at) {
+            return Err(StoreError::fenced());
+        }
+        // One lookup for the common answers: a new claim, or what the record says.
+        let record = match shard.records.entry(request.key) {
+            Entry::Occupied(entry) if entry.get().retain_until > at => {
+                return Ok(self.begin_on_existing(entry.into_mut(), request, at));
+            }
+            Entry::Occupied(entry) => {
+                // Past its retention: gone, and claimed anew.
+                let expired = entry.remove();
+                self.forget(&expired);
+                let record = Record::claim(&request, at, self.seq());
+                if self.over_share(record.scope, record.weight) {
+                    drop(shard);
+                    return Err(self.refuse(now));
+                }
+                let weight = record.weight;
+                match self.insert_if_room(&mut shard, request.key, record) {
+                    None => {
+                        shard.released.end(&request.key);
+                        drop(shard);
+                        self.claimed(weight, &request, now);
+                        return Ok(acquired(&request));
+                    }
+                    Some(record) => record,
+                }
+            }
+            Entry::Vacant(entry) => {
+                // Absent: a new claim, if the budget has room for it and its scope is not
+                // over its share of a store under pressure.
+                let record = Record::claim(&request, at, self.seq());
+                if self.over_share(record.scope, record.weight) {
+                    drop(shard);
+                    return Err(self.refuse(now));
+                }
+                match self.claim_vacant(entry, record) {
+                    None => {
+                        shard.released.end(&request.key);
+                        drop(shard);
+                        self.note_claim(&request, now);
+                        return Ok(acquired(&request));
+                    }
+                    Some(record) => record,
+                }
+            }
+        };
+        // No room: evict what may be evicted, then try again.
+        let needed = record.weight;
+        drop(shard);
+        if self.make_room(needed, now) {
+            let mut shard = lock(self.shard(&request.key));
+            // Released while this claim made room: refused as it would have been at first.
+            if self.refuses_released(&shard, &request, self.stamp(now)) {
+                return Err(StoreError::fenced());
+            }
+            match shard.records.entry(request.key) {
+                Entry::Occupied(_) => {
+                    // Someone claimed it meanwhile: answer as that record says.
+                    drop(shard);
+                    return self.begin_now(request);
+                }
+                Entry::Vacant(entry) => {
+                    if self.claim_vacant(entry, record).is_none() {
+                        shard.released.end(&request.key);
+                        drop(shard);
+                        self.note_claim(&request, now);
+                        return Ok(acquired(&request));
+                    }
+                }
+            }
+        }
+        Err(self.refuse(now))
+    }
+
+    /// Whether `request` is the late `begin` of a caller that released its token on a key
+    /// that still has no record (one past its retention is none): it must claim nothing.
+    pub(super) fn refuses_released(
+        &self,
+        shard: &Shard,
+        request: &BeginRequest,
+        at: Stamp,
+    ) -> bool {
+        shard.released.refuses(&request.key, request.token, at)
+            && shard
+                .records
+                .get(&request.key)
+                .is_none_or(|record| record.retain_until <= at)
+    }
+
+    /// Put a new claim in `entry`'s place (one lookup: a claim holds no outcome, so it is
+    /// never in the eviction index) if the budget has room for it; hand it back if not.
+    #[must_use]
+    pub(super) fn claim_vacant(
+        &self,
+        entry: std::collections::hash_map::VacantEntry<'_, LedgerKey, Box<Record>>,
+        record: Box<Record>,
+    ) -> Option<Box<Record>> {
+        debug_assert!(matches!(record.state, State::InFlight { .. }));
+        if !self.reweigh(0, record.weight) {
+            return Some(record);
+        }
+        self.inner.last_claim.store(
+            record.weight.min(self.inner.max_bytes / 16),
+            Ordering::Relaxed,
+        );
+        self.inner.gauges.added(record.weight);
+        self.scoped(record.scope, 0, record.weight);
+        entry.insert(record);
+        None
+    }
+
+    /// A claim of `weight` bytes was taken: the room a completion that evicts leaves for
+    /// the next one (see `complete_now`), never more than a sixteenth of the budget, so an
+    /// outsized claim cannot make completions empty the eviction index.
+    pub(super) fn claimed(&self, weight: u64, request: &BeginRequest, now: Instant) {
+        let headroom = weight.min(self.inner.max_bytes / 16);
+        self.inner.last_claim.store(headroom, Ordering::Relaxed);
+        self.note_claim(request, now);
+    }
+
+    /// What every new claim tells the store, after its shard lock is released: when the
+    /// open record may end (for the sweep's floor), its protected window (for the pressure
+    /// warning), and a look at the pressure when one is due.
+    pub(super) fn note_claim(&self, request: &BeginRequest, now: Instant) {
+        let ends = self.micros(now + request.retention);
+        self.inner
+            .open_expiry_floor
+            .fetch_min(ends, Ordering::Relaxed);
+        let window = request.protected_window().as_micros() as u64;
+        if self.inner.last_window_us.load(Ordering::Relaxed) != window {
+            self.inner.last_window_us.store(window, Ordering::Relaxed);
+        }
+        self.check_pressure(now);
+    }
+
+    pub(super) fn begin_on_existing(
+        &self,
+        record: &mut Record,
+        request: BeginRequest,
+        now: Stamp,
+    ) -> Begin {
+        if record.fingerprint != request.fingerprint {
+            return match &record.kept {
+                Kept::Fields(fields) => Begin::DriftFields {
+                    stored: record.fingerprint,
+                    fields: fields.clone(),
+                },
+                kept => Begin::Drift {
+                    stored: record.fingerprint,
+                    frozen: kept.frozen(),
+                },
+            };
+        }
+        match &mut record.state {
+            State::Completed { outcome, .. } => Begin::Replay(outcome.clone()),
+            // Our own claim, asked again after a lost reply: the same answer.
+            State::InFlight { token, resumed, .. } if *token == request.token.into() => {
+                if *resumed {
+                    Begin::Resume {
+                        token: (*token).into(),
+                        frozen: record.kept.frozen(),
+                    }
+                } else {
+                    acquired(&request)
+                }
+            }
+            State::InFlight { lease_until, .. } if *lease_until > now => Begin::Busy {
+                retry_after: lease_until.since(now),
+            },
+            // In doubt, or in flight under an expired lease (the owner may have sent and
+            // died). A probe is told so and changes nothing.
+            _ if !request.take_over => Begin::InDoubt,
+            state => {
+                // Hand the operation over under the caller's token, with the bytes first
+                // frozen. Its retention is not extended: only a completion starts a new life.
+                *state = State::InFlight {
+                    token: request.token.into(),
+                    lease_until: now + request.lease,
+                    resumed: true,
+                };
+                record.attempts += 1;
+                Begin::Resume {
+                    token: request.token,
+                    frozen: record.kept.frozen(),
+                }
+            }
+        }
+    }
+}
+
+fn acquired(request: &BeginRequest) -> Begin {
+    Begin::Acquired {
+        token: request.token,
+    }
+}

@@ -1,0 +1,145 @@
+//! Pressure: how much of the budget is protected, the warnings before refusals, the refusals
+//! themselves, and each scope's fair share once the store is under pressure.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::shared::lock;
+use super::store::MemoryStore;
+use super::sync::{AtomicU64, Ordering};
+use crate::ledger::StoreError;
+
+/// The share of the budget that protected records (open, or completed inside their
+/// protected window) may hold before the store warns that it is nearing refusals.
+pub(super) const HIGH_WATER_PERCENT: u64 = 80;
+
+/// How often, at most, a claim looks at how much of the budget is protected (in µs since the
+/// store's epoch): a binary search in the eviction order, under its lock.
+pub(super) const PRESSURE_CHECK_EVERY_US: u64 = 1_000_000;
+
+/// How often, at most, the store warns of pressure, and of refusals (µs).
+pub(super) const WARN_EVERY_US: u64 = 30_000_000;
+
+impl MemoryStore {
+    pub(super) fn protected_bytes_at(&self, now: Instant) -> u64 {
+        // Read the completed bytes first: a record completing meanwhile moves bytes from
+        // open to completed, which only makes this estimate err towards protected.
+        let completed = self.inner.completed_bytes.load(Ordering::Relaxed);
+        let used = self.inner.used.load(Ordering::Relaxed);
+        let (held, ended) = lock(&self.inner.evictable).ended_by(now);
+        let open = used.saturating_sub(completed);
+        let inside = if held == 0 {
+            0
+        } else {
+            (u128::from(completed) * (held - ended) as u128 / held as u128) as u64
+        };
+        (open + inside).min(used)
+    }
+
+    /// A record of scope bucket `scope` went from `old` to `new` bytes.
+    pub(super) fn scoped(&self, scope: u16, old: u64, new: u64) {
+        if scope == 0 {
+            return;
+        }
+        let bytes = &self.inner.scope_bytes[usize::from(scope)];
+        if new >= old {
+            bytes.fetch_add(new - old, Ordering::Relaxed);
+        } else {
+            bytes.fetch_sub(old - new, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a new claim of `weight` bytes in scope bucket `scope` is over its share while
+    /// the store is under pressure (then it is refused, leaving the room to other scopes).
+    pub(super) fn over_share(&self, scope: u16, weight: u64) -> bool {
+        scope != 0
+            && self.inner.pressed.load(Ordering::Relaxed)
+            && self.inner.scope_bytes[usize::from(scope)].load(Ordering::Relaxed) + weight
+                > self.inner.scope_share
+    }
+
+    /// Whether to warn now, at most once every [`WARN_EVERY_US`] per kind of warning.
+    pub(super) fn may_warn(&self, last: &AtomicU64, at: u64) -> bool {
+        let before = last.load(Ordering::Relaxed);
+        if before != 0 && at < before + WARN_EVERY_US {
+            return false;
+        }
+        last.compare_exchange(before, at.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// At most once a second (the first claim to find it due): how much of the budget is
+    /// protected, into the gauge, and a warning past the high-water mark.
+    pub(super) fn check_pressure(&self, now: Instant) {
+        let at = self.micros(now);
+        let due = self.inner.next_pressure_check.load(Ordering::Relaxed);
+        if at < due
+            || self
+                .inner
+                .next_pressure_check
+                .compare_exchange(
+                    due,
+                    at + PRESSURE_CHECK_EVERY_US,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let max = self.inner.max_bytes.max(1);
+        let protected = self.protected_bytes_at(now);
+        self.inner.gauges.protected(protected as f64 / max as f64);
+        let pressed = protected * 100 >= max * HIGH_WATER_PERCENT;
+        self.inner.pressed.store(pressed, Ordering::Relaxed);
+        if !pressed || !self.may_warn(&self.inner.warned_pressure, at) {
+            return;
+        }
+        // Rare (at most every 30 s): counting the records locks every shard in turn.
+        let records = self.entry_count().max(1);
+        let per_record = (self.weighted_size() / records).max(1);
+        let window = Duration::from_micros(self.inner.last_window_us.load(Ordering::Relaxed));
+        let sustainable = max as f64 / per_record as f64 / window.as_secs_f64().max(0.001);
+        tracing::warn!(
+            max_bytes = max,
+            protected_bytes = protected,
+            bytes_per_record = per_record,
+            protected_window_secs = window.as_secs_f64(),
+            sustainable_per_sec = sustainable as u64,
+            "the memory ledger's protected records hold {}% of its budget: at {per_record} bytes \
+             a record and a {:.0} s protected window it sustains about {:.0} new operations a \
+             second, and refuses new ones past that (raise max_bytes, shorten the protected \
+             window, or move to a shared store)",
+            protected * 100 / max,
+            window.as_secs_f64(),
+            sustainable,
+        );
+    }
+
+    /// Refuse a claim for room: count it, warn (at most every 30 s) and say when room
+    /// frees up, from the front of the eviction order alone (no sweep, no shard lock).
+    pub(super) fn refuse(&self, now: Instant) -> StoreError {
+        // Refused claims look at the pressure too (when due): were every claim refused for
+        // its share, nothing else would ever see the pressure pass.
+        self.check_pressure(now);
+        let refused = self.inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let first_end = lock(&self.inner.evictable).first_end();
+        if self.may_warn(&self.inner.warned_refusal, self.micros(now)) {
+            tracing::warn!(
+                max_bytes = self.inner.max_bytes,
+                used = self.weighted_size(),
+                refused,
+                "the memory ledger is full of records inside their protected window; refusing \
+                 new operations (raise max_bytes, shorten the protected window, or move to a \
+                 shared store)"
+            );
+        }
+        match first_end {
+            // The first completed record to leave its protected window makes room then; an
+            // open one leaves when it completes or ends, which nothing here can tell.
+            Some(end) if end > now => StoreError::full_until(end - now),
+            _ => StoreError::full(),
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! A record, in whichever state, and what it weighs.
+
+use std::time::Duration;
+
+use super::budget::scope_bucket;
+use super::settle::outcome_status;
+use crate::fingerprint::Fingerprint;
+use crate::frozen::FrozenRequest;
+use crate::ledger::{
+    BeginRequest, FieldDigests, LeaseToken, LedgerKey, Outcome, RecordState, RecordView,
+};
+
+/// What a record costs besides its own fields and the requests and responses it holds: its
+/// map slot (a key and a pointer) at the map's load factor, its eviction-index entry and the
+/// allocator's rounding of its box (a recorded response weighs its own allocations:
+/// `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a
+/// million small server records grow the process by about the budget (a map emptier than
+/// there, just past a doubling, costs up to ~50 bytes a record more).
+pub(super) const PER_RECORD_OVERHEAD: u64 = 128;
+
+/// Kept free in every open record's weight, so that completing it can always fall back to
+/// a tombstone without needing a byte more than the claim already holds.
+pub(super) const TOMBSTONE_RESERVE: u64 = 16;
+
+/// A point in a record's life, in nanoseconds since its store's epoch: 8 bytes where an
+/// `Instant` takes 16, and a record holds four. Adding a duration saturates: a retention of
+/// more than five centuries is kept as long as the process lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Stamp(pub(super) u64);
+
+impl Stamp {
+    /// The time from `earlier` to this, or zero.
+    pub(super) fn since(self, earlier: Stamp) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    pub(super) fn micros(self) -> u64 {
+        self.0 / 1_000
+    }
+}
+
+impl std::ops::Add<Duration> for Stamp {
+    type Output = Stamp;
+
+    fn add(self, duration: Duration) -> Stamp {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Stamp(self.0.saturating_add(nanos))
+    }
+}
+
+/// A record, in whichever state. Boxed in its shard, in an allocation of 144 bytes: keep it
+/// there (its box grows by 16 bytes past each multiple of 16, less the allocator's 8).
+#[derive(Debug)]
+pub(super) struct Record {
+    pub(super) fingerprint: Fingerprint,
+    /// What is kept of the request.
+    pub(super) kept: Kept,
+    pub(super) state: State,
+    /// When the record's retention ends.
+    pub(super) retain_until: Stamp,
+    /// How long a completion of this record stays protected from eviction, in ns.
+    pub(super) protected: u64,
+    /// Tells this life of the key from a later one (in the eviction index).
+    pub(super) seq: u64,
+    /// Bytes counted against the budget.
+    pub(super) weight: u64,
+    /// When the operation was first claimed.
+    pub(super) created: Stamp,
+    /// Ownership handed out: the first claim and each resume.
+    pub(super) attempts: u32,
+    /// The bucket of the scope's bytes this record counts in (`0`: no scope).
+    pub(super) scope: u16,
+}
+
+#[derive(Debug)]
+pub(super) enum State {
+    /// An owner holds the lease. `resumed`: ownership came from a resume, so an earlier
+    /// attempt may have been sent and the record can never be released.
+    InFlight {
+        token: HeldToken,
+        lease_until: Stamp,
+        resumed: bool,
+    },
+    /// An attempt may have been sent; the next claim resumes.
+    InDoubt,
+    /// Done; replayed until its retention ends. Never evicted before `protect_until`.
+    Completed {
+        outcome: Outcome,
+        protect_until: Stamp,
+    },
+}
+
+impl State {
+    pub(super) fn is_owned_by(&self, owner: LeaseToken) -> bool {
+        matches!(self, Self::InFlight { token, .. } if *token == HeldToken::from(owner))
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Record>() <= 136);
+
+/// A [`LeaseToken`] as a record holds it: two words, aligned as words (a `u128` is aligned
+/// to 16 bytes, which would pad every record to a multiple of 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HeldToken([u64; 2]);
+
+impl From<LeaseToken> for HeldToken {
+    fn from(token: LeaseToken) -> Self {
+        let value = token.as_u128();
+        Self([(value >> 64) as u64, value as u64])
+    }
+}
+
+impl From<HeldToken> for LeaseToken {
+    fn from(HeldToken([high, low]): HeldToken) -> Self {
+        LeaseToken::from_u128(u128::from(high) << 64 | u128::from(low))
+    }
+}
+
+impl Record {
+    /// Whether `token`'s lease holds this record at `now` (a record past its retention is
+    /// gone, whatever it still holds).
+    pub(super) fn is_owned(&self, token: LeaseToken, now: Stamp) -> bool {
+        self.retain_until > now && self.state.is_owned_by(token)
+    }
+
+    pub(super) fn claim(request: &BeginRequest, now: Stamp, seq: u64) -> Box<Self> {
+        let mut record = Box::new(Self {
+            fingerprint: request.fingerprint,
+            kept: request.frozen.clone().map_or(Kept::Nothing, Kept::Frozen),
+            state: State::InFlight {
+                token: request.token.into(),
+                lease_until: now + request.lease,
+                resumed: false,
+            },
+            retain_until: now + request.retention,
+            protected: u64::try_from(request.protected_window().as_nanos()).unwrap_or(u64::MAX),
+            seq,
+            weight: 0,
+            created: now,
+            attempts: 1,
+            scope: scope_bucket(request.scope),
+        });
+        record.weight = record.measure();
+        record
+    }
+
+    /// This (open) record, completed with `outcome`, keeping nothing of its request.
+    pub(super) fn completed(
+        &self,
+        outcome: Outcome,
+        retention: Duration,
+        now: Stamp,
+        seq: u64,
+    ) -> Self {
+        let mut done = Self {
+            fingerprint: self.fingerprint,
+            kept: Kept::Nothing,
+            state: State::Completed {
+                outcome,
+                protect_until: now + Duration::from_nanos(self.protected).min(retention),
+            },
+            retain_until: now + retention,
+            protected: self.protected,
+            seq,
+            weight: 0,
+            created: self.created,
+            attempts: self.attempts,
+            scope: self.scope,
+        };
+        done.weight = done.measure();
+        done
+    }
+
+    /// This (open) record's weight once completed with an outcome of `outcome_weight`,
+    /// keeping `kept` of its request: its frozen request gives way to `kept`, and the reserve
+    /// it kept for a tombstone to the outcome.
+    pub(super) fn completed_weight(&self, outcome_weight: u64, kept: &Kept) -> u64 {
+        self.weight - self.open_kept_weight() + kept.weight() - TOMBSTONE_RESERVE + outcome_weight
+    }
+
+    /// What this open record's [`Kept`] weighs, from its weight (see
+    /// [`measure`](Self::measure)) rather than measured again.
+    pub(super) fn open_kept_weight(&self) -> u64 {
+        debug_assert!(!matches!(self.state, State::Completed { .. }));
+        debug_assert_eq!(
+            self.weight - Self::FIXED_WEIGHT - TOMBSTONE_RESERVE,
+            self.kept.weight()
+        );
+        self.weight - Self::FIXED_WEIGHT - TOMBSTONE_RESERVE
+    }
+
+    /// What every record weighs besides what it keeps of its request and its outcome.
+    pub(super) const FIXED_WEIGHT: u64 = PER_RECORD_OVERHEAD
+        + (std::mem::size_of::<LedgerKey>() + std::mem::size_of::<Self>()) as u64;
+
+    /// The most completing an open record with an outcome of `outcome_weight` adds to the
+    /// budget ([`completed_weight`](Self::completed_weight) less the open weight: what is
+    /// kept of the request never outweighs the frozen request), known before the record is
+    /// looked up.
+    pub(super) fn completion_growth(outcome_weight: u64) -> u64 {
+        outcome_weight.saturating_sub(TOMBSTONE_RESERVE)
+    }
+
+    pub(super) fn view(&self, now: Stamp) -> RecordView {
+        let state = match &self.state {
+            State::InFlight {
+                lease_until,
+                resumed,
+                ..
+            } => RecordState::InFlight {
+                lease_left: lease_until.since(now),
+                may_have_been_sent: *resumed,
+            },
+            State::InDoubt => RecordState::InDoubt,
+            State::Completed { outcome, .. } => RecordState::Completed {
+                status: outcome_status(outcome),
+            },
+        };
+        RecordView {
+            state,
+            fingerprint: self.fingerprint,
+            attempts: self.attempts,
+            age: now.since(self.created),
+            retention_left: self.retain_until.since(now),
+        }
+    }
+
+    pub(super) fn measure(&self) -> u64 {
+        let kept = self.kept.weight();
+        let state = match &self.state {
+            State::Completed { outcome, .. } => outcome.weight() as u64,
+            _ => TOMBSTONE_RESERVE,
+        };
+        Self::FIXED_WEIGHT + kept + state
+    }
+}
+
+/// What a record keeps of its request.
+#[derive(Debug)]
+pub(super) enum Kept {
+    /// The frozen request, while the operation is open: resent on resume, shown when a
+    /// later request drifts.
+    Frozen(FrozenRequest),
+    /// Once it is completed, nothing will be resent: the digests of its body's top-level
+    /// JSON fields, to name the fields a later request changed.
+    Fields(FieldDigests),
+    /// Nothing (a request made without one, a body that is no JSON object, a tombstone).
+    Nothing,
+}
+
+impl Kept {
+    pub(super) fn frozen(&self) -> Option<FrozenRequest> {
+        match self {
+            Self::Frozen(frozen) => Some(frozen.clone()),
+            _ => None,
+        }
+    }
+
+    pub(super) fn weight(&self) -> u64 {
+        match self {
+            Self::Frozen(frozen) => frozen.weight() as u64,
+            Self::Fields(fields) => fields.weight() as u64,
+            Self::Nothing => 0,
+        }
+    }
+
+    /// What a completed record keeps of this (which weighs `weight`): the field digests of
+    /// a frozen request, if its body is a JSON object and they weigh less than the request
+    /// (they always do but for bodies of many tiny fields, which then name no fields in a
+    /// drift report).
+    pub(super) fn completed(&self, weight: u64) -> Self {
+        let Self::Frozen(frozen) = self else {
+            return Self::Nothing;
+        };
+        FieldDigests::of(frozen.body())
+            .filter(|fields| fields.weight() as u64 <= weight)
+            .map_or(Self::Nothing, Self::Fields)
+    }
+}

@@ -1,0 +1,180 @@
+//! Settling an operation under its owner's token: completing it, or refusing a stale owner.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::budget::Sweep;
+use super::record::{Kept, Record, State};
+use super::shared::{lock, Shard};
+use super::store::MemoryStore;
+use super::sync::{MutexGuard, Ordering};
+use crate::ledger::{LeaseToken, LedgerKey, Outcome, StoreError};
+
+impl MemoryStore {
+    /// The shard of `key`, locked, when `token`'s lease holds its record at `now` (for a
+    /// settlement that may remove the record or put another in its place); else fenced.
+    pub(super) fn owned_shard(
+        &self,
+        key: &LedgerKey,
+        token: LeaseToken,
+        now: Instant,
+    ) -> Result<MutexGuard<'_, Shard>, StoreError> {
+        let shard = lock(self.shard(key));
+        if shard
+            .records
+            .get(key)
+            .is_some_and(|record| record.is_owned(token, self.stamp(now)))
+        {
+            Ok(shard)
+        } else {
+            Err(StoreError::fenced())
+        }
+    }
+
+    /// Run `settle` on the open record of `key` owned by `token` at `now`, or refuse as
+    /// fenced: for a change to the record alone, looked up once to check the lease and to
+    /// change it.
+    pub(super) fn settle_record<T>(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        now: Instant,
+        settle: impl FnOnce(&Self, &mut Record, Instant) -> T,
+    ) -> Result<T, StoreError> {
+        let mut shard = lock(self.shard(&key));
+        match shard.records.get_mut(&key) {
+            Some(record) if record.is_owned(token, self.stamp(now)) => {
+                Ok(settle(self, record, now))
+            }
+            _ => Err(StoreError::fenced()),
+        }
+    }
+
+    pub(super) fn complete_now(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        mut outcome: Outcome,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let weight = outcome.weight() as u64;
+        // The outcome takes the place of the reserve its claim kept, which in a store at
+        // its cap (the steady state of a long-running process) needs room the claim did
+        // not: make it first, so that the record is settled under one lock, not refused
+        // and settled again. (Were the lease lost meanwhile, what this evicted was past
+        // its protected window: evictable anyway.)
+        let growth = Record::completion_growth(weight);
+        let mut room = self.has_room(growth);
+        // At the cap every new operation evicts a record. A completion that evicts also
+        // makes the room the next claim will need (as large as the latest), so that claims
+        // find room where they look first and the evicting happens here, under no shard
+        // lock: a claim that has to evict looks its key up twice and moves its record.
+        // Best effort, from the eviction index alone: a store full of protected records
+        // must not sweep every shard on every completion for room nobody asked for yet.
+        let headroom = self.inner.last_claim.load(Ordering::Relaxed);
+        if !self.has_room(growth + headroom) {
+            room = self.evict_until(growth + headroom, now, Sweep::Never)
+                || self.has_room(growth)
+                || self.make_room(growth, now);
+        }
+        if room {
+            let left_out = self.settle_record(key, token, now, |store, open, now| {
+                store.complete_in_place(open, key, (outcome, weight), retention, now)
+            })?;
+            let Err((left, needed)) = left_out else {
+                return Ok(());
+            };
+            // Other claims took the room meanwhile: evict once more.
+            outcome = left;
+            room = self.make_room(needed, Instant::now());
+        }
+        // No room for the whole outcome: settle for less.
+        let now = Instant::now();
+        let mut shard = self.owned_shard(&key, token, now)?;
+        let open = shard.records.get_mut(&key).expect("owned");
+        let outcome = if room {
+            match self.complete_in_place(open, key, (outcome, weight), retention, now) {
+                Ok(()) => return Ok(()),
+                Err((outcome, _)) => outcome,
+            }
+        } else {
+            outcome
+        };
+        let whole = open.completed(outcome, retention, self.stamp(now), self.seq());
+        self.complete_as_tombstone(&mut shard, key, Box::new(whole));
+        Ok(())
+    }
+
+    /// Complete the open `record` of `key` with `outcome` where it stands, if the budget
+    /// has room for the outcome's bytes; else hand the outcome back with the bytes missing.
+    pub(super) fn complete_in_place(
+        &self,
+        record: &mut Record,
+        key: LedgerKey,
+        (outcome, outcome_weight): (Outcome, u64),
+        retention: Duration,
+        now: Instant,
+    ) -> Result<(), (Outcome, u64)> {
+        // What can fail (an instant out of range panics) comes before anything is written,
+        // so a panic leaves the record, the budget and the eviction order as they were.
+        let at = self.stamp(now);
+        let protect_until = at + Duration::from_nanos(record.protected).min(retention);
+        let retain_until = at + retention;
+        let kept = record.kept.completed(record.open_kept_weight());
+        let weight = record.completed_weight(outcome_weight, &kept);
+        if !self.reweigh(record.weight, weight) {
+            return Err((outcome, weight - record.weight));
+        }
+        self.inner.gauges.reweighed(record.weight, weight);
+        self.scoped(record.scope, record.weight, weight);
+        self.inner
+            .completed_bytes
+            .fetch_add(weight, Ordering::Relaxed);
+        let seq = self.seq();
+        // An open record is not in the eviction order: only its completion enters it.
+        lock(&self.inner.evictable).insert((self.instant(protect_until), seq), key);
+        record.state = State::Completed {
+            outcome,
+            protect_until,
+        };
+        record.retain_until = retain_until;
+        record.seq = seq;
+        record.weight = weight;
+        record.kept = kept;
+        Ok(())
+    }
+
+    /// Keep the fact that an operation is done when its outcome does not fit: a tombstone
+    /// is never heavier than the claim it replaces (see [`TOMBSTONE_RESERVE`]).
+    pub(super) fn complete_as_tombstone(
+        &self,
+        shard: &mut Shard,
+        key: LedgerKey,
+        mut done: Box<Record>,
+    ) {
+        tracing::warn!(
+            max_bytes = self.inner.max_bytes,
+            "the memory ledger has no room for an outcome; keeping a tombstone (the operation \
+             is done, but cannot be replayed)"
+        );
+        done.kept = Kept::Nothing;
+        if let State::Completed { outcome, .. } = &mut done.state {
+            *outcome = Outcome::Tombstone {
+                status: outcome_status(outcome),
+            };
+        }
+        done.weight = done.measure();
+        if self.insert_if_room(shard, key, done).is_some() {
+            unreachable!("a tombstone never outweighs the claim it replaces");
+        }
+    }
+}
+
+pub(super) fn outcome_status(outcome: &Outcome) -> http::StatusCode {
+    match outcome {
+        Outcome::Response(response) => response.status(),
+        Outcome::Tombstone { status } => *status,
+    }
+}

@@ -1,0 +1,221 @@
+//! What every clone of a [`MemoryStore`] shares, and the locks that guard it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::eviction::EvictionIndex;
+use super::record::{Record, Stamp};
+use super::released::Released;
+use super::store::MemoryStore;
+use super::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
+use crate::ledger::{DigestState, LedgerKey};
+
+/// Shards of the record map: enough that unrelated keys rarely share a lock on a many-core
+/// machine, few enough to stay small.
+pub(super) const SHARDS: usize = 64;
+
+/// What every clone of a store shares. See the module docs for what each lock protects
+/// and why the atomics need no stronger ordering than `Relaxed`.
+pub(super) struct Inner {
+    /// The records, by shard: each mutex guards every transition of its keys.
+    pub(super) shards: Box<[Mutex<Shard>]>,
+    /// Bytes held by every record, open or completed.
+    pub(super) used: AtomicU64,
+    pub(super) max_bytes: u64,
+    /// Completed records by the end of their protected window: the eviction order. Taken
+    /// inside a shard's lock, never the other way around.
+    pub(super) evictable: Mutex<EvictionIndex>,
+    /// Hands out the sequence numbers that tell two lives of one key apart.
+    pub(super) next_seq: AtomicU64,
+    /// The weight of the latest new claim (at most a sixteenth of the budget): the room a
+    /// completion that evicts anyway leaves for the next one (see `complete_now`).
+    pub(super) last_claim: AtomicU64,
+    pub(super) evictions: AtomicU64,
+    pub(super) refused: AtomicU64,
+    /// What the times below count from.
+    pub(super) epoch: Instant,
+    /// No open record's retention ends before this (µs since `epoch`; a lower bound): a
+    /// claim that finds no room sweeps every shard for open records past their retention
+    /// only once this has passed, so a flood of refused claims never sweeps at all.
+    pub(super) open_expiry_floor: AtomicU64,
+    /// Bytes of the completed records held (the rest of `used` is open records).
+    pub(super) completed_bytes: AtomicU64,
+    /// When a claim next looks at the pressure (µs since `epoch`).
+    pub(super) next_pressure_check: AtomicU64,
+    /// When the store last warned of pressure, and of refusals (µs since `epoch`; `0`:
+    /// never).
+    pub(super) warned_pressure: AtomicU64,
+    pub(super) warned_refusal: AtomicU64,
+    /// Bytes held by each scope's records (see [`SCOPE_BUCKETS`]).
+    pub(super) scope_bytes: Box<[AtomicU64]>,
+    /// What one scope may hold (see `MemoryStoreBuilder::scope_share`) once protected
+    /// records pass the high-water mark.
+    pub(super) scope_share: u64,
+    /// Whether protected records held past the high-water mark at the last look: a hint,
+    /// set by the pressure check and read by each claim's fair-share check.
+    pub(super) pressed: AtomicBool,
+    /// The protected window of the latest claim, in µs: the window the sustainable rate
+    /// in a warning is worked out for.
+    pub(super) last_window_us: AtomicU64,
+    /// One generation counter per shard, bumped when a record of the shard settles while
+    /// someone listens: waiters for a busy key wake when its owner is done instead of
+    /// polling. Per shard, not per key, so listening allocates nothing per key; a settle of
+    /// a neighbour wakes a waiter for nothing, and it asks `begin` again.
+    pub(super) settled: Box<[tokio::sync::watch::Sender<u64>]>,
+    pub(super) gauges: Gauges,
+}
+
+/// With feature `metrics`, the gauges of what the store holds: handles taken once, so a
+/// change costs the recorder's atomic add, never a registry lookup on the hot path.
+#[cfg(feature = "metrics")]
+pub(super) struct Gauges {
+    bytes: metrics::Gauge,
+    records: metrics::Gauge,
+    protected: metrics::Gauge,
+}
+
+#[cfg(feature = "metrics")]
+impl Gauges {
+    pub(super) fn new() -> Self {
+        Self {
+            bytes: metrics::gauge!("idempotency_store_bytes", "store" => "memory"),
+            records: metrics::gauge!("idempotency_store_records", "store" => "memory"),
+            protected: metrics::gauge!("idempotency_store_protected_ratio", "store" => "memory"),
+        }
+    }
+
+    /// The share of the budget protected records hold, as last looked at.
+    pub(super) fn protected(&self, ratio: f64) {
+        self.protected.set(ratio);
+    }
+
+    /// A record of `weight` bytes came in.
+    pub(super) fn added(&self, weight: u64) {
+        self.bytes.increment(weight as f64);
+        self.records.increment(1.0);
+    }
+
+    /// A record of `weight` bytes left.
+    pub(super) fn removed(&self, weight: u64) {
+        self.bytes.decrement(weight as f64);
+        self.records.decrement(1.0);
+    }
+
+    /// A record held stayed, `old` bytes then, `new` now.
+    pub(super) fn reweighed(&self, old: u64, new: u64) {
+        self.bytes.increment(new as f64 - old as f64);
+    }
+}
+
+/// Without feature `metrics`, nothing to keep.
+#[cfg(not(feature = "metrics"))]
+pub(super) struct Gauges;
+
+#[cfg(not(feature = "metrics"))]
+impl Gauges {
+    pub(super) fn new() -> Self {
+        Self
+    }
+
+    pub(super) fn added(&self, _: u64) {}
+
+    pub(super) fn removed(&self, _: u64) {}
+
+    pub(super) fn reweighed(&self, _: u64, _: u64) {}
+
+    pub(super) fn protected(&self, _: f64) {}
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Stores add up in one series: a store that goes takes its share out.
+        let records: u64 = self
+            .shards
+            .iter_mut()
+            .map(|shard| {
+                let shard = shard
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                shard.records.len() as u64
+            })
+            .sum();
+        self.gauges.bytes.decrement(*self.used.get_mut() as f64);
+        self.gauges.records.decrement(records as f64);
+    }
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("max_bytes", &self.max_bytes)
+            .field("used", &self.used.load(Ordering::Relaxed))
+            .field("evictions", &self.evictions.load(Ordering::Relaxed))
+            .field("refused", &self.refused.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// One shard: its records, and the tokens its keys without a record were released under.
+#[derive(Default)]
+pub(super) struct Shard {
+    /// The records, boxed: a map keeps a share of its slots empty (an eighth to over half,
+    /// as it grows by doubling), and an empty slot of a key and a pointer costs 40 bytes
+    /// where one of a key and a whole record would cost 200.
+    pub(super) records: HashMap<LedgerKey, Box<Record>, DigestState>,
+    /// Released tokens of keys without a record (see [`Released`]). Behind the same lock
+    /// as the records: a `begin` reads them and claims in one step, and an `abandon`
+    /// releases and marks in one step, so no `begin` slips between the two.
+    pub(super) released: Released,
+}
+
+/// Keys are uniform hashes: their first byte spreads them over the shards.
+pub(super) fn shard_index(key: &LedgerKey) -> usize {
+    usize::from(key.as_bytes()[0]) % SHARDS
+}
+
+/// A poisoned lock only means another caller panicked mid-transition; every transition
+/// works out what can fail before it writes (a record in one assignment, or in place once
+/// nothing can fail), so the map is still consistent.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl MemoryStore {
+    /// µs from the store's epoch to `at`.
+    pub(super) fn micros(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.inner.epoch).as_micros() as u64
+    }
+
+    /// `at` as records hold it.
+    pub(super) fn stamp(&self, at: Instant) -> Stamp {
+        let nanos = at.saturating_duration_since(self.inner.epoch).as_nanos();
+        Stamp(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// A record's `stamp` as an instant (for the eviction order).
+    pub(super) fn instant(&self, stamp: Stamp) -> Instant {
+        self.inner.epoch + Duration::from_nanos(stamp.0)
+    }
+
+    pub(super) fn seq(&self) -> u64 {
+        self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(super) fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {
+        &self.inner.shards[shard_index(key)]
+    }
+
+    /// Wake whoever listens for a settle in `key`'s shard. Called after the shard lock is
+    /// released: a listener subscribed before its `begin` took that lock, so the lock orders
+    /// its subscription before this check and it is never missed.
+    pub(super) fn announce_settled(&self, key: &LedgerKey) {
+        let settled = &self.inner.settled[shard_index(key)];
+        // Nobody listening (the common case): a single atomic load.
+        if settled.receiver_count() > 0 {
+            settled.send_modify(|generation| *generation = generation.wrapping_add(1));
+        }
+    }
+}

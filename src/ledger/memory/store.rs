@@ -1,0 +1,288 @@
+//! [`MemoryStore`]: the ledger protocol on the shards, and what the store tells of itself.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::builder::MemoryStoreBuilder;
+use super::record::State;
+use super::shared::{lock, shard_index, Inner};
+use super::sync::{Arc, Ordering};
+use crate::ledger::{
+    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
+    RecordView, Settled, StoreError, StoreFuture,
+};
+
+/// The embedded ledger, in this process.
+///
+/// Every record — in flight, in doubt or completed — sits in one sharded map and counts
+/// against one byte budget, [`max_bytes`](MemoryStoreBuilder::max_bytes) (192 MiB by
+/// default): its key, its bookkeeping, its frozen request while the operation is open (once
+/// it is completed, only a digest of each top-level JSON field of its body, enough to name
+/// what a later request changed: [`Begin::DriftFields`]) and its recorded response.
+/// [`weighted_size`](MemoryStore::weighted_size) is that count, exactly, at every moment.
+///
+/// The budget is kept without ever forgetting an operation that may still be retried:
+///
+/// - **Open operations** (in flight or in doubt) are never evicted: forgetting one would
+///   let a second caller send the same operation, or lose the bytes a resume must resend.
+///   They leave when they complete, when they are released after a pre-write failure, or
+///   when their retention ends.
+/// - **Completed operations inside their protected window** (the
+///   [`BeginRequest::protected`] window the layers set: at least their retry window plus
+///   the lease, measured from completion) are never evicted either.
+/// - **Completed operations past their protected window** but inside their retention may
+///   be evicted to make room, those whose window ended first going first; each eviction is
+///   counted ([`evictions`](MemoryStore::evictions)).
+/// - When the budget is full of records it must keep, `begin` **refuses new claims** with
+///   a [full](StoreError::is_full) error and a warning (the layers fail closed: nothing is
+///   sent), instead of forgetting an operation. Completing an operation never fails for
+///   room: an outcome that does not fit is kept as a tombstone (status only), in the room
+///   its claim already held.
+///
+/// Every transition of a key runs under its shard's lock, from the first read to the last
+/// write, so `begin` is one atomic step: two callers racing on a key never both acquire
+/// it. Nothing is awaited under a lock: every operation completes on its first poll.
+///
+/// Leases and retention are checked against [`tokio::time::Instant`] on every access (so
+/// they follow a paused test clock). Records past their retention are dropped when next
+/// touched, when their room is needed, and by
+/// [`run_pending_tasks`](MemoryStore::run_pending_tasks).
+///
+/// With feature `metrics`, the store reports what it holds as two gauges labelled
+/// `store = "memory"`: `idempotency_store_bytes` (the [weighted size](Self::weighted_size))
+/// and `idempotency_store_records` (the [records](Self::entry_count)). They move by each
+/// change, through handles taken when the store is built, so keeping them costs an atomic
+/// add per insert or removal and no lookup: install your recorder **before** building the
+/// store. Several stores in one process add up in the same series, and a dropped store
+/// takes its share out.
+///
+/// Size the budget for your rate times the protected window. Use `RedisStore` (feature
+/// `redis`) when several processes share operations or an orchestrator must resume after
+/// a crash.
+///
+/// # Example
+///
+/// ```
+/// use tower_idempotency::ledger::MemoryStore;
+///
+/// let store = MemoryStore::builder().max_bytes(16 * 1024 * 1024).build();
+/// assert_eq!(store.weighted_size(), 0);
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    pub(super) inner: Arc<Inner>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the default 192 MiB budget.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configure a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::new()
+    }
+
+    /// The bytes every record held now weighs, open and completed alike; never above the
+    /// budget.
+    ///
+    /// ```
+    /// let store = tower_idempotency::ledger::MemoryStore::new();
+    /// assert_eq!(store.weighted_size(), 0);
+    /// ```
+    pub fn weighted_size(&self) -> u64 {
+        self.inner.used.load(Ordering::Relaxed)
+    }
+
+    /// The byte budget.
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.max_bytes
+    }
+
+    /// The number of records held now (including any past their retention not yet dropped).
+    pub fn entry_count(&self) -> u64 {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).records.len() as u64)
+            .sum()
+    }
+
+    /// How many completed records were evicted past their protected window to make room.
+    pub fn evictions(&self) -> u64 {
+        self.inner.evictions.load(Ordering::Relaxed)
+    }
+
+    /// How many claims were refused because the budget was full of records to keep.
+    pub fn refused_claims(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Drop every record past its retention now.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = tower_idempotency::ledger::MemoryStore::new();
+    /// store.run_pending_tasks().await;
+    /// assert_eq!(store.entry_count(), 0);
+    /// # }
+    /// ```
+    pub async fn run_pending_tasks(&self) {
+        self.sweep_all(Instant::now());
+    }
+
+    /// The bytes of the records the store may not evict now (open ones, and completed ones
+    /// inside their protected window): what a new claim cannot make room from. Estimated
+    /// for the completed records, from their count and their mean weight.
+    ///
+    /// When it passes 80 % of the budget the store warns (at most every 30 s) with the rate
+    /// of new operations it can sustain, and with feature `metrics` it is reported, as a
+    /// share of the budget, in the gauge `idempotency_store_protected_ratio` (looked at no
+    /// more than once a second, by the claims).
+    ///
+    /// ```
+    /// let store = tower_idempotency::ledger::MemoryStore::new();
+    /// assert_eq!(store.protected_bytes(), 0);
+    /// ```
+    pub fn protected_bytes(&self) -> u64 {
+        self.protected_bytes_at(Instant::now())
+    }
+}
+
+impl IdempotencyStore for MemoryStore {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        let answer = self.begin_now(request);
+        StoreFuture::ready(answer)
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        let completed = self.complete_now(key, token, outcome, retention);
+        if completed.is_ok() {
+            self.announce_settled(&key);
+        }
+        StoreFuture::ready(completed)
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        let at = self.stamp(Instant::now());
+        let mut shard = lock(self.shard(&key));
+        let settled = match shard.records.get_mut(&key) {
+            Some(record) if record.is_owned(token, at) => {
+                match record.state {
+                    // No attempt can have left: forget it, the next caller starts afresh.
+                    // The token stays released: a retried `begin` of it still on its way
+                    // must not claim the key again.
+                    State::InFlight { resumed: false, .. } => {
+                        self.remove(&mut shard, &key);
+                        shard.released.release(key, token, at);
+                    }
+                    // An earlier attempt may have been sent: releasing would let the next
+                    // caller send new bytes. Keep it in doubt so the next caller resumes.
+                    _ => record.state = State::InDoubt,
+                }
+                Ok(())
+            }
+            // Another caller's record: nothing of this token's to release.
+            Some(record) if record.retain_until > at => Err(StoreError::fenced()),
+            // No record (none, or one past its retention): this token's `begin` may still
+            // be on its way; it must find the key released when it comes.
+            _ => {
+                shard.released.release(key, token, at);
+                Err(StoreError::fenced())
+            }
+        };
+        drop(shard);
+        if settled.is_ok() {
+            self.announce_settled(&key);
+        }
+        StoreFuture::ready(settled)
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
+            record.state = State::InDoubt;
+            // A real attempt failed: keep the record at least `retention` from now.
+            record.retain_until = record.retain_until.max(store.stamp(now) + retention);
+        });
+        if settled.is_ok() {
+            self.announce_settled(&key);
+        }
+        StoreFuture::ready(settled)
+    }
+
+    fn notify_settled(&self, key: LedgerKey) -> Option<Settled> {
+        // Subscribing marks the current generation seen: only a later settle wakes it.
+        let mut settled = self.inner.settled[shard_index(&key)].subscribe();
+        Some(Box::pin(async move {
+            // An error means the store is gone: nothing will settle, waking is right.
+            let _ = settled.changed().await;
+        }))
+    }
+
+    fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
+        let now = self.stamp(Instant::now());
+        let shard = lock(self.shard(&key));
+        let view = shard
+            .records
+            .get(&key)
+            .filter(|record| record.retain_until > now)
+            .map(|record| record.view(now));
+        StoreFuture::ready(Ok(view))
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
+            if let State::InFlight { lease_until, .. } = &mut record.state {
+                *lease_until = store.stamp(now) + lease;
+            }
+        });
+        StoreFuture::ready(settled)
+    }
+
+    // An operator forgetting one record (see `ledger::forget`). The record is judged and
+    // removed under its shard's lock, so nothing can move it in between; removal is the
+    // same as a retention's end (budget, gauges and eviction order follow), and it wakes
+    // waiters like a settle, since the key is free now.
+    fn forget(&self, key: LedgerKey, expected: Expected) -> StoreFuture<'_, Forget> {
+        let now = self.stamp(Instant::now());
+        let answer = {
+            let mut shard = lock(self.shard(&key));
+            let current = shard
+                .records
+                .get(&key)
+                .filter(|record| record.retain_until > now)
+                .map(|record| record.view(now));
+            let answer = expected.judge(current.as_ref());
+            if answer.is_forgotten() {
+                self.remove(&mut shard, &key);
+            }
+            answer
+        };
+        if answer.is_forgotten() {
+            self.announce_settled(&key);
+        }
+        let answer = Ok(answer);
+        crate::ledger::report_forget("memory", &key, &expected, &answer);
+        StoreFuture::ready(answer)
+    }
+}

@@ -1,0 +1,429 @@
+//! [`PostgresStore`]: the ledger protocol as one SQL function call per transition.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use super::builder::{PostgresStoreBuilder, Target};
+use super::codec::{
+    begin_params, busy_behind_a_transaction, decode_begin, decode_inspect, millis, outcome_status,
+    token_bytes,
+};
+use super::errors::{classify, from_pg, from_pool, PgFailure};
+use crate::frozen::FrozenRequest;
+use crate::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordView, StoreError,
+    StoreFuture,
+};
+
+/// Rows deleted per sweep statement: small enough that each statement is brief.
+const SWEEP_BATCH: i32 = 1000;
+/// The durable ledger on PostgreSQL. See the [module docs](super) for how it works, the
+/// transactional server mode and what durability to expect.
+///
+/// Cloning is cheap: clones share one connection pool.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use tower_idempotency::ledger::{IdempotencyStore, PostgresStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let store = PostgresStore::connect("postgres://app@127.0.0.1/payments").await?;
+/// store.migrate().await?;
+/// let shared: Arc<dyn IdempotencyStore> = Arc::new(store);
+/// # let _ = shared;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// What every clone of a store shares.
+pub(super) struct Inner {
+    pub(super) pool: Pool,
+    pub(super) schema: String,
+    pub(super) sql: Statements,
+    pub(super) operation_timeout: Duration,
+    pub(super) lock_wait: Duration,
+}
+
+/// The SQL of every call, with the schema filled in once.
+pub(super) struct Statements {
+    pub(super) begin: String,
+    /// `begin` in the transactional mode: run only under the key's advisory lock, taken
+    /// without waiting (the `InitPlan`'s one-time filter is checked before `begin_op` is
+    /// called: no lock, no row, and no wait), and lifting the store's bounds for the
+    /// handler's statements once it has answered.
+    pub(super) claim: String,
+    pub(super) complete: String,
+    pub(super) abandon: String,
+    pub(super) mark_in_doubt: String,
+    pub(super) renew: String,
+    pub(super) inspect: String,
+    pub(super) sweep: String,
+}
+
+impl Statements {
+    pub(super) fn new(schema: &str) -> Self {
+        Self {
+            begin: format!(
+                "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome \
+                 FROM {schema}.begin_op($1, $2, $3, $4, $5, $6, $7)"
+            ),
+            claim: format!(
+                "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome, \
+                 set_config('statement_timeout', '0', true), \
+                 set_config('lock_timeout', '0', true) \
+                 FROM {schema}.begin_op($1, $2, $3, $4, $5, $6, $7) \
+                 WHERE (SELECT pg_try_advisory_xact_lock($8))"
+            ),
+            complete: format!("SELECT {schema}.complete_op($1, $2, $3, $4, $5, $6)"),
+            abandon: format!("SELECT {schema}.abandon_op($1, $2, $3)"),
+            mark_in_doubt: format!("SELECT {schema}.mark_in_doubt_op($1, $2, $3)"),
+            renew: format!("SELECT {schema}.renew_op($1, $2, $3)"),
+            inspect: format!(
+                "SELECT r_state, r_fp, r_attempts, r_age_ms, r_lease_left_ms, \
+                 r_retention_left_ms, r_sent, r_status FROM {schema}.inspect_op($1)"
+            ),
+            sweep: format!("SELECT {schema}.sweep_op($1)"),
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Configure a store for the database at `url`
+    /// (`postgres://[user[:password]@]host[:port]/database[?options]`, or the
+    /// `key=value` form `tokio_postgres` accepts).
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::PostgresStore;
+    /// let builder = PostgresStore::builder("postgres://app@127.0.0.1/payments");
+    /// # let _ = builder;
+    /// ```
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// Configure a store from a [`tokio_postgres::Config`], for settings a URL cannot say.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::PostgresStore;
+    /// let mut config = tokio_postgres::Config::new();
+    /// config.host("127.0.0.1").user("app").dbname("payments");
+    /// let builder = PostgresStore::builder_with_config(config);
+    /// # let _ = builder;
+    /// ```
+    pub fn builder_with_config(config: tokio_postgres::Config) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Config(Box::new(config)))
+    }
+
+    /// Connect to the database at `url` with the default settings; short for
+    /// `PostgresStore::builder(url).connect()`.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::PostgresStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = PostgresStore::connect("postgres://app@127.0.0.1/payments").await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// Delete the records past their retention now, in batches; answers how many. The store
+    /// also does this in the background (see [`PostgresStoreBuilder::sweep_every`]); expired
+    /// records read as absent before they are deleted.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::PostgresStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = PostgresStore::connect("postgres://app@127.0.0.1/payments").await?;
+    /// let deleted = store.sweep().await?;
+    /// # let _ = deleted;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        let mut total = 0u64;
+        loop {
+            let row = self
+                .query_one(&self.inner.sql.sweep, &[&SWEEP_BATCH])
+                .await
+                .map_err(StoreError::from)?;
+            let deleted: i64 = row.get(0);
+            total += deleted as u64;
+            if deleted < i64::from(SWEEP_BATCH) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The connection pool: the application may run its own queries on the ledger's
+    /// database through it. Its connections carry the store's `statement_timeout`.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The schema holding the ledger's table and functions.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    pub(super) async fn bounded<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.inner.operation_timeout, work)
+            .await
+            .map_err(|_elapsed| StoreError::timeout())?
+    }
+
+    /// Run one prepared statement answering one row: one round trip once the connection
+    /// has prepared it.
+    async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, PgFailure> {
+        let work = async {
+            let client = self
+                .inner
+                .pool
+                .get()
+                .await
+                .map_err(|err| PgFailure(from_pool(err), false))?;
+            let statement = client.prepare_cached(sql).await.map_err(classify)?;
+            client.query_one(&statement, params).await.map_err(classify)
+        };
+        tokio::time::timeout(self.inner.operation_timeout, work)
+            .await
+            .map_err(|_elapsed| PgFailure(StoreError::timeout(), false))?
+    }
+
+    /// Run a fenced transition: `true` applied it, `false` means the token does not own
+    /// the record. A lock wait that ran out is a timeout: the engine asks again.
+    async fn settle(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<(), StoreError> {
+        match self.query_one(sql, params).await {
+            Ok(row) if row.get::<_, bool>(0) => Ok(()),
+            Ok(_) => Err(StoreError::fenced()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    pub(super) fn spawn_sweeper(&self, every: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // A weak handle: the sweeper ends when the last clone of the store is dropped.
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let store = PostgresStore { inner };
+                match store.sweep().await {
+                    Ok(0) => {}
+                    Ok(deleted) => tracing::debug!(deleted, "swept expired ledger records"),
+                    Err(err) => tracing::warn!(%err, "could not sweep expired ledger records"),
+                }
+            }
+        });
+    }
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.inner.schema)
+            .field("operation_timeout", &self.inner.operation_timeout)
+            .field("lock_wait", &self.inner.lock_wait)
+            .field("pool", &self.inner.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyStore for PostgresStore {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        StoreFuture::new(async move {
+            let token = request.token;
+            let frozen = request.frozen.as_ref().map(FrozenRequest::encode);
+            let answer = self
+                .query_one(
+                    &self.inner.sql.begin,
+                    &begin_params(&request, &frozen).as_params(),
+                )
+                .await;
+            match answer {
+                Ok(row) => decode_begin(&row, token),
+                Err(err) if err.is_lock_wait() => Ok(busy_behind_a_transaction(&request)),
+                Err(err) => Err(err.into_store_error()),
+            }
+        })
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let encoded = outcome.encode();
+            let status = outcome_status(&outcome);
+            let token = token_bytes(token);
+            let retention = millis(retention, 1);
+            self.settle(
+                &self.inner.sql.complete,
+                &[
+                    &key.as_bytes().as_slice(),
+                    &token.as_slice(),
+                    &encoded,
+                    &status,
+                    &retention,
+                    &false,
+                ],
+            )
+            .await
+        })
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let token = token_bytes(token);
+            // How long the key stays released under the token (see the ledger docs).
+            let released_ms = millis(crate::ledger::RELEASED_TOKEN_TTL, 1);
+            self.settle(
+                &self.inner.sql.abandon,
+                &[&key.as_bytes().as_slice(), &token.as_slice(), &released_ms],
+            )
+            .await
+        })
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let token = token_bytes(token);
+            let retention = millis(retention, 1);
+            self.settle(
+                &self.inner.sql.mark_in_doubt,
+                &[&key.as_bytes().as_slice(), &token.as_slice(), &retention],
+            )
+            .await
+        })
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let token = token_bytes(token);
+            let lease = millis(lease, 1);
+            self.settle(
+                &self.inner.sql.renew,
+                &[&key.as_bytes().as_slice(), &token.as_slice(), &lease],
+            )
+            .await
+        })
+    }
+
+    fn forget(
+        &self,
+        key: LedgerKey,
+        expected: crate::ledger::Expected,
+    ) -> StoreFuture<'_, crate::ledger::Forget> {
+        StoreFuture::new(async move {
+            let answer = self.forget_record(key, expected).await;
+            crate::ledger::report_forget("postgres", &key, &expected, &answer);
+            answer
+        })
+    }
+
+    fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
+        StoreFuture::new(async move {
+            let rows = self
+                .bounded(async {
+                    let client = self.inner.pool.get().await.map_err(from_pool)?;
+                    let statement = client
+                        .prepare_cached(&self.inner.sql.inspect)
+                        .await
+                        .map_err(from_pg)?;
+                    client
+                        .query(&statement, &[&key.as_bytes().as_slice()])
+                        .await
+                        .map_err(from_pg)
+                })
+                .await?;
+            rows.first().map(decode_inspect).transpose()
+        })
+    }
+}
+
+// An operator forgetting one record (see `ledger::forget`): one conditional `DELETE`, its
+// own statement rather than a schema function, so the schema version stays as it is.
+impl PostgresStore {
+    /// Delete the record of `key` if it is still as `expected`. The `DELETE` re-checks its
+    /// conditions on the row it locks (a concurrent transition makes it wait, then judge
+    /// the new version), so the record is judged and removed in one atomic step. When
+    /// nothing was deleted, a read says why; if the record matches by then (a lease ran
+    /// out in between), the answer is `Changed`: nothing was forgotten, look again.
+    async fn forget_record(
+        &self,
+        key: LedgerKey,
+        expected: crate::ledger::Expected,
+    ) -> Result<crate::ledger::Forget, StoreError> {
+        let sql = format!(
+            "DELETE FROM {schema}.records \
+             WHERE key = $1 AND retain_until > clock_timestamp() \
+               AND state = $2 AND fingerprint = $3 AND attempts = $4 \
+               AND (state <> 'in_flight' OR $5 OR lease_until <= clock_timestamp()) \
+             RETURNING state",
+            schema = self.inner.schema
+        );
+        let attempts = i32::try_from(expected.attempts).unwrap_or(i32::MAX);
+        let deleted = self
+            .bounded(async {
+                let client = self.inner.pool.get().await.map_err(from_pool)?;
+                let statement = client.prepare_cached(&sql).await.map_err(from_pg)?;
+                client
+                    .query(
+                        &statement,
+                        &[
+                            &key.as_bytes().as_slice(),
+                            &expected.kind.as_str(),
+                            &expected.fingerprint.as_bytes().as_slice(),
+                            &attempts,
+                            &expected.force,
+                        ],
+                    )
+                    .await
+                    .map_err(from_pg)
+            })
+            .await?;
+        if !deleted.is_empty() {
+            return Ok(crate::ledger::Forget::Forgotten);
+        }
+        let current = self.inspect(key).await?;
+        Ok(match expected.judge(current.as_ref()) {
+            crate::ledger::Forget::Forgotten => crate::ledger::Forget::Changed,
+            refused => refused,
+        })
+    }
+}

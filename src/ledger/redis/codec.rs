@@ -1,0 +1,210 @@
+//! How the scripts' arguments and replies are encoded: tokens and fingerprints as hex,
+//! durations as clamped milliseconds, replies as tagged arrays.
+
+use std::time::Duration;
+
+use ::redis::Value;
+
+use crate::fingerprint::Fingerprint;
+use crate::frozen::FrozenRequest;
+use crate::ledger::{Begin, LeaseToken, Outcome, StoreError};
+
+/// Lua numbers are doubles and `PEXPIRE` rejects times that overflow when added to the
+/// clock: clamp leases and retentions to about 139 years, far beyond any real use.
+const MAX_TTL_MS: u128 = 1 << 42;
+
+/// Turn `forget`'s reply into the protocol's answer.
+pub(super) fn decode_forget(reply: &[Value]) -> Result<crate::ledger::Forget, StoreError> {
+    use crate::ledger::Forget;
+    match tag(reply)? {
+        b"forgotten" => Ok(Forget::Forgotten),
+        b"absent" => Ok(Forget::Absent),
+        b"changed" => Ok(Forget::Changed),
+        b"live" => match reply.get(1) {
+            Some(Value::Int(ms)) => Ok(Forget::Live {
+                lease_left: Duration::from_millis(u64::try_from(*ms).unwrap_or(0)),
+            }),
+            _ => Err(unexpected(reply)),
+        },
+        _ => Err(unexpected(reply)),
+    }
+}
+
+/// Turn `begin`'s reply into the protocol's answer; `token` is the one offered to the script.
+pub(super) fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, StoreError> {
+    match tag(reply)? {
+        b"acquired" => Ok(Begin::Acquired { token }),
+        b"busy" => match reply.get(1) {
+            Some(Value::Int(ms)) => Ok(Begin::Busy {
+                retry_after: Duration::from_millis(u64::try_from(*ms).unwrap_or(0)),
+            }),
+            _ => Err(unexpected(reply)),
+        },
+        b"resume" => Ok(Begin::Resume {
+            token,
+            frozen: optional_frozen(reply.get(1))?,
+        }),
+        b"in_doubt" => Ok(Begin::InDoubt),
+        // The caller released this token before its `begin` arrived: refused, no claim.
+        b"released" => Err(StoreError::fenced()),
+        b"replay" => match reply.get(1) {
+            Some(Value::BulkString(bytes)) => Ok(Begin::Replay(Outcome::decode(bytes)?)),
+            _ => Err(StoreError::corrupt("completed record without an outcome")),
+        },
+        b"drift" => {
+            let stored = match reply.get(1) {
+                Some(Value::BulkString(hex)) => parse_fingerprint(hex)?,
+                _ => return Err(unexpected(reply)),
+            };
+            Ok(Begin::Drift {
+                stored,
+                frozen: optional_frozen(reply.get(2))?,
+            })
+        }
+        _ => Err(unexpected(reply)),
+    }
+}
+
+/// Turn `inspect`'s reply into a view.
+pub(super) fn decode_inspect(
+    reply: &[Value],
+) -> Result<Option<crate::ledger::RecordView>, StoreError> {
+    use crate::ledger::{RecordState, RecordView};
+    if tag(reply)? == b"absent" {
+        return Ok(None);
+    }
+    let text = |i: usize| match reply.get(i) {
+        Some(Value::BulkString(bytes)) => Ok(bytes.as_slice()),
+        _ => Err(unexpected(reply)),
+    };
+    let int = |i: usize| match reply.get(i) {
+        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+        _ => Err(unexpected(reply)),
+    };
+    let ms = |i: usize| int(i).map(Duration::from_millis);
+    let state = match text(1)? {
+        b"in_flight" => RecordState::InFlight {
+            lease_left: ms(5)?,
+            may_have_been_sent: text(7)? == b"1",
+        },
+        b"in_doubt" => RecordState::InDoubt,
+        b"completed" => RecordState::Completed {
+            status: http::StatusCode::from_u16(u16::try_from(int(8)?).unwrap_or(0))
+                .map_err(|err| StoreError::corrupt(err.to_string()))?,
+        },
+        _ => return Err(StoreError::corrupt("unknown record state")),
+    };
+    Ok(Some(RecordView {
+        state,
+        fingerprint: parse_fingerprint(text(2)?)?,
+        attempts: u32::try_from(int(3)?).unwrap_or(u32::MAX),
+        age: ms(4)?,
+        retention_left: ms(6)?,
+    }))
+}
+
+/// The reply's tag, with `corrupt` replies already turned into errors.
+pub(super) fn tag(reply: &[Value]) -> Result<&[u8], StoreError> {
+    match reply.first() {
+        Some(Value::BulkString(tag)) if tag == b"corrupt" => {
+            let detail = match reply.get(1) {
+                Some(Value::BulkString(detail)) => String::from_utf8_lossy(detail).into_owned(),
+                _ => "unreadable record".to_owned(),
+            };
+            Err(StoreError::corrupt(detail))
+        }
+        Some(Value::BulkString(tag)) => Ok(tag),
+        _ => Err(unexpected(reply)),
+    }
+}
+
+pub(super) fn unexpected(reply: &[Value]) -> StoreError {
+    StoreError::corrupt(format!("unexpected reply from a ledger script: {reply:?}"))
+}
+
+pub(super) fn optional_frozen(value: Option<&Value>) -> Result<Option<FrozenRequest>, StoreError> {
+    match value {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::BulkString(bytes)) => FrozenRequest::decode(bytes).map(Some),
+        Some(other) => Err(StoreError::corrupt(format!(
+            "frozen request stored as {other:?}"
+        ))),
+    }
+}
+
+pub(super) fn parse_fingerprint(hex: &[u8]) -> Result<Fingerprint, StoreError> {
+    let mut bytes = [0u8; 32];
+    if hex.len() != 64 {
+        return Err(StoreError::corrupt(
+            "stored fingerprint is not 64 hex digits",
+        ));
+    }
+    for (byte, pair) in bytes.iter_mut().zip(hex.chunks_exact(2)) {
+        *byte = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
+    }
+    Ok(Fingerprint::from_bytes(bytes))
+}
+
+pub(super) fn hex_digit(digit: u8) -> Result<u8, StoreError> {
+    match digit {
+        b'0'..=b'9' => Ok(digit - b'0'),
+        b'a'..=b'f' => Ok(digit - b'a' + 10),
+        _ => Err(StoreError::corrupt(
+            "stored fingerprint is not lowercase hex",
+        )),
+    }
+}
+
+/// Tokens travel as 32 hex digits: readable in `HGETALL`, compared as plain strings in Lua.
+pub(super) fn token_hex(token: LeaseToken) -> String {
+    format!("{:032x}", token.as_u128())
+}
+
+/// A duration in whole milliseconds, clamped to `[min, MAX_TTL_MS]`. Retentions use a
+/// minimum of 1 because `PEXPIRE key 0` deletes the key on the spot.
+pub(super) fn millis(duration: Duration, min: u128) -> u64 {
+    // The clamp keeps the value below 2^42, so the cast is lossless.
+    duration.as_millis().clamp(min, MAX_TTL_MS) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_round_trip_through_hex() {
+        let fp = Fingerprint::of(&http::Method::POST, "/x", b"{}");
+        assert_eq!(parse_fingerprint(fp.to_hex().as_bytes()).unwrap(), fp);
+        assert!(parse_fingerprint(b"zz").unwrap_err().is_corrupt());
+        assert!(parse_fingerprint(&[b'G'; 64]).unwrap_err().is_corrupt());
+    }
+
+    #[test]
+    fn durations_are_clamped_for_lua_and_pexpire() {
+        assert_eq!(millis(Duration::ZERO, 1), 1);
+        assert_eq!(millis(Duration::ZERO, 0), 0);
+        assert_eq!(millis(Duration::from_micros(1500), 1), 1);
+        assert_eq!(millis(Duration::MAX, 1), 1 << 42);
+    }
+
+    #[test]
+    fn tokens_are_32_hex_digits() {
+        assert_eq!(token_hex(LeaseToken::from_u128(0xab)).len(), 32);
+        assert_eq!(token_hex(LeaseToken::from_u128(u128::MAX)), "f".repeat(32));
+    }
+
+    #[test]
+    fn corrupt_replies_become_corrupt_errors() {
+        let reply = [
+            Value::BulkString(b"corrupt".to_vec()),
+            Value::BulkString(b"record format version 2".to_vec()),
+        ];
+        assert!(decode_begin(&reply, LeaseToken::generate())
+            .unwrap_err()
+            .is_corrupt());
+        let garbage = [Value::Int(3)];
+        assert!(decode_begin(&garbage, LeaseToken::generate())
+            .unwrap_err()
+            .is_corrupt());
+    }
+}

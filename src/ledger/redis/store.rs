@@ -1,0 +1,253 @@
+//! [`RedisStore`]: the ledger protocol over single-key Lua scripts.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::{Client, Value};
+
+use super::builder::{RedisStoreBuilder, Target};
+use super::codec::{
+    decode_begin, decode_forget, decode_inspect, millis, tag, token_hex, unexpected,
+};
+use super::connection::{Connection, ScriptCall};
+use super::errors::from_redis;
+use super::scripts::{ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, MARK_IN_DOUBT, RENEW};
+use crate::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
+};
+
+/// The distributed ledger on Redis. See the [module docs](super) for how it works, the record
+/// layout and what durability to expect.
+///
+/// Cloning is cheap: clones share one multiplexed connection.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use tower_idempotency::ledger::{IdempotencyStore, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+/// // The layers take any store behind an `Arc`.
+/// let shared: Arc<dyn IdempotencyStore> = Arc::new(store);
+/// # let _ = shared;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    // One Redis (a `ConnectionManager`) or a cluster (redis-rs's cluster connection); both
+    // are an `Arc` inside, and each operation clones it (no lock, no pool).
+    pub(super) connection: Connection,
+    pub(super) prefix: Arc<str>,
+    pub(super) operation_timeout: Duration,
+    /// `host:port` for `Debug`, without the credentials a URL may carry.
+    pub(super) addr: Arc<str>,
+}
+
+impl RedisStore {
+    /// Configure a store for the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
+    /// or `rediss://` when the `redis` crate is built with TLS).
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379/").connect().await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// Configure a store on an existing [`redis::Client`] (for connection settings a URL
+    /// cannot express, e.g. built from a [`redis::ConnectionInfo`]).
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let store = RedisStore::builder_with_client(client).connect().await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder_with_client(client: Client) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Client(client))
+    }
+
+    /// Connect to the Redis at `url` with the default settings (prefix `idem:`, 1 s
+    /// operation timeout); short for `RedisStore::builder(url).connect()`.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::RedisStore;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// The Redis key holding the record of `key`: the prefix and 64 hex digits. For operators
+    /// and tests; the store computes it itself.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::ledger::{LedgerKey, RedisStore};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// let key = LedgerKey::from_bytes([0xab; 32]);
+    /// assert_eq!(store.redis_key(&key), format!("idem:{}", "ab".repeat(32)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn redis_key(&self, key: &LedgerKey) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 64);
+        out.push_str(&self.prefix);
+        out.push_str(&key.to_hex());
+        out
+    }
+
+    /// Run one script invocation: one `EVALSHA` (plus `SCRIPT LOAD` and a retry when Redis
+    /// lost the script), bounded by the operation timeout.
+    async fn invoke(&self, call: &ScriptCall) -> Result<Vec<Value>, StoreError> {
+        // A clone per call is how both connections are meant to be shared: they are an `Arc`.
+        let mut connection = self.connection.clone();
+        let reply = tokio::time::timeout(self.operation_timeout, connection.run(call))
+            .await
+            .map_err(|_elapsed| StoreError::timeout())?
+            .map_err(from_redis)?;
+        match reply {
+            Value::Array(items) if !items.is_empty() => Ok(items),
+            other => Err(StoreError::corrupt(format!(
+                "unexpected reply from a ledger script: {other:?}"
+            ))),
+        }
+    }
+
+    /// Run a transition that answers only `ok`, `fenced` or `corrupt`.
+    async fn settle(&self, call: &ScriptCall) -> Result<(), StoreError> {
+        let reply = self.invoke(call).await?;
+        match tag(&reply)? {
+            b"ok" => Ok(()),
+            b"fenced" => Err(StoreError::fenced()),
+            _ => Err(unexpected(&reply)),
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("addr", &self.addr)
+            .field("prefix", &self.prefix)
+            .field("operation_timeout", &self.operation_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyStore for RedisStore {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        StoreFuture::new(async move {
+            // The caller's token, not one made in the script: Redis has no good randomness
+            // to offer scripts, and a `begin` sent again after a lost reply must bring the
+            // same token to recognise its own claim.
+            let token = request.token;
+            let mut call = ScriptCall::new(&BEGIN, self.redis_key(&request.key));
+            call.arg(request.fingerprint.to_hex())
+                .arg(token_hex(token))
+                .arg(millis(request.lease, 0))
+                .arg(millis(request.retention, 1))
+                .arg(if request.take_over { "1" } else { "0" });
+            if let Some(frozen) = &request.frozen {
+                call.arg(frozen.encode());
+            }
+            let reply = self.invoke(&call).await?;
+            decode_begin(&reply, token)
+        })
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let mut call = ScriptCall::new(&COMPLETE, self.redis_key(&key));
+            call.arg(token_hex(token))
+                .arg(outcome.encode())
+                .arg(millis(retention, 1));
+            self.settle(&call).await
+        })
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let mut call = ScriptCall::new(&ABANDON, self.redis_key(&key));
+            call.arg(token_hex(token))
+                .arg(millis(crate::ledger::RELEASED_TOKEN_TTL, 1));
+            self.settle(&call).await
+        })
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let mut call = ScriptCall::new(&MARK_IN_DOUBT, self.redis_key(&key));
+            call.arg(token_hex(token)).arg(millis(retention, 1));
+            self.settle(&call).await
+        })
+    }
+
+    fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<crate::ledger::RecordView>> {
+        StoreFuture::new(async move {
+            let call = ScriptCall::new(&INSPECT, self.redis_key(&key));
+            let reply = self.invoke(&call).await?;
+            decode_inspect(&reply)
+        })
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::new(async move {
+            let mut call = ScriptCall::new(&RENEW, self.redis_key(&key));
+            call.arg(token_hex(token)).arg(millis(lease, 1));
+            self.settle(&call).await
+        })
+    }
+
+    fn forget(
+        &self,
+        key: LedgerKey,
+        expected: crate::ledger::Expected,
+    ) -> StoreFuture<'_, crate::ledger::Forget> {
+        StoreFuture::new(async move {
+            let mut call = ScriptCall::new(&FORGET, self.redis_key(&key));
+            call.arg(expected.kind.as_str())
+                .arg(expected.fingerprint.to_hex())
+                .arg(expected.attempts)
+                .arg(if expected.force { "1" } else { "0" });
+            let answer = match self.invoke(&call).await {
+                Ok(reply) => decode_forget(&reply),
+                Err(err) => Err(err),
+            };
+            crate::ledger::report_forget("redis", &key, &expected, &answer);
+            answer
+        })
+    }
+}

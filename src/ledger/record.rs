@@ -425,7 +425,7 @@ const FOLDED_BODY: usize = 1024;
 
 /// What the allocator adds to a recorded response's allocations (its shared fields, its
 /// header buffer, its body and the body's shared handle): chunk headers and rounding.
-/// Calibrated with `examples/memory_footprint.rs`, so that a million small records grow the
+/// Calibrated with `benches/memory_footprint.rs`, so that a million small records grow the
 /// process by about the budget.
 const RESPONSE_ALLOCATIONS: usize = 64;
 

@@ -13,7 +13,7 @@ use crate::ledger::{
 /// What a record costs besides its own fields and the requests and responses it holds: its
 /// map slot (a key and a pointer) at the map's load factor, its eviction-index entry and the
 /// allocator's rounding of its box (a recorded response weighs its own allocations:
-/// `StoredResponse::weight`). Calibrated with `examples/memory_footprint.rs`: with it, a
+/// `StoredResponse::weight`). Calibrated with `benches/memory_footprint.rs`: with it, a
 /// million small server records grow the process by about the budget (a map emptier than
 /// there, just past a doubling, costs up to ~50 bytes a record more).
 pub(super) const PER_RECORD_OVERHEAD: u64 = 128;

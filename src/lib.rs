@@ -135,7 +135,8 @@ pub use error::{ConfigError, Drift, Error};
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
 pub use idempotency::{
-    BusyPolicy, DriftPolicy, IdempotencyLayer, InDoubtPolicy, ResponseSource, ServerErrorPolicy,
+    BusyPolicy, DriftPolicy, IdempotencyLayer, InDoubtPolicy, PayloadDiscarded, ResponseSource,
+    ServerErrorPolicy,
 };
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
 pub use retry::FrozenRetryLayer;

@@ -82,7 +82,7 @@ async fn run(svc: &Stack) -> Ended {
             Ended::Status(status, source)
         }
         Ok(Err(err)) if err.is_timeout() => Ended::Timeout,
-        Ok(Err(err)) if err.is_in_doubt() => Ended::InDoubt,
+        Ok(Err(err)) if err.is_unreconciled() => Ended::InDoubt,
         Ok(Err(err)) => panic!("unexpected error: {err}"),
     }
 }

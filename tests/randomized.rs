@@ -271,7 +271,7 @@ async fn client_case_holds(
             Err(err) => {
                 // Only a provider that ignores keys may leave an operation to reconcile.
                 assert!(
-                    !case.provider_deduplicates && err.is_in_doubt(),
+                    !case.provider_deduplicates && err.is_unreconciled(),
                     "op {op} did not complete: {err:?}"
                 );
             }

@@ -172,8 +172,15 @@ async fn sent_then_refused_stays_in_doubt(store: Arc<dyn IdempotencyStore>, firs
         Fault::RefuseBeforeSend,
         Fault::RefuseBeforeSend,
     ]);
+    // Refusing drift shows whether the operation stayed claimed: a released one would send
+    // the regenerated payload.
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store))
+        .layer(
+            IdempotencyLayer::client_builder(store)
+                .drift_policy(DriftPolicy::Reject)
+                .build()
+                .unwrap(),
+        )
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_millis(
             300,
         ))))

@@ -220,7 +220,7 @@ fn write_canonical(out: &mut Vec<u8>, value: &Value) {
     match value {
         Value::Object(members) => {
             let mut sorted: Vec<_> = members.iter().collect();
-            sorted.sort_by(|(a, _), (b, _)| a.cmp(b));
+            sorted.sort_by_key(|(name, _)| *name);
             out.push(b'{');
             for (n, (name, member)) in sorted.into_iter().enumerate() {
                 if n > 0 {

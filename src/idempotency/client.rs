@@ -26,6 +26,7 @@ use super::release::ReleaseOn;
 use super::scope::Scope;
 use super::{Idempotency, IdempotencyLayer, ResponseSource};
 use crate::error::{ConfigError, Drift};
+use crate::fingerprint::{PayloadFields, RequestPart};
 use crate::frozen::{FrozenRequest, Handoff, RetriedOutside, DEFAULT_BODY_LIMIT};
 use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
 use crate::ledger::{
@@ -42,17 +43,89 @@ use operation::{Exchange, Operation};
 /// The default cap on a recorded response: 1 MiB.
 pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
 
-/// What to do when an operation comes back with a different payload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// What to do when an operation comes back with a different payload (*drift*).
+///
+/// The default depends on who named the operation (see
+/// [`ClientBuilder::drift_policy`]): [`ResendFrozen`](Self::ResendFrozen) for an
+/// [`OperationId`](crate::OperationId), [`Reject`](Self::Reject) for a caller's own
+/// `Idempotency-Key`.
+///
+/// ```
+/// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+///
+/// // Refuse regenerated payloads even under an `OperationId`.
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+///     .drift_policy(DriftPolicy::Reject)
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DriftPolicy {
-    /// Refuse with a drift error naming both fingerprints and the changed JSON fields;
-    /// nothing is sent. The default: a changed payload is a bug worth seeing.
-    #[default]
+    /// Refuse with a [drift error](crate::Error::is_drift) naming the changed JSON fields;
+    /// nothing is sent. The operation stays as it was: only a run with the first payload
+    /// finishes it.
     Reject,
-    /// Ignore the new payload and continue the operation with the bytes first frozen
-    /// (resend them if in doubt, replay the outcome if completed).
+    /// Continue the operation with the bytes first frozen, never the new ones: resend them
+    /// if in doubt, replay the outcome if completed. The response carries a
+    /// [`PayloadDiscarded`] naming what the discarded payload changed.
     ResendFrozen,
+}
+
+/// A response extension: the request handed in was **not** sent, because its operation
+/// was first sent with another payload, and this response is that operation's (resent from
+/// the bytes first frozen, or replayed). Set whenever a drift was resolved without a
+/// refusal: under [`DriftPolicy::ResendFrozen`] (the default for an
+/// [`OperationId`](crate::OperationId)), or when only fields outside the
+/// [defining fields](ClientBuilder::defining_fields) changed.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::Request;
+/// use http_body_util::Full;
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_idempotency::testing::SideEffectService;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId, PayloadDiscarded};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::Error> {
+/// let provider = SideEffectService::new();
+/// let client = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::client(MemoryStore::new()))
+///     .service(provider.clone());
+/// let charge = |summary: &str| {
+///     let body = format!(r#"{{"order_id":"order_42","amount_cents":1999,"summary":"{summary}"}}"#);
+///     let mut req = Request::post("http://payments.local/charges").body(Full::new(Bytes::from(body))).unwrap();
+///     req.extensions_mut().insert(OperationId::new("task-7", "charge_customer"));
+///     req
+/// };
+///
+/// client.clone().oneshot(charge("Order 42")).await?;
+/// // The orchestrator re-ran the step and the model reworded the call.
+/// let again = client.clone().oneshot(charge("Charge for order 42")).await?;
+/// let discarded = again.extensions().get::<PayloadDiscarded>().expect("told");
+/// assert_eq!(discarded.changed_fields(), Some(&["summary".to_owned()][..]));
+/// assert_eq!(provider.effects(), 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PayloadDiscarded {
+    drift: Drift,
+}
+
+impl PayloadDiscarded {
+    /// How the discarded request differed from the one first sent.
+    pub fn drift(&self) -> &Drift {
+        &self.drift
+    }
+
+    /// The top-level JSON fields the discarded payload changed, sorted; `None` when
+    /// either payload is not a JSON object (see [`Drift::changed_fields`]).
+    pub fn changed_fields(&self) -> Option<&[String]> {
+        self.drift.changed_fields()
+    }
 }
 
 /// The client face's configuration (see [`ClientBuilder`]).
@@ -63,7 +136,9 @@ pub struct ClientFace {
     caller_keys: Scope,
     require_key: bool,
     release_on: ReleaseOn,
-    drift: DriftPolicy,
+    /// Unset: per who named the operation (see `drift_policy_for`).
+    drift: Option<DriftPolicy>,
+    defining_fields: Option<PayloadFields>,
     busy: BusyPolicy,
     body_limit: usize,
     response_limit: usize,
@@ -103,7 +178,8 @@ impl fmt::Debug for dyn ClassifyPhase {
 /// | protected window (never evicted) | retry window + lease |
 /// | busy operation | wait up to 30 s, then a busy error |
 /// | [answers released](ClientBuilder::release_on), not recorded | `401`, `407`, `408`, `429`, the server face's refusals that say nothing ran |
-/// | payload drift | [`DriftPolicy::Reject`] |
+/// | [payload drift](ClientBuilder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`]; under a caller's own key: refused |
+/// | [defining fields](ClientBuilder::defining_fields) | the whole request |
 /// | request body limit | 1 MiB |
 /// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
 /// | ledger unavailable | fail closed (nothing is sent) |
@@ -135,7 +211,8 @@ pub struct ClientBuilder {
     retention: Duration,
     retry_window: Duration,
     protected: Option<Duration>,
-    drift: DriftPolicy,
+    drift: Option<DriftPolicy>,
+    defining_fields: Option<PayloadFields>,
     busy: BusyPolicy,
     body_limit: usize,
     response_limit: usize,
@@ -160,7 +237,8 @@ impl ClientBuilder {
             retention: DEFAULT_RETENTION,
             retry_window: DEFAULT_MAX_ELAPSED,
             protected: None,
-            drift: DriftPolicy::Reject,
+            drift: None,
+            defining_fields: None,
             busy: BusyPolicy::Wait(Duration::from_secs(30)),
             body_limit: DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
@@ -345,9 +423,55 @@ impl ClientBuilder {
         self
     }
 
-    /// See [`DriftPolicy`].
+    /// What to do with a regenerated payload under a known operation, for every request
+    /// (see [`DriftPolicy`]).
+    ///
+    /// Unset, it depends on who named the operation. Under an
+    /// [`OperationId`](crate::OperationId) — the orchestrator's step, which a re-run agent
+    /// regenerates — a regenerated **body** is resent as first frozen
+    /// ([`DriftPolicy::ResendFrozen`]): the step finishes and the response says what was
+    /// discarded ([`PayloadDiscarded`]); a changed method or target is still refused (an
+    /// operation is never answered with another target's outcome). Under a
+    /// caller's own `Idempotency-Key`, [`DriftPolicy::Reject`]: a key reused for another
+    /// payload is a caller's mistake, as providers (and the server face's `422`) treat it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .drift_policy(DriftPolicy::Reject)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
     pub fn drift_policy(mut self, policy: DriftPolicy) -> Self {
-        self.drift = policy;
+        self.drift = Some(policy);
+        self
+    }
+
+    /// Judge drift on these fields of a JSON payload alone (default: the whole request).
+    /// A regenerated payload that changed only other fields — a reworded `summary`, a
+    /// freshly minted `fulfillment_intent_id` — is the same operation, whatever the
+    /// [drift policy](Self::drift_policy): it continues with the bytes first frozen, marked
+    /// [`PayloadDiscarded`]. A change to a defining field, or to the method or target, is
+    /// drift as before. In the spirit of AWS Powertools' payload validation.
+    ///
+    /// The bytes sent are still the ones first frozen, whole: the selection decides what
+    /// counts as the same operation, never what is sent.
+    ///
+    /// ```
+    /// use tower_idempotency::fingerprint::PayloadFields;
+    /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .drift_policy(DriftPolicy::Reject) // a changed amount is refused…
+    ///     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap()) // …a reworded summary is not
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn defining_fields(mut self, fields: PayloadFields) -> Self {
+        self.defining_fields = Some(fields);
         self
     }
 
@@ -509,6 +633,7 @@ impl ClientBuilder {
             require_key: self.require_key,
             release_on: self.release_on,
             drift: self.drift,
+            defining_fields: self.defining_fields,
             busy: self.busy,
             body_limit: self.body_limit,
             response_limit: self.response_limit,
@@ -645,6 +770,64 @@ where
 }
 
 impl ClientFace {
+    /// Whether a drift from `stored` to `new` of an operation keyed `wire` continues with
+    /// the bytes first frozen: as the [policy](ClientBuilder::drift_policy) says when set;
+    /// else for a regenerated body under an `OperationId` (its method and target unchanged:
+    /// an operation sent elsewhere is refused, never answered with another target's
+    /// outcome), and never under a caller's own key.
+    fn resends_frozen_on_drift(
+        &self,
+        wire: Option<&WireKey>,
+        stored: crate::Fingerprint,
+        new: crate::Fingerprint,
+    ) -> bool {
+        match (self.drift, wire) {
+            (Some(policy), _) => policy == DriftPolicy::ResendFrozen,
+            (None, Some(WireKey::Derived(_))) => only_the_body_differs(stored, new),
+            (None, _) => false,
+        }
+    }
+
+    /// Whether `new` is the operation first sent as `original` (fingerprinted `stored`)
+    /// once judged on the defining fields: only the body differs, both bodies are JSON, and
+    /// no defining field changed.
+    fn same_operation(
+        &self,
+        stored: crate::Fingerprint,
+        original: &FrozenRequest,
+        new: &FrozenRequest,
+    ) -> bool {
+        let Some(fields) = &self.defining_fields else {
+            return false;
+        };
+        if !only_the_body_differs(stored, new.fingerprint()) {
+            return false;
+        }
+        let parse = |body: &[u8]| serde_json::from_slice::<serde_json::Value>(body).ok();
+        match (parse(original.body()), parse(new.body())) {
+            (Some(old), Some(new)) => fields.changed(&old, &new).is_empty(),
+            _ => false,
+        }
+    }
+
+    /// [`same_operation`](Self::same_operation) when the store kept only digests of the
+    /// first body's top-level members: the same unless a changed member holds a defining
+    /// field (a member the digests cannot see into counts as changed).
+    fn same_operation_by_members(
+        &self,
+        stored: crate::Fingerprint,
+        new: &FrozenRequest,
+        changed: Option<&[String]>,
+    ) -> bool {
+        match (&self.defining_fields, changed) {
+            (Some(fields), Some(changed)) => {
+                only_the_body_differs(stored, new.fingerprint())
+                    && !changed.iter().any(|member| fields.covers_member(member))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether an `on_outcome` hook wants to hear of each operation (and its duration).
     #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
     pub(crate) fn on_outcome_set(&self) -> bool {
@@ -702,6 +885,27 @@ impl ClientFace {
              build the layer with `.retry_policy(&policy)` so its protected window and \
              retention cover the real retry window"
         );
+    }
+}
+
+/// Whether two fingerprints differ in the body alone: the same method and target.
+fn only_the_body_differs(stored: crate::Fingerprint, new: crate::Fingerprint) -> bool {
+    stored
+        .differing_parts(&new)
+        .all(|part| part == RequestPart::Body)
+}
+
+/// Tell the caller its payload was discarded, on the response of the operation it joined.
+fn marked_discarded<T>(
+    answer: Result<Response<T>, Error>,
+    discarded: Option<Drift>,
+) -> Result<Response<T>, Error> {
+    match (answer, discarded) {
+        (Ok(mut response), Some(drift)) => {
+            response.extensions_mut().insert(PayloadDiscarded { drift });
+            Ok(response)
+        }
+        (answer, _) => answer,
     }
 }
 
@@ -816,12 +1020,23 @@ where
     // What this operation sends if it is to be sent: the bytes first frozen, once the
     // ledger has shown them to us, never the request just handed in.
     let mut to_send = frozen.clone();
+    // Set when a drift is resolved by continuing with the bytes first frozen: the caller
+    // is told, on the response, what its discarded payload changed.
+    let mut discarded = None;
     let answer = match answer {
         Begin::Drift {
             stored,
             frozen: Some(original),
-        } if client.drift == DriftPolicy::ResendFrozen => {
+        } if client.resends_frozen_on_drift(track.wire(), stored, frozen.fingerprint())
+            || client.same_operation(stored, &original, &frozen) =>
+        {
             tracing::info!(key = %key.to_hex(), "payload drift; continuing with the bytes first frozen");
+            discarded = Some(Drift::between(
+                stored,
+                original.body(),
+                frozen.fingerprint(),
+                frozen.body(),
+            ));
             let mut begin = client
                 .ledger
                 .request(key, stored)
@@ -836,32 +1051,21 @@ where
                 .await
                 .map_err(Error::store)?
         }
-        Begin::DriftFields { stored, fields } if client.drift == DriftPolicy::ResendFrozen => {
-            // A completed operation whose store kept only its fields: its outcome is what
-            // continuing with the bytes first frozen gives. Asked for under the fingerprint
-            // on record, as a probe; if the record left meanwhile there is nothing to resend.
-            let begin = client.ledger.request(key, stored).probe();
-            match client
-                .ledger
-                .begin(begin, client.busy)
-                .await
-                .map_err(Error::store)?
+        Begin::DriftFields { stored, fields } => {
+            let changed = fields.changed_fields(frozen.body());
+            if client.resends_frozen_on_drift(track.wire(), stored, frozen.fingerprint())
+                || client.same_operation_by_members(stored, &frozen, changed.as_deref())
             {
-                Begin::Replay(outcome) => Begin::Replay(outcome),
-                Begin::Acquired { token } => {
-                    // Ours now, with nothing sent and nothing to send: let it go.
-                    // (Were the release lost, the claim stays unsent and leaves with its
-                    // lease: nothing was sent either way.)
-                    let _ = client.ledger.hold_unsent(key, token).abandon().await;
-                    Begin::DriftFields { stored, fields }
-                }
-                _ => Begin::DriftFields { stored, fields },
+                discarded = Some(Drift::with_fields(stored, frozen.fingerprint(), changed));
+                replay_by_fingerprint(client, key, stored, fields).await?
+            } else {
+                Begin::DriftFields { stored, fields }
             }
         }
         other => other,
     };
     track.decided(decision_of(&answer));
-    match answer {
+    let answered = match answer {
         Begin::Acquired { token } => {
             exchange(
                 inner,
@@ -950,7 +1154,37 @@ where
         // Answers added later are not understood by this release: send nothing.
         #[allow(unreachable_patterns)]
         _ => Err(Error::in_doubt()),
-    }
+    };
+    marked_discarded(answered, discarded)
+}
+
+/// A completed operation whose store kept only its fields' digests: its outcome is what
+/// continuing with the bytes first frozen gives. Asked for under the fingerprint on record,
+/// as a probe; if the record left meanwhile there is nothing to resend, and the drift
+/// stands.
+async fn replay_by_fingerprint(
+    client: &ClientFace,
+    key: LedgerKey,
+    stored: crate::Fingerprint,
+    fields: crate::ledger::FieldDigests,
+) -> Result<Begin, Error> {
+    let begin = client.ledger.request(key, stored).probe();
+    let answer = client
+        .ledger
+        .begin(begin, client.busy)
+        .await
+        .map_err(Error::store)?;
+    Ok(match answer {
+        Begin::Replay(outcome) => Begin::Replay(outcome),
+        Begin::Acquired { token } => {
+            // Ours now, with nothing sent and nothing to send: let it go.
+            // (Were the release lost, the claim stays unsent and leaves with its
+            // lease: nothing was sent either way.)
+            let _ = client.ledger.hold_unsent(key, token).abandon().await;
+            Begin::DriftFields { stored, fields }
+        }
+        _ => Begin::DriftFields { stored, fields },
+    })
 }
 
 /// How a `begin` answer is logged.

@@ -42,8 +42,11 @@
 //!    against a provider that does not deduplicate, first ask a [`Reconcile`]r whether it
 //!    happened (see [`reconcile`](self#reconciling-in-doubt-operations)).
 //! 7. **Busy**: wait for the owner (bounded, [`BusyPolicy`]) or fail.
-//! 8. **Drift** (same operation, different payload or target): refuse, naming the changed
-//!    JSON fields, or resend the original bytes ([`DriftPolicy`]) — never the new ones.
+//! 8. **Drift** (same operation, different payload or target): by default, a regenerated
+//!    body under an `OperationId` continues the operation with the bytes first frozen, the
+//!    response marked [`PayloadDiscarded`] with the changed JSON fields; anything else is
+//!    refused, naming them ([`DriftPolicy`], [`ClientBuilder::defining_fields`]). Never
+//!    are the new bytes sent.
 //! 9. **Full** (a store with a memory budget has no room for a record it may not forget):
 //!    fail with [`Error::is_ledger_full`](crate::Error::is_ledger_full); nothing is sent.
 //!
@@ -324,7 +327,9 @@ mod server;
 mod stack;
 
 pub use body::ResponseBody;
-pub use client::{ClientBuilder, ClientFace, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
+pub use client::{
+    ClientBuilder, ClientFace, ClientFuture, DriftPolicy, PayloadDiscarded, DEFAULT_RESPONSE_LIMIT,
+};
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};

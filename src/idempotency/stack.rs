@@ -115,6 +115,12 @@ impl ClientStackBuilder {
         self
     }
 
+    /// See [`ClientBuilder::defining_fields`].
+    pub fn defining_fields(mut self, fields: crate::fingerprint::PayloadFields) -> Self {
+        self.client = self.client.defining_fields(fields);
+        self
+    }
+
     /// See [`BusyPolicy`].
     pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
         self.client = self.client.busy_policy(policy);

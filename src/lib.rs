@@ -85,8 +85,8 @@
 //! - [`fingerprint`], [`frozen`]: what a request says, and its bytes captured once.
 //! - [`ledger`]: the [`IdempotencyStore`](ledger::IdempotencyStore) protocol,
 //!   [`MemoryStore`](ledger::MemoryStore) (in process, byte-budgeted) and, with feature `redis`, `RedisStore`.
-//! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine with a client face and a
-//!   server face.
+//! - [`client`]: the client face of [`IdempotencyLayer`], for callers of side-effecting
+//!   APIs; [`idempotency`]: the layer, its server face and the ledger engine both share.
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
 //! - [`phase`]: whether a failed call may have reached the server.
 //! - `testing` (feature `test-util`): a fault-injecting provider double and the store
@@ -113,6 +113,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod client;
 pub mod digest;
 mod effect;
 mod error;
@@ -130,13 +131,13 @@ pub mod reqwest;
 pub mod reqwest_middleware;
 pub mod retry;
 
+pub use client::{DriftPolicy, PayloadDiscarded};
 pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
 pub use idempotency::{
-    BusyPolicy, DriftPolicy, IdempotencyLayer, InDoubtPolicy, PayloadDiscarded, ResponseSource,
-    ServerErrorPolicy,
+    BusyPolicy, IdempotencyLayer, InDoubtPolicy, ResponseSource, ServerErrorPolicy,
 };
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
 pub use retry::FrozenRetryLayer;

@@ -53,7 +53,7 @@
 //! # let _ = refused_as_drift;
 //! ```
 //!
-//! **Instead of `reqwest-retry`**, stack [`ClientStack`](crate::idempotency::ClientStack)
+//! **Instead of `reqwest-retry`**, stack [`ClientStack`](crate::client::ClientStack)
 //! over [`ReqwestService`](crate::reqwest::ReqwestService): the frozen-retry layer retries
 //! inside one operation and keeps "may have been sent" across its attempts. Without any
 //! retrying layer, a failed operation stays in doubt and the orchestrator's next run of
@@ -100,8 +100,8 @@ use reqwest_middleware::{Middleware, Next};
 use tower_service::Service;
 use tracing::Instrument;
 
+use crate::client::{self, ClientFace, ClientLayer};
 use crate::idempotency::request_span;
-use crate::idempotency::{client, ClientFace, ClientLayer};
 use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 
 /// The client face as a `reqwest_middleware::Middleware`. See the [module docs](self).
@@ -126,8 +126,8 @@ pub struct IdempotencyMiddleware {
 
 impl IdempotencyMiddleware {
     /// The middleware applying `layer`'s configuration (store, scope, policies, limits,
-    /// hook). Build the layer with [`retry_window`](crate::idempotency::ClientBuilder::retry_window)
-    /// set to your `reqwest-retry` policy's total time, so records outlive its retries.
+    /// hook). Build the layer with [`retry_policy`](crate::client::ClientBuilder::retry_policy)
+    /// covering your `reqwest-retry` policy's total time, so records outlive its retries.
     pub fn new(layer: ClientLayer) -> Self {
         Self {
             face: layer.face().clone(),

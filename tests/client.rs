@@ -13,7 +13,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{ClientFace, Idempotency};
+use tower_idempotency::client::ClientFace;
+use tower_idempotency::idempotency::Idempotency;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome,
 };
@@ -851,7 +852,12 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
 #[test]
 fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
     let short_retention = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_window(Duration::from_secs(30))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
         .lease(Duration::from_secs(60))
         .retention(Duration::from_secs(80))
         .build();
@@ -861,12 +867,22 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .contains("retention"));
     // A lease shorter than the retry window is fine: a live owner renews it.
     let _renewed = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_window(Duration::from_secs(30))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
         .lease(Duration::from_secs(5))
         .build()
         .expect("short leases are renewed");
     let short_protection = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_window(Duration::from_secs(30))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
         .lease(Duration::from_secs(5))
         .protected_window(Duration::from_secs(20))
         .build();
@@ -879,7 +895,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .build()
         .unwrap();
     let from_policy = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_policy(&policy)
+        .retry_policy(policy.clone())
         .retention(Duration::from_secs(300))
         .build();
     assert!(

@@ -209,7 +209,7 @@ async fn client_case_holds(
         .layer(
             IdempotencyLayer::client_builder(store)
                 .lease(LEASE)
-                .retry_policy(&policy)
+                .retry_policy(policy.clone())
                 .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
                 .provider_deduplicates(case.provider_deduplicates)
                 .build()

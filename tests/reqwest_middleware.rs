@@ -30,7 +30,12 @@ async fn serve(provider: &SideEffectService) -> ServeHandle {
 fn middleware() -> IdempotencyMiddleware {
     IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
-            .retry_window(Duration::from_secs(5))
+            .retry_policy(
+                tower_idempotency::retry::RetryPolicy::builder()
+                    .max_elapsed(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            )
             .build()
             .unwrap(),
     )
@@ -118,7 +123,12 @@ async fn without_a_retry_layer_the_next_run_resends_the_stored_bytes_not_the_new
     let server = serve(&provider).await;
     let rejecting = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
-            .retry_window(Duration::from_secs(5))
+            .retry_policy(
+                tower_idempotency::retry::RetryPolicy::builder()
+                    .max_elapsed(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            )
             .drift_policy(DriftPolicy::Reject)
             .build()
             .unwrap(),
@@ -288,7 +298,12 @@ async fn error_find_reaches_our_refusal_behind_reqwest_retry() {
     let server = serve(&provider).await;
     let rejecting = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
-            .retry_window(Duration::from_secs(5))
+            .retry_policy(
+                tower_idempotency::retry::RetryPolicy::builder()
+                    .max_elapsed(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            )
             .drift_policy(DriftPolicy::Reject)
             .build()
             .unwrap(),

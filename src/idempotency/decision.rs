@@ -405,6 +405,23 @@ fn log(face: Face, decision: Decision, key: &WireKey) {
     }
 }
 
+/// How a `begin` answer is logged.
+pub(crate) fn decision_of(answer: &crate::ledger::Begin) -> Decision {
+    match answer {
+        crate::ledger::Begin::Acquired { .. } => Decision::Acquired,
+        crate::ledger::Begin::Resume { .. } => Decision::Resumed,
+        crate::ledger::Begin::Replay(_) => Decision::Replayed,
+        crate::ledger::Begin::Busy { .. } => Decision::Busy,
+        crate::ledger::Begin::InDoubt => Decision::InDoubt,
+        crate::ledger::Begin::Drift { .. } | crate::ledger::Begin::DriftFields { .. } => {
+            Decision::Drift
+        }
+        // Answers added later are refused like an in-doubt operation.
+        #[allow(unreachable_patterns)]
+        _ => Decision::InDoubt,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,7 +30,7 @@ use crate::digest::{BodyDigest, DigestError};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::CollectRequest;
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::client::decision_of;
+use crate::idempotency::decision::decision_of;
 use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
 use crate::key::HeaderKey;
 use crate::ledger::{Begin, BeginRequest, LedgerKey, StoreError};

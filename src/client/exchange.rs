@@ -165,10 +165,16 @@ where
                 ExchangeStepProj::Readying { inner, request } => {
                     let service = inner.as_mut().expect("called once");
                     match service.poll_ready(cx) {
+                        // Renewed while waiting too: a slow `poll_ready` (a full pool) must
+                        // not let the lease lapse and hand the operation to another run.
                         Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                         Poll::Ready(Ok(())) => {
                             // The last moment nothing can have left: from the call on, a
-                            // drop leaves the operation in doubt.
+                            // drop leaves the operation in doubt. `sending` is marked
+                            // *before* `call`, not after: a service may write inside `call`
+                            // itself, and a guard still believing "unsent" would then
+                            // release an operation whose bytes are on the wire — the next
+                            // run would send its own, regenerated ones.
                             this.lease
                                 .as_mut()
                                 .expect("held until the call is answered")
@@ -191,6 +197,10 @@ where
                         Poll::Ready(result) => result,
                     };
                     this.client.check_real_retry_window(this.handoff);
+                    // Out of `this.lease` before anything is decided: from here the guard
+                    // moves with the settling (a boxed future, or back into `held` to read
+                    // the body), so exactly one place settles it, and a drop of either
+                    // still settles it from the guard.
                     let lease = this.lease.take().expect("held while the call is under way");
                     match result {
                         Ok(response) => answered(

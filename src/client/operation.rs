@@ -6,6 +6,27 @@
 //! longer each keep a copy of what they are handed. The rare paths (a store that awaits,
 //! drift, resuming or reconciling an operation in doubt, fail open, a failure to settle)
 //! stay `async` and are boxed when taken.
+//!
+//! # Why each transition is safe
+//!
+//! The one rule: **no byte of a keyed request leaves before the ledger holds the operation
+//! and its frozen bytes**, and the ledger never forgets an operation whose bytes may have
+//! left. Each step keeps it:
+//!
+//! - `Freezing → operate`: the body is read whole (up to the limit) before `begin` is
+//!   asked. A body that fails or overflows ends the operation here, before the ledger is
+//!   touched: nothing was claimed, nothing needs releasing.
+//! - `operate`: `begin` carries the frozen request (`with_frozen`), so the claim and the
+//!   bytes a resume will resend are written in one store call. There is no moment at which
+//!   the ledger holds a claim without the bytes: a crash right after `begin` leaves an
+//!   operation that the next run resumes with exactly these bytes, never with its own.
+//! - `Acquired → Exchanging`: the lease token goes into a guard before the inner service is
+//!   even asked to be ready (see [`Exchange`]); dropping the future from here on settles
+//!   the operation from the guard, never leaves it claimed for ever.
+//! - `Replay`: answered from the record alone; the inner service is never called, so a
+//!   replay cannot become a second effect.
+//! - Anything else (busy, drift, in doubt, a store that must be awaited) goes to the slow
+//!   path with the inner service unused: it is the slow path's to call, at most once.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -50,7 +50,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tower_service::Service;
 
-use crate::phase::FailurePhase;
 use crate::BoxError;
 
 /// A [`reqwest::Client`] as a `Service<http::Request<Full<Bytes>>>`, the shape the layers
@@ -123,14 +122,5 @@ impl Service<http::Request<Full<Bytes>>> for ReqwestService {
             let response = client.execute(req).await?;
             Ok(http::Response::from(response))
         })
-    }
-}
-
-/// The phase of a reqwest error: connect errors are pre-write, the rest may have been sent.
-pub(crate) fn phase(error: &::reqwest::Error) -> FailurePhase {
-    if error.is_connect() {
-        FailurePhase::PreWrite
-    } else {
-        FailurePhase::Unknown
     }
 }

@@ -19,7 +19,7 @@ use super::policy::DriftPolicy;
 /// The default cap on a recorded response: 1 MiB.
 pub(crate) const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
 
-/// The client face's configuration (see [`ClientBuilder`]).
+/// The client face's configuration (see [`ClientBuilder`](super::ClientBuilder)).
 #[derive(Debug)]
 pub struct ClientFace {
     pub(super) ledger: Ledger,

@@ -207,7 +207,7 @@ impl RequestSpan {
 }
 
 /// What one request that reached the ledger came to, for a hook set with
-/// [`ClientBuilder::on_outcome`](super::ClientBuilder::on_outcome) or
+/// [`ClientBuilder::on_outcome`](crate::client::ClientBuilder::on_outcome) or
 /// [`ServerBuilder::on_outcome`](super::ServerBuilder::on_outcome).
 ///
 /// It says nothing secret: the key only as its digest (the one the decision events log,

@@ -11,7 +11,7 @@
 //!   with a ~50-byte JSON body; every request a new `Idempotency-Key`, a 1 KiB JSON body and
 //!   one of eight `Authorization` principals (the default scope), at `--server-rate` (default
 //!   2,000/s).
-//! - `client`: `IdempotencyLayer::client_stack(MemoryStore::new())` over a transport answering
+//! - `client`: `IdempotencyLayer::client_builder(MemoryStore::new()).build_stack()` over a transport answering
 //!   the same; every request a new `OperationId` and a 1 KiB JSON body, at `--client-rate`
 //!   (default 1,000/s).
 //!
@@ -258,8 +258,8 @@ fn client(rate: u64, secs: Option<u64>) {
         secs: secs.unwrap_or(2 * window.as_secs() + 20),
     };
     let store = MemoryStore::new();
-    let stack = IdempotencyLayer::client_stack(store.clone())
-        .build()
+    let stack = IdempotencyLayer::client_builder(store.clone())
+        .build_stack()
         .expect("the defaults are valid");
     let svc = stack.layer(Created::default());
     let make = |i: u64| {

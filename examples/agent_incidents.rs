@@ -44,7 +44,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower::retry::Policy;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::ClientFace;
+use tower_idempotency::client::ClientFace;
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{
@@ -355,7 +355,12 @@ async fn ledger() -> Arc<dyn IdempotencyStore> {
 fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<ClientFace> {
     IdempotencyLayer::client_builder(store)
         .lease(Duration::from_secs(2))
-        .retry_window(Duration::from_secs(1))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
         .drift_policy(drift)
         .build()
         .expect("valid client settings")
@@ -646,7 +651,12 @@ async fn crash_against_a_provider_that_ignores_keys() -> Row {
     let stack = |reconcile: bool| {
         let builder = IdempotencyLayer::client_builder(store.clone())
             .lease(Duration::from_secs(2))
-            .retry_window(Duration::from_secs(1))
+            .retry_policy(
+                tower_idempotency::retry::RetryPolicy::builder()
+                    .max_elapsed(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            )
             .provider_deduplicates(false);
         let builder = if reconcile {
             builder.reconcile(

@@ -65,7 +65,7 @@ async fn main() -> Result<(), BoxError> {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
-                .retry_policy(&retry)
+                .retry_policy(retry.clone())
                 .build()?,
         )
         .layer(FrozenRetryLayer::new(retry))

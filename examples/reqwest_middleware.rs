@@ -67,7 +67,12 @@ async fn main() -> Result<(), BoxError> {
         .build_with_max_retries(3);
     let ledger = IdempotencyLayer::client_builder(MemoryStore::new())
         // Records must outlive reqwest-retry's whole schedule (here well under 5 s).
-        .retry_window(Duration::from_secs(5))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
         .build()?;
     let client = ClientBuilder::new(reqwest::Client::new())
         // Outside: one retrying layer, each of its attempts a visit to the ledger.

@@ -148,7 +148,7 @@ impl Error {
 
     /// The caller's own `Idempotency-Key` travelled without a credential to scope it by
     /// (no `Authorization` header, and no
-    /// [scope function](crate::idempotency::ClientBuilder::caller_key_scope)). Nothing was
+    /// [scope function](crate::client::ClientBuilder::caller_key_scope)). Nothing was
     /// sent.
     pub fn is_missing_scope(&self) -> bool {
         matches!(self.inner.kind, Kind::MissingScope)
@@ -223,19 +223,93 @@ impl Error {
         matches!(self.inner.kind, Kind::ReplayUnavailable)
     }
 
-    /// An earlier attempt of the operation may have reached a server that does not
-    /// deduplicate on `Idempotency-Key`, so it is not sent again, and no reconciler could
-    /// tell whether it happened (none is configured, or it answered
-    /// [`Unknown`](crate::idempotency::Reconciled::Unknown), failed or timed out): reconcile
-    /// it out of band, or let a later run ask again.
-    /// See [`ClientBuilder::provider_deduplicates`](crate::idempotency::ClientBuilder::provider_deduplicates).
+    /// The operation may have taken effect and its outcome is not known: the failure
+    /// happened after its bytes may have left (a [timeout](Error::is_timeout), a transport
+    /// error whose [phase](Error::phase) is not `PreWrite`, a lost
+    /// [response body](Error::is_response_body)), or the operation was found so and not
+    /// sent again ([`is_unreconciled`](Error::is_unreconciled)).
+    ///
+    /// The ledger keeps such an operation in doubt: running the step again resumes it with
+    /// the bytes first frozen (or asks the reconciler), so retrying is safe; what is not
+    /// safe is treating the call as not having happened.
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn the_step_may_have_charged(err: &Error) -> bool {
+    ///     err.is_in_doubt()
+    /// }
+    /// # let _ = the_step_may_have_charged;
+    /// ```
     pub fn is_in_doubt(&self) -> bool {
+        match self.inner.kind {
+            Kind::InDoubt | Kind::AttemptTimeout | Kind::ResponseBody => true,
+            Kind::Inner { phase } => phase.may_have_been_sent(),
+            _ => false,
+        }
+    }
+
+    /// The operation was in doubt and was **not** sent again: an earlier attempt may have
+    /// reached a server that does not deduplicate on `Idempotency-Key`, and no reconciler
+    /// could tell whether it happened (none is configured, or it answered
+    /// [`Unknown`](crate::idempotency::Reconciled::Unknown), failed or timed out).
+    /// Reconcile it out of band, or let a later run ask again. Implies
+    /// [`is_in_doubt`](Error::is_in_doubt).
+    /// See [`ClientBuilder::provider_deduplicates`](crate::client::ClientBuilder::provider_deduplicates).
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn needs_reconciling(err: &Error) -> bool {
+    ///     err.is_unreconciled()
+    /// }
+    /// # let _ = needs_reconciling;
+    /// ```
+    pub fn is_unreconciled(&self) -> bool {
         matches!(self.inner.kind, Kind::InDoubt)
     }
 
     /// Reading the response body failed after the request was sent.
     pub fn is_response_body(&self) -> bool {
         matches!(self.inner.kind, Kind::ResponseBody)
+    }
+
+    /// Our error inside `err`, however deep: `err` itself, one of its
+    /// [`source`](std::error::Error::source)s, or (feature `reqwest-middleware`) the error
+    /// a `reqwest_middleware::Error::Middleware` wraps.
+    ///
+    /// Stacks put their own wrappers around it. With `reqwest-retry` in front of the
+    /// [`IdempotencyMiddleware`](crate::reqwest_middleware::IdempotencyMiddleware), a
+    /// refusal of ours is two wrappers deep: a `reqwest_middleware::Error::Middleware`
+    /// holding `reqwest-retry`'s `RetryError`, holding the `reqwest_middleware::Error` this
+    /// crate returned, holding this error. A `tower::BoxError` from a stack with layers of
+    /// its own may hold it as a source. Ask this rather than downcasting by hand.
+    ///
+    /// ```
+    /// use tower_idempotency::Error;
+    ///
+    /// fn is_drift(err: &(dyn std::error::Error + 'static)) -> bool {
+    ///     Error::find(err).is_some_and(Error::is_drift)
+    /// }
+    /// let io = std::io::Error::other("connection reset");
+    /// assert!(!is_drift(&io));
+    /// ```
+    pub fn find<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Error> {
+        let mut next = Some(err);
+        while let Some(err) = next {
+            if let Some(ours) = err.downcast_ref::<Error>() {
+                return Some(ours);
+            }
+            #[cfg(feature = "reqwest-middleware")]
+            if let Some(::reqwest_middleware::Error::Middleware(wrapped)) =
+                err.downcast_ref::<::reqwest_middleware::Error>()
+            {
+                // `Middleware` forwards `source` past the error it wraps: look at that one.
+                let wrapped: &(dyn std::error::Error + 'static) = wrapped.as_ref();
+                next = Some(wrapped);
+                continue;
+            }
+            next = err.source();
+        }
+        None
     }
 
     /// The drift report, when [`is_drift`](Error::is_drift).
@@ -447,23 +521,35 @@ impl Drift {
 }
 
 impl fmt::Display for Drift {
+    /// Leads with what changed (the JSON fields, else the parts of the request); the
+    /// fingerprints come last, shortened.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "payload drift: the operation was first sent with fingerprint {} and is now {}",
-            self.stored, self.new
-        )?;
-        let mut parts = self.differing_parts().map(|part| part.as_str());
-        if let Some(first) = parts.next() {
-            write!(f, "; differs in: {first}")?;
-            for part in parts {
-                write!(f, ", {part}")?;
+        f.write_str("payload drift: ")?;
+        match self.changed_fields.as_deref() {
+            Some([]) | None => {
+                let parts: Vec<_> = self.differing_parts().map(|part| part.as_str()).collect();
+                write!(f, "the request's {} changed", parts.join(", "))?;
+            }
+            Some(fields) => {
+                let noun = if fields.len() == 1 { "field" } else { "fields" };
+                write!(f, "{noun} {} changed", fields.join(", "))?;
+                let other: Vec<_> = self
+                    .differing_parts()
+                    .filter(|part| *part != crate::fingerprint::RequestPart::Body)
+                    .map(|part| part.as_str())
+                    .collect();
+                if !other.is_empty() {
+                    write!(f, ", and the request's {}", other.join(", "))?;
+                }
             }
         }
-        if let Some(fields) = &self.changed_fields {
-            write!(f, "; changed fields: {}", fields.join(", "))?;
-        }
-        f.write_str("; nothing was sent")
+        // True of a refusal and of a resend alike: the regenerated bytes never leave.
+        write!(
+            f,
+            " since the operation was first sent (fingerprint {:.16}…, now {:.16}…); nothing was sent",
+            self.stored.to_hex(),
+            self.new.to_hex()
+        )
     }
 }
 
@@ -506,6 +592,57 @@ mod tests {
     fn non_json_bodies_name_no_fields() {
         let fp = Fingerprint::of(&Method::POST, "/", b"x");
         assert_eq!(Drift::between(fp, b"x", fp, b"{}").changed_fields(), None);
+    }
+
+    #[test]
+    fn a_drift_message_leads_with_what_changed() {
+        let old = br#"{"order_id":"o_1","summary":"a","fulfillment_intent_id":"fi_1"}"#;
+        let new = br#"{"order_id":"o_1","summary":"b","fulfillment_intent_id":"fi_2"}"#;
+        let drift = Drift::between(
+            Fingerprint::of(&Method::POST, "/", old),
+            old,
+            Fingerprint::of(&Method::POST, "/", new),
+            new,
+        );
+        let message = Error::from_drift(drift).to_string();
+        assert!(
+            message.starts_with("payload drift: fields fulfillment_intent_id, summary changed"),
+            "{message}"
+        );
+        assert!(message.ends_with("; nothing was sent"), "{message}");
+        assert!(message.len() < 200, "no 64-hex fingerprints: {message}");
+
+        let moved = Drift::fingerprints(
+            Fingerprint::of(&Method::POST, "/orders", b"x"),
+            Fingerprint::of(&Method::PUT, "/orders/7", b"x"),
+        );
+        assert!(
+            moved
+                .to_string()
+                .starts_with("payload drift: the request's method, target changed"),
+            "{moved}"
+        );
+    }
+
+    #[test]
+    fn find_reaches_our_error_through_sources_and_boxes() {
+        #[derive(Debug)]
+        struct Wrapper(Error);
+        impl fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a layer of its own failed")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let boxed: BoxError = Box::new(Wrapper(Error::busy(Duration::from_secs(1))));
+        let found = Error::find(&*boxed).expect("found as a source");
+        assert_eq!(found.retry_after(), Some(Duration::from_secs(1)));
+        let plain: BoxError = Box::new(std::io::Error::other("reset"));
+        assert!(Error::find(&*plain).is_none());
     }
 
     #[test]

@@ -49,6 +49,10 @@
 use std::fmt;
 
 use http::Method;
+
+mod fields;
+
+pub use fields::PayloadFields;
 use sha2::{Digest, Sha256};
 
 use crate::digest::BodyDigest;

@@ -85,8 +85,8 @@
 //! - [`fingerprint`], [`frozen`]: what a request says, and its bytes captured once.
 //! - [`ledger`]: the [`IdempotencyStore`](ledger::IdempotencyStore) protocol,
 //!   [`MemoryStore`](ledger::MemoryStore) (in process, byte-budgeted) and, with feature `redis`, `RedisStore`.
-//! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine with a client face and a
-//!   server face.
+//! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine under every face.
+//! - [`client`]: the client face, for callers of side-effecting APIs.
 //! - [`server`]: the server face, IETF `Idempotency-Key` semantics in front of handlers
 //!   ([`ServerBuilder`], RFC 9457 [`problem`](server::problem)s).
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
@@ -115,6 +115,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod client;
 pub mod digest;
 mod effect;
 mod error;
@@ -133,11 +134,12 @@ pub mod reqwest_middleware;
 pub mod retry;
 pub mod server;
 
+pub use client::{DriftPolicy, PayloadDiscarded};
 pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};
 pub use fingerprint::Fingerprint;
 pub use frozen::FrozenRequest;
-pub use idempotency::{BusyPolicy, DriftPolicy, IdempotencyLayer, ResponseSource};
+pub use idempotency::{BusyPolicy, IdempotencyLayer, ResponseSource};
 pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
 pub use retry::FrozenRetryLayer;
 pub use server::{InDoubtPolicy, ServerBuilder, ServerErrorPolicy, ServerLayer};

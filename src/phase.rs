@@ -162,7 +162,13 @@ fn builtin(err: &(dyn StdError + 'static)) -> Option<FailurePhase> {
     }
     #[cfg(feature = "reqwest")]
     if let Some(reqwest) = err.downcast_ref::<::reqwest::Error>() {
-        return Some(crate::reqwest::phase(reqwest));
+        // As hyper-util's: a connect error (refused, DNS, TLS handshake) happened before
+        // the request was written; anything else may have been sent.
+        return Some(if reqwest.is_connect() {
+            FailurePhase::PreWrite
+        } else {
+            FailurePhase::Unknown
+        });
     }
     if let Some(io) = err.downcast_ref::<std::io::Error>() {
         use std::io::ErrorKind::*;

@@ -27,7 +27,7 @@
 //! # async fn main() -> Result<(), tower::BoxError> {
 //! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(&policy).build()?)
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(policy.clone()).build()?)
 //!     .layer(FrozenRetryLayer::new(policy))
 //!     .service(ReqwestService::new(reqwest::Client::new()));
 //!
@@ -50,7 +50,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tower_service::Service;
 
-use crate::phase::FailurePhase;
 use crate::BoxError;
 
 /// A [`reqwest::Client`] as a `Service<http::Request<Full<Bytes>>>`, the shape the layers
@@ -86,18 +85,18 @@ impl fmt::Debug for ReqwestService {
 }
 
 /// The whole client stack in front of a `reqwest::Client`, as
-/// [`ClientStack`](crate::idempotency::ClientStack) builds it over a [`ReqwestService`].
+/// [`ClientStack`](crate::client::ClientStack) builds it over a [`ReqwestService`].
 ///
 /// ```
 /// use tower::Layer;
 /// use tower_idempotency::reqwest::{ReqwestClientStack, ReqwestService};
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
 /// let client: ReqwestClientStack = stack.layer(ReqwestService::new(reqwest::Client::new()));
 /// # let _ = client;
 /// ```
-pub type ReqwestClientStack = crate::idempotency::ClientStackService<ReqwestService>;
+pub type ReqwestClientStack = crate::client::StackService<ReqwestService>;
 
 /// The future of [`ReqwestService`].
 pub type ReqwestFuture =
@@ -123,14 +122,5 @@ impl Service<http::Request<Full<Bytes>>> for ReqwestService {
             let response = client.execute(req).await?;
             Ok(http::Response::from(response))
         })
-    }
-}
-
-/// The phase of a reqwest error: connect errors are pre-write, the rest may have been sent.
-pub(crate) fn phase(error: &::reqwest::Error) -> FailurePhase {
-    if error.is_connect() {
-        FailurePhase::PreWrite
-    } else {
-        FailurePhase::Unknown
     }
 }

@@ -6,7 +6,9 @@
 //! `RequestBuilder::with_extension` ones or the request's own), the ledger is consulted
 //! before anything is sent, a completed operation is replayed without a request, an
 //! operation in doubt is resumed by resending the **stored** frozen bytes under the same
-//! key, and a regenerated payload under a known operation is refused as drift. It drives the
+//! key, and a regenerated payload under a known operation finishes it with the bytes first
+//! frozen, the response marked [`PayloadDiscarded`](crate::PayloadDiscarded) (or is refused
+//! as drift: see [`DriftPolicy`](crate::DriftPolicy)). It drives the
 //! same engine as [`IdempotencyLayer`](crate::IdempotencyLayer), around
 //! `next.run(req, extensions)`: the rest of the chain (and reqwest) sends the frozen bytes.
 //!
@@ -37,7 +39,21 @@
 //! read as "nothing was sent", and the operation would be released instead of left in
 //! doubt — the next run would send whatever payload it then has.
 //!
-//! **Instead of `reqwest-retry`**, stack [`ClientStack`](crate::idempotency::ClientStack)
+//! # Finding our error behind `reqwest-retry`
+//!
+//! A refusal of ours reaches the caller two wrappers deep: `reqwest-retry` wraps the
+//! `reqwest_middleware::Error::Middleware` this middleware returned in its `RetryError`,
+//! inside another `Middleware`, and both forward `source` past what they hold. Use
+//! [`Error::find`](crate::Error::find):
+//!
+//! ```
+//! fn refused_as_drift(err: &reqwest_middleware::Error) -> bool {
+//!     tower_idempotency::Error::find(err).is_some_and(tower_idempotency::Error::is_drift)
+//! }
+//! # let _ = refused_as_drift;
+//! ```
+//!
+//! **Instead of `reqwest-retry`**, stack [`ClientStack`](crate::client::ClientStack)
 //! over [`ReqwestService`](crate::reqwest::ReqwestService): the frozen-retry layer retries
 //! inside one operation and keeps "may have been sent" across its attempts. Without any
 //! retrying layer, a failed operation stays in doubt and the orchestrator's next run of
@@ -84,8 +100,8 @@ use reqwest_middleware::{Middleware, Next};
 use tower_service::Service;
 use tracing::Instrument;
 
+use crate::client::{self, ClientFace, ClientLayer};
 use crate::idempotency::request_span;
-use crate::idempotency::{client, ClientFace, ClientLayer};
 use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 
 /// The client face as a `reqwest_middleware::Middleware`. See the [module docs](self).
@@ -110,8 +126,8 @@ pub struct IdempotencyMiddleware {
 
 impl IdempotencyMiddleware {
     /// The middleware applying `layer`'s configuration (store, scope, policies, limits,
-    /// hook). Build the layer with [`retry_window`](crate::idempotency::ClientBuilder::retry_window)
-    /// set to your `reqwest-retry` policy's total time, so records outlive its retries.
+    /// hook). Build the layer with [`retry_policy`](crate::client::ClientBuilder::retry_policy)
+    /// covering your `reqwest-retry` policy's total time, so records outlive its retries.
     pub fn new(layer: ClientLayer) -> Self {
         Self {
             face: layer.face().clone(),
@@ -208,7 +224,7 @@ fn with_url(extensions: &mut Extensions, url: reqwest::Url) {
 /// `reqwest-retry` outside judges it as it would without us); our refusals wrapped.
 fn into_middleware_error(err: crate::Error) -> reqwest_middleware::Error {
     if !err.is_inner() {
-        return reqwest_middleware::Error::middleware(err);
+        return ours(err);
     }
     let err = match err.take_source::<FromRestOfChain>() {
         Ok(theirs) => return theirs.0,
@@ -217,8 +233,20 @@ fn into_middleware_error(err: crate::Error) -> reqwest_middleware::Error {
     // A request reqwest could not rebuild from the frozen one.
     match err.take_source::<reqwest::Error>() {
         Ok(reqwest) => reqwest_middleware::Error::Reqwest(*reqwest),
-        Err(err) => reqwest_middleware::Error::middleware(err),
+        Err(err) => ours(err),
     }
+}
+
+/// Our error as a `reqwest_middleware::Error::Middleware`, findable as a **source**.
+///
+/// `Middleware` and `reqwest-retry`'s `RetryError::Error` both forward `source` straight
+/// past the error they hold, so an error held plainly is skipped by anyone walking the
+/// chain of a `reqwest-retry` failure. Held under a context (its own message, so the text
+/// is unchanged), it is the context's source: `Error::find` and `anyhow`'s `chain` reach
+/// it, and `downcast_ref::<Error>()` on the `Middleware` payload still finds it.
+fn ours(err: crate::Error) -> reqwest_middleware::Error {
+    let message = err.to_string();
+    reqwest_middleware::Error::Middleware(anyhow::Error::new(err).context(message))
 }
 
 /// The rest of the middleware chain as the transport the client face calls: once per

@@ -171,10 +171,15 @@ pub const BENCH_PROTECTION: std::time::Duration = std::time::Duration::from_mill
 /// The client layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].
 pub fn client_layer(
     store: impl tower_idempotency::ledger::IdempotencyStore,
-) -> tower_idempotency::IdempotencyLayer<tower_idempotency::idempotency::ClientFace> {
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::client::ClientFace> {
     tower_idempotency::IdempotencyLayer::client_builder(store)
         .lease(BENCH_PROTECTION)
-        .retry_window(std::time::Duration::ZERO)
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(std::time::Duration::ZERO)
+                .build()
+                .unwrap(),
+        )
         .protected_window(BENCH_PROTECTION)
         .build()
         .expect("valid bench settings")

@@ -225,7 +225,7 @@ impl RequestSpan {
 }
 
 /// What one request that reached the ledger came to, for a hook set with
-/// [`ClientBuilder::on_outcome`](super::ClientBuilder::on_outcome) or
+/// [`ClientBuilder::on_outcome`](crate::client::ClientBuilder::on_outcome) or
 /// [`ServerBuilder::on_outcome`](crate::server::ServerBuilder::on_outcome).
 ///
 /// It says nothing secret: the key only as its digest (the one the decision events log,
@@ -420,6 +420,23 @@ fn log(face: Face, decision: Decision, key: &WireKey) {
             idempotency.key.digest = %digest,
             "idempotency decision"
         ),
+    }
+}
+
+/// How a `begin` answer is logged.
+pub(crate) fn decision_of(answer: &crate::ledger::Begin) -> Decision {
+    match answer {
+        crate::ledger::Begin::Acquired { .. } => Decision::Acquired,
+        crate::ledger::Begin::Resume { .. } => Decision::Resumed,
+        crate::ledger::Begin::Replay(_) => Decision::Replayed,
+        crate::ledger::Begin::Busy { .. } => Decision::Busy,
+        crate::ledger::Begin::InDoubt => Decision::InDoubt,
+        crate::ledger::Begin::Drift { .. } | crate::ledger::Begin::DriftFields { .. } => {
+            Decision::Drift
+        }
+        // Answers added later are refused like an in-doubt operation.
+        #[allow(unreachable_patterns)]
+        _ => Decision::InDoubt,
     }
 }
 

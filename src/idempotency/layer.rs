@@ -3,7 +3,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 /// Applies the ledger to a service, with one of two faces: the client face
-/// ([`ClientLayer`](super::ClientLayer) = `IdempotencyLayer<ClientFace>`, built by
+/// ([`ClientLayer`](crate::client::ClientLayer) = `IdempotencyLayer<ClientFace>`, built by
 /// [`IdempotencyLayer::client`]) for callers of side-effecting APIs, or the server face
 /// ([`ServerLayer`](crate::server::ServerLayer) = `IdempotencyLayer<ServerFace>`, built by
 /// [`IdempotencyLayer::server`]) in front of the handlers that perform the effects.

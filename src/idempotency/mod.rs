@@ -4,126 +4,7 @@
 //!
 //! # The client face
 //!
-//! For an orchestrator calling tools over HTTP. Put it **outside** the
-//! [`FrozenRetryLayer`](crate::FrozenRetryLayer): the ledger is then consulted once per
-//! logical operation, and the retries inside reuse its key and its frozen bytes (the body is
-//! buffered and hashed once, by this layer; the retry layer picks up what it froze).
-//!
-//! For each side-effecting request (see [`EffectClass`](crate::EffectClass)):
-//!
-//! 1. Find the key: the caller's own `Idempotency-Key` header, else one derived from the
-//!    request's [`OperationId`](crate::OperationId) (and sent as `Idempotency-Key`). With
-//!    neither, the request fails with a [missing-key error](crate::Error::is_missing_key)
-//!    and nothing is sent (fail closed, as on the server face): a side effect whose
-//!    `OperationId` was forgotten would otherwise be charged twice by any retry outside
-//!    this layer. Opt out with [`require_key(false)`](ClientBuilder::require_key): such
-//!    requests then pass through, marked [`ResponseSource::Unprotected`] and reported once
-//!    as a warning.
-//! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent), adding
-//!    `Content-Digest: sha-256=:…:` of its body (see [`digest`](crate::digest)), hashed in
-//!    the one pass that also makes the fingerprint.
-//! 3. `begin` in the ledger, storing the frozen request before any byte leaves.
-//! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
-//!    never taken for a dead owner's). A response is recorded (up to 1 MiB; a larger one
-//!    reaches the caller whole and is kept as a tombstone). A response saying the operation
-//!    never started ([`ReleaseOn`]: `401`, `407`, `408`, `429`, the server face's refusals
-//!    that say nothing ran) releases it, so the next run sends it once the token is
-//!    refreshed or the limit waited out. A response meaning "try again" (`5xx`, and a `409`
-//!    with `Retry-After`: "still in progress") leaves the operation *in doubt*, so a later
-//!    run resends rather than replaying the failure; any other `409` ("already exists") is
-//!    a final answer, recorded like a `201`. An error
-//!    releases the operation only when **no** attempt of it may have been sent: "may have
-//!    been sent" is sticky across the retries inside, so attempts refused at connect after
-//!    one that reached the server leave the operation in doubt. A recording lost to a
-//!    ledger outage is retried inside the lease.
-//! 5. **Replay**: return the recorded response without calling the inner service, marked
-//!    with [`ResponseSource::Replayed`].
-//! 6. **Resume** (in doubt): resend the **stored** frozen bytes under the same key — or,
-//!    against a provider that does not deduplicate, first ask a [`Reconcile`]r whether it
-//!    happened (see [`reconcile`](self#reconciling-in-doubt-operations)).
-//! 7. **Busy**: wait for the owner (bounded, [`BusyPolicy`]) or fail.
-//! 8. **Drift** (same operation, different payload or target): refuse, naming the changed
-//!    JSON fields, or resend the original bytes ([`DriftPolicy`]) — never the new ones.
-//! 9. **Full** (a store with a memory budget has no room for a record it may not forget):
-//!    fail with [`Error::is_ledger_full`](crate::Error::is_ledger_full); nothing is sent.
-//!
-//! Layers between this one and the [`FrozenRetryLayer`](crate::FrozenRetryLayer) (a
-//! `map_request` adding `Authorization`, a tracing header) keep their changes: the retry
-//! layer resends what it was handed, byte for byte, reusing the body and fingerprint this
-//! layer computed. A caller's own `Idempotency-Key` names an operation **for its principal
-//! at its target**: the same key sent under two credentials (by default, two
-//! `Authorization` headers; see [`ClientBuilder::caller_key_scope`]) or to two hosts is
-//! two operations, and a caller's key travelling with no credential is refused (the
-//! credential must be on the request when it reaches this layer; one added by a layer
-//! inside is not seen). An [`OperationId`](crate::OperationId) names one operation
-//! wherever it is sent and whatever credential it travels with (a token refreshed between
-//! a call and its resume is the same operation): sent to another target it is a drift,
-//! never a replay of the first target's answer.
-//!
-//! # Reconciling in-doubt operations
-//!
-//! [`ClientBuilder::reconcile`] takes a [`Reconcile`], asked before an in-doubt operation
-//! would be resent to a provider that ignores keys: [`Reconciled::Applied`] records and
-//! returns what it found ([`ResponseSource::Reconciled`]), [`Reconciled::NotApplied`] sends
-//! the frozen bytes, [`Reconciled::Unknown`] (and a reconciler that fails, panics or runs
-//! past its bound) leaves the operation in doubt. [`LookupReconciler`] builds one from a
-//! lookup request; its docs show a crash after sending resolved this way.
-//!
-//! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
-//! the same whichever path a request takes.
-//!
-//! [`IdempotencyLayer::client_stack`] builds both layers in the right order from one
-//! configuration ([`ClientStackBuilder`]): the body limit and the phase classifier apply to
-//! both, and the ledger's TTLs are checked against the retry policy really stacked inside.
-//! Stacked by hand the wrong way round (the retry layer outside), the layers say so once, as
-//! a warning naming the fix.
-//!
-//! # Example
-//!
-//! ```
-//! use bytes::Bytes;
-//! use http::{Request, Response};
-//! use http_body_util::Full;
-//! use std::sync::atomic::{AtomicUsize, Ordering};
-//! use std::sync::Arc;
-//! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_idempotency::{
-//!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
-//!     ResponseSource,
-//! };
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tower_idempotency::Error> {
-//! let charges = Arc::new(AtomicUsize::new(0));
-//! let provider = service_fn({
-//!     let charges = charges.clone();
-//!     move |_req: Request<Full<Bytes>>| {
-//!         charges.fetch_add(1, Ordering::SeqCst);
-//!         async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ch_1")))) }
-//!     }
-//! });
-//!
-//! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client(MemoryStore::new())) // once per logical operation
-//!     .layer(FrozenRetryLayer::new(RetryPolicy::default())) // resends the frozen bytes
-//!     .service(provider);
-//!
-//! let charge = || {
-//!     let mut req = Request::post("http://payments.local/charges")
-//!         .body(Full::new(Bytes::from(r#"{"order_id":"order_42","amount_cents":1999}"#)))
-//!         .unwrap();
-//!     req.extensions_mut().insert(OperationId::new("task-7", "charge-customer"));
-//!     req
-//! };
-//!
-//! let first = client.clone().oneshot(charge()).await?;
-//! let again = client.clone().oneshot(charge()).await?; // the orchestrator retried the step
-//! assert_eq!(again.extensions().get::<ResponseSource>(), Some(&ResponseSource::Replayed));
-//! assert_eq!(charges.load(Ordering::SeqCst), 1);
-//! # let _ = first;
-//! # Ok(())
-//! # }
-//! ```
+//! For an orchestrator calling tools over HTTP: see [`client`](crate::client).
 //!
 //! # The server face
 //!
@@ -143,23 +24,20 @@
 //! `key`.
 //!
 //! For observability of your own, `on_outcome` on either builder
-//! ([`ClientBuilder::on_outcome`], [`ServerBuilder::on_outcome`](crate::ServerBuilder::on_outcome),
-//! [`ClientStackBuilder::on_outcome`]) calls a hook once per request that reached the
+//! ([`ClientBuilder::on_outcome`](crate::client::ClientBuilder::on_outcome),
+//! [`ServerBuilder::on_outcome`](crate::ServerBuilder::on_outcome)) calls a hook once per request that reached the
 //! ledger, with an [`OutcomeEvent`]: the face, the last decision, the key's digest, the
 //! status when there was a response, and the time taken. Unset, it costs nothing.
 
 pub(crate) mod body;
-pub(crate) mod client;
 pub(crate) mod decision;
 pub(crate) mod engine;
 mod layer;
-mod reconcile;
-mod release;
+pub(crate) mod reconcile;
+pub(crate) mod release;
 pub(crate) mod scope;
-mod stack;
 
 pub use body::ResponseBody;
-pub use client::{ClientBuilder, ClientFace, ClientFuture, DriftPolicy, DEFAULT_RESPONSE_LIMIT};
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};
@@ -170,60 +48,6 @@ pub use reconcile::{
     DEFAULT_RECONCILE_TIMEOUT,
 };
 pub use release::ReleaseOn;
-pub use stack::{ClientStack, ClientStackBuilder};
-
-/// The client [`IdempotencyLayer`], as [`IdempotencyLayer::client`] and
-/// [`ClientBuilder::build`] return it.
-///
-/// ```
-/// use tower_idempotency::{idempotency::ClientLayer, ledger::MemoryStore, IdempotencyLayer};
-///
-/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new());
-/// # let _ = layer;
-/// ```
-pub type ClientLayer = IdempotencyLayer<ClientFace>;
-
-/// The whole client stack around the transport `S`, as a [`ClientStack`] builds it:
-/// [`IdempotencyLayer`] outside, [`FrozenRetry`](crate::retry::FrozenRetry) inside.
-///
-/// ```
-/// use tower::Layer;
-/// use tower_idempotency::idempotency::ClientStackService;
-/// use tower_idempotency::testing::SideEffectService;
-/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
-///
-/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
-/// let client: ClientStackService<SideEffectService> = stack.layer(SideEffectService::new());
-/// # let _ = client;
-/// ```
-pub type ClientStackService<S> = Idempotency<crate::retry::FrozenRetry<S>, ClientFace>;
-
-/// The client stack over hyper-util's legacy client with connector `C` (feature
-/// `hyper-util`), the stack of the README's quickstart.
-///
-/// ```
-/// use bytes::Bytes;
-/// use http_body_util::Full;
-/// use hyper_util::client::legacy::{connect::HttpConnector, Client};
-/// use hyper_util::rt::TokioExecutor;
-/// use tower::Layer;
-/// use tower_idempotency::idempotency::HyperClientStack;
-/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
-///
-/// let stack = IdempotencyLayer::client_stack(MemoryStore::new()).build().unwrap();
-/// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-/// let client: HyperClientStack<HttpConnector> = stack.layer(http);
-/// # let _ = client;
-/// ```
-#[cfg(feature = "hyper-util")]
-#[cfg_attr(docsrs, doc(cfg(feature = "hyper-util")))]
-pub type HyperClientStack<C> =
-    ClientStackService<hyper_util::client::legacy::Client<C, http_body_util::Full<bytes::Bytes>>>;
-
-/// Renamed [`ClientFace`]: `Client` clashed with hyper-util's and reqwest's `Client` in
-/// type errors.
-#[deprecated(note = "renamed `ClientFace`; or use the `ClientLayer` alias")]
-pub type Client = ClientFace;
 
 /// Where a response came from: a response extension set by the client
 /// [`IdempotencyLayer`] on every response of a side-effecting request. (The server face
@@ -243,6 +67,6 @@ pub enum ResponseSource {
     Reconciled,
     /// A side effect without an [`OperationId`](crate::OperationId) or an `Idempotency-Key`:
     /// sent once, outside the ledger, unprotected against a caller's own retry. See
-    /// [`ClientBuilder::require_key`].
+    /// [`ClientBuilder::require_key`](crate::client::ClientBuilder::require_key).
     Unprotected,
 }

@@ -16,7 +16,7 @@
 //! it happening again).
 //!
 //! [`Records`] is the operator's handle: from a built layer
-//! ([`ClientLayer::records`](crate::idempotency::ClientLayer),
+//! ([`ClientLayer::records`](crate::client::ClientLayer),
 //! [`ServerLayer::records`](crate::server::ServerLayer)), it derives record keys as the
 //! layer does, from an [`OperationId`] or a request head, so nobody computes a
 //! [`LedgerKey`] by hand.
@@ -302,7 +302,7 @@ enum Keys {
 /// An operator's handle on a ledger: look at one record, and forget it (fenced), by the keys
 /// a layer derives. See the [module docs](self).
 ///
-/// From a built layer, [`ClientLayer::records`](crate::idempotency::ClientLayer) or
+/// From a built layer, [`ClientLayer::records`](crate::client::ClientLayer) or
 /// [`ServerLayer::records`](crate::server::ServerLayer), or over a bare store with
 /// [`Records::new`] (whose [`operation_key`](Self::operation_key) is the client face's
 /// with the default scope `""`). Cloning is cheap.

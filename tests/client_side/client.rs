@@ -12,7 +12,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{ClientFace, Idempotency};
+use tower_idempotency::client::ClientFace;
+use tower_idempotency::idempotency::Idempotency;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome,
 };
@@ -21,9 +22,10 @@ use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
 
 use down::DownStore;
+use tower_idempotency::fingerprint::PayloadFields;
 use tower_idempotency::{
     BusyPolicy, DriftPolicy, EffectClass, FrozenRequest, FrozenRetryLayer, IdempotencyLayer,
-    OperationId, ResponseSource,
+    OperationId, PayloadDiscarded, ResponseSource,
 };
 
 const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock: 200 units of SKU-4471, expedited freight","total_cents":184200,"fulfillment_intent_id":"fi_9a7e21"}"#;
@@ -341,7 +343,10 @@ async fn drift_is_rejected_naming_the_fields_that_changed() {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         commit: true,
     }]);
-    let layer = IdempotencyLayer::client(store.clone());
+    let layer = IdempotencyLayer::client_builder(store.clone())
+        .drift_policy(DriftPolicy::Reject)
+        .build()
+        .unwrap();
     let one_shot = RetryPolicy::builder().max_attempts(1).build().unwrap();
     let svc = ServiceBuilder::new()
         .layer(layer)
@@ -363,8 +368,11 @@ async fn drift_is_rejected_naming_the_fields_that_changed() {
         drift.differing_parts().collect::<Vec<_>>(),
         [tower_idempotency::fingerprint::RequestPart::Body]
     );
-    assert!(err.to_string().contains("differs in: body;"), "{err}");
-    assert!(err.to_string().contains("fulfillment_intent_id"));
+    assert!(
+        err.to_string()
+            .starts_with("payload drift: fields fulfillment_intent_id, summary changed"),
+        "the message leads with the changed fields: {err}"
+    );
     assert_eq!(
         provider.calls(),
         1,
@@ -386,7 +394,11 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
         .unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
 
-    let err = stack(&store, &provider)
+    let reject = IdempotencyLayer::client_builder(store.clone())
+        .drift_policy(DriftPolicy::Reject)
+        .build()
+        .unwrap();
+    let err = stack_with(reject, &provider)
         .oneshot(post(REGENERATED))
         .await
         .unwrap_err();
@@ -407,6 +419,165 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
     assert_eq!(replayed.status(), StatusCode::CREATED);
     assert_eq!(source(&replayed), Some(ResponseSource::Replayed));
     assert_eq!(provider.calls(), 1, "sent once, by the first call");
+}
+
+/// The second incident, as an orchestrator lives it: the step's call committed and answered
+/// `500`, the orchestrator re-ran the step, the model regenerated the call. By default the
+/// step finishes with the bytes first frozen, and the caller is told what it discarded.
+#[tokio::test(start_paused = true)]
+async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_what_was_discarded()
+{
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new().with_faults([Fault::ServerError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        commit: true,
+    }]);
+    let one_shot = RetryPolicy::builder().max_attempts(1).build().unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(FrozenRetryLayer::new(one_shot))
+        .service(provider.clone());
+    let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(first.extensions().get::<PayloadDiscarded>().is_none());
+
+    let finished = svc.clone().oneshot(post(REGENERATED)).await.unwrap();
+    assert_eq!(finished.status(), StatusCode::CREATED);
+    assert_eq!(source(&finished), Some(ResponseSource::Resent));
+    let discarded = finished
+        .extensions()
+        .get::<PayloadDiscarded>()
+        .expect("the caller learns its payload was discarded");
+    assert_eq!(
+        discarded.changed_fields().unwrap(),
+        ["fulfillment_intent_id", "summary"]
+    );
+    assert!(provider
+        .attempts()
+        .iter()
+        .all(|attempt| attempt.body() == ORIGINAL.as_bytes()));
+
+    // Completed now (its store keeps only digests of the fields): replayed, still told.
+    let replayed = svc.oneshot(post(REGENERATED)).await.unwrap();
+    assert_eq!(source(&replayed), Some(ResponseSource::Replayed));
+    let discarded = replayed.extensions().get::<PayloadDiscarded>().unwrap();
+    assert_eq!(
+        discarded.changed_fields().unwrap(),
+        ["fulfillment_intent_id", "summary"]
+    );
+    assert_eq!(provider.effects(), 1);
+    assert_eq!(provider.calls(), 2);
+}
+
+/// A caller's own `Idempotency-Key` reused for another payload is the caller's mistake:
+/// refused by default, as before (and as the server face's `422`).
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_key_still_refuses_a_regenerated_payload_by_default() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack(&store, &provider);
+    let keyed = |body: &'static str| {
+        let mut req = Request::post("http://orders.local/orders")
+            .header("authorization", "Bearer sk_test")
+            .header("idempotency-key", "order-ord_8f21c3")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        req.extensions_mut().insert(op()); // the caller's key wins over the derived one
+        req
+    };
+    svc.clone().oneshot(keyed(ORIGINAL)).await.unwrap();
+    let err = svc.oneshot(keyed(REGENERATED)).await.unwrap_err();
+    assert!(err.is_drift(), "{err}");
+    assert_eq!(provider.calls(), 1);
+}
+
+/// Judged on the fields that define the order, a reworded summary and a fresh intent id are
+/// the same operation even under `Reject`; a changed total is a drift.
+#[tokio::test(start_paused = true)]
+async fn with_defining_fields_only_a_defining_change_is_drift() {
+    let defining = || PayloadFields::new(["/order_id", "/total_cents"]).unwrap();
+    let changed_total = r#"{"order_id":"ord_8f21c3","summary":"Restock","total_cents":99,"fulfillment_intent_id":"fi_9a7e21"}"#;
+    // In doubt (the full request is on record), then completed (only field digests are).
+    for complete_first in [false, true] {
+        let store = Arc::new(MemoryStore::new());
+        let faults = if complete_first {
+            vec![]
+        } else {
+            vec![Fault::ServerError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                commit: true,
+            }]
+        };
+        let provider = SideEffectService::new().with_faults(faults);
+        let one_shot = RetryPolicy::builder().max_attempts(1).build().unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(store.clone())
+                    .drift_policy(DriftPolicy::Reject)
+                    .defining_fields(defining())
+                    .build()
+                    .unwrap(),
+            )
+            .layer(FrozenRetryLayer::new(one_shot))
+            .service(provider.clone());
+        svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
+
+        let err = svc.clone().oneshot(post(changed_total)).await.unwrap_err();
+        assert!(err.is_drift(), "{complete_first}: {err}");
+        assert_eq!(
+            err.drift().unwrap().changed_fields().unwrap(),
+            ["summary", "total_cents"]
+        );
+
+        let finished = svc.oneshot(post(REGENERATED)).await.unwrap();
+        assert_eq!(finished.status(), StatusCode::CREATED, "{complete_first}");
+        let expected = if complete_first {
+            ResponseSource::Replayed
+        } else {
+            ResponseSource::Resent
+        };
+        assert_eq!(source(&finished), Some(expected));
+        let discarded = finished.extensions().get::<PayloadDiscarded>().unwrap();
+        assert_eq!(
+            discarded.changed_fields().unwrap(),
+            ["fulfillment_intent_id", "summary"]
+        );
+        assert_eq!(provider.effects(), 1, "{complete_first}");
+        assert!(provider
+            .attempts()
+            .iter()
+            .all(|attempt| attempt.body() == ORIGINAL.as_bytes()));
+    }
+}
+
+/// The failure that puts an operation in doubt says so; one proven before sending does not.
+#[tokio::test(start_paused = true)]
+async fn the_failure_that_put_the_operation_in_doubt_is_in_doubt() {
+    let store = Arc::new(MemoryStore::new());
+    let provider =
+        SideEffectService::new().with_faults([Fault::CommitThenTimeout, Fault::RefuseBeforeSend]);
+    let one_shot = RetryPolicy::builder()
+        .max_attempts(1)
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(FrozenRetryLayer::new(one_shot))
+        .service(provider.clone());
+    let err = svc.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(err.is_in_doubt(), "the timeout put the operation in doubt");
+    assert!(!err.is_unreconciled(), "it will be resent, not reconciled");
+    assert_eq!(provider.effects(), 1);
+
+    let mut other = post(ORIGINAL);
+    other
+        .extensions_mut()
+        .insert(OperationId::new("task-9", "other-step"));
+    let err = svc.oneshot(other).await.unwrap_err();
+    assert_eq!(err.phase(), Some(FailurePhase::PreWrite), "{err}");
+    assert!(!err.is_in_doubt(), "refused before sending: not in doubt");
 }
 
 #[tokio::test(start_paused = true)]
@@ -680,7 +851,12 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
 #[test]
 fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
     let short_retention = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_window(Duration::from_secs(30))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
         .lease(Duration::from_secs(60))
         .retention(Duration::from_secs(80))
         .build();
@@ -690,12 +866,22 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .contains("retention"));
     // A lease shorter than the retry window is fine: a live owner renews it.
     let _renewed = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_window(Duration::from_secs(30))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
         .lease(Duration::from_secs(5))
         .build()
         .expect("short leases are renewed");
     let short_protection = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_window(Duration::from_secs(30))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
         .lease(Duration::from_secs(5))
         .protected_window(Duration::from_secs(20))
         .build();
@@ -708,7 +894,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .build()
         .unwrap();
     let from_policy = IdempotencyLayer::client_builder(MemoryStore::new())
-        .retry_policy(&policy)
+        .retry_policy(policy.clone())
         .retention(Duration::from_secs(300))
         .build();
     assert!(

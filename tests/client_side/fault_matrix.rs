@@ -20,7 +20,8 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{ClientFace, Idempotency};
+use tower_idempotency::client::ClientFace;
+use tower_idempotency::idempotency::Idempotency;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
@@ -82,7 +83,7 @@ async fn run(svc: &Stack) -> Ended {
             Ended::Status(status, source)
         }
         Ok(Err(err)) if err.is_timeout() => Ended::Timeout,
-        Ok(Err(err)) if err.is_in_doubt() => Ended::InDoubt,
+        Ok(Err(err)) if err.is_unreconciled() => Ended::InDoubt,
         Ok(Err(err)) => panic!("unexpected error: {err}"),
     }
 }

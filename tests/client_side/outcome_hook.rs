@@ -56,6 +56,8 @@ async fn the_client_hook_hears_each_operation_once_with_its_last_decision() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                // A regenerated payload is refused, so the hook hears a drift.
+                .drift_policy(tower_idempotency::DriftPolicy::Reject)
                 .on_outcome(recording(&log))
                 .build()
                 .unwrap(),

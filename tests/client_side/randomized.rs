@@ -208,7 +208,7 @@ async fn client_case_holds(
         .layer(
             IdempotencyLayer::client_builder(store)
                 .lease(LEASE)
-                .retry_policy(&policy)
+                .retry_policy(policy.clone())
                 .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
                 .provider_deduplicates(case.provider_deduplicates)
                 .build()
@@ -270,7 +270,7 @@ async fn client_case_holds(
             Err(err) => {
                 // Only a provider that ignores keys may leave an operation to reconcile.
                 assert!(
-                    !case.provider_deduplicates && err.is_in_doubt(),
+                    !case.provider_deduplicates && err.is_unreconciled(),
                     "op {op} did not complete: {err:?}"
                 );
             }

@@ -115,7 +115,7 @@ async fn unknown_when_the_lookup_suffers(fault: Fault) {
     let err = resume(&ledger, &provider, by_key(&provider))
         .await
         .unwrap_err();
-    assert!(err.is_in_doubt(), "{fault:?}: {err}");
+    assert!(err.is_unreconciled(), "{fault:?}: {err}");
     assert_eq!(effects(&provider), 1, "{fault:?}: nothing was sent again");
     assert_eq!(charges_sent(&provider), 1, "{fault:?}");
     assert_eq!(state(&ledger).await, RecordState::InDoubt, "{fault:?}");
@@ -247,7 +247,7 @@ async fn unknown_when_the_reconciler_panics() {
         panic!("a reconciler bug")
     };
     let err = resume(&ledger, &provider, panicking).await.unwrap_err();
-    assert!(err.is_in_doubt());
+    assert!(err.is_unreconciled());
     assert_eq!(effects(&provider), 1);
     assert_eq!(state(&ledger).await, RecordState::InDoubt);
 }
@@ -263,7 +263,7 @@ async fn unknown_from_the_reconciler_stays_in_doubt() {
         async { Ok::<_, BoxError>(Reconciled::Unknown) }
     };
     let err = resume(&ledger, &provider, unsure).await.unwrap_err();
-    assert!(err.is_in_doubt());
+    assert!(err.is_unreconciled());
     assert_eq!(effects(&provider), 1);
     assert_eq!(charges_sent(&provider), 1);
 
@@ -474,7 +474,7 @@ async fn over_loopback_a_crash_after_sending_resolves_to_the_real_response() {
         )
         .service(hyper_client());
     let err = resumed.oneshot(with_op2()).await.unwrap_err();
-    assert!(err.is_in_doubt());
+    assert!(err.is_unreconciled());
     assert_eq!(provider.effects_for_operation(&op2, ""), 1);
 }
 

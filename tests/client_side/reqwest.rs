@@ -49,7 +49,7 @@ async fn commit_then_timeout_through_reqwest_charges_once_and_ends_with_the_real
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(store)
-                .retry_policy(&policy())
+                .retry_policy(policy().clone())
                 .build()
                 .unwrap(),
         )

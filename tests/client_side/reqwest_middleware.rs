@@ -11,7 +11,9 @@ use tokio::net::TcpListener;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
 use tower_idempotency::testing::{CapturedRequest, Fault, ServeHandle, SideEffectService};
-use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    DriftPolicy, Error, IdempotencyLayer, OperationId, PayloadDiscarded, ResponseSource,
+};
 
 const ORDER: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(300);
@@ -28,7 +30,12 @@ async fn serve(provider: &SideEffectService) -> ServeHandle {
 fn middleware() -> IdempotencyMiddleware {
     IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
-            .retry_window(Duration::from_secs(5))
+            .retry_policy(
+                tower_idempotency::retry::RetryPolicy::builder()
+                    .max_elapsed(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            )
             .build()
             .unwrap(),
     )
@@ -114,8 +121,20 @@ async fn commit_then_timeout_with_reqwest_retry_outside_charges_once_and_the_rep
 async fn without_a_retry_layer_the_next_run_resends_the_stored_bytes_not_the_new_ones() {
     let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
     let server = serve(&provider).await;
+    let rejecting = IdempotencyMiddleware::new(
+        IdempotencyLayer::client_builder(MemoryStore::new())
+            .retry_policy(
+                tower_idempotency::retry::RetryPolicy::builder()
+                    .max_elapsed(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            )
+            .drift_policy(DriftPolicy::Reject)
+            .build()
+            .unwrap(),
+    );
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(middleware())
+        .with(rejecting)
         .build();
 
     // The attempt times out: reqwest's own error comes back, as without the middleware.
@@ -224,4 +243,83 @@ async fn reads_and_keyless_side_effects_pass_through_marked_when_keys_are_option
         .await
         .unwrap();
     assert_eq!(source(&read), None);
+}
+
+/// The incident the default exists for, on the recommended stack: every attempt of the first
+/// run times out (the first one after charging), the orchestrator re-runs the step and the
+/// model regenerates the call. The run finishes with the first bytes, charged once, and the
+/// response says which fields of the new payload were discarded.
+#[tokio::test]
+async fn after_a_timeout_a_regenerated_call_finishes_with_one_effect_and_carries_the_marker() {
+    let provider = SideEffectService::new().with_faults([
+        Fault::CommitThenTimeout,
+        Fault::CommitThenTimeout,
+        Fault::CommitThenTimeout,
+        Fault::CommitThenTimeout,
+    ]);
+    let server = serve(&provider).await;
+    let client = retrying_client(middleware());
+
+    let err = charge(&client, &server, ORDER).await.unwrap_err();
+    let timed_out = std::iter::successors(Some(&err as &(dyn std::error::Error + 'static)), |e| {
+        e.source()
+    })
+    .any(|e| {
+        // reqwest-retry's `RetryError::WithRetries` holds the last attempt's error.
+        e.downcast_ref::<reqwest_middleware::Error>()
+            .is_some_and(reqwest_middleware::Error::is_timeout)
+    });
+    assert!(timed_out, "every attempt timed out: {err:?}");
+    assert!(Error::find(&err).is_none(), "a transport failure, not ours");
+    assert_eq!(provider.effects(), 1);
+
+    let regenerated =
+        r#"{"order_id":"order_42","amount_cents":1999,"summary":"Charge for order 42, retried"}"#;
+    let response = charge(&client, &server, regenerated).await.unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+    assert_eq!(source(&response), Some(ResponseSource::Resent));
+    let discarded = response
+        .extensions()
+        .get::<PayloadDiscarded>()
+        .expect("the caller learns its payload was discarded");
+    assert_eq!(discarded.changed_fields().unwrap(), ["summary"]);
+    assert_eq!(provider.effects(), 1, "charged once");
+    assert!(provider
+        .attempts()
+        .iter()
+        .all(|attempt| &attempt.body()[..] == ORDER.as_bytes()));
+}
+
+/// With `reqwest-retry` in front, a refusal of ours comes back two wrappers deep (its
+/// `RetryError` forwards `source` past the error it holds): `Error::find` still reaches it.
+#[tokio::test]
+async fn error_find_reaches_our_refusal_behind_reqwest_retry() {
+    let provider = SideEffectService::new();
+    let server = serve(&provider).await;
+    let rejecting = IdempotencyMiddleware::new(
+        IdempotencyLayer::client_builder(MemoryStore::new())
+            .retry_policy(
+                tower_idempotency::retry::RetryPolicy::builder()
+                    .max_elapsed(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            )
+            .drift_policy(DriftPolicy::Reject)
+            .build()
+            .unwrap(),
+    );
+    let client = retrying_client(rejecting);
+    charge(&client, &server, ORDER).await.unwrap();
+
+    let regenerated = r#"{"order_id":"order_42","amount_cents":1999,"note":"retry"}"#;
+    let err = charge(&client, &server, regenerated).await.unwrap_err();
+    let ours = Error::find(&err).expect("our error, through reqwest-retry's wrappers");
+    assert!(ours.is_drift(), "{ours}");
+    assert_eq!(ours.drift().unwrap().changed_fields().unwrap(), ["note"]);
+    assert!(
+        err.to_string()
+            .starts_with("payload drift: field note changed"),
+        "{err}"
+    );
+    assert_eq!(provider.calls(), 1);
 }

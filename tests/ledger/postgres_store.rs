@@ -256,7 +256,7 @@ async fn a_version_one_schema_with_records_migrates_to_version_two() {
                  version integer NOT NULL);
              INSERT INTO {schema}.schema_version (version) VALUES (1);
              {}",
-            include_str!("../src/ledger/postgres/schema_v1.sql").replace("{schema}", &schema)
+            include_str!("../../src/ledger/postgres/schema_v1.sql").replace("{schema}", &schema)
         ))
         .await
         .expect("a version-1 schema");

@@ -27,7 +27,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Version};
 use http_body_util::BodyExt;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::{ClientFace, Idempotency};
+use tower_idempotency::client::ClientFace;
+use tower_idempotency::idempotency::Idempotency;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, RedisStore, StoreError,
     StoredResponse,

@@ -170,7 +170,7 @@ proptest! {
         let mut builder = IdempotencyLayer::client_builder(MemoryStore::new())
             .lease(d.lease)
             .retention(d.retention)
-            .retry_window(d.retry_window)
+            .retry_policy(tower_idempotency::retry::RetryPolicy::builder().max_elapsed(d.retry_window).build().unwrap())
             .busy_policy(d.busy)
             .reconcile_timeout(d.reconcile_timeout);
         if let Some(window) = d.protected {
@@ -207,7 +207,7 @@ fn retry_policy() -> impl Strategy<Value = Option<RetryPolicy>> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// `IdempotencyLayer::client_stack`: whatever it accepts, with whatever retry policy,
+    /// `ClientBuilder::build_stack`: whatever it accepts, with whatever retry policy,
     /// serves keyed requests, through a retried `503` too.
     #[test]
     fn every_client_stack_the_builder_accepts_serves_requests(
@@ -217,7 +217,7 @@ proptest! {
         let Some(policy) = policy else {
             return Ok(());
         };
-        let mut builder = IdempotencyLayer::client_stack(MemoryStore::new())
+        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new())
             .lease(d.lease)
             .retention(d.retention)
             .busy_policy(d.busy)
@@ -226,7 +226,7 @@ proptest! {
         if let Some(window) = d.protected {
             builder = builder.protected_window(window);
         }
-        let Ok(stack) = builder.build() else {
+        let Ok(stack) = builder.build_stack() else {
             return Ok(());
         };
         let provider = SideEffectService::new();

@@ -48,7 +48,12 @@ async fn orchestrator_child_process() {
     let layer = IdempotencyLayer::client_builder(store)
         // A short lease, so the survivor of a SIGKILL does not wait long for it to lapse.
         .lease(Duration::from_secs(2))
-        .retry_window(Duration::from_secs(1))
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
         .retention(Duration::from_secs(3600))
         .drift_policy(DriftPolicy::ResendFrozen)
         .busy_policy(BusyPolicy::Wait(Duration::from_secs(20)))

@@ -170,8 +170,15 @@ async fn sent_then_refused_stays_in_doubt(store: Arc<dyn IdempotencyStore>, firs
         Fault::RefuseBeforeSend,
         Fault::RefuseBeforeSend,
     ]);
+    // Refusing drift shows whether the operation stayed claimed: a released one would send
+    // the regenerated payload.
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store))
+        .layer(
+            IdempotencyLayer::client_builder(store)
+                .drift_policy(DriftPolicy::Reject)
+                .build()
+                .unwrap(),
+        )
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_millis(
             300,
         ))))
@@ -1230,10 +1237,10 @@ async fn a_recorded_response_keeps_no_transport_buffer_alive() {
 #[tokio::test(start_paused = true)]
 async fn the_stack_builder_stacks_in_order_and_shares_its_settings() {
     let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
-    let stack = IdempotencyLayer::client_stack(MemoryStore::new())
+    let stack = IdempotencyLayer::client_builder(MemoryStore::new())
         .retry_policy(fast_policy(Duration::from_secs(1)))
         .body_limit(64)
-        .build()
+        .build_stack()
         .unwrap();
     let client = ServiceBuilder::new().layer(stack).service(provider.clone());
     // The idempotency layer outside, the retry layer inside: one effect, the real answer.

@@ -1,0 +1,577 @@
+//! [`ClientBuilder`]: one set of settings for the client layer and the client stack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::fingerprint::PayloadFields;
+use crate::frozen::DEFAULT_BODY_LIMIT;
+use crate::idempotency::decision::{OutcomeEvent, OutcomeHook};
+use crate::idempotency::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
+use crate::idempotency::reconcile::{Reconcile, DEFAULT_RECONCILE_TIMEOUT};
+use crate::idempotency::release::ReleaseOn;
+use crate::idempotency::scope::Scope;
+use crate::idempotency::IdempotencyLayer;
+use crate::ledger::IdempotencyStore;
+use crate::phase::ClassifyPhase;
+use crate::retry::{FrozenRetryLayer, RetryPolicy};
+
+use super::face::{ClientFace, DEFAULT_RESPONSE_LIMIT};
+use super::policy::DriftPolicy;
+use super::stack::ClientStack;
+/// Configures the client face: [`build`](ClientBuilder::build) gives the client
+/// [`IdempotencyLayer`], [`build_stack`](ClientBuilder::build_stack) the whole
+/// [`ClientStack`] (the layer over a [`FrozenRetryLayer`]) from the same settings. Both check
+/// the TTLs against the retry window of the [retry policy](ClientBuilder::retry_policy).
+///
+/// | setting | default |
+/// |---|---|
+/// | scope (mixed into every key) | `""` |
+/// | [key required](ClientBuilder::require_key) on side effects | yes: a side effect without an `OperationId` or key fails, nothing sent |
+/// | lease (renewed by a live owner) | 10 s |
+/// | retention | 24 h |
+/// | [retry policy](ClientBuilder::retry_policy) (stacked by `build_stack`; its window checked by both) | [`RetryPolicy::default`]: a 30 s window |
+/// | protected window (never evicted) | retry window + lease |
+/// | busy operation | wait up to 30 s, then a busy error |
+/// | [answers released](ClientBuilder::release_on), not recorded | `401`, `407`, `408`, `429`, the server face's refusals that say nothing ran |
+/// | [payload drift](ClientBuilder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](super::PayloadDiscarded); under a caller's own key: refused |
+/// | [defining fields](ClientBuilder::defining_fields) | the whole request |
+/// | request body limit | 1 MiB |
+/// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
+/// | ledger unavailable | fail closed (nothing is sent) |
+/// | provider deduplicates on `Idempotency-Key` | yes: in-doubt operations are resent |
+/// | [reconciler](ClientBuilder::reconcile) of in-doubt operations | none (asked within 10 s when set) |
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+///
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+///     .scope("billing-agent")
+///     .require_key(true)
+///     .drift_policy(DriftPolicy::ResendFrozen)
+///     .lease(Duration::from_secs(120))
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ClientBuilder {
+    store: Arc<dyn IdempotencyStore>,
+    scope: String,
+    caller_keys: Scope,
+    require_key: bool,
+    release_on: ReleaseOn,
+    lease: Duration,
+    retention: Duration,
+    retry: RetryPolicy,
+    protected: Option<Duration>,
+    drift: Option<DriftPolicy>,
+    defining_fields: Option<PayloadFields>,
+    busy: BusyPolicy,
+    /// Unset: the default here, the retry policy's own in `build_stack`.
+    body_limit: Option<usize>,
+    response_limit: usize,
+    fail_open: bool,
+    provider_deduplicates: bool,
+    phase_classifier: Option<Arc<dyn ClassifyPhase>>,
+    reconciler: Option<Arc<dyn Reconcile>>,
+    reconcile_timeout: Duration,
+    reconcile_when_deduplicating: bool,
+    on_outcome: Option<OutcomeHook>,
+}
+
+impl ClientBuilder {
+    pub(crate) fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+        Self {
+            store,
+            scope: String::new(),
+            caller_keys: Scope::Authorization,
+            require_key: true,
+            release_on: ReleaseOn::default(),
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            retry: RetryPolicy::default(),
+            protected: None,
+            drift: None,
+            defining_fields: None,
+            busy: BusyPolicy::Wait(Duration::from_secs(30)),
+            body_limit: None,
+            response_limit: DEFAULT_RESPONSE_LIMIT,
+            fail_open: false,
+            provider_deduplicates: true,
+            phase_classifier: None,
+            reconciler: None,
+            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+            reconcile_when_deduplicating: false,
+            on_outcome: None,
+        }
+    }
+
+    /// Mixed into every key, so two orchestrators (or environments) sharing a ledger never
+    /// collide on equal task ids.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = scope.into();
+        self
+    }
+
+    /// Who owns a caller's own `Idempotency-Key`: a function of the request head giving the
+    /// principal it is sent for. A key the caller chose (rather than one derived from an
+    /// [`OperationId`](crate::OperationId)) is only unique within that principal's
+    /// namespace — two merchants may both send `order-1001-charge` — so its record is kept
+    /// under the principal, and one principal's record never answers another's request.
+    ///
+    /// **Without a scope function**, the principal is a hash of the `Authorization` header
+    /// the key travels with (as providers scope keys by API key, and as the server face
+    /// does), and a request carrying its own key but **no** `Authorization` fails with a
+    /// [missing-scope error](crate::Error::is_missing_scope) before anything is sent. Set a
+    /// function when your credentials travel otherwise (an `X-Api-Key` header, mTLS) or
+    /// rotate between an operation's attempts; it is trusted, `""` included.
+    ///
+    /// Keys derived from an `OperationId` are not scoped by credential: the orchestrator
+    /// names the operation, and a token refreshed between a call and its resume must not
+    /// turn it into a second operation. Keep tenants apart there with [`scope`](Self::scope)
+    /// (one layer per tenant) or tenant-unique task ids.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .caller_key_scope(|parts| {
+    ///         parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn caller_key_scope<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> String + Send + Sync + 'static,
+    {
+        self.caller_keys = Scope::Custom(Arc::new(scope));
+        self
+    }
+
+    /// One namespace for every caller's own keys, whatever credential they travel with:
+    /// a request sent under one credential can be answered with the record of a request
+    /// sent under another with the same key, target and payload. Choose it only when every
+    /// request through this layer acts for one principal.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .caller_keys_unscoped()
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn caller_keys_unscoped(mut self) -> Self {
+        self.caller_keys = Scope::Unscoped;
+        self
+    }
+
+    /// Refuse side-effecting requests that carry neither an
+    /// [`OperationId`](crate::OperationId) nor an `Idempotency-Key`: a
+    /// [missing-key error](crate::Error::is_missing_key) naming the missing `OperationId`,
+    /// and nothing is sent. **On by default** (fail closed, as the server face does): a
+    /// side effect whose `OperationId` was forgotten would otherwise pass through
+    /// unprotected, and a retry outside this layer would run it twice.
+    ///
+    /// With `false`, such requests pass through untouched, marked
+    /// [`ResponseSource::Unprotected`](crate::idempotency::ResponseSource::Unprotected) and
+    /// reported once as a warning. To let one request through without turning the check
+    /// off, declare what it is: an [`EffectClass`](crate::EffectClass) other than
+    /// `SideEffect` in its extensions (a `POST` that only reads, say).
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// // Opt out: keyless side effects pass through, unprotected.
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .require_key(false)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn require_key(mut self, require: bool) -> Self {
+        self.require_key = require;
+        self
+    }
+
+    /// How long an owner may hold an operation in flight without renewing it (default
+    /// 10 s). A live owner renews its lease every third of it while an attempt is under way,
+    /// so the lease never has to cover a slow call: it is how soon after an owner **died**
+    /// (a crashed orchestrator) the next run of the operation may resume it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long records are kept (default 24 h). Must outlast the retry window plus the
+    /// lease, and should outlast your longest crash-and-resume gap. "Keep forever"
+    /// (`Duration::MAX`) is accepted and held as about 139 years, as is any duration of the
+    /// ledger longer than that (lease, protected window, busy wait).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The retry policy of the stack inside (default [`RetryPolicy::default`]): the
+    /// policy of the [`FrozenRetryLayer`] that [`build_stack`](Self::build_stack) puts
+    /// inside, and, whichever retries you stack, the retry window the ledger's TTLs are
+    /// checked against — its maximum elapsed time plus one per-attempt timeout (the last
+    /// attempt may start at the deadline). It sets the default protected window.
+    ///
+    /// With a retrying layer of your own (`reqwest-retry` outside the
+    /// [`IdempotencyMiddleware`](crate::reqwest_middleware::IdempotencyMiddleware)), give a
+    /// policy whose window covers its whole schedule.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer};
+    ///
+    /// let policy = RetryPolicy::builder().max_elapsed(Duration::from_secs(90)).build().unwrap();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .retry_policy(policy)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// How long after its last transition a record is never evicted from a store with a
+    /// memory budget (default: the retry window plus the lease, at least). Inside it, a
+    /// full store refuses new operations rather than forget this one; past it, the record
+    /// may be evicted before its retention ends. Clamped to the retention.
+    pub fn protected_window(mut self, window: Duration) -> Self {
+        self.protected = Some(window);
+        self
+    }
+
+    /// Which answers say the operation never started (default [`ReleaseOn::default`]:
+    /// `401`, `407`, `408`, `429`, and this crate's server-face refusals that say nothing
+    /// ran). Such an answer reaches the caller, but the operation is **released** rather
+    /// than recorded, so the next run sends it again — after the token was refreshed, the
+    /// rate limit waited out, the credentials fixed — instead of being answered with the
+    /// refusal for the whole retention. An operation an earlier attempt may have sent is
+    /// never released: it stays in doubt. [`ReleaseOn::nothing`] records every answer.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_idempotency::idempotency::ReleaseOn;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .release_on(ReleaseOn::default().status(StatusCode::FORBIDDEN))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn release_on(mut self, rule: ReleaseOn) -> Self {
+        self.release_on = rule;
+        self
+    }
+
+    /// What to do with a regenerated payload under a known operation, for every request
+    /// (see [`DriftPolicy`]).
+    ///
+    /// Unset, it depends on who named the operation. Under an
+    /// [`OperationId`](crate::OperationId) — the orchestrator's step, which a re-run agent
+    /// regenerates — a regenerated **body** is resent as first frozen
+    /// ([`DriftPolicy::ResendFrozen`]): the step finishes and the response says what was
+    /// discarded ([`PayloadDiscarded`](super::PayloadDiscarded)); a changed method or target is still refused (an
+    /// operation is never answered with another target's outcome). Under a
+    /// caller's own `Idempotency-Key`, [`DriftPolicy::Reject`]: a key reused for another
+    /// payload is a caller's mistake, as providers (and the server face's `422`) treat it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .drift_policy(DriftPolicy::Reject)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn drift_policy(mut self, policy: DriftPolicy) -> Self {
+        self.drift = Some(policy);
+        self
+    }
+
+    /// Judge drift on these fields of a JSON payload alone (default: the whole request).
+    /// A regenerated payload that changed only other fields — a reworded `summary`, a
+    /// freshly minted `fulfillment_intent_id` — is the same operation, whatever the
+    /// [drift policy](Self::drift_policy): it continues with the bytes first frozen, marked
+    /// [`PayloadDiscarded`](super::PayloadDiscarded). A change to a defining field, or to the method or target, is
+    /// drift as before. In the spirit of AWS Powertools' payload validation.
+    ///
+    /// The bytes sent are still the ones first frozen, whole: the selection decides what
+    /// counts as the same operation, never what is sent.
+    ///
+    /// ```
+    /// use tower_idempotency::fingerprint::PayloadFields;
+    /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .drift_policy(DriftPolicy::Reject) // a changed amount is refused…
+    ///     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap()) // …a reworded summary is not
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn defining_fields(mut self, fields: PayloadFields) -> Self {
+        self.defining_fields = Some(fields);
+        self
+    }
+
+    /// See [`BusyPolicy`].
+    pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
+        self.busy = policy;
+        self
+    }
+
+    /// The largest request body (default 1 MiB); larger ones fail before anything is sent.
+    /// [`build_stack`](Self::build_stack) gives the retry layer the same limit (unset, it
+    /// keeps its policy's).
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = Some(limit);
+        self
+    }
+
+    /// The largest response recorded for replay (default 1 MiB). A larger response still
+    /// reaches the caller whole; the ledger keeps a tombstone.
+    pub fn response_limit(mut self, limit: usize) -> Self {
+        self.response_limit = limit;
+        self
+    }
+
+    /// When the ledger is unavailable, send anyway (without protection) instead of failing.
+    /// Off by default; turning it on trades exactly-once for availability.
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
+    /// Whether the server deduplicates on `Idempotency-Key` (default `true`, as payment
+    /// providers do).
+    ///
+    /// Resending an operation whose first attempt may have arrived is only safe when the
+    /// server recognises the key. Set this to `false` for a server that ignores keys: the
+    /// layer then never resends once bytes may have left — the retry layer inside stops
+    /// treating the key as making the request retry-safe, and an operation found in doubt
+    /// is not sent again: with a [reconciler](Self::reconcile) the layer asks it whether the
+    /// operation happened (and records its answer, or sends the frozen bytes it says never
+    /// arrived); without one, it fails with an [in-doubt error](crate::Error::is_in_doubt)
+    /// for you to reconcile. At most once, rather than exactly once, unless reconciled.
+    pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
+        self.provider_deduplicates = deduplicates;
+        self
+    }
+
+    /// Ask `reconciler` whether an in-doubt operation happened before it would be sent
+    /// again: always when the provider does not deduplicate
+    /// ([`provider_deduplicates(false)`](Self::provider_deduplicates)), and also when it does
+    /// if [`reconcile_when_deduplicating`](Self::reconcile_when_deduplicating) is on. See
+    /// [`Reconcile`] and [`LookupReconciler`](crate::idempotency::LookupReconciler).
+    ///
+    /// ```
+    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::testing::SideEffectService;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let provider = SideEffectService::builder().honour_keys(false).build();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(false)
+    ///     .reconcile(LookupReconciler::by_key(provider, "/effects", "idempotency_key"))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn reconcile(mut self, reconciler: impl Reconcile) -> Self {
+        self.reconciler = Some(Arc::new(reconciler));
+        self
+    }
+
+    /// How long the reconciler may take (default [`DEFAULT_RECONCILE_TIMEOUT`], 10 s); past
+    /// it, the operation stays in doubt.
+    pub fn reconcile_timeout(mut self, bound: Duration) -> Self {
+        self.reconcile_timeout = bound;
+        self
+    }
+
+    /// Reconcile in-doubt operations before resending them to a provider that deduplicates
+    /// too (default `false`: it recognises the key, so the frozen bytes are resent at once).
+    /// Turn it on when the provider forgets keys sooner than your operations may stay in
+    /// doubt (a key kept 24 h, an orchestrator resuming after days): an
+    /// [`Unknown`](crate::idempotency::Reconciled::Unknown) then leaves the operation in
+    /// doubt rather than risk a resend the provider no longer recognises.
+    pub fn reconcile_when_deduplicating(mut self, reconcile: bool) -> Self {
+        self.reconcile_when_deduplicating = reconcile;
+        self
+    }
+
+    /// Teach the layer which of your transport's errors are pre-write failures (the retry
+    /// layer of [`build_stack`](Self::build_stack) too).
+    pub fn classify_phase(mut self, classifier: impl ClassifyPhase) -> Self {
+        self.phase_classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// Call `hook` once per request that reached the ledger, when its answer is known,
+    /// with what it came to: the face, the last decision, the key's digest, the status
+    /// (when there was a response) and how long it took. See [`OutcomeEvent`].
+    ///
+    /// For observability of your own (another metrics system, an audit log). Unset, it
+    /// costs nothing: no clock is read and no digest is computed. The hook runs on the
+    /// request's task, inside its span: keep it short and never block in it.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .on_outcome(|event| eprintln!("{} {}", event.decision().as_str(), event.key_digest()))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
+        self
+    }
+
+    /// Check the settings and build the layer.
+    ///
+    /// Refuses a zero lease, a retention shorter than the retry window plus the lease (a
+    /// record would vanish while its operation can still retry) and a protected window
+    /// shorter than that (a full store could evict an operation still being retried).
+    pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
+        let retry_window = self.retry.retry_window();
+        // Saturating: durations are unbounded here and saturate when the ledger takes them.
+        let must_keep = retry_window.saturating_add(self.lease);
+        if self.lease.is_zero() {
+            return Err(ConfigError::new("the lease must be longer than zero"));
+        }
+        if self.retention < must_keep {
+            return Err(ConfigError::new(format!(
+                "the retention ({:?}) must be at least the retry window plus the lease ({:?})",
+                self.retention, must_keep
+            )));
+        }
+        if self.reconcile_when_deduplicating && self.reconciler.is_none() {
+            return Err(ConfigError::new(
+                "reconcile_when_deduplicating needs a reconciler (see `reconcile`)",
+            ));
+        }
+        if self.reconciler.is_some() && self.reconcile_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "the reconcile timeout must be longer than zero",
+            ));
+        }
+        let protected = self.protected.unwrap_or(must_keep);
+        if protected < must_keep {
+            return Err(ConfigError::new(format!(
+                "the protected window ({protected:?}) must be at least the retry window plus the lease ({must_keep:?})"
+            )));
+        }
+        let client = ClientFace {
+            ledger: Ledger::new(self.store, self.lease, self.retention, protected),
+            scope: self.scope,
+            caller_keys: self.caller_keys,
+            require_key: self.require_key,
+            release_on: self.release_on,
+            drift: self.drift,
+            defining_fields: self.defining_fields,
+            busy: self.busy,
+            body_limit: self.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
+            response_limit: self.response_limit,
+            fail_open: self.fail_open,
+            provider_deduplicates: self.provider_deduplicates,
+            phase_classifier: self.phase_classifier,
+            reconciler: self.reconciler,
+            reconcile_timeout: self.reconcile_timeout,
+            reconcile_when_deduplicating: self.reconcile_when_deduplicating,
+            retry_window,
+            warned_window: std::sync::atomic::AtomicBool::new(false),
+            warned_unprotected: std::sync::atomic::AtomicBool::new(false),
+            warned_order: std::sync::atomic::AtomicBool::new(false),
+            on_outcome: self.on_outcome,
+        };
+        Ok(IdempotencyLayer::from_face(client))
+    }
+
+    /// Check the settings and build the whole client stack: the layer over a
+    /// [`FrozenRetryLayer`] running the [retry policy](Self::retry_policy), with the
+    /// [body limit](Self::body_limit) and the [phase classifier](Self::classify_phase)
+    /// applied to both. Refuses what [`build`](Self::build) refuses.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::ServiceBuilder;
+    /// use tower_idempotency::testing::SideEffectService;
+    /// use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer};
+    ///
+    /// let stack = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .scope("billing-agent")
+    ///     .retry_policy(RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build().unwrap())
+    ///     .body_limit(256 * 1024)
+    ///     .build_stack()
+    ///     .unwrap();
+    /// let client = ServiceBuilder::new().layer(stack).service(SideEffectService::new());
+    /// # let _ = client;
+    /// ```
+    pub fn build_stack(self) -> Result<ClientStack, ConfigError> {
+        let mut policy = self.retry.clone();
+        if let Some(limit) = self.body_limit {
+            policy.body_limit = limit;
+        }
+        if let Some(classifier) = &self.phase_classifier {
+            policy.phase_classifier = Some(classifier.clone());
+        }
+        Ok(ClientStack::new(
+            self.build()?,
+            FrozenRetryLayer::new(policy),
+        ))
+    }
+}
+
+impl IdempotencyLayer<ClientFace> {
+    /// The client layer with default settings over `store`.
+    ///
+    /// See the [module docs](crate::client) for the stack it belongs in.
+    pub fn client(store: impl IdempotencyStore) -> Self {
+        Self::client_builder(store)
+            .build()
+            .expect("the default client settings are valid")
+    }
+
+    /// Configure the client layer over `store`.
+    pub fn client_builder(store: impl IdempotencyStore) -> ClientBuilder {
+        ClientBuilder::new(Arc::new(store))
+    }
+
+    /// An operator's handle on this layer's ledger: look at the record of an
+    /// [`OperationId`](crate::OperationId) as this layer keys it (its scope included) and
+    /// forget it, fenced. See [`Records`](crate::ledger::Records).
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).scope("agent").build().unwrap();
+    /// let records = layer.records();
+    /// let key = records.operation_key(&OperationId::new("task-7", "charge"));
+    /// assert!(records.inspect(key).await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn records(&self) -> crate::ledger::Records {
+        let face = self.face();
+        crate::ledger::Records::client(face.ledger.store.clone(), face.scope.clone())
+    }
+}

@@ -1,0 +1,59 @@
+//! The client layer's future.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::Full;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::idempotency::body::ResponseBody;
+use crate::idempotency::decision::RequestSpan;
+use crate::{BoxError, Error};
+
+use super::operation::Operation;
+pin_project! {
+    /// The future of the client [`IdempotencyLayer`]: one logical operation, held in
+    /// place (not boxed), inside its span.
+    pub struct ResponseFuture<S, B, ResB>
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    {
+        #[pin]
+        pub(super) operation: Operation<'static, S, B, ResB>,
+        pub(super) span: RequestSpan,
+    }
+}
+
+impl<S, B, ResB> Future for ResponseFuture<S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        this.operation.poll(cx)
+    }
+}
+
+impl<S, B, ResB> fmt::Debug for ResponseFuture<S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,205 @@
+//! The client face: once per logical operation, before the side effect fires.
+//!
+//! For an orchestrator calling tools over HTTP. Put the layer **outside** the
+//! [`FrozenRetryLayer`](crate::FrozenRetryLayer): the ledger is then consulted once per
+//! logical operation, and the retries inside reuse its key and its frozen bytes (the body is
+//! buffered and hashed once, by this layer; the retry layer picks up what it froze).
+//!
+//! For each side-effecting request (see [`EffectClass`](crate::EffectClass)):
+//!
+//! 1. Find the key: the caller's own `Idempotency-Key` header, else one derived from the
+//!    request's [`OperationId`](crate::OperationId) (and sent as `Idempotency-Key`). With
+//!    neither, the request fails with a [missing-key error](crate::Error::is_missing_key)
+//!    and nothing is sent (fail closed, as on the server face): a side effect whose
+//!    `OperationId` was forgotten would otherwise be charged twice by any retry outside
+//!    this layer. Opt out with [`require_key(false)`](ClientBuilder::require_key): such
+//!    requests then pass through, marked [`ResponseSource::Unprotected`](crate::ResponseSource::Unprotected) and reported once
+//!    as a warning.
+//! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent), adding
+//!    `Content-Digest: sha-256=:…:` of its body (see [`digest`](crate::digest)), hashed in
+//!    the one pass that also makes the fingerprint.
+//! 3. `begin` in the ledger, storing the frozen request before any byte leaves.
+//! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
+//!    never taken for a dead owner's). A response is recorded (up to 1 MiB; a larger one
+//!    reaches the caller whole and is kept as a tombstone). A response saying the operation
+//!    never started ([`ReleaseOn`](crate::idempotency::ReleaseOn): `401`, `407`, `408`, `429`, the server face's refusals
+//!    that say nothing ran) releases it, so the next run sends it once the token is
+//!    refreshed or the limit waited out. A response meaning "try again" (`5xx`, and a `409`
+//!    with `Retry-After`: "still in progress") leaves the operation *in doubt*, so a later
+//!    run resends rather than replaying the failure; any other `409` ("already exists") is
+//!    a final answer, recorded like a `201`. An error
+//!    releases the operation only when **no** attempt of it may have been sent: "may have
+//!    been sent" is sticky across the retries inside, so attempts refused at connect after
+//!    one that reached the server leave the operation in doubt. A recording lost to a
+//!    ledger outage is retried inside the lease.
+//! 5. **Replay**: return the recorded response without calling the inner service, marked
+//!    with [`ResponseSource::Replayed`](crate::ResponseSource::Replayed).
+//! 6. **Resume** (in doubt): resend the **stored** frozen bytes under the same key — or,
+//!    against a provider that does not deduplicate, first ask a [`Reconcile`](crate::idempotency::Reconcile)r whether it
+//!    happened (see [below](self#reconciling-in-doubt-operations)).
+//! 7. **Busy**: wait for the owner (bounded, [`BusyPolicy`](crate::BusyPolicy)) or fail.
+//! 8. **Drift** (same operation, different payload or target): by default, a regenerated
+//!    body under an `OperationId` continues the operation with the bytes first frozen, the
+//!    response marked [`PayloadDiscarded`] with the changed JSON fields; anything else is
+//!    refused, naming them ([`DriftPolicy`], [`ClientBuilder::defining_fields`]). Never
+//!    are the new bytes sent.
+//! 9. **Full** (a store with a memory budget has no room for a record it may not forget):
+//!    fail with [`Error::is_ledger_full`](crate::Error::is_ledger_full); nothing is sent.
+//!
+//! Layers between this one and the [`FrozenRetryLayer`](crate::FrozenRetryLayer) (a
+//! `map_request` adding `Authorization`, a tracing header) keep their changes: the retry
+//! layer resends what it was handed, byte for byte, reusing the body and fingerprint this
+//! layer computed. A caller's own `Idempotency-Key` names an operation **for its principal
+//! at its target**: the same key sent under two credentials (by default, two
+//! `Authorization` headers; see [`ClientBuilder::caller_key_scope`]) or to two hosts is
+//! two operations, and a caller's key travelling with no credential is refused (the
+//! credential must be on the request when it reaches this layer; one added by a layer
+//! inside is not seen). An [`OperationId`](crate::OperationId) names one operation
+//! wherever it is sent and whatever credential it travels with (a token refreshed between
+//! a call and its resume is the same operation): sent to another target it is a drift,
+//! never a replay of the first target's answer.
+//!
+//! # Reconciling in-doubt operations
+//!
+//! [`ClientBuilder::reconcile`] takes a [`Reconcile`](crate::idempotency::Reconcile), asked before an in-doubt operation
+//! would be resent to a provider that ignores keys: [`Reconciled::Applied`](crate::idempotency::Reconciled::Applied) records and
+//! returns what it found ([`ResponseSource::Reconciled`](crate::ResponseSource::Reconciled)), [`Reconciled::NotApplied`](crate::idempotency::Reconciled::NotApplied) sends
+//! the frozen bytes, [`Reconciled::Unknown`](crate::idempotency::Reconciled::Unknown) (and a reconciler that fails, panics or runs
+//! past its bound) leaves the operation in doubt. [`LookupReconciler`](crate::idempotency::LookupReconciler) builds one from a
+//! lookup request; its docs show a crash after sending resolved this way.
+//!
+//! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
+//! the same whichever path a request takes.
+//!
+//! [`ClientBuilder::build_stack`] builds both layers in the right order from one
+//! configuration ([`ClientStack`]): the body limit and the phase classifier apply to both,
+//! and the ledger's TTLs are checked against the [retry policy](ClientBuilder::retry_policy)
+//! really stacked inside. Stacked by hand the wrong way round (the retry layer outside),
+//! the layers say so once, as a warning naming the fix.
+//!
+//! # Layout
+//!
+//! [`builder`](ClientBuilder) → [`ClientFace`] (the settings, built) → the service
+//! (`service.rs`) → [`ResponseFuture`] over one `Operation` (`operation.rs`: freeze,
+//! claim) → an `Exchange` as the owner (`exchange.rs`: send, renew, settle), or the slow
+//! path for every other answer of the ledger (`resolve.rs`: drift, doubt, fail open;
+//! `reconciling.rs`). Imports only flow that way.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_idempotency::{
+//!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
+//!     ResponseSource,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::Error> {
+//! let charges = Arc::new(AtomicUsize::new(0));
+//! let provider = service_fn({
+//!     let charges = charges.clone();
+//!     move |_req: Request<Full<Bytes>>| {
+//!         charges.fetch_add(1, Ordering::SeqCst);
+//!         async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ch_1")))) }
+//!     }
+//! });
+//!
+//! let client = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::client(MemoryStore::new())) // once per logical operation
+//!     .layer(FrozenRetryLayer::new(RetryPolicy::default())) // resends the frozen bytes
+//!     .service(provider);
+//!
+//! let charge = || {
+//!     let mut req = Request::post("http://payments.local/charges")
+//!         .body(Full::new(Bytes::from(r#"{"order_id":"order_42","amount_cents":1999}"#)))
+//!         .unwrap();
+//!     req.extensions_mut().insert(OperationId::new("task-7", "charge-customer"));
+//!     req
+//! };
+//!
+//! let first = client.clone().oneshot(charge()).await?;
+//! let again = client.clone().oneshot(charge()).await?; // the orchestrator retried the step
+//! assert_eq!(again.extensions().get::<ResponseSource>(), Some(&ResponseSource::Replayed));
+//! assert_eq!(charges.load(Ordering::SeqCst), 1);
+//! # let _ = first;
+//! # Ok(())
+//! # }
+//! ```
+//!
+
+mod builder;
+mod exchange;
+mod face;
+mod failure;
+mod future;
+mod identify;
+mod operation;
+mod policy;
+mod reconciling;
+mod resolve;
+mod service;
+mod stack;
+
+pub use builder::ClientBuilder;
+pub use face::ClientFace;
+pub use future::ResponseFuture;
+pub use policy::{DriftPolicy, PayloadDiscarded};
+#[cfg(feature = "reqwest-middleware")]
+pub(crate) use service::run;
+pub use stack::ClientStack;
+
+use crate::idempotency::{Idempotency, IdempotencyLayer};
+
+/// The client [`IdempotencyLayer`], as [`IdempotencyLayer::client`] and
+/// [`ClientBuilder::build`] return it.
+///
+/// ```
+/// use tower_idempotency::{client::ClientLayer, ledger::MemoryStore, IdempotencyLayer};
+///
+/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub type ClientLayer = IdempotencyLayer<ClientFace>;
+
+/// The whole client stack around the transport `S`, as a [`ClientStack`] builds it:
+/// [`IdempotencyLayer`] outside, [`FrozenRetry`](crate::retry::FrozenRetry) inside.
+///
+/// ```
+/// use tower::Layer;
+/// use tower_idempotency::client::StackService;
+/// use tower_idempotency::testing::SideEffectService;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let client: StackService<SideEffectService> = stack.layer(SideEffectService::new());
+/// # let _ = client;
+/// ```
+pub type StackService<S> = Idempotency<crate::retry::FrozenRetry<S>, ClientFace>;
+
+/// The client stack over hyper-util's legacy client with connector `C` (feature
+/// `hyper-util`), the stack of the README's quickstart.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use hyper_util::client::legacy::{connect::HttpConnector, Client};
+/// use hyper_util::rt::TokioExecutor;
+/// use tower::Layer;
+/// use tower_idempotency::client::HyperStack;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+/// let client: HyperStack<HttpConnector> = stack.layer(http);
+/// # let _ = client;
+/// ```
+#[cfg(feature = "hyper-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hyper-util")))]
+pub type HyperStack<C> =
+    StackService<hyper_util::client::legacy::Client<C, http_body_util::Full<bytes::Bytes>>>;

@@ -1,0 +1,339 @@
+//! One keyed operation through the client face, as hand-written futures: freeze the
+//! request, claim the operation, then send it as its owner ([`Exchange`]) or replay it.
+//!
+//! Futures of their own rather than `async fn`s, so that the operation is a type that can
+//! be named and held in place: the layer's future is not boxed, and nested `async fn`s no
+//! longer each keep a copy of what they are handed. The rare paths (a store that awaits,
+//! drift, resuming or reconciling an operation in doubt, fail open, a failure to settle)
+//! stay `async` and are boxed when taken.
+//!
+//! # Why each transition is safe
+//!
+//! The one rule: **no byte of a keyed request leaves before the ledger holds the operation
+//! and its frozen bytes**, and the ledger never forgets an operation whose bytes may have
+//! left. Each step keeps it:
+//!
+//! - `Freezing → operate`: the body is read whole (up to the limit) before `begin` is
+//!   asked. A body that fails or overflows ends the operation here, before the ledger is
+//!   touched: nothing was claimed, nothing needs releasing.
+//! - `operate`: `begin` carries the frozen request (`with_frozen`), so the claim and the
+//!   bytes a resume will resend are written in one store call. There is no moment at which
+//!   the ledger holds a claim without the bytes: a crash right after `begin` leaves an
+//!   operation that the next run resumes with exactly these bytes, never with its own.
+//! - `Acquired → Exchanging`: the lease token goes into a guard before the inner service is
+//!   even asked to be ready (see [`Exchange`]); dropping the future from here on settles
+//!   the operation from the guard, never leaves it claimed for ever.
+//! - `Replay`: answered from the record alone; the inner service is never called, so a
+//!   replay cannot become a second effect.
+//! - Anything else (busy, drift, in doubt, a store that must be awaited) goes to the slow
+//!   path with the inner service unused: it is the slow path's to call, at most once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::Full;
+use pin_project_lite::pin_project;
+use tower::util::Oneshot;
+use tower::ServiceExt;
+use tower_service::Service;
+
+use super::exchange::{Answer, Exchange, Keyed};
+use super::face::ClientFace;
+use super::failure::failed_outside;
+use super::identify::identify;
+use super::resolve::{operate_after, replay};
+use crate::effect::EffectClass;
+use crate::frozen::{check_declared_length, CollectRequest, FrozenRequest};
+use crate::idempotency::body::ResponseBody;
+use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
+use crate::idempotency::ResponseSource;
+use crate::ledger::{Begin, LedgerKey};
+use crate::{BoxError, Error};
+
+/// A rare path of an operation, boxed: while the inner service may still be called, it
+/// lives as long as that service (`'a`).
+type Slow<'a, ResB> = Pin<Box<dyn Future<Output = Answer<ResB>> + Send + 'a>>;
+
+pin_project! {
+    /// One logical operation through the client face (see the module docs).
+    pub(crate) struct Operation<'a, S, B, ResB>
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    {
+        // Called once: the retries, if any, are its own.
+        inner: Option<S>,
+        client: Arc<ClientFace>,
+        started: Option<tokio::time::Instant>,
+        #[pin]
+        step: Step<'a, S, B, ResB>,
+    }
+}
+
+pin_project! {
+    #[project = StepProj]
+    enum Step<'a, S, B, ResB>
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    {
+        Refused { error: Option<Error> },
+        Freezing {
+            #[pin]
+            collect: CollectRequest<B>,
+            key: Option<(LedgerKey, WireKey)>,
+            side_effect: bool,
+        },
+        // Outside the ledger; the frozen request when it is an unprotected side effect.
+        PassingThrough {
+            #[pin]
+            call: Oneshot<S, Request<Full<Bytes>>>,
+            unprotected: Option<FrozenRequest>,
+        },
+        Exchanging { #[pin] exchange: Exchange<S, ResB> },
+        Slow { future: Slow<'a, ResB> },
+        Done,
+    }
+}
+
+impl<'a, S, B, ResB> Operation<'a, S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    B: Body,
+{
+    /// The operation of `req`: its key (or the refusal of a missing or malformed one),
+    /// then its body read up to the limit.
+    pub(crate) fn new(
+        inner: S,
+        client: Arc<ClientFace>,
+        req: Request<B>,
+        started: Option<tokio::time::Instant>,
+    ) -> Self {
+        let side_effect = EffectClass::of_request(&req).is_side_effect();
+        let (mut parts, body) = req.into_parts();
+        let key = if side_effect {
+            client.check_layer_order(&parts.extensions);
+            identify(&client, &mut parts)
+        } else {
+            Ok(None)
+        };
+        let step = match key.and_then(|key| {
+            check_declared_length(&parts.headers, &body, client.body_limit)?;
+            Ok((key, CollectRequest::checked(parts, body, client.body_limit)))
+        }) {
+            Ok((key, collect)) => Step::Freezing {
+                collect,
+                key,
+                side_effect,
+            },
+            Err(error) => Step::Refused { error: Some(error) },
+        };
+        Self {
+            inner: Some(inner),
+            client,
+            started,
+            step,
+        }
+    }
+}
+
+impl<'a, S, B, ResB> Future for Operation<'a, S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Send + 'a,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Output = Answer<ResB>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.step.as_mut().project() {
+                StepProj::Refused { error } => {
+                    let error = error
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    Next::Answer(Err(error))
+                }
+                StepProj::Freezing {
+                    collect,
+                    key,
+                    side_effect,
+                } => match std::task::ready!(collect.poll(cx)) {
+                    Err(error) => Next::Answer(Err(error)),
+                    Ok((parts, body)) => {
+                        let inner = this.inner.take().expect("called once");
+                        let key = key.take();
+                        // A keyed request carries `Content-Digest` of its frozen body, hashed
+                        // once with the fingerprint, so the server can check that the bytes
+                        // it got are the bytes we froze.
+                        let (frozen, extensions) =
+                            FrozenRequest::of_collected(parts, body, key.is_some());
+                        match key {
+                            None => Next::Step(Step::PassingThrough {
+                                call: inner.oneshot(frozen.to_request_with(extensions)),
+                                unprotected: side_effect.then_some(frozen),
+                            }),
+                            Some((key, wire)) => {
+                                let keyed = Keyed {
+                                    key,
+                                    frozen,
+                                    extensions,
+                                    track: tracked(wire),
+                                };
+                                operate(inner, this.client, keyed, *this.started)
+                            }
+                        }
+                    }
+                },
+                StepProj::PassingThrough { call, unprotected } => {
+                    let response = std::task::ready!(call.poll(cx))
+                        .map_err(|error| failed_outside(this.client, error.into()));
+                    Next::Answer(response.map(|response| {
+                        let mut response = response.map(ResponseBody::inner);
+                        if let Some(frozen) = unprotected.take() {
+                            this.client.report_unprotected(&frozen);
+                            response
+                                .extensions_mut()
+                                .insert(ResponseSource::Unprotected);
+                        }
+                        response
+                    }))
+                }
+                StepProj::Exchanging { exchange } => {
+                    let (answer, track) = std::task::ready!(exchange.poll(cx));
+                    Next::Answer(reported(this.client, &track, *this.started, answer))
+                }
+                StepProj::Slow { future } => {
+                    Next::Answer(std::task::ready!(future.as_mut().poll(cx)))
+                }
+                StepProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            match next {
+                Next::Step(step) => this.step.set(step),
+                Next::Answer(answer) => {
+                    this.step.set(Step::Done);
+                    return Poll::Ready(answer);
+                }
+            }
+        }
+    }
+}
+
+/// Where a step leaves the operation: another step, or its answer.
+// The next step is built once and moved into place; boxing it is what these futures avoid.
+#[allow(clippy::large_enum_variant)]
+enum Next<'a, S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+{
+    Step(Step<'a, S, B, ResB>),
+    Answer(Answer<ResB>),
+}
+
+/// The operation's decision log, its key also recorded in the span.
+fn tracked(wire: WireKey) -> Track {
+    decision::record_in_layer_span("key", tracing::field::display(decision::KeyDigest(&wire)));
+    Track::new(Face::Client, Some(wire))
+}
+
+/// Tell the hook what the operation came to, and pass its answer on.
+fn reported<T>(
+    client: &ClientFace,
+    track: &Track,
+    started: Option<tokio::time::Instant>,
+    answer: Answer<T>,
+) -> Answer<T> {
+    let status = answer.as_ref().ok().map(|response| response.status());
+    track.report(client.on_outcome.as_ref(), started, status);
+    answer
+}
+
+/// The ledger's part: `begin` in place, then send as the owner or replay; anything else
+/// (a store that awaits, a lost answer, drift, doubt, a refusal) by the boxed slow path.
+fn operate<'a, S, B, ResB>(
+    inner: S,
+    client: &Arc<ClientFace>,
+    keyed: Keyed,
+    started: Option<tokio::time::Instant>,
+) -> Next<'a, S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Send + 'a,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let mut begin = client
+        .ledger
+        .request(keyed.key, keyed.frozen.fingerprint())
+        .with_frozen(keyed.frozen.clone());
+    if !client.provider_deduplicates {
+        // The server would run an in-doubt operation again: only ever look at one.
+        begin = begin.probe();
+    }
+    let answered = match client.ledger.begin_in_place(&begin, client.busy) {
+        Ok(answered) => answered,
+        // Boxed: waiting and asking again are the rare path; held in place, their state
+        // would weigh on every operation's future.
+        Err(lost) => {
+            let client = client.clone();
+            return Next::Step(Step::Slow {
+                future: Box::pin(async move {
+                    let answered = client.ledger.begin_after(begin, client.busy, lost).await;
+                    slowly(inner, &client, keyed, answered, started).await
+                }),
+            });
+        }
+    };
+    match answered {
+        Ok(Begin::Acquired { token }) => {
+            keyed.track.decided(Decision::Acquired);
+            let exchange = Exchange::of_keyed(inner, client.clone(), keyed, token);
+            Next::Step(Step::Exchanging { exchange })
+        }
+        Ok(Begin::Replay(outcome)) => {
+            keyed.track.decided(Decision::Replayed);
+            Next::Answer(reported(client, &keyed.track, started, replay(outcome)))
+        }
+        answered => {
+            let client = client.clone();
+            Next::Step(Step::Slow {
+                future: Box::pin(
+                    async move { slowly(inner, &client, keyed, answered, started).await },
+                ),
+            })
+        }
+    }
+}
+
+/// The slow path: act on the ledger's answer as [`operate_after`] does, then tell the hook.
+async fn slowly<S, ResB>(
+    inner: S,
+    client: &Arc<ClientFace>,
+    keyed: Keyed,
+    answered: Result<Begin, crate::ledger::StoreError>,
+    started: Option<tokio::time::Instant>,
+) -> Answer<ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let Keyed {
+        key,
+        frozen,
+        extensions,
+        track,
+    } = keyed;
+    let answer = operate_after(inner, client, key, frozen, extensions, &track, answered).await;
+    reported(client, &track, started, answer)
+}

@@ -129,6 +129,7 @@ pub mod reqwest;
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
 pub mod reqwest_middleware;
 pub mod retry;
+pub mod tool;
 
 pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};

@@ -199,6 +199,18 @@ impl ToolDouble {
         locked(&self.state.faults).push_back(fault);
     }
 
+    /// Drop the faults still queued.
+    ///
+    /// ```
+    /// # use tower_idempotency::testing::{ToolDouble, ToolFault};
+    /// let sdk = ToolDouble::new().with_faults([ToolFault::FailBefore]);
+    /// sdk.clear_faults();
+    /// assert!(sdk.pending_faults().is_empty());
+    /// ```
+    pub fn clear_faults(&self) {
+        locked(&self.state.faults).clear();
+    }
+
     /// The faults still queued, next first.
     ///
     /// See [`ToolFault`] for an example.
@@ -276,15 +288,16 @@ impl ToolDouble {
         }
     }
 
+    /// The receipt a deduplicating provider first answered for `key`.
+    fn first_receipt(&self, key: Option<&str>) -> Option<Value> {
+        if !self.state.deduplicates {
+            return None;
+        }
+        locked(&self.state.receipts).get(key?).cloned()
+    }
+
     /// Make the effect of `call` (or, deduplicating, find the one its key made).
     fn commit(&self, operation: &OperationId, key: Option<String>, arguments: Value) -> Value {
-        if self.state.deduplicates {
-            if let Some(key) = &key {
-                if let Some(first) = locked(&self.state.receipts).get(key) {
-                    return first.clone();
-                }
-            }
-        }
         let number = self.state.made.fetch_add(1, Ordering::SeqCst) + 1;
         let receipt = json!({"receipt": number, "arguments": arguments});
         locked(&self.state.effects)
@@ -318,6 +331,11 @@ impl<A: Serialize> Service<ToolCall<A>> for ToolDouble {
         let operation = call.operation().clone();
         let double = self.clone();
         Box::pin(async move {
+            // A deduplicating provider answers a key it has seen with its first receipt,
+            // whatever this call would have done.
+            if let Some(first) = double.first_receipt(key.as_deref()) {
+                return Ok(first);
+            }
             let commit = || double.commit(&operation, key.clone(), arguments.clone());
             match fault {
                 None => Ok(commit()),

@@ -3,13 +3,10 @@
 #![cfg(feature = "test-util")]
 
 #[path = "support/redis_cluster.rs"]
-#[allow(dead_code)]
 mod cluster_support;
 #[path = "support/postgres.rs"]
-#[allow(dead_code)]
 mod postgres_support;
 #[path = "support/redis.rs"]
-#[allow(dead_code)]
 mod redis_support;
 
 use std::sync::Arc;

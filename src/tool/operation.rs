@@ -50,8 +50,8 @@ where
     A: Send,
     E: Send,
 {
-    fn invoke(&mut self, call: ToolCall<A>) -> impl Future<Output = Result<R, E>> + Send {
-        async move { self.0.ready().await?.call(call).await }
+    async fn invoke(&mut self, call: ToolCall<A>) -> Result<R, E> {
+        self.0.ready().await?.call(call).await
     }
 }
 

@@ -6,7 +6,7 @@
 //! as the HTTP client face:
 //!
 //! - the key is derived from `(scope, task_id, step_id)` of the orchestrator's
-//!   [`OperationId`]; the ledger is consulted before the call, the outcome recorded and
+//!   [`OperationId`](crate::OperationId); the ledger is consulted before the call, the outcome recorded and
 //!   replayed; a busy operation is waited for, a live owner renews its lease, records are
 //!   protected from eviction for the retry window, and an unavailable ledger fails closed
 //!   (the tool is not called);

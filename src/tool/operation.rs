@@ -91,6 +91,16 @@ impl Frozen {
     fn body(&self) -> &[u8] {
         self.request.body()
     }
+
+    /// The digest of `first`, the arguments an operation goes on with: ours, already made,
+    /// when they are ours (the same bytes), else made now.
+    fn digest_of(&self, first: &FrozenRequest) -> HeaderValue {
+        let (mine, theirs) = (self.request.body(), first.body());
+        if mine.as_ptr() == theirs.as_ptr() && mine.len() == theirs.len() {
+            return self.digest.clone();
+        }
+        first.body_digest().header_value()
+    }
 }
 
 /// Run `call` through the face: straight through for reads and idempotent writes, through
@@ -206,18 +216,34 @@ impl<C> Operation<'_, C> {
         };
         match answer {
             Begin::Acquired { token } => {
-                self.exchange(tool, token, &to_send, ToolSource::Called, discarded)
-                    .await
+                let digest = ours.digest_of(&to_send);
+                self.exchange(
+                    tool,
+                    token,
+                    (&to_send, digest),
+                    ToolSource::Called,
+                    discarded,
+                )
+                .await
             }
             Begin::Resume { token, frozen } => {
                 let first = frozen.unwrap_or(to_send);
                 let discarded = discarded.or_else(|| discarded_from(&first, &ours));
+                let digest = ours.digest_of(&first);
                 if face.reconciler.is_some() {
-                    return self.reconcile(tool, token, first, discarded).await;
+                    return self
+                        .reconcile(tool, token, (first, digest), discarded)
+                        .await;
                 }
                 tracing::info!(key = %self.ledger_key.to_hex(), "tool operation in doubt; calling it again with the frozen arguments");
-                self.exchange(tool, token, &first, ToolSource::Resumed, discarded)
-                    .await
+                self.exchange(
+                    tool,
+                    token,
+                    (&first, digest),
+                    ToolSource::Resumed,
+                    discarded,
+                )
+                .await
             }
             Begin::InDoubt if face.reconciler.is_some() => {
                 // Taken over (fenced, under a token of our own) before asking, so two runs
@@ -229,11 +255,15 @@ impl<C> Operation<'_, C> {
                     Ok(Begin::Resume { token, frozen }) => {
                         let first = frozen.unwrap_or(to_send);
                         let discarded = discarded.or_else(|| discarded_from(&first, &ours));
-                        self.reconcile(tool, token, first, discarded).await
+                        let digest = ours.digest_of(&first);
+                        self.reconcile(tool, token, (first, digest), discarded)
+                            .await
                     }
                     // The record left while we looked: the call may still have happened.
                     Ok(Begin::Acquired { token }) => {
-                        self.reconcile(tool, token, to_send, discarded).await
+                        let digest = ours.digest_of(&to_send);
+                        self.reconcile(tool, token, (to_send, digest), discarded)
+                            .await
                     }
                     Ok(Begin::Replay(outcome)) => replay(outcome, &ours, discarded),
                     Ok(Begin::Busy { retry_after }) => {
@@ -281,7 +311,7 @@ impl<C> Operation<'_, C> {
         &self,
         tool: &mut T,
         token: LeaseToken,
-        first: &FrozenRequest,
+        (first, digest): (&FrozenRequest, HeaderValue),
         source: ToolSource,
         discarded: Option<Discarded>,
     ) -> Result<ToolOutput<R>, ToolError<E>>
@@ -309,7 +339,7 @@ impl<C> Operation<'_, C> {
             let attempt = lease.renewing(attempt(face, tool.invoke(call))).await;
             let error = match attempt {
                 Ok(Ok(response)) => {
-                    return record(lease, response, first, source, discarded).await;
+                    return record(lease, response, digest, source, discarded).await;
                 }
                 Ok(Err(error)) => error,
                 Err(timed_out) => {
@@ -328,7 +358,7 @@ impl<C> Operation<'_, C> {
             let retry = match &verdict.kind {
                 VerdictKind::Final(answer) => {
                     let answer = FinalAnswer::new(answer.clone());
-                    let outcome = recorded(FINAL_ANSWER, answer.value(), first, face);
+                    let outcome = recorded(FINAL_ANSWER, answer.value(), digest, face);
                     settle(lease.complete(outcome), "record the final answer").await;
                     return Err(ToolError::Final(answer));
                 }
@@ -359,7 +389,7 @@ impl<C> Operation<'_, C> {
         &self,
         tool: &mut T,
         token: LeaseToken,
-        first: FrozenRequest,
+        (first, digest): (FrozenRequest, HeaderValue),
         discarded: Option<Discarded>,
     ) -> Result<ToolOutput<R>, ToolError<E>>
     where
@@ -393,13 +423,13 @@ impl<C> Operation<'_, C> {
                 let (parts, body) = found.into_parts();
                 if !parts.status.is_success() {
                     let answer = FinalAnswer::new(json_or_text(&body));
-                    let outcome = recorded(FINAL_ANSWER, answer.value(), &first, face);
+                    let outcome = recorded(FINAL_ANSWER, answer.value(), digest, face);
                     settle(lease.complete(outcome), "record the reconciled answer").await;
                     return Err(ToolError::Final(answer));
                 }
                 match serde_json::from_slice::<R>(&body) {
                     Ok(response) => {
-                        record(lease, response, &first, ToolSource::Reconciled, discarded).await
+                        record(lease, response, digest, ToolSource::Reconciled, discarded).await
                     }
                     Err(err) => {
                         settle(lease.mark_in_doubt(), "leave in doubt").await;
@@ -410,8 +440,14 @@ impl<C> Operation<'_, C> {
             Reconciled::NotApplied => {
                 tracing::info!(key = %self.ledger_key.to_hex(), "in-doubt tool operation reconciled: it never happened; calling it with the frozen arguments");
                 let token = lease.hand_on();
-                self.exchange(tool, token, &first, ToolSource::Resumed, discarded)
-                    .await
+                self.exchange(
+                    tool,
+                    token,
+                    (&first, digest),
+                    ToolSource::Resumed,
+                    discarded,
+                )
+                .await
             }
             _ => {
                 settle(lease.mark_in_doubt(), "leave in doubt").await;
@@ -491,7 +527,7 @@ impl<'a> Retries<'a> {
 async fn record<R: Serialize, E>(
     lease: LeaseGuard,
     response: R,
-    first: &FrozenRequest,
+    digest: HeaderValue,
     source: ToolSource,
     discarded: Option<Discarded>,
 ) -> Result<ToolOutput<R>, ToolError<E>> {
@@ -504,7 +540,7 @@ async fn record<R: Serialize, E>(
         }
     };
     settle(
-        lease.complete(stored(StatusCode::OK, body, first)),
+        lease.complete(stored(StatusCode::OK, body, digest)),
         "record the response",
     )
     .await;
@@ -513,9 +549,9 @@ async fn record<R: Serialize, E>(
 
 /// An outcome with `status` and `body`, remembering the digest of the arguments it was
 /// made with.
-fn stored(status: StatusCode, body: Vec<u8>, first: &FrozenRequest) -> Outcome {
+fn stored(status: StatusCode, body: Vec<u8>, digest: HeaderValue) -> Outcome {
     let mut headers = HeaderMap::with_capacity(1);
-    headers.insert(ARGUMENTS_DIGEST, first.body_digest().header_value());
+    headers.insert(ARGUMENTS_DIGEST, digest);
     Outcome::Response(StoredResponse::new(
         status,
         Version::HTTP_11,
@@ -528,14 +564,14 @@ fn stored(status: StatusCode, body: Vec<u8>, first: &FrozenRequest) -> Outcome {
 fn recorded<C>(
     status: StatusCode,
     value: &serde_json::Value,
-    first: &FrozenRequest,
+    digest: HeaderValue,
     face: &ToolFace<C>,
 ) -> Outcome {
     let body = value.to_string().into_bytes();
     if body.len() > face.response_limit {
         return Outcome::Tombstone { status };
     }
-    stored(status, body, first)
+    stored(status, body, digest)
 }
 
 /// Wait for a settle; a failure is logged (the lease then expires into doubt, which is

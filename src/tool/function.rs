@@ -14,10 +14,10 @@ use crate::key::{IdempotencyKey, OperationId};
 /// AWS Powertools' `idempotent_function`, for a plain async function (an SDK call, a
 /// database write).
 ///
-/// `tool` receives the **frozen** arguments (thawed; on a resume, the ones first frozen,
-/// never `arguments` if they differ) and the operation's key, to pass to a provider that
-/// deduplicates. It may be called more than once by the layer's retry policy, always with
-/// the same frozen arguments and key.
+/// `tool` receives the arguments and the operation's key, to pass to a provider that
+/// deduplicates. A new operation's first attempt gets `arguments` as handed in (the frozen
+/// bytes were made from them); every retry and every resume gets the **frozen** arguments,
+/// thawed: on a resume, the ones first frozen, never `arguments` if they differ.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicUsize, Ordering};

@@ -12,7 +12,8 @@
 //!   (the tool is not called);
 //! - the arguments are **frozen** at first sight of the operation (canonical JSON, stored
 //!   with the claim) and every retry, every resume after a crash, calls the tool with the
-//!   thawed frozen arguments, never regenerated ones;
+//!   thawed frozen arguments, never regenerated ones (a new operation's first attempt takes
+//!   the arguments the frozen bytes were just made from, sparing a thaw);
 //! - a regenerated call (the model rewrote its `summary`) goes on with the frozen arguments
 //!   by default, and its output says what was discarded ([`ToolOutput::discarded`]);
 //!   [`DriftPolicy::Reject`](crate::DriftPolicy::Reject) refuses it instead;

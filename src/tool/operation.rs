@@ -92,11 +92,16 @@ impl Frozen {
         self.request.body()
     }
 
+    /// Whether `first` is these frozen arguments (the same bytes, not a copy).
+    fn is(&self, first: &FrozenRequest) -> bool {
+        let (mine, theirs) = (self.request.body(), first.body());
+        mine.as_ptr() == theirs.as_ptr() && mine.len() == theirs.len()
+    }
+
     /// The digest of `first`, the arguments an operation goes on with: ours, already made,
     /// when they are ours (the same bytes), else made now.
     fn digest_of(&self, first: &FrozenRequest) -> HeaderValue {
-        let (mine, theirs) = (self.request.body(), first.body());
-        if mine.as_ptr() == theirs.as_ptr() && mine.len() == theirs.len() {
+        if self.is(first) {
             return self.digest.clone();
         }
         first.body_digest().header_value()
@@ -128,9 +133,7 @@ where
         key,
         ledger_key: LedgerKey::for_operation(key),
     };
-    // The arguments handed in go no further: the tool gets the frozen ones, thawed.
-    drop(call);
-    operation.operate(ours, tool).await
+    operation.operate(ours, call.into_arguments(), tool).await
 }
 
 /// One side-effect operation's identity, and the face it runs on.
@@ -142,9 +145,11 @@ struct Operation<'a, C> {
 }
 
 impl<C> Operation<'_, C> {
+    /// `handed`: the arguments handed in, whose frozen form is `ours`.
     async fn operate<A, R, E, T>(
         &self,
         ours: Frozen,
+        handed: A,
         tool: &mut T,
     ) -> Result<ToolOutput<R>, ToolError<E>>
     where
@@ -217,12 +222,17 @@ impl<C> Operation<'_, C> {
         match answer {
             Begin::Acquired { token } => {
                 let digest = ours.digest_of(&to_send);
+                // A new operation going on with the arguments just frozen: its first
+                // attempt takes them as handed in (they are what the frozen bytes were
+                // made from); every retry, and every resume, thaws the frozen bytes.
+                let handed = ours.is(&to_send).then_some(handed);
                 self.exchange(
                     tool,
                     token,
                     (&to_send, digest),
                     ToolSource::Called,
                     discarded,
+                    handed,
                 )
                 .await
             }
@@ -242,6 +252,7 @@ impl<C> Operation<'_, C> {
                     (&first, digest),
                     ToolSource::Resumed,
                     discarded,
+                    None,
                 )
                 .await
             }
@@ -314,6 +325,7 @@ impl<C> Operation<'_, C> {
         (first, digest): (&FrozenRequest, HeaderValue),
         source: ToolSource,
         discarded: Option<Discarded>,
+        mut handed: Option<A>,
     ) -> Result<ToolOutput<R>, ToolError<E>>
     where
         C: ClassifyToolError<E>,
@@ -326,7 +338,11 @@ impl<C> Operation<'_, C> {
         let mut lease = face.ledger.hold_unsent(self.ledger_key, token);
         let mut retries = Retries::new(face);
         loop {
-            let arguments: A = match serde_json::from_slice(first.body()) {
+            let thawed = match handed.take() {
+                Some(handed) => Ok(handed),
+                None => serde_json::from_slice(first.body()),
+            };
+            let arguments: A = match thawed {
                 Ok(arguments) => arguments,
                 Err(err) => {
                     settle(lease.abandon(), "release").await;
@@ -446,6 +462,7 @@ impl<C> Operation<'_, C> {
                     (&first, digest),
                     ToolSource::Resumed,
                     discarded,
+                    None,
                 )
                 .await
             }

@@ -32,6 +32,8 @@
 //! | `store_replay_{1k,100k,1m}` | `begin` of a completed operation picked at random in such a store |
 //! | `moka_begin_complete_{1k,100k,1m}` / `moka_replay_{1k,100k,1m}` | the same against `benches/common/moka_ledger.rs`, the best moka-backed ledger (the yardstick `MemoryStore` is measured against) |
 //! | `sha256_1kib` | one SHA-256 of the 1 KiB body (`sha2`), to price SHA separately |
+//! | `tool_bare` | a no-op tool (`Service<ToolCall<_>>`) called with typed arguments (four fields, ~1 KiB as JSON, built per call) and a new `OperationId`: the tool face's baseline |
+//! | `tool_fresh` / `tool_replay` | the tool face (`ToolLayer`, a key-less provider, the default retry policy with no retry window so the benches' protected window applies) over that tool, a new `OperationId` per call / always the same one |
 //!
 //! Setup happens before the measured loop: building the stack, filling its store and warming
 //! up. The layers' stores (`MemoryStore::new()`, at its default budget) are filled through the measured
@@ -78,10 +80,11 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
 use tower::retry::RetryLayer;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{MemoryStore, Outcome};
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, ResponseSource};
+use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer, ToolSource};
+use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
 
 const BODY_LEN: usize = 1024;
 
@@ -116,6 +119,9 @@ const VARIANTS: &[&str] = &[
     "moka_replay_100k",
     "moka_replay_1m",
     "sha256_1kib",
+    "tool_bare",
+    "tool_fresh",
+    "tool_replay",
 ];
 
 // --- Counting allocations -------------------------------------------------------------
@@ -741,6 +747,7 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 service_variant(svc, Some(&store), Plan::Refused, fresh_key, fresh_key, n).await
             }
             "sha256_1kib" => (sha256_1kib(n), None),
+            "tool_bare" | "tool_fresh" | "tool_replay" => tool_variant(variant, n).await,
             other => {
                 if let Some(size) = other.strip_prefix("store_begin_complete_") {
                     store_begin_complete(live_records(size), n).await
@@ -756,6 +763,145 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
             }
         }
     })
+}
+
+// --- The tool face ----------------------------------------------------------------------
+
+/// A tool call's arguments, about as large as the HTTP variants' body once JSON.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+struct ChargeArgs {
+    order_id: String,
+    amount_cents: u64,
+    currency: String,
+    summary: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Receipt {
+    id: u64,
+    captured: bool,
+}
+
+/// The no-op tool.
+#[derive(Clone, Copy)]
+struct NoopTool;
+
+impl Service<ToolCall<ChargeArgs>> for NoopTool {
+    type Response = Receipt;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Receipt, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ToolCall<ChargeArgs>) -> Self::Future {
+        black_box(&call);
+        std::future::ready(Ok(Receipt {
+            id: 1,
+            captured: true,
+        }))
+    }
+}
+
+async fn call_tool<S>(svc: &mut S, call: ToolCall<ChargeArgs>) -> S::Response
+where
+    S: Service<ToolCall<ChargeArgs>>,
+    S::Error: std::fmt::Debug,
+{
+    svc.ready()
+        .await
+        .expect("ready")
+        .call(call)
+        .await
+        .expect("call")
+}
+
+async fn tool_variant(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
+    let summary = "x".repeat(960);
+    let args = || ChargeArgs {
+        order_id: "order_42".to_owned(),
+        amount_cents: 1999,
+        currency: "eur".to_owned(),
+        summary: summary.clone(),
+    };
+    let next = AtomicU64::new(0);
+    let fresh = || {
+        let step = next.fetch_add(1, Ordering::Relaxed).to_string();
+        ToolCall::new(OperationId::new("bench-task", step), args())
+    };
+    let fixed = || ToolCall::new(OperationId::new("bench-task", "replayed-step"), args());
+    if variant == "tool_bare" {
+        let mut svc = NoopTool;
+        for _ in 0..1_000 {
+            black_box(call_tool(&mut svc, fresh()).await);
+        }
+        let window = Window::open();
+        for _ in 0..n {
+            black_box(call_tool(&mut svc, fresh()).await);
+        }
+        return (window.close(), None);
+    }
+    let store = MemoryStore::new();
+    let policy = RetryPolicy::builder()
+        .max_elapsed(Duration::ZERO)
+        .build()
+        .expect("valid policy");
+    let layer = ToolLayer::builder(store.clone(), "charge", ProviderKeys::Ignored)
+        .lease(common::BENCH_PROTECTION)
+        .retry_policy(policy)
+        .protected_window(common::BENCH_PROTECTION)
+        .build()
+        .expect("valid bench settings");
+    let mut svc = layer.layer(NoopTool);
+    const SETTLE: u64 = 1_000;
+    while store.evictions() < SETTLE {
+        assert_eq!(
+            call_tool(&mut svc, fresh()).await.source(),
+            ToolSource::Called
+        );
+    }
+    assert_eq!(store.refused_claims(), 0, "the fill was refused room");
+    std::thread::sleep(common::BENCH_PROTECTION + Duration::from_millis(10));
+    if variant == "tool_fresh" {
+        let watch = StoreWatch::new(&store);
+        let window = Window::open();
+        for _ in 0..n {
+            black_box(call_tool(&mut svc, fresh()).await);
+        }
+        let counts = window.close();
+        let delta = watch.delta();
+        assert_eq!(delta.refused, 0, "new operations were refused room");
+        assert!(
+            delta.evictions >= n,
+            "every new operation must evict a record"
+        );
+        return (counts, Some(delta));
+    }
+    assert_eq!(
+        call_tool(&mut svc, fixed()).await.source(),
+        ToolSource::Called
+    );
+    for _ in 0..100 {
+        assert_eq!(
+            call_tool(&mut svc, fixed()).await.source(),
+            ToolSource::Replayed
+        );
+    }
+    let watch = StoreWatch::new(&store);
+    let window = Window::open();
+    for _ in 0..n {
+        black_box(call_tool(&mut svc, fixed()).await);
+    }
+    let counts = window.close();
+    assert_eq!(
+        call_tool(&mut svc, fixed()).await.source(),
+        ToolSource::Replayed
+    );
+    (counts, Some(watch.delta()))
 }
 
 fn report(variant: &str, n: u64, counts: Counts, delta: Option<StoreDelta>) {

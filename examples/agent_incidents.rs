@@ -17,6 +17,10 @@
 //!    answer; on resume a resend would charge again. Ours asks the provider whether it
 //!    happened (reconciliation) and returns the provider's own record.
 //!
+//! 5. **The same at the tool-call level.** `create_order` through an SDK-like tool (no HTTP
+//!    request to wrap; the SDK ignores keys): a timeout after the write, the step re-run,
+//!    the call regenerated. Ours keeps the frozen arguments and reconciles.
+//!
 //! Every count in the final table is read from the provider's own records.
 //!
 //! ```text
@@ -707,6 +711,80 @@ async fn crash_against_a_provider_that_ignores_keys() -> Row {
     }
 }
 
+/// The tool-call level: `create_order` through an SDK-like tool (no HTTP request to wrap,
+/// and the SDK ignores keys). Its first call writes the order, then times out; the
+/// orchestrator re-runs the step and the model regenerates the call (new `summary`, new
+/// `fulfillment_intent_id`). Naive: the SDK is called again, a second order. Ours
+/// (`tool::ToolLayer`): the arguments first frozen stand, the provider's lookup finds the
+/// first order, and the caller is told which regenerated fields were discarded.
+async fn regenerated_tool_call_over_an_sdk() -> Row {
+    use tower::Layer;
+    use tower_idempotency::idempotency::{InDoubtOperation, Reconciled};
+    use tower_idempotency::testing::{ToolDouble, ToolFault};
+    use tower_idempotency::tool::{applied, ProviderKeys, ToolCall, ToolLayer};
+
+    let op = OperationId::new("task-5", "create_order");
+    // Naive: the orchestrator calls the SDK for each run of the step.
+    let sdk = ToolDouble::new().with_faults([ToolFault::CommitThenTimeout]);
+    let mut agent = Agent::default();
+    for run in 1..=2 {
+        let call = ToolCall::new(op.clone(), agent.create_order_call());
+        let answer = sdk.clone().oneshot(call).await;
+        println!(
+            "  naive: run {run}: {}",
+            if answer.is_ok() { "ok" } else { "timed out" }
+        );
+        if answer.is_ok() {
+            break;
+        }
+    }
+    let naive = sdk.effects_of(&op);
+
+    // Ours: the same SDK and agent behind the tool face, with the provider's lookup.
+    let sdk = ToolDouble::new().with_faults([ToolFault::CommitThenTimeout]);
+    let lookup = sdk.clone();
+    let tool = ToolLayer::builder(ledger().await, "create_order", ProviderKeys::Ignored)
+        .classify(ToolDouble::classifier())
+        // The provider's lookup: the orders it holds for this step.
+        .reconcile(move |_: InDoubtOperation| {
+            let lookup = lookup.clone();
+            async move {
+                let op = OperationId::new("task-5", "create_order");
+                Ok(match lookup.arguments_of(&op).first() {
+                    Some(made) => applied(&json!({"receipt": "found", "arguments": made}))?,
+                    None => Reconciled::NotApplied,
+                })
+            }
+        })
+        .build()
+        .expect("valid tool settings")
+        .layer(sdk.clone());
+    let mut agent = Agent::default();
+    for run in 1..=2 {
+        let call = ToolCall::new(op.clone(), agent.create_order_call());
+        match tool.clone().oneshot(call).await {
+            Ok(out) => {
+                println!(
+                    "  ours:  run {run}: {:?}; order {} kept; discarded regenerated fields {:?}",
+                    out.source(),
+                    out.value()["arguments"]["fulfillment_intent_id"],
+                    out.discarded()
+                        .and_then(|d| d.changed_fields())
+                        .unwrap_or_default(),
+                );
+                break;
+            }
+            Err(err) => println!("  ours:  run {run}: {err}"),
+        }
+    }
+    Row {
+        scenario: "5. SDK tool: timeout, the model regenerates the call",
+        naive,
+        ours: sdk.effects_of(&op),
+        note: "the frozen arguments stand; the provider's lookup found the first order".into(),
+    }
+}
+
 /// One orchestrator run of the `create_order` step through our stack.
 async fn send_as_orchestrator(
     store: Arc<dyn IdempotencyStore>,
@@ -764,8 +842,11 @@ async fn main() {
     let three = crash_and_resume(&provider, &base).await;
     println!("\n4. charge_customer(order_44): a provider that ignores keys; crash after sending");
     let four = crash_against_a_provider_that_ignores_keys().await;
+    println!("\n5. create_order through an SDK-like tool: a timeout after the write, then the");
+    println!("   orchestrator re-runs the step and the model regenerates the call");
+    let five = regenerated_tool_call_over_an_sdk().await;
 
-    let rows = [one, two, three, four];
+    let rows = [one, two, three, four, five];
     println!(
         "\n{:<52} {:>13} {:>12}",
         "scenario", "naive effects", "our effects"

@@ -133,6 +133,7 @@ pub mod reqwest;
 pub mod reqwest_middleware;
 pub mod retry;
 pub mod server;
+pub mod tool;
 
 pub use client::{DriftPolicy, PayloadDiscarded};
 pub use effect::EffectClass;

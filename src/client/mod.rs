@@ -148,6 +148,8 @@ mod stack;
 
 pub use builder::ClientBuilder;
 pub use face::ClientFace;
+// The tool face caps recorded outputs as this face caps responses.
+pub(crate) use face::DEFAULT_RESPONSE_LIMIT;
 pub use future::ResponseFuture;
 pub use policy::{DriftPolicy, PayloadDiscarded};
 #[cfg(feature = "reqwest-middleware")]

@@ -42,7 +42,9 @@ pub use body::ResponseBody;
 pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};
 pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
+pub(crate) use engine::{LeaseGuard, Ledger};
 pub use layer::{Idempotency, IdempotencyLayer};
+pub(crate) use reconcile::ask as ask_reconciler;
 pub use reconcile::{
     InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
     DEFAULT_RECONCILE_TIMEOUT,

@@ -77,4 +77,5 @@ pub use policy::{
 };
 pub use service::{Attempts, FrozenRetry, ResponseFuture};
 
+pub(crate) use backoff::FullJitter;
 pub(crate) use policy::{is_in_progress_answer, is_retryable_status};

@@ -7,13 +7,18 @@
 //!   injects faults (commit then time out, refuse, 5xx, panic, latency), in-process or over HTTP.
 //! - [`faults`]: [`FaultLayer`], faults around your **own** handlers (panic, delay, fail or
 //!   hang after the work), and [`crash_after`], a hard crash at a chosen point of an operation.
+//! - [`tool`]: [`ToolDouble`], an SDK-like tool double for the [tool face](crate::tool) that
+//!   counts effects per operation and injects the same faults (commit then time out, fail
+//!   before, panic, hang).
 
 pub mod conformance;
 pub mod effects;
 pub mod faults;
 pub mod model;
+pub mod tool;
 
 pub use effects::{
     CapturedRequest, Fault, ServeHandle, SideEffectService, SideEffectServiceBuilder, LOOKUP_PATH,
 };
 pub use faults::{crash_after, FaultLayer, FaultService, HandlerFault};
+pub use tool::{ToolDouble, ToolDoubleError, ToolFault};

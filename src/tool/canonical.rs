@@ -1,0 +1,209 @@
+//! Canonical JSON: the one byte form of a tool call's arguments.
+//!
+//! Arguments are frozen as JSON with every object's keys sorted (by their UTF-8 bytes), no
+//! whitespace, and numbers as `serde_json` writes them (`-0.0` written as `0.0`, which it
+//! equals). Equal values therefore freeze to equal bytes whatever the order a map or a
+//! struct listed its fields in, and whatever whitespace a model put in a JSON string it was
+//! parsed from: field order and formatting never make drift.
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::{Map, Number, Value};
+
+/// `value` as canonical JSON bytes, and as the JSON value they were written from.
+pub(crate) fn freeze<T: Serialize + ?Sized>(
+    value: &T,
+) -> Result<(Bytes, Value), serde_json::Error> {
+    let value = serde_json::to_value(value)?;
+    let mut out = Vec::with_capacity(64);
+    write(&value, &mut out);
+    Ok((Bytes::from(out), value))
+}
+
+/// `value` as canonical JSON bytes.
+pub(crate) fn to_bytes(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    write(value, &mut out);
+    out
+}
+
+fn write(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(number) => write_number(number, out),
+        Value::String(text) => write_string(text, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write(item, out);
+            }
+            out.push(b']');
+        }
+        Value::Object(fields) => write_object(fields, out),
+    }
+}
+
+/// Keys sorted here rather than trusted to the map: with `serde_json`'s `preserve_order`
+/// feature (which any crate in a build may turn on) a `Map` keeps insertion order.
+fn write_object(fields: &Map<String, Value>, out: &mut Vec<u8>) {
+    let mut sorted: Vec<(&String, &Value)> = fields.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    out.push(b'{');
+    for (i, (key, value)) in sorted.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(key, out);
+        out.push(b':');
+        write(value, out);
+    }
+    out.push(b'}');
+}
+
+fn write_number(number: &Number, out: &mut Vec<u8>) {
+    // `-0.0 == 0.0`: equal values, one spelling.
+    if number.as_f64() == Some(0.0) && number.is_f64() {
+        out.extend_from_slice(b"0.0");
+        return;
+    }
+    out.extend_from_slice(number.to_string().as_bytes());
+}
+
+fn write_string(text: &str, out: &mut Vec<u8>) {
+    // serde_json's escaping is deterministic: one spelling per string.
+    serde_json::to_writer(&mut *out, text).expect("writing to a Vec never fails");
+}
+
+/// The canonical bytes of the fields at `pointers` (RFC 6901 JSON pointers) of `value`,
+/// each paired with its pointer so that a value moving between fields is a change; an
+/// absent field reads as `null`.
+pub(crate) fn selected(value: &Value, pointers: &[String]) -> Vec<u8> {
+    let picked: Vec<Value> = pointers
+        .iter()
+        .map(|pointer| {
+            let field = value.pointer(pointer).cloned().unwrap_or(Value::Null);
+            Value::Array(vec![Value::String(pointer.clone()), field])
+        })
+        .collect();
+    to_bytes(&Value::Array(picked))
+}
+
+/// The top-level fields of two frozen argument sets that differ (added, removed or
+/// changed), sorted; `None` when either is not a JSON object.
+pub(crate) fn changed_fields(first: &[u8], now: &[u8]) -> Option<Vec<String>> {
+    let first: Map<String, Value> = serde_json::from_slice(first).ok()?;
+    let now: Map<String, Value> = serde_json::from_slice(now).ok()?;
+    let mut changed: Vec<String> = first
+        .iter()
+        .filter(|(key, value)| now.get(*key) != Some(*value))
+        .map(|(key, _)| key.clone())
+        .chain(now.keys().filter(|key| !first.contains_key(*key)).cloned())
+        .collect();
+    changed.sort_unstable();
+    Some(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, HashMap};
+
+    #[test]
+    fn keys_are_sorted_and_whitespace_dropped() {
+        let parsed: Value =
+            serde_json::from_str("{ \"b\" : [1, {\"z\":1,\"a\":2}],\n \"a\": \"x\" }").unwrap();
+        let (bytes, _) = freeze(&parsed).unwrap();
+        assert_eq!(&bytes[..], br#"{"a":"x","b":[1,{"a":2,"z":1}]}"#);
+    }
+
+    #[test]
+    fn negative_zero_is_written_as_zero() {
+        assert_eq!(freeze(&-0.0_f64).unwrap().0, freeze(&0.0_f64).unwrap().0);
+    }
+
+    #[test]
+    fn selected_fields_ignore_the_rest() {
+        let pointers = vec!["/order_id".to_owned(), "/amount".to_owned()];
+        let a = serde_json::json!({"order_id": "o-42", "amount": 1999, "summary": "charge it"});
+        let b = serde_json::json!({"summary": "please charge", "amount": 1999, "order_id": "o-42"});
+        let c = serde_json::json!({"order_id": "o-42", "amount": 2999});
+        assert_eq!(selected(&a, &pointers), selected(&b, &pointers));
+        assert_ne!(selected(&a, &pointers), selected(&c, &pointers));
+    }
+
+    #[test]
+    fn changed_fields_name_added_removed_and_changed() {
+        let changed = changed_fields(br#"{"a":1,"b":2,"c":3}"#, br#"{"a":1,"b":5,"d":4}"#);
+        assert_eq!(changed.unwrap(), ["b", "c", "d"]);
+        assert_eq!(changed_fields(b"[1]", b"{}"), None);
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            // Eighths: exact in binary and in short decimals, so parsing them back is exact
+            // (serde_json parses other floats to within an ulp unless `float_roundtrip`).
+            any::<i32>().prop_map(|i| Value::from(f64::from(i) / 8.0)),
+            ".{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::vec((".{0,6}", inner), 0..5)
+                    .prop_map(|fields| Value::Object(fields.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Equal values freeze to equal bytes, whatever order their fields came in and
+        /// however they were formatted, and the bytes read back as the value.
+        #[test]
+        fn equal_values_freeze_to_equal_bytes(value in json(), seed in any::<u64>()) {
+            let (bytes, _) = freeze(&value).unwrap();
+            // Pretty-printed, then parsed back: whitespace never changes the freeze.
+            let pretty: Value = serde_json::from_str(&serde_json::to_string_pretty(&value).unwrap()).unwrap();
+            prop_assert_eq!(&freeze(&pretty).unwrap().0, &bytes);
+            // Fields listed in another order (a HashMap's is random per map).
+            let reordered = reorder(&value, seed);
+            prop_assert_eq!(&freeze(&reordered).unwrap().0, &bytes);
+            let back: Value = serde_json::from_slice(&bytes).unwrap();
+            prop_assert_eq!(freeze(&back).unwrap().0, bytes);
+        }
+
+        /// A map type's iteration order never reaches the bytes.
+        #[test]
+        fn map_types_freeze_alike(fields in prop::collection::vec((".{0,6}", any::<i32>()), 0..8)) {
+            let hashed: HashMap<String, i32> = fields.iter().cloned().collect();
+            let sorted: BTreeMap<String, i32> = hashed.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            prop_assert_eq!(freeze(&hashed).unwrap().0, freeze(&sorted).unwrap().0);
+        }
+    }
+
+    /// `value` with every object's fields rebuilt in a shuffled insertion order.
+    fn reorder(value: &Value, seed: u64) -> Value {
+        match value {
+            Value::Array(items) => Value::Array(items.iter().map(|v| reorder(v, seed)).collect()),
+            Value::Object(fields) => {
+                let mut entries: Vec<(&String, &Value)> = fields.iter().collect();
+                let mut rng = fastrand::Rng::with_seed(seed);
+                rng.shuffle(&mut entries);
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), reorder(v, seed)))
+                        .collect(),
+                )
+            }
+            other => other.clone(),
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! The tool face's behaviours on the memory store: drift policies, fingerprinted fields,
+//! tool classes, fail closed, retries by phase, the key, the function form.
+#![cfg(feature = "test-util")]
+
+#[path = "support/down.rs"]
+mod down;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tower::{Layer, ServiceExt};
+use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::testing::{ToolDouble, ToolDoubleError, ToolFault};
+use tower_idempotency::tool::{
+    idempotent_call, ProviderKeys, ToolCall, ToolClass, ToolError, ToolLayer, ToolSource, Verdict,
+};
+use tower_idempotency::{DriftPolicy, OperationId};
+
+fn op() -> OperationId {
+    OperationId::new("task-42", "charge")
+}
+
+fn charge(summary: &str, fulfillment: &str) -> Value {
+    json!({"order_id": "o-42", "cents": 1999, "summary": summary, "fulfillment_intent_id": fulfillment})
+}
+
+#[tokio::test]
+async fn reject_refuses_regenerated_arguments_and_names_the_fields() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .drift_policy(DriftPolicy::Reject)
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new();
+    let tool = layer.layer(sdk.clone());
+    tool.clone()
+        .oneshot(ToolCall::new(op(), charge("a", "fi_1")))
+        .await
+        .unwrap();
+    let refused = tool
+        .oneshot(ToolCall::new(op(), charge("b", "fi_2")))
+        .await
+        .unwrap_err();
+    let drift = refused
+        .idempotency_error()
+        .unwrap()
+        .drift()
+        .expect("a drift error");
+    assert_eq!(
+        drift.changed_fields().unwrap(),
+        ["fulfillment_intent_id", "summary"]
+    );
+    assert_eq!(sdk.effects(), 1);
+}
+
+#[tokio::test]
+async fn fingerprinted_fields_make_a_reworded_summary_no_drift() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .drift_policy(DriftPolicy::Reject)
+        .fingerprint_fields(["/order_id", "/cents"])
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new();
+    let tool = layer.layer(sdk.clone());
+    tool.clone()
+        .oneshot(ToolCall::new(op(), charge("a", "fi_1")))
+        .await
+        .unwrap();
+    let replayed = tool
+        .clone()
+        .oneshot(ToolCall::new(op(), charge("b", "fi_2")))
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed.source(),
+        ToolSource::Replayed,
+        "not drift: same defining fields"
+    );
+    assert!(
+        replayed.discarded().is_some(),
+        "yet the caller learns its arguments were not used"
+    );
+    let mut other_amount = charge("a", "fi_1");
+    other_amount["cents"] = json!(2999);
+    let refused = tool
+        .oneshot(ToolCall::new(op(), other_amount))
+        .await
+        .unwrap_err();
+    assert!(refused.idempotency_error().unwrap().is_drift());
+    assert_eq!(sdk.effects(), 1);
+}
+
+#[tokio::test]
+async fn field_order_and_whitespace_are_never_drift() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .drift_policy(DriftPolicy::Reject)
+        .build()
+        .unwrap();
+    let tool = layer.layer(ToolDouble::new());
+    let first: Value = serde_json::from_str(r#"{"b": 1, "a": [1, 2]}"#).unwrap();
+    let second: Value = serde_json::from_str("{\n  \"a\":[1,2],\"b\":1\n}").unwrap();
+    tool.clone()
+        .oneshot(ToolCall::new(op(), first))
+        .await
+        .unwrap();
+    let again = tool.oneshot(ToolCall::new(op(), second)).await.unwrap();
+    assert_eq!(again.source(), ToolSource::Replayed);
+    assert!(again.discarded().is_none());
+}
+
+#[tokio::test]
+async fn reads_pass_straight_through() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "lookup", ProviderKeys::Ignored)
+        .class(ToolClass::Read)
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new();
+    let tool = layer.layer(sdk.clone());
+    for _ in 0..2 {
+        let out = tool
+            .clone()
+            .oneshot(ToolCall::new(op(), json!({"q": 1})))
+            .await
+            .unwrap();
+        assert_eq!(out.source(), ToolSource::PassedThrough);
+    }
+    assert_eq!(sdk.effects(), 2, "a read is never replayed");
+}
+
+#[tokio::test]
+async fn an_unavailable_ledger_fails_closed() {
+    let layer = ToolLayer::builder(down::DownStore, "charge", ProviderKeys::Ignored)
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new();
+    let refused = layer
+        .layer(sdk.clone())
+        .oneshot(ToolCall::new(op(), charge("a", "fi_1")))
+        .await
+        .unwrap_err();
+    assert!(refused.idempotency_error().unwrap().is_store());
+    assert_eq!(sdk.calls(), 0, "the tool is not called");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_before_the_effect_are_retried_and_may_have_happened_only_with_keys() {
+    let policy = || {
+        RetryPolicy::builder()
+            .max_attempts(3)
+            .no_budget()
+            .build()
+            .unwrap()
+    };
+    // Before the effect: retried inside the call, with the provider's hint honoured.
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .retry_policy(policy())
+        .classify(|error: &ToolDoubleError| match error {
+            ToolDoubleError::Refused => {
+                Verdict::before_effect().retry_after(Duration::from_secs(2))
+            }
+            _ => Verdict::may_have_happened(),
+        })
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new().with_faults([ToolFault::FailBefore]);
+    let started = tokio::time::Instant::now();
+    let out = layer
+        .layer(sdk.clone())
+        .oneshot(ToolCall::new(op(), json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.source(), sdk.calls(), sdk.effects()),
+        (ToolSource::Called, 2, 1)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the hint is a floor"
+    );
+
+    // May have happened, key-less SDK: never retried.
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .retry_policy(policy())
+        .classify(ToolDouble::classifier())
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new().with_faults([ToolFault::CommitThenTimeout]);
+    layer
+        .layer(sdk.clone())
+        .oneshot(ToolCall::new(op(), json!(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(sdk.calls(), 1);
+
+    // May have happened, deduplicating provider: retried with the same key.
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Deduplicates)
+        .retry_policy(policy())
+        .classify(ToolDouble::classifier())
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::deduplicating().with_faults([ToolFault::CommitThenTimeout]);
+    let out = layer
+        .layer(sdk.clone())
+        .oneshot(ToolCall::new(op(), json!(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.source(), sdk.calls(), sdk.effects()),
+        (ToolSource::Called, 2, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_call_is_left_in_doubt_and_a_live_owner_keeps_its_lease() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .lease(Duration::from_secs(1))
+        .busy_policy(tower_idempotency::BusyPolicy::Fail)
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new().with_faults([ToolFault::Hang { after_commit: true }]);
+    let tool = layer.layer(sdk.clone());
+    let hung = tokio::spawn(tool.clone().oneshot(ToolCall::new(op(), json!(1))));
+    // Many leases later the owner is alive (renewing): the operation is busy, not resumed.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let busy = tool
+        .clone()
+        .oneshot(ToolCall::new(op(), json!(1)))
+        .await
+        .unwrap_err();
+    assert!(busy.idempotency_error().unwrap().is_busy(), "{busy:?}");
+    hung.abort();
+    let _ = hung.await;
+    let in_doubt = tool
+        .oneshot(ToolCall::new(op(), json!(1)))
+        .await
+        .unwrap_err();
+    assert!(
+        in_doubt.idempotency_error().unwrap().is_in_doubt(),
+        "{in_doubt:?}"
+    );
+    assert_eq!(sdk.effects(), 1);
+}
+
+#[tokio::test]
+async fn the_key_reaches_the_tool_and_is_the_derived_one() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "email", ProviderKeys::Deduplicates)
+        .scope("tenant-a")
+        .build()
+        .unwrap();
+    let out = idempotent_call(
+        &layer,
+        op(),
+        json!({"to": "a@b"}),
+        |args: Value, key| async move {
+            Ok::<_, ToolDoubleError>(json!({"key": key.to_hex(), "args": args}))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.value()["key"], op().key("tenant-a").to_hex());
+}
+
+#[tokio::test]
+async fn the_function_form_uses_the_frozen_arguments_on_a_resume() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Deduplicates)
+        .retry_policy(RetryPolicy::builder().max_attempts(1).build().unwrap())
+        .build()
+        .unwrap();
+    let first: Result<_, ToolError<&str>> =
+        idempotent_call(&layer, op(), charge("a", "fi_1"), |_: Value, _| async {
+            Err::<Value, _>("timed out")
+        })
+        .await;
+    assert!(matches!(first, Err(ToolError::Tool("timed out"))));
+    let resumed = idempotent_call(
+        &layer,
+        op(),
+        charge("b", "fi_2"),
+        |args: Value, _| async move { Ok::<_, &str>(args) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(resumed.source(), ToolSource::Resumed);
+    assert_eq!(
+        resumed.value(),
+        &charge("a", "fi_1"),
+        "thawed frozen arguments, not regenerated ones"
+    );
+    assert_eq!(
+        resumed.discarded().unwrap().changed_fields().unwrap(),
+        ["fulfillment_intent_id", "summary"]
+    );
+}
+
+#[test]
+fn the_builder_refuses_bad_names_and_pointers() {
+    assert!(
+        ToolLayer::builder(MemoryStore::new(), "a/b", ProviderKeys::Ignored)
+            .build()
+            .is_err()
+    );
+    assert!(
+        ToolLayer::builder(MemoryStore::new(), "ok", ProviderKeys::Ignored)
+            .fingerprint_fields(["order_id"])
+            .build()
+            .is_err()
+    );
+}

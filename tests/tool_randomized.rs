@@ -1,0 +1,239 @@
+//! Whole-stack randomized faults through the tool face, as `randomized.rs` does for HTTP:
+//! random tool faults (commit then time out, fail before, decline, panic, hang), crashes
+//! (a run abandoned without a destructor) and resumes, regenerated arguments on every run,
+//! two tenants sharing one ledger and the same task ids, a deduplicating provider and a
+//! key-less one (reconciled). Invariant: the double counts at most one effect per
+//! operation at every step, exactly one once a clean run finishes it, made with the
+//! arguments the output reports, and a replay equals the first answer.
+#![cfg(feature = "test-util")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use tower::{Layer, ServiceExt};
+use tower_idempotency::idempotency::{InDoubtOperation, Reconciled};
+use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
+use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::testing::{crash_after, ToolDouble, ToolDoubleError, ToolFault};
+use tower_idempotency::tool::{
+    applied, ProviderKeys, ToolCall, ToolError, ToolLayer, ToolOutput, Verdict,
+};
+use tower_idempotency::OperationId;
+
+#[derive(Clone, Debug)]
+enum Run {
+    Fault(ToolFault),
+    Crash(u64),
+    Clean,
+}
+
+fn run() -> impl Strategy<Value = Run> {
+    prop_oneof![
+        Just(Run::Clean),
+        Just(Run::Fault(ToolFault::CommitThenTimeout)),
+        Just(Run::Fault(ToolFault::FailBefore)),
+        Just(Run::Fault(ToolFault::Decline)),
+        any::<bool>().prop_map(|after_commit| Run::Fault(ToolFault::Panic { after_commit })),
+        any::<bool>().prop_map(|after_commit| Run::Fault(ToolFault::Hang { after_commit })),
+        (0_u64..1500).prop_map(Run::Crash),
+    ]
+}
+
+type Classifier = fn(&ToolDoubleError) -> Verdict;
+
+struct Tenant {
+    layer: ToolLayer<Classifier>,
+    sdk: ToolDouble,
+}
+
+/// How a tenant's provider treats keys.
+#[derive(Clone, Copy, Debug)]
+enum Provider {
+    /// Runs each key once.
+    Deduplicating,
+    /// Ignores keys; in-doubt operations are reconciled by looking the effect up.
+    KeyLessReconciled,
+    /// Ignores keys, and nothing can look an effect up: in doubt is where it ends.
+    KeyLess,
+}
+
+fn provider() -> impl Strategy<Value = Provider> {
+    prop_oneof![
+        Just(Provider::Deduplicating),
+        Just(Provider::KeyLessReconciled),
+        Just(Provider::KeyLess),
+    ]
+}
+
+fn tenant(store: &Arc<dyn IdempotencyStore>, scope: &str, kind: Provider) -> Tenant {
+    let deduplicates = matches!(kind, Provider::Deduplicating);
+    let sdk = if deduplicates {
+        ToolDouble::deduplicating()
+    } else {
+        ToolDouble::new()
+    };
+    let provider = if deduplicates {
+        ProviderKeys::Deduplicates
+    } else {
+        ProviderKeys::Ignored
+    };
+    let found = sdk.clone();
+    let policy = RetryPolicy::builder()
+        .max_attempts(2)
+        .no_budget()
+        .attempt_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let mut builder = ToolLayer::builder(store.clone(), "charge_customer", provider)
+        .scope(scope)
+        .lease(Duration::from_secs(1))
+        .retry_policy(policy)
+        .classify(ToolDouble::classifier() as Classifier);
+    if matches!(kind, Provider::KeyLessReconciled) {
+        // A key-less SDK finishes an in-doubt operation only through its provider's lookup.
+        builder = builder.reconcile(move |operation: InDoubtOperation| {
+            let found = found.clone();
+            async move {
+                let args: Value = tower_idempotency::tool::frozen_arguments(&operation)?;
+                let op = OperationId::new(args["task"].as_str().unwrap(), "charge");
+                Ok(match found.arguments_of(&op).first() {
+                    Some(made) => applied(&json!({"receipt": "found", "arguments": made}))?,
+                    None => Reconciled::NotApplied,
+                })
+            }
+        });
+    }
+    Tenant {
+        layer: builder.build().unwrap(),
+        sdk,
+    }
+}
+
+/// The model regenerates the call on every run: a new summary, a new intent id.
+fn regenerated(task: &str, run: usize) -> Value {
+    json!({
+        "task": task,
+        "order_id": format!("o-{task}"),
+        "cents": 1999,
+        "summary": format!("charge the customer (run {run})"),
+        "fulfillment_intent_id": format!("fi_{run}"),
+    })
+}
+
+async fn one_run(
+    tenant: &Tenant,
+    op: &OperationId,
+    args: Value,
+    run: &Run,
+) -> Option<Result<ToolOutput<Value>, ToolError<ToolDoubleError>>> {
+    let tool = tenant.layer.layer(tenant.sdk.clone());
+    let call = ToolCall::new(op.clone(), args);
+    match run {
+        Run::Fault(fault) => {
+            tenant.sdk.push_fault(fault.clone());
+            // Panics surface as a join error; hangs end with the attempt timeout.
+            let joined = tokio::spawn(tool.oneshot(call)).await;
+            // A fault left unused (the call never reached the tool) is not carried over.
+            tenant.sdk.clear_faults();
+            joined.ok()
+        }
+        Run::Crash(after) => crash_after(tool.oneshot(call), Duration::from_millis(*after)).await,
+        Run::Clean => Some(tool.oneshot(call).await),
+    }
+}
+
+enum Finished {
+    Answered(ToolOutput<Value>),
+    Declined,
+    InDoubt,
+}
+
+fn check(tasks: usize, runs: Vec<Vec<Run>>, a: Provider, b: Provider) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+        let tenants = [tenant(&store, "tenant-a", a), tenant(&store, "tenant-b", b)];
+        let kinds = [a, b];
+        for task in 0..tasks {
+            let task_id = format!("task-{task}");
+            let op = OperationId::new(task_id.clone(), "charge");
+            for (t, tenant) in tenants.iter().enumerate() {
+                let script = &runs[(task + t) % runs.len()];
+                let mut declined = false;
+                for (i, run) in script.iter().enumerate() {
+                    let out = one_run(tenant, &op, regenerated(&task_id, i), run).await;
+                    if let Some(Err(ToolError::Final(_))) = out {
+                        declined = true;
+                    }
+                    assert!(
+                        tenant.sdk.effects_of(&op) <= 1,
+                        "two effects for {op:?} after {run:?}"
+                    );
+                    // Past any lease a crashed owner held.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                // Finish it: clean runs until it answers (an in-doubt key-less operation
+                // is reconciled by these).
+                let finished = loop {
+                    match one_run(tenant, &op, regenerated(&task_id, 99), &Run::Clean).await {
+                        Some(Ok(out)) => break Finished::Answered(out),
+                        Some(Err(ToolError::Final(_))) => break Finished::Declined,
+                        // Key-less and nothing to ask: never called again blindly.
+                        Some(Err(ToolError::Idempotency(err)))
+                            if err.is_in_doubt() && matches!(kinds[t], Provider::KeyLess) =>
+                        {
+                            break Finished::InDoubt
+                        }
+                        Some(Err(ToolError::Idempotency(err))) if err.is_busy() => {
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                        }
+                        other => panic!("{op:?} did not finish: {other:?}"),
+                    }
+                };
+                let effects = tenant.sdk.effects_of(&op);
+                match finished {
+                    Finished::InDoubt => assert!(effects <= 1),
+                    Finished::Answered(out) => {
+                        assert_eq!(effects, 1, "exactly one effect for {op:?}");
+                        let made = &tenant.sdk.arguments_of(&op)[0];
+                        assert_eq!(
+                            &out.value()["arguments"],
+                            made,
+                            "the output is the effect's"
+                        );
+                        let replay = one_run(tenant, &op, regenerated(&task_id, 100), &Run::Clean)
+                            .await
+                            .unwrap()
+                            .unwrap();
+                        assert_eq!(replay.value()["arguments"], out.value()["arguments"]);
+                        assert!(replay.discarded().is_some(), "the caller is told");
+                    }
+                    Finished::Declined => {
+                        assert!(declined, "only a decline is a final answer");
+                        assert_eq!(effects, 0);
+                    }
+                }
+            }
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn effects_are_exactly_once_per_operation(
+        tasks in 1_usize..4,
+        runs in prop::collection::vec(prop::collection::vec(run(), 0..4), 1..4),
+        a in provider(),
+        b in provider(),
+    ) {
+        check(tasks, runs, a, b);
+    }
+}

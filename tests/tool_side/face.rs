@@ -2,8 +2,7 @@
 //! tool classes, fail closed, retries by phase, the key, the function form.
 #![cfg(feature = "test-util")]
 
-#[path = "support/down.rs"]
-mod down;
+use crate::support::down;
 
 use std::time::Duration;
 

@@ -2,12 +2,9 @@
 //! The same scenarios, the same answers, and one effect per operation in the tool double.
 #![cfg(feature = "test-util")]
 
-#[path = "support/redis_cluster.rs"]
-mod cluster_support;
-#[path = "support/postgres.rs"]
-mod postgres_support;
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::postgres as postgres_support;
+use crate::support::redis as redis_support;
+use crate::support::redis_cluster as cluster_support;
 
 use std::sync::Arc;
 

@@ -12,5 +12,4 @@ mod whole_stack {
     mod metrics;
     mod redis_stack;
     mod seams;
-    mod span_fields;
 }

@@ -2,7 +2,9 @@
 //! binary of its own: `tracing`'s level filter is global, so each level this test sets
 //! must be the only one alive in the process while it runs.
 
-use crate::support::capture;
+mod support;
+
+use support::capture;
 
 use std::convert::Infallible;
 

@@ -6,9 +6,9 @@
 //! headers and the whole body as [`Bytes`]. Each attempt is rebuilt from it by cloning
 //! `Bytes` (a reference-count increment) and the head; the body is never copied again.
 //!
-//! The body is collected under a limit (default [`DEFAULT_BODY_LIMIT`], 1 MiB) enforced
-//! twice: up front from `Content-Length` and the body's size hint, and again while the
-//! body streams in. Over the limit, freezing fails with a `BodyTooLarge`
+//! The body is collected under a limit (1 MiB unless the layer's `body_limit` says
+//! otherwise) enforced twice: up front from `Content-Length` and the body's size hint, and
+//! again while the body streams in. Over the limit, freezing fails with a `BodyTooLarge`
 //! [`Error`] and nothing is sent. Trailers are not part of a frozen request.
 //!
 //! # Example
@@ -54,7 +54,7 @@ use crate::fingerprint::Fingerprint;
 use crate::Error;
 
 /// The default limit on a request body that may be frozen: 1 MiB.
-pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+pub(crate) const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 /// A request captured once, rebuilt cheaply for every attempt.
 ///

@@ -20,9 +20,9 @@ use crate::ledger::{
 /// The default lease: how long an owner may hold an operation in flight without renewing
 /// it. Live owners renew (every third of the lease), so the lease only bounds how long a
 /// **dead** owner's operation stays busy before the next caller may resume it.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// The default retention of ledger records.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The longest lease, retention, protected window or busy wait the layers work with: about
 /// 139 years (2^42 ms). A longer setting ("keep forever": `Duration::MAX`) saturates to it

@@ -42,14 +42,12 @@ pub use body::ResponseBody;
 pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};
 pub use engine::BusyPolicy;
-pub(crate) use engine::{DEFAULT_LEASE, DEFAULT_RETENTION};
 pub(crate) use engine::{LeaseGuard, Ledger};
+pub(crate) use engine::{DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
 pub(crate) use reconcile::ask as ask_reconciler;
 pub(crate) use reconcile::DEFAULT_RECONCILE_TIMEOUT;
-pub use reconcile::{
-    InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
-};
+pub use reconcile::{InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled};
 pub use release::ReleaseOn;
 
 /// Where a response came from: a response extension set by the client

@@ -63,18 +63,23 @@
 //! # }
 //! ```
 
+mod attempts;
 mod backoff;
+mod call;
+mod future;
 mod layer;
 mod policy;
 mod service;
 
+pub use attempts::Attempts;
 pub use backoff::retry_after;
+pub use future::ResponseFuture;
 pub use layer::FrozenRetryLayer;
 pub use policy::{
     AttemptResult, ClassifyRetry, DefaultClassifier, RetryContext, RetryDecision, RetryPolicy,
     RetryPolicyBuilder,
 };
-pub use service::{Attempts, FrozenRetry, ResponseFuture};
+pub use service::FrozenRetry;
 
 pub(crate) use backoff::FullJitter;
 pub(crate) use policy::{is_in_progress_answer, is_retryable_status};

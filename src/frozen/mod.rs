@@ -3,8 +3,8 @@
 //! A retry that rebuilds its request — re-running the step that produced it — sends new
 //! bytes under the old key (the second incident this crate exists to stop). A
 //! [`FrozenRequest`] is captured once, before the first network call: method, URI, version,
-//! headers and the whole body as [`Bytes`](bytes::Bytes). Each attempt is rebuilt from it by cloning
-//! `Bytes` (a reference-count increment) and the head; the body is never copied again.
+//! headers and the whole body as [`Bytes`](bytes::Bytes). Each attempt is rebuilt from it by
+//! cloning `Bytes` (a reference-count increment) and the head; the body is never copied again.
 //!
 //! The body is collected under a limit (1 MiB unless the layer's `body_limit` says
 //! otherwise) enforced twice: up front from `Content-Length` and the body's size hint, and

@@ -2,8 +2,8 @@
 
 use http::Response;
 
-/// How many attempts produced a response: a response extension set by [`FrozenRetry`] on
-/// the answers that took **more than one** attempt.
+/// How many attempts produced a response: a response extension set by
+/// [`FrozenRetry`](super::FrozenRetry) on the answers that took **more than one** attempt.
 ///
 /// A response answered by its first attempt carries no `Attempts` (an extension costs every
 /// response three allocations, more than the rest of the layer's work on the common path);
@@ -29,7 +29,8 @@ impl Attempts {
     }
 
     /// How many attempts produced `response`: its `Attempts` extension, or one attempt when
-    /// it carries none (a first-attempt answer, or one that did not pass a [`FrozenRetry`]).
+    /// it carries none (a first-attempt answer, or one that did not pass a
+    /// [`FrozenRetry`](super::FrozenRetry)).
     ///
     /// ```
     /// use tower_idempotency::retry::Attempts;

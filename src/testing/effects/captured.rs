@@ -5,8 +5,8 @@ use http::{HeaderMap, Method, Uri, Version};
 
 /// A request as the provider received it: method, URI, version, headers and whole body.
 ///
-/// Read them from [`SideEffectService::attempts`], for instance to check that every retry
-/// sent byte-identical bodies under the same key.
+/// Read them from [`SideEffectService::attempts`](super::SideEffectService::attempts), for
+/// instance to check that every retry sent byte-identical bodies under the same key.
 ///
 /// ```
 /// # use bytes::Bytes;

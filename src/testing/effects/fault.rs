@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-/// A fault to inject into one call of a [`SideEffectService`].
+/// A fault to inject into one call of a [`SideEffectService`](super::SideEffectService).
 ///
-/// Queue faults with [`SideEffectService::push_fault`] or
-/// [`with_faults`](SideEffectService::with_faults); each call takes the next one. "Commit"
-/// below means the call's side effect happens (it counts) — and only when the call would
+/// Queue faults with [`SideEffectService::push_fault`](super::SideEffectService::push_fault)
+/// or [`with_faults`](super::SideEffectService::with_faults); each call takes the next one.
+/// "Commit" below means the call's side effect happens (it counts) — and only when the call would
 /// have committed anyway: a replay, a `409` or a `422` never commits.
 ///
 /// ```
@@ -31,14 +31,14 @@ pub enum Fault {
     ///
     /// Over HTTP the response is held open until the client gives up.
     CommitThenTimeout,
-    /// Fail at once with an [`io::Error`] of kind
-    /// [`ConnectionRefused`](io::ErrorKind::ConnectionRefused), without reading the request
-    /// and without an effect, the way a refused connect looks to a client. This crate
+    /// Fail at once with an [`io::Error`](std::io::Error) of kind
+    /// [`ConnectionRefused`](std::io::ErrorKind::ConnectionRefused), without reading the
+    /// request and without an effect, the way a refused connect looks to a client. This crate
     /// classifies that error as a pre-write failure
     /// ([`FailurePhase::PreWrite`](crate::phase::FailurePhase::PreWrite)).
     ///
-    /// The request is not recorded in [`attempts`](SideEffectService::attempts) (the
-    /// provider never saw it), but counts in [`calls`](SideEffectService::calls).
+    /// The request is not recorded in [`attempts`](super::SideEffectService::attempts) (the
+    /// provider never saw it), but counts in [`calls`](super::SideEffectService::calls).
     ///
     /// Over HTTP the connection is closed without answering once the request head has
     /// arrived. A client cannot tell that from a failure after its bytes were written, and

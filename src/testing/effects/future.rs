@@ -10,10 +10,10 @@ use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
 
-/// What a call of a [`SideEffectService`] resolves to.
+/// What a call of a [`SideEffectService`](super::SideEffectService) resolves to.
 pub(super) type CallResult = Result<Response<Full<Bytes>>, io::Error>;
 
-/// The future a [`SideEffectService`] call returns.
+/// The future a [`SideEffectService`](super::SideEffectService) call returns.
 pub struct ResponseFuture {
     // Boxed: a call awaits the body, maybe a sleep or a spawned task, maybe forever.
     inner: Pin<Box<dyn Future<Output = CallResult> + Send>>,

@@ -162,7 +162,7 @@ impl SideEffectService {
         self.lock().effects_without_key
     }
 
-    /// Lookups made ([`LOOKUP_PATH`]), refused ones included.
+    /// Lookups made ([`LOOKUP_PATH`](super::LOOKUP_PATH)), refused ones included.
     pub fn lookups(&self) -> usize {
         self.lock().lookups
     }

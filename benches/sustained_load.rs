@@ -41,7 +41,6 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::idempotency::DEFAULT_LEASE;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{IdempotencyLayer, OperationId};
@@ -222,6 +221,10 @@ async fn run<S, B>(
         if refused_total == 0 && other_total == 0 { "yes" } else { "no" },
     );
 }
+
+/// The builders' default lease (10 s, documented on `ClientBuilder::lease` and
+/// `ServerBuilder::lease`); the load runs long enough to see records age past it.
+const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 fn server(rate: u64, secs: Option<u64>) {
     // The server builder's default protected window: the lease plus a minute.

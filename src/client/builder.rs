@@ -397,7 +397,7 @@ impl ClientBuilder {
         self
     }
 
-    /// How long the reconciler may take (default [`DEFAULT_RECONCILE_TIMEOUT`], 10 s); past
+    /// How long the reconciler may take (default 10 s); past
     /// it, the operation stays in doubt.
     pub fn reconcile_timeout(mut self, bound: Duration) -> Self {
         self.reconcile_timeout = bound;

@@ -41,14 +41,13 @@ pub use body::ResponseBody;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};
-pub use engine::{BusyPolicy, DEFAULT_LEASE, DEFAULT_RETENTION};
+pub use engine::BusyPolicy;
 pub(crate) use engine::{LeaseGuard, Ledger};
+pub(crate) use engine::{DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::{Idempotency, IdempotencyLayer};
 pub(crate) use reconcile::ask as ask_reconciler;
-pub use reconcile::{
-    InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
-    DEFAULT_RECONCILE_TIMEOUT,
-};
+pub(crate) use reconcile::DEFAULT_RECONCILE_TIMEOUT;
+pub use reconcile::{InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled};
 pub use release::ReleaseOn;
 
 /// Where a response came from: a response extension set by the client

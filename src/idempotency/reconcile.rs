@@ -21,7 +21,8 @@ use crate::BoxError;
 
 /// How long a reconciler may take before its answer counts as
 /// [`Unknown`](Reconciled::Unknown): 10 s.
-pub const DEFAULT_RECONCILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const DEFAULT_RECONCILE_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(10);
 
 /// An in-doubt operation, as a [`Reconcile`] is asked about it.
 ///

@@ -12,7 +12,7 @@
 //!   side-effecting request without an `Idempotency-Key` once its bytes may have left;
 //! - **when**: full-jitter exponential backoff on tower's `ExponentialBackoff` schedule, or
 //!   the server's `Retry-After`;
-//! - **how much**: at most [`MAX_ATTEMPTS_CEILING`] attempts, a maximum elapsed time, and
+//! - **how much**: at most 5 attempts, a maximum elapsed time, and
 //!   tower's `TpsBudget`, so a fleet-wide outage is not multiplied by retries.
 //!
 //! Why a budget: with 3 attempts per call, a dependency that fails every request receives
@@ -63,19 +63,23 @@
 //! # }
 //! ```
 
+mod attempts;
 mod backoff;
+mod call;
+mod future;
 mod layer;
 mod policy;
 mod service;
 
+pub use attempts::Attempts;
 pub use backoff::retry_after;
+pub use future::ResponseFuture;
 pub use layer::FrozenRetryLayer;
 pub use policy::{
     AttemptResult, ClassifyRetry, DefaultClassifier, RetryContext, RetryDecision, RetryPolicy,
-    RetryPolicyBuilder, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_ELAPSED, MAX_ATTEMPTS_CEILING,
+    RetryPolicyBuilder,
 };
-pub use service::{Attempts, FrozenRetry, ResponseFuture};
+pub use service::FrozenRetry;
 
 pub(crate) use backoff::FullJitter;
 pub(crate) use policy::{is_in_progress_answer, is_retryable_status};

@@ -14,15 +14,15 @@ use crate::key::IDEMPOTENCY_KEY;
 use crate::phase::{ClassifyPhase, FailurePhase};
 
 /// The default number of attempts (the first one included).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// No policy makes more attempts than this: beyond it, retries amplify outages.
-pub const MAX_ATTEMPTS_CEILING: u32 = 5;
+pub(crate) const MAX_ATTEMPTS_CEILING: u32 = 5;
 /// The default first backoff ceiling.
-pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(100);
 /// The default longest backoff (and cap on `Retry-After`).
-pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(10);
 /// The default longest time from the first attempt to the last retry.
-pub const DEFAULT_MAX_ELAPSED: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_MAX_ELAPSED: Duration = Duration::from_secs(30);
 
 /// One finished attempt, as a classifier sees it.
 #[derive(Debug)]

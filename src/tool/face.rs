@@ -171,7 +171,8 @@ impl<C> ToolLayerBuilder<C> {
         self
     }
 
-    /// How long an owner may hold an operation without renewing it (live owners renew).
+    /// How long an owner may hold an operation without renewing it (default 10 s; live
+    /// owners renew every third of it).
     ///
     /// See the [builder docs](Self) for an example.
     pub fn lease(mut self, lease: Duration) -> Self {
@@ -179,7 +180,7 @@ impl<C> ToolLayerBuilder<C> {
         self
     }
 
-    /// How long records are kept.
+    /// How long records are kept (default 24 h).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -286,7 +287,7 @@ impl<C> ToolLayerBuilder<C> {
         self
     }
 
-    /// How long the reconciler may take before the operation is left in doubt.
+    /// How long the reconciler may take before the operation is left in doubt (default 10 s).
     ///
     /// ```
     /// # use std::time::Duration;

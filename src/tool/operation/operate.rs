@@ -1,152 +1,41 @@
-//! One tool call through the ledger: claim, call (with retries), settle; or resume,
-//! reconcile, replay or refuse. The same protocol the HTTP client face drives.
+//! One side-effect operation through the ledger: claim, call, settle; or resume,
+//! reconcile, replay or refuse.
 
 use std::future::Future;
-use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+use http::HeaderValue;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::time::Instant;
-use tower::retry::budget::Budget;
-use tower::ServiceExt;
-use tower_service::Service;
 
-use super::canonical;
-use super::face::ToolFace;
-use super::types::{
-    ClassifyToolError, Discarded, FinalAnswer, ProviderKeys, ToolCall, ToolClass, ToolError,
-    ToolOutput, ToolSource, VerdictKind,
-};
-use crate::digest::BodyDigest;
 use crate::error::Drift;
 use crate::frozen::FrozenRequest;
-use crate::idempotency::{ask_reconciler, InDoubtOperation, LeaseGuard, Reconciled};
+use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
 use crate::key::IdempotencyKey;
-use crate::ledger::{Begin, LeaseToken, LedgerKey, Outcome, StoredResponse};
-use crate::retry::FullJitter;
-use crate::{DriftPolicy, Error, Fingerprint, OperationId};
+use crate::ledger::{Begin, LeaseToken, LedgerKey};
+use crate::tool::canonical;
+use crate::tool::face::ToolFace;
+use crate::tool::types::{
+    ClassifyToolError, Discarded, FinalAnswer, ProviderKeys, ToolCall, ToolError, ToolOutput,
+    ToolSource, VerdictKind,
+};
+use crate::{DriftPolicy, Error, OperationId};
 
-/// The header a recorded outcome keeps the digest of the arguments it was made with in,
-/// so a replay can tell the caller its arguments differed from them.
-const ARGUMENTS_DIGEST: HeaderName = HeaderName::from_static("tool-arguments-digest");
-/// A final answer's recorded status; a response's is `200`.
-const FINAL_ANSWER: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
-
-/// A tool the operation calls: a tower service, or a closure (see
-/// [`idempotent_call`](super::idempotent_call)).
-pub(crate) trait Invoke<A, R, E> {
-    fn invoke(&mut self, call: ToolCall<A>) -> impl Future<Output = Result<R, E>> + Send;
-}
-
-/// A tower service as an [`Invoke`].
-pub(crate) struct Tower<S>(pub(crate) S);
-
-impl<S, A, R, E> Invoke<A, R, E> for Tower<S>
-where
-    S: Service<ToolCall<A>, Response = R, Error = E> + Send,
-    S::Future: Send,
-    A: Send,
-    E: Send,
-{
-    async fn invoke(&mut self, call: ToolCall<A>) -> Result<R, E> {
-        self.0.ready().await?.call(call).await
-    }
-}
-
-/// A call's arguments, frozen: the canonical bytes as the ledger stores them, and the
-/// fingerprint and digest that identify them.
-struct Frozen {
-    request: FrozenRequest,
-    fingerprint: Fingerprint,
-    digest: HeaderValue,
-}
-
-impl Frozen {
-    fn new<C>(face: &ToolFace<C>, body: Bytes, value: &serde_json::Value) -> Self {
-        let digest = BodyDigest::of(&body);
-        let fingerprint = match &face.fields {
-            Some(pointers) => Fingerprint::of(
-                &Method::POST,
-                &face.target,
-                &canonical::selected(value, pointers),
-            ),
-            None => Fingerprint::from_digest(&Method::POST, &face.target, &digest),
-        };
-        let request = FrozenRequest::from_parts(
-            Method::POST,
-            face.uri.clone(),
-            Version::HTTP_11,
-            HeaderMap::new(),
-            body,
-        );
-        Self {
-            request,
-            fingerprint,
-            digest: digest.header_value(),
-        }
-    }
-
-    fn body(&self) -> &[u8] {
-        self.request.body()
-    }
-
-    /// Whether `first` is these frozen arguments (the same bytes, not a copy).
-    fn is(&self, first: &FrozenRequest) -> bool {
-        let (mine, theirs) = (self.request.body(), first.body());
-        mine.as_ptr() == theirs.as_ptr() && mine.len() == theirs.len()
-    }
-
-    /// The digest of `first`, the arguments an operation goes on with: ours, already made,
-    /// when they are ours (the same bytes), else made now.
-    fn digest_of(&self, first: &FrozenRequest) -> HeaderValue {
-        if self.is(first) {
-            return self.digest.clone();
-        }
-        first.body_digest().header_value()
-    }
-}
-
-/// Run `call` through the face: straight through for reads and idempotent writes, through
-/// the ledger for side effects.
-pub(crate) async fn run<C, A, R, E, T>(
-    face: &ToolFace<C>,
-    call: ToolCall<A>,
-    tool: &mut T,
-) -> Result<ToolOutput<R>, ToolError<E>>
-where
-    C: ClassifyToolError<E>,
-    A: Serialize + DeserializeOwned + Send,
-    R: Serialize + DeserializeOwned,
-    T: Invoke<A, R, E>,
-{
-    let key = call.operation().key(&face.scope);
-    if face.class != ToolClass::SideEffect {
-        return pass_through(face, call.with_key(key), tool).await;
-    }
-    let (body, value) = canonical::freeze(call.arguments()).map_err(ToolError::Arguments)?;
-    let ours = Frozen::new(face, body, &value);
-    let operation = Operation {
-        face,
-        op: call.operation().clone(),
-        key,
-        ledger_key: LedgerKey::for_operation(key),
-    };
-    operation.operate(ours, call.into_arguments(), tool).await
-}
+use super::{
+    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, Frozen, Invoke,
+    Retries, FINAL_ANSWER,
+};
 
 /// One side-effect operation's identity, and the face it runs on.
-struct Operation<'a, C> {
-    face: &'a ToolFace<C>,
-    op: OperationId,
-    key: IdempotencyKey,
-    ledger_key: LedgerKey,
+pub(super) struct Operation<'a, C> {
+    pub(super) face: &'a ToolFace<C>,
+    pub(super) op: OperationId,
+    pub(super) key: IdempotencyKey,
+    pub(super) ledger_key: LedgerKey,
 }
 
 impl<C> Operation<'_, C> {
     /// `handed`: the arguments handed in, whose frozen form is `ours`.
-    async fn operate<A, R, E, T>(
+    pub(super) async fn operate<A, R, E, T>(
         &self,
         ours: Frozen,
         handed: A,
@@ -475,244 +364,11 @@ impl<C> Operation<'_, C> {
 }
 
 /// One attempt, bounded by the policy's attempt timeout if it has one.
-async fn attempt<C, T: Future>(face: &ToolFace<C>, call: T) -> Result<T::Output, Error> {
+pub(super) async fn attempt<C, T: Future>(face: &ToolFace<C>, call: T) -> Result<T::Output, Error> {
     match face.retry.attempt_timeout {
         Some(bound) => tokio::time::timeout(bound, call)
             .await
             .map_err(|_| Error::attempt_timeout()),
         None => Ok(call.await),
-    }
-}
-
-/// The retries left to an operation: attempts, elapsed time, budget and backoff, as the
-/// [`FrozenRetryLayer`](crate::FrozenRetryLayer) counts them.
-struct Retries<'a> {
-    policy: &'a crate::retry::RetryPolicy,
-    attempts: u32,
-    started: Instant,
-    backoff: Option<FullJitter>,
-    wait: Duration,
-}
-
-impl<'a> Retries<'a> {
-    fn new<C>(face: &'a ToolFace<C>) -> Self {
-        let policy = &*face.retry;
-        if let Some(budget) = &policy.budget {
-            budget.deposit();
-        }
-        Self {
-            policy,
-            attempts: 1,
-            started: Instant::now(),
-            backoff: None,
-            wait: Duration::ZERO,
-        }
-    }
-
-    /// The wait before another attempt, if one is allowed: at least the backoff and the
-    /// provider's hint, within the attempts, the elapsed time and the budget.
-    fn next(&mut self, hint: Option<Duration>) -> Option<Duration> {
-        let policy = self.policy;
-        if self.attempts >= policy.max_attempts {
-            return None;
-        }
-        let backoff = self
-            .backoff
-            .get_or_insert_with(|| FullJitter::new(policy.backoff_base, policy.backoff_cap));
-        let wait = backoff.next_delay().max(hint.unwrap_or_default());
-        if self.started.elapsed().saturating_add(wait) > policy.max_elapsed {
-            return None;
-        }
-        if let Some(budget) = &policy.budget {
-            if !budget.withdraw() {
-                tracing::debug!("retry budget exhausted; not retrying the tool");
-                return None;
-            }
-        }
-        self.attempts += 1;
-        self.wait = wait;
-        Some(wait)
-    }
-
-    fn wait(&self) -> tokio::time::Sleep {
-        tokio::time::sleep(self.wait)
-    }
-}
-
-/// Record `response` as the operation's outcome (a tombstone past the face's cap) and
-/// return it.
-async fn record<R: Serialize, E>(
-    lease: LeaseGuard,
-    response: R,
-    digest: HeaderValue,
-    source: ToolSource,
-    discarded: Option<Discarded>,
-) -> Result<ToolOutput<R>, ToolError<E>> {
-    let body = match serde_json::to_vec(&response) {
-        Ok(body) => body,
-        Err(err) => {
-            // The tool ran; what it answered cannot be kept: in doubt, never released.
-            settle(lease.mark_in_doubt(), "leave in doubt").await;
-            return Err(ToolError::Response(err));
-        }
-    };
-    settle(
-        lease.complete(stored(StatusCode::OK, body, digest)),
-        "record the response",
-    )
-    .await;
-    Ok(ToolOutput::new(response, source, discarded))
-}
-
-/// An outcome with `status` and `body`, remembering the digest of the arguments it was
-/// made with.
-fn stored(status: StatusCode, body: Vec<u8>, digest: HeaderValue) -> Outcome {
-    let mut headers = HeaderMap::with_capacity(1);
-    headers.insert(ARGUMENTS_DIGEST, digest);
-    Outcome::Response(StoredResponse::new(
-        status,
-        Version::HTTP_11,
-        headers,
-        Bytes::from(body),
-    ))
-}
-
-/// [`stored`] for a JSON `value`, a tombstone past the face's response cap.
-fn recorded<C>(
-    status: StatusCode,
-    value: &serde_json::Value,
-    digest: HeaderValue,
-    face: &ToolFace<C>,
-) -> Outcome {
-    let body = value.to_string().into_bytes();
-    if body.len() > face.response_limit {
-        return Outcome::Tombstone { status };
-    }
-    stored(status, body, digest)
-}
-
-/// Wait for a settle; a failure is logged (the lease then expires into doubt, which is
-/// never a second call).
-async fn settle(settling: impl Future<Output = Result<(), crate::ledger::StoreError>>, what: &str) {
-    if let Err(err) = settling.await {
-        tracing::warn!(%err, what, "could not settle a tool operation; it will expire into doubt");
-    }
-}
-
-/// A recorded outcome, as the face answers it.
-fn replay<R: DeserializeOwned, E>(
-    outcome: Outcome,
-    ours: &Frozen,
-    discarded: Option<Discarded>,
-) -> Result<ToolOutput<R>, ToolError<E>> {
-    let Outcome::Response(stored) = outcome else {
-        return Err(ToolError::Idempotency(Error::replay_unavailable()));
-    };
-    let body = stored.body();
-    match stored.status() {
-        StatusCode::OK => {
-            let response = serde_json::from_slice(&body).map_err(ToolError::Response)?;
-            // Same fingerprint (only some fields are fingerprinted) yet other arguments:
-            // the caller's were discarded all the same.
-            let differs = stored
-                .headers()
-                .get(&ARGUMENTS_DIGEST)
-                .is_some_and(|first| first != ours.digest);
-            let discarded = discarded.or_else(|| differs.then(|| Discarded::new(None)));
-            Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
-        }
-        FINAL_ANSWER => Err(ToolError::Final(FinalAnswer::new(json_or_text(&body)))),
-        // Another face's record under the same key (an HTTP call of this operation).
-        _ => Err(ToolError::Idempotency(Error::replay_unavailable())),
-    }
-}
-
-/// A discarded marker when the arguments first frozen differ from ours.
-fn discarded_from(first: &FrozenRequest, ours: &Frozen) -> Option<Discarded> {
-    (first.body().as_ref() != ours.body())
-        .then(|| Discarded::new(canonical::changed_fields(first.body(), ours.body())))
-}
-
-fn drift_error<E>(
-    stored: Fingerprint,
-    first: Option<&FrozenRequest>,
-    ours: &Frozen,
-) -> ToolError<E> {
-    let drift = match first {
-        Some(first) => Drift::between(stored, first.body(), ours.fingerprint, ours.body()),
-        None => Drift::fingerprints(stored, ours.fingerprint),
-    };
-    tracing::warn!(%drift, "refusing regenerated tool arguments");
-    ToolError::Idempotency(Error::from_drift(drift))
-}
-
-fn json_or_text(body: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(body)
-        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(body).into_owned()))
-}
-
-/// Reads and idempotent writes: called outside the ledger, with the key, retried by the
-/// policy whatever the phase (running them again is safe by their declaration).
-async fn pass_through<C, A, R, E, T>(
-    face: &ToolFace<C>,
-    call: ToolCall<A>,
-    tool: &mut T,
-) -> Result<ToolOutput<R>, ToolError<E>>
-where
-    C: ClassifyToolError<E>,
-    A: Serialize + DeserializeOwned + Send,
-    T: Invoke<A, R, E>,
-{
-    let output = |response| ToolOutput::new(response, ToolSource::PassedThrough, None);
-    if face.retry.max_attempts <= 1 {
-        return match attempt(face, tool.invoke(call)).await {
-            Ok(Ok(response)) => Ok(output(response)),
-            Ok(Err(error)) => Err(failed(face, error)),
-            Err(timed_out) => Err(ToolError::Idempotency(timed_out)),
-        };
-    }
-    // Kept to call again with: frozen, as every retry of this face is.
-    let (op, key) = (call.operation().clone(), call.key());
-    let (body, _) = canonical::freeze(call.arguments()).map_err(ToolError::Arguments)?;
-    let mut retries = Retries::new(face);
-    let mut next = Some(call);
-    loop {
-        let call = match next.take() {
-            Some(call) => call,
-            None => {
-                let arguments = serde_json::from_slice(&body).map_err(ToolError::Arguments)?;
-                let call = ToolCall::new(op.clone(), arguments);
-                match key {
-                    Some(key) => call.with_key(key),
-                    None => call,
-                }
-            }
-        };
-        match attempt(face, tool.invoke(call)).await {
-            Ok(Ok(response)) => return Ok(output(response)),
-            Ok(Err(error)) => {
-                let verdict = face.classifier.classify(&error);
-                if let VerdictKind::Final(answer) = verdict.kind {
-                    return Err(ToolError::Final(FinalAnswer::new(answer)));
-                }
-                if retries.next(verdict.retry_after).is_none() {
-                    return Err(ToolError::Tool(error));
-                }
-            }
-            Err(timed_out) => {
-                if retries.next(None).is_none() {
-                    return Err(ToolError::Idempotency(timed_out));
-                }
-            }
-        }
-        retries.wait().await;
-    }
-}
-
-/// A pass-through tool's error: its final answer, or the error itself.
-fn failed<C: ClassifyToolError<E>, E>(face: &ToolFace<C>, error: E) -> ToolError<E> {
-    match face.classifier.classify(&error).kind {
-        VerdictKind::Final(answer) => ToolError::Final(FinalAnswer::new(answer)),
-        _ => ToolError::Tool(error),
     }
 }

@@ -1,0 +1,128 @@
+//! Handing a frozen request on to a retry layer outside.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Extensions;
+
+use super::request::FrozenRequest;
+
+/// What the client [`IdempotencyLayer`](crate::IdempotencyLayer) leaves in a request's
+/// extensions for the [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside it, and what the
+/// retry layer tells it back.
+///
+/// The retry layer sends what it is handed (a layer in between may have added a header);
+/// when it is handed the very bytes the idempotency layer froze, it reuses their fingerprint
+/// instead of hashing them again. Every attempt that may have left is reported here, so
+/// "may have been sent" survives later attempts that were refused before writing.
+#[derive(Clone, Debug)]
+pub(crate) struct Handoff(Arc<HandoffState>);
+
+#[derive(Debug)]
+pub(super) struct HandoffState {
+    frozen: FrozenRequest,
+    /// The server ignores `Idempotency-Key`: a keyed side effect is then no safer to resend
+    /// than an unkeyed one.
+    key_ignored: bool,
+    sent: std::sync::atomic::AtomicBool,
+    /// The retry window of the retry layer inside, in ms, once it reported it (0: none).
+    retry_window_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Handoff {
+    pub(crate) fn new(frozen: FrozenRequest, key_ignored: bool) -> Self {
+        Self(Arc::new(HandoffState {
+            frozen,
+            key_ignored,
+            sent: std::sync::atomic::AtomicBool::new(false),
+            retry_window_ms: std::sync::atomic::AtomicU64::new(0),
+        }))
+    }
+
+    pub(crate) fn key_ignored(&self) -> bool {
+        self.0.key_ignored
+    }
+
+    /// An attempt of this operation may have reached the server.
+    pub(crate) fn attempt_may_have_left(&self) {
+        self.0
+            .sent
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The retry layer inside reports the longest it may keep retrying.
+    pub(crate) fn report_retry_window(&self, window: std::time::Duration) {
+        let ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.0
+            .retry_window_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The retry window the retry layer inside reported, if it did.
+    pub(crate) fn retry_window(&self) -> Option<std::time::Duration> {
+        match self
+            .0
+            .retry_window_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            ms => Some(std::time::Duration::from_millis(ms)),
+        }
+    }
+
+    /// Whether any attempt so far may have reached the server.
+    pub(crate) fn may_have_been_sent(&self) -> bool {
+        self.0.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Left by a [`FrozenRetryLayer`](crate::FrozenRetryLayer) on the attempts of a request no
+/// idempotency layer handed it, so an [`IdempotencyLayer`](crate::IdempotencyLayer) inside
+/// it can tell that the layers are stacked the wrong way round. Zero-sized: inserting it
+/// allocates nothing but, at most, the extensions' map.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RetriedOutside;
+
+/// What the retry layer was handed, frozen.
+pub(crate) struct Handed {
+    /// What every attempt is rebuilt from.
+    pub(crate) frozen: FrozenRequest,
+    /// The request's extensions, given to every attempt.
+    pub(crate) extensions: Extensions,
+    /// The head and body exactly as handed in, when they are the bytes the outer
+    /// idempotency layer froze: the first attempt sends them as they are, and `frozen` is
+    /// that layer's own, so no second copy of the head is made for an operation that is
+    /// answered at once.
+    pub(crate) first: Option<(http::request::Parts, Bytes)>,
+}
+
+/// Freeze the request the retry layer was handed, once its body is read. When an outer
+/// idempotency layer handed on exactly the request it froze (same method, URI, version,
+/// headers in the same order and the same body bytes), its [`FrozenRequest`] is taken as
+/// it is, digest and fingerprint included; otherwise the request is frozen anew, reusing
+/// the fingerprint when the bytes are the ones it froze.
+pub(crate) fn hand_over(mut parts: http::request::Parts, body: Bytes) -> Handed {
+    let extensions = std::mem::take(&mut parts.extensions);
+    let same = extensions
+        .get::<Handoff>()
+        .map(|handoff| &handoff.0.frozen)
+        .filter(|frozen| frozen.is_exactly(&parts, &body))
+        .cloned();
+    if let Some(frozen) = same {
+        return Handed {
+            frozen,
+            extensions,
+            first: Some((parts, body)),
+        };
+    }
+    let frozen =
+        FrozenRequest::from_parts(parts.method, parts.uri, parts.version, parts.headers, body);
+    if let Some(handoff) = extensions.get::<Handoff>() {
+        frozen.reuse_fingerprint_of(&handoff.0.frozen);
+    }
+    Handed {
+        frozen,
+        extensions,
+        first: None,
+    }
+}

@@ -1,0 +1,358 @@
+//! The frozen request: a request's head and bytes, captured once, and knowing them again.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use http::header::Entry;
+use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
+use http_body::Body;
+use http_body_util::Full;
+
+use super::collect::collect_request;
+use crate::digest::{BodyDigest, CONTENT_DIGEST};
+use crate::fingerprint::Fingerprint;
+use crate::Error;
+
+/// A request captured once, rebuilt cheaply for every attempt.
+///
+/// Cloning a `FrozenRequest` is a reference-count increment. See the
+/// [module docs](crate::frozen).
+#[derive(Clone)]
+pub struct FrozenRequest(pub(super) Arc<Frozen>);
+
+pub(super) struct Frozen {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+    body: Bytes,
+    hashes: Hashes,
+}
+
+/// The body's SHA-256, in one pass over the contiguous body, and the fingerprint made of it
+/// (as `Content-Digest` is).
+pub(super) enum Hashes {
+    /// Made at freezing: a keyed request needs both at once (it is claimed by its
+    /// fingerprint and carries its digest), so it skips the locks' first-use path.
+    Made {
+        digest: BodyDigest,
+        fingerprint: Fingerprint,
+    },
+    /// Made on first use: a request that only passes through the retry layer is never
+    /// hashed at all.
+    OnFirstUse {
+        digest: OnceLock<BodyDigest>,
+        fingerprint: OnceLock<Fingerprint>,
+    },
+}
+
+impl Hashes {
+    fn on_first_use() -> Self {
+        Self::OnFirstUse {
+            digest: OnceLock::new(),
+            fingerprint: OnceLock::new(),
+        }
+    }
+
+    /// The digest, if it is made already.
+    fn digest(&self) -> Option<BodyDigest> {
+        match self {
+            Self::Made { digest, .. } => Some(*digest),
+            Self::OnFirstUse { digest, .. } => digest.get().copied(),
+        }
+    }
+
+    /// The fingerprint, if it is made already.
+    fn fingerprint(&self) -> Option<Fingerprint> {
+        match self {
+            Self::Made { fingerprint, .. } => Some(*fingerprint),
+            Self::OnFirstUse { fingerprint, .. } => fingerprint.get().copied(),
+        }
+    }
+}
+
+impl FrozenRequest {
+    /// Collect `req`'s body (at most `limit` bytes) and freeze the request.
+    ///
+    /// Returns the frozen request and the original request's extensions, which are not part
+    /// of what is frozen (they are in-process values, not bytes on the wire).
+    pub async fn freeze<B>(req: Request<B>, limit: usize) -> Result<(Self, Extensions), Error>
+    where
+        B: Body,
+        B::Error: Into<crate::BoxError>,
+    {
+        let (parts, body) = collect_request(req, limit).await?;
+        Ok(Self::of_collected(parts, body, false))
+    }
+
+    /// Freeze `req` as [`freeze`](Self::freeze) does, and add
+    /// `Content-Digest: sha-256=:…:` of its body (RFC 9530) to the frozen head unless the
+    /// request already carries a `Content-Digest` of its own. The digest is the one the
+    /// fingerprint is made of: the body is hashed once, for both.
+    ///
+    /// ```
+    /// # use bytes::Bytes;
+    /// # use http_body_util::Full;
+    /// use tower_idempotency::{digest::BodyDigest, FrozenRequest};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::Error> {
+    /// let req = http::Request::post("http://pay.local/charges")
+    ///     .body(Full::new(Bytes::from_static(b"{}")))
+    ///     .unwrap();
+    /// let (frozen, _) = FrozenRequest::freeze_with_content_digest(req, 1024).await?;
+    /// assert_eq!(frozen.headers()["content-digest"], BodyDigest::of(b"{}").header_value());
+    /// assert_eq!(frozen.body_digest(), BodyDigest::of(b"{}"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn freeze_with_content_digest<B>(
+        req: Request<B>,
+        limit: usize,
+    ) -> Result<(Self, Extensions), Error>
+    where
+        B: Body,
+        B::Error: Into<crate::BoxError>,
+    {
+        let (parts, body) = collect_request(req, limit).await?;
+        Ok(Self::of_collected(parts, body, true))
+    }
+
+    /// Freeze a request whose body is collected, with `Content-Digest` added as
+    /// [`freeze_with_content_digest`](Self::freeze_with_content_digest) does when
+    /// `content_digest` is set (the body digest and the fingerprint are then made at once).
+    pub(crate) fn of_collected(
+        mut parts: http::request::Parts,
+        body: Bytes,
+        content_digest: bool,
+    ) -> (Self, Extensions) {
+        let mut hashes = Hashes::on_first_use();
+        if content_digest {
+            let sha256 = BodyDigest::of(&body);
+            // One lookup: a digest the caller sent is kept as it is.
+            if let Entry::Vacant(place) = parts.headers.entry(&CONTENT_DIGEST) {
+                place.insert(sha256.header_value());
+            }
+            hashes = Hashes::Made {
+                digest: sha256,
+                fingerprint: Fingerprint::of_request(&parts.method, &parts.uri, &sha256),
+            };
+        }
+        let frozen = Frozen {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            headers: parts.headers,
+            body,
+            hashes,
+        };
+        (Self(Arc::new(frozen)), parts.extensions)
+    }
+
+    /// Assemble a frozen request from its parts (for stores decoding their records, and for
+    /// callers that already hold the bytes).
+    ///
+    /// ```
+    /// # use tower_idempotency::{Fingerprint, FrozenRequest};
+    /// let frozen = FrozenRequest::from_parts(
+    ///     http::Method::POST,
+    ///     "/charges?x=1".parse().unwrap(),
+    ///     http::Version::HTTP_11,
+    ///     http::HeaderMap::new(),
+    ///     bytes::Bytes::from_static(b"{}"),
+    /// );
+    /// assert_eq!(frozen.fingerprint(), Fingerprint::of(&http::Method::POST, "/charges?x=1", b"{}"));
+    /// ```
+    pub fn from_parts(
+        method: Method,
+        uri: Uri,
+        version: Version,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Self {
+        Self(Arc::new(Frozen {
+            method,
+            uri,
+            version,
+            headers,
+            body,
+            hashes: Hashes::on_first_use(),
+        }))
+    }
+
+    /// Build one attempt: the frozen head and body, with no extensions.
+    pub fn to_request(&self) -> Request<Full<Bytes>> {
+        self.to_request_with(Extensions::new())
+    }
+
+    /// Build one attempt carrying `extensions` (e.g. the caller's, cloned per attempt).
+    pub fn to_request_with(&self, extensions: Extensions) -> Request<Full<Bytes>> {
+        let frozen = &*self.0;
+        let mut req = Request::new(Full::new(frozen.body.clone()));
+        *req.method_mut() = frozen.method.clone();
+        *req.uri_mut() = frozen.uri.clone();
+        *req.version_mut() = frozen.version;
+        *req.headers_mut() = frozen.headers.clone();
+        *req.extensions_mut() = extensions;
+        req
+    }
+
+    /// The request method.
+    pub fn method(&self) -> &Method {
+        &self.0.method
+    }
+
+    /// The request URI.
+    pub fn uri(&self) -> &Uri {
+        &self.0.uri
+    }
+
+    /// The HTTP version.
+    pub fn version(&self) -> Version {
+        self.0.version
+    }
+
+    /// The request headers, as frozen.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.0.headers
+    }
+
+    /// The whole request body.
+    pub fn body(&self) -> &Bytes {
+        &self.0.body
+    }
+
+    /// The SHA-256 of the body (what `Content-Digest: sha-256` carries), computed once, on
+    /// first use.
+    pub fn body_digest(&self) -> BodyDigest {
+        match &self.0.hashes {
+            Hashes::Made { digest, .. } => *digest,
+            Hashes::OnFirstUse { digest, .. } => {
+                *digest.get_or_init(|| BodyDigest::of(&self.0.body))
+            }
+        }
+    }
+
+    /// The request's [`Fingerprint`], computed once, on first use, from the
+    /// [body digest](Self::body_digest).
+    pub fn fingerprint(&self) -> Fingerprint {
+        match &self.0.hashes {
+            Hashes::Made { fingerprint, .. } => *fingerprint,
+            Hashes::OnFirstUse { fingerprint, .. } => *fingerprint.get_or_init(|| {
+                let frozen = &*self.0;
+                Fingerprint::of_request(&frozen.method, &frozen.uri, &self.body_digest())
+            }),
+        }
+    }
+
+    /// Bytes this request holds in memory (head estimate plus body), for weighing caches.
+    pub fn weight(&self) -> usize {
+        let uri = &self.0.uri;
+        // The URI's parts, measured without formatting it.
+        let uri_len = uri.scheme_str().map_or(0, str::len)
+            + uri.authority().map_or(0, |a| a.as_str().len())
+            + path_and_query(uri).len();
+        std::mem::size_of::<Frozen>()
+            + uri_len
+            + headers_weight(&self.0.headers)
+            + self.0.body.len()
+    }
+}
+
+impl fmt::Debug for FrozenRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FrozenRequest")
+            .field("method", &self.0.method)
+            .field("uri", &self.0.uri)
+            .field("version", &self.0.version)
+            .field("headers", &self.0.headers)
+            .field("body_len", &self.0.body.len())
+            .field("fingerprint", &self.fingerprint())
+            .finish()
+    }
+}
+
+/// Bytes a header map holds in memory: its table (a `HeaderMap` with one entry already
+/// allocates about 600 bytes) and each name and value.
+pub(crate) fn headers_weight(headers: &HeaderMap) -> usize {
+    const TABLE: usize = 512;
+    const PER_ENTRY: usize = 48;
+    TABLE
+        + headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + PER_ENTRY)
+            .sum::<usize>()
+}
+
+/// Whether two URIs are the same bytes: scheme, authority, path and query.
+pub(super) fn same_uri_bytes(a: &Uri, b: &Uri) -> bool {
+    a.scheme() == b.scheme()
+        && a.authority().map(|a| a.as_str()) == b.authority().map(|b| b.as_str())
+        && a.path_and_query().map(|pq| pq.as_str()) == b.path_and_query().map(|pq| pq.as_str())
+}
+
+/// Whether two maps hold the same headers in the same order. A value cloned from the
+/// other shares its bytes, so most compare by address before they compare by content.
+pub(super) fn same_headers(a: &HeaderMap, b: &HeaderMap) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b.iter())
+            .all(|((a_name, a_value), (b_name, b_value))| {
+                let (a_value, b_value) = (a_value.as_bytes(), b_value.as_bytes());
+                a_name == b_name
+                    && a_value.len() == b_value.len()
+                    && (a_value.as_ptr() == b_value.as_ptr() || a_value == b_value)
+            })
+}
+
+impl FrozenRequest {
+    /// Whether `parts` and `body` are this request's head and bytes as they are: the
+    /// headers compared in order (a rebuilt request keeps the frozen order), the body by
+    /// identity (a rebuilt request shares the frozen `Bytes`).
+    ///
+    /// Byte for byte, which is stricter than `==` on a `Uri` (its host compares without
+    /// case): a rebuilt request holds clones of the frozen parts, so it always passes, and
+    /// anything else that fails is frozen anew, which is only slower.
+    pub(super) fn is_exactly(&self, parts: &http::request::Parts, body: &Bytes) -> bool {
+        let frozen = &*self.0;
+        frozen.body.as_ptr() == body.as_ptr()
+            && frozen.body.len() == body.len()
+            && frozen.method == parts.method
+            && frozen.version == parts.version
+            && same_uri_bytes(&frozen.uri, &parts.uri)
+            && same_headers(&frozen.headers, &parts.headers)
+    }
+
+    /// Take `earlier`'s digest and fingerprint when it covers exactly what this request says: the same
+    /// method and target, and the same body buffer (a single-chunk body is frozen without a
+    /// copy, so "the same buffer" is a pointer comparison, not a second pass over the bytes).
+    pub(super) fn reuse_fingerprint_of(&self, earlier: &FrozenRequest) {
+        let (now, then) = (&*self.0, &*earlier.0);
+        let Hashes::OnFirstUse {
+            digest,
+            fingerprint,
+        } = &now.hashes
+        else {
+            return;
+        };
+        let same = now.method == then.method
+            && now.uri == then.uri
+            && now.body.as_ptr() == then.body.as_ptr()
+            && now.body.len() == then.body.len();
+        if !same {
+            return;
+        }
+        if let Some(made) = then.hashes.digest() {
+            let _ = digest.set(made);
+        }
+        if let Some(made) = then.hashes.fingerprint() {
+            let _ = fingerprint.set(made);
+        }
+    }
+}
+
+/// The path and query a fingerprint covers (`/` when the URI has none).
+pub(crate) fn path_and_query(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |pq| pq.as_str())
+}

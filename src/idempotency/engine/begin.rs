@@ -1,0 +1,268 @@
+//! Claiming an operation: `begin`, waiting while another owner holds it, asking again when
+//! an answer was lost, and releasing a claim nobody will use.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, Settled, StoreError, StoreFuture};
+
+use super::observe::{observe, start};
+use super::settle::Settle;
+use super::{
+    is_ambiguous, BusyPolicy, LeaseGuard, Ledger, BEGIN_TRIES, FIRST_BUSY_POLL, FIRST_STORE_RETRY,
+    LONGEST, MAX_BUSY_POLL, MAX_PENDING_RELEASES, MAX_STORE_RETRY, RELEASE_PATIENCE,
+};
+
+impl Ledger {
+    /// `begin`, waiting per `busy` while another owner holds the operation: woken by the
+    /// store when the owner settles, if it can notify, else polling with a backoff; never
+    /// sleeping past the owner's lease (it turns in doubt then) nor past the bound. Past the
+    /// [waiter limit](Self::with_max_waiters), a busy answer is returned at once.
+    pub(crate) async fn begin(
+        &self,
+        request: BeginRequest,
+        busy: BusyPolicy,
+    ) -> Result<Begin, StoreError> {
+        self.begin_after(request, busy, None).await
+    }
+
+    /// [`begin`](Self::begin) after an in-place try: `lost` is its answer, when that answer
+    /// was lost (see [`begin_in_place`](Self::begin_in_place)).
+    pub(crate) async fn begin_after(
+        &self,
+        request: BeginRequest,
+        busy: BusyPolicy,
+        lost: Option<StoreError>,
+    ) -> Result<Begin, StoreError> {
+        let mut lost = lost;
+        let give_up_at = match busy {
+            BusyPolicy::Wait(limit) => Instant::now() + limit.min(LONGEST),
+            BusyPolicy::Fail => Instant::now(),
+        };
+        let mut pause = FIRST_BUSY_POLL;
+        let mut permit = None;
+        // Subscribed before the `begin` it follows, so a settle in between is not missed.
+        let mut settled: Option<Settled> = None;
+        let mut notifies = true;
+        loop {
+            let answer = self.begin_once(&request, lost.take()).await?;
+            let Begin::Busy { retry_after } = answer else {
+                return Ok(answer);
+            };
+            let now = Instant::now();
+            if now >= give_up_at {
+                return Ok(answer);
+            }
+            if let (None, Some(limit)) = (&permit, &self.waiters) {
+                match limit.try_enter() {
+                    Some(entered) => permit = Some(entered),
+                    // A storm of duplicates: answer busy now rather than queue one more.
+                    None => return Ok(answer),
+                }
+            }
+            let nap = retry_after
+                .max(Duration::from_millis(1))
+                .min(give_up_at - now);
+            match settled.take() {
+                Some(settled) => {
+                    let _ = tokio::time::timeout(nap, settled).await;
+                }
+                None if notifies => match self.store.notify_settled(request.key) {
+                    // Listening now: ask again at once, then wait for the settle.
+                    Some(listening) => {
+                        settled = Some(listening);
+                        continue;
+                    }
+                    None => notifies = false,
+                },
+                None => {}
+            }
+            if notifies {
+                settled = self.store.notify_settled(request.key);
+            } else {
+                tokio::time::sleep(pause.min(nap)).await;
+                pause = (pause * 2).min(MAX_BUSY_POLL);
+            }
+        }
+    }
+
+    /// [`begin`](Self::begin) answered in place, when the store answers at once and its
+    /// answer needs no waiting (a busy operation under [`BusyPolicy::Wait`]) and no asking
+    /// again (a lost answer). Otherwise `Err`, with the lost answer if there was one, for
+    /// [`begin_after`](Self::begin_after), which goes on as `begin` would have. For a store
+    /// that answers in place (`MemoryStore`) this skips the waiting and retrying machinery,
+    /// and its state, on every request.
+    pub(crate) fn begin_in_place(
+        &self,
+        request: &BeginRequest,
+        busy: BusyPolicy,
+    ) -> Result<Result<Begin, StoreError>, Option<StoreError>> {
+        if !self.may_answer_in_place() {
+            return Err(None);
+        }
+        let started = start();
+        let Some(answer) = self.take_in_place(self.store.begin(request.clone())) else {
+            return Err(None);
+        };
+        observe("begin", started, &answer);
+        match answer {
+            Ok(Begin::Busy { .. }) if matches!(busy, BusyPolicy::Wait(_)) => Err(None),
+            Err(err) if is_ambiguous(&err) => Err(Some(err)),
+            answer => Ok(answer),
+        }
+    }
+
+    /// The answer of a store call made in place, unless the store awaits (learnt once,
+    /// then no call is made here at all).
+    pub(super) fn take_in_place<T>(
+        &self,
+        mut call: StoreFuture<'_, T>,
+    ) -> Option<Result<T, StoreError>> {
+        let answer = call.take_ready();
+        if answer.is_none() {
+            self.shared
+                .awaits
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// Whether calls are worth making in place: the store has not yet answered with a
+    /// future to await.
+    pub(super) fn may_answer_in_place(&self) -> bool {
+        !self
+            .shared
+            .awaits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// One `begin`, asked again (same token) when its answer was lost: the store recognises
+    /// a claim it already made for this token and answers it again. If no answer comes, the
+    /// claim it may have made is released in the background, so the key does not stay
+    /// claimed by nobody once the store is back.
+    ///
+    /// `lost`: the lost answer of a first try already made (in place).
+    async fn begin_once(
+        &self,
+        request: &BeginRequest,
+        lost: Option<StoreError>,
+    ) -> Result<Begin, StoreError> {
+        let mut pause = FIRST_STORE_RETRY;
+        let mut tries = 0;
+        // The lost answer stands for the first try's.
+        let mut lost = lost.map(Err);
+        // From the first call on, the store may hold a claim under this token that no one
+        // will use if this future is dropped before an answer arrives (the caller's timeout
+        // fired mid round trip): nothing was sent under it, so it must not expire into
+        // doubt. Disarmed once the answer is in the caller's hands.
+        let mut unanswered = UnansweredClaim {
+            ledger: self,
+            key: request.key,
+            token: request.token,
+            armed: true,
+        };
+        loop {
+            tries += 1;
+            let answer = match lost.take() {
+                Some(lost) => lost,
+                None => {
+                    let started = start();
+                    let answer = self.store.begin(request.clone()).await;
+                    observe("begin", started, &answer);
+                    answer
+                }
+            };
+            match answer {
+                Ok(answer) => {
+                    unanswered.armed = false;
+                    return Ok(answer);
+                }
+                Err(err) if is_ambiguous(&err) && tries < BEGIN_TRIES => {
+                    tracing::debug!(%err, tries, "begin failed; asking again with the same token");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_STORE_RETRY);
+                }
+                Err(err) => {
+                    // An ambiguous failure may have left a claim: released by the guard.
+                    unanswered.armed = is_ambiguous(&err);
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    /// Release, in the background, a claim that may have been made under `token` but will
+    /// not be used: nothing was sent under it. A claim that resumed an in-doubt operation
+    /// goes back to doubt (the store's `abandon` never releases one that may have been sent).
+    fn release_unused(&self, key: LedgerKey, token: LeaseToken) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pending = &self.shared.pending_releases;
+        if pending
+            .fetch_update(Relaxed, Relaxed, |n| {
+                (n < MAX_PENDING_RELEASES).then_some(n + 1)
+            })
+            .is_err()
+        {
+            tracing::debug!(
+                "too many claims to release in the background; this one will read as in doubt"
+            );
+            return;
+        }
+        let ledger = self.clone();
+        runtime.spawn(async move {
+            let deadline = Instant::now() + RELEASE_PATIENCE;
+            if let Err(err) = ledger
+                .apply(key, token, &Settle::Abandon, deadline, None)
+                .await
+            {
+                if !err.is_fenced() {
+                    tracing::warn!(%err, "could not release an unused claim; it will read as in doubt");
+                }
+            }
+            ledger.shared.pending_releases.fetch_sub(1, Relaxed);
+        });
+    }
+
+    /// Hold the lease of `key` under `token`; settle it with the guard's methods. Dropped
+    /// unsettled, the guard leaves the operation in doubt (see [`LeaseGuard`]).
+    pub(crate) fn hold(&self, key: LedgerKey, token: LeaseToken) -> LeaseGuard {
+        let mut lease = self.hold_unsent(key, token);
+        lease.sending();
+        lease
+    }
+
+    /// [`hold`](Self::hold) a lease under which nothing has been sent yet: until
+    /// [`LeaseGuard::sending`], a drop releases the operation instead of leaving it in
+    /// doubt (the owner went away before a byte could leave).
+    pub(crate) fn hold_unsent(&self, key: LedgerKey, token: LeaseToken) -> LeaseGuard {
+        LeaseGuard {
+            ledger: self.clone(),
+            key,
+            token,
+            pending: None,
+            done: false,
+            sent: false,
+        }
+    }
+}
+
+/// A claim `begin` may have made whose answer its caller has not seen: released in the
+/// background if dropped armed (see [`Ledger::begin_once`]).
+struct UnansweredClaim<'a> {
+    ledger: &'a Ledger,
+    key: LedgerKey,
+    token: LeaseToken,
+    armed: bool,
+}
+
+impl Drop for UnansweredClaim<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ledger.release_unused(self.key, self.token);
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! One call's retry state: its attempts, its backoff, and whether to go on.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Extensions, Request, Response};
+use http_body_util::Full;
+use tokio::time::Instant;
+use tower::retry::budget::Budget;
+
+use super::attempts::Attempts;
+use super::backoff::{retry_after, FullJitter};
+use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
+use crate::effect::EffectClass;
+use crate::frozen::{FrozenRequest, Handoff, RetriedOutside};
+use crate::key::OperationId;
+use crate::phase::FailurePhase;
+use crate::{BoxError, Error};
+
+/// What the attempts of one call share.
+pub(super) struct Call {
+    /// What every attempt is rebuilt from.
+    frozen: FrozenRequest,
+    /// The request's extensions, given to every attempt.
+    extensions: Extensions,
+    effect: EffectClass,
+    handoff: Option<Handoff>,
+    key_honoured: bool,
+    /// How far any attempt so far may have got: once one may have been sent, the call may
+    /// have been, whatever later attempts did.
+    furthest: FailurePhase,
+    /// How far the attempts before the last one may have got.
+    earlier: FailurePhase,
+    /// The deadline is `max_elapsed` after this; it is only worked out when a retry is
+    /// considered.
+    started: Instant,
+    /// Made on the first retry: most calls never need one (boxed, so that calls that
+    /// never retry carry none of its room).
+    backoff: Option<Box<FullJitter>>,
+    /// Attempts started so far.
+    pub(super) attempt: u32,
+}
+
+impl Call {
+    /// What the attempts of `frozen` share, with the request's `extensions`.
+    pub(super) fn start(
+        frozen: FrozenRequest,
+        mut extensions: Extensions,
+        policy: &RetryPolicy,
+    ) -> Self {
+        let effect = EffectClass::resolve(frozen.method(), &extensions);
+        let handoff = extensions.get::<Handoff>().cloned();
+        if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some()
+        {
+            // An operation no idempotency layer handed us: one may sit inside us, wrongly.
+            extensions.insert(RetriedOutside);
+        }
+        if let Some(handoff) = &handoff {
+            handoff.report_retry_window(policy.retry_window());
+        }
+        let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
+        if let Some(budget) = &policy.budget {
+            budget.deposit();
+        }
+        Self {
+            frozen,
+            extensions,
+            effect,
+            handoff,
+            key_honoured,
+            furthest: FailurePhase::PreWrite,
+            earlier: FailurePhase::PreWrite,
+            started: Instant::now(),
+            backoff: None,
+            attempt: 0,
+        }
+    }
+
+    /// The next attempt: exactly the frozen bytes. The head as handed in is the frozen
+    /// one: sent as it is, it saves a copy of it.
+    pub(super) fn next_request(
+        &self,
+        first: Option<(http::request::Parts, Bytes)>,
+    ) -> Request<Full<Bytes>> {
+        match first {
+            Some((mut parts, body)) => {
+                parts.extensions = self.extensions.clone();
+                Request::from_parts(parts, Full::new(body))
+            }
+            None => self.frozen.to_request_with(self.extensions.clone()),
+        }
+    }
+
+    /// Weigh an attempt's result: the pause before the next attempt, or `None` when the
+    /// result is the call's answer ([`answer`](Self::answer)). By reference, so that the
+    /// response is not moved through here on its way out.
+    pub(super) fn after_attempt<T>(
+        &mut self,
+        policy: &RetryPolicy,
+        result: &Result<Response<T>, Failure>,
+    ) -> Option<Duration> {
+        let reached = match result {
+            Ok(_) => FailurePhase::AfterWrite,
+            Err(failure) => failure.phase,
+        };
+        if reached.may_have_been_sent() {
+            if let Some(handoff) = &self.handoff {
+                handoff.attempt_may_have_left();
+            }
+        }
+        self.earlier = self.furthest;
+        self.furthest = self.furthest.strongest(reached);
+        let attempt = self.attempt;
+        let delay = match result {
+            Ok(response) => {
+                let ctx = context(
+                    &self.frozen,
+                    self.effect,
+                    self.key_honoured,
+                    attempt,
+                    AttemptResult::Response {
+                        status: response.status(),
+                        headers: response.headers(),
+                    },
+                );
+                tracing::debug!(attempt, status = %response.status(), "attempt answered");
+                next_delay(
+                    policy,
+                    &ctx,
+                    &mut self.backoff,
+                    || retry_after(response.headers()),
+                    self.started,
+                )
+            }
+            Err(failure) => {
+                let ctx = context(
+                    &self.frozen,
+                    self.effect,
+                    self.key_honoured,
+                    attempt,
+                    AttemptResult::Error {
+                        phase: failure.phase,
+                        error: &*failure.error,
+                    },
+                );
+                tracing::debug!(attempt, phase = ?failure.phase, error = %failure.error, "attempt failed");
+                next_delay(policy, &ctx, &mut self.backoff, || None, self.started)
+            }
+        };
+        if let Some(delay) = delay {
+            tracing::debug!(attempt, ?delay, "retrying with the frozen request");
+        }
+        delay
+    }
+
+    /// The call's answer: the last attempt's result, once [`after_attempt`](Self::after_attempt)
+    /// has weighed it and returned `None` (which is when it sets `earlier`).
+    pub(super) fn answer<T>(
+        &self,
+        result: Result<Response<T>, Failure>,
+    ) -> Result<Response<T>, Error> {
+        match result {
+            Ok(mut response) => {
+                // A first-attempt answer carries nothing: an extension costs the response
+                // three allocations (`http::Extensions`' map, its table and the boxed
+                // value), more than the rest of the layer's bookkeeping.
+                if self.attempt > 1 {
+                    response.extensions_mut().insert(Attempts(self.attempt));
+                }
+                Ok(response)
+            }
+            Err(failure) => Err(failure.into_error(self.earlier)),
+        }
+    }
+}
+
+/// A failed attempt: the error, and whether the request may have left.
+pub(super) struct Failure {
+    pub(super) error: BoxError,
+    pub(super) phase: FailurePhase,
+}
+
+impl Failure {
+    /// The call's error; `earlier` is the furthest an earlier attempt may have got.
+    fn into_error(self, earlier: FailurePhase) -> Error {
+        let error = match self.error.downcast::<Error>() {
+            Ok(ours) => *ours,
+            Err(other) => Error::inner(other, self.phase),
+        };
+        error.after_earlier_attempts(earlier)
+    }
+}
+
+pub(super) fn context<'a>(
+    request: &'a FrozenRequest,
+    effect: EffectClass,
+    key_honoured: bool,
+    attempt: u32,
+    result: AttemptResult<'a>,
+) -> RetryContext<'a> {
+    RetryContext {
+        request,
+        effect,
+        key_honoured,
+        attempt,
+        result,
+    }
+}
+
+/// The delay before the next attempt, or `None` to stop here.
+///
+/// `server_asked` reads the server's `Retry-After`; it is only called once the classifier
+/// wants a retry, so a final answer (most answers) costs no header parsing.
+pub(super) fn next_delay(
+    policy: &RetryPolicy,
+    ctx: &RetryContext<'_>,
+    backoff: &mut Option<Box<FullJitter>>,
+    server_asked: impl FnOnce() -> Option<Duration>,
+    started: Instant,
+) -> Option<Duration> {
+    if ctx.attempt >= policy.max_attempts || policy.classifier.classify(ctx) == RetryDecision::Stop
+    {
+        return None;
+    }
+    let server_asked = server_asked();
+    let now = Instant::now();
+    // A server that asks us to come back after our deadline gets its answer now.
+    if let Some(asked) = server_asked.filter(|asked| starts_past(policy, started, now, *asked)) {
+        tracing::debug!(?asked, "Retry-After points past the deadline; not retrying");
+        return None;
+    }
+    let backoff = backoff
+        .get_or_insert_with(|| Box::new(FullJitter::new(policy.backoff_base, policy.backoff_cap)))
+        .next_delay();
+    // `Retry-After` may lengthen the pause (up to the cap), never shorten it: a `0` or a
+    // date in the past would otherwise turn the retries into a burst.
+    let delay = match server_asked {
+        Some(asked) => backoff.max(asked.min(policy.backoff_cap)),
+        None => backoff,
+    };
+    if starts_past(policy, started, now, delay) {
+        tracing::debug!("the next retry would start past the deadline; not retrying");
+        return None;
+    }
+    if let Some(budget) = &policy.budget {
+        if !budget.withdraw() {
+            tracing::debug!("retry budget exhausted; not retrying");
+            return None;
+        }
+    }
+    Some(delay)
+}
+
+/// Whether an attempt `delay` from `now` would start more than the policy's maximum elapsed
+/// time after the call `started` (in durations, so absurd settings cannot overflow).
+pub(super) fn starts_past(
+    policy: &RetryPolicy,
+    started: Instant,
+    now: Instant,
+    delay: Duration,
+) -> bool {
+    policy
+        .max_elapsed
+        .checked_sub(now.saturating_duration_since(started))
+        .is_none_or(|left| delay > left)
+}

@@ -1,0 +1,301 @@
+//! The provider double: a tower service that counts effects per key.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::io;
+use std::sync::{Arc, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use sha2::{Digest, Sha256};
+use tower_service::Service;
+
+use super::builder::SideEffectServiceBuilder;
+use super::captured::CapturedRequest;
+use super::fault::Fault;
+use super::future::ResponseFuture;
+use super::responses::lookup_key;
+use super::state::{Action, Ending, Shared, State, Work};
+use crate::BoxError;
+
+/// A side-effect provider double that counts effects per key and injects faults.
+///
+/// A tower [`Service`] over `http::Request<B>` answering
+/// `http::Response<Full<Bytes>>`, with `Error = std::io::Error` (so a refused call looks
+/// like a transport error). Cloning is cheap and every clone shares the same counts, log
+/// and fault queue. See the [module docs](crate::testing::effects) for how calls are
+/// answered.
+///
+/// A call fails with an error only when [`Fault::RefuseBeforeSend`] refuses it
+/// (`ConnectionRefused`) or its request body fails (`Other`, wrapping the body's error).
+/// Calls run on tokio (latency uses its timer), so use the service inside a tokio runtime.
+///
+/// ```
+/// # use bytes::Bytes;
+/// # use http_body_util::Full;
+/// # use tower::ServiceExt;
+/// use tower_idempotency::testing::SideEffectService;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // A naive provider charges twice for a retried request, key or not.
+/// let naive = SideEffectService::builder().honour_keys(false).build();
+/// for _ in 0..2 {
+///     let req = http::Request::post("http://payments.local/charges")
+///         .header("idempotency-key", "order-42")
+///         .body(Full::new(Bytes::from_static(b"{\"amount\":4200}")))
+///         .unwrap();
+///     let res = naive.clone().oneshot(req).await.unwrap();
+///     assert_eq!(res.status(), http::StatusCode::CREATED);
+/// }
+/// assert_eq!(naive.effects_for_key("order-42"), 2);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SideEffectService {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Default for SideEffectService {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SideEffectService {
+    /// A provider that honours keys, answers at once and has no faults queued.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configure a provider: key honouring, base latency, faults.
+    pub fn builder() -> SideEffectServiceBuilder {
+        SideEffectServiceBuilder::default()
+    }
+
+    /// Queue `faults` after those already queued, and return the service (for chaining
+    /// after [`new`](Self::new)).
+    #[must_use]
+    pub fn with_faults(self, faults: impl IntoIterator<Item = Fault>) -> Self {
+        self.lock().faults.extend(faults);
+        self
+    }
+
+    /// Queue one fault after those already queued; the call that takes it fails with it.
+    pub fn push_fault(&self, fault: Fault) {
+        self.lock().faults.push_back(fault);
+    }
+
+    /// The faults still queued, next first.
+    pub fn pending_faults(&self) -> Vec<Fault> {
+        self.lock().faults.iter().cloned().collect()
+    }
+
+    /// Drop the faults still queued (the provider is healthy from now on), keeping every
+    /// count and record.
+    ///
+    /// ```
+    /// # use tower_idempotency::testing::{Fault, SideEffectService};
+    /// let provider = SideEffectService::new().with_faults([Fault::RefuseBeforeSend]);
+    /// provider.clear_faults();
+    /// assert!(provider.pending_faults().is_empty());
+    /// ```
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// Effects committed in total.
+    pub fn effects(&self) -> usize {
+        self.lock().effects
+    }
+
+    /// Effects committed for `key` (the `Idempotency-Key` without quotes), or for requests
+    /// without a key when `None`.
+    pub fn effects_for(&self, key: Option<&str>) -> usize {
+        match key {
+            Some(key) => self.effects_for_key(key),
+            None => self.effects_without_key(),
+        }
+    }
+
+    /// Effects committed for `key`: the `Idempotency-Key` header's value without quotes
+    /// (for a key this crate derived, [`IdempotencyKey::to_hex`](crate::IdempotencyKey::to_hex)).
+    pub fn effects_for_key(&self, key: &str) -> usize {
+        self.lock().effects_by_key.get(key).copied().unwrap_or(0)
+    }
+
+    /// Effects committed for the operation `op` of a client layer built with `scope` (`""`
+    /// unless [`ClientBuilder::scope`](crate::client::ClientBuilder::scope) set one):
+    /// the key the layer derives and sends for it.
+    ///
+    /// ```
+    /// # use bytes::Bytes;
+    /// # use http_body_util::Full;
+    /// # use tower::{ServiceBuilder, ServiceExt};
+    /// # use tower_idempotency::{ledger::MemoryStore, testing::SideEffectService, IdempotencyLayer, OperationId};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let provider = SideEffectService::new();
+    /// let client = ServiceBuilder::new()
+    ///     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).scope("billing").build().unwrap())
+    ///     .service(provider.clone());
+    /// let op = OperationId::new("task-7", "charge");
+    /// let mut req = http::Request::post("http://payments.local/charges")
+    ///     .body(Full::new(Bytes::from_static(b"{}")))
+    ///     .unwrap();
+    /// req.extensions_mut().insert(op.clone());
+    /// client.oneshot(req).await.unwrap();
+    /// assert_eq!(provider.effects_for_operation(&op, "billing"), 1);
+    /// assert_eq!(provider.effects_for_operation(&op, ""), 0);
+    /// # }
+    /// ```
+    pub fn effects_for_operation(&self, op: &crate::OperationId, scope: &str) -> usize {
+        self.effects_for_key(&op.key(scope).to_hex())
+    }
+
+    /// Effects committed for requests without a (valid) key.
+    pub fn effects_without_key(&self) -> usize {
+        self.lock().effects_without_key
+    }
+
+    /// Lookups made ([`LOOKUP_PATH`](super::LOOKUP_PATH)), refused ones included.
+    pub fn lookups(&self) -> usize {
+        self.lock().lookups
+    }
+
+    /// Calls made to the service, refused ones included.
+    pub fn calls(&self) -> usize {
+        self.lock().calls
+    }
+
+    /// Every request the provider received, in arrival order. A call refused by
+    /// [`Fault::RefuseBeforeSend`], or whose body failed to arrive, is not among them.
+    pub fn attempts(&self) -> Vec<CapturedRequest> {
+        self.lock().attempts.clone()
+    }
+
+    /// Forget everything: counts, attempts, remembered keys, effect ids and queued faults.
+    /// Calls still in flight finish without touching the fresh state.
+    pub fn reset(&self) {
+        let mut state = self.lock();
+        let generation = state.generation.wrapping_add(1);
+        *state = State {
+            generation,
+            ..State::default()
+        };
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.lock()
+    }
+}
+
+impl fmt::Debug for SideEffectService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("SideEffectService")
+            .field("honour_keys", &self.shared.honour_keys)
+            .field("latency", &self.shared.latency)
+            .field("calls", &state.calls)
+            .field("effects", &state.effects)
+            .field("pending_faults", &state.faults)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Service<Request<B>> for SideEffectService
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = io::Error;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The fault is taken here, synchronously, so concurrent calls take faults in the
+        // order they were made, not in the order their bodies happen to arrive.
+        let lookup = lookup_key(&req);
+        let fault = {
+            let mut state = self.lock();
+            state.calls += 1;
+            state.lookups += usize::from(lookup.is_some());
+            state.faults.pop_front()
+        };
+        let (extra_latency, action) = match fault {
+            None => (Duration::ZERO, Action::Normal),
+            Some(Fault::RefuseBeforeSend) => {
+                return ResponseFuture::new(std::future::ready(Err(io::Error::from(
+                    io::ErrorKind::ConnectionRefused,
+                ))));
+            }
+            Some(Fault::Latency(latency)) => (latency, Action::Normal),
+            Some(Fault::CommitThenTimeout) => (Duration::ZERO, Action::Hang),
+            Some(Fault::ServerError { status, commit }) => {
+                (Duration::ZERO, Action::ServerError { status, commit })
+            }
+            Some(Fault::Panic { after_commit }) => (
+                Duration::ZERO,
+                Action::Panic {
+                    commit: after_commit,
+                },
+            ),
+        };
+        let shared = Arc::clone(&self.shared);
+        ResponseFuture::new(async move {
+            let (parts, body) = req.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map_err(|err| io::Error::other(err.into()))?
+                .to_bytes();
+            let delay = shared.latency.saturating_add(extra_latency);
+            let (generation, decision) = match lookup {
+                Some(key) => shared.look_up(&key),
+                None => {
+                    let body_sha256: [u8; 32] = Sha256::digest(&body).into();
+                    shared.decide(parts, body, body_sha256)
+                }
+            };
+            let work = Work {
+                shared,
+                generation,
+                decision,
+                action,
+            };
+            let ending = if delay.is_zero() {
+                work.finish()
+            } else if work.must_finish() {
+                // The key is claimed and the effect is due: a caller that gives up during
+                // the latency must not cancel it, or the key would stay "in progress"
+                // forever and the provider would never commit, unlike a real one.
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    work.finish()
+                })
+                .await
+                .map_err(io::Error::other)?
+            } else {
+                tokio::time::sleep(delay).await;
+                work.finish()
+            };
+            match ending {
+                Ending::Answer(res) => Ok(res),
+                Ending::Hang => {
+                    let never: Infallible = std::future::pending().await;
+                    match never {}
+                }
+                Ending::Panic => panic!("SideEffectService: injected Fault::Panic"),
+            }
+        })
+    }
+}

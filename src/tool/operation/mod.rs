@@ -1,0 +1,148 @@
+//! One tool call through the ledger: claim, call (with retries), settle; or resume,
+//! reconcile, replay or refuse. The same protocol the HTTP client face drives.
+use std::future::Future;
+
+use http::{HeaderName, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tower::ServiceExt;
+use tower_service::Service;
+
+use crate::ledger::LedgerKey;
+use crate::tool::canonical;
+use crate::tool::face::ToolFace;
+use crate::tool::types::{
+    ClassifyToolError, FinalAnswer, ToolCall, ToolClass, ToolError, ToolOutput, ToolSource,
+    VerdictKind,
+};
+
+mod arguments;
+mod operate;
+mod outcome;
+mod retries;
+
+use arguments::Frozen;
+use operate::{attempt, Operation};
+use outcome::{discarded_from, drift_error, json_or_text, record, recorded, replay, settle};
+use retries::Retries;
+
+/// The header a recorded outcome keeps the digest of the arguments it was made with in,
+/// so a replay can tell the caller its arguments differed from them.
+const ARGUMENTS_DIGEST: HeaderName = HeaderName::from_static("tool-arguments-digest");
+/// A final answer's recorded status; a response's is `200`.
+const FINAL_ANSWER: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
+
+/// A tool the operation calls: a tower service, or a closure (see
+/// [`idempotent_call`](super::idempotent_call)).
+pub(crate) trait Invoke<A, R, E> {
+    fn invoke(&mut self, call: ToolCall<A>) -> impl Future<Output = Result<R, E>> + Send;
+}
+
+/// A tower service as an [`Invoke`].
+pub(crate) struct Tower<S>(pub(crate) S);
+
+impl<S, A, R, E> Invoke<A, R, E> for Tower<S>
+where
+    S: Service<ToolCall<A>, Response = R, Error = E> + Send,
+    S::Future: Send,
+    A: Send,
+    E: Send,
+{
+    async fn invoke(&mut self, call: ToolCall<A>) -> Result<R, E> {
+        self.0.ready().await?.call(call).await
+    }
+}
+
+/// Run `call` through the face: straight through for reads and idempotent writes, through
+/// the ledger for side effects.
+pub(crate) async fn run<C, A, R, E, T>(
+    face: &ToolFace<C>,
+    call: ToolCall<A>,
+    tool: &mut T,
+) -> Result<ToolOutput<R>, ToolError<E>>
+where
+    C: ClassifyToolError<E>,
+    A: Serialize + DeserializeOwned + Send,
+    R: Serialize + DeserializeOwned,
+    T: Invoke<A, R, E>,
+{
+    let key = call.operation().key(&face.scope);
+    if face.class != ToolClass::SideEffect {
+        return pass_through(face, call.with_key(key), tool).await;
+    }
+    let (body, value) = canonical::freeze(call.arguments()).map_err(ToolError::Arguments)?;
+    let ours = Frozen::new(face, body, &value);
+    let operation = Operation {
+        face,
+        op: call.operation().clone(),
+        key,
+        ledger_key: LedgerKey::for_operation(key),
+    };
+    operation.operate(ours, call.into_arguments(), tool).await
+}
+
+/// Reads and idempotent writes: called outside the ledger, with the key, retried by the
+/// policy whatever the phase (running them again is safe by their declaration).
+async fn pass_through<C, A, R, E, T>(
+    face: &ToolFace<C>,
+    call: ToolCall<A>,
+    tool: &mut T,
+) -> Result<ToolOutput<R>, ToolError<E>>
+where
+    C: ClassifyToolError<E>,
+    A: Serialize + DeserializeOwned + Send,
+    T: Invoke<A, R, E>,
+{
+    let output = |response| ToolOutput::new(response, ToolSource::PassedThrough, None);
+    if face.retry.max_attempts <= 1 {
+        return match attempt(face, tool.invoke(call)).await {
+            Ok(Ok(response)) => Ok(output(response)),
+            Ok(Err(error)) => Err(failed(face, error)),
+            Err(timed_out) => Err(ToolError::Idempotency(timed_out)),
+        };
+    }
+    // Kept to call again with: frozen, as every retry of this face is.
+    let (op, key) = (call.operation().clone(), call.key());
+    let (body, _) = canonical::freeze(call.arguments()).map_err(ToolError::Arguments)?;
+    let mut retries = Retries::new(face);
+    let mut next = Some(call);
+    loop {
+        let call = match next.take() {
+            Some(call) => call,
+            None => {
+                let arguments = serde_json::from_slice(&body).map_err(ToolError::Arguments)?;
+                let call = ToolCall::new(op.clone(), arguments);
+                match key {
+                    Some(key) => call.with_key(key),
+                    None => call,
+                }
+            }
+        };
+        match attempt(face, tool.invoke(call)).await {
+            Ok(Ok(response)) => return Ok(output(response)),
+            Ok(Err(error)) => {
+                let verdict = face.classifier.classify(&error);
+                if let VerdictKind::Final(answer) = verdict.kind {
+                    return Err(ToolError::Final(FinalAnswer::new(answer)));
+                }
+                if retries.next(verdict.retry_after).is_none() {
+                    return Err(ToolError::Tool(error));
+                }
+            }
+            Err(timed_out) => {
+                if retries.next(None).is_none() {
+                    return Err(ToolError::Idempotency(timed_out));
+                }
+            }
+        }
+        retries.wait().await;
+    }
+}
+
+/// A pass-through tool's error: its final answer, or the error itself.
+fn failed<C: ClassifyToolError<E>, E>(face: &ToolFace<C>, error: E) -> ToolError<E> {
+    match face.classifier.classify(&error).kind {
+        VerdictKind::Final(answer) => ToolError::Final(FinalAnswer::new(answer)),
+        _ => ToolError::Tool(error),
+    }
+}

@@ -1,0 +1,134 @@
+//! Recording outcomes and replaying them.
+
+use std::future::Future;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, Version};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::Drift;
+use crate::frozen::FrozenRequest;
+use crate::idempotency::LeaseGuard;
+use crate::ledger::{Outcome, StoredResponse};
+use crate::tool::canonical;
+use crate::tool::face::ToolFace;
+use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
+use crate::{Error, Fingerprint};
+
+use super::{Frozen, ARGUMENTS_DIGEST, FINAL_ANSWER};
+
+/// Record `response` as the operation's outcome (a tombstone past the face's cap) and
+/// return it.
+pub(super) async fn record<R: Serialize, E>(
+    lease: LeaseGuard,
+    response: R,
+    digest: HeaderValue,
+    source: ToolSource,
+    discarded: Option<Discarded>,
+) -> Result<ToolOutput<R>, ToolError<E>> {
+    let body = match serde_json::to_vec(&response) {
+        Ok(body) => body,
+        Err(err) => {
+            // The tool ran; what it answered cannot be kept: in doubt, never released.
+            settle(lease.mark_in_doubt(), "leave in doubt").await;
+            return Err(ToolError::Response(err));
+        }
+    };
+    settle(
+        lease.complete(stored(StatusCode::OK, body, digest)),
+        "record the response",
+    )
+    .await;
+    Ok(ToolOutput::new(response, source, discarded))
+}
+
+/// An outcome with `status` and `body`, remembering the digest of the arguments it was
+/// made with.
+pub(super) fn stored(status: StatusCode, body: Vec<u8>, digest: HeaderValue) -> Outcome {
+    let mut headers = HeaderMap::with_capacity(1);
+    headers.insert(ARGUMENTS_DIGEST, digest);
+    Outcome::Response(StoredResponse::new(
+        status,
+        Version::HTTP_11,
+        headers,
+        Bytes::from(body),
+    ))
+}
+
+/// [`stored`] for a JSON `value`, a tombstone past the face's response cap.
+pub(super) fn recorded<C>(
+    status: StatusCode,
+    value: &serde_json::Value,
+    digest: HeaderValue,
+    face: &ToolFace<C>,
+) -> Outcome {
+    let body = value.to_string().into_bytes();
+    if body.len() > face.response_limit {
+        return Outcome::Tombstone { status };
+    }
+    stored(status, body, digest)
+}
+
+/// Wait for a settle; a failure is logged (the lease then expires into doubt, which is
+/// never a second call).
+pub(super) async fn settle(
+    settling: impl Future<Output = Result<(), crate::ledger::StoreError>>,
+    what: &str,
+) {
+    if let Err(err) = settling.await {
+        tracing::warn!(%err, what, "could not settle a tool operation; it will expire into doubt");
+    }
+}
+
+/// A recorded outcome, as the face answers it.
+pub(super) fn replay<R: DeserializeOwned, E>(
+    outcome: Outcome,
+    ours: &Frozen,
+    discarded: Option<Discarded>,
+) -> Result<ToolOutput<R>, ToolError<E>> {
+    let Outcome::Response(stored) = outcome else {
+        return Err(ToolError::Idempotency(Error::replay_unavailable()));
+    };
+    let body = stored.body();
+    match stored.status() {
+        StatusCode::OK => {
+            let response = serde_json::from_slice(&body).map_err(ToolError::Response)?;
+            // Same fingerprint (only some fields are fingerprinted) yet other arguments:
+            // the caller's were discarded all the same.
+            let differs = stored
+                .headers()
+                .get(&ARGUMENTS_DIGEST)
+                .is_some_and(|first| first != ours.digest);
+            let discarded = discarded.or_else(|| differs.then(|| Discarded::new(None)));
+            Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
+        }
+        FINAL_ANSWER => Err(ToolError::Final(FinalAnswer::new(json_or_text(&body)))),
+        // Another face's record under the same key (an HTTP call of this operation).
+        _ => Err(ToolError::Idempotency(Error::replay_unavailable())),
+    }
+}
+
+/// A discarded marker when the arguments first frozen differ from ours.
+pub(super) fn discarded_from(first: &FrozenRequest, ours: &Frozen) -> Option<Discarded> {
+    (first.body().as_ref() != ours.body())
+        .then(|| Discarded::new(canonical::changed_fields(first.body(), ours.body())))
+}
+
+pub(super) fn drift_error<E>(
+    stored: Fingerprint,
+    first: Option<&FrozenRequest>,
+    ours: &Frozen,
+) -> ToolError<E> {
+    let drift = match first {
+        Some(first) => Drift::between(stored, first.body(), ours.fingerprint, ours.body()),
+        None => Drift::fingerprints(stored, ours.fingerprint),
+    };
+    tracing::warn!(%drift, "refusing regenerated tool arguments");
+    ToolError::Idempotency(Error::from_drift(drift))
+}
+
+pub(super) fn json_or_text(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(body).into_owned()))
+}

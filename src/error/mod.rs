@@ -368,6 +368,9 @@ impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("tower_idempotency::Error");
         d.field("kind", &self.inner.kind);
+        // `fn main() -> Result<(), BoxError>` prints an error's Debug form: carry the
+        // message, which says what to do, not only the kind's name.
+        d.field("message", &format_args!("{self}"));
         if let Some(source) = &self.inner.source {
             d.field("source", source);
         }
@@ -433,6 +436,13 @@ impl std::error::Error for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_debug_form_carries_the_message_a_main_would_print() {
+        let debug = format!("{:?}", Error::missing_key());
+        assert!(debug.contains("MissingKey"), "{debug}");
+        assert!(debug.contains("insert an OperationId"), "{debug}");
+    }
 
     #[test]
     fn find_reaches_our_error_through_sources_and_boxes() {

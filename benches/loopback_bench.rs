@@ -22,10 +22,18 @@
 //! | `server_layer_replay` | the same, one fixed key (every request is a replay) | axum with the server layer |
 //! | `client_stack_redis`, `server_layer_redis` | as above, `RedisStore` (only with `REDIS_URL` and `--features redis`) | |
 //!
-//! The `MemoryStore`s (default 64 MiB cap) are filled to their cap with completed
-//! operations before the first round, so the layers are measured in the steady state of a
-//! long-running process, where every new operation evicts an old one
+//! The `MemoryStore`s are filled to their cap with completed operations before the first
+//! round, and the layers run with a 50 ms protected window (`common::BENCH_PROTECTION`), so
+//! the layers are measured in the steady state of a long-running process where every new
+//! operation evicts an old one: this measures eviction itself, at a rate (tens of
+//! thousands of fresh operations a second) above what the default budget protects
 //! (`LOOPBACK_EMPTY_STORES=1` starts them empty instead).
+//!
+//! `LOOPBACK_DEFAULTS=1` measures **every setting at its default** instead, as the README
+//! wires the layers: `IdempotencyLayer::client(MemoryStore::new())` and
+//! `IdempotencyLayer::server(MemoryStore::new())` (caller keys scoped by `Authorization`,
+//! which every request of every variant then carries), the stores starting empty. A run of
+//! the default length stays inside the default budget, so nothing is refused or evicted.
 //!
 //! Each round runs every variant once, in a rotated order: first a sequential phase (one
 //! request at a time: p50/p99 latency), then a throughput phase (64 requests in flight for
@@ -141,6 +149,22 @@ struct Template {
     marking: Marking,
 }
 
+/// Whether the layers run with every setting at its default (`LOOPBACK_DEFAULTS=1`).
+fn at_defaults() -> bool {
+    std::env::var("LOOPBACK_DEFAULTS").is_ok_and(|v| v == "1")
+}
+
+/// The client layer of the `client_stack` variants.
+fn client_layer(
+    store: impl IdempotencyStore,
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::client::ClientFace> {
+    if at_defaults() {
+        tower_idempotency::IdempotencyLayer::client(store)
+    } else {
+        common::client_layer(store)
+    }
+}
+
 impl Template {
     fn new(addr: SocketAddr, body: &Bytes, marking: Marking) -> Self {
         Self {
@@ -156,6 +180,13 @@ impl Template {
         *req.uri_mut() = self.uri.clone();
         req.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if at_defaults() {
+            // The default server scope: the caller's credential.
+            req.headers_mut().insert(
+                http::header::AUTHORIZATION,
+                HeaderValue::from_static("Bearer sk_loopback"),
+            );
+        }
         match self.marking {
             Marking::Plain => {}
             Marking::FreshOperation => {
@@ -303,9 +334,12 @@ fn bare_app() -> Router {
 }
 
 fn layered_app(store: impl IdempotencyStore) -> Router {
-    Router::new()
-        .route("/charges", post(charge))
-        .layer(common::server_layer(store))
+    let layer = if at_defaults() {
+        tower_idempotency::IdempotencyLayer::server(store)
+    } else {
+        common::server_layer(store)
+    };
+    Router::new().route("/charges", post(charge)).layer(layer)
 }
 
 async fn serve(app: Router) -> SocketAddr {
@@ -566,7 +600,7 @@ fn main() {
     let client_store = MemoryStore::new();
     let client_copied_store = MemoryStore::new();
     let client_floor_store = MemoryStore::new();
-    if std::env::var("LOOPBACK_EMPTY_STORES").map_or(true, |v| v != "1") {
+    if !at_defaults() && std::env::var("LOOPBACK_EMPTY_STORES").map_or(true, |v| v != "1") {
         let filling = Instant::now();
         // Each store is filled on the worker thread that will use it, not on this one: a
         // record allocated here lives in this thread's malloc arena, and evicting it later
@@ -582,7 +616,7 @@ fn main() {
         let cc = on_worker(&client_rt, &client_copied_store, RecordKind::Client);
         let cf = on_worker(&client_rt, &client_floor_store, RecordKind::Client);
         eprintln!(
-            "loopback_bench: stores filled to their 64 MiB cap in {:.1?} (server {s}, client {c}, client_copied {cc}, client_floor {cf} records)",
+            "loopback_bench: stores filled to their cap in {:.1?} (server {s}, client {c}, client_copied {cc}, client_floor {cf} records)",
             filling.elapsed()
         );
     }
@@ -625,7 +659,7 @@ fn main() {
             "client_stack",
             "client_bare",
             ServiceBuilder::new()
-                .layer(common::client_layer(client_store.clone()))
+                .layer(client_layer(client_store.clone()))
                 .layer(retry())
                 .service(http.clone()),
             Template::new(bare_addr, &body, Marking::FreshOperation),
@@ -634,7 +668,7 @@ fn main() {
             "client_stack_copied",
             "client_bare",
             ServiceBuilder::new()
-                .layer(common::client_layer(client_copied_store.clone()))
+                .layer(client_layer(client_copied_store.clone()))
                 .layer(retry())
                 .map_response(|r: Response<hyper::body::Incoming>| r.map(Copied))
                 .service(http.clone()),
@@ -674,7 +708,7 @@ fn main() {
             "client_stack_redis",
             "client_bare",
             ServiceBuilder::new()
-                .layer(common::client_layer(store))
+                .layer(client_layer(store))
                 .layer(retry())
                 .service(http.clone()),
             Template::new(bare_addr, &body, Marking::FreshOperation),

@@ -63,6 +63,8 @@ esac
 baseline_of() {
     case $1 in
     client_* | stack_*) echo bare_op ;;
+    tool_bare) echo - ;;
+    tool_*) echo tool_bare ;;
     frozen_retry* | tower_retry_clone) echo bare ;;
     server_bare) echo - ;;
     server_*) echo server_bare ;;

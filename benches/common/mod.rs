@@ -165,7 +165,7 @@ impl<ResBody, E> Policy<Request<Full<Bytes>>, Response<ResBody>, E> for CloneAtt
 /// How long a completed record stays protected from eviction in the benches: short, so a
 /// store at its cap keeps evicting the oldest records (the steady state measured here) instead
 /// of filling with protected ones and refusing new operations, as the defaults would at these
-/// rates (that refusal is tested in tests/seams.rs, not timed).
+/// rates (that refusal is tested in tests/whole_stack/seams.rs, not timed).
 pub const BENCH_PROTECTION: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The client layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].

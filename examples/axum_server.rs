@@ -46,8 +46,8 @@
 //! ([`PostgresStore`](tower_idempotency::ledger::PostgresStore) behind
 //! [`app_with`]), with the charges in memory as in the other modes.
 //!
-//! The tests in `tests/server.rs` include this file and drive [`app`] over real TCP;
-//! `tests/postgres_server.rs` runs the PostgreSQL mode in a real process and kills it.
+//! The tests in `tests/server_side/server.rs` include this file and drive [`app`] over real TCP;
+//! `tests/server_side/postgres_server.rs` runs the PostgreSQL mode in a real process and kills it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

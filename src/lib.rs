@@ -84,11 +84,15 @@
 //!   `Idempotency-Key` header parser.
 //! - [`fingerprint`], [`frozen`]: what a request says, and its bytes captured once.
 //! - [`ledger`]: the [`IdempotencyStore`](ledger::IdempotencyStore) protocol,
-//!   [`MemoryStore`](ledger::MemoryStore) (in process, byte-budgeted) and, with feature `redis`, `RedisStore`.
+//!   [`MemoryStore`](ledger::MemoryStore) (in process, byte-budgeted), with feature `redis`
+//!   `RedisStore` (one node or a cluster) and with feature `postgres` `PostgresStore` (and
+//!   its transactional server mode), each store's runbook in its module's docs.
 //! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine under every face.
 //! - [`client`]: the client face, for callers of side-effecting APIs.
 //! - [`server`]: the server face, IETF `Idempotency-Key` semantics in front of handlers
 //!   ([`ServerBuilder`], RFC 9457 [`problem`](server::problem)s).
+//! - [`tool`]: the tool face, for any tool call that is not HTTP (an SDK call, a database
+//!   write, a sub-agent): `ToolLayer` and `idempotent_call`.
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
 //! - [`phase`]: whether a failed call may have reached the server.
 //! - `testing` (feature `test-util`): a fault-injecting provider double and the store
@@ -101,11 +105,12 @@
 //! | `hyper-util` | yes | classify `hyper_util` client errors (connect failures are pre-write) |
 //! | `redis` | no | `RedisStore`, the shared ledger for many replicas and crash-and-resume |
 //! | `redis-cluster` | no | `RedisStore::cluster_builder`: the same ledger over a Redis Cluster (implies `redis`) |
+//! | `postgres` | no | `PostgresStore`, the durable ledger, and `IdempotencyLayer::transactional_server_builder` (a handler's rows and its recorded outcome in one transaction) |
 //! | `reqwest` | no | [`reqwest::ReqwestService`](crate::reqwest): the layers in front of a `reqwest::Client`, its errors classified by phase |
 //! | `reqwest-middleware` | no | [`reqwest_middleware::IdempotencyMiddleware`](crate::reqwest_middleware): the client face as a `reqwest_middleware::Middleware` |
 //! | `axum` | no | the server face reads axum's `OriginalUri` (behind `Router::nest`) |
 //! | `metrics` | no | `idempotency_decisions_total` (labels `face`, `decision`), `idempotency_ledger_call_seconds` (labels `call`, `result`) and `MemoryStore`'s gauges `idempotency_store_bytes` / `idempotency_store_records` (label `store`) through the `metrics` facade |
-//! | `test-util` | no | `SideEffectService` and the conformance suite |
+//! | `test-util` | no | `SideEffectService`, `ToolDouble` and the conformance suite |
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,

@@ -2,7 +2,7 @@
 //! before it refuses, and tells a refused caller when room frees up.
 //!
 //! A binary of its own: one test captures a warning, and `tracing`'s callsite interest is
-//! global (see tests/log_warnings.rs), so every test here logs through a capture.
+//! global (see tests/whole_stack/log_warnings.rs), so every test here logs through a capture.
 #![cfg(feature = "test-util")]
 
 use crate::support::capture;

@@ -1,7 +1,7 @@
 //! `MemoryStore`: its byte cap, its two clocks of expiry, and its use behind an `Arc`.
 //!
 //! These drive the ledger protocol directly (`begin`, `complete`, …) with distinct
-//! `LedgerKey`s; the protocol itself is the conformance suite's business (tests/conformance.rs).
+//! `LedgerKey`s; the protocol itself is the conformance suite's business (tests/ledger/conformance.rs).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +37,7 @@ fn fingerprint(n: u32) -> Fingerprint {
 
 /// A claim whose completion may be evicted as soon as room is needed (no protected
 /// window): these tests are about the byte cap itself. The protected window has its own
-/// tests (tests/memory_budget.rs).
+/// tests (tests/ledger/ledger_pressure.rs).
 fn begin_request(key: LedgerKey, n: u32) -> BeginRequest {
     BeginRequest::new(key, fingerprint(n), LEASE, RETENTION).with_protected_window(Duration::ZERO)
 }

@@ -313,6 +313,50 @@ async fn a_waiting_duplicate_outlasts_the_operation_timeout_and_replays() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_runs_out_is_a_409_with_retry_after_not_an_outage() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    // Each ledger call may take 400 ms; the duplicate may wait 700 ms, the handler takes 2 s.
+    let store = PostgresStore::builder(pg.url())
+        .schema(postgres_support::fresh_schema())
+        .operation_timeout(Duration::from_millis(400))
+        .connect()
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let table = format!("{}.notes", store.schema());
+    store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .batch_execute(&format!("CREATE TABLE {table} (key text NOT NULL)"))
+        .await
+        .expect("create the table");
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .busy_policy(BusyPolicy::Wait(Duration::from_millis(700)))
+        .build()
+        .expect("layer");
+    let addr = serve_notes(store.schema().to_owned(), Duration::from_secs(2), layer).await;
+    let first = tokio::spawn(async move { post_with_key(addr, "/notes", "slow").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = post_with_key(addr, "/notes", "slow").await;
+    assert_eq!(
+        second.status(),
+        409,
+        "a duplicate that waited out its bound is told the key is in flight, not that the ledger is out"
+    );
+    assert!(
+        second.headers().contains_key("retry-after"),
+        "the 409 says when to come back"
+    );
+    assert_eq!(first.await.expect("first").status(), 201);
+    assert_eq!(notes(&store, "slow").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_bounded_and_hold_no_pooled_connection() {
     let Some(pg) = postgres_support::postgres_url().await else {
         return;

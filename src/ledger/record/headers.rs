@@ -620,7 +620,7 @@ mod tests {
             "text/plain",
             "names held in lower case"
         );
-        // Too many distinct names: `tests/hostile_input.rs`.
+        // Too many distinct names: `tests/server_side/hostile_input.rs`.
         let cases: [(&str, Vec<u8>); 3] = [
             ("bad name", record_with(&[(b"bad name", b"v")], 1)),
             ("bad value", record_with(&[(b"x-a", b"line\nbreak")], 1)),

@@ -190,7 +190,7 @@
 //! an automatic failover (the store fails closed that long), and keep the operation timeout
 //! above a redirect plus a reconnect (tens of milliseconds on a LAN). Measured: a primary
 //! killed while its replica was cut off lost every record it had acknowledged since (20 of
-//! 20 in `tests/redis_cluster.rs`); with `min-replicas-to-write 1` the same fault refuses
+//! 20 in `tests/ledger/redis_cluster.rs`); with `min-replicas-to-write 1` the same fault refuses
 //! claims instead.
 //!
 //! # Sizing the lease and the retention

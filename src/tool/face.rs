@@ -13,6 +13,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::operation::{run, Tower};
+use super::settings::ToolFace;
 use super::types::{
     ClassifyToolError, MayHaveHappened, ProviderKeys, ToolCall, ToolClass, ToolError, ToolOutput,
 };
@@ -24,42 +25,6 @@ use crate::idempotency::{
 use crate::ledger::IdempotencyStore;
 use crate::retry::RetryPolicy;
 use crate::DriftPolicy;
-
-/// A built tool face: shared by every call of a [`ToolLayer`].
-pub(crate) struct ToolFace<C> {
-    pub(crate) ledger: Ledger,
-    pub(crate) scope: String,
-    /// `/tools/{name}`: the frozen call's target, in every fingerprint.
-    pub(crate) target: String,
-    pub(crate) uri: http::Uri,
-    pub(crate) class: ToolClass,
-    pub(crate) provider: ProviderKeys,
-    pub(crate) drift: DriftPolicy,
-    /// JSON pointers of the fields that define the operation, if not all of them.
-    pub(crate) fields: Option<Vec<String>>,
-    pub(crate) busy: BusyPolicy,
-    pub(crate) response_limit: usize,
-    pub(crate) reconciler: Option<Arc<dyn Reconcile>>,
-    pub(crate) reconcile_timeout: Duration,
-    pub(crate) retry: Arc<RetryPolicy>,
-    pub(crate) classifier: C,
-}
-
-impl<C> fmt::Debug for ToolFace<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ToolFace")
-            .field("ledger", &self.ledger)
-            .field("scope", &self.scope)
-            .field("target", &self.target)
-            .field("class", &self.class)
-            .field("provider", &self.provider)
-            .field("drift", &self.drift)
-            .field("fields", &self.fields)
-            .field("busy", &self.busy)
-            .field("reconciler", &self.reconciler.is_some())
-            .finish_non_exhaustive()
-    }
-}
 
 /// Configures a [`ToolLayer`]; [`build`](Self::build) checks the settings.
 ///

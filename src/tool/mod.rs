@@ -82,6 +82,7 @@ mod canonical;
 mod face;
 mod function;
 mod operation;
+mod settings;
 mod types;
 
 pub use face::{ToolFuture, ToolLayer, ToolLayerBuilder, ToolService};

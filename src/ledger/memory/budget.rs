@@ -8,19 +8,6 @@ use super::store::MemoryStore;
 use super::sync::Ordering;
 use crate::ledger::LedgerKey;
 
-/// Buckets of per-scope bytes: scopes are counted by their id modulo this (bucket `0` is
-/// no scope), so a store keeps a fixed 8 KiB of counters however many scopes it sees.
-pub(super) const SCOPE_BUCKETS: u64 = 1024;
-
-/// The bucket a scope's bytes are counted in: `0` for no scope, never `0` for one.
-pub(super) fn scope_bucket(scope: u64) -> u16 {
-    if scope == 0 {
-        0
-    } else {
-        (scope % (SCOPE_BUCKETS - 1) + 1) as u16
-    }
-}
-
 /// Whether making room may sweep every shard for open records past their retention.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Sweep {

@@ -2,8 +2,8 @@
 
 use tokio::time::Instant;
 
-use super::budget::SCOPE_BUCKETS;
 use super::eviction::EvictionIndex;
+use super::record::SCOPE_BUCKETS;
 use super::shared::{Gauges, Inner, Shard, SHARDS};
 use super::store::MemoryStore;
 use super::sync::{Arc, AtomicBool, AtomicU64, Mutex};
@@ -100,5 +100,23 @@ impl MemoryStoreBuilder {
                 gauges: Gauges::new(),
             }),
         }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the default 192 MiB budget.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configure a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::new()
     }
 }

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use super::budget::scope_bucket;
-use super::settle::outcome_status;
 use crate::fingerprint::Fingerprint;
 use crate::frozen::FrozenRequest;
 use crate::ledger::{
@@ -275,5 +273,26 @@ impl Kept {
         FieldDigests::of(frozen.body())
             .filter(|fields| fields.weight() as u64 <= weight)
             .map_or(Self::Nothing, Self::Fields)
+    }
+}
+
+/// Buckets of per-scope bytes: scopes are counted by their id modulo this (bucket `0` is
+/// no scope), so a store keeps a fixed 8 KiB of counters however many scopes it sees.
+pub(super) const SCOPE_BUCKETS: u64 = 1024;
+
+/// The bucket a scope's bytes are counted in: `0` for no scope, never `0` for one.
+pub(super) fn scope_bucket(scope: u64) -> u16 {
+    if scope == 0 {
+        0
+    } else {
+        (scope % (SCOPE_BUCKETS - 1) + 1) as u16
+    }
+}
+
+/// The status a settled record answers with.
+pub(super) fn outcome_status(outcome: &Outcome) -> http::StatusCode {
+    match outcome {
+        Outcome::Response(response) => response.status(),
+        Outcome::Tombstone { status } => *status,
     }
 }

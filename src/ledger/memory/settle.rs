@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::budget::Sweep;
-use super::record::{Kept, Record, State};
+use super::record::{outcome_status, Kept, Record, State};
 use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::{MutexGuard, Ordering};
@@ -169,12 +169,5 @@ impl MemoryStore {
         if self.insert_if_room(shard, key, done).is_some() {
             unreachable!("a tombstone never outweighs the claim it replaces");
         }
-    }
-}
-
-pub(super) fn outcome_status(outcome: &Outcome) -> http::StatusCode {
-    match outcome {
-        Outcome::Response(response) => response.status(),
-        Outcome::Tombstone { status } => *status,
     }
 }

@@ -1,14 +1,12 @@
-//! What every clone of a [`MemoryStore`] shares, and the locks that guard it.
+//! What every clone of a [`MemoryStore`](super::MemoryStore) shares, and the locks that guard it.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::eviction::EvictionIndex;
-use super::record::{Record, Stamp};
+use super::record::Record;
 use super::released::Released;
-use super::store::MemoryStore;
 use super::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 use crate::ledger::{DigestState, LedgerKey};
 
@@ -48,7 +46,7 @@ pub(super) struct Inner {
     /// never).
     pub(super) warned_pressure: AtomicU64,
     pub(super) warned_refusal: AtomicU64,
-    /// Bytes held by each scope's records (see [`SCOPE_BUCKETS`]).
+    /// Bytes held by each scope's records (see [`SCOPE_BUCKETS`](super::record::SCOPE_BUCKETS)).
     pub(super) scope_bytes: Box<[AtomicU64]>,
     /// What one scope may hold (see `MemoryStoreBuilder::scope_share`) once protected
     /// records pass the high-water mark.
@@ -181,41 +179,4 @@ pub(super) fn shard_index(key: &LedgerKey) -> usize {
 /// nothing can fail), so the map is still consistent.
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl MemoryStore {
-    /// µs from the store's epoch to `at`.
-    pub(super) fn micros(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.inner.epoch).as_micros() as u64
-    }
-
-    /// `at` as records hold it.
-    pub(super) fn stamp(&self, at: Instant) -> Stamp {
-        let nanos = at.saturating_duration_since(self.inner.epoch).as_nanos();
-        Stamp(u64::try_from(nanos).unwrap_or(u64::MAX))
-    }
-
-    /// A record's `stamp` as an instant (for the eviction order).
-    pub(super) fn instant(&self, stamp: Stamp) -> Instant {
-        self.inner.epoch + Duration::from_nanos(stamp.0)
-    }
-
-    pub(super) fn seq(&self) -> u64 {
-        self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub(super) fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {
-        &self.inner.shards[shard_index(key)]
-    }
-
-    /// Wake whoever listens for a settle in `key`'s shard. Called after the shard lock is
-    /// released: a listener subscribed before its `begin` took that lock, so the lock orders
-    /// its subscription before this check and it is never missed.
-    pub(super) fn announce_settled(&self, key: &LedgerKey) {
-        let settled = &self.inner.settled[shard_index(key)];
-        // Nobody listening (the common case): a single atomic load.
-        if settled.receiver_count() > 0 {
-            settled.send_modify(|generation| *generation = generation.wrapping_add(1));
-        }
-    }
 }

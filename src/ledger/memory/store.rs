@@ -4,10 +4,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::builder::MemoryStoreBuilder;
-use super::record::State;
-use super::shared::{lock, shard_index, Inner};
-use super::sync::{Arc, Ordering};
+use super::record::{Stamp, State};
+use super::shared::{lock, shard_index, Inner, Shard};
+use super::sync::{Arc, Mutex, Ordering};
 use crate::ledger::{
     Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
     RecordView, Settled, StoreError, StoreFuture,
@@ -16,7 +15,7 @@ use crate::ledger::{
 /// The embedded ledger, in this process.
 ///
 /// Every record — in flight, in doubt or completed — sits in one sharded map and counts
-/// against one byte budget, [`max_bytes`](MemoryStoreBuilder::max_bytes) (192 MiB by
+/// against one byte budget, [`max_bytes`](super::MemoryStoreBuilder::max_bytes) (192 MiB by
 /// default): its key, its bookkeeping, its frozen request while the operation is open (once
 /// it is completed, only a digest of each top-level JSON field of its body, enough to name
 /// what a later request changed: [`Begin::DriftFields`]) and its recorded response.
@@ -74,23 +73,7 @@ pub struct MemoryStore {
     pub(super) inner: Arc<Inner>,
 }
 
-impl Default for MemoryStore {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl MemoryStore {
-    /// A store with the default 192 MiB budget.
-    pub fn new() -> Self {
-        Self::builder().build()
-    }
-
-    /// Configure a store.
-    pub fn builder() -> MemoryStoreBuilder {
-        MemoryStoreBuilder::new()
-    }
-
     /// The bytes every record held now weighs, open and completed alike; never above the
     /// budget.
     ///
@@ -284,5 +267,43 @@ impl IdempotencyStore for MemoryStore {
         let answer = Ok(answer);
         crate::ledger::report_forget("memory", &key, &expected, &answer);
         StoreFuture::ready(answer)
+    }
+}
+
+/// Clocks, shards and wake-ups, over the shared state.
+impl MemoryStore {
+    /// µs from the store's epoch to `at`.
+    pub(super) fn micros(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.inner.epoch).as_micros() as u64
+    }
+
+    /// `at` as records hold it.
+    pub(super) fn stamp(&self, at: Instant) -> Stamp {
+        let nanos = at.saturating_duration_since(self.inner.epoch).as_nanos();
+        Stamp(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// A record's `stamp` as an instant (for the eviction order).
+    pub(super) fn instant(&self, stamp: Stamp) -> Instant {
+        self.inner.epoch + Duration::from_nanos(stamp.0)
+    }
+
+    pub(super) fn seq(&self) -> u64 {
+        self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(super) fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {
+        &self.inner.shards[shard_index(key)]
+    }
+
+    /// Wake whoever listens for a settle in `key`'s shard. Called after the shard lock is
+    /// released: a listener subscribed before its `begin` took that lock, so the lock orders
+    /// its subscription before this check and it is never missed.
+    pub(super) fn announce_settled(&self, key: &LedgerKey) {
+        let settled = &self.inner.settled[shard_index(key)];
+        // Nobody listening (the common case): a single atomic load.
+        if settled.receiver_count() > 0 {
+            settled.send_modify(|generation| *generation = generation.wrapping_add(1));
+        }
     }
 }

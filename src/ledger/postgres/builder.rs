@@ -302,3 +302,31 @@ fn manager_config() -> ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     }
 }
+
+impl PostgresStore {
+    /// Configure a store for the database at `url`
+    /// (`postgres://[user[:password]@]host[:port]/database[?options]`, or the
+    /// `key=value` form `tokio_postgres` accepts).
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::PostgresStore;
+    /// let builder = PostgresStore::builder("postgres://app@127.0.0.1/payments");
+    /// # let _ = builder;
+    /// ```
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// Configure a store from a [`tokio_postgres::Config`], for settings a URL cannot say.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::PostgresStore;
+    /// let mut config = tokio_postgres::Config::new();
+    /// config.host("127.0.0.1").user("app").dbname("payments");
+    /// let builder = PostgresStore::builder_with_config(config);
+    /// # let _ = builder;
+    /// ```
+    pub fn builder_with_config(config: tokio_postgres::Config) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Config(Box::new(config)))
+    }
+}

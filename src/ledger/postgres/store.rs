@@ -8,7 +8,6 @@ use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use super::builder::{PostgresStoreBuilder, Target};
 use super::codec::{
     begin_params, busy_behind_a_transaction, decode_begin, decode_inspect, millis, outcome_status,
     token_bytes,
@@ -100,32 +99,6 @@ impl Statements {
 }
 
 impl PostgresStore {
-    /// Configure a store for the database at `url`
-    /// (`postgres://[user[:password]@]host[:port]/database[?options]`, or the
-    /// `key=value` form `tokio_postgres` accepts).
-    ///
-    /// ```
-    /// # use tower_idempotency::ledger::PostgresStore;
-    /// let builder = PostgresStore::builder("postgres://app@127.0.0.1/payments");
-    /// # let _ = builder;
-    /// ```
-    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
-        PostgresStoreBuilder::new(Target::Url(url.into()))
-    }
-
-    /// Configure a store from a [`tokio_postgres::Config`], for settings a URL cannot say.
-    ///
-    /// ```
-    /// # use tower_idempotency::ledger::PostgresStore;
-    /// let mut config = tokio_postgres::Config::new();
-    /// config.host("127.0.0.1").user("app").dbname("payments");
-    /// let builder = PostgresStore::builder_with_config(config);
-    /// # let _ = builder;
-    /// ```
-    pub fn builder_with_config(config: tokio_postgres::Config) -> PostgresStoreBuilder {
-        PostgresStoreBuilder::new(Target::Config(Box::new(config)))
-    }
-
     /// Connect to the database at `url` with the default settings; short for
     /// `PostgresStore::builder(url).connect()`.
     ///
@@ -143,7 +116,7 @@ impl PostgresStore {
     }
 
     /// Delete the records past their retention now, in batches; answers how many. The store
-    /// also does this in the background (see [`PostgresStoreBuilder::sweep_every`]); expired
+    /// also does this in the background (see [`PostgresStoreBuilder::sweep_every`](super::PostgresStoreBuilder::sweep_every)); expired
     /// records read as absent before they are deleted.
     ///
     /// ```no_run

@@ -76,3 +76,10 @@ impl SideEffectServiceBuilder {
         }
     }
 }
+
+impl SideEffectService {
+    /// Configure a provider: key honouring, base latency, faults.
+    pub fn builder() -> SideEffectServiceBuilder {
+        SideEffectServiceBuilder::default()
+    }
+}

@@ -14,7 +14,6 @@ use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
 use tower_service::Service;
 
-use super::builder::SideEffectServiceBuilder;
 use super::captured::CapturedRequest;
 use super::fault::Fault;
 use super::future::ResponseFuture;
@@ -70,11 +69,6 @@ impl SideEffectService {
     /// A provider that honours keys, answers at once and has no faults queued.
     pub fn new() -> Self {
         Self::builder().build()
-    }
-
-    /// Configure a provider: key honouring, base latency, faults.
-    pub fn builder() -> SideEffectServiceBuilder {
-        SideEffectServiceBuilder::default()
     }
 
     /// Queue `faults` after those already queued, and return the service (for chaining

@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderValue, Method, Version};
 use crate::digest::BodyDigest;
 use crate::frozen::FrozenRequest;
 use crate::tool::canonical;
-use crate::tool::face::ToolFace;
+use crate::tool::settings::ToolFace;
 use crate::Fingerprint;
 
 /// A call's arguments, frozen: the canonical bytes as the ledger stores them, and the

@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use crate::ledger::LedgerKey;
 use crate::tool::canonical;
-use crate::tool::face::ToolFace;
+use crate::tool::settings::ToolFace;
 use crate::tool::types::{
     ClassifyToolError, FinalAnswer, ToolCall, ToolClass, ToolError, ToolOutput, ToolSource,
     VerdictKind,

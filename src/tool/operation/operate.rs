@@ -13,7 +13,7 @@ use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
 use crate::key::IdempotencyKey;
 use crate::ledger::{Begin, LeaseToken, LedgerKey};
 use crate::tool::canonical;
-use crate::tool::face::ToolFace;
+use crate::tool::settings::ToolFace;
 use crate::tool::types::{
     ClassifyToolError, Discarded, FinalAnswer, ProviderKeys, ToolCall, ToolError, ToolOutput,
     ToolSource, VerdictKind,

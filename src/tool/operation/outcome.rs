@@ -12,7 +12,7 @@ use crate::frozen::FrozenRequest;
 use crate::idempotency::LeaseGuard;
 use crate::ledger::{Outcome, StoredResponse};
 use crate::tool::canonical;
-use crate::tool::face::ToolFace;
+use crate::tool::settings::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
 use crate::{Error, Fingerprint};
 

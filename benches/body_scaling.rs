@@ -44,7 +44,7 @@ use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{Fingerprint, FrozenRetryLayer, OperationId};
+use tower_idempotency::{fingerprint::Fingerprint, FrozenRetryLayer, OperationId};
 
 // --- Counting allocations ----------------------------------------------------------------
 

@@ -44,7 +44,7 @@ use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{Fingerprint, FrozenRequest, FrozenRetryLayer, OperationId};
+use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, FrozenRetryLayer, OperationId};
 
 const BODY_LEN: usize = 1024;
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, PostgresStore, StoredResponse,
 };
-use tower_idempotency::{BoxError, Fingerprint};
+use tower_idempotency::{fingerprint::Fingerprint, BoxError};
 
 const OPS: usize = 2000;
 

@@ -2,7 +2,7 @@
 //!
 //! The client [`IdempotencyLayer`](crate::IdempotencyLayer) sends
 //! `Content-Digest: sha-256=:<base64>:` with every keyed request, computed in the same
-//! single pass over the frozen body as the [`Fingerprint`](crate::Fingerprint) (which is
+//! single pass over the frozen body as the [`Fingerprint`](crate::fingerprint::Fingerprint) (which is
 //! derived from the method, the target and this digest, not from the body again).
 //!
 //! The server face verifies the `Content-Digest` of a keyed request (one that goes through
@@ -78,7 +78,7 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 );
 
 /// The SHA-256 of a body: what `Content-Digest: sha-256` carries and what the
-/// [`Fingerprint`](crate::Fingerprint) is derived from.
+/// [`Fingerprint`](crate::fingerprint::Fingerprint) is derived from.
 ///
 /// ```
 /// use tower_idempotency::digest::BodyDigest;

@@ -36,7 +36,7 @@
 //! ```
 //! use tower_idempotency::digest::BodyDigest;
 //! use tower_idempotency::fingerprint::RequestPart;
-//! use tower_idempotency::Fingerprint;
+//! use tower_idempotency::fingerprint::Fingerprint;
 //!
 //! let a = Fingerprint::of(&http::Method::POST, "/charges", b"{\"amount\":100}");
 //! let b = Fingerprint::of(&http::Method::POST, "/charges", b"{\"amount\":200}");
@@ -87,7 +87,7 @@ impl Fingerprint {
     /// Wrap raw digest bytes (for stores decoding their own records).
     ///
     /// ```
-    /// # use tower_idempotency::Fingerprint;
+    /// # use tower_idempotency::fingerprint::Fingerprint;
     /// let fp = Fingerprint::of(&http::Method::GET, "/", b"");
     /// assert_eq!(Fingerprint::from_bytes(*fp.as_bytes()), fp);
     /// ```
@@ -113,7 +113,7 @@ impl Fingerprint {
     ///
     /// ```
     /// use tower_idempotency::fingerprint::RequestPart;
-    /// use tower_idempotency::Fingerprint;
+    /// use tower_idempotency::fingerprint::Fingerprint;
     ///
     /// let first = Fingerprint::of(&http::Method::POST, "/orders", b"{}");
     /// let again = Fingerprint::of(&http::Method::PUT, "/orders/7", b"{}");

@@ -140,15 +140,19 @@ pub mod retry;
 pub mod server;
 pub mod tool;
 
-pub use client::{DriftPolicy, PayloadDiscarded};
+pub use client::policy::{DriftPolicy, PayloadDiscarded};
 pub use effect::EffectClass;
 pub use error::{ConfigError, Drift, Error};
-pub use fingerprint::Fingerprint;
-pub use frozen::FrozenRequest;
-pub use idempotency::{BusyPolicy, IdempotencyLayer, ResponseSource};
-pub use key::{HeaderKey, IdempotencyKey, InvalidKey, OperationId};
-pub use retry::FrozenRetryLayer;
-pub use server::{InDoubtPolicy, ServerBuilder, ServerErrorPolicy, ServerLayer};
+pub use frozen::request::FrozenRequest;
+pub use idempotency::engine::BusyPolicy;
+pub use idempotency::layer::IdempotencyLayer;
+pub use idempotency::source::ResponseSource;
+pub use key::derived::IdempotencyKey;
+pub use key::header::{HeaderKey, InvalidKey};
+pub use key::operation::OperationId;
+pub use retry::layer::FrozenRetryLayer;
+pub use server::builder::{ServerBuilder, ServerLayer};
+pub use server::policy::{InDoubtPolicy, ServerErrorPolicy};
 
 /// A type-erased error, as tower uses.
 pub type BoxError = tower::BoxError;

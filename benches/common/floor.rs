@@ -20,7 +20,7 @@ use tower_idempotency::key::IDEMPOTENCY_KEY;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse,
 };
-use tower_idempotency::{Fingerprint, FrozenRequest, OperationId};
+use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, OperationId};
 
 /// The floor over `inner` (see the module docs).
 ///

@@ -7,10 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, LOCATION};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, StoredResponse,
 };
-use tower_idempotency::Fingerprint;
 
 pub const LEASE: Duration = Duration::from_secs(60);
 pub const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);

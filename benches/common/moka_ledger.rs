@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
 };
-use tower_idempotency::{Fingerprint, FrozenRequest};
+use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest};
 
 const SHARDS: usize = 64;
 

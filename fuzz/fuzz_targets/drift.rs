@@ -9,7 +9,7 @@
 use http::Method;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
-use tower_idempotency::{Drift, Fingerprint};
+use tower_idempotency::{Drift, fingerprint::Fingerprint};
 
 fuzz_target!(|data: &[u8]| {
     let Some((len, rest)) = data.split_first_chunk::<2>() else {

@@ -11,10 +11,10 @@ use crate::idempotency::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETE
 use crate::idempotency::reconcile::{Reconcile, DEFAULT_RECONCILE_TIMEOUT};
 use crate::idempotency::release::ReleaseOn;
 use crate::idempotency::scope::Scope;
-use crate::idempotency::IdempotencyLayer;
 use crate::ledger::IdempotencyStore;
 use crate::phase::ClassifyPhase;
 use crate::retry::{FrozenRetryLayer, RetryPolicy};
+use crate::IdempotencyLayer;
 
 use super::face::{ClientFace, DEFAULT_RESPONSE_LIMIT};
 use super::policy::DriftPolicy;
@@ -34,7 +34,7 @@ use super::stack::ClientStack;
 /// | protected window (never evicted) | retry window + lease |
 /// | busy operation | wait up to 30 s, then a busy error |
 /// | [answers released](ClientBuilder::release_on), not recorded | `401`, `407`, `408`, `429`, the server face's refusals that say nothing ran |
-/// | [payload drift](ClientBuilder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](super::PayloadDiscarded); under a caller's own key: refused |
+/// | [payload drift](ClientBuilder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded); under a caller's own key: refused |
 /// | [defining fields](ClientBuilder::defining_fields) | the whole request |
 /// | request body limit | 1 MiB |
 /// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
@@ -180,7 +180,7 @@ impl ClientBuilder {
     /// unprotected, and a retry outside this layer would run it twice.
     ///
     /// With `false`, such requests pass through untouched, marked
-    /// [`ResponseSource::Unprotected`](crate::idempotency::ResponseSource::Unprotected) and
+    /// [`ResponseSource::Unprotected`](crate::ResponseSource::Unprotected) and
     /// reported once as a warning. To let one request through without turning the check
     /// off, declare what it is: an [`EffectClass`](crate::EffectClass) other than
     /// `SideEffect` in its extensions (a `POST` that only reads, say).
@@ -284,7 +284,7 @@ impl ClientBuilder {
     /// [`OperationId`](crate::OperationId) — the orchestrator's step, which a re-run agent
     /// regenerates — a regenerated **body** is resent as first frozen
     /// ([`DriftPolicy::ResendFrozen`]): the step finishes and the response says what was
-    /// discarded ([`PayloadDiscarded`](super::PayloadDiscarded)); a changed method or target is still refused (an
+    /// discarded ([`PayloadDiscarded`](crate::PayloadDiscarded)); a changed method or target is still refused (an
     /// operation is never answered with another target's outcome). Under a
     /// caller's own `Idempotency-Key`, [`DriftPolicy::Reject`]: a key reused for another
     /// payload is a caller's mistake, as providers (and the server face's `422`) treat it.
@@ -307,7 +307,7 @@ impl ClientBuilder {
     /// A regenerated payload that changed only other fields — a reworded `summary`, a
     /// freshly minted `fulfillment_intent_id` — is the same operation, whatever the
     /// [drift policy](Self::drift_policy): it continues with the bytes first frozen, marked
-    /// [`PayloadDiscarded`](super::PayloadDiscarded). A change to a defining field, or to the method or target, is
+    /// [`PayloadDiscarded`](crate::PayloadDiscarded). A change to a defining field, or to the method or target, is
     /// drift as before. In the spirit of AWS Powertools' payload validation.
     ///
     /// The bytes sent are still the ones first frozen, whole: the selection decides what

@@ -16,10 +16,10 @@ use crate::frozen::{FrozenRequest, Handoff};
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
 use crate::idempotency::decision::{Decision, Track};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal, Settling};
-use crate::idempotency::ResponseSource;
 use crate::ledger::{HeaderBlock, LeaseToken, LedgerKey, Outcome, StoredResponse};
 use crate::phase::classify;
 use crate::retry::{is_in_progress_answer, is_retryable_status};
+use crate::ResponseSource;
 use crate::{BoxError, Error};
 
 use super::face::ClientFace;

@@ -40,8 +40,8 @@
 //! 7. **Busy**: wait for the owner (bounded, [`BusyPolicy`](crate::BusyPolicy)) or fail.
 //! 8. **Drift** (same operation, different payload or target): by default, a regenerated
 //!    body under an `OperationId` continues the operation with the bytes first frozen, the
-//!    response marked [`PayloadDiscarded`] with the changed JSON fields; anything else is
-//!    refused, naming them ([`DriftPolicy`], [`ClientBuilder::defining_fields`]). Never
+//!    response marked [`PayloadDiscarded`](crate::PayloadDiscarded) with the changed JSON fields; anything else is
+//!    refused, naming them ([`DriftPolicy`](crate::DriftPolicy), [`ClientBuilder::defining_fields`]). Never
 //!    are the new bytes sent.
 //! 9. **Full** (a store with a memory budget has no room for a record it may not forget):
 //!    fail with [`Error::is_ledger_full`](crate::Error::is_ledger_full); nothing is sent.
@@ -140,7 +140,7 @@ mod failure;
 mod future;
 mod identify;
 mod operation;
-mod policy;
+pub(crate) mod policy;
 mod reconciling;
 mod resolve;
 mod service;
@@ -151,7 +151,6 @@ pub use face::ClientFace;
 // The tool face caps recorded outputs as this face caps responses.
 pub(crate) use face::DEFAULT_RESPONSE_LIMIT;
 pub use future::ResponseFuture;
-pub use policy::{DriftPolicy, PayloadDiscarded};
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::run;
 pub use stack::ClientStack;

@@ -51,8 +51,8 @@ use crate::effect::EffectClass;
 use crate::frozen::{check_declared_length, CollectRequest, FrozenRequest};
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
-use crate::idempotency::ResponseSource;
 use crate::ledger::{Begin, LedgerKey};
+use crate::ResponseSource;
 use crate::{BoxError, Error};
 
 /// A rare path of an operation, boxed: while the inner service may still be called, it

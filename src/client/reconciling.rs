@@ -8,15 +8,15 @@ use http_body::Body;
 use http_body_util::Full;
 use tower_service::Service;
 
-use crate::frozen::FrozenRequest;
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{Decision, Track, WireKey};
 use crate::idempotency::engine::LeaseGuard;
 use crate::idempotency::reconcile::{self, InDoubtOperation, Reconciled};
-use crate::idempotency::ResponseSource;
 use crate::ledger::{
     HeaderBlock, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse,
 };
+use crate::FrozenRequest;
+use crate::ResponseSource;
 use crate::{BoxError, Error};
 
 use super::exchange::exchange;

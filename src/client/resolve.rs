@@ -12,11 +12,11 @@ use tower_service::Service;
 
 use crate::error::Drift;
 use crate::fingerprint::RequestPart;
-use crate::frozen::FrozenRequest;
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{decision_of, Decision, Track, WireKey};
-use crate::idempotency::ResponseSource;
 use crate::ledger::{Begin, LedgerKey, Outcome};
+use crate::FrozenRequest;
+use crate::ResponseSource;
 use crate::{BoxError, Error};
 
 use super::exchange::exchange;
@@ -206,7 +206,7 @@ where
 async fn replay_by_fingerprint(
     client: &ClientFace,
     key: LedgerKey,
-    stored: crate::Fingerprint,
+    stored: crate::fingerprint::Fingerprint,
     fields: crate::ledger::FieldDigests,
 ) -> Result<Begin, Error> {
     let begin = client.ledger.request(key, stored).probe();
@@ -229,7 +229,7 @@ async fn replay_by_fingerprint(
 }
 
 fn drift_error(
-    stored: crate::Fingerprint,
+    stored: crate::fingerprint::Fingerprint,
     original: Option<&FrozenRequest>,
     new: &FrozenRequest,
 ) -> Error {
@@ -243,7 +243,7 @@ fn drift_error(
 
 /// [`drift_error`] where the store kept only the digests of the first request's fields.
 fn drift_fields_error(
-    stored: crate::Fingerprint,
+    stored: crate::fingerprint::Fingerprint,
     fields: &crate::ledger::FieldDigests,
     new: &FrozenRequest,
 ) -> Error {
@@ -296,8 +296,8 @@ impl ClientFace {
     fn resends_frozen_on_drift(
         &self,
         wire: Option<&WireKey>,
-        stored: crate::Fingerprint,
-        new: crate::Fingerprint,
+        stored: crate::fingerprint::Fingerprint,
+        new: crate::fingerprint::Fingerprint,
     ) -> bool {
         match (self.drift, wire) {
             (Some(policy), _) => policy == DriftPolicy::ResendFrozen,
@@ -311,7 +311,7 @@ impl ClientFace {
     /// no defining field changed.
     fn same_operation(
         &self,
-        stored: crate::Fingerprint,
+        stored: crate::fingerprint::Fingerprint,
         original: &FrozenRequest,
         new: &FrozenRequest,
     ) -> bool {
@@ -333,7 +333,7 @@ impl ClientFace {
     /// field (a member the digests cannot see into counts as changed).
     fn same_operation_by_members(
         &self,
-        stored: crate::Fingerprint,
+        stored: crate::fingerprint::Fingerprint,
         new: &FrozenRequest,
         changed: Option<&[String]>,
     ) -> bool {
@@ -348,7 +348,10 @@ impl ClientFace {
 }
 
 /// Whether two fingerprints differ in the body alone: the same method and target.
-fn only_the_body_differs(stored: crate::Fingerprint, new: crate::Fingerprint) -> bool {
+fn only_the_body_differs(
+    stored: crate::fingerprint::Fingerprint,
+    new: crate::fingerprint::Fingerprint,
+) -> bool {
     stored
         .differing_parts(&new)
         .all(|part| part == RequestPart::Body)

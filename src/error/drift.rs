@@ -11,7 +11,7 @@ use crate::fingerprint::Fingerprint;
 /// re-ran and reworded its request).
 ///
 /// ```
-/// # use tower_idempotency::{Drift, Fingerprint};
+/// # use tower_idempotency::{Drift, fingerprint::Fingerprint};
 /// let drift = Drift::between(
 ///     Fingerprint::of(&http::Method::POST, "/", b"{\"a\":1,\"b\":2}"),
 ///     br#"{"a":1,"b":2}"#,
@@ -79,7 +79,7 @@ impl Drift {
     /// target, its body (see [`Fingerprint::differing_parts`]).
     ///
     /// ```
-    /// # use tower_idempotency::{Drift, Fingerprint};
+    /// # use tower_idempotency::{Drift, fingerprint::Fingerprint};
     /// use tower_idempotency::fingerprint::RequestPart;
     ///
     /// let drift = Drift::fingerprints(

@@ -3,10 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::key::InvalidKey;
 use crate::ledger::StoreError;
 use crate::phase::FailurePhase;
 use crate::BoxError;
+use crate::InvalidKey;
 
 mod config;
 mod drift;

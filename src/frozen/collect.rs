@@ -208,7 +208,7 @@ mod tests {
     use http_body_util::Full;
 
     use crate::fingerprint::Fingerprint;
-    use crate::frozen::FrozenRequest;
+    use crate::FrozenRequest;
 
     /// A body that arrives in several frames and does not announce its length.
     struct Chunked(VecDeque<&'static [u8]>);

@@ -39,11 +39,11 @@
 
 mod collect;
 mod handoff;
-mod request;
+pub(crate) mod request;
 
 pub(crate) use collect::{check_declared_length, check_length, declared_length, CollectRequest};
 pub(crate) use handoff::{hand_over, Handed, Handoff, RetriedOutside};
-pub use request::FrozenRequest;
+pub(crate) use request::FrozenRequest;
 
 /// The default limit on a request body that may be frozen: 1 MiB.
 pub(crate) const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;

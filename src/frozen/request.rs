@@ -154,7 +154,7 @@ impl FrozenRequest {
     /// callers that already hold the bytes).
     ///
     /// ```
-    /// # use tower_idempotency::{Fingerprint, FrozenRequest};
+    /// # use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest};
     /// let frozen = FrozenRequest::from_parts(
     ///     http::Method::POST,
     ///     "/charges?x=1".parse().unwrap(),

@@ -32,42 +32,22 @@
 pub(crate) mod body;
 pub(crate) mod decision;
 pub(crate) mod engine;
-mod layer;
+pub(crate) mod layer;
 pub(crate) mod reconcile;
 pub(crate) mod release;
 pub(crate) mod scope;
+pub(crate) mod source;
 
 pub use body::ResponseBody;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};
-pub use engine::BusyPolicy;
+pub(crate) use engine::BusyPolicy;
 pub(crate) use engine::{LeaseGuard, Ledger};
 pub(crate) use engine::{DEFAULT_LEASE, DEFAULT_RETENTION};
-pub use layer::{Idempotency, IdempotencyLayer};
+pub use layer::Idempotency;
+pub(crate) use layer::IdempotencyLayer;
 pub(crate) use reconcile::ask as ask_reconciler;
 pub(crate) use reconcile::DEFAULT_RECONCILE_TIMEOUT;
 pub use reconcile::{InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled};
 pub use release::ReleaseOn;
-
-/// Where a response came from: a response extension set by the client
-/// [`IdempotencyLayer`] on every response of a side-effecting request. (The server face
-/// marks replays with the `Idempotent-Replayed: true` header instead.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ResponseSource {
-    /// The operation was sent for the first time.
-    Sent,
-    /// The operation was in doubt; its stored frozen bytes were sent again.
-    Resent,
-    /// The recorded response of a completed operation; the inner service was not called.
-    Replayed,
-    /// The operation was in doubt and its [reconciler](crate::idempotency::Reconcile) found
-    /// it had happened: this is the provider's response (or the reconciler's stand-in), now
-    /// recorded; nothing was sent again.
-    Reconciled,
-    /// A side effect without an [`OperationId`](crate::OperationId) or an `Idempotency-Key`:
-    /// sent once, outside the ledger, unprotected against a caller's own retry. See
-    /// [`ClientBuilder::require_key`](crate::client::ClientBuilder::require_key).
-    Unprotected,
-}

@@ -16,8 +16,8 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_service::Service;
 
-use crate::frozen::FrozenRequest;
 use crate::BoxError;
+use crate::FrozenRequest;
 
 /// How long a reconciler may take before its answer counts as
 /// [`Unknown`](Reconciled::Unknown): 10 s.

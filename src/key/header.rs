@@ -234,7 +234,7 @@ mod tests {
     use super::*;
     use crate::key::grammar::is_visible_ascii;
     use crate::key::grammar::tests::is_token_byte;
-    use crate::key::IdempotencyKey;
+    use crate::IdempotencyKey;
 
     fn parse(raw: &[u8]) -> Result<HeaderKey, InvalidKey> {
         HeaderKey::parse(&HeaderValue::from_bytes(raw).unwrap())

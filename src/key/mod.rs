@@ -33,15 +33,15 @@
 
 use http::header::HeaderName;
 
-mod derived;
+pub(crate) mod derived;
 mod grammar;
-mod header;
-mod operation;
+pub(crate) mod header;
+pub(crate) mod operation;
 
-pub use derived::IdempotencyKey;
+pub(crate) use derived::IdempotencyKey;
 pub(crate) use derived::{hex, shared_header_value, update_length_prefixed};
-pub use header::{HeaderKey, InvalidKey};
-pub use operation::OperationId;
+pub(crate) use header::{HeaderKey, InvalidKey};
+pub(crate) use operation::OperationId;
 
 /// The `Idempotency-Key` header name (draft-ietf-httpapi-idempotency-key-header).
 pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

@@ -17,7 +17,7 @@
 //!
 //! [`Records`] is the operator's handle: from a built layer
 //! ([`ClientLayer::records`](crate::client::ClientLayer),
-//! [`ServerLayer::records`](crate::server::ServerLayer)), it derives record keys as the
+//! [`ServerLayer::records`](crate::ServerLayer)), it derives record keys as the
 //! layer does, from an [`OperationId`] or a request head, so nobody computes a
 //! [`LedgerKey`] by hand.
 //!
@@ -41,7 +41,7 @@
 //! let records = layer.records();
 //! let key = records.operation_key(&OperationId::new("task-7", "charge"));
 //! # records.store().begin(tower_idempotency::ledger::BeginRequest::new(
-//! #     key, tower_idempotency::Fingerprint::of(&http::Method::POST, "/charges", b"{}"),
+//! #     key, tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/charges", b"{}"),
 //! #     std::time::Duration::ZERO, std::time::Duration::from_secs(60))).await?;
 //!
 //! // Look first, then forget what you looked at, and only that.
@@ -63,7 +63,7 @@ use http::request::Parts;
 
 use super::{IdempotencyStore, LedgerKey, RecordState, RecordView, StoreError};
 use crate::fingerprint::Fingerprint;
-use crate::key::OperationId;
+use crate::OperationId;
 
 /// Which state a record is in, as [`Expected`] names it: [`RecordState`] without its
 /// details.
@@ -122,7 +122,7 @@ impl RecordKind {
 ///
 /// ```
 /// use tower_idempotency::ledger::{Expected, RecordKind};
-/// # use tower_idempotency::Fingerprint;
+/// # use tower_idempotency::fingerprint::Fingerprint;
 /// # let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
 /// // Usually taken from a look: `Expected::of(&view)`. Or spelled out:
 /// let expected = Expected::new(RecordKind::InFlight, fp, 1).force();
@@ -171,7 +171,7 @@ impl Expected {
     ///
     /// ```
     /// use tower_idempotency::ledger::{Expected, Forget, RecordKind};
-    /// # use tower_idempotency::Fingerprint;
+    /// # use tower_idempotency::fingerprint::Fingerprint;
     /// # let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
     /// assert_eq!(Expected::new(RecordKind::InDoubt, fp, 2).judge(None), Forget::Absent);
     /// ```
@@ -303,7 +303,7 @@ enum Keys {
 /// a layer derives. See the [module docs](self).
 ///
 /// From a built layer, [`ClientLayer::records`](crate::client::ClientLayer) or
-/// [`ServerLayer::records`](crate::server::ServerLayer), or over a bare store with
+/// [`ServerLayer::records`](crate::ServerLayer), or over a bare store with
 /// [`Records::new`] (whose [`operation_key`](Self::operation_key) is the client face's
 /// with the default scope `""`). Cloning is cheap.
 ///
@@ -406,7 +406,7 @@ impl Records {
         match &self.keys {
             Keys::Server(derive) => derive(head),
             Keys::Client(_) => {
-                let key = crate::key::HeaderKey::from_headers(&head.headers).ok()??;
+                let key = crate::HeaderKey::from_headers(&head.headers).ok()??;
                 Some(LedgerKey::server("", key.as_str()))
             }
         }

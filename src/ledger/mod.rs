@@ -119,8 +119,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
-use crate::frozen::FrozenRequest;
 use crate::BoxError;
+use crate::FrozenRequest;
 
 /// How long a key stays *released under a token* after an `abandon` (see "A release
 /// outlasts a late claim" in the module docs): far longer than a `begin` is ever held up
@@ -317,7 +317,7 @@ pub type Settled = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse};
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::fingerprint::Fingerprint;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
@@ -397,7 +397,7 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// ```
     /// use std::time::Duration;
     /// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome};
-    /// use tower_idempotency::Fingerprint;
+    /// use tower_idempotency::fingerprint::Fingerprint;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
@@ -434,7 +434,7 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// ```
     /// use std::time::Duration;
     /// use tower_idempotency::ledger::{Begin, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, MemoryStore};
-    /// use tower_idempotency::Fingerprint;
+    /// use tower_idempotency::fingerprint::Fingerprint;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
@@ -467,7 +467,7 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, RecordState};
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::fingerprint::Fingerprint;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
@@ -575,7 +575,7 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::ledger::{BeginRequest, LedgerKey};
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::fingerprint::Fingerprint;
 ///
 /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
 /// let request = BeginRequest::new(LedgerKey::from_bytes([1; 32]), fp, Duration::from_secs(10), Duration::from_secs(3600))
@@ -661,7 +661,7 @@ impl BeginRequest {
     /// ```
     /// # use std::time::Duration;
     /// # use tower_idempotency::ledger::{BeginRequest, LedgerKey};
-    /// # let fp = tower_idempotency::Fingerprint::of(&http::Method::POST, "/", b"");
+    /// # let fp = tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/", b"");
     /// let key = LedgerKey::server("tenant-a", "k1");
     /// let request = BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(60))
     ///     .with_scope("tenant-a");

@@ -11,8 +11,8 @@ use http::{HeaderMap, HeaderName, Method, StatusCode, Uri, Version};
 use sha2::{Digest, Sha256};
 
 use super::StoreError;
-use crate::frozen::FrozenRequest;
 use crate::key::{hex, update_length_prefixed, IdempotencyKey};
+use crate::FrozenRequest;
 pub use fields::FieldDigests;
 pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
 

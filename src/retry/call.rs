@@ -13,8 +13,8 @@ use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use crate::effect::EffectClass;
 use crate::frozen::{FrozenRequest, Handoff, RetriedOutside};
-use crate::key::OperationId;
 use crate::phase::FailurePhase;
+use crate::OperationId;
 use crate::{BoxError, Error};
 
 /// What the attempts of one call share.

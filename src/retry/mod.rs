@@ -67,14 +67,14 @@ mod attempts;
 mod backoff;
 mod call;
 mod future;
-mod layer;
+pub(crate) mod layer;
 mod policy;
 mod service;
 
 pub use attempts::Attempts;
 pub use backoff::retry_after;
 pub use future::ResponseFuture;
-pub use layer::FrozenRetryLayer;
+pub(crate) use layer::FrozenRetryLayer;
 pub use policy::{
     AttemptResult, ClassifyRetry, DefaultClassifier, RetryContext, RetryDecision, RetryPolicy,
     RetryPolicyBuilder,

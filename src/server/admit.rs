@@ -66,12 +66,12 @@ use crate::fingerprint::Fingerprint;
 use crate::frozen::CollectRequest;
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::Decision;
-use crate::key::HeaderKey;
 use crate::ledger::{Begin, BeginRequest, LedgerKey, StoreError};
 use crate::BoxError;
+use crate::HeaderKey;
 
 /// `Idempotency-Fail-Open: true` marks a response produced while the ledger was unavailable
-/// by a layer built with [`fail_open`](super::ServerBuilder::fail_open): the key was **not**
+/// by a layer built with [`fail_open`](crate::ServerBuilder::fail_open): the key was **not**
 /// checked, so a retry may run the handler again.
 pub static IDEMPOTENCY_FAIL_OPEN: HeaderName = HeaderName::from_static("idempotency-fail-open");
 

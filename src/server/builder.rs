@@ -18,8 +18,8 @@ use crate::frozen::DEFAULT_BODY_LIMIT;
 use crate::idempotency::decision::{OutcomeEvent, OutcomeHook};
 use crate::idempotency::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION, LONGEST};
 use crate::idempotency::scope::Scope;
-use crate::idempotency::IdempotencyLayer;
 use crate::ledger::IdempotencyStore;
+use crate::IdempotencyLayer;
 
 /// The default bound on requests waiting at once for in-flight keys under
 /// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
@@ -563,6 +563,17 @@ impl IdempotencyLayer<ServerFace> {
         builder
     }
 }
+
+/// The server [`IdempotencyLayer`](crate::IdempotencyLayer), as [`IdempotencyLayer::server`](crate::IdempotencyLayer::server) and
+/// [`ServerBuilder::build`] return it.
+///
+/// ```
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, ServerLayer};
+///
+/// let layer: ServerLayer = IdempotencyLayer::server(MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub type ServerLayer = IdempotencyLayer<ServerFace>;
 
 #[cfg(test)]
 mod tests {

@@ -14,10 +14,10 @@ use crate::effect::EffectClass;
 use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::engine::{BusyPolicy, Ledger};
 use crate::idempotency::scope::Scope;
-use crate::idempotency::IdempotencyLayer;
 use crate::ledger::LedgerKey;
+use crate::IdempotencyLayer;
 
-/// The server face's configuration (see [`ServerBuilder`](super::ServerBuilder) and the
+/// The server face's configuration (see [`ServerBuilder`](crate::ServerBuilder) and the
 /// [module docs](super)).
 pub struct ServerFace {
     pub(super) ledger: Ledger,
@@ -98,7 +98,7 @@ impl IdempotencyLayer<ServerFace> {
         let face = self.face().clone();
         let store = face.ledger.store.clone();
         crate::ledger::Records::server(store, move |head: &Parts| {
-            let key = crate::key::HeaderKey::from_headers(&head.headers).ok()??;
+            let key = crate::HeaderKey::from_headers(&head.headers).ok()??;
             let scope = face.scope.of(head)?;
             Some(LedgerKey::server_of(&scope, key.as_bytes()))
         })

@@ -20,7 +20,7 @@ use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock, Outcome,
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The response headers recorded and replayed by default (documented on
-/// [`ServerBuilder::replay_headers`](super::ServerBuilder::replay_headers)).
+/// [`ServerBuilder::replay_headers`](crate::ServerBuilder::replay_headers)).
 ///
 /// They describe the representation and where it lives, and stay true when replayed:
 /// `Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Location`, `Location`,
@@ -194,8 +194,8 @@ mod tests {
     use http::{StatusCode, Version};
 
     use super::*;
-    use crate::idempotency::IdempotencyLayer;
     use crate::ledger::MemoryStore;
+    use crate::IdempotencyLayer;
 
     fn replayed(face: &ServerFace, recorded: HeaderMap) -> HeaderMap {
         let stored = StoredResponse::new(StatusCode::OK, Version::HTTP_11, recorded, Bytes::new());

@@ -5,7 +5,7 @@ use http::Response;
 
 use super::face::ServerFace;
 use crate::idempotency::decision::{self, record_in_layer_span, Face, OutcomeHook, Track, WireKey};
-use crate::key::HeaderKey;
+use crate::HeaderKey;
 
 /// Record what the layer decided for this request (once per request).
 pub(super) fn outcome(what: &'static str) {
@@ -17,7 +17,7 @@ pub(super) fn settled(how: &'static str) {
     record_in_layer_span("settled", how);
 }
 
-/// What the [`on_outcome`](super::ServerBuilder::on_outcome) hook hears of, once the request is
+/// What the [`on_outcome`](crate::ServerBuilder::on_outcome) hook hears of, once the request is
 /// answered.
 pub(super) struct Report {
     pub(super) track: Track,

@@ -29,11 +29,11 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 
 use crate::fingerprint::Fingerprint;
-use crate::frozen::FrozenRequest;
 use crate::ledger::{
     Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
     RecordKind, StoredResponse,
 };
+use crate::FrozenRequest;
 
 /// The lease every check uses.
 pub const LEASE: Duration = Duration::from_millis(300);

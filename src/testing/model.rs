@@ -122,11 +122,11 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Version};
 
 use crate::fingerprint::Fingerprint;
-use crate::frozen::FrozenRequest;
 use crate::ledger::{
     Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
     RecordKind, StoreError, StoredResponse,
 };
+use crate::FrozenRequest;
 
 /// An abstract ledger key; the checker maps each to a fresh random [`LedgerKey`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

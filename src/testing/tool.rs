@@ -48,8 +48,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tower_service::Service;
 
-use crate::key::OperationId;
 use crate::tool::{ToolCall, Verdict};
+use crate::OperationId;
 
 /// A fault for one call of a [`ToolDouble`], taken from its queue in order.
 ///

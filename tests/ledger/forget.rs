@@ -138,7 +138,8 @@ async fn an_operation_is_forgotten_by_operation_id_and_a_stale_look_is_refused()
 
     // Not the record as it is now (another payload, or another attempt): refused.
     let mut wrong = Expected::of(&seen);
-    wrong.fingerprint = tower_idempotency::Fingerprint::of(&http::Method::POST, "/x", b"{}");
+    wrong.fingerprint =
+        tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/x", b"{}");
     assert_eq!(records.forget(key, wrong).await.unwrap(), Forget::Changed);
     let mut stale = Expected::of(&seen);
     stale.attempts += 1;
@@ -170,7 +171,8 @@ fn forgets_are_counted() {
     metrics::with_local_recorder(&recorder, || {
         runtime.block_on(async {
             let store = MemoryStore::new();
-            let fp = tower_idempotency::Fingerprint::of(&http::Method::POST, "/x", b"{}");
+            let fp =
+                tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/x", b"{}");
             let expected = Expected::new(RecordKind::InDoubt, fp, 1);
             let answer = store.forget(LedgerKey::from_bytes([1; 32]), expected).await;
             assert_eq!(answer.unwrap(), Forget::Absent);

@@ -18,7 +18,7 @@ use tower_idempotency::ledger::{
     StoredResponse,
 };
 use tower_idempotency::testing::SideEffectService;
-use tower_idempotency::{Fingerprint, IdempotencyLayer};
+use tower_idempotency::{fingerprint::Fingerprint, IdempotencyLayer};
 
 const LEASE: Duration = Duration::from_secs(10);
 const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);

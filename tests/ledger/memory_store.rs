@@ -12,7 +12,7 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome,
     StoredResponse,
 };
-use tower_idempotency::{Fingerprint, FrozenRequest, IdempotencyLayer};
+use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, IdempotencyLayer};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;

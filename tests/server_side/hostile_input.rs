@@ -37,7 +37,7 @@ use tower_idempotency::ledger::{MemoryStore, Outcome, StoreError, StoredResponse
 use tower_idempotency::retry::retry_after;
 use tower_idempotency::server::problem;
 use tower_idempotency::{
-    Drift, Fingerprint, FrozenRequest, HeaderKey, IdempotencyLayer, InvalidKey,
+    fingerprint::Fingerprint, Drift, FrozenRequest, HeaderKey, IdempotencyLayer, InvalidKey,
 };
 
 // ---------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, Settled,
     StoreFuture,
 };
-use tower_idempotency::server::{problem, ServerBuilder};
+use tower_idempotency::server::problem;
+use tower_idempotency::ServerBuilder;
 use tower_idempotency::{BusyPolicy, IdempotencyLayer, ServerErrorPolicy};
 
 const DUPLICATES: usize = 64;

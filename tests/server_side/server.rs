@@ -43,7 +43,8 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
 };
-use tower_idempotency::server::{problem, ServerBuilder};
+use tower_idempotency::server::problem;
+use tower_idempotency::ServerBuilder;
 use tower_idempotency::{IdempotencyLayer, InDoubtPolicy, ServerErrorPolicy};
 
 use axum_server::Charge;
@@ -1543,7 +1544,8 @@ async fn a_dropped_request_future_cancels_the_handler_when_asked() {
 /// replica that then died mid-handler would have: nobody renews this lease.
 async fn claim_as_a_replica_that_died(server: &InProcess, lease: Duration) {
     let key = LedgerKey::server("t", "k");
-    let fingerprint = tower_idempotency::Fingerprint::of(&http::Method::POST, "/slow", b"{}");
+    let fingerprint =
+        tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/slow", b"{}");
     let request = BeginRequest::new(key, fingerprint, lease, Duration::from_secs(24 * 3600));
     assert!(matches!(
         server.ledger.begin(request).await.unwrap(),

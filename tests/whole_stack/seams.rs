@@ -38,8 +38,8 @@ use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::server::problem;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{
-    BusyPolicy, DriftPolicy, Fingerprint, FrozenRequest, FrozenRetryLayer, IdempotencyLayer,
-    InDoubtPolicy, OperationId, ResponseSource,
+    fingerprint::Fingerprint, BusyPolicy, DriftPolicy, FrozenRequest, FrozenRetryLayer,
+    IdempotencyLayer, InDoubtPolicy, OperationId, ResponseSource,
 };
 
 const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock: 200 units of SKU-4471","fulfillment_intent_id":"fi_9a7e21"}"#;

@@ -170,7 +170,11 @@ impl Ledger {
         (self.lease / RETRIES_PER_LEASE).clamp(FIRST_STORE_RETRY, MAX_STORE_RETRY)
     }
 
-    pub(crate) fn request(&self, key: LedgerKey, fingerprint: crate::Fingerprint) -> BeginRequest {
+    pub(crate) fn request(
+        &self,
+        key: LedgerKey,
+        fingerprint: crate::fingerprint::Fingerprint,
+    ) -> BeginRequest {
         BeginRequest::new(key, fingerprint, self.lease, self.retention)
             .with_protected_window(self.protected)
     }

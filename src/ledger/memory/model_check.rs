@@ -43,12 +43,12 @@ use super::record::State;
 use super::shared::lock;
 use super::sync::Ordering;
 use super::MemoryStore;
-use crate::frozen::FrozenRequest;
 use crate::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordState, StoreError,
     StoreFuture, StoredResponse,
 };
 use crate::testing::model::{Answer, Fp, Key, Model, Op, OutcomeId, Token};
+use crate::FrozenRequest;
 
 /// A lease that is over as soon as it starts: its owner can be taken over at once.
 const EXPIRED: Duration = Duration::ZERO;

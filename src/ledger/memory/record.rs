@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
-use crate::frozen::FrozenRequest;
 use crate::ledger::{
     BeginRequest, FieldDigests, LeaseToken, LedgerKey, Outcome, RecordState, RecordView,
 };
+use crate::FrozenRequest;
 
 /// What a record costs besides its own fields and the requests and responses it holds: its
 /// map slot (a key and a pointer) at the map's load factor, its eviction-index entry and the

@@ -7,10 +7,10 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::fingerprint::Fingerprint;
-use crate::frozen::FrozenRequest;
 use crate::ledger::{
     Begin, BeginRequest, LeaseToken, Outcome, RecordState, RecordView, StoreError,
 };
+use crate::FrozenRequest;
 
 /// Leases and retentions are clamped to about 139 years: far beyond any real use, and
 /// well inside PostgreSQL's timestamp range.

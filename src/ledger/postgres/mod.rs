@@ -11,7 +11,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, PostgresStore};
-//! use tower_idempotency::Fingerprint;
+//! use tower_idempotency::fingerprint::Fingerprint;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
@@ -98,7 +98,7 @@
 //! [`BusyPolicy::Wait`](crate::BusyPolicy::Wait), asks again (backing off, up to 200 ms
 //! apart) until the first commits and it replays, or the bound runs out (then `409`). A
 //! waiting duplicate holds no pooled connection between its tries, and counts against
-//! [`max_waiters`](crate::server::ServerBuilder::max_waiters). A `409` leaves no
+//! [`max_waiters`](crate::ServerBuilder::max_waiters). A `409` leaves no
 //! error in PostgreSQL's log.
 //!
 //! # Durability, failover, clocks

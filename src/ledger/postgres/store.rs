@@ -13,11 +13,11 @@ use super::codec::{
     token_bytes,
 };
 use super::errors::{classify, from_pg, from_pool, PgFailure};
-use crate::frozen::FrozenRequest;
 use crate::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordView, StoreError,
     StoreFuture,
 };
+use crate::FrozenRequest;
 
 /// Rows deleted per sweep statement: small enough that each statement is brief.
 const SWEEP_BATCH: i32 = 1000;

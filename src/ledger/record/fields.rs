@@ -424,7 +424,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::{Drift, Fingerprint};
+    use crate::{fingerprint::Fingerprint, Drift};
 
     fn changed(old: &[u8], new: &[u8]) -> Option<Vec<String>> {
         FieldDigests::of(old)?.changed_fields(new)

@@ -6,8 +6,8 @@ use std::time::Duration;
 use ::redis::Value;
 
 use crate::fingerprint::Fingerprint;
-use crate::frozen::FrozenRequest;
 use crate::ledger::{Begin, LeaseToken, Outcome, StoreError};
+use crate::FrozenRequest;
 
 /// Lua numbers are doubles and `PEXPIRE` rejects times that overflow when added to the
 /// clock: clamp leases and retentions to about 139 years, far beyond any real use.

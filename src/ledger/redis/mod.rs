@@ -12,7 +12,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, RedisStore};
-//! use tower_idempotency::Fingerprint;
+//! use tower_idempotency::fingerprint::Fingerprint;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
@@ -75,7 +75,7 @@
 //! | field | value |
 //! |---|---|
 //! | `v` | record format version, `1` today |
-//! | `fp` | the request [`Fingerprint`](crate::Fingerprint), 64 hex digits |
+//! | `fp` | the request [`Fingerprint`](crate::fingerprint::Fingerprint), 64 hex digits |
 //! | `state` | `in_flight`, `in_doubt` or `completed` |
 //! | `token` | the owner's token, 32 hex digits (only while `in_flight`) |
 //! | `lease_until_ms` | end of the owner's lease, Redis time in ms since the epoch (only while `in_flight`) |

@@ -14,7 +14,7 @@ use http_body_util::Full;
 use super::captured::CapturedRequest;
 use super::fault::Fault;
 use super::responses::{created, effect_body, injected_error, json_error, json_response};
-use crate::key::HeaderKey;
+use crate::HeaderKey;
 // The mark payment providers (and the IETF draft's examples) put on a replayed answer:
 // the one the server face writes.
 use crate::server::IDEMPOTENT_REPLAYED;

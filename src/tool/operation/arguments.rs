@@ -4,10 +4,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Version};
 
 use crate::digest::BodyDigest;
-use crate::frozen::FrozenRequest;
+use crate::fingerprint::Fingerprint;
 use crate::tool::canonical;
 use crate::tool::settings::ToolFace;
-use crate::Fingerprint;
+use crate::FrozenRequest;
 
 /// A call's arguments, frozen: the canonical bytes as the ledger stores them, and the
 /// fingerprint and digest that identify them.

@@ -8,9 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::Drift;
-use crate::frozen::FrozenRequest;
 use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
-use crate::key::IdempotencyKey;
 use crate::ledger::{Begin, LeaseToken, LedgerKey};
 use crate::tool::canonical;
 use crate::tool::settings::ToolFace;
@@ -18,6 +16,8 @@ use crate::tool::types::{
     ClassifyToolError, Discarded, FinalAnswer, ProviderKeys, ToolCall, ToolError, ToolOutput,
     ToolSource, VerdictKind,
 };
+use crate::FrozenRequest;
+use crate::IdempotencyKey;
 use crate::{DriftPolicy, Error, OperationId};
 
 use super::{

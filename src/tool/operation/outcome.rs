@@ -8,13 +8,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::Drift;
-use crate::frozen::FrozenRequest;
 use crate::idempotency::LeaseGuard;
 use crate::ledger::{Outcome, StoredResponse};
 use crate::tool::canonical;
 use crate::tool::settings::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
-use crate::{Error, Fingerprint};
+use crate::FrozenRequest;
+use crate::{fingerprint::Fingerprint, Error};
 
 use super::{Frozen, ARGUMENTS_DIGEST, FINAL_ANSWER};
 

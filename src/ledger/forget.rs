@@ -1,59 +1,4 @@
-//! Forgetting one record on purpose: the operator's way out of a record that should not be
-//! there, fenced so that a stale look never removes a record that moved on.
-//!
-//! A record sometimes outlives its use: a recorded `401` the caller can never get past, an
-//! operation left in doubt that an operator has since checked by hand. Waiting out its
-//! retention (24 h by default) is the only other way out. [`IdempotencyStore::forget`]
-//! removes it at once, **only if it is still as the operator saw it** ([`Expected`], taken
-//! from [`inspect`](IdempotencyStore::inspect)'s [`RecordView`]): same state, same
-//! fingerprint, same number of attempts, and, for an operation in flight, a lease that ran
-//! out (a live owner's lease is never taken from it unless the operator
-//! [forces](Expected::force) it). Anything else is answered with what stood in the way, and
-//! nothing changes.
-//!
-//! A forgotten record is gone: the next request with its key runs the operation again. Only
-//! forget an in-doubt operation once you know its effect did not happen (or will not mind
-//! it happening again).
-//!
-//! [`Records`] is the operator's handle: from a built layer
-//! ([`ClientLayer::records`](crate::client::ClientLayer),
-//! [`ServerLayer::records`](crate::ServerLayer)), it derives record keys as the
-//! layer does, from an [`OperationId`] or a request head, so nobody computes a
-//! [`LedgerKey`] by hand.
-//!
-//! Every built-in store logs each forget (`WARN` when a record was removed, `INFO` when it
-//! was refused) with the key's digest and the state forgotten, and with feature `metrics`
-//! counts it in `idempotency_ledger_forget_total` (labels `store`, `state`: the expected
-//! one, `result`: `forgotten`, `absent`, `changed`, `live` or `error`).
-//!
-//! # Example
-//!
-//! ```
-//! use tower_idempotency::ledger::{Expected, Forget, MemoryStore, RecordState};
-//! use tower_idempotency::{IdempotencyLayer, OperationId};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
-//! let layer = IdempotencyLayer::client_builder(MemoryStore::new())
-//!     .scope("billing-agent")
-//!     .build()
-//!     .unwrap();
-//! let records = layer.records();
-//! let key = records.operation_key(&OperationId::new("task-7", "charge"));
-//! # records.store().begin(tower_idempotency::ledger::BeginRequest::new(
-//! #     key, tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/charges", b"{}"),
-//! #     std::time::Duration::ZERO, std::time::Duration::from_secs(60))).await?;
-//!
-//! // Look first, then forget what you looked at, and only that.
-//! let view = records.inspect(key).await?.expect("a record");
-//! assert!(matches!(view.state, RecordState::InFlight { .. }));
-//! assert_eq!(records.forget(key, Expected::of(&view)).await?, Forget::Forgotten);
-//! assert!(records.inspect(key).await?.is_none());
-//! // The same look again finds nothing to forget.
-//! assert_eq!(records.forget(key, Expected::of(&view)).await?, Forget::Absent);
-//! # Ok(())
-//! # }
-//! ```
+//! [`Records`]: forgetting one record on purpose, fenced by what the operator saw.
 
 use std::fmt;
 use std::sync::Arc;
@@ -300,7 +245,7 @@ enum Keys {
 }
 
 /// An operator's handle on a ledger: look at one record, and forget it (fenced), by the keys
-/// a layer derives. See the [module docs](self).
+/// a layer derives.
 ///
 /// From a built layer, [`ClientLayer::records`](crate::client::ClientLayer) or
 /// [`ServerLayer::records`](crate::ServerLayer), or over a bare store with
@@ -316,6 +261,63 @@ enum Keys {
 /// let records = Records::new(MemoryStore::new());
 /// let key = records.operation_key(&OperationId::new("task-7", "charge"));
 /// assert!(records.inspect(key).await?.is_none());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Forgetting one record on purpose: the operator's way out of a record that should not be
+/// there, fenced so that a stale look never removes a record that moved on.
+///
+/// A record sometimes outlives its use: a recorded `401` the caller can never get past, an
+/// operation left in doubt that an operator has since checked by hand. Waiting out its
+/// retention (24 h by default) is the only other way out. [`IdempotencyStore::forget`]
+/// removes it at once, **only if it is still as the operator saw it** ([`Expected`], taken
+/// from [`inspect`](IdempotencyStore::inspect)'s [`RecordView`]): same state, same
+/// fingerprint, same number of attempts, and, for an operation in flight, a lease that ran
+/// out (a live owner's lease is never taken from it unless the operator
+/// [forces](Expected::force) it). Anything else is answered with what stood in the way, and
+/// nothing changes.
+///
+/// A forgotten record is gone: the next request with its key runs the operation again. Only
+/// forget an in-doubt operation once you know its effect did not happen (or will not mind
+/// it happening again).
+///
+/// [`Records`] is the operator's handle: from a built layer
+/// ([`ClientLayer::records`](crate::client::ClientLayer),
+/// [`ServerLayer::records`](crate::ServerLayer)), it derives record keys as the
+/// layer does, from an [`OperationId`] or a request head, so nobody computes a
+/// [`LedgerKey`] by hand.
+///
+/// Every built-in store logs each forget (`WARN` when a record was removed, `INFO` when it
+/// was refused) with the key's digest and the state forgotten, and with feature `metrics`
+/// counts it in `idempotency_ledger_forget_total` (labels `store`, `state`: the expected
+/// one, `result`: `forgotten`, `absent`, `changed`, `live` or `error`).
+///
+/// # Example
+///
+/// ```
+/// use tower_idempotency::ledger::{Expected, Forget, MemoryStore, RecordState};
+/// use tower_idempotency::{IdempotencyLayer, OperationId};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+///     .scope("billing-agent")
+///     .build()
+///     .unwrap();
+/// let records = layer.records();
+/// let key = records.operation_key(&OperationId::new("task-7", "charge"));
+/// # records.store().begin(tower_idempotency::ledger::BeginRequest::new(
+/// #     key, tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/charges", b"{}"),
+/// #     std::time::Duration::ZERO, std::time::Duration::from_secs(60))).await?;
+///
+/// // Look first, then forget what you looked at, and only that.
+/// let view = records.inspect(key).await?.expect("a record");
+/// assert!(matches!(view.state, RecordState::InFlight { .. }));
+/// assert_eq!(records.forget(key, Expected::of(&view)).await?, Forget::Forgotten);
+/// assert!(records.inspect(key).await?.is_none());
+/// // The same look again finds nothing to forget.
+/// assert_eq!(records.forget(key, Expected::of(&view)).await?, Forget::Absent);
 /// # Ok(())
 /// # }
 /// ```

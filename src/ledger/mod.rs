@@ -73,7 +73,7 @@
 //! [`inspect`](IdempotencyStore::inspect) showed it ([`Expected`]), and never from under a
 //! live owner unless forced. [`Records`], from a built layer's `records()`, finds a record
 //! by the keys that layer derives (an [`OperationId`](crate::OperationId), or a request
-//! head). See [`forget`].
+//! head). See [`Records`].
 //!
 //! # Bring your own store
 //!
@@ -86,7 +86,7 @@
 //! round trip) returns `StoreFuture::new(async move { ... })`, one small allocation per
 //! ledger call, noise next to the round trip.
 
-pub mod forget;
+mod forget;
 mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -101,16 +101,25 @@ pub use forget::{Expected, Forget, RecordKind, Records};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
+pub use postgres::builder::PostgresStoreBuilder;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use postgres::store::PostgresStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use postgres::transaction::PostgresTransaction;
 pub(crate) use record::DigestState;
 pub(crate) use record::{entries_size, entry_size, BlockWriter, HeaderBlock};
 pub use record::{FieldDigests, LeaseToken, LedgerKey, Outcome, StoredResponse};
-#[cfg(feature = "redis-cluster")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-pub use redis::RedisClusterBuilder;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{RedisStore, RedisStoreBuilder};
+pub use redis::builder::RedisStoreBuilder;
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+pub use redis::cluster::RedisClusterBuilder;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::store::RedisStore;
 
 use std::fmt;
 use std::future::Future;

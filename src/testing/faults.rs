@@ -1,39 +1,4 @@
-//! Faults around **your own** services: a layer that makes a handler panic, stall or fail
-//! after doing its work, and a helper that makes an operation's process "crash".
-//!
-//! [`FaultLayer`] wraps any `Service<Request<_>>` (an axum handler or `Router`, a hyper
-//! service) and injects one queued [`HandlerFault`] per call, in order; a call with no fault
-//! queued runs normally. Put it **inside** the server `IdempotencyLayer` to see what your
-//! handler's failures do to its keys.
-//!
-//! [`crash_after`] drives an operation's future and, at the chosen moment, abandons it the
-//! way a killed process does: no destructor runs, so nothing of it is settled or recorded.
-//!
-//! # Example
-//!
-//! ```
-//! use axum::{body::Body, http::{Request, StatusCode}, routing::post, Router};
-//! use tower::ServiceExt;
-//! use tower_idempotency::testing::{FaultLayer, HandlerFault};
-//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! // The handler charges, then its response is lost to a 500.
-//! let faults = FaultLayer::new().with_faults([HandlerFault::FailAfterHandler(StatusCode::INTERNAL_SERVER_ERROR)]);
-//! let charges = post(|| async { (StatusCode::CREATED, "ch_1") })
-//!     .route_layer(faults.clone())
-//!     .route_layer(IdempotencyLayer::server_builder(MemoryStore::new()).unscoped().build().unwrap());
-//! let app = Router::new().route("/charges", charges);
-//! let charge = || Request::post("/charges").header("idempotency-key", "\"k\"").body(Body::empty()).unwrap();
-//! let first = app.clone().oneshot(charge()).await.unwrap();
-//! assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
-//! // Recorded (the default server-error policy): the retry is the same 500, not a second charge.
-//! let retry = app.oneshot(charge()).await.unwrap();
-//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
-//! assert_eq!(faults.calls(), 1);
-//! # }
-//! ```
+//! [`FaultLayer`]: faults injected into a handler or a service it wraps.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -65,8 +30,44 @@ pub enum HandlerFault {
     HangAfterHandler,
 }
 
-/// Injects queued [`HandlerFault`]s into the service it wraps. See the
-/// [module docs](self). Clones share one queue and one call count.
+/// Injects queued [`HandlerFault`]s into the service it wraps. Clones share one queue and one call count.
+///
+/// Faults around **your own** services: a layer that makes a handler panic, stall or fail
+/// after doing its work, and a helper that makes an operation's process "crash".
+///
+/// [`FaultLayer`] wraps any `Service<Request<_>>` (an axum handler or `Router`, a hyper
+/// service) and injects one queued [`HandlerFault`] per call, in order; a call with no fault
+/// queued runs normally. Put it **inside** the server `IdempotencyLayer` to see what your
+/// handler's failures do to its keys.
+///
+/// [`crash_after`] drives an operation's future and, at the chosen moment, abandons it the
+/// way a killed process does: no destructor runs, so nothing of it is settled or recorded.
+///
+/// # Example
+///
+/// ```
+/// use axum::{body::Body, http::{Request, StatusCode}, routing::post, Router};
+/// use tower::ServiceExt;
+/// use tower_idempotency::testing::{FaultLayer, HandlerFault};
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // The handler charges, then its response is lost to a 500.
+/// let faults = FaultLayer::new().with_faults([HandlerFault::FailAfterHandler(StatusCode::INTERNAL_SERVER_ERROR)]);
+/// let charges = post(|| async { (StatusCode::CREATED, "ch_1") })
+///     .route_layer(faults.clone())
+///     .route_layer(IdempotencyLayer::server_builder(MemoryStore::new()).unscoped().build().unwrap());
+/// let app = Router::new().route("/charges", charges);
+/// let charge = || Request::post("/charges").header("idempotency-key", "\"k\"").body(Body::empty()).unwrap();
+/// let first = app.clone().oneshot(charge()).await.unwrap();
+/// assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// // Recorded (the default server-error policy): the retry is the same 500, not a second charge.
+/// let retry = app.oneshot(charge()).await.unwrap();
+/// assert_eq!(retry.headers()["idempotent-replayed"], "true");
+/// assert_eq!(faults.calls(), 1);
+/// # }
+/// ```
 #[derive(Clone, Default)]
 #[must_use = "a layer does nothing until it wraps a service"]
 pub struct FaultLayer {

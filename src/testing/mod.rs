@@ -3,22 +3,23 @@
 //! - [`conformance`]: the ledger protocol checked against any [`IdempotencyStore`](crate::ledger::IdempotencyStore).
 //! - [`model`]: a reference model of the ledger protocol, and a checker that runs any op
 //!   sequence against a store and the model side by side (for property tests).
-//! - [`effects`]: [`SideEffectService`], a provider double that counts effects per key and
+//! - [`SideEffectService`], a provider double that counts effects per key and
 //!   injects faults (commit then time out, refuse, 5xx, panic, latency), in-process or over HTTP.
-//! - [`faults`]: [`FaultLayer`], faults around your **own** handlers (panic, delay, fail or
+//! - [`FaultLayer`], faults around your **own** handlers (panic, delay, fail or
 //!   hang after the work), and [`crash_after`], a hard crash at a chosen point of an operation.
-//! - [`tool`]: [`ToolDouble`], an SDK-like tool double for the [tool face](crate::tool) that
+//! - [`ToolDouble`], an SDK-like tool double for the [tool face](crate::tool) that
 //!   counts effects per operation and injects the same faults (commit then time out, fail
 //!   before, panic, hang).
 
 pub mod conformance;
-pub mod effects;
-pub mod faults;
+mod effects;
+mod faults;
 pub mod model;
-pub mod tool;
+mod tool;
 
 pub use effects::{
-    CapturedRequest, Fault, ServeHandle, SideEffectService, SideEffectServiceBuilder, LOOKUP_PATH,
+    CapturedRequest, Fault, ResponseFuture, ServeHandle, SideEffectService,
+    SideEffectServiceBuilder, LOOKUP_PATH,
 };
 pub use faults::{crash_after, FaultLayer, FaultService, HandlerFault};
 pub use tool::{ToolDouble, ToolDoubleError, ToolFault};

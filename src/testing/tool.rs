@@ -1,39 +1,4 @@
-//! [`ToolDouble`]: an SDK-like tool for the [tool face](crate::tool) that counts effects per
-//! operation and injects the faults of [`SideEffectService`](super::SideEffectService):
-//! commit then time out, fail before, panic, hang.
-//!
-//! It is a `tower::Service<ToolCall<A>>` for any serializable arguments, answering a JSON
-//! receipt (`{"receipt": n, "arguments": …}`: the effect's number and the arguments it was
-//! made with). Clones share one fault queue and one effect count. By default it ignores
-//! keys, as a key-less SDK does; [`deduplicating`](ToolDouble::deduplicating) makes it a
-//! provider that runs each key once.
-//!
-//! # Example
-//!
-//! ```
-//! use tower::{Layer, ServiceExt};
-//! use tower_idempotency::testing::{ToolDouble, ToolFault};
-//! use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
-//! use tower_idempotency::{ledger::MemoryStore, OperationId};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let sdk = ToolDouble::new().with_faults([ToolFault::CommitThenTimeout]);
-//! let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
-//!     .classify(ToolDouble::classifier())
-//!     .build()
-//!     .unwrap();
-//! let charge = layer.layer(sdk.clone());
-//! let op = OperationId::new("task-1", "charge");
-//! let call = || ToolCall::new(op.clone(), serde_json::json!({"cents": 1999}));
-//!
-//! // Charged, then the SDK timed out: in doubt, and never charged again blindly.
-//! assert!(charge.clone().oneshot(call()).await.is_err());
-//! let again = charge.oneshot(call()).await.unwrap_err();
-//! assert!(again.idempotency_error().unwrap().is_in_doubt());
-//! assert_eq!(sdk.effects_of(&op), 1);
-//! # }
-//! ```
+//! [`ToolDouble`]: an SDK-like tool double for the tool face.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -115,8 +80,44 @@ impl fmt::Display for ToolDoubleError {
 
 impl std::error::Error for ToolDoubleError {}
 
-/// An SDK-like tool that counts effects per operation and injects queued faults. See the
-/// [module docs](self).
+/// An SDK-like tool that counts effects per operation and injects queued faults.
+///
+/// [`ToolDouble`]: an SDK-like tool for the [tool face](crate::tool) that counts effects per
+/// operation and injects the faults of [`SideEffectService`](super::SideEffectService):
+/// commit then time out, fail before, panic, hang.
+///
+/// It is a `tower::Service<ToolCall<A>>` for any serializable arguments, answering a JSON
+/// receipt (`{"receipt": n, "arguments": …}`: the effect's number and the arguments it was
+/// made with). Clones share one fault queue and one effect count. By default it ignores
+/// keys, as a key-less SDK does; [`deduplicating`](ToolDouble::deduplicating) makes it a
+/// provider that runs each key once.
+///
+/// # Example
+///
+/// ```
+/// use tower::{Layer, ServiceExt};
+/// use tower_idempotency::testing::{ToolDouble, ToolFault};
+/// use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
+/// use tower_idempotency::{ledger::MemoryStore, OperationId};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let sdk = ToolDouble::new().with_faults([ToolFault::CommitThenTimeout]);
+/// let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+///     .classify(ToolDouble::classifier())
+///     .build()
+///     .unwrap();
+/// let charge = layer.layer(sdk.clone());
+/// let op = OperationId::new("task-1", "charge");
+/// let call = || ToolCall::new(op.clone(), serde_json::json!({"cents": 1999}));
+///
+/// // Charged, then the SDK timed out: in doubt, and never charged again blindly.
+/// assert!(charge.clone().oneshot(call()).await.is_err());
+/// let again = charge.oneshot(call()).await.unwrap_err();
+/// assert!(again.idempotency_error().unwrap().is_in_doubt());
+/// assert_eq!(sdk.effects_of(&op), 1);
+/// # }
+/// ```
 #[derive(Clone, Default)]
 pub struct ToolDouble {
     state: Arc<State>,
@@ -220,21 +221,21 @@ impl ToolDouble {
 
     /// How many times the double was called.
     ///
-    /// See the [module docs](self) for an example.
+    /// See [`ToolDouble`] for an example.
     pub fn calls(&self) -> usize {
         self.state.calls.load(Ordering::SeqCst)
     }
 
     /// How many effects were made, over every operation.
     ///
-    /// See the [module docs](self) for an example.
+    /// See [`ToolDouble`] for an example.
     pub fn effects(&self) -> usize {
         self.state.made.load(Ordering::SeqCst)
     }
 
     /// How many effects were made for `operation`.
     ///
-    /// See the [module docs](self) for an example.
+    /// See [`ToolDouble`] for an example.
     pub fn effects_of(&self, operation: &OperationId) -> usize {
         locked(&self.state.effects)
             .get(operation)
@@ -279,7 +280,7 @@ impl ToolDouble {
     /// The classifier that reads the double's errors as a real SDK's would be read:
     /// refused is before the effect, timed out may have happened, declined is final.
     ///
-    /// See the [module docs](self) for an example.
+    /// See [`ToolDouble`] for an example.
     pub fn classifier() -> fn(&ToolDoubleError) -> Verdict {
         |error| match error {
             ToolDoubleError::Refused => Verdict::before_effect(),

@@ -59,28 +59,28 @@
 //! - **Retention.** A record past its retention is absent to every call (a new claim takes
 //!   its place, writes to it are fenced, [`inspect`](super::IdempotencyStore::inspect) shows
 //!   nothing) from that instant, whether or not it was deleted yet. A background
-//!   [sweep](PostgresStoreBuilder::sweep_every) deletes such rows in small batches with
+//!   [sweep](super::PostgresStoreBuilder::sweep_every) deletes such rows in small batches with
 //!   `FOR UPDATE SKIP LOCKED`, so it never waits for a live operation nor holds one up.
 //!   PostgreSQL has no memory budget to protect records from: every record is kept for its
 //!   whole retention, so the [protected window](super::BeginRequest::protected) always holds.
 //! - **Bounded and fail closed.** Every call, waiting for a pooled connection included, is
-//!   bounded by the [operation timeout](PostgresStoreBuilder::operation_timeout) (1 s by
+//!   bounded by the [operation timeout](super::PostgresStoreBuilder::operation_timeout) (1 s by
 //!   default), and the store's connections carry it as their `statement_timeout`; a
 //!   `begin` waiting on a record another transaction holds gives up after
-//!   [`lock_wait`](PostgresStoreBuilder::lock_wait) and answers busy. When the database is
+//!   [`lock_wait`](super::PostgresStoreBuilder::lock_wait) and answers busy. When the database is
 //!   unreachable or slow, calls fail with an [unavailable](super::StoreError::is_unavailable)
 //!   or [timeout](super::StoreError::is_timeout) error, never a claim.
 //!
 //! An operator's [`forget`](super::IdempotencyStore::forget) is one conditional `DELETE` of
 //! the record's row, which re-checks its state, fingerprint, attempts and, while in flight,
-//! its lease on the row it locks (see [`forget`](super::forget)); the schema is unchanged.
+//! its lease on the row it locks (see [`Records`](super::Records)); the schema is unchanged.
 //!
 //! # The transactional server mode
 //!
 //! With [`IdempotencyLayer::transactional_server_builder`](crate::IdempotencyLayer::transactional_server_builder),
 //! the server layer runs each keyed request in one database transaction: it claims the key
 //! as that transaction's first statement (sent together with `BEGIN`: no extra round trip),
-//! hands the transaction to the handler as a [`PostgresTransaction`] request extension, and
+//! hands the transaction to the handler as a [`PostgresTransaction`](super::PostgresTransaction) request extension, and
 //! records the response in it, sent together with `COMMIT`. The handler's rows and the
 //! recorded outcome commit together or not at all:
 //!
@@ -89,7 +89,7 @@
 //!   happened;
 //! - after the commit the record exists, and the retry replays it;
 //! - a handler that fails (a `5xx`, an error, a panic) or asks for a rollback
-//!   ([`PostgresTransaction::set_rollback_only`]) leaves no record and none of its writes.
+//!   ([`PostgresTransaction::set_rollback_only`](super::PostgresTransaction::set_rollback_only)) leaves no record and none of its writes.
 //!
 //! While the transaction is open, its claim is an uncommitted row, and the transaction
 //! holds the key's advisory lock (`pg_try_advisory_xact_lock`, taken by the claim without
@@ -131,19 +131,18 @@
 //!
 //! - PostgreSQL 12 or later (tested with 15); the transactional mode needs `READ COMMITTED`,
 //!   PostgreSQL's default isolation.
-//! - Connections are made without TLS unless [`PostgresStoreBuilder::tls`] gives a connector.
+//! - Connections are made without TLS unless [`PostgresStoreBuilder::tls`](super::PostgresStoreBuilder::tls) gives a connector.
 //! - Store operations run on the real clock: under a paused tokio clock the operation
 //!   timeout fires as soon as the runtime idles waiting for the database.
 
-mod builder;
+pub(crate) mod builder;
 mod codec;
 mod errors;
 mod schema;
-mod store;
-mod transaction;
+pub(crate) mod store;
+pub(crate) mod transaction;
 
-pub use builder::PostgresStoreBuilder;
 pub use schema::SCHEMA_VERSION;
-pub use store::PostgresStore;
+pub(crate) use store::PostgresStore;
+pub use transaction::TransactionClient;
 pub(crate) use transaction::{CommitError, OpenTransaction};
-pub use transaction::{PostgresTransaction, TransactionClient};

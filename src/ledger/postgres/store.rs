@@ -116,7 +116,7 @@ impl PostgresStore {
     }
 
     /// Delete the records past their retention now, in batches; answers how many. The store
-    /// also does this in the background (see [`PostgresStoreBuilder::sweep_every`](super::PostgresStoreBuilder::sweep_every)); expired
+    /// also does this in the background (see [`PostgresStoreBuilder::sweep_every`](crate::ledger::PostgresStoreBuilder::sweep_every)); expired
     /// records read as absent before they are deleted.
     ///
     /// ```no_run

@@ -205,7 +205,7 @@ impl PostgresStore {
     /// Waiting on the row lock instead would hold a pooled connection per waiting
     /// duplicate, and a wait cut off by `lock_timeout` leaves an error in PostgreSQL's
     /// log for every `409`. Brief row locks (a plain-mode call on the same key, the sweep)
-    /// are still waited for, up to the store's [`lock_wait`](super::PostgresStoreBuilder::lock_wait).
+    /// are still waited for, up to the store's [`lock_wait`](crate::ledger::PostgresStoreBuilder::lock_wait).
     pub(crate) async fn begin_in_transaction(
         &self,
         request: &BeginRequest,

@@ -53,7 +53,7 @@
 //!   the record. When a lease runs out the record is still there and reads as *in doubt*,
 //!   never as absent.
 //! - **Fail closed.** Every operation is bounded by the
-//!   [operation timeout](RedisStoreBuilder::operation_timeout) (1 s by default). When Redis
+//!   [operation timeout](super::RedisStoreBuilder::operation_timeout) (1 s by default). When Redis
 //!   is unreachable or slow, each call returns an
 //!   [unavailable](super::StoreError::is_unavailable) or [timeout](super::StoreError::is_timeout)
 //!   error, never a claim. The connection is a [`redis::aio::ConnectionManager`], which
@@ -103,7 +103,7 @@
 //!
 //! An operator's [`forget`](super::IdempotencyStore::forget) deletes the key, in a script
 //! that first checks `state`, `fp`, `attempts` and, while in flight, `lease_until_ms`
-//! against what the operator saw (see [`forget`](super::forget)).
+//! against what the operator saw (see [`Records`](super::Records)).
 //!
 //! # Durability
 //!
@@ -215,18 +215,14 @@
 //!   (`start_paused = true`) the operation timeout fires as soon as the runtime idles waiting
 //!   for Redis, so test code using `RedisStore` must use real time.
 
-mod builder;
+pub(crate) mod builder;
 #[cfg(feature = "redis-cluster")]
-mod cluster;
+pub(crate) mod cluster;
 mod codec;
 mod connection;
 mod errors;
 mod scripts;
 mod settings;
-mod store;
+pub(crate) mod store;
 
-pub use self::builder::RedisStoreBuilder;
-#[cfg(feature = "redis-cluster")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-pub use self::cluster::RedisClusterBuilder;
-pub use self::store::RedisStore;
+pub(crate) use self::store::RedisStore;

@@ -36,6 +36,8 @@ impl Ledger {
         lost: Option<StoreError>,
     ) -> Result<Begin, StoreError> {
         let mut lost = lost;
+        // The bound is fixed once, here: every wait below is cut to what is left of it, so a
+        // duplicate never waits longer than its policy says, however many times it is woken.
         let give_up_at = match busy {
             BusyPolicy::Wait(limit) => Instant::now() + limit.min(LONGEST),
             BusyPolicy::Fail => Instant::now(),
@@ -54,6 +56,9 @@ impl Ledger {
             if now >= give_up_at {
                 return Ok(answer);
             }
+            // A waiter's place is taken only once the store said busy, and kept until this
+            // future ends: the common case (not busy) never touches the counter, and a
+            // woken waiter that finds the key busy again does not queue twice.
             if let (None, Some(limit)) = (&permit, &self.waiters) {
                 match limit.try_enter() {
                     Some(entered) => permit = Some(entered),
@@ -61,6 +66,9 @@ impl Ledger {
                     None => return Ok(answer),
                 }
             }
+            // The store's `retry_after` is what is left of the owner's lease: past it the
+            // operation turns in doubt and this caller may take it over, so it never sleeps
+            // longer than that (and never zero, which would spin).
             let nap = retry_after
                 .max(Duration::from_millis(1))
                 .min(give_up_at - now);

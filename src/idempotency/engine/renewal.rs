@@ -81,6 +81,8 @@ impl Renewal {
         cx: &mut Context<'_>,
     ) -> Poll<std::convert::Infallible> {
         let mut this = self.project();
+        // A third of the lease: one renewal may fail or be lost and the next still lands
+        // before the lease ends, so a live owner is never taken for dead by one miss.
         let every = (lease.ledger.lease / 3).max(Duration::from_millis(1));
         loop {
             if *this.stopped {
@@ -97,6 +99,9 @@ impl Renewal {
                         *this.retry = None;
                         every
                     }
+                    // Taken over: renewing again would be refused every time. The work goes
+                    // on, but every write under this token will be refused, never applied,
+                    // so the new owner's record is safe.
                     Err(err) if err.is_fenced() => {
                         tracing::warn!("the lease was taken over while its owner was working");
                         *this.stopped = true;

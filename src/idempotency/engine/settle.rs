@@ -64,6 +64,10 @@ impl Ledger {
             let now = Instant::now();
             match result {
                 Ok(()) => return Ok(()),
+                // Fenced means the record no longer holds our token. After one of our own
+                // calls was lost, the likeliest writer is that call: it applied and moved
+                // the record on. Reporting a failure here would make the caller treat a
+                // recorded outcome as unrecorded.
                 Err(err) if err.is_fenced() && lost_one => {
                     tracing::debug!(
                         ?settle,

@@ -12,13 +12,18 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use tower_idempotency::ledger::{PostgresStore, PostgresTransaction};
+use tower_idempotency::ledger::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
 use tower_idempotency::server::ServerFace;
 use tower_idempotency::{BusyPolicy, IdempotencyLayer};
 
 /// A store on a fresh schema, with a `notes` table beside the ledger.
 async fn database(url: &str) -> PostgresStore {
-    let store = PostgresStore::builder(url)
+    database_with(PostgresStore::builder(url)).await
+}
+
+/// [`database`], with the store's own settings.
+async fn database_with(builder: PostgresStoreBuilder) -> PostgresStore {
+    let store = builder
         .schema(postgres_support::fresh_schema())
         .connect()
         .await
@@ -271,22 +276,10 @@ async fn a_waiting_duplicate_outlasts_the_operation_timeout_and_replays() {
         return;
     };
     // Each ledger call may take 400 ms; the duplicate may wait 5 s.
-    let store = PostgresStore::builder(pg.url())
-        .schema(postgres_support::fresh_schema())
-        .operation_timeout(Duration::from_millis(400))
-        .connect()
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
-    let table = format!("{}.notes", store.schema());
-    store
-        .pool()
-        .get()
-        .await
-        .expect("a connection")
-        .batch_execute(&format!("CREATE TABLE {table} (key text NOT NULL)"))
-        .await
-        .expect("create the table");
+    let store = database_with(
+        PostgresStore::builder(pg.url()).operation_timeout(Duration::from_millis(400)),
+    )
+    .await;
     let layer = IdempotencyLayer::transactional_server_builder(store.clone())
         .unscoped()
         .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
@@ -318,22 +311,10 @@ async fn a_wait_that_runs_out_is_a_409_with_retry_after_not_an_outage() {
         return;
     };
     // Each ledger call may take 400 ms; the duplicate may wait 700 ms, the handler takes 2 s.
-    let store = PostgresStore::builder(pg.url())
-        .schema(postgres_support::fresh_schema())
-        .operation_timeout(Duration::from_millis(400))
-        .connect()
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
-    let table = format!("{}.notes", store.schema());
-    store
-        .pool()
-        .get()
-        .await
-        .expect("a connection")
-        .batch_execute(&format!("CREATE TABLE {table} (key text NOT NULL)"))
-        .await
-        .expect("create the table");
+    let store = database_with(
+        PostgresStore::builder(pg.url()).operation_timeout(Duration::from_millis(400)),
+    )
+    .await;
     let layer = IdempotencyLayer::transactional_server_builder(store.clone())
         .unscoped()
         .busy_policy(BusyPolicy::Wait(Duration::from_millis(700)))
@@ -362,23 +343,12 @@ async fn waiters_are_bounded_and_hold_no_pooled_connection() {
         return;
     };
     // Two connections: the slow request's transaction holds one for its whole handler.
-    let store = PostgresStore::builder(pg.url())
-        .schema(postgres_support::fresh_schema())
-        .pool_size(2)
-        .operation_timeout(Duration::from_millis(500))
-        .connect()
-        .await
-        .expect("connect");
-    store.migrate().await.expect("migrate");
-    let table = format!("{}.notes", store.schema());
-    store
-        .pool()
-        .get()
-        .await
-        .expect("a connection")
-        .batch_execute(&format!("CREATE TABLE {table} (key text NOT NULL)"))
-        .await
-        .expect("create the table");
+    let store = database_with(
+        PostgresStore::builder(pg.url())
+            .pool_size(2)
+            .operation_timeout(Duration::from_millis(500)),
+    )
+    .await;
     let layer = IdempotencyLayer::transactional_server_builder(store.clone())
         .unscoped()
         .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))

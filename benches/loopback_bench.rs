@@ -151,7 +151,10 @@ struct Template {
 
 /// Whether the layers run with every setting at its default (`LOOPBACK_DEFAULTS=1`).
 fn at_defaults() -> bool {
-    std::env::var("LOOPBACK_DEFAULTS").is_ok_and(|v| v == "1")
+    // Read once: every request asks, and an environment lookup per request would be the
+    // bench's own cost in every variant.
+    static AT_DEFAULTS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AT_DEFAULTS.get_or_init(|| std::env::var("LOOPBACK_DEFAULTS").is_ok_and(|v| v == "1"))
 }
 
 /// The client layer of the `client_stack` variants.

@@ -222,8 +222,8 @@ async fn run<S, B>(
     );
 }
 
-/// The builders' default lease (10 s, documented on `ClientBuilder::lease` and
-/// `ServerBuilder::lease`); the load runs long enough to see records age past it.
+/// The builders' default lease (10 s, documented on `client::Builder::lease` and
+/// `server::Builder::lease`); the load runs long enough to see records age past it.
 const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 fn server(rate: u64, secs: Option<u64>) {

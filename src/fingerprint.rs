@@ -50,6 +50,7 @@ use std::fmt;
 
 use http::Method;
 
+pub(crate) mod canonical;
 mod fields;
 
 pub use fields::PayloadFields;

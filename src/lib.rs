@@ -90,7 +90,7 @@
 //! - [`idempotency`]: [`IdempotencyLayer`], one ledger engine under every face.
 //! - [`client`]: the client face, for callers of side-effecting APIs.
 //! - [`server`]: the server face, IETF `Idempotency-Key` semantics in front of handlers
-//!   ([`ServerBuilder`], RFC 9457 [`problem`](server::problem)s).
+//!   ([`server::Builder`], RFC 9457 [`problem`](server::problem)s).
 //! - [`tool`]: the tool face, for any tool call that is not HTTP (an SDK call, a database
 //!   write, a sub-agent): `ToolLayer` and `idempotent_call`.
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
@@ -151,7 +151,6 @@ pub use key::derived::IdempotencyKey;
 pub use key::header::{HeaderKey, InvalidKey};
 pub use key::operation::OperationId;
 pub use retry::layer::FrozenRetryLayer;
-pub use server::builder::{ServerBuilder, ServerLayer};
 pub use server::policy::{InDoubtPolicy, ServerErrorPolicy};
 
 /// A type-erased error, as tower uses.

@@ -126,7 +126,7 @@ pub struct IdempotencyMiddleware {
 
 impl IdempotencyMiddleware {
     /// The middleware applying `layer`'s configuration (store, scope, policies, limits,
-    /// hook). Build the layer with [`retry_policy`](crate::client::ClientBuilder::retry_policy)
+    /// hook). Build the layer with [`retry_policy`](crate::client::Builder::retry_policy)
     /// covering your `reqwest-retry` policy's total time, so records outlive its retries.
     pub fn new(layer: ClientLayer) -> Self {
         Self {

@@ -1,4 +1,4 @@
-//! [`ClientBuilder`]: one set of settings for the client layer and the client stack.
+//! [`Builder`]: one set of settings for the client layer and the client stack.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,8 +7,9 @@ use crate::error::ConfigError;
 use crate::fingerprint::PayloadFields;
 use crate::frozen::DEFAULT_BODY_LIMIT;
 use crate::idempotency::decision::{OutcomeEvent, OutcomeHook};
-use crate::idempotency::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
-use crate::idempotency::reconcile::{Reconcile, DEFAULT_RECONCILE_TIMEOUT};
+use crate::idempotency::engine::BusyPolicy;
+use crate::idempotency::hold::OperationSettings;
+use crate::idempotency::reconcile::Reconcile;
 use crate::idempotency::release::ReleaseOn;
 use crate::idempotency::scope::Scope;
 use crate::ledger::IdempotencyStore;
@@ -16,31 +17,38 @@ use crate::phase::ClassifyPhase;
 use crate::retry::{FrozenRetryLayer, RetryPolicy};
 use crate::IdempotencyLayer;
 
-use super::face::{ClientFace, DEFAULT_RESPONSE_LIMIT};
+use super::face::ClientFace;
 use super::policy::DriftPolicy;
 use super::stack::ClientStack;
-/// Configures the client face: [`build`](ClientBuilder::build) gives the client
-/// [`IdempotencyLayer`], [`build_stack`](ClientBuilder::build_stack) the whole
+
+/// Configures the client face: [`build`](Builder::build) gives the client
+/// [`IdempotencyLayer`], [`build_stack`](Builder::build_stack) the whole
 /// [`ClientStack`] (the layer over a [`FrozenRetryLayer`]) from the same settings. Both check
-/// the TTLs against the retry window of the [retry policy](ClientBuilder::retry_policy).
+/// the TTLs against the retry window of the [retry policy](Builder::retry_policy).
 ///
 /// | setting | default |
 /// |---|---|
-/// | scope (mixed into every key) | `""` |
-/// | [key required](ClientBuilder::require_key) on side effects | yes: a side effect without an `OperationId` or key fails, nothing sent |
-/// | lease (renewed by a live owner) | 10 s |
-/// | retention | 24 h |
-/// | [retry policy](ClientBuilder::retry_policy) (stacked by `build_stack`; its window checked by both) | [`RetryPolicy::default`]: a 30 s window |
-/// | protected window (never evicted) | retry window + lease |
-/// | busy operation | wait up to 30 s, then a busy error |
-/// | [answers released](ClientBuilder::release_on), not recorded | `401`, `407`, `408`, `429`, the server face's refusals that say nothing ran |
-/// | [payload drift](ClientBuilder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded); under a caller's own key: refused |
-/// | [defining fields](ClientBuilder::defining_fields) | the whole request |
-/// | request body limit | 1 MiB |
-/// | recorded response cap | 1 MiB (larger: returned whole, kept as a tombstone) |
-/// | ledger unavailable | fail closed (nothing is sent) |
-/// | provider deduplicates on `Idempotency-Key` | yes: in-doubt operations are resent |
-/// | [reconciler](ClientBuilder::reconcile) of in-doubt operations | none (asked within 10 s when set) |
+/// | **Keys** | |
+/// | [scope](Builder::scope) (mixed into every key) | `""` |
+/// | [a caller's own key](Builder::caller_key_scope) | scoped by its `Authorization` header, refused without one |
+/// | [key required](Builder::require_key) on side effects | yes: a side effect without an `OperationId` or key fails, nothing sent |
+/// | **The ledger** | |
+/// | [lease](Builder::lease) (renewed by a live owner) | 10 s |
+/// | [retention](Builder::retention) | 24 h |
+/// | [protected window](Builder::protected_window) (never evicted) | retry window + lease |
+/// | [busy operation](Builder::busy_policy) | wait up to 30 s, then a busy error |
+/// | [recorded response cap](Builder::response_limit) | 1 MiB (larger: returned whole, kept as a tombstone) |
+/// | [ledger unavailable](Builder::fail_open) | fail closed (nothing is sent) |
+/// | **Attempts** | |
+/// | [retry policy](Builder::retry_policy) (stacked by `build_stack`; its window checked by both) | [`RetryPolicy::default`]: a 30 s window |
+/// | [answers released](Builder::release_on), not recorded | `401`, `407`, `408`, `429`, the server face's refusals that say nothing ran |
+/// | [request body limit](Builder::body_limit) | 1 MiB |
+/// | **Regenerated calls** | |
+/// | [payload drift](Builder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded); under a caller's own key: refused |
+/// | [defining fields](Builder::defining_fields) | the whole request |
+/// | **Operations in doubt** | |
+/// | [provider deduplicates](Builder::provider_deduplicates) on `Idempotency-Key` | yes: in-doubt operations are resent |
+/// | [reconciler](Builder::reconcile) | none (asked within 10 s when set) |
 ///
 /// ```
 /// use std::time::Duration;
@@ -57,58 +65,47 @@ use super::stack::ClientStack;
 /// ```
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct ClientBuilder {
-    store: Arc<dyn IdempotencyStore>,
+pub struct Builder {
+    /// Lease, retention, protected window, busy duplicates, record cap, retry policy and
+    /// reconciler: the settings the tool face shares, checked by the same rules.
+    operation: OperationSettings,
     scope: String,
     caller_keys: Scope,
     require_key: bool,
     release_on: ReleaseOn,
-    lease: Duration,
-    retention: Duration,
-    retry: RetryPolicy,
-    protected: Option<Duration>,
     drift: Option<DriftPolicy>,
     defining_fields: Option<PayloadFields>,
-    busy: BusyPolicy,
     /// Unset: the default here, the retry policy's own in `build_stack`.
     body_limit: Option<usize>,
-    response_limit: usize,
     fail_open: bool,
     provider_deduplicates: bool,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
-    reconciler: Option<Arc<dyn Reconcile>>,
-    reconcile_timeout: Duration,
     reconcile_when_deduplicating: bool,
     on_outcome: Option<OutcomeHook>,
 }
 
-impl ClientBuilder {
+impl Builder {
     pub(crate) fn new(store: Arc<dyn IdempotencyStore>) -> Self {
         Self {
-            store,
+            operation: OperationSettings::new(store),
             scope: String::new(),
             caller_keys: Scope::Authorization,
             require_key: true,
             release_on: ReleaseOn::default(),
-            lease: DEFAULT_LEASE,
-            retention: DEFAULT_RETENTION,
-            retry: RetryPolicy::default(),
-            protected: None,
             drift: None,
             defining_fields: None,
-            busy: BusyPolicy::Wait(Duration::from_secs(30)),
             body_limit: None,
-            response_limit: DEFAULT_RESPONSE_LIMIT,
             fail_open: false,
             provider_deduplicates: true,
             phase_classifier: None,
-            reconciler: None,
-            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
             reconcile_when_deduplicating: false,
             on_outcome: None,
         }
     }
+}
 
+/// Keys: whose operation it is, and whether a side effect must name one.
+impl Builder {
     /// Mixed into every key, so two orchestrators (or environments) sharing a ledger never
     /// collide on equal task ids.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
@@ -199,13 +196,17 @@ impl ClientBuilder {
         self.require_key = require;
         self
     }
+}
 
+/// The ledger: how long it holds an operation, what a duplicate does meanwhile, and what
+/// happens when the ledger itself is away.
+impl Builder {
     /// How long an owner may hold an operation in flight without renewing it (default
     /// 10 s). A live owner renews its lease every third of it while an attempt is under way,
     /// so the lease never has to cover a slow call: it is how soon after an owner **died**
     /// (a crashed orchestrator) the next run of the operation may resume it.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.operation.lease = lease;
         self
     }
 
@@ -214,10 +215,43 @@ impl ClientBuilder {
     /// (`Duration::MAX`) is accepted and held as about 139 years, as is any duration of the
     /// ledger longer than that (lease, protected window, busy wait).
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
+        self.operation.retention = retention;
         self
     }
 
+    /// How long after its last transition a record is never evicted from a store with a
+    /// memory budget (default: the retry window plus the lease, at least). Inside it, a
+    /// full store refuses new operations rather than forget this one; past it, the record
+    /// may be evicted before its retention ends. Clamped to the retention.
+    pub fn protected_window(mut self, window: Duration) -> Self {
+        self.operation.protected = Some(window);
+        self
+    }
+
+    /// See [`BusyPolicy`].
+    pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
+        self.operation.busy = policy;
+        self
+    }
+
+    /// The largest response recorded for replay (default 1 MiB). A larger response still
+    /// reaches the caller whole; the ledger keeps a tombstone.
+    pub fn response_limit(mut self, limit: usize) -> Self {
+        self.operation.response_limit = limit;
+        self
+    }
+
+    /// When the ledger is unavailable, send anyway (without protection) instead of failing.
+    /// Off by default; turning it on trades exactly-once for availability.
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+}
+
+/// Attempts: the retry policy whose window the ledger must outlast, which answers say
+/// nothing started, and the limits and errors of a request on its way out.
+impl Builder {
     /// The retry policy of the stack inside (default [`RetryPolicy::default`]): the
     /// policy of the [`FrozenRetryLayer`] that [`build_stack`](Self::build_stack) puts
     /// inside, and, whichever retries you stack, the retry window the ledger's TTLs are
@@ -240,16 +274,7 @@ impl ClientBuilder {
     /// # let _ = layer;
     /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
-        self
-    }
-
-    /// How long after its last transition a record is never evicted from a store with a
-    /// memory budget (default: the retry window plus the lease, at least). Inside it, a
-    /// full store refuses new operations rather than forget this one; past it, the record
-    /// may be evicted before its retention ends. Clamped to the retention.
-    pub fn protected_window(mut self, window: Duration) -> Self {
-        self.protected = Some(window);
+        self.operation.retry = policy;
         self
     }
 
@@ -277,6 +302,24 @@ impl ClientBuilder {
         self
     }
 
+    /// The largest request body (default 1 MiB); larger ones fail before anything is sent.
+    /// [`build_stack`](Self::build_stack) gives the retry layer the same limit (unset, it
+    /// keeps its policy's).
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = Some(limit);
+        self
+    }
+
+    /// Teach the layer which of your transport's errors are pre-write failures (the retry
+    /// layer of [`build_stack`](Self::build_stack) too).
+    pub fn classify_phase(mut self, classifier: impl ClassifyPhase) -> Self {
+        self.phase_classifier = Some(Arc::new(classifier));
+        self
+    }
+}
+
+/// Regenerated calls: what a re-run step's new payload comes to.
+impl Builder {
     /// What to do with a regenerated payload under a known operation, for every request
     /// (see [`DriftPolicy`]).
     ///
@@ -328,35 +371,11 @@ impl ClientBuilder {
         self.defining_fields = Some(fields);
         self
     }
+}
 
-    /// See [`BusyPolicy`].
-    pub fn busy_policy(mut self, policy: BusyPolicy) -> Self {
-        self.busy = policy;
-        self
-    }
-
-    /// The largest request body (default 1 MiB); larger ones fail before anything is sent.
-    /// [`build_stack`](Self::build_stack) gives the retry layer the same limit (unset, it
-    /// keeps its policy's).
-    pub fn body_limit(mut self, limit: usize) -> Self {
-        self.body_limit = Some(limit);
-        self
-    }
-
-    /// The largest response recorded for replay (default 1 MiB). A larger response still
-    /// reaches the caller whole; the ledger keeps a tombstone.
-    pub fn response_limit(mut self, limit: usize) -> Self {
-        self.response_limit = limit;
-        self
-    }
-
-    /// When the ledger is unavailable, send anyway (without protection) instead of failing.
-    /// Off by default; turning it on trades exactly-once for availability.
-    pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.fail_open = fail_open;
-        self
-    }
-
+/// Operations in doubt: whether the provider's deduplication makes a resend safe, and who
+/// is asked before one that would not be.
+impl Builder {
     /// Whether the server deduplicates on `Idempotency-Key` (default `true`, as payment
     /// providers do).
     ///
@@ -393,14 +412,14 @@ impl ClientBuilder {
     /// # let _ = layer;
     /// ```
     pub fn reconcile(mut self, reconciler: impl Reconcile) -> Self {
-        self.reconciler = Some(Arc::new(reconciler));
+        self.operation.reconciler = Some(Arc::new(reconciler));
         self
     }
 
     /// How long the reconciler may take (default 10 s); past
     /// it, the operation stays in doubt.
     pub fn reconcile_timeout(mut self, bound: Duration) -> Self {
-        self.reconcile_timeout = bound;
+        self.operation.reconcile_timeout = bound;
         self
     }
 
@@ -414,14 +433,10 @@ impl ClientBuilder {
         self.reconcile_when_deduplicating = reconcile;
         self
     }
+}
 
-    /// Teach the layer which of your transport's errors are pre-write failures (the retry
-    /// layer of [`build_stack`](Self::build_stack) too).
-    pub fn classify_phase(mut self, classifier: impl ClassifyPhase) -> Self {
-        self.phase_classifier = Some(Arc::new(classifier));
-        self
-    }
-
+/// Observing and building.
+impl Builder {
     /// Call `hook` once per request that reached the ledger, when its answer is known,
     /// with what it came to: the face, the last decision, the key's digest, the status
     /// (when there was a response) and how long it took. See [`OutcomeEvent`].
@@ -450,50 +465,29 @@ impl ClientBuilder {
     /// record would vanish while its operation can still retry) and a protected window
     /// shorter than that (a full store could evict an operation still being retried).
     pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
-        let retry_window = self.retry.retry_window();
-        // Saturating: durations are unbounded here and saturate when the ledger takes them.
-        let must_keep = retry_window.saturating_add(self.lease);
-        if self.lease.is_zero() {
-            return Err(ConfigError::new("the lease must be longer than zero"));
-        }
-        if self.retention < must_keep {
-            return Err(ConfigError::new(format!(
-                "the retention ({:?}) must be at least the retry window plus the lease ({:?})",
-                self.retention, must_keep
-            )));
-        }
-        if self.reconcile_when_deduplicating && self.reconciler.is_none() {
+        if self.reconcile_when_deduplicating && self.operation.reconciler.is_none() {
             return Err(ConfigError::new(
                 "reconcile_when_deduplicating needs a reconciler (see `reconcile`)",
             ));
         }
-        if self.reconciler.is_some() && self.reconcile_timeout.is_zero() {
-            return Err(ConfigError::new(
-                "the reconcile timeout must be longer than zero",
-            ));
-        }
-        let protected = self.protected.unwrap_or(must_keep);
-        if protected < must_keep {
-            return Err(ConfigError::new(format!(
-                "the protected window ({protected:?}) must be at least the retry window plus the lease ({must_keep:?})"
-            )));
-        }
+        let ledger = self.operation.ledger()?;
+        let retry_window = self.operation.retry.retry_window();
         let client = ClientFace {
-            ledger: Ledger::new(self.store, self.lease, self.retention, protected),
+            ledger,
             scope: self.scope,
             caller_keys: self.caller_keys,
             require_key: self.require_key,
             release_on: self.release_on,
             drift: self.drift,
             defining_fields: self.defining_fields,
-            busy: self.busy,
+            busy: self.operation.busy,
             body_limit: self.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
-            response_limit: self.response_limit,
+            response_limit: self.operation.response_limit,
             fail_open: self.fail_open,
             provider_deduplicates: self.provider_deduplicates,
             phase_classifier: self.phase_classifier,
-            reconciler: self.reconciler,
-            reconcile_timeout: self.reconcile_timeout,
+            reconciler: self.operation.reconciler,
+            reconcile_timeout: self.operation.reconcile_timeout,
             reconcile_when_deduplicating: self.reconcile_when_deduplicating,
             retry_window,
             warned_window: std::sync::atomic::AtomicBool::new(false),
@@ -525,7 +519,7 @@ impl ClientBuilder {
     /// # let _ = client;
     /// ```
     pub fn build_stack(self) -> Result<ClientStack, ConfigError> {
-        let mut policy = self.retry.clone();
+        let mut policy = self.operation.retry.clone();
         if let Some(limit) = self.body_limit {
             policy.body_limit = limit;
         }
@@ -550,8 +544,8 @@ impl IdempotencyLayer<ClientFace> {
     }
 
     /// Configure the client layer over `store`.
-    pub fn client_builder(store: impl IdempotencyStore) -> ClientBuilder {
-        ClientBuilder::new(Arc::new(store))
+    pub fn client_builder(store: impl IdempotencyStore) -> Builder {
+        Builder::new(Arc::new(store))
     }
 
     /// An operator's handle on this layer's ledger: look at the record of an

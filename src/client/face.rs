@@ -16,10 +16,8 @@ use crate::idempotency::scope::Scope;
 use crate::phase::ClassifyPhase;
 
 use super::policy::DriftPolicy;
-/// The default cap on a recorded response: 1 MiB.
-pub(crate) const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
 
-/// The client face's configuration (see [`ClientBuilder`](super::ClientBuilder)).
+/// The client face's configuration (see [`Builder`](super::Builder)).
 #[derive(Debug)]
 pub struct ClientFace {
     pub(super) ledger: Ledger,

@@ -12,7 +12,7 @@
 //!    neither, the request fails with a [missing-key error](crate::Error::is_missing_key)
 //!    and nothing is sent (fail closed, as on the server face): a side effect whose
 //!    `OperationId` was forgotten would otherwise be charged twice by any retry outside
-//!    this layer. Opt out with [`require_key(false)`](ClientBuilder::require_key): such
+//!    this layer. Opt out with [`require_key(false)`](Builder::require_key): such
 //!    requests then pass through, marked [`ResponseSource::Unprotected`](crate::ResponseSource::Unprotected) and reported once
 //!    as a warning.
 //! 2. Freeze the request (body limit 1 MiB; over it, nothing is sent), adding
@@ -41,7 +41,7 @@
 //! 8. **Drift** (same operation, different payload or target): by default, a regenerated
 //!    body under an `OperationId` continues the operation with the bytes first frozen, the
 //!    response marked [`PayloadDiscarded`](crate::PayloadDiscarded) with the changed JSON fields; anything else is
-//!    refused, naming them ([`DriftPolicy`](crate::DriftPolicy), [`ClientBuilder::defining_fields`]). Never
+//!    refused, naming them ([`DriftPolicy`](crate::DriftPolicy), [`Builder::defining_fields`]). Never
 //!    are the new bytes sent.
 //! 9. **Full** (a store with a memory budget has no room for a record it may not forget):
 //!    fail with [`Error::is_ledger_full`](crate::Error::is_ledger_full); nothing is sent.
@@ -51,7 +51,7 @@
 //! layer resends what it was handed, byte for byte, reusing the body and fingerprint this
 //! layer computed. A caller's own `Idempotency-Key` names an operation **for its principal
 //! at its target**: the same key sent under two credentials (by default, two
-//! `Authorization` headers; see [`ClientBuilder::caller_key_scope`]) or to two hosts is
+//! `Authorization` headers; see [`Builder::caller_key_scope`]) or to two hosts is
 //! two operations, and a caller's key travelling with no credential is refused (the
 //! credential must be on the request when it reaches this layer; one added by a layer
 //! inside is not seen). An [`OperationId`](crate::OperationId) names one operation
@@ -61,7 +61,7 @@
 //!
 //! # Reconciling in-doubt operations
 //!
-//! [`ClientBuilder::reconcile`] takes a [`Reconcile`](crate::idempotency::Reconcile), asked before an in-doubt operation
+//! [`Builder::reconcile`] takes a [`Reconcile`](crate::idempotency::Reconcile), asked before an in-doubt operation
 //! would be resent to a provider that ignores keys: [`Reconciled::Applied`](crate::idempotency::Reconciled::Applied) records and
 //! returns what it found ([`ResponseSource::Reconciled`](crate::ResponseSource::Reconciled)), [`Reconciled::NotApplied`](crate::idempotency::Reconciled::NotApplied) sends
 //! the frozen bytes, [`Reconciled::Unknown`](crate::idempotency::Reconciled::Unknown) (and a reconciler that fails, panics or runs
@@ -71,15 +71,15 @@
 //! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
 //! the same whichever path a request takes.
 //!
-//! [`ClientBuilder::build_stack`] builds both layers in the right order from one
+//! [`Builder::build_stack`] builds both layers in the right order from one
 //! configuration ([`ClientStack`]): the body limit and the phase classifier apply to both,
-//! and the ledger's TTLs are checked against the [retry policy](ClientBuilder::retry_policy)
+//! and the ledger's TTLs are checked against the [retry policy](Builder::retry_policy)
 //! really stacked inside. Stacked by hand the wrong way round (the retry layer outside),
 //! the layers say so once, as a warning naming the fix.
 //!
 //! # Layout
 //!
-//! [`builder`](ClientBuilder) → [`ClientFace`] (the settings, built) → the service
+//! [`builder`](Builder) → [`ClientFace`] (the settings, built) → the service
 //! (`service.rs`) → [`ResponseFuture`] over one `Operation` (`operation.rs`: freeze,
 //! claim) → an `Exchange` as the owner (`exchange.rs`: send, renew, settle), or the slow
 //! path for every other answer of the ledger (`resolve.rs`: drift, doubt, fail open;
@@ -146,10 +146,9 @@ mod resolve;
 mod service;
 mod stack;
 
-pub use builder::ClientBuilder;
+pub use builder::Builder;
 pub use face::ClientFace;
 // The tool face caps recorded outputs as this face caps responses.
-pub(crate) use face::DEFAULT_RESPONSE_LIMIT;
 pub use future::ResponseFuture;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::run;
@@ -158,7 +157,7 @@ pub use stack::ClientStack;
 use crate::idempotency::{Idempotency, IdempotencyLayer};
 
 /// The client [`IdempotencyLayer`], as [`IdempotencyLayer::client`] and
-/// [`ClientBuilder::build`] return it.
+/// [`Builder::build`] return it.
 ///
 /// ```
 /// use tower_idempotency::{client::ClientLayer, ledger::MemoryStore, IdempotencyLayer};

@@ -5,7 +5,7 @@ use crate::error::Drift;
 /// What to do when an operation comes back with a different payload (*drift*).
 ///
 /// The default depends on who named the operation (see
-/// [`ClientBuilder::drift_policy`](super::ClientBuilder::drift_policy)): [`ResendFrozen`](Self::ResendFrozen) for an
+/// [`Builder::drift_policy`](super::Builder::drift_policy)): [`ResendFrozen`](Self::ResendFrozen) for an
 /// [`OperationId`](crate::OperationId), [`Reject`](Self::Reject) for a caller's own
 /// `Idempotency-Key`.
 ///
@@ -37,7 +37,7 @@ pub enum DriftPolicy {
 /// the bytes first frozen, or replayed). Set whenever a drift was resolved without a
 /// refusal: under [`DriftPolicy::ResendFrozen`] (the default for an
 /// [`OperationId`](crate::OperationId)), or when only fields outside the
-/// [defining fields](super::ClientBuilder::defining_fields) changed.
+/// [defining fields](super::Builder::defining_fields) changed.
 ///
 /// ```
 /// use bytes::Bytes;

@@ -289,7 +289,7 @@ where
 
 impl ClientFace {
     /// Whether a drift from `stored` to `new` of an operation keyed `wire` continues with
-    /// the bytes first frozen: as the [policy](ClientBuilder::drift_policy) says when set;
+    /// the bytes first frozen: as the [policy](Builder::drift_policy) says when set;
     /// else for a regenerated body under an `OperationId` (its method and target unchanged:
     /// an operation sent elsewhere is refused, never answered with another target's
     /// outcome), and never under a caller's own key.

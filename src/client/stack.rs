@@ -8,7 +8,7 @@ use crate::retry::{FrozenRetry, FrozenRetryLayer};
 
 /// The client stack as one layer: [`IdempotencyLayer`] over [`FrozenRetryLayer`] over the
 /// service it wraps ([`StackService`](super::StackService)). Built by
-/// [`ClientBuilder::build_stack`](super::ClientBuilder::build_stack).
+/// [`Builder::build_stack`](super::Builder::build_stack).
 ///
 /// The inner service (the transport) takes `Request<Full<Bytes>>`, answers `Response<B>`
 /// with `B: Body<Data = Bytes> + Unpin + Send`, and must be `Clone + Send + 'static`.

@@ -153,7 +153,7 @@ impl Error {
 
     /// The caller's own `Idempotency-Key` travelled without a credential to scope it by
     /// (no `Authorization` header, and no
-    /// [scope function](crate::client::ClientBuilder::caller_key_scope)). Nothing was
+    /// [scope function](crate::client::Builder::caller_key_scope)). Nothing was
     /// sent.
     pub fn is_missing_scope(&self) -> bool {
         matches!(self.inner.kind, Kind::MissingScope)
@@ -259,7 +259,7 @@ impl Error {
     /// [`Unknown`](crate::idempotency::Reconciled::Unknown), failed or timed out).
     /// Reconcile it out of band, or let a later run ask again. Implies
     /// [`is_in_doubt`](Error::is_in_doubt).
-    /// See [`ClientBuilder::provider_deduplicates`](crate::client::ClientBuilder::provider_deduplicates).
+    /// See [`client::Builder::provider_deduplicates`](crate::client::Builder::provider_deduplicates).
     ///
     /// ```
     /// # use tower_idempotency::Error;

@@ -16,6 +16,7 @@ use std::fmt;
 
 use serde_json::Value;
 
+use super::canonical;
 use crate::digest::BodyDigest;
 use crate::error::ConfigError;
 
@@ -132,10 +133,10 @@ impl PayloadFields {
                 out.push(b',');
             }
             out.push(b'[');
-            write_canonical(&mut out, &Value::String(pointer.clone()));
+            canonical::write(&Value::String(pointer.clone()), &mut out);
             if let Some(field) = value.pointer(pointer) {
                 out.push(b',');
-                write_canonical(&mut out, field);
+                canonical::write(field, &mut out);
             }
             out.push(b']');
         }
@@ -212,38 +213,6 @@ fn unescape(token: &str) -> String {
     // `~1` first would turn `~01` into `~1` and then `/`: RFC 6901 §4 decodes `~1` first
     // only because it then decodes `~0`, which cannot make a new `~1`.
     token.replace("~1", "/").replace("~0", "~")
-}
-
-/// `value` without whitespace, object members sorted by name, whatever order the parser
-/// kept them in (serde_json's `preserve_order` may be on in the dependency graph).
-fn write_canonical(out: &mut Vec<u8>, value: &Value) {
-    match value {
-        Value::Object(members) => {
-            let mut sorted: Vec<_> = members.iter().collect();
-            sorted.sort_by_key(|(name, _)| *name);
-            out.push(b'{');
-            for (n, (name, member)) in sorted.into_iter().enumerate() {
-                if n > 0 {
-                    out.push(b',');
-                }
-                write_canonical(out, &Value::String(name.clone()));
-                out.push(b':');
-                write_canonical(out, member);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (n, item) in items.iter().enumerate() {
-                if n > 0 {
-                    out.push(b',');
-                }
-                write_canonical(out, item);
-            }
-            out.push(b']');
-        }
-        scalar => serde_json::to_writer(&mut *out, scalar).expect("writing to a Vec cannot fail"),
-    }
 }
 
 #[cfg(test)]

@@ -225,8 +225,8 @@ impl RequestSpan {
 }
 
 /// What one request that reached the ledger came to, for a hook set with
-/// [`ClientBuilder::on_outcome`](crate::client::ClientBuilder::on_outcome) or
-/// [`ServerBuilder::on_outcome`](crate::ServerBuilder::on_outcome).
+/// [`client::Builder::on_outcome`](crate::client::Builder::on_outcome) or
+/// [`server::Builder::on_outcome`](crate::server::Builder::on_outcome).
 ///
 /// It says nothing secret: the key only as its digest (the one the decision events log,
 /// the same on a client and on the server it calls), never the key itself, the scope or a

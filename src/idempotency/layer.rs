@@ -5,7 +5,7 @@ use tower_layer::Layer;
 /// Applies the ledger to a service, with one of two faces: the client face
 /// ([`ClientLayer`](crate::client::ClientLayer) = `IdempotencyLayer<ClientFace>`, built by
 /// [`IdempotencyLayer::client`]) for callers of side-effecting APIs, or the server face
-/// ([`ServerLayer`](crate::ServerLayer) = `IdempotencyLayer<ServerFace>`, built by
+/// ([`ServerLayer`](crate::server::ServerLayer) = `IdempotencyLayer<ServerFace>`, built by
 /// [`IdempotencyLayer::server`]) in front of the handlers that perform the effects.
 ///
 /// - Client face: the inner service takes `Request<Full<Bytes>>` (whatever body you send

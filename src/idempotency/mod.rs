@@ -24,14 +24,15 @@
 //! `key`.
 //!
 //! For observability of your own, `on_outcome` on either builder
-//! ([`ClientBuilder::on_outcome`](crate::client::ClientBuilder::on_outcome),
-//! [`ServerBuilder::on_outcome`](crate::ServerBuilder::on_outcome)) calls a hook once per request that reached the
+//! ([`client::Builder::on_outcome`](crate::client::Builder::on_outcome),
+//! [`server::Builder::on_outcome`](crate::server::Builder::on_outcome)) calls a hook once per request that reached the
 //! ledger, with an [`OutcomeEvent`]: the face, the last decision, the key's digest, the
 //! status when there was a response, and the time taken. Unset, it costs nothing.
 
 pub(crate) mod body;
 pub(crate) mod decision;
 pub(crate) mod engine;
+pub(crate) mod hold;
 pub(crate) mod layer;
 pub(crate) mod reconcile;
 pub(crate) mod release;
@@ -44,10 +45,8 @@ pub(crate) use decision::request_span;
 pub use decision::{Decision, Face, OutcomeEvent};
 pub(crate) use engine::BusyPolicy;
 pub(crate) use engine::{LeaseGuard, Ledger};
-pub(crate) use engine::{DEFAULT_LEASE, DEFAULT_RETENTION};
 pub use layer::Idempotency;
 pub(crate) use layer::IdempotencyLayer;
 pub(crate) use reconcile::ask as ask_reconciler;
-pub(crate) use reconcile::DEFAULT_RECONCILE_TIMEOUT;
 pub use reconcile::{InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled};
 pub use release::ReleaseOn;

@@ -118,7 +118,7 @@ pub type ReconcileFuture = Pin<Box<dyn Future<Output = Result<Reconciled, BoxErr
 /// came back (a timeout, a reset, a crash after sending). Against a provider that
 /// deduplicates on `Idempotency-Key`, the client layer resends the frozen bytes and the
 /// provider answers the first outcome. Against one that does not
-/// ([`provider_deduplicates(false)`](crate::client::ClientBuilder::provider_deduplicates)),
+/// ([`provider_deduplicates(false)`](crate::client::Builder::provider_deduplicates)),
 /// resending could charge twice, so the layer asks a [`Reconcile`] first — given the frozen
 /// request, the key and the attempts made — and acts on its answer:
 ///
@@ -132,7 +132,7 @@ pub type ReconcileFuture = Pin<Box<dyn Future<Output = Result<Reconciled, BoxErr
 /// (a new fencing token, the lease renewed while it runs), so two processes resuming one
 /// operation never reconcile it at once, and a recorded outcome is fenced like every other
 /// ledger write. It is bounded in time
-/// ([`reconcile_timeout`](crate::client::ClientBuilder::reconcile_timeout), 10 s by
+/// ([`reconcile_timeout`](crate::client::Builder::reconcile_timeout), 10 s by
 /// default); running past it, failing or panicking counts as [`Unknown`](Reconciled::Unknown).
 ///
 /// [`LookupReconciler`] covers the common shape, "look the operation up at the provider by

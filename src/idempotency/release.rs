@@ -17,7 +17,7 @@ use http::{HeaderMap, StatusCode};
 use crate::server::problem;
 
 /// Which answers say the operation never started (see
-/// [`ClientBuilder::release_on`](crate::client::ClientBuilder::release_on)).
+/// [`client::Builder::release_on`](crate::client::Builder::release_on)).
 ///
 /// The default releases on `401`, `407` (authentication failed), `408`, `429` (the request
 /// was not taken), and on problem responses (`application/problem+json`, RFC 9457) whose

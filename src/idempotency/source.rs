@@ -18,6 +18,6 @@ pub enum ResponseSource {
     Reconciled,
     /// A side effect without an [`OperationId`](crate::OperationId) or an `Idempotency-Key`:
     /// sent once, outside the ledger, unprotected against a caller's own retry. See
-    /// [`ClientBuilder::require_key`](crate::client::ClientBuilder::require_key).
+    /// [`client::Builder::require_key`](crate::client::Builder::require_key).
     Unprotected,
 }

@@ -248,7 +248,7 @@ enum Keys {
 /// a layer derives.
 ///
 /// From a built layer, [`ClientLayer::records`](crate::client::ClientLayer) or
-/// [`ServerLayer::records`](crate::ServerLayer), or over a bare store with
+/// [`ServerLayer::records`](crate::server::ServerLayer), or over a bare store with
 /// [`Records::new`] (whose [`operation_key`](Self::operation_key) is the client face's
 /// with the default scope `""`). Cloning is cheap.
 ///
@@ -284,7 +284,7 @@ enum Keys {
 ///
 /// [`Records`] is the operator's handle: from a built layer
 /// ([`ClientLayer::records`](crate::client::ClientLayer),
-/// [`ServerLayer::records`](crate::ServerLayer)), it derives record keys as the
+/// [`ServerLayer::records`](crate::server::ServerLayer)), it derives record keys as the
 /// layer does, from an [`OperationId`] or a request head, so nobody computes a
 /// [`LedgerKey`] by hand.
 ///

@@ -53,7 +53,7 @@ impl LedgerKey {
 
     /// The record key of a caller-supplied `Idempotency-Key` on the client side, sent for
     /// `principal` (by default a hash of the request's `Authorization` header: see
-    /// [`ClientBuilder::caller_key_scope`](crate::client::ClientBuilder::caller_key_scope))
+    /// [`client::Builder::caller_key_scope`](crate::client::Builder::caller_key_scope))
     /// to the target `scheme://authority`.
     pub fn client_header(
         scope: &str,

@@ -71,7 +71,7 @@ use crate::BoxError;
 use crate::HeaderKey;
 
 /// `Idempotency-Fail-Open: true` marks a response produced while the ledger was unavailable
-/// by a layer built with [`fail_open`](crate::ServerBuilder::fail_open): the key was **not**
+/// by a layer built with [`fail_open`](crate::server::Builder::fail_open): the key was **not**
 /// checked, so a retry may run the handler again.
 pub static IDEMPOTENCY_FAIL_OPEN: HeaderName = HeaderName::from_static("idempotency-fail-open");
 
@@ -89,7 +89,7 @@ type Claiming = Pin<Box<dyn Future<Output = Claimed> + Send>>;
 /// A handler run unprotected because the ledger is unavailable ([`fail_open`]). Boxed for
 /// the reason [`Claiming`] is.
 ///
-/// [`fail_open`]: super::ServerBuilder::fail_open
+/// [`fail_open`]: super::Builder::fail_open
 type FailingOpen<ResB, E> = Pin<Box<dyn Future<Output = Result<Response<ResB>, E>> + Send>>;
 
 /// What a keyed request's ledger part answers without the handler.

@@ -1,4 +1,4 @@
-//! [`ServerBuilder`]: the server face's settings, checked once by `build`, and the
+//! [`Builder`]: the server face's settings, checked once by `build`, and the
 //! [`IdempotencyLayer`] constructors that start from it.
 
 use std::fmt;
@@ -22,7 +22,7 @@ use crate::ledger::IdempotencyStore;
 use crate::IdempotencyLayer;
 
 /// The default bound on requests waiting at once for in-flight keys under
-/// [`BusyPolicy::Wait`] (see [`ServerBuilder::max_waiters`]).
+/// [`BusyPolicy::Wait`] (see [`Builder::max_waiters`]).
 const MAX_WAITERS: usize = 256;
 
 /// The default protected window of a server record, besides the lease: how long after it
@@ -35,27 +35,27 @@ const PROTECTED_AFTER_COMPLETION: Duration = Duration::from_secs(60);
 /// The default cap on a recorded response (1 MiB).
 const RESPONSE_LIMIT: usize = 1024 * 1024;
 
-/// Configures the server [`IdempotencyLayer`]; [`build`](ServerBuilder::build) checks the
+/// Configures the server [`IdempotencyLayer`]; [`build`](Builder::build) checks the
 /// settings.
 ///
 /// | setting | default |
 /// |---|---|
-/// | [scope](ServerBuilder::scope) | a hash of the `Authorization` header; a keyed request without one gets `400` [`scope-missing`](super::problem::SCOPE_MISSING) |
-/// | [side-effecting methods](ServerBuilder::side_effect_methods) | `POST`, `PATCH` |
-/// | [key required](ServerBuilder::require_key) on them | yes: `400` without one |
-/// | [lease](ServerBuilder::lease) (renewed while the handler runs) | 10 s |
-/// | [retention](ServerBuilder::retention) | 24 h |
-/// | [protected window](ServerBuilder::protected_window) (never evicted) | lease + 1 min |
-/// | [busy key](ServerBuilder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
-/// | [waiters](ServerBuilder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
-/// | [request body limit](ServerBuilder::body_limit) | 1 MiB (`413`) |
-/// | [recorded response cap](ServerBuilder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
-/// | [replayed headers](ServerBuilder::replay_headers) | `Content-Type`, `Location`, `ETag` and the other headers that describe the representation |
-/// | [handler `5xx`](ServerBuilder::server_error_policy) | [`ServerErrorPolicy::Record`] |
-/// | [in-doubt key](ServerBuilder::in_doubt_policy) | [`InDoubtPolicy::OutcomeUnknown`] |
-/// | [ledger unavailable](ServerBuilder::fail_open) | fail closed (`503`) |
-/// | [client goes away](ServerBuilder::cancel_on_disconnect) | the handler runs to completion |
-/// | [`Retry-After`](ServerBuilder::retry_after) of `409`/`503` | 1 s |
+/// | [scope](Builder::scope) | a hash of the `Authorization` header; a keyed request without one gets `400` [`scope-missing`](super::problem::SCOPE_MISSING) |
+/// | [side-effecting methods](Builder::side_effect_methods) | `POST`, `PATCH` |
+/// | [key required](Builder::require_key) on them | yes: `400` without one |
+/// | [lease](Builder::lease) (renewed while the handler runs) | 10 s |
+/// | [retention](Builder::retention) | 24 h |
+/// | [protected window](Builder::protected_window) (never evicted) | lease + 1 min |
+/// | [busy key](Builder::busy_policy) | `409` at once ([`BusyPolicy::Fail`]) |
+/// | [waiters](Builder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
+/// | [request body limit](Builder::body_limit) | 1 MiB (`413`) |
+/// | [recorded response cap](Builder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
+/// | [replayed headers](Builder::replay_headers) | `Content-Type`, `Location`, `ETag` and the other headers that describe the representation |
+/// | [handler `5xx`](Builder::server_error_policy) | [`ServerErrorPolicy::Record`] |
+/// | [in-doubt key](Builder::in_doubt_policy) | [`InDoubtPolicy::OutcomeUnknown`] |
+/// | [ledger unavailable](Builder::fail_open) | fail closed (`503`) |
+/// | [client goes away](Builder::cancel_on_disconnect) | the handler runs to completion |
+/// | [`Retry-After`](Builder::retry_after) of `409`/`503` | 1 s |
 ///
 /// ```
 /// use std::time::Duration;
@@ -73,7 +73,7 @@ const RESPONSE_LIMIT: usize = 1024 * 1024;
 /// # let _ = layer;
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct ServerBuilder {
+pub struct Builder {
     store: Arc<dyn IdempotencyStore>,
     scope: Scope,
     methods: Vec<Method>,
@@ -96,9 +96,9 @@ pub struct ServerBuilder {
     transactional: Option<crate::ledger::PostgresStore>,
 }
 
-impl fmt::Debug for ServerBuilder {
+impl fmt::Debug for Builder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ServerBuilder")
+        f.debug_struct("Builder")
             .field("store", &self.store)
             .field("methods", &self.methods)
             .field("require_key", &self.require_key)
@@ -108,7 +108,7 @@ impl fmt::Debug for ServerBuilder {
     }
 }
 
-impl ServerBuilder {
+impl Builder {
     fn new(store: Arc<dyn IdempotencyStore>) -> Self {
         Self {
             store,
@@ -478,7 +478,7 @@ impl ServerBuilder {
 impl IdempotencyLayer<ServerFace> {
     /// The server layer with default settings over `store`.
     ///
-    /// See the [module docs](super) and [`ServerBuilder`]
+    /// See the [module docs](super) and [`Builder`]
     /// for what the defaults are and why.
     ///
     /// ```
@@ -498,8 +498,8 @@ impl IdempotencyLayer<ServerFace> {
     }
 
     /// Configure the server layer over `store`.
-    pub fn server_builder(store: impl IdempotencyStore) -> ServerBuilder {
-        ServerBuilder::new(Arc::new(store))
+    pub fn server_builder(store: impl IdempotencyStore) -> Builder {
+        Builder::new(Arc::new(store))
     }
 
     /// Configure the server layer in **transactional mode** over a PostgreSQL ledger
@@ -521,14 +521,14 @@ impl IdempotencyLayer<ServerFace> {
     /// - A duplicate arriving while the first runs is answered `409` at once under
     ///   [`BusyPolicy::Fail`] (the default); under [`BusyPolicy::Wait`] it waits for the
     ///   commit, up to the bound, and replays it (still busy then, `409`). Waiters hold no
-    ///   pooled connection and count against [`max_waiters`](ServerBuilder::max_waiters).
+    ///   pooled connection and count against [`max_waiters`](Builder::max_waiters).
     /// - A commit PostgreSQL refuses is answered `503`
     ///   [`ledger-unavailable`](super::problem::LEDGER_UNAVAILABLE) (nothing happened); a commit
     ///   whose answer is lost, `503` [`commit-unknown`](super::problem::COMMIT_UNKNOWN) (it may
     ///   have happened). Both carry `Retry-After`: the retry replays the record or,
     ///   finding none, runs again.
     ///
-    /// Every other setting of [`ServerBuilder`] applies as usual. Only the transaction's
+    /// Every other setting of [`Builder`] applies as usual. Only the transaction's
     /// writes are covered: calls the handler makes to other systems are not undone by a
     /// rollback, and must carry the key themselves.
     ///
@@ -557,18 +557,18 @@ impl IdempotencyLayer<ServerFace> {
     /// ```
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub fn transactional_server_builder(store: crate::ledger::PostgresStore) -> ServerBuilder {
-        let mut builder = ServerBuilder::new(Arc::new(store.clone()));
+    pub fn transactional_server_builder(store: crate::ledger::PostgresStore) -> Builder {
+        let mut builder = Builder::new(Arc::new(store.clone()));
         builder.transactional = Some(store);
         builder
     }
 }
 
 /// The server [`IdempotencyLayer`](crate::IdempotencyLayer), as [`IdempotencyLayer::server`](crate::IdempotencyLayer::server) and
-/// [`ServerBuilder::build`] return it.
+/// [`Builder::build`] return it.
 ///
 /// ```
-/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, ServerLayer};
+/// use tower_idempotency::{ledger::MemoryStore, server::ServerLayer, IdempotencyLayer};
 ///
 /// let layer: ServerLayer = IdempotencyLayer::server(MemoryStore::new());
 /// # let _ = layer;

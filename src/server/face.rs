@@ -17,7 +17,7 @@ use crate::idempotency::scope::Scope;
 use crate::ledger::LedgerKey;
 use crate::IdempotencyLayer;
 
-/// The server face's configuration (see [`ServerBuilder`](crate::ServerBuilder) and the
+/// The server face's configuration (see [`Builder`](crate::server::Builder) and the
 /// [module docs](super)).
 pub struct ServerFace {
     pub(super) ledger: Ledger,

@@ -56,19 +56,19 @@
 //! # What it answers
 //!
 //! Side-effecting requests (by default `POST` and `PATCH`; see
-//! [`ServerBuilder::side_effect_methods`](crate::ServerBuilder::side_effect_methods)) go through the ledger. Everything else (`GET`,
+//! [`Builder::side_effect_methods`](crate::server::Builder::side_effect_methods)) go through the ledger. Everything else (`GET`,
 //! `HEAD`, `OPTIONS`, `PUT`, `DELETE`… by default) passes straight through, its body
 //! untouched, without touching the ledger. Problem bodies are RFC 9457
 //! `application/problem+json`; their `type` URIs are listed in [`problem`].
 //!
 //! | situation | status and body | ledger |
 //! |---|---|---|
-//! | side-effecting, no `Idempotency-Key` | `400` [`key-missing`](problem::KEY_MISSING) (passed through when the key is [optional](crate::ServerBuilder::require_key)) | not touched |
+//! | side-effecting, no `Idempotency-Key` | `400` [`key-missing`](problem::KEY_MISSING) (passed through when the key is [optional](crate::server::Builder::require_key)) | not touched |
 //! | key malformed: empty, over 255 characters, not visible ASCII, control characters, bad RFC 8941 string, header repeated | `400` [`key-invalid`](problem::KEY_INVALID), with `reason` | not touched |
 //! | body over the limit (1 MiB), by `Content-Length` or while reading | `413` [`body-too-large`](problem::BODY_TOO_LARGE) | not touched: no lease |
 //! | body could not be read | `400` [`body-unreadable`](problem::BODY_UNREADABLE) | not touched |
 //! | keyed, but no principal to scope the key by (no `Authorization`, no scope function) | `400` [`scope-missing`](problem::SCOPE_MISSING) | not touched |
-//! | ledger unavailable | `503` [`ledger-unavailable`](problem::LEDGER_UNAVAILABLE) with `Retry-After`; the handler does not run (fail closed). Opt-in [fail open](crate::ServerBuilder::fail_open): the handler's response with `Idempotency-Fail-Open: true` | — |
+//! | ledger unavailable | `503` [`ledger-unavailable`](problem::LEDGER_UNAVAILABLE) with `Retry-After`; the handler does not run (fail closed). Opt-in [fail open](crate::server::Builder::fail_open): the handler's response with `Idempotency-Fail-Open: true` | — |
 //! | ledger full of records it must keep | `503` [`ledger-full`](problem::LEDGER_FULL) with `Retry-After`; the handler does not run | not touched |
 //! | new key | the handler's response | recorded |
 //! | same key, in flight | `409` [`in-flight`](problem::IN_FLIGHT) with `Retry-After` | unchanged |
@@ -92,7 +92,7 @@
 //! `POST /accounts/2/charges` never look like one request. Without the feature, put the
 //! layer on the outer router, or outside `nest`.
 //!
-//! `scope` comes from [`ServerBuilder::scope`](crate::ServerBuilder::scope), a function of the request head naming the
+//! `scope` comes from [`Builder::scope`](crate::server::Builder::scope), a function of the request head naming the
 //! tenant or principal. One scope can never read, block or probe another's keys: a foreign
 //! key behaves exactly like an unused one (no `409`, no `422`, no replay).
 //!
@@ -104,7 +104,7 @@
 //! recorded response. Callers that authenticate otherwise (cookies, mTLS, API keys in other
 //! headers), or whose tokens rotate between a request and its retry, need a scope function:
 //! put authentication **outside** this layer and derive the scope from the principal it
-//! found, as the example does. [`ServerBuilder::unscoped`](crate::ServerBuilder::unscoped) opts into one scope for all.
+//! found, as the example does. [`Builder::unscoped`](crate::server::Builder::unscoped) opts into one scope for all.
 //!
 //! # Handler failures, cancellation and expired leases
 //!
@@ -130,7 +130,7 @@
 //! - **The client goes away.** hyper drops the request's future. The handler of a keyed
 //!   request runs on its own task and **keeps running**: its outcome is recorded and the
 //!   client's retry gets the replay. With
-//!   [`cancel_on_disconnect(true)`](crate::ServerBuilder::cancel_on_disconnect), the handler is
+//!   [`cancel_on_disconnect(true)`](crate::server::Builder::cancel_on_disconnect), the handler is
 //!   dropped with the request and the key goes in doubt at once.
 //!
 //! With the client face calling a server behind this layer: `409 in-flight` (it carries
@@ -143,7 +143,7 @@
 //! A replay has the recorded status and body (byte for byte) and only the headers of an
 //! allow-list (by default `Content-Type`, `Content-Encoding`,
 //! `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`,
-//! `Cache-Control`, `Vary`, `Link`), configurable with [`ServerBuilder::replay_headers`](crate::ServerBuilder::replay_headers).
+//! `Cache-Control`, `Vary`, `Link`), configurable with [`Builder::replay_headers`](crate::server::Builder::replay_headers).
 //! Other headers are not even stored. `Set-Cookie`, `WWW-Authenticate`, `Authorization`,
 //! `Date`, `Content-Length` and hop-by-hop headers can never be replayed: the builder
 //! refuses them. Place layers that vary the response per caller (compression, CORS) and
@@ -154,7 +154,7 @@
 //! A keyed request's body is read whole, under the limit, and fingerprinted in the same
 //! pass ([`FrozenRequest::freeze`](crate::FrozenRequest::freeze)); the handler receives
 //! those bytes as a [`RequestBody`]. Responses are recorded up to
-//! [`response_limit`](crate::ServerBuilder::response_limit); larger ones stream on to the first
+//! [`response_limit`](crate::server::Builder::response_limit); larger ones stream on to the first
 //! caller whole and leave a tombstone.
 //!
 //! # Tracing
@@ -169,7 +169,7 @@
 //!
 //! # Layout
 //!
-//! [`ServerBuilder`](crate::ServerBuilder) (`builder.rs`) makes the [`ServerLayer`](crate::ServerLayer); its service's `call`
+//! [`Builder`] (`builder.rs`) makes the [`ServerLayer`]; its service's `call`
 //! (`service.rs`) sorts a request into pass-through, refusal or keyed, and returns a
 //! [`ResponseFuture`] (`future.rs`). A keyed request then runs in stages (`staged.rs`):
 //! the ledger's part (`admit.rs`: read the body, claim the key, answer without the
@@ -179,7 +179,7 @@
 
 mod admit;
 mod body;
-pub(crate) mod builder;
+mod builder;
 mod execute;
 mod face;
 mod future;
@@ -197,6 +197,7 @@ use crate::idempotency::Idempotency;
 
 pub use admit::IDEMPOTENCY_FAIL_OPEN;
 pub use body::RequestBody;
+pub use builder::{Builder, ServerLayer};
 pub use face::ServerFace;
 pub use future::ResponseFuture;
 pub use replay::IDEMPOTENT_REPLAYED;

@@ -99,7 +99,7 @@
 //! **503**, with `Retry-After`. The idempotency ledger could not be reached (or failed), so
 //! the layer cannot tell whether this request already ran; it fails closed and the handler
 //! is not called. Retry later with the same key. (When the layer is built with
-//! [`fail_open`](crate::ServerBuilder::fail_open), the handler runs instead and
+//! [`fail_open`](crate::server::Builder::fail_open), the handler runs instead and
 //! its response carries `Idempotency-Fail-Open: true`.)
 //!
 //! # ledger-full
@@ -117,7 +117,7 @@
 //! anonymous caller, where one caller could be served another's recorded response. The
 //! handler was not called and the ledger was not touched. Send the request with your
 //! credentials; operators whose callers authenticate otherwise (cookies, mTLS, API-key
-//! headers) give the layer a [scope function](crate::ServerBuilder::scope).
+//! headers) give the layer a [scope function](crate::server::Builder::scope).
 //!
 //! # content-digest-mismatch
 //!

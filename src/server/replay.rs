@@ -20,14 +20,14 @@ use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock, Outcome,
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The response headers recorded and replayed by default (documented on
-/// [`ServerBuilder::replay_headers`](crate::ServerBuilder::replay_headers)).
+/// [`Builder::replay_headers`](crate::server::Builder::replay_headers)).
 ///
 /// They describe the representation and where it lives, and stay true when replayed:
 /// `Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Location`, `Location`,
 /// `ETag`, `Last-Modified`, `Cache-Control`, `Vary`, `Link`. Left out on purpose:
 /// `Retry-After` and `Expires` (relative to the first response's time, stale on replay),
 /// `Content-Length` (recomputed from the body), and everything that must never be replayed
-/// (see [`ServerBuilder::replay_headers`]).
+/// (see [`Builder::replay_headers`]).
 pub(super) const DEFAULT_REPLAY_HEADERS: &[HeaderName] = &[
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,

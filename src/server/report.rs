@@ -17,7 +17,7 @@ pub(super) fn settled(how: &'static str) {
     record_in_layer_span("settled", how);
 }
 
-/// What the [`on_outcome`](crate::ServerBuilder::on_outcome) hook hears of, once the request is
+/// What the [`on_outcome`](crate::server::Builder::on_outcome) hook hears of, once the request is
 /// answered.
 pub(super) struct Report {
     pub(super) track: Track,

@@ -54,7 +54,7 @@ const MAX_BUSY_POLL: Duration = Duration::from_millis(200);
 /// once (the claim never waits on it in the database); under [`BusyPolicy::Wait`] the
 /// claim is made again, backing off, until it is not busy or the bound runs out. Between
 /// two tries a waiter holds no connection (its transaction is rolled back) but a place
-/// among the layer's [waiters](crate::ServerBuilder::max_waiters): past that bound it is
+/// among the layer's [waiters](crate::server::Builder::max_waiters): past that bound it is
 /// answered busy at once.
 pub(super) async fn claim(
     server: &ServerFace,

@@ -5,7 +5,7 @@ use std::future::Future;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::face::ToolLayer;
+use super::layer::ToolLayer;
 use super::operation::{run, Invoke};
 use super::types::{ClassifyToolError, ToolCall, ToolError, ToolOutput};
 use crate::key::{IdempotencyKey, OperationId};

@@ -17,7 +17,7 @@
 //! - a regenerated call (the model rewrote its `summary`) goes on with the frozen arguments
 //!   by default, and its output says what was discarded ([`ToolOutput::discarded`]);
 //!   [`DriftPolicy::Reject`](crate::DriftPolicy::Reject) refuses it instead;
-//!   [`fingerprint_fields`](ToolLayerBuilder::fingerprint_fields) limits the fingerprint to
+//!   [`defining_fields`](Builder::defining_fields) limits the fingerprint to
 //!   the fields that define the operation;
 //! - the key reaches the tool ([`ToolCall::key`]) for a provider that deduplicates on it;
 //!   whether it does is a choice the builder requires ([`ProviderKeys`]);
@@ -78,15 +78,18 @@
 //! # }
 //! ```
 
-mod canonical;
+mod builder;
 mod face;
 mod function;
+mod layer;
 mod operation;
-mod settings;
+mod service;
 mod types;
 
-pub use face::{ToolFuture, ToolLayer, ToolLayerBuilder, ToolService};
+pub use builder::Builder;
 pub use function::idempotent_call;
+pub use layer::ToolLayer;
+pub use service::{ToolFuture, ToolService};
 pub use types::{
     applied, frozen_arguments, ClassifyToolError, Discarded, FinalAnswer, MayHaveHappened,
     ProviderKeys, ToolCall, ToolClass, ToolError, ToolOutput, ToolSource, Verdict,

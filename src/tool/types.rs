@@ -160,7 +160,7 @@ pub enum ProviderKeys {
     /// attempt that may have happened may be retried.
     Deduplicates,
     /// The provider ignores keys: an operation in doubt is never called again; it is
-    /// [reconciled](super::ToolLayerBuilder::reconcile) if a reconciler is set, else
+    /// [reconciled](super::Builder::reconcile) if a reconciler is set, else
     /// refused as in doubt, and an attempt that may have happened is not retried.
     Ignored,
 }
@@ -605,7 +605,7 @@ impl<E: std::error::Error + 'static> std::error::Error for ToolError<E> {
 
 /// The arguments first frozen for an in-doubt tool operation, as a reconciler sees it
 /// (a [`Reconcile`](crate::idempotency::Reconcile) set with
-/// [`ToolLayerBuilder::reconcile`](super::ToolLayerBuilder::reconcile)).
+/// [`Builder::reconcile`](super::Builder::reconcile)).
 ///
 /// ```
 /// use tower_idempotency::idempotency::{InDoubtOperation, Reconciled};

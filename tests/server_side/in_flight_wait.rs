@@ -26,8 +26,7 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, Settled,
     StoreFuture,
 };
-use tower_idempotency::server::problem;
-use tower_idempotency::ServerBuilder;
+use tower_idempotency::server::{self, problem};
 use tower_idempotency::{BusyPolicy, IdempotencyLayer, ServerErrorPolicy};
 
 const DUPLICATES: usize = 64;
@@ -107,7 +106,7 @@ struct App {
 async fn app(
     store: ListenedStore,
     first_status: StatusCode,
-    configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
+    configure: impl FnOnce(server::Builder) -> server::Builder,
 ) -> App {
     let runs = Arc::new(AtomicUsize::new(0));
     let (started_tx, started) = watch::channel(0);

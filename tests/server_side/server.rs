@@ -43,8 +43,7 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
 };
-use tower_idempotency::server::problem;
-use tower_idempotency::ServerBuilder;
+use tower_idempotency::server::{self, problem};
 use tower_idempotency::{IdempotencyLayer, InDoubtPolicy, ServerErrorPolicy};
 
 use axum_server::Charge;
@@ -443,12 +442,14 @@ struct Fixture {
 
 impl Fixture {
     /// `Router::layer`, as most users would add it.
-    async fn start(configure: impl FnOnce(ServerBuilder) -> ServerBuilder) -> Self {
+    async fn start(configure: impl FnOnce(server::Builder) -> server::Builder) -> Self {
         Self::start_with(configure, |routes, layer| routes.layer(layer)).await
     }
 
     /// tower-http's `CatchPanicLayer` inside ours: a panic reaches us as a 500.
-    async fn start_catching_panics(configure: impl FnOnce(ServerBuilder) -> ServerBuilder) -> Self {
+    async fn start_catching_panics(
+        configure: impl FnOnce(server::Builder) -> server::Builder,
+    ) -> Self {
         Self::start_with(configure, |routes, layer| {
             routes.layer(CatchPanicLayer::new()).layer(layer)
         })
@@ -456,7 +457,7 @@ impl Fixture {
     }
 
     async fn start_with(
-        configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
+        configure: impl FnOnce(server::Builder) -> server::Builder,
         assemble: impl FnOnce(Router, IdempotencyLayer<tower_idempotency::server::ServerFace>) -> Router,
     ) -> Self {
         let ledger = CountingStore::new();
@@ -1229,7 +1230,7 @@ async fn replicas_sharing_a_ledger_each_replay_what_their_own_allow_list_allows(
     // allow-lists: the wider one records `x-internal`, the other must not replay it.
     let store = MemoryStore::new();
     let probe = Probe::new();
-    let replica = |builder: ServerBuilder| {
+    let replica = |builder: server::Builder| {
         let layer = builder.build().unwrap();
         serve(routes(probe.clone()).layer(layer))
     };
@@ -1469,7 +1470,7 @@ struct InProcess {
 }
 
 impl InProcess {
-    fn new(configure: impl FnOnce(ServerBuilder) -> ServerBuilder) -> Self {
+    fn new(configure: impl FnOnce(server::Builder) -> server::Builder) -> Self {
         let ledger = CountingStore::new();
         let probe = Probe::new();
         let layer = configure(IdempotencyLayer::server_builder(ledger.clone()))

@@ -207,7 +207,7 @@ fn retry_policy() -> impl Strategy<Value = Option<RetryPolicy>> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// `ClientBuilder::build_stack`: whatever it accepts, with whatever retry policy,
+    /// `client::Builder::build_stack`: whatever it accepts, with whatever retry policy,
     /// serves keyed requests, through a retried `503` too.
     #[test]
     fn every_client_stack_the_builder_accepts_serves_requests(
@@ -288,7 +288,7 @@ fn server_durations() -> impl Strategy<Value = ServerDurations> {
 fn server_builder<St: tower_idempotency::ledger::IdempotencyStore>(
     store: St,
     d: &ServerDurations,
-) -> tower_idempotency::ServerBuilder {
+) -> tower_idempotency::server::Builder {
     IdempotencyLayer::server_builder(store)
         .unscoped()
         .lease(d.lease)

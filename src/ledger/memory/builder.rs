@@ -54,7 +54,7 @@ impl MemoryStoreBuilder {
     /// on a new claim of a scope over its share is refused, and the rest of the budget goes
     /// to the scopes under theirs, so one tenant's flood cannot turn every other tenant's
     /// requests into refusals. Below the mark, and for claims without a scope (the client
-    /// face, an [unscoped](crate::ServerBuilder::unscoped) server), nothing
+    /// face, an [unscoped](crate::server::Builder::unscoped) server), nothing
     /// changes. `1.0` turns shares off.
     ///
     /// The cost: a store with one scope (a service called by one principal) refuses it

@@ -98,7 +98,7 @@
 //! [`BusyPolicy::Wait`](crate::BusyPolicy::Wait), asks again (backing off, up to 200 ms
 //! apart) until the first commits and it replays, or the bound runs out (then `409`). A
 //! waiting duplicate holds no pooled connection between its tries, and counts against
-//! [`max_waiters`](crate::ServerBuilder::max_waiters). A `409` leaves no
+//! [`max_waiters`](crate::server::Builder::max_waiters). A `409` leaves no
 //! error in PostgreSQL's log.
 //!
 //! # Durability, failover, clocks

@@ -221,7 +221,7 @@ impl SideEffectService {
     }
 
     /// Effects committed for the operation `op` of a client layer built with `scope` (`""`
-    /// unless [`ClientBuilder::scope`](crate::client::ClientBuilder::scope) set one):
+    /// unless [`client::Builder::scope`](crate::client::Builder::scope) set one):
     /// the key the layer derives and sends for it.
     ///
     /// ```

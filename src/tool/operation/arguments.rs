@@ -5,8 +5,7 @@ use http::{HeaderMap, HeaderValue, Method, Version};
 
 use crate::digest::BodyDigest;
 use crate::fingerprint::Fingerprint;
-use crate::tool::canonical;
-use crate::tool::settings::ToolFace;
+use crate::tool::face::ToolFace;
 use crate::FrozenRequest;
 
 /// A call's arguments, frozen: the canonical bytes as the ledger stores them, and the
@@ -21,11 +20,7 @@ impl Frozen {
     pub(super) fn new<C>(face: &ToolFace<C>, body: Bytes, value: &serde_json::Value) -> Self {
         let digest = BodyDigest::of(&body);
         let fingerprint = match &face.fields {
-            Some(pointers) => Fingerprint::of(
-                &Method::POST,
-                &face.target,
-                &canonical::selected(value, pointers),
-            ),
+            Some(fields) => Fingerprint::of(&Method::POST, &face.target, &fields.canonical(value)),
             None => Fingerprint::from_digest(&Method::POST, &face.target, &digest),
         };
         let request = FrozenRequest::from_parts(

@@ -8,9 +8,9 @@ use serde::Serialize;
 use tower::ServiceExt;
 use tower_service::Service;
 
+use crate::fingerprint::canonical;
 use crate::ledger::LedgerKey;
-use crate::tool::canonical;
-use crate::tool::settings::ToolFace;
+use crate::tool::face::ToolFace;
 use crate::tool::types::{
     ClassifyToolError, FinalAnswer, ToolCall, ToolClass, ToolError, ToolOutput, ToolSource,
     VerdictKind,

@@ -8,10 +8,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::Drift;
+use crate::fingerprint::canonical;
 use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
 use crate::ledger::{Begin, LeaseToken, LedgerKey};
-use crate::tool::canonical;
-use crate::tool::settings::ToolFace;
+use crate::tool::face::ToolFace;
 use crate::tool::types::{
     ClassifyToolError, Discarded, FinalAnswer, ProviderKeys, ToolCall, ToolError, ToolOutput,
     ToolSource, VerdictKind,

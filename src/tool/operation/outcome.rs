@@ -8,10 +8,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::Drift;
+use crate::fingerprint::canonical;
 use crate::idempotency::LeaseGuard;
 use crate::ledger::{Outcome, StoredResponse};
-use crate::tool::canonical;
-use crate::tool::settings::ToolFace;
+use crate::tool::face::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
 use crate::FrozenRequest;
 use crate::{fingerprint::Fingerprint, Error};

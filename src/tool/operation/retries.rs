@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tower::retry::budget::Budget;
 
 use crate::retry::FullJitter;
-use crate::tool::settings::ToolFace;
+use crate::tool::face::ToolFace;
 
 /// The retries left to an operation: attempts, elapsed time, budget and backoff, as the
 /// [`FrozenRetryLayer`](crate::FrozenRetryLayer) counts them.

@@ -1,4 +1,5 @@
-//! Canonical JSON: the one byte form of a tool call's arguments.
+//! Canonical JSON: the one byte form of a tool call's arguments and of a payload's
+//! defining fields.
 //!
 //! Arguments are frozen as JSON with every object's keys sorted (by their UTF-8 bytes), no
 //! whitespace, and numbers as `serde_json` writes them (`-0.0` written as `0.0`, which it
@@ -20,14 +21,8 @@ pub(crate) fn freeze<T: Serialize + ?Sized>(
     Ok((Bytes::from(out), value))
 }
 
-/// `value` as canonical JSON bytes.
-pub(crate) fn to_bytes(value: &Value) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    write(value, &mut out);
-    out
-}
-
-fn write(value: &Value, out: &mut Vec<u8>) {
+/// Appends `value` to `out` as canonical JSON.
+pub(crate) fn write(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
@@ -99,20 +94,6 @@ fn needs_no_escape(bytes: &[u8]) -> bool {
     escapes == 0
 }
 
-/// The canonical bytes of the fields at `pointers` (RFC 6901 JSON pointers) of `value`,
-/// each paired with its pointer so that a value moving between fields is a change; an
-/// absent field reads as `null`.
-pub(crate) fn selected(value: &Value, pointers: &[String]) -> Vec<u8> {
-    let picked: Vec<Value> = pointers
-        .iter()
-        .map(|pointer| {
-            let field = value.pointer(pointer).cloned().unwrap_or(Value::Null);
-            Value::Array(vec![Value::String(pointer.clone()), field])
-        })
-        .collect();
-    to_bytes(&Value::Array(picked))
-}
-
 /// The top-level fields of two frozen argument sets that differ (added, removed or
 /// changed), sorted; `None` when either is not a JSON object.
 pub(crate) fn changed_fields(first: &[u8], now: &[u8]) -> Option<Vec<String>> {
@@ -172,16 +153,6 @@ mod tests {
     #[test]
     fn negative_zero_is_written_as_zero() {
         assert_eq!(freeze(&-0.0_f64).unwrap().0, freeze(&0.0_f64).unwrap().0);
-    }
-
-    #[test]
-    fn selected_fields_ignore_the_rest() {
-        let pointers = vec!["/order_id".to_owned(), "/amount".to_owned()];
-        let a = serde_json::json!({"order_id": "o-42", "amount": 1999, "summary": "charge it"});
-        let b = serde_json::json!({"summary": "please charge", "amount": 1999, "order_id": "o-42"});
-        let c = serde_json::json!({"order_id": "o-42", "amount": 2999});
-        assert_eq!(selected(&a, &pointers), selected(&b, &pointers));
-        assert_ne!(selected(&a, &pointers), selected(&c, &pointers));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The values a ledger stores, and their versioned byte encoding.
 
+mod codec;
 mod fields;
 mod headers;
 
@@ -7,12 +8,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Method, StatusCode, Uri, Version};
+use http::{HeaderMap, Method, StatusCode, Uri, Version};
 use sha2::{Digest, Sha256};
 
 use super::StoreError;
 use crate::key::{hex, update_length_prefixed, IdempotencyKey};
 use crate::FrozenRequest;
+use codec::{corrupt, version_code, version_from_code, Reader, Writer, ENCODING_VERSION};
 pub use fields::FieldDigests;
 pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
 
@@ -474,241 +476,5 @@ impl FrozenRequest {
     }
 }
 
-/// The encoding version written today. Decoders accept every version up to this one, so a
-/// later release reads today's records.
-const ENCODING_VERSION: u8 = 1;
-
-fn corrupt(err: impl fmt::Display) -> StoreError {
-    StoreError::corrupt(err.to_string())
-}
-
-fn version_code(version: Version) -> u8 {
-    match version {
-        Version::HTTP_09 => 0,
-        Version::HTTP_10 => 1,
-        Version::HTTP_2 => 3,
-        Version::HTTP_3 => 4,
-        _ => 2,
-    }
-}
-
-fn version_from_code(code: u8) -> Result<Version, StoreError> {
-    Ok(match code {
-        0 => Version::HTTP_09,
-        1 => Version::HTTP_10,
-        2 => Version::HTTP_11,
-        3 => Version::HTTP_2,
-        4 => Version::HTTP_3,
-        other => return Err(corrupt(format!("unknown HTTP version code {other}"))),
-    })
-}
-
-/// Length-prefixed little writer: `u32` big-endian lengths before every variable field.
-struct Writer(Vec<u8>);
-
-impl Writer {
-    fn new(version: u8) -> Self {
-        Self(vec![version])
-    }
-    fn u8(&mut self, value: u8) {
-        self.0.push(value);
-    }
-    fn u16(&mut self, value: u16) {
-        self.0.extend_from_slice(&value.to_be_bytes());
-    }
-    fn u32(&mut self, value: u32) {
-        self.0.extend_from_slice(&value.to_be_bytes());
-    }
-    fn bytes(&mut self, bytes: &[u8]) {
-        let len = u32::try_from(bytes.len()).expect("records are far below 4 GiB");
-        self.u32(len);
-        self.0.extend_from_slice(bytes);
-    }
-    fn headers(&mut self, headers: &HeaderMap) {
-        let pairs = headers.iter();
-        self.pairs(
-            headers.len(),
-            pairs.map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes())),
-        );
-    }
-    fn header_block(&mut self, block: &HeaderBlock) {
-        // As `pairs` writes them, with each value as it is sent (a digest rendered).
-        self.u32(block.len() as u32);
-        for entry in block.entries() {
-            self.bytes(entry.name);
-            self.bytes(&block.value_bytes(&entry));
-        }
-    }
-    /// `count` headers as name and value bytes, the one layout of a frozen request's and a
-    /// recorded response's headers (sensitivity is not stored).
-    fn pairs<'h>(&mut self, count: usize, pairs: impl Iterator<Item = (&'h [u8], &'h [u8])>) {
-        self.u32(count as u32);
-        for (name, value) in pairs {
-            self.bytes(name);
-            self.bytes(value);
-        }
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn new(bytes: &'a [u8]) -> Result<Self, StoreError> {
-        let mut reader = Self(bytes);
-        match reader.u8()? {
-            1 => Ok(reader),
-            other => Err(corrupt(format!(
-                "record encoding version {other} is newer than this release understands"
-            ))),
-        }
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
-        if self.0.len() < n {
-            return Err(corrupt("record is truncated"));
-        }
-        let (head, tail) = self.0.split_at(n);
-        self.0 = tail;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, StoreError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, StoreError> {
-        Ok(u16::from_be_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
-    }
-    fn u32(&mut self) -> Result<u32, StoreError> {
-        Ok(u32::from_be_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
-    }
-    fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
-        let len = self.u32()? as usize;
-        self.take(len)
-    }
-    fn status(&mut self) -> Result<StatusCode, StoreError> {
-        StatusCode::from_u16(self.u16()?).map_err(corrupt)
-    }
-    /// A header map: read as a block, which checks names, values and how many distinct
-    /// names there are (a forged record is refused, not a panic in its reader).
-    fn headers(&mut self) -> Result<HeaderMap, StoreError> {
-        Ok(HeaderBlock::of_checked_pairs(&self.header_pairs()?, &[]).to_map())
-    }
-    /// Headers as names and checked values, ready for [`HeaderBlock::of_checked_pairs`].
-    fn header_pairs(&mut self) -> Result<Vec<(HeaderName, &'a [u8])>, StoreError> {
-        let count = self.u32()? as usize;
-        let mut pairs = Vec::with_capacity(count.min(256));
-        let mut names = headers::DistinctNames::default();
-        for _ in 0..count {
-            let name = HeaderName::from_bytes(self.bytes()?).map_err(corrupt)?;
-            let value = self.bytes()?;
-            if !headers::is_valid_value(value) {
-                return Err(corrupt("record holds an invalid header value"));
-            }
-            if !names.admit(&name) {
-                return Err(corrupt("record holds more header names than a HeaderMap"));
-            }
-            pairs.push((name, value));
-        }
-        Ok(pairs)
-    }
-    fn finish(self) -> Result<(), StoreError> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(corrupt("record has trailing bytes"))
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::HeaderValue;
-
-    #[test]
-    fn frozen_requests_round_trip_with_repeated_headers() {
-        let mut headers = HeaderMap::new();
-        headers.append("x-a", HeaderValue::from_static("1"));
-        headers.append("x-a", HeaderValue::from_static("2"));
-        let frozen = FrozenRequest::from_parts(
-            Method::PATCH,
-            "https://h.local:8443/p?q=1".parse().unwrap(),
-            Version::HTTP_2,
-            headers,
-            Bytes::from_static(b"\x00\xffbody"),
-        );
-        let decoded = FrozenRequest::decode(&frozen.encode()).unwrap();
-        assert_eq!(decoded.method(), Method::PATCH);
-        assert_eq!(decoded.uri(), frozen.uri());
-        assert_eq!(decoded.version(), Version::HTTP_2);
-        assert_eq!(decoded.headers(), frozen.headers());
-        assert_eq!(decoded.body(), frozen.body());
-    }
-
-    #[test]
-    fn tombstones_round_trip_and_garbage_is_corrupt() {
-        let tomb = Outcome::Tombstone {
-            status: StatusCode::OK,
-        };
-        assert!(matches!(
-            Outcome::decode(&tomb.encode()).unwrap(),
-            Outcome::Tombstone { status } if status == StatusCode::OK
-        ));
-        assert!(Outcome::decode(&[1, 0, 0]).unwrap_err().is_corrupt());
-        assert!(Outcome::decode(&[9]).unwrap_err().is_corrupt());
-        let mut trailing = tomb.encode();
-        trailing.push(0);
-        assert!(Outcome::decode(&trailing).unwrap_err().is_corrupt());
-    }
-
-    #[test]
-    fn digest_hashing_spreads_keys_built_by_hand() {
-        use std::hash::BuildHasher;
-        let state = DigestState::default();
-        let mut low_bits = std::collections::HashSet::new();
-        let mut hashes = std::collections::HashSet::new();
-        for n in 0u64..4096 {
-            let mut bytes = [0xf1; 32];
-            bytes[..8].copy_from_slice(&n.to_le_bytes());
-            let hash = state.hash_one(LedgerKey::from_bytes(bytes));
-            hashes.insert(hash);
-            low_bits.insert(hash & 0xfff);
-        }
-        assert_eq!(hashes.len(), 4096);
-        assert!(low_bits.len() > 2000, "buckets spread: {}", low_bits.len());
-    }
-
-    #[test]
-    fn each_map_hashes_with_a_seed_of_its_own() {
-        use std::hash::BuildHasher;
-        let key = LedgerKey::from_bytes([7; 32]);
-        let (one, other) = (DigestState::default(), DigestState::default());
-        assert_eq!(one.hash_one(key), one.clone().hash_one(key));
-        assert_ne!(
-            one.hash_one(key),
-            other.hash_one(key),
-            "two maps, two seeds"
-        );
-        // A bucket index known from one map says nothing of another's.
-        let buckets = (0..64)
-            .map(|_| DigestState::default().hash_one(key) & 0xfff)
-            .collect::<std::collections::HashSet<_>>();
-        assert!(buckets.len() > 32, "buckets: {}", buckets.len());
-    }
-
-    #[test]
-    fn ledger_key_derivations_are_domain_separated() {
-        let op = IdempotencyKey::derive("s", "k", "");
-        assert_ne!(
-            LedgerKey::for_operation(op),
-            LedgerKey::client_header("s", "", "", "", "k")
-        );
-        assert_ne!(LedgerKey::server("a", "k"), LedgerKey::server("ak", ""));
-        assert_ne!(
-            LedgerKey::client_header("", "", "https", "a.example", "k"),
-            LedgerKey::client_header("", "", "https", "a.exampl", "ek")
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,179 @@
+//! [`StoreError`]: a ledger failure, by kind.
+
+use std::fmt;
+use std::time::Duration;
+
+#[cfg(doc)]
+use super::IdempotencyStore;
+use crate::BoxError;
+
+/// A ledger failure.
+///
+/// ```
+/// use tower_idempotency::ledger::StoreError;
+///
+/// let err = StoreError::unavailable("connection refused");
+/// assert!(err.is_unavailable() && !err.is_fenced());
+/// ```
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Option<BoxError>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StoreErrorKind {
+    Unavailable,
+    Timeout,
+    Fenced,
+    Corrupt,
+    Full,
+}
+
+impl StoreError {
+    /// The store cannot be reached or refused the operation.
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: StoreErrorKind::Unavailable,
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store did not answer within its operation timeout.
+    pub fn timeout() -> Self {
+        Self {
+            kind: StoreErrorKind::Timeout,
+            source: None,
+        }
+    }
+
+    /// A write carried a token that is not the record's current owner's, or a `begin` a
+    /// token its caller already released (see [`IdempotencyStore::abandon`]).
+    pub fn fenced() -> Self {
+        Self {
+            kind: StoreErrorKind::Fenced,
+            source: None,
+        }
+    }
+
+    /// A stored record could not be decoded.
+    pub fn corrupt(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: StoreErrorKind::Corrupt,
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store's memory budget is full of records it must not forget (inside their
+    /// protected window, or still open): it refuses new claims rather than evict one.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::StoreError;
+    /// assert!(StoreError::full().is_full());
+    /// ```
+    pub fn full() -> Self {
+        Self {
+            kind: StoreErrorKind::Full,
+            source: None,
+        }
+    }
+
+    /// [`StoreError::full`], knowing when room frees up: in `retry_after`, the first record
+    /// the store keeps leaves its protected window and may make way for a new one.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::StoreError;
+    /// let err = StoreError::full_until(Duration::from_secs(12));
+    /// assert!(err.is_full());
+    /// assert_eq!(err.retry_after(), Some(Duration::from_secs(12)));
+    /// assert_eq!(StoreError::full().retry_after(), None);
+    /// ```
+    pub fn full_until(retry_after: Duration) -> Self {
+        Self {
+            kind: StoreErrorKind::Full,
+            source: Some(Box::new(RoomFreesIn(retry_after))),
+        }
+    }
+
+    /// See [`StoreError::full`].
+    pub fn is_full(&self) -> bool {
+        self.kind == StoreErrorKind::Full
+    }
+
+    /// When a [full](Self::is_full) store expects room for a new claim, if it knows
+    /// ([`full_until`](Self::full_until)).
+    pub fn retry_after(&self) -> Option<Duration> {
+        let room = self.source.as_deref()?.downcast_ref::<RoomFreesIn>()?;
+        Some(room.0)
+    }
+
+    /// See [`StoreError::unavailable`].
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == StoreErrorKind::Unavailable
+    }
+
+    /// See [`StoreError::timeout`].
+    pub fn is_timeout(&self) -> bool {
+        self.kind == StoreErrorKind::Timeout
+    }
+
+    /// See [`StoreError::fenced`].
+    pub fn is_fenced(&self) -> bool {
+        self.kind == StoreErrorKind::Fenced
+    }
+
+    /// See [`StoreError::corrupt`].
+    pub fn is_corrupt(&self) -> bool {
+        self.kind == StoreErrorKind::Corrupt
+    }
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Unavailable => "the ledger is unavailable",
+            StoreErrorKind::Timeout => "the ledger did not answer in time",
+            StoreErrorKind::Fenced => {
+                "the ledger refused a write from a stale owner (its lease was taken over)"
+            }
+            StoreErrorKind::Corrupt => "a ledger record could not be decoded",
+            StoreErrorKind::Full => {
+                "the ledger is full of records it must keep; refusing new operations"
+            }
+        };
+        match &self.source {
+            Some(source) => write!(f, "{what}: {source}"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+/// How long until a full store has room again (the source of a
+/// [`full_until`](StoreError::full_until) error).
+#[derive(Debug)]
+struct RoomFreesIn(Duration);
+
+impl fmt::Display for RoomFreesIn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "room frees up in {:?}", self.0)
+    }
+}
+
+impl std::error::Error for RoomFreesIn {}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|source| &**source as &(dyn std::error::Error + 'static))
+    }
+}

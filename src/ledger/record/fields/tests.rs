@@ -1,0 +1,121 @@
+use http::Method;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::{fingerprint::Fingerprint, Drift};
+
+fn changed(old: &[u8], new: &[u8]) -> Option<Vec<String>> {
+    FieldDigests::of(old)?.changed_fields(new)
+}
+
+/// What a comparison of the parsed bodies names.
+fn parsed(old: &[u8], new: &[u8]) -> Option<Vec<String>> {
+    let fp = Fingerprint::of(&Method::POST, "/", b"");
+    Drift::between(fp, old, fp, new)
+        .changed_fields()
+        .map(<[String]>::to_vec)
+}
+
+#[test]
+fn names_changed_added_and_removed_fields() {
+    let old = br#"{"order_id":"ord_8f21c3","summary":"a","total_cents":1,"gone":true}"#;
+    let new = br#"{"order_id":"ord_8f21c3","summary":"b","total_cents":1,"fresh":1}"#;
+    assert_eq!(changed(old, new).unwrap(), ["fresh", "gone", "summary"]);
+}
+
+#[test]
+fn layout_and_spelling_are_no_change() {
+    let old = br#" { "a\"b" : "x\\\"}y" , "n": {"k": [1, "]", {"z": "}"}], "j": 1.50}, "caf\u00e9": "\u00e9" } "#;
+    let new = "{\"a\\\"b\":\"x\\\\\\\"}y\",\"n\":{\"j\":1.5,\"k\":[1,\"]\",{\"z\":\"}\"}]},\"café\":\"é\"}";
+    assert_eq!(changed(old, new.as_bytes()).unwrap(), Vec::<String>::new());
+    assert_eq!(parsed(old, new.as_bytes()).unwrap(), Vec::<String>::new());
+    let moved = br#"{"a\"b":"x\\\"}y","n":{"k":[1,"]",{"z":"{"}],"j":1.5},"caf\u00e9":"e"}"#;
+    assert_eq!(changed(old, moved).unwrap(), ["café", "n"]);
+}
+
+#[test]
+fn the_last_of_a_repeated_name_counts() {
+    let old = br#"{"a":1,"a":2}"#;
+    assert_eq!(changed(old, br#"{"a":2}"#).unwrap(), Vec::<String>::new());
+    assert_eq!(changed(old, br#"{"a":1}"#).unwrap(), ["a"]);
+    assert_eq!(parsed(old, br#"{"a":1}"#).unwrap(), ["a"]);
+}
+
+#[test]
+fn bodies_that_are_not_objects_have_no_fields() {
+    for body in [
+        &b""[..],
+        b"[1]",
+        b"\"s\"",
+        b"{",
+        b"{\"a\"}",
+        b"{\"a\":1,}",
+        b"{\"a\":1} x",
+        b"{\"a\":\"unterminated}",
+        b"{\"a\":tru}",
+        b"{\"a\":[1,}",
+    ] {
+        assert!(FieldDigests::of(body).is_none(), "{body:?}");
+    }
+    assert_eq!(changed(b"{}", b"{}").unwrap(), Vec::<String>::new());
+    assert!(changed(b"{}", b"nope").is_none());
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (-1e6f64..1e6).prop_map(Value::from),
+        "[ -~é\"\\\\\n]{0,12}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            proptest::collection::btree_map("[a-z\"]{1,3}", inner, 0..4)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    /// Against a comparison of the parsed bodies: the same fields named, whatever the
+    /// nesting, escaping and layout.
+    #[test]
+    fn names_the_fields_a_parser_finds(
+        old in proptest::collection::btree_map("[a-z\"\\\\é]{1,4}", json_value(), 0..6),
+        new in proptest::collection::btree_map("[a-z\"\\\\é]{1,4}", json_value(), 0..6),
+        keep in any::<bool>(),
+        pretty in any::<bool>(),
+    ) {
+        let new = if keep { old.clone() } else { new };
+        let old_body = serde_json::to_vec(&old).unwrap();
+        let new_body = if pretty {
+            serde_json::to_vec_pretty(&new)
+        } else {
+            serde_json::to_vec(&new)
+        }
+        .unwrap();
+        prop_assert_eq!(changed(&old_body, &new_body), parsed(&old_body, &new_body));
+    }
+
+    #[test]
+    fn finds_the_first_quote(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+        prop_assert_eq!(find_quote(&bytes), bytes.iter().position(|b| *b == b'"'));
+    }
+}
+
+#[test]
+fn a_flat_payload_is_summed_up_in_a_few_bytes_a_field() {
+    let body = serde_json::to_vec(&json!({
+        "order_id": "order_000000000001",
+        "summary": "x".repeat(1000),
+    }))
+    .unwrap();
+    let fields = FieldDigests::of(&body).unwrap();
+    assert_eq!(
+        fields.0.len(),
+        2 * (2 + DIGEST_LEN) + "order_id".len() + "summary".len()
+    );
+}

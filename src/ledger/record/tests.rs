@@ -1,0 +1,87 @@
+use super::*;
+use http::HeaderValue;
+
+#[test]
+fn frozen_requests_round_trip_with_repeated_headers() {
+    let mut headers = HeaderMap::new();
+    headers.append("x-a", HeaderValue::from_static("1"));
+    headers.append("x-a", HeaderValue::from_static("2"));
+    let frozen = FrozenRequest::from_parts(
+        Method::PATCH,
+        "https://h.local:8443/p?q=1".parse().unwrap(),
+        Version::HTTP_2,
+        headers,
+        Bytes::from_static(b"\x00\xffbody"),
+    );
+    let decoded = FrozenRequest::decode(&frozen.encode()).unwrap();
+    assert_eq!(decoded.method(), Method::PATCH);
+    assert_eq!(decoded.uri(), frozen.uri());
+    assert_eq!(decoded.version(), Version::HTTP_2);
+    assert_eq!(decoded.headers(), frozen.headers());
+    assert_eq!(decoded.body(), frozen.body());
+}
+
+#[test]
+fn tombstones_round_trip_and_garbage_is_corrupt() {
+    let tomb = Outcome::Tombstone {
+        status: StatusCode::OK,
+    };
+    assert!(matches!(
+        Outcome::decode(&tomb.encode()).unwrap(),
+        Outcome::Tombstone { status } if status == StatusCode::OK
+    ));
+    assert!(Outcome::decode(&[1, 0, 0]).unwrap_err().is_corrupt());
+    assert!(Outcome::decode(&[9]).unwrap_err().is_corrupt());
+    let mut trailing = tomb.encode();
+    trailing.push(0);
+    assert!(Outcome::decode(&trailing).unwrap_err().is_corrupt());
+}
+
+#[test]
+fn digest_hashing_spreads_keys_built_by_hand() {
+    use std::hash::BuildHasher;
+    let state = DigestState::default();
+    let mut low_bits = std::collections::HashSet::new();
+    let mut hashes = std::collections::HashSet::new();
+    for n in 0u64..4096 {
+        let mut bytes = [0xf1; 32];
+        bytes[..8].copy_from_slice(&n.to_le_bytes());
+        let hash = state.hash_one(LedgerKey::from_bytes(bytes));
+        hashes.insert(hash);
+        low_bits.insert(hash & 0xfff);
+    }
+    assert_eq!(hashes.len(), 4096);
+    assert!(low_bits.len() > 2000, "buckets spread: {}", low_bits.len());
+}
+
+#[test]
+fn each_map_hashes_with_a_seed_of_its_own() {
+    use std::hash::BuildHasher;
+    let key = LedgerKey::from_bytes([7; 32]);
+    let (one, other) = (DigestState::default(), DigestState::default());
+    assert_eq!(one.hash_one(key), one.clone().hash_one(key));
+    assert_ne!(
+        one.hash_one(key),
+        other.hash_one(key),
+        "two maps, two seeds"
+    );
+    // A bucket index known from one map says nothing of another's.
+    let buckets = (0..64)
+        .map(|_| DigestState::default().hash_one(key) & 0xfff)
+        .collect::<std::collections::HashSet<_>>();
+    assert!(buckets.len() > 32, "buckets: {}", buckets.len());
+}
+
+#[test]
+fn ledger_key_derivations_are_domain_separated() {
+    let op = IdempotencyKey::derive("s", "k", "");
+    assert_ne!(
+        LedgerKey::for_operation(op),
+        LedgerKey::client_header("s", "", "", "", "k")
+    );
+    assert_ne!(LedgerKey::server("a", "k"), LedgerKey::server("ak", ""));
+    assert_ne!(
+        LedgerKey::client_header("", "", "https", "a.example", "k"),
+        LedgerKey::client_header("", "", "https", "a.exampl", "ek")
+    );
+}

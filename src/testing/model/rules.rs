@@ -1,0 +1,255 @@
+//! The model's answers: each op applied to the records as the module docs' rules say.
+
+use super::*;
+
+impl Model {
+    /// An empty ledger at time zero, whose ops ask for `lease` and `retention`.
+    pub fn new(lease: Duration, retention: Duration) -> Self {
+        Self {
+            lease,
+            retention,
+            now: Duration::ZERO,
+            records: BTreeMap::new(),
+            released: BTreeMap::new(),
+        }
+    }
+
+    /// The lease every `begin` and `renew` asks for.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The retention every `begin`, `complete` and `mark_in_doubt` asks for.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// How much time has passed since the model was made.
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// The record held for `key`, if any (`None`: absent, or past its retention).
+    pub fn record(&self, key: Key) -> Option<&Record> {
+        self.records
+            .get(&key)
+            .filter(|record| record.retain_until > self.now)
+    }
+
+    /// Apply `op` and say what the protocol answers it.
+    pub fn apply(&mut self, op: &Op) -> Answer {
+        match *op {
+            Op::Advance(by) => {
+                self.now += by;
+                Answer::Ok
+            }
+            Op::Begin {
+                key,
+                fingerprint,
+                token,
+                take_over,
+            } => self.begin(key, fingerprint, token, take_over),
+            Op::Complete {
+                key,
+                token,
+                outcome,
+            } => {
+                let now = self.now;
+                let retention = self.retention;
+                let Some(record) = self.owned(key, token) else {
+                    return Answer::Fenced;
+                };
+                record.state = State::Completed(outcome);
+                record.retain_until = now + retention;
+                Answer::Ok
+            }
+            Op::Abandon { key, token } => {
+                let Some(record) = self.owned(key, token) else {
+                    // Nothing of this token's to release; its `begin` may still be on its
+                    // way, and must not claim the key when it arrives.
+                    if self.record(key).is_none() {
+                        self.release(key, token);
+                    }
+                    return Answer::Fenced;
+                };
+                if let State::InFlight { resumed: true, .. } = record.state {
+                    record.state = State::InDoubt;
+                } else {
+                    self.records.remove(&key);
+                    self.release(key, token);
+                }
+                Answer::Ok
+            }
+            Op::MarkInDoubt { key, token } => {
+                let now = self.now;
+                let retention = self.retention;
+                let Some(record) = self.owned(key, token) else {
+                    return Answer::Fenced;
+                };
+                record.state = State::InDoubt;
+                record.retain_until = record.retain_until.max(now + retention);
+                Answer::Ok
+            }
+            Op::Forget {
+                key,
+                kind,
+                fingerprint,
+                attempts,
+                force,
+            } => self.forget(key, kind, fingerprint, attempts, force),
+            Op::Renew { key, token } => {
+                let lease_until = self.now + self.lease;
+                let Some(record) = self.owned(key, token) else {
+                    return Answer::Fenced;
+                };
+                if let State::InFlight {
+                    lease_until: lease, ..
+                } = &mut record.state
+                {
+                    *lease = lease_until;
+                }
+                Answer::Ok
+            }
+        }
+    }
+
+    fn begin(&mut self, key: Key, fingerprint: Fp, token: Token, take_over: bool) -> Answer {
+        self.forget_if_expired(key);
+        let now = self.now;
+        let lease = self.lease;
+        let Some(record) = self.records.get_mut(&key) else {
+            if self.is_released(key, token) {
+                return Answer::Fenced;
+            }
+            self.released.remove(&key);
+            self.records.insert(
+                key,
+                Record {
+                    fingerprint,
+                    state: State::InFlight {
+                        token,
+                        lease_until: now + lease,
+                        resumed: false,
+                    },
+                    retain_until: now + self.retention,
+                    attempts: 1,
+                },
+            );
+            return Answer::Acquired { token };
+        };
+        if record.fingerprint != fingerprint {
+            return Answer::Drift {
+                stored: record.fingerprint,
+            };
+        }
+        match record.state {
+            State::Completed(outcome) => Answer::Replay(outcome),
+            State::InFlight {
+                token: owner,
+                resumed,
+                ..
+            } if owner == token => {
+                if resumed {
+                    Answer::Resume {
+                        token,
+                        frozen: record.fingerprint,
+                    }
+                } else {
+                    Answer::Acquired { token }
+                }
+            }
+            State::InFlight { lease_until, .. } if lease_until > now => Answer::Busy {
+                retry_after: lease_until - now,
+            },
+            _ if !take_over => Answer::InDoubt,
+            _ => {
+                record.state = State::InFlight {
+                    token,
+                    lease_until: now + lease,
+                    resumed: true,
+                };
+                record.attempts += 1;
+                Answer::Resume {
+                    token,
+                    frozen: record.fingerprint,
+                }
+            }
+        }
+    }
+
+    fn forget(
+        &mut self,
+        key: Key,
+        kind: RecordKind,
+        fingerprint: Fp,
+        attempts: u32,
+        force: bool,
+    ) -> Answer {
+        self.forget_if_expired(key);
+        let Some(record) = self.records.get(&key) else {
+            return Answer::Absent;
+        };
+        let current = match record.state {
+            State::InFlight { .. } => RecordKind::InFlight,
+            State::InDoubt => RecordKind::InDoubt,
+            State::Completed(_) => RecordKind::Completed,
+        };
+        if current != kind || record.fingerprint != fingerprint || record.attempts != attempts {
+            return Answer::Changed;
+        }
+        match record.state {
+            State::InFlight { lease_until, .. } if lease_until > self.now && !force => {
+                Answer::Live {
+                    lease_left: lease_until - self.now,
+                }
+            }
+            _ => {
+                self.records.remove(&key);
+                Answer::Forgotten
+            }
+        }
+    }
+
+    /// Mark the absent `key` released under `token` (rule 0), every token it was released
+    /// under until a minute from now.
+    fn release(&mut self, key: Key, token: Token) {
+        let until = self.now + RELEASED_FOR;
+        let now = self.now;
+        let released = self.released.entry(key).or_insert(Released {
+            tokens: Vec::new(),
+            until,
+        });
+        if released.until <= now {
+            released.tokens.clear();
+        }
+        released.until = until;
+        if !released.tokens.contains(&token) {
+            released.tokens.push(token);
+        }
+    }
+
+    /// Whether the absent `key` is released under `token` now.
+    fn is_released(&self, key: Key, token: Token) -> bool {
+        self.released
+            .get(&key)
+            .is_some_and(|released| released.until > self.now && released.tokens.contains(&token))
+    }
+
+    /// The record of `key`, if `token` owns it (in flight under that token).
+    fn owned(&mut self, key: Key, token: Token) -> Option<&mut Record> {
+        self.forget_if_expired(key);
+        self.records.get_mut(&key).filter(
+            |record| matches!(record.state, State::InFlight { token: owner, .. } if owner == token),
+        )
+    }
+
+    fn forget_if_expired(&mut self, key: Key) {
+        if self
+            .records
+            .get(&key)
+            .is_some_and(|record| record.retain_until <= self.now)
+        {
+            self.records.remove(&key);
+        }
+    }
+}

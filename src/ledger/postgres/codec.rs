@@ -50,6 +50,8 @@ pub(crate) fn begin_params<'a>(
         key: request.key.as_bytes(),
         fingerprint: request.fingerprint.as_bytes(),
         token: token_bytes(request.token).to_vec(),
+        // A record with no retention left is absent to every call: a floor of 1 ms keeps a
+        // claim from being born absent.
         lease_ms: millis(request.lease, 0),
         retention_ms: millis(request.retention, 1),
         take_over: request.take_over,
@@ -165,6 +167,8 @@ pub(crate) fn millis(duration: Duration, min: u128) -> i64 {
 /// (about 24.8 days). Past it the server refuses the setting, and with it every connection
 /// or transaction: a longer bound is as good as that one.
 pub(crate) fn setting_millis(duration: Duration) -> i64 {
+    // At least 1 ms: to PostgreSQL a `statement_timeout` or `lock_timeout` of 0 means no
+    // bound at all, the opposite of a short one. At most `i32::MAX`: both are `int` settings.
     millis(duration, 1).min(i64::from(i32::MAX))
 }
 

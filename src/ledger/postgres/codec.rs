@@ -50,8 +50,6 @@ pub(crate) fn begin_params<'a>(
         key: request.key.as_bytes(),
         fingerprint: request.fingerprint.as_bytes(),
         token: token_bytes(request.token).to_vec(),
-        // A record with no retention left is absent to every call: a floor of 1 ms keeps a
-        // claim from being born absent.
         lease_ms: millis(request.lease, 0),
         retention_ms: millis(request.retention, 1),
         take_over: request.take_over,

@@ -172,7 +172,7 @@ impl IdempotencyStore for RedisStore {
             // same token to recognise its own claim.
             let token = request.token;
             let mut call = ScriptCall::new(&BEGIN, self.redis_key(&request.key));
-            // The lease may be 0 (a claim already expired is legal, if useless): it is a field
+            // The lease may be 0 (a claim born lapsed is legal): it is a field
             // compared with Redis's clock. The retention is the key's `PX` TTL, where 0 would
             // delete the record in the step that writes it, hence the floor of 1 ms.
             call.arg(request.fingerprint.to_hex())

@@ -174,8 +174,9 @@ pub(super) fn recording<ResBody>(
         Buffered::Whole(bytes) => {
             // Replays say which request they answer (see `crate::digest`).
             let headers = server.recorded_headers(&parts.headers, &digest.field());
-            // One `Bytes`, shared (a clone is a reference count): the first caller gets the
-            // very bytes the record holds, so every replay is byte for byte what it got.
+            // The record is made from the very bytes the first caller is sent (a `Bytes`
+            // clone is a reference count; a small body is then copied into the record's
+            // own buffer), so every replay is byte for byte what the first caller got.
             let stored = StoredResponse::of_block(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),

@@ -539,7 +539,7 @@ pub(crate) fn scope_id(scope: &str) -> u64 {
         return 0;
     }
     // `DefaultHasher` is not stable across Rust releases, and need not be: the id only sizes
-    // a store's in-memory shares, and never leaves the process or reaches a record.
+    // the in-memory store's shares, never leaves the process, and never names a record.
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     scope.hash(&mut hasher);
     // The low bit set keeps a named scope off `0`, which means "no scope".

@@ -132,7 +132,7 @@ impl RedisStore {
             .map_err(|_elapsed| StoreError::timeout())?
             .map_err(from_redis)?;
         // Every script answers a tagged array, refusals included (see `prelude.lua`). Anything
-        // else means the script behind this SHA is not ours: refuse to read it as an answer.
+        // else is no ledger script's answer: refuse to read it as one.
         match reply {
             Value::Array(items) if !items.is_empty() => Ok(items),
             other => Err(StoreError::corrupt(format!(
@@ -145,7 +145,8 @@ impl RedisStore {
     async fn settle(&self, call: &ScriptCall) -> Result<(), StoreError> {
         let reply = self.invoke(call).await?;
         // The script compared the token and wrote in one atomic step, so `fenced` means
-        // nothing was written: another owner holds the record, or it was settled already.
+        // nothing was written: another owner holds the record, it was settled already, or it
+        // is gone.
         match tag(&reply)? {
             b"ok" => Ok(()),
             b"fenced" => Err(StoreError::fenced()),

@@ -124,12 +124,17 @@ impl Expected {
         let Some(current) = current else {
             return Forget::Absent;
         };
+        // Identity before liveness: a record that moved on is `Changed` even when its lease
+        // runs, because the operator's look no longer describes it, forced or not. `force`
+        // only ever overrides a live lease on the very record that was seen.
         if RecordKind::of(&current.state) != self.kind
             || current.fingerprint != self.fingerprint
             || current.attempts != self.attempts
         {
             return Forget::Changed;
         }
+        // A lapsed lease protects nobody: no owner is working, and the next `begin` would read
+        // the record as in doubt anyway.
         match current.state {
             RecordState::InFlight { lease_left, .. } if !lease_left.is_zero() && !self.force => {
                 Forget::Live { lease_left }
@@ -191,6 +196,8 @@ pub(crate) fn report(
     answer: &Result<Forget, StoreError>,
 ) {
     let state = expected.kind.as_str();
+    // A removal is a `WARN`: it is the one ledger event that lets an operation run again,
+    // and the first place to look when one did. A refusal changed nothing: `INFO`.
     let result = match answer {
         Ok(Forget::Forgotten) => {
             tracing::warn!(

@@ -209,6 +209,8 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// cannot be inspected says so.
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
         let _ = key;
+        // An error, never `Ok(None)`: "no record" is an answer an operator acts on (a key
+        // free to use, nothing to forget), and a store that cannot look must not give it.
         StoreFuture::ready(Err(StoreError::unavailable(
             "this store cannot be inspected",
         )))
@@ -289,6 +291,8 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// ```
     fn forget(&self, key: LedgerKey, expected: Expected) -> StoreFuture<'_, Forget> {
         let _ = (key, expected);
+        // Not `Absent` nor `Changed`: either would tell the operator something about the
+        // record this store never looked at.
         StoreFuture::ready(Err(StoreError::unavailable(
             "this store cannot forget records",
         )))
@@ -459,9 +463,12 @@ impl BeginRequest {
             key,
             fingerprint,
             frozen: None,
+            // Made here, once, and carried by every clone: a `begin` sent again after a lost
+            // reply is a clone, so it brings this token and the store recognises its claim.
             token: LeaseToken::generate(),
             lease,
             retention,
+            // The safe default: nothing may be evicted that the caller did not say it may.
             protected: retention,
             take_over: true,
             scope: 0,
@@ -531,8 +538,11 @@ pub(crate) fn scope_id(scope: &str) -> u64 {
     if scope.is_empty() {
         return 0;
     }
+    // `DefaultHasher` is not stable across Rust releases, and need not be: the id only sizes
+    // the in-memory store's shares, never leaves the process, and never names a record.
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     scope.hash(&mut hasher);
+    // The low bit set keeps a named scope off `0`, which means "no scope".
     hasher.finish() | 1
 }
 

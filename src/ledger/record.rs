@@ -25,8 +25,9 @@ pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
 /// - an [`OperationId`](crate::OperationId)'s key is used as is (its derivation already
 ///   covers the scope): [`LedgerKey::for_operation`];
 /// - a caller's own `Idempotency-Key` on the client:
-///   `SHA-256("tower-idempotency/ledger/client/v2" || lp(scope) || lp(scheme) ||
-///   lp(authority) || lp(key))`, so one key sent to two hosts is two operations;
+///   `SHA-256("tower-idempotency/ledger/client/v3" || lp(scope) || lp(principal) ||
+///   lp(scheme) || lp(authority) || lp(key))`, so one key sent to two hosts, or for two
+///   principals, is two operations;
 /// - the server: `SHA-256("tower-idempotency/ledger/server/v2" || lp(scope) || lp(key))`,
 ///   so one tenant's key never touches another's record, and one key is one request
 ///   whatever method or path it is reused on (the fingerprint tells those apart: a reuse
@@ -103,6 +104,9 @@ impl LedgerKey {
     }
 
     fn hash(tag: &[u8], fields: &[&[u8]]) -> Self {
+        // The tag keeps the derivations (and each one's versions) apart; the length prefixes
+        // keep the fields apart, so ("ab", "c") and ("a", "bc") never meet. Changing either
+        // changes every key of that derivation: records made before are no longer found.
         let mut hasher = Sha256::new();
         hasher.update(tag);
         for field in fields {
@@ -202,6 +206,8 @@ pub struct LeaseToken(u128);
 impl LeaseToken {
     /// A fresh token.
     pub fn generate() -> Self {
+        // Fencing needs tokens that two owners never share, not secret ones: a token only
+        // travels between a layer and its store. 128 bits make a repeat out of reach.
         Self(fastrand::u128(..))
     }
 
@@ -256,6 +262,8 @@ impl Outcome {
     /// assert_eq!(response.body().as_ref(), b"ok");
     /// ```
     pub fn encode(&self) -> Vec<u8> {
+        // The first four bytes (version, tag, status) stay where they are: `inspect.lua` reads
+        // a recorded status from them without decoding the rest.
         let mut out = Writer::new(ENCODING_VERSION);
         match self {
             Self::Response(response) => {

@@ -247,16 +247,22 @@ where
                             report,
                         )
                     }
+                    // Nothing claimed yet: the refusal leaves the key unused (module docs, 1.).
                     Err(err) => {
                         let answer = refused_body(this.server, &err);
                         return done(this.step, Admitted::Answer(Ok(answer)));
                     }
                 },
+                // Dropped while pending, the boxed claim goes with it: the engine's
+                // unanswered-claim guard releases whatever the store may have claimed (in the
+                // transactional mode, the dropped connection rolls the claim back).
                 StepProj::Claiming { claiming, claimant } => {
                     let claimed = std::task::ready!(claiming.as_mut().poll(cx));
                     let claimant = claimant.take().expect("claimed once");
                     decide(this.server, this.inner, *this.ledger_key, claimant, claimed)
                 }
+                // The mark goes on the handler's answer, since it is the client that must learn
+                // that a retry may run the handler again; nothing is recorded either way.
                 StepProj::FailingOpen { running, report } => {
                     let answered = std::task::ready!(running.as_mut().poll(cx)).map(|response| {
                         let mut response = response.map(ResponseBody::inner);

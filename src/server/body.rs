@@ -50,6 +50,8 @@ pin_project! {
 
 impl<B> RequestBody<B> {
     pub(crate) fn buffered(bytes: Bytes) -> Self {
+        // An empty body is held as already ended: `is_end_stream` is then true from the
+        // start, and the handler sees no body rather than one empty data frame.
         Self {
             kind: Kind::Buffered {
                 bytes: (!bytes.is_empty()).then_some(bytes),
@@ -130,6 +132,8 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
+            // Exact, as the bytes are all here: a consumer that sizes a buffer or a
+            // `Content-Length` from the hint (a handler forwarding the body) gets the truth.
             Kind::Buffered { bytes } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }

@@ -409,9 +409,13 @@ impl Builder {
     /// assert!(err.to_string().contains("set-cookie"));
     /// ```
     pub fn build(self) -> Result<IdempotencyLayer<ServerFace>, ConfigError> {
+        // A zero lease is born expired: every claim would read as in doubt at once, and the
+        // first duplicate would find an owner that is still working "dead".
         if self.lease.is_zero() {
             return Err(ConfigError::new("the lease must be longer than zero"));
         }
+        // A record must outlive its owner's lease: one that expired first would vanish under
+        // a running handler, and a duplicate would find the key free and run it again.
         // Compared as the ledger will hold them (saturated): a lease and a retention that
         // both saturate are equal there.
         if self.retention.min(LONGEST) <= self.lease.min(LONGEST) {

@@ -62,6 +62,8 @@ impl ServerFace {
     /// Whether `req` goes through the ledger: its [`EffectClass`] when a layer outside set
     /// one, else its method.
     pub(super) fn is_side_effect<B>(&self, req: &Request<B>) -> bool {
+        // An explicit class wins over the method: a layer outside that set one knows the
+        // route (a `PUT` that charges, a `POST` that only searches); the method is a guess.
         match req.extensions().get::<EffectClass>() {
             Some(class) => class.is_side_effect(),
             None => self.methods.contains(req.method()),
@@ -97,6 +99,9 @@ impl IdempotencyLayer<ServerFace> {
     pub fn records(&self) -> crate::ledger::Records {
         let face = self.face().clone();
         let store = face.ledger.store.clone();
+        // The derivation `call` makes (`service.rs`), step for step: an operator's look-up
+        // must land on the very record a request with this head would claim. A malformed or
+        // repeated key finds nothing, as the layer never lets one reach the ledger.
         crate::ledger::Records::server(store, move |head: &Parts| {
             let key = crate::HeaderKey::from_headers(&head.headers).ok()??;
             let scope = face.scope.of(head)?;

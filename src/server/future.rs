@@ -83,6 +83,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
+            // Polled in place, its body wrapped, never buffered: a request outside the ledger
+            // costs this layer no allocation, and its response streams as the handler
+            // writes it.
             FutureKindProj::PassThrough { future } => {
                 future.poll(cx).map_ok(|r| r.map(ResponseBody::inner))
             }

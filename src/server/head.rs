@@ -41,6 +41,8 @@ impl KeyedHead {
                 // The first, as `HeaderMap::get` reads it.
                 content_length = content_length.or(Some(value));
             } else if *name == IDEMPOTENCY_KEY {
+                // Kept going after a second copy rather than stopping: the pass must still
+                // find the other two names, and `repeated` alone decides the answer.
                 repeated |= key.replace(value).is_some();
             } else if *name == CONTENT_DIGEST {
                 content_digest = true;
@@ -48,6 +50,9 @@ impl KeyedHead {
         }
         let key = match key {
             None => Ok(None),
+            // Refused even when the copies agree, as `HeaderKey::from_headers` refuses them:
+            // two field lines are one comma-joined field (RFC 9110 §5.3), which is no single
+            // sf-string, and picking one copy would guess at which the client meant.
             Some(_) if repeated => Err(InvalidKey::Repeated),
             Some(value) => HeaderKey::parse(value).map(Some),
         };
@@ -87,6 +92,8 @@ pub(super) fn verified_body_digest(
     }
     let field = ContentDigest::of_headers(headers)?;
     match field.verify(body) {
+        // `None`: no `sha-256` member was checked (`sha-512` only), and the fingerprint
+        // still needs the body's SHA-256.
         Ok(verified) => Ok(verified.unwrap_or_else(|| BodyDigest::of(body))),
         Err(err) if err.is_mismatch() && decoded_in_front(headers) => {
             tracing::debug!(

@@ -269,6 +269,8 @@ fn with_retry_after<T>(
 
 /// Whole seconds, rounded up and at least 1: `Retry-After: 0` would invite a busy loop.
 pub(crate) fn retry_after_value(after: Duration) -> HeaderValue {
+    // Up, never down: `Retry-After` counts whole seconds, and a client sent back before the
+    // owner's lease ends only meets the same `409` again. `0` would invite a tight loop.
     let mut secs = after.as_secs();
     if after.subsec_nanos() > 0 || secs == 0 {
         // Saturating: a `retry_after(Duration::MAX)` the builder accepted must not panic.

@@ -82,6 +82,9 @@ impl ServerFace {
     /// `Idempotent-Replayed: true` (see [`replayed_headers`](Self::replayed_headers)).
     pub(super) fn recorded_headers(&self, response: &HeaderMap, digest: &[u8]) -> HeaderBlock {
         let digest_name = IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes();
+        // The builder keeps every `NEVER_REPLAYED` name out of the allow-list, so a digest
+        // header the handler set is dropped here and the only one recorded is the request's,
+        // pushed last.
         let kept = || {
             response
                 .iter()
@@ -106,6 +109,7 @@ impl ServerFace {
         let mut digest_kept = false;
         for entry in block.entries() {
             let name = if entry.name == IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes() {
+                // A replay answers one request, so it names one: the first the record holds.
                 if std::mem::replace(&mut digest_kept, true) {
                     continue;
                 }
@@ -124,6 +128,8 @@ impl ServerFace {
                 break;
             }
         }
+        // Added here, never taken from the record: the mark says what this layer did with
+        // this request, which no record can know.
         headers.append(
             IDEMPOTENT_REPLAYED.clone(),
             HeaderValue::from_static("true"),
@@ -141,6 +147,8 @@ pub(super) fn replay<T>(server: &ServerFace, stored: Outcome) -> Response<Respon
             *response.headers_mut() = server.replayed_headers(&stored);
             response
         }
+        // The handler ran, but its answer was too large to keep: `410`, never a second run
+        // and never a truncated body passed off as the answer.
         Outcome::Tombstone { status } => {
             outcome("response-not-recorded");
             problem::response_not_recorded(status)
@@ -166,6 +174,9 @@ pub(super) fn recording<ResBody>(
         Buffered::Whole(bytes) => {
             // Replays say which request they answer (see `crate::digest`).
             let headers = server.recorded_headers(&parts.headers, &digest.field());
+            // The record is made from the very bytes the first caller is sent (a `Bytes`
+            // clone is a reference count; a small body is then copied into the record's
+            // own buffer), so every replay is byte for byte what the first caller got.
             let stored = StoredResponse::of_block(status, parts.version, headers, bytes.clone());
             (
                 Outcome::Response(stored),

@@ -224,6 +224,8 @@ impl PostgresStoreBuilder {
             setting_millis(self.operation_timeout),
             setting_millis(self.lock_wait),
         );
+        // Ours after theirs: of two `-c` for one setting the later wins, so the ledger's
+        // bounds hold even when the URL sets its own.
         let options = match config.get_options() {
             Some(theirs) if !theirs.is_empty() => format!("{theirs} {options}"),
             _ => options,
@@ -254,6 +256,8 @@ impl PostgresStoreBuilder {
         let bound = self
             .connection_timeout
             .saturating_add(self.operation_timeout);
+        // One connection made now: a wrong URL, credential or unreachable host fails here, at
+        // start-up, rather than as a `503` on the first keyed request.
         let probe = async {
             let client = store.inner.pool.get().await.map_err(from_pool)?;
             client.simple_query("SELECT 1").await.map_err(from_pg)

@@ -165,6 +165,8 @@ pub(crate) fn millis(duration: Duration, min: u128) -> i64 {
 /// (about 24.8 days). Past it the server refuses the setting, and with it every connection
 /// or transaction: a longer bound is as good as that one.
 pub(crate) fn setting_millis(duration: Duration) -> i64 {
+    // At least 1 ms: to PostgreSQL a `statement_timeout` or `lock_timeout` of 0 means no
+    // bound at all, the opposite of a short one. At most `i32::MAX`: both are `int` settings.
     millis(duration, 1).min(i64::from(i32::MAX))
 }
 

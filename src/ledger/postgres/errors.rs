@@ -34,12 +34,19 @@ pub(crate) fn from_pg(err: tokio_postgres::Error) -> StoreError {
 }
 
 pub(crate) fn classify(err: tokio_postgres::Error) -> PgFailure {
+    // No SQLSTATE: the connection failed (closed, I/O), not the statement, and whether the
+    // statement ran is unknown. Unavailable, like a timeout, is what the engine treats as
+    // ambiguous: a `begin` is asked again under its token, never taken as "nothing claimed".
     let Some(code) = err.code() else {
         return PgFailure(StoreError::unavailable(err), false);
     };
+    // `lock_timeout`: the key's row is held by another open transaction. Flagged apart
+    // because for `begin` that is an answer (busy), not a failure.
     if *code == SqlState::LOCK_NOT_AVAILABLE {
         PgFailure(StoreError::timeout(), true)
     } else if *code == SqlState::QUERY_CANCELED {
+        // `statement_timeout`, the server's copy of the operation timeout, cut the
+        // statement off (or an operator cancelled it): the statement was rolled back.
         PgFailure(StoreError::timeout(), false)
     } else if *code == SqlState::DISK_FULL || *code == SqlState::INSUFFICIENT_RESOURCES {
         PgFailure(StoreError::full(), false)

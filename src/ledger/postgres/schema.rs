@@ -30,16 +30,24 @@ impl PostgresStore {
     /// ```
     pub async fn migrate(&self) -> Result<i32, StoreError> {
         let schema = &self.inner.schema;
-        // DDL may wait on locks longer than a ledger call: bound it by the connection
-        // timeout plus a generous allowance instead.
+        // DDL may wait on locks longer than a ledger call (an `ALTER TABLE` waits for every
+        // call on the table to finish): bound it by the operation timeout, but never less
+        // than 30 s.
         let bound = self.inner.operation_timeout.max(Duration::from_secs(30));
         let work = async {
             let mut client = self.inner.pool.get().await.map_err(from_pool)?;
+            // Every step, and the version bump, in one transaction: a migrator that dies half
+            // way leaves the previous version whole, and the next one starts from it.
             let tx = client.transaction().await.map_err(from_pg)?;
+            // The pool's connections carry the ledger calls' `statement_timeout` and
+            // `lock_timeout`, far too short for DDL; `LOCAL` lifts them for this transaction
+            // only (the connection returns to the pool with its own), and `bound` still holds.
             tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
                 .await
                 .map_err(from_pg)?;
-            // One migrator at a time per schema; the others find the work done.
+            // One migrator at a time per schema; the others find the work done. Taken before
+            // the `IF NOT EXISTS` statements below, which are not safe against each other:
+            // two concurrent `CREATE TABLE IF NOT EXISTS` can both miss and one then fails.
             tx.execute(
                 "SELECT pg_advisory_xact_lock(7130412, hashtext($1))",
                 &[&schema.as_str()],

@@ -133,6 +133,9 @@ BEGIN
 
         -- Hand the operation over under the caller's token, if it is still what we read.
         -- The retention is left as it is: only a completion or a failed attempt renews it.
+        -- "What we read" is pinned by `created_at` (a record replaced after its retention,
+        -- or forgotten and claimed again, has another) and by the token (another caller's
+        -- resume in between changed it): either way this caller must not take it over.
         UPDATE {schema}.records t
            SET state = 'in_flight', token = p_token,
                lease_until = now_ + p_lease_ms * interval '1 millisecond', sent = true,
@@ -147,6 +150,8 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
+    -- Eight reads each overtaken by another writer: a storm on one key. Raised rather than
+    -- answered, so the caller gets an error (and fails closed), never a guessed answer.
     RAISE EXCEPTION 'the ledger record kept changing while it was claimed'
         USING ERRCODE = 'serialization_failure';
 END

@@ -20,6 +20,8 @@ use crate::ledger::{
 use crate::FrozenRequest;
 
 /// Rows deleted per sweep statement: small enough that each statement is brief.
+// Each batch is its own statement and its own transaction, so the row locks a batch takes
+// are released before the next: a live claim on an expired key waits at most one batch.
 const SWEEP_BATCH: i32 = 1000;
 /// The durable ledger on PostgreSQL. See the [module docs](super) for how it works, the
 /// transactional server mode and what durability to expect.
@@ -138,6 +140,8 @@ impl PostgresStore {
                 .map_err(StoreError::from)?;
             let deleted: i64 = row.get(0);
             total += deleted as u64;
+            // A short batch means no unlocked expired row was left; rows skipped because a
+            // claim held them are that claim's to replace, or the next sweep's to delete.
             if deleted < i64::from(SWEEP_BATCH) {
                 return Ok(total);
             }
@@ -167,6 +171,8 @@ impl PostgresStore {
     /// Run one prepared statement answering one row: one round trip once the connection
     /// has prepared it.
     async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, PgFailure> {
+        // The bound covers the wait for a pooled connection too: an exhausted pool must fail
+        // the call closed within the operation timeout, like a slow database.
         let work = async {
             let client = self
                 .inner
@@ -177,6 +183,8 @@ impl PostgresStore {
             let statement = client.prepare_cached(sql).await.map_err(classify)?;
             client.query_one(&statement, params).await.map_err(classify)
         };
+        // A cut-off call may still commit on the server (the statement runs on without us):
+        // the layers read a timeout as "may have applied", as they do for every store.
         tokio::time::timeout(self.inner.operation_timeout, work)
             .await
             .map_err(|_elapsed| PgFailure(StoreError::timeout(), false))?
@@ -185,6 +193,8 @@ impl PostgresStore {
     /// Run a fenced transition: `true` applied it, `false` means the token does not own
     /// the record. A lock wait that ran out is a timeout: the engine asks again.
     async fn settle(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<(), StoreError> {
+        // Each function re-checks the state and the token in the `WHERE` of the `UPDATE` that
+        // writes (on the row it locks), so `false` means nothing was written.
         match self.query_one(sql, params).await {
             Ok(row) if row.get::<_, bool>(0) => Ok(()),
             Ok(_) => Err(StoreError::fenced()),
@@ -199,8 +209,12 @@ impl PostgresStore {
         // A weak handle: the sweeper ends when the last clone of the store is dropped.
         let weak = Arc::downgrade(&self.inner);
         runtime.spawn(async move {
+            // `Delay`: a sweep that overran its period (a large backlog) is followed by a
+            // full pause, not by a burst of catch-up sweeps competing with live claims.
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick completes at once: skipped, so that no sweep runs at start-up,
+            // when every replica connects (and would sweep) at the same moment.
             ticks.tick().await;
             loop {
                 ticks.tick().await;
@@ -242,6 +256,9 @@ impl IdempotencyStore for PostgresStore {
                 .await;
             match answer {
                 Ok(row) => decode_begin(&row, token),
+                // `lock_timeout` ran out waiting on the key's row. Plain calls hold a row for
+                // one statement; only a transactional-mode request holds it (an uncommitted
+                // claim) for as long as its handler runs, and that operation is in flight.
                 Err(err) if err.is_lock_wait() => Ok(busy_behind_a_transaction(&request)),
                 Err(err) => Err(err.into_store_error()),
             }
@@ -268,6 +285,8 @@ impl IdempotencyStore for PostgresStore {
                     &encoded,
                     &status,
                     &retention,
+                    // Not strict: a refused completion answers `false` (fenced) instead of
+                    // raising; only the transactional mode needs it to abort a transaction.
                     &false,
                 ],
             )
@@ -344,6 +363,7 @@ impl IdempotencyStore for PostgresStore {
                         .map_err(from_pg)
                 })
                 .await?;
+            // `inspect_op` answers no row for an absent, expired or released key.
             rows.first().map(decode_inspect).transpose()
         })
     }

@@ -62,6 +62,10 @@ pub struct PostgresTransaction {
 
 /// The connection and the handler's wish, shared by the layer and the handler.
 struct Shared {
+    // An async mutex: the handler holds the connection across its awaits. It also orders the
+    // handler's statements before the layer's record and `COMMIT`: the layer takes the
+    // connection out (`None` from then on), so no handler statement can land after the
+    // commit, in a transaction that is over or on a connection back in the pool.
     connection: tokio::sync::Mutex<Option<TxConnection>>,
     rollback_only: AtomicBool,
 }
@@ -232,6 +236,9 @@ impl PostgresStore {
             let [key, fp, token, lease, retention, take_over, frozen] = params.as_params();
             let params: [&(dyn ToSql + Sync); 8] =
                 [key, fp, token, lease, retention, take_over, frozen, &lock];
+            // `join!` polls in the order written, and tokio-postgres queues a request on its
+            // first poll, so `BEGIN` reaches the server before the claim: the claim is the
+            // transaction's first statement, and both go in one round trip.
             let (opened, claimed) = tokio::join!(
                 client.batch_execute("BEGIN"),
                 client.query(&statement, &params),
@@ -248,6 +255,8 @@ impl PostgresStore {
                 });
             Ok::<_, PgFailure>((outcome, connection))
         };
+        // Cut off here, `connection` drops with the future and closes: an open transaction
+        // (and the claim in it) is rolled back by the server, never left to a later user.
         let (outcome, connection) = tokio::time::timeout(self.inner.operation_timeout, work)
             .await
             .map_err(|_elapsed| StoreError::timeout())?
@@ -368,6 +377,10 @@ impl OpenTransaction {
             let token = token.as_slice();
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
                 [&key, &token, &encoded, &status, &retention, &true];
+            // Record, then `COMMIT`, queued in that order in one round trip (as `BEGIN` and
+            // the claim are). Nothing can have moved the record since the claim: the key's
+            // advisory lock keeps other transactional claims out, and the claim's own write
+            // holds the row against plain calls until this commit.
             let (recorded, committed) = tokio::join!(
                 client.query_one(&statement, &params),
                 client.batch_execute("COMMIT"),
@@ -407,6 +420,9 @@ impl Drop for OpenTransaction {
         runtime.spawn(async move {
             let rolled_back =
                 tokio::time::timeout(bound, connection.client().batch_execute("ROLLBACK")).await;
+            // Back to the pool only after a confirmed `ROLLBACK`: a connection whose
+            // transaction may still be open is closed on drop instead, so no later user of
+            // the pool inherits the request's writes.
             if let Ok(Ok(())) = rolled_back {
                 connection.release();
             }

@@ -17,6 +17,8 @@ pub(super) fn corrupt(err: impl fmt::Display) -> StoreError {
 }
 
 pub(super) fn version_code(version: Version) -> u8 {
+    // The codes are in records written by earlier releases: never renumber them. A version
+    // `http` adds later is recorded as HTTP/1.1 rather than refused at record time.
     match version {
         Version::HTTP_09 => 0,
         Version::HTTP_10 => 1,

@@ -36,6 +36,9 @@ pub struct FieldDigests(Box<[u8]>);
 
 /// An entry: the name's length (`u16` big-endian), the name as it appears between its
 /// quotes (escapes kept), the value's digest (`u64` little-endian).
+// 64 bits of a fast hash, not SHA-256: the digests only name the fields in a drift error.
+// Whether a request drifted at all is the fingerprint's call, so a collision here can at
+// worst leave a changed field unnamed; it can never make a replay or a run.
 const DIGEST_LEN: usize = 8;
 
 impl FieldDigests {

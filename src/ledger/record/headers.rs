@@ -161,7 +161,9 @@ impl HeaderBlock {
     /// the first request digest held short (see [`REQUEST_DIGEST`]): what a record keeps.
     pub(crate) fn followed_by(&self, body: &[u8]) -> Self {
         let entries = &self.bytes[..self.end];
-        // Where the digest's entry is, and its 32 bytes.
+        // Where the digest's entry is, and its 32 bytes. Only a value in the one spelling
+        // `BodyDigest::field` renders is shortened: any other is kept as written, because a
+        // replay must carry the bytes that were recorded, and rendering it again would not.
         let digest = self
             .entries()
             .find(|entry| {
@@ -185,6 +187,7 @@ impl HeaderBlock {
         match digest {
             Some((held, flags, digest)) => {
                 bytes.extend_from_slice(&entries[..held.start]);
+                // No name (the flag names it) and a 32-byte value: the digest itself.
                 bytes.extend_from_slice(&[flags | REQUEST_DIGEST, 0, 0, 0, 0, 0, 32]);
                 bytes.extend_from_slice(&digest);
                 bytes.extend_from_slice(&entries[held.end..]);

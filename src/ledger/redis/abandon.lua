@@ -24,6 +24,8 @@ if r[1] == false or is_marker(r[2]) then
   release()
   return {'fenced'}
 end
+-- Fencing: a stale owner, or a record already settled, is left as it is. No marker either:
+-- the marker stands in only for a record that is not there, and this key has one.
 if r[2] ~= 'in_flight' or r[3] ~= token then
   return {'fenced'}
 end

@@ -42,12 +42,16 @@ if r[1] == false then
     fields[#fields + 1] = 'frozen'
     fields[#fields + 1] = frozen
   end
+  -- The TTL is set in the same step as the record: no record ever exists without its
+  -- retention, even if the caller dies the moment this script returns.
   redis.call('HSET', key, unpack(fields))
   redis.call('PEXPIRE', key, retention_ms)
   return {'acquired'}
 end
 
 -- Same key, different payload: whatever the state, the caller regenerated its request.
+-- Checked before the owner's token, so not even a retried `begin` of the owner can rebind
+-- the key to other bytes.
 if r[2] ~= fp then
   return {'drift', r[2], redis.call('HGET', key, 'frozen')}
 end
@@ -67,6 +71,8 @@ elseif state == 'in_flight' then
   if lease_until == nil then
     return {'corrupt', 'in-flight record without a lease'}
   end
+  -- The lease left is the longest anyone need wait: by then the owner has settled the
+  -- record or renewed its lease, or the record reads as in doubt.
   if lease_until > now then
     return {'busy', lease_until - now}
   end

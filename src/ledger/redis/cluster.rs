@@ -245,7 +245,11 @@ impl RedisClusterBuilder {
         ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
             .connection_timeout(self.connection_timeout)
             .response_timeout(self.response_timeout)
-            // Redirects and retries stop when the operation's own bound does.
+            // Redirects and retries stop when the operation's own bound does. A script the
+            // client resends after a broken connection may already have run, and that is
+            // safe: `begin` recognises its own token's claim, and a settle that applied is
+            // refused as `fenced` the second time, changing nothing (though the caller, not
+            // knowing of the first send, then reads a write that applied as refused).
             .overall_response_timeout(Some(self.operation_timeout))
             .min_retry_wait(RETRY_MIN_WAIT_MS)
             .max_retry_wait(RETRY_MAX_WAIT_MS)

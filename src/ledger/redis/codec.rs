@@ -32,6 +32,8 @@ pub(super) fn decode_forget(reply: &[Value]) -> Result<crate::ledger::Forget, St
 
 /// Turn `begin`'s reply into the protocol's answer; `token` is the one offered to the script.
 pub(super) fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, StoreError> {
+    // The script never makes a token of its own: an owner it names is always the caller's,
+    // so the answer carries back the token the caller offered.
     match tag(reply)? {
         b"acquired" => Ok(Begin::Acquired { token }),
         b"busy" => match reply.get(1) {
@@ -40,6 +42,7 @@ pub(super) fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, 
             }),
             _ => Err(unexpected(reply)),
         },
+        // No frozen request on the server side (nothing was stored): `None`, not corrupt.
         b"resume" => Ok(Begin::Resume {
             token,
             frozen: optional_frozen(reply.get(1))?,
@@ -47,6 +50,8 @@ pub(super) fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, 
         b"in_doubt" => Ok(Begin::InDoubt),
         // The caller released this token before its `begin` arrived: refused, no claim.
         b"released" => Err(StoreError::fenced()),
+        // A completed record always has its outcome (`complete` writes both in one step);
+        // one without is damage, never to be read as "nothing to replay".
         b"replay" => match reply.get(1) {
             Some(Value::BulkString(bytes)) => Ok(Begin::Replay(Outcome::decode(bytes)?)),
             _ => Err(StoreError::corrupt("completed record without an outcome")),

@@ -56,6 +56,9 @@ impl Connection {
                 Err(err) => err,
                 ok => return ok,
             };
+            // Both answers below mean the script did not run (the node did not know it, or
+            // did not hold the key), so sending the call again cannot apply a transition
+            // twice. Any other error may follow a run, and is the caller's to judge.
             reply = if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
                 call.script.load_async(self).await?;
                 call.command.query_async::<Value>(self).await

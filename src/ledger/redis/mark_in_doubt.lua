@@ -12,6 +12,10 @@ if r[2] ~= 'in_flight' or r[3] ~= token then
   return {'fenced'}
 end
 
+-- 'sent' = 1 is what makes "may have been sent" sticky: from now on `abandon` keeps the
+-- record in doubt instead of releasing it, whoever owns it next. The token goes with the
+-- lease: the next owner gets a token of its own from `begin`, and this one's late writes
+-- are fenced.
 redis.call('HSET', key, 'state', 'in_doubt', 'sent', '1', 'retention_ms', retention_ms)
 redis.call('HDEL', key, 'token', 'lease_until_ms')
 -- A real attempt failed: keep the record at least the retention from now (never shorter

@@ -80,7 +80,7 @@
 //! | `token` | the owner's token, 32 hex digits (only while `in_flight`) |
 //! | `lease_until_ms` | end of the owner's lease, Redis time in ms since the epoch (only while `in_flight`) |
 //! | `sent` | `1` once an attempt may have been sent (after a resume or an in-doubt mark), else `0`; `abandon` only releases a `0` record, and a `begin` recognising its own claim answers `resume` for a `1` one |
-//! | `retention_ms` | the retention last asked for, reapplied when `abandon` keeps a record |
+//! | `retention_ms` | the retention last asked for (for operators: no script reads it back) |
 //! | `created_ms` | when the operation was first claimed, Redis time |
 //! | `attempts` | how many times ownership was handed out (the first claim and each resume) |
 //! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |

@@ -14,5 +14,7 @@ if r[2] ~= 'in_flight' or r[3] ~= token then
   return {'fenced'}
 end
 
+-- The lease only: the key's TTL (the retention) is left alone, so an owner renewing for as
+-- long as it runs never stretches how long the record is kept.
 redis.call('HSET', key, 'lease_until_ms', now_ms() + lease_ms)
 return {'ok'}

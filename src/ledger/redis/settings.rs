@@ -19,6 +19,9 @@ pub(super) async fn warn_if_ledger_keys_can_be_evicted(
     let mut ask = ::redis::cmd("CONFIG");
     ask.arg("GET").arg("maxmemory-policy");
     let reply = tokio::time::timeout(bound, ask.query_async::<Vec<String>>(&mut connection)).await;
+    // A warning, never a refusal: managed Redis services often rename or forbid `CONFIG`,
+    // and an operator may know the setting is right. The store works either way; only
+    // what it can promise differs.
     match reply {
         Ok(Ok(pair)) => match pair.get(1).map(String::as_str) {
             Some("noeviction") | None => {}

@@ -123,10 +123,16 @@ impl RedisStore {
     async fn invoke(&self, call: &ScriptCall) -> Result<Vec<Value>, StoreError> {
         // A clone per call is how both connections are meant to be shared: they are an `Arc`.
         let mut connection = self.connection.clone();
+        // The timeout bounds our wait, not Redis: a script cut off here may still run, and
+        // run whole (a script is atomic). The layers therefore read a timeout as "may have
+        // applied": `begin` is asked again under the same token, and a retried `complete`
+        // reads a `fenced` as "the first one applied" (see the module docs).
         let reply = tokio::time::timeout(self.operation_timeout, connection.run(call))
             .await
             .map_err(|_elapsed| StoreError::timeout())?
             .map_err(from_redis)?;
+        // Every script answers a tagged array, refusals included (see `prelude.lua`). Anything
+        // else is no ledger script's answer: refuse to read it as one.
         match reply {
             Value::Array(items) if !items.is_empty() => Ok(items),
             other => Err(StoreError::corrupt(format!(
@@ -138,6 +144,9 @@ impl RedisStore {
     /// Run a transition that answers only `ok`, `fenced` or `corrupt`.
     async fn settle(&self, call: &ScriptCall) -> Result<(), StoreError> {
         let reply = self.invoke(call).await?;
+        // The script compared the token and wrote in one atomic step, so `fenced` means
+        // nothing was written: another owner holds the record, it was settled already, or it
+        // is gone.
         match tag(&reply)? {
             b"ok" => Ok(()),
             b"fenced" => Err(StoreError::fenced()),
@@ -164,11 +173,16 @@ impl IdempotencyStore for RedisStore {
             // same token to recognise its own claim.
             let token = request.token;
             let mut call = ScriptCall::new(&BEGIN, self.redis_key(&request.key));
+            // The lease may be 0 (a claim born lapsed is legal): it is a field
+            // compared with Redis's clock. The retention is the key's `PX` TTL, where 0 would
+            // delete the record in the step that writes it, hence the floor of 1 ms.
             call.arg(request.fingerprint.to_hex())
                 .arg(token_hex(token))
                 .arg(millis(request.lease, 0))
                 .arg(millis(request.retention, 1))
                 .arg(if request.take_over { "1" } else { "0" });
+            // Sent on every client-side ask, stored only by the ask that creates the record:
+            // a resume or a retried `begin` never replaces the bytes first frozen.
             if let Some(frozen) = &request.frozen {
                 call.arg(frozen.encode());
             }
@@ -185,6 +199,9 @@ impl IdempotencyStore for RedisStore {
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
         StoreFuture::new(async move {
+            // The retention travels with the outcome: a completion starts the record's
+            // retention again from now, so a replay stays available a full retention after
+            // the operation finished, however long it was in flight or in doubt before.
             let mut call = ScriptCall::new(&COMPLETE, self.redis_key(&key));
             call.arg(token_hex(token))
                 .arg(outcome.encode())
@@ -195,6 +212,8 @@ impl IdempotencyStore for RedisStore {
 
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
         StoreFuture::new(async move {
+            // No retention: a released claim leaves only the released marker, which expires on
+            // its own clock, and a record kept in doubt keeps the TTL it had.
             let mut call = ScriptCall::new(&ABANDON, self.redis_key(&key));
             call.arg(token_hex(token))
                 .arg(millis(crate::ledger::RELEASED_TOKEN_TTL, 1));
@@ -225,6 +244,8 @@ impl IdempotencyStore for RedisStore {
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
         StoreFuture::new(async move {
+            // Only the lease field moves; the key's TTL is untouched, so an owner renewing in a
+            // loop cannot stretch the record's retention.
             let mut call = ScriptCall::new(&RENEW, self.redis_key(&key));
             call.arg(token_hex(token)).arg(millis(lease, 1));
             self.settle(&call).await
@@ -246,6 +267,8 @@ impl IdempotencyStore for RedisStore {
                 Ok(reply) => decode_forget(&reply),
                 Err(err) => Err(err),
             };
+            // Reported whatever the answer, errors included: an operator's deletion is audited
+            // even when it did not happen.
             crate::ledger::report_forget("redis", &key, &expected, &answer);
             answer
         })

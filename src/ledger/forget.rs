@@ -289,11 +289,8 @@ enum Keys {
 /// forget an in-doubt operation once you know its effect did not happen (or will not mind
 /// it happening again).
 ///
-/// [`Records`] is the operator's handle: from a built layer
-/// ([`ClientLayer::records`](crate::client::ClientLayer),
-/// [`ServerLayer::records`](crate::server::ServerLayer)), it derives record keys as the
-/// layer does, from an [`OperationId`] or a request head, so nobody computes a
-/// [`LedgerKey`] by hand.
+/// A handle from a built layer derives record keys as the layer does, from an
+/// [`OperationId`] or a request head, so nobody computes a [`LedgerKey`] by hand.
 ///
 /// Every built-in store logs each forget (`WARN` when a record was removed, `INFO` when it
 /// was refused) with the key's digest and the state forgotten, and with feature `metrics`

@@ -9,7 +9,7 @@
 //!
 //! ```json
 //! {
-//!   "type": "https://docs.rs/tower-idempotency/latest/tower_idempotency/idempotency/problem/index.html#in-flight",
+//!   "type": "https://docs.rs/tower-idempotency/latest/tower_idempotency/server/problem/index.html#in-flight",
 //!   "title": "A request with this Idempotency-Key is in progress",
 //!   "status": 409,
 //!   "detail": "retry after the time in the Retry-After header"
@@ -161,7 +161,7 @@ macro_rules! problem_types {
         $(
             $(#[$doc])*
             pub const $name: &str = concat!(
-                "https://docs.rs/tower-idempotency/latest/tower_idempotency/idempotency/problem/index.html#",
+                "https://docs.rs/tower-idempotency/latest/tower_idempotency/server/problem/index.html#",
                 $fragment
             );
         )*
@@ -495,7 +495,7 @@ mod tests {
         // These strings are API: changing one breaks every client that matches on it.
         assert_eq!(
             KEY_MISSING,
-            "https://docs.rs/tower-idempotency/latest/tower_idempotency/idempotency/problem/index.html#key-missing"
+            "https://docs.rs/tower-idempotency/latest/tower_idempotency/server/problem/index.html#key-missing"
         );
         for (uri, fragment) in [
             (KEY_INVALID, "key-invalid"),

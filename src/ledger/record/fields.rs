@@ -6,7 +6,7 @@
 //! Those are found as well from a digest of each field's value as from the value itself.
 //!
 //! The body is scanned once, at completion, for the top level of a JSON object: names and
-//! the byte span of each value, strings skipped eight bytes at a time. A value written the
+//! the byte span of each value, strings skipped a block of bytes at a time. A value written the
 //! one way JSON allows (a string without escapes, an integer, `true`, `false`, `null`) is
 //! digested as it stands; any other (a nested object or array, an escaped string, a number
 //! with a fraction or an exponent) is parsed and digested in a canonical form (keys sorted,
@@ -327,14 +327,44 @@ fn bytes_equal(word: u64, byte: u8) -> u64 {
     zeros.wrapping_sub(ONES) & !zeros & HIGHS
 }
 
+/// Bytes [`plain_string`] looks through at once.
+const BLOCK: usize = 32;
+
+/// Whether `block` holds a quote or a backslash: branch-free over a fixed length, so that
+/// it compiles to a few vector compares.
+#[inline(always)]
+fn has_mark(block: &[u8]) -> bool {
+    let block: &[u8; BLOCK] = block.try_into().expect("a whole block");
+    let mut marks = 0u8;
+    for &byte in block {
+        marks |= u8::from(byte == b'"') | u8::from(byte == b'\\');
+    }
+    marks != 0
+}
+
 /// The string whose contents start at `from`: the index of its closing quote and, if it
 /// holds no escape (a plain string, the common value), the digest of its contents, made in
 /// the same pass, eight bytes at a time (a string value is most of a body).
 fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
     let contents = body.get(from..)?;
     let mut hash = STRING_SEED;
-    let mut words = contents.chunks_exact(8);
     let mut at = 0;
+    // A block without a quote or a backslash (most of a long string) is told by one test
+    // the compiler makes of vector compares, and only then digested; the block holding
+    // the end is read word by word below.
+    for block in contents.chunks_exact(BLOCK) {
+        if has_mark(block) {
+            break;
+        }
+        for word in block.chunks_exact(8) {
+            hash = mix(
+                hash,
+                u64::from_le_bytes(word.try_into().expect("eight bytes")),
+            );
+        }
+        at += BLOCK;
+    }
+    let mut words = contents[at..].chunks_exact(8);
     for word in &mut words {
         let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
         let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');

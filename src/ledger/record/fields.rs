@@ -43,7 +43,7 @@ impl FieldDigests {
     /// a field name is over 64 KiB).
     pub fn of(body: &[u8]) -> Option<Self> {
         // In the body's order (sorted when compared, a cold path): one pass, one buffer.
-        let mut out = Vec::with_capacity(64);
+        let mut out = Gather::new();
         scan_object(body, |name, value, plain| {
             let name = field_name(name)?;
             let len = u16::try_from(name.len()).ok()?;
@@ -56,7 +56,7 @@ impl FieldDigests {
             out.extend_from_slice(&digest.to_le_bytes());
             Some(())
         })?;
-        Some(Self(out.into_boxed_slice()))
+        Some(Self(out.finish()))
     }
 
     /// Bytes held, for weighing: the entries and the allocation they are in.
@@ -114,6 +114,49 @@ impl FieldDigests {
             rest = tail;
             Some((name, u64::from_le_bytes(*value)))
         })
+    }
+}
+
+/// Bytes [`Gather`] holds before it spills to the heap: the entries of a dozen short fields.
+const GATHERED: usize = 256;
+
+/// Entries gathered on the stack, then boxed at their exact size: one allocation, where a
+/// growing `Vec` would allocate and then shrink.
+struct Gather {
+    stack: [u8; GATHERED],
+    len: usize,
+    spilled: Vec<u8>,
+}
+
+impl Gather {
+    fn new() -> Self {
+        Self {
+            stack: [0; GATHERED],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if self.spilled.is_empty() && end <= GATHERED {
+            self.stack[self.len..end].copy_from_slice(bytes);
+            self.len = end;
+            return;
+        }
+        if self.spilled.is_empty() {
+            self.spilled.reserve(2 * end);
+            self.spilled.extend_from_slice(&self.stack[..self.len]);
+        }
+        self.spilled.extend_from_slice(bytes);
+    }
+
+    fn finish(self) -> Box<[u8]> {
+        if self.spilled.is_empty() {
+            Box::from(&self.stack[..self.len])
+        } else {
+            self.spilled.into_boxed_slice()
+        }
     }
 }
 

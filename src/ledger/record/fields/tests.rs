@@ -137,3 +137,25 @@ fn a_flat_payload_is_summed_up_in_a_few_bytes_a_field() {
         2 * (2 + DIGEST_LEN) + "order_id".len() + "summary".len()
     );
 }
+
+#[test]
+fn many_fields_are_all_kept() {
+    let body = |changed: usize| {
+        let fields: serde_json::Map<String, Value> = (0..40)
+            .map(|n| {
+                (
+                    format!("field_{n:02}"),
+                    json!(n + usize::from(n == changed)),
+                )
+            })
+            .collect();
+        serde_json::to_vec(&Value::Object(fields)).unwrap()
+    };
+    let fields = FieldDigests::of(&body(usize::MAX)).unwrap();
+    assert_eq!(fields.0.len(), 40 * (2 + DIGEST_LEN + "field_00".len()));
+    assert_eq!(fields.changed_fields(&body(37)).unwrap(), ["field_37"]);
+    assert_eq!(
+        fields.changed_fields(&body(usize::MAX)).unwrap(),
+        Vec::<String>::new()
+    );
+}

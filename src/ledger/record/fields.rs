@@ -51,9 +51,7 @@ impl FieldDigests {
                 Some(digest) => digest,
                 None => value_digest(value)?,
             };
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(&name);
-            out.extend_from_slice(&digest.to_le_bytes());
+            out.push(len, &name, digest);
             Some(())
         })?;
         Some(Self(out.finish()))
@@ -137,18 +135,24 @@ impl Gather {
         }
     }
 
-    fn extend_from_slice(&mut self, bytes: &[u8]) {
-        let end = self.len + bytes.len();
+    /// One entry (see [`DIGEST_LEN`]): the name's length, the name, the digest.
+    fn push(&mut self, len: u16, name: &[u8], digest: u64) {
+        let at = self.len;
+        let end = at + 2 + name.len() + DIGEST_LEN;
         if self.spilled.is_empty() && end <= GATHERED {
-            self.stack[self.len..end].copy_from_slice(bytes);
+            self.stack[at..at + 2].copy_from_slice(&len.to_be_bytes());
+            self.stack[at + 2..end - DIGEST_LEN].copy_from_slice(name);
+            self.stack[end - DIGEST_LEN..end].copy_from_slice(&digest.to_le_bytes());
             self.len = end;
             return;
         }
         if self.spilled.is_empty() {
             self.spilled.reserve(2 * end);
-            self.spilled.extend_from_slice(&self.stack[..self.len]);
+            self.spilled.extend_from_slice(&self.stack[..at]);
         }
-        self.spilled.extend_from_slice(bytes);
+        self.spilled.extend_from_slice(&len.to_be_bytes());
+        self.spilled.extend_from_slice(name);
+        self.spilled.extend_from_slice(&digest.to_le_bytes());
     }
 
     fn finish(self) -> Box<[u8]> {

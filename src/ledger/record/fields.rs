@@ -198,7 +198,10 @@ fn field_name(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
     if raw.contains(&b'\\') {
         return Some(Cow::Owned(unescaped(raw)?.into_bytes()));
     }
-    std::str::from_utf8(raw).ok()?;
+    // Names are short and mostly ASCII: checked as such first, for less than UTF-8's setup.
+    if !raw.is_ascii() {
+        std::str::from_utf8(raw).ok()?;
+    }
     Some(Cow::Borrowed(raw))
 }
 

@@ -45,7 +45,6 @@ impl FieldDigests {
         // In the body's order (sorted when compared, a cold path): one pass, one buffer.
         let mut out = Gather::new();
         scan_object(body, |name, value, plain| {
-            let name = field_name(name)?;
             let len = u16::try_from(name.len()).ok()?;
             let digest = match plain {
                 Some(digest) => digest,
@@ -173,7 +172,7 @@ fn fields(body: &[u8]) -> Option<Vec<(Cow<'_, [u8]>, u64)>> {
             Some(digest) => digest,
             None => value_digest(value)?,
         };
-        fields.push((field_name(name)?, digest));
+        fields.push((name, digest));
         Some(())
     })?;
     Some(last_of_each(fields))
@@ -194,8 +193,9 @@ fn last_of_each(mut fields: Vec<(Cow<'_, [u8]>, u64)>) -> Vec<(Cow<'_, [u8]>, u6
 }
 
 /// A name as written between its quotes, unescaped; `None` if it is no valid string.
-fn field_name(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
-    if raw.contains(&b'\\') {
+/// `escaped`: the name holds a backslash (as its scan found).
+fn field_name(raw: &[u8], escaped: bool) -> Option<Cow<'_, [u8]>> {
+    if escaped {
         return Some(Cow::Owned(unescaped(raw)?.into_bytes()));
     }
     // Names are short and mostly ASCII: checked as such first, for less than UTF-8's setup.
@@ -286,12 +286,12 @@ fn digest(seed: u64, bytes: &[u8]) -> u64 {
     finish(mix(hash, u64::from_le_bytes(last)), bytes.len())
 }
 
-/// Call `field` with each top-level name (between its quotes) and value (its bytes) of the
-/// JSON object `body`, and the value's digest if it is a plain string (found in the same
+/// Call `field` with each top-level name (unescaped) and value (its bytes) of the JSON
+/// object `body`, and the value's digest if it is a plain string (found in the same
 /// pass); `None` if `body` is not one, or if `field` says so.
 fn scan_object<'a>(
     body: &'a [u8],
-    mut field: impl FnMut(&'a [u8], &'a [u8], Option<u64>) -> Option<()>,
+    mut field: impl FnMut(Cow<'a, [u8]>, &'a [u8], Option<u64>) -> Option<()>,
 ) -> Option<()> {
     let mut at = skip_space(body, 0);
     if body.get(at) != Some(&b'{') {
@@ -305,8 +305,8 @@ fn scan_object<'a>(
         if body.get(at) != Some(&b'"') {
             return None;
         }
-        let (name_end, _) = plain_string(body, at + 1)?;
-        let name = &body[at + 1..name_end];
+        let (name_end, name_plain) = plain_string(body, at + 1)?;
+        let name = field_name(&body[at + 1..name_end], name_plain.is_none())?;
         at = skip_space(body, name_end + 1);
         if body.get(at) != Some(&b':') {
             return None;

@@ -78,6 +78,7 @@ impl Call {
 
     /// The next attempt: exactly the frozen bytes. The head as handed in is the frozen
     /// one: sent as it is, it saves a copy of it.
+    #[inline(always)]
     pub(super) fn next_request(
         &self,
         first: Option<(http::request::Parts, Bytes)>,

@@ -13,19 +13,19 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::frozen::{FrozenRequest, Handoff};
-use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
+use crate::idempotency::body::{buffer_up_to, BufferUpTo, ResponseBody};
 use crate::idempotency::decision::{Decision, Track};
-use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal, Settling};
-use crate::ledger::{HeaderBlock, LeaseToken, LedgerKey, Outcome, StoredResponse};
-use crate::phase::classify;
+use crate::idempotency::engine::{LeaseGuard, Renewal};
+use crate::ledger::{LeaseToken, LedgerKey};
 use crate::retry::{is_in_progress_answer, is_retryable_status};
 use crate::ResponseSource;
 use crate::{BoxError, Error};
 
 use super::face::ClientFace;
-use super::failure::into_error;
-/// What an operation answers.
-pub(super) type Answer<ResB> = Result<Response<ResponseBody<ResB>>, Error>;
+pub(super) use super::settle::Answer;
+use super::settle::{
+    failed, not_ready, record, release_not_started, settled_then, Finishing, Read,
+};
 
 /// A keyed operation's request, frozen, and what its decisions are logged under.
 pub(super) struct Keyed {
@@ -34,9 +34,6 @@ pub(super) struct Keyed {
     pub(super) extensions: Extensions,
     pub(super) track: Track,
 }
-
-/// The settling of an exchange that could not be done in place, boxed.
-type Finishing<ResB> = Pin<Box<dyn Future<Output = Answer<ResB>> + Send>>;
 
 pin_project! {
     /// Send the frozen request as the operation's owner, renewing the lease while the call
@@ -260,85 +257,6 @@ where
     }
 }
 
-/// The inner service refused to become ready: nothing was sent, so release the operation
-/// (a resumed one goes back to doubt: the store never releases what may have been sent).
-fn not_ready<ResB: Send + 'static>(
-    track: &Track,
-    lease: LeaseGuard,
-    error: BoxError,
-) -> Finishing<ResB> {
-    track.decided(Decision::Released);
-    let settling = lease.abandon();
-    Box::pin(async move {
-        if let Err(err) = settling.await {
-            tracing::warn!(%err, "could not release the operation; it will expire into doubt");
-        }
-        Err(into_error(error, crate::phase::FailurePhase::PreWrite))
-    })
-}
-
-/// The call failed: leave the operation in doubt if its bytes may have left, else release
-/// it; then answer the error with its phase.
-fn failed<ResB: Send + 'static>(
-    client: &ClientFace,
-    track: &Track,
-    handoff: &Handoff,
-    lease: LeaseGuard,
-    error: BoxError,
-) -> Finishing<ResB> {
-    let phase = classify(&*error, client.phase_classifier.as_deref());
-    // Sticky: an earlier attempt inside (reported by the retry layer) may have left even
-    // when the last one was refused before writing.
-    let settling = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
-        track.decided(Decision::InDoubt);
-        lease.mark_in_doubt()
-    } else {
-        track.decided(Decision::Released);
-        lease.abandon()
-    };
-    Box::pin(async move {
-        if let Err(err) = settling.await {
-            tracing::warn!(%err, "could not settle the lease after a failure; it will expire into doubt");
-        }
-        tracing::debug!(?phase, %error, "operation failed");
-        Err(into_error(error, phase))
-    })
-}
-
-/// What an answer said before its body was read.
-#[derive(Clone, Copy)]
-struct Read {
-    /// "Try again": left in doubt unless the body says nothing ran.
-    retryable: bool,
-    /// A problem response whose type may say nothing ran.
-    read_problem: bool,
-}
-
-/// Settle the lease of an operation whose answer says it never started: released, unless
-/// an earlier attempt may have sent it (sticky: then it stays in doubt).
-fn release_not_started(track: &Track, handoff: &Handoff, lease: LeaseGuard) -> Settling {
-    if handoff.may_have_been_sent() {
-        track.decided(Decision::InDoubt);
-        lease.mark_in_doubt()
-    } else {
-        track.decided(Decision::Released);
-        lease.abandon()
-    }
-}
-
-/// Finish settling, then answer `response` as it came.
-fn settled_then<ResB: Send + 'static>(
-    settling: Settling,
-    response: Response<ResponseBody<ResB>>,
-) -> Finishing<ResB> {
-    Box::pin(async move {
-        if let Err(err) = settling.await {
-            tracing::warn!(%err, "could not settle the operation; it will expire into doubt");
-        }
-        Ok(response)
-    })
-}
-
 /// The server answered. An answer that says the operation never started (see
 /// [`ReleaseOn`](crate::idempotency::ReleaseOn)) releases it; one that says "try again"
 /// leaves it in doubt, so a later run resends the frozen bytes rather than replaying a
@@ -386,87 +304,6 @@ where
         buffer: buffer_up_to(body, client.response_limit),
         retryable,
         read_problem,
-    }
-}
-
-/// Record the buffered response (or a tombstone) and answer it; a store that awaits, or
-/// whose answer was lost, finishes in a future of its own, as does a lost body. A problem
-/// response whose type says nothing ran releases the operation instead, and a "try again"
-/// one leaves it in doubt.
-fn record<ResB: Send + 'static>(
-    client: &ClientFace,
-    (track, handoff): (&Track, &Handoff),
-    lease: LeaseGuard,
-    (parts, read): (http::response::Parts, Read),
-    buffered: Result<Buffered<ResB>, BoxError>,
-) -> Result<Response<ResponseBody<ResB>>, Finishing<ResB>> {
-    let buffered = match buffered {
-        Ok(buffered) => buffered,
-        Err(err) => {
-            // The server acted (it answered); only the body was lost.
-            return Err(Box::pin(async move {
-                if let Err(store_err) = lease.mark_in_doubt().await {
-                    tracing::warn!(%store_err, "could not mark the operation in doubt");
-                }
-                Err(Error::response_body(err))
-            }));
-        }
-    };
-    if let Buffered::Whole(bytes) = &buffered {
-        if read.read_problem && client.release_on.releases_problem(bytes) {
-            let settling = release_not_started(track, handoff, lease);
-            let response = Response::from_parts(parts, ResponseBody::buffered(bytes.clone()));
-            return Err(settled_then(settling, response));
-        }
-        if read.retryable {
-            track.decided(Decision::InDoubt);
-            let response = Response::from_parts(parts, ResponseBody::buffered(bytes.clone()));
-            return Err(settled_then(lease.mark_in_doubt(), response));
-        }
-    }
-    let (outcome, body) = match buffered {
-        Buffered::Whole(bytes) => {
-            // The record gets its own exact-size copy (see `HeaderBlock::with_body`).
-            let recorded = HeaderBlock::with_body(&parts.headers, &bytes);
-            let stored = StoredResponse::of_block_with_body(parts.status, parts.version, recorded);
-            (Outcome::Response(stored), ResponseBody::buffered(bytes))
-        }
-        Buffered::Overflow(prefix, rest) if read.retryable => {
-            // A "try again" answer too large to read whole: in doubt, as unread.
-            track.decided(Decision::InDoubt);
-            let response = Response::from_parts(parts, ResponseBody::overflow(prefix, rest));
-            return Err(settled_then(lease.mark_in_doubt(), response));
-        }
-        Buffered::Overflow(prefix, rest) => {
-            tracing::info!(
-                limit = client.response_limit,
-                "response over the recording cap; keeping a tombstone"
-            );
-            let status = parts.status;
-            (
-                Outcome::Tombstone { status },
-                ResponseBody::overflow(prefix, rest),
-            )
-        }
-    };
-    match lease.complete_in_place(outcome) {
-        InPlace::Done(completed) => {
-            not_recorded(completed);
-            Ok(Response::from_parts(parts, body))
-        }
-        InPlace::Later(unsettled) => Err(Box::pin(async move {
-            not_recorded(unsettled.complete().await);
-            Ok(Response::from_parts(parts, body))
-        })),
-    }
-}
-
-/// Say so when the outcome could not be recorded.
-fn not_recorded(completed: Result<(), crate::ledger::StoreError>) {
-    if let Err(err) = completed {
-        // The effect happened and the caller gets the real answer; a later run will find
-        // the record in doubt and resend the same bytes under the same key.
-        tracing::error!(%err, "could not record the outcome");
     }
 }
 

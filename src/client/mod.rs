@@ -81,9 +81,9 @@
 //!
 //! [`builder`](Builder) → [`ClientFace`] (the settings, built) → the service
 //! (`service.rs`) → [`ResponseFuture`] over one `Operation` (`operation.rs`: freeze,
-//! claim) → an `Exchange` as the owner (`exchange.rs`: send, renew, settle), or the slow
-//! path for every other answer of the ledger (`resolve.rs`: drift, doubt, fail open;
-//! `reconciling.rs`). Imports only flow that way.
+//! claim) → an `Exchange` as the owner (`exchange.rs`: send, renew; `settle.rs`: settle the
+//! lease by what happened), or the slow path for every other answer of the ledger
+//! (`resolve.rs`: drift, doubt, fail open; `reconciling.rs`). Imports only flow that way.
 //!
 //! # Example
 //!
@@ -144,6 +144,7 @@ pub(crate) mod policy;
 mod reconciling;
 mod resolve;
 mod service;
+mod settle;
 mod stack;
 
 pub use builder::Builder;

@@ -208,8 +208,12 @@ where
                     }))
                 }
                 StepProj::Exchanging { exchange } => {
+                    // Reported by reference and returned from here: the answer moves as
+                    // little as it can on the common path.
                     let (answer, track) = std::task::ready!(exchange.poll(cx));
-                    Next::Answer(reported(this.client, &track, *this.started, answer))
+                    report(this.client, &track, *this.started, &answer);
+                    this.step.set(Step::Done);
+                    return Poll::Ready(answer);
                 }
                 StepProj::Slow { future } => {
                     Next::Answer(std::task::ready!(future.as_mut().poll(cx)))
@@ -244,6 +248,17 @@ fn tracked(wire: WireKey) -> Track {
     Track::new(Face::Client, Some(wire))
 }
 
+/// Tell the hook what the operation came to.
+fn report<T>(
+    client: &ClientFace,
+    track: &Track,
+    started: Option<tokio::time::Instant>,
+    answer: &Answer<T>,
+) {
+    let status = answer.as_ref().ok().map(|response| response.status());
+    track.report(client.on_outcome.as_ref(), started, status);
+}
+
 /// Tell the hook what the operation came to, and pass its answer on.
 fn reported<T>(
     client: &ClientFace,
@@ -251,8 +266,7 @@ fn reported<T>(
     started: Option<tokio::time::Instant>,
     answer: Answer<T>,
 ) -> Answer<T> {
-    let status = answer.as_ref().ok().map(|response| response.status());
-    track.report(client.on_outcome.as_ref(), started, status);
+    report(client, track, started, &answer);
     answer
 }
 

@@ -81,6 +81,8 @@ where
 {
     type Output = Result<(http::request::Parts, Bytes), Error>;
 
+    // Inlined, so that the head it hands back is read where it lands, not moved there.
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         while let Some(frame) = std::task::ready!(this.body.as_mut().poll_frame(cx)) {

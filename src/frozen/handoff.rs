@@ -101,6 +101,7 @@ pub(crate) struct Handed {
 /// headers in the same order and the same body bytes), its [`FrozenRequest`] is taken as
 /// it is, digest and fingerprint included; otherwise the request is frozen anew, reusing
 /// the fingerprint when the bytes are the ones it froze.
+#[inline(always)]
 pub(crate) fn hand_over(mut parts: http::request::Parts, body: Bytes) -> Handed {
     let extensions = std::mem::take(&mut parts.extensions);
     let same = extensions

@@ -122,6 +122,7 @@ impl FrozenRequest {
     /// Freeze a request whose body is collected, with `Content-Digest` added as
     /// [`freeze_with_content_digest`](Self::freeze_with_content_digest) does when
     /// `content_digest` is set (the body digest and the fingerprint are then made at once).
+    #[inline(always)]
     pub(crate) fn of_collected(
         mut parts: http::request::Parts,
         body: Bytes,
@@ -187,6 +188,7 @@ impl FrozenRequest {
     }
 
     /// Build one attempt carrying `extensions` (e.g. the caller's, cloned per attempt).
+    #[inline]
     pub fn to_request_with(&self, extensions: Extensions) -> Request<Full<Bytes>> {
         let frozen = &*self.0;
         let mut req = Request::new(Full::new(frozen.body.clone()));

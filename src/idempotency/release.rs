@@ -146,15 +146,14 @@ impl ReleaseOn {
 }
 
 fn is_problem(headers: &HeaderMap) -> bool {
+    const PROBLEM: &str = "application/problem+json";
     headers
         .get(CONTENT_TYPE)
+        // Too short to name it (`application/json`, the common answer): nothing to parse.
+        .filter(|value| value.len() >= PROBLEM.len())
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
-        .is_some_and(|media| {
-            media
-                .trim()
-                .eq_ignore_ascii_case("application/problem+json")
-        })
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case(PROBLEM))
 }
 
 #[cfg(test)]

@@ -78,6 +78,7 @@ impl Call {
 
     /// The next attempt: exactly the frozen bytes. The head as handed in is the frozen
     /// one: sent as it is, it saves a copy of it.
+    #[inline(always)]
     pub(super) fn next_request(
         &self,
         first: Option<(http::request::Parts, Bytes)>,
@@ -92,16 +93,16 @@ impl Call {
     }
 
     /// Weigh an attempt's result: the pause before the next attempt, or `None` when the
-    /// result is the call's answer ([`answer`](Self::answer)). By reference, so that the
-    /// response is not moved through here on its way out.
+    /// result is the call's answer ([`answered`](Self::answered), [`failed`](Self::failed)).
+    /// By reference, so that the response is not moved through here on its way out.
     pub(super) fn after_attempt<T>(
         &mut self,
         policy: &RetryPolicy,
-        result: &Result<Response<T>, Failure>,
+        result: Attempted<'_, T>,
     ) -> Option<Duration> {
         let reached = match result {
-            Ok(_) => FailurePhase::AfterWrite,
-            Err(failure) => failure.phase,
+            Attempted::Answered(_) => FailurePhase::AfterWrite,
+            Attempted::Failed(failure) => failure.phase,
         };
         if reached.may_have_been_sent() {
             if let Some(handoff) = &self.handoff {
@@ -112,7 +113,7 @@ impl Call {
         self.furthest = self.furthest.strongest(reached);
         let attempt = self.attempt;
         let delay = match result {
-            Ok(response) => {
+            Attempted::Answered(response) => {
                 let ctx = context(
                     &self.frozen,
                     self.effect,
@@ -132,7 +133,7 @@ impl Call {
                     self.started,
                 )
             }
-            Err(failure) => {
+            Attempted::Failed(failure) => {
                 let ctx = context(
                     &self.frozen,
                     self.effect,
@@ -153,26 +154,39 @@ impl Call {
         delay
     }
 
-    /// The call's answer: the last attempt's result, once [`after_attempt`](Self::after_attempt)
-    /// has weighed it and returned `None` (which is when it sets `earlier`).
-    pub(super) fn answer<T>(
-        &self,
-        result: Result<Response<T>, Failure>,
-    ) -> Result<Response<T>, Error> {
-        match result {
-            Ok(mut response) => {
-                // A first-attempt answer carries nothing: an extension costs the response
-                // three allocations (`http::Extensions`' map, its table and the boxed
-                // value), more than the rest of the layer's bookkeeping.
-                if self.attempt > 1 {
-                    response.extensions_mut().insert(Attempts(self.attempt));
-                }
-                Ok(response)
-            }
-            Err(failure) => Err(failure.into_error(self.earlier)),
+    /// The call's answer, a response, once [`after_attempt`](Self::after_attempt) has
+    /// weighed it and returned `None`.
+    #[inline]
+    pub(super) fn answered<T>(&self, mut response: Response<T>) -> Response<T> {
+        // A first-attempt answer carries nothing: an extension costs the response three
+        // allocations (`http::Extensions`' map, its table and the boxed value), more than
+        // the rest of the layer's bookkeeping.
+        if self.attempt > 1 {
+            response.extensions_mut().insert(Attempts(self.attempt));
         }
+        response
+    }
+
+    /// The call's error, once [`after_attempt`](Self::after_attempt) has weighed the
+    /// failure and returned `None` (which is when it sets `earlier`).
+    pub(super) fn failed(&self, failure: Failure) -> Error {
+        failure.into_error(self.earlier)
     }
 }
+
+/// An attempt's result, as [`Call::after_attempt`] weighs it.
+pub(super) enum Attempted<'a, T> {
+    Answered(&'a Response<T>),
+    Failed(&'a Failure),
+}
+
+impl<T> Clone for Attempted<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Attempted<'_, T> {}
 
 /// A failed attempt: the error, and whether the request may have left.
 pub(super) struct Failure {

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::call::{Call, Failure};
+use super::call::{Attempted, Call, Failure};
 use super::policy::RetryPolicy;
 use crate::frozen::{hand_over, CollectRequest, Handed};
 use crate::phase::{classify, FailurePhase};
@@ -79,7 +79,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let result = match this.state.as_mut().project() {
+            let failure = match this.state.as_mut().project() {
                 StateProj::Refused { error } => {
                     let error = error
                         .take()
@@ -104,7 +104,7 @@ where
                                 this.state.set(calling);
                                 continue;
                             }
-                            Poll::Ready(Err(failure)) => Err(failure),
+                            Poll::Ready(Err(failure)) => failure,
                             Poll::Pending => {
                                 this.state.set(State::Readying { first });
                                 return Poll::Pending;
@@ -123,20 +123,38 @@ where
                             this.state.set(calling);
                             continue;
                         }
-                        Err(failure) => Err(failure),
+                        Err(failure) => failure,
                     }
                 }
                 StateProj::Calling { attempt, timeout } => match attempt.poll(cx) {
-                    Poll::Ready(outcome) => outcome.map_err(|err| {
+                    // An answer goes straight out, weighed where it stands: the common
+                    // path moves it as little as it can.
+                    Poll::Ready(Ok(response)) => {
+                        let call = this.call.as_mut().expect("frozen before any attempt");
+                        match call.after_attempt(this.policy, Attempted::Answered(&response)) {
+                            Some(delay) => {
+                                drop(response);
+                                this.state.set(State::Pausing {
+                                    pause: tokio::time::sleep(delay),
+                                });
+                                continue;
+                            }
+                            None => {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Ok(call.answered(response)));
+                            }
+                        }
+                    }
+                    Poll::Ready(Err(err)) => {
                         let error: BoxError = err.into();
                         let phase = classify(&*error, this.policy.phase_classifier.as_deref());
                         Failure { error, phase }
-                    }),
+                    }
                     Poll::Pending => match timeout.as_pin_mut().map(|timeout| timeout.poll(cx)) {
-                        Some(Poll::Ready(())) => Err(Failure {
+                        Some(Poll::Ready(())) => Failure {
                             error: Box::new(Error::attempt_timeout()),
                             phase: FailurePhase::Unknown,
-                        }),
+                        },
                         _ => return Poll::Pending,
                     },
                 },
@@ -148,13 +166,13 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             let call = this.call.as_mut().expect("frozen before any attempt");
-            match call.after_attempt(this.policy, &result) {
+            match call.after_attempt(this.policy, Attempted::<ResBody>::Failed(&failure)) {
                 Some(delay) => this.state.set(State::Pausing {
                     pause: tokio::time::sleep(delay),
                 }),
                 None => {
                     this.state.set(State::Done);
-                    return Poll::Ready(call.answer(result));
+                    return Poll::Ready(Err(call.failed(failure)));
                 }
             }
         }

@@ -37,7 +37,7 @@ impl MemoryStore {
                     None => {
                         shard.released.end(&request.key);
                         drop(shard);
-                        self.claimed(weight, &request, now);
+                        self.claimed(weight, &request, now, at);
                         return Ok(acquired(&request));
                     }
                     Some(record) => record,
@@ -55,7 +55,7 @@ impl MemoryStore {
                     None => {
                         shard.released.end(&request.key);
                         drop(shard);
-                        self.note_claim(&request, now);
+                        self.note_claim(&request, now, at);
                         return Ok(acquired(&request));
                     }
                     Some(record) => record,
@@ -81,7 +81,7 @@ impl MemoryStore {
                     if self.claim_vacant(entry, record).is_none() {
                         shard.released.end(&request.key);
                         drop(shard);
-                        self.note_claim(&request, now);
+                        self.note_claim(&request, now, at);
                         return Ok(acquired(&request));
                     }
                 }
@@ -130,17 +130,17 @@ impl MemoryStore {
     /// A claim of `weight` bytes was taken: the room a completion that evicts leaves for
     /// the next one (see `complete_now`), never more than a sixteenth of the budget, so an
     /// outsized claim cannot make completions empty the eviction index.
-    pub(super) fn claimed(&self, weight: u64, request: &BeginRequest, now: Instant) {
+    pub(super) fn claimed(&self, weight: u64, request: &BeginRequest, now: Instant, at: Stamp) {
         let headroom = weight.min(self.inner.max_bytes / 16);
         self.inner.last_claim.store(headroom, Ordering::Relaxed);
-        self.note_claim(request, now);
+        self.note_claim(request, now, at);
     }
 
     /// What every new claim tells the store, after its shard lock is released: when the
     /// open record may end (for the sweep's floor), its protected window (for the pressure
-    /// warning), and a look at the pressure when one is due.
-    pub(super) fn note_claim(&self, request: &BeginRequest, now: Instant) {
-        let ends = self.micros(now + request.retention);
+    /// warning), and a look at the pressure when one is due. `at` is `now` as a stamp.
+    pub(super) fn note_claim(&self, request: &BeginRequest, now: Instant, at: Stamp) {
+        let ends = (at + request.retention).micros();
         self.inner
             .open_expiry_floor
             .fetch_min(ends, Ordering::Relaxed);
@@ -148,7 +148,7 @@ impl MemoryStore {
         if self.inner.last_window_us.load(Ordering::Relaxed) != window {
             self.inner.last_window_us.store(window, Ordering::Relaxed);
         }
-        self.check_pressure(now);
+        self.check_pressure(now, at.micros());
     }
 
     pub(super) fn begin_on_existing(

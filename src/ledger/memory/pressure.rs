@@ -71,8 +71,8 @@ impl MemoryStore {
 
     /// At most once a second (the first claim to find it due): how much of the budget is
     /// protected, into the gauge, and a warning past the high-water mark.
-    pub(super) fn check_pressure(&self, now: Instant) {
-        let at = self.micros(now);
+    /// `at`: `now` in the store's microseconds.
+    pub(super) fn check_pressure(&self, now: Instant, at: u64) {
         let due = self.inner.next_pressure_check.load(Ordering::Relaxed);
         if at < due
             || self
@@ -122,7 +122,7 @@ impl MemoryStore {
     pub(super) fn refuse(&self, now: Instant) -> StoreError {
         // Refused claims look at the pressure too (when due): were every claim refused for
         // its share, nothing else would ever see the pressure pass.
-        self.check_pressure(now);
+        self.check_pressure(now, self.micros(now));
         let refused = self.inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
         let first_end = lock(&self.inner.evictable).first_end();
         if self.may_warn(&self.inner.warned_refusal, self.micros(now)) {

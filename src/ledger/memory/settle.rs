@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::budget::Sweep;
-use super::record::{outcome_status, Kept, Record, State};
+use super::record::{outcome_status, Kept, Record, Stamp, State};
 use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::{MutexGuard, Ordering};
@@ -34,19 +34,18 @@ impl MemoryStore {
 
     /// Run `settle` on the open record of `key` owned by `token` at `now`, or refuse as
     /// fenced: for a change to the record alone, looked up once to check the lease and to
-    /// change it.
+    /// change it. `settle` is handed `now` as an instant and as a stamp, worked out once.
     pub(super) fn settle_record<T>(
         &self,
         key: LedgerKey,
         token: LeaseToken,
         now: Instant,
-        settle: impl FnOnce(&Self, &mut Record, Instant) -> T,
+        settle: impl FnOnce(&Self, &mut Record, Instant, Stamp) -> T,
     ) -> Result<T, StoreError> {
+        let at = self.stamp(now);
         let mut shard = lock(self.shard(&key));
         match shard.records.get_mut(&key) {
-            Some(record) if record.is_owned(token, self.stamp(now)) => {
-                Ok(settle(self, record, now))
-            }
+            Some(record) if record.is_owned(token, at) => Ok(settle(self, record, now, at)),
             _ => Err(StoreError::fenced()),
         }
     }
@@ -80,8 +79,8 @@ impl MemoryStore {
                 || self.make_room(growth, now);
         }
         if room {
-            let left_out = self.settle_record(key, token, now, |store, open, now| {
-                store.complete_in_place(open, key, (outcome, weight), retention, now)
+            let left_out = self.settle_record(key, token, now, |store, open, _, at| {
+                store.complete_in_place(open, key, (outcome, weight), retention, at)
             })?;
             let Err((left, needed)) = left_out else {
                 return Ok(());
@@ -95,7 +94,7 @@ impl MemoryStore {
         let mut shard = self.owned_shard(&key, token, now)?;
         let open = shard.records.get_mut(&key).expect("owned");
         let outcome = if room {
-            match self.complete_in_place(open, key, (outcome, weight), retention, now) {
+            match self.complete_in_place(open, key, (outcome, weight), retention, self.stamp(now)) {
                 Ok(()) => return Ok(()),
                 Err((outcome, _)) => outcome,
             }
@@ -115,11 +114,10 @@ impl MemoryStore {
         key: LedgerKey,
         (outcome, outcome_weight): (Outcome, u64),
         retention: Duration,
-        now: Instant,
+        at: Stamp,
     ) -> Result<(), (Outcome, u64)> {
         // What can fail (an instant out of range panics) comes before anything is written,
         // so a panic leaves the record, the budget and the eviction order as they were.
-        let at = self.stamp(now);
         let protect_until = at + Duration::from_nanos(record.protected).min(retention);
         let retain_until = at + retention;
         let kept = record.kept.completed(record.open_kept_weight());

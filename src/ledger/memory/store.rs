@@ -202,10 +202,10 @@ impl IdempotencyStore for MemoryStore {
         token: LeaseToken,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
+        let settled = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
             record.state = State::InDoubt;
             // A real attempt failed: keep the record at least `retention` from now.
-            record.retain_until = record.retain_until.max(store.stamp(now) + retention);
+            record.retain_until = record.retain_until.max(at + retention);
         });
         if settled.is_ok() {
             self.announce_settled(&key);
@@ -234,9 +234,9 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
-        let settled = self.settle_record(key, token, Instant::now(), |store, record, now| {
+        let settled = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
             if let State::InFlight { lease_until, .. } = &mut record.state {
-                *lease_until = store.stamp(now) + lease;
+                *lease_until = at + lease;
             }
         });
         StoreFuture::ready(settled)

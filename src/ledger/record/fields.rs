@@ -6,7 +6,7 @@
 //! Those are found as well from a digest of each field's value as from the value itself.
 //!
 //! The body is scanned once, at completion, for the top level of a JSON object: names and
-//! the byte span of each value, strings skipped eight bytes at a time. A value written the
+//! the byte span of each value, strings skipped a block of bytes at a time. A value written the
 //! one way JSON allows (a string without escapes, an integer, `true`, `false`, `null`) is
 //! digested as it stands; any other (a nested object or array, an escaped string, a number
 //! with a fraction or an exponent) is parsed and digested in a canonical form (keys sorted,
@@ -46,20 +46,17 @@ impl FieldDigests {
     /// a field name is over 64 KiB).
     pub fn of(body: &[u8]) -> Option<Self> {
         // In the body's order (sorted when compared, a cold path): one pass, one buffer.
-        let mut out = Vec::with_capacity(64);
+        let mut out = Gather::new();
         scan_object(body, |name, value, plain| {
-            let name = field_name(name)?;
             let len = u16::try_from(name.len()).ok()?;
             let digest = match plain {
                 Some(digest) => digest,
                 None => value_digest(value)?,
             };
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(&name);
-            out.extend_from_slice(&digest.to_le_bytes());
+            out.push(len, &name, digest);
             Some(())
         })?;
-        Some(Self(out.into_boxed_slice()))
+        Some(Self(out.finish()))
     }
 
     /// Bytes held, for weighing: the entries and the allocation they are in.
@@ -120,6 +117,55 @@ impl FieldDigests {
     }
 }
 
+/// Bytes [`Gather`] holds before it spills to the heap: the entries of a dozen short fields.
+const GATHERED: usize = 256;
+
+/// Entries gathered on the stack, then boxed at their exact size: one allocation, where a
+/// growing `Vec` would allocate and then shrink.
+struct Gather {
+    stack: [u8; GATHERED],
+    len: usize,
+    spilled: Vec<u8>,
+}
+
+impl Gather {
+    fn new() -> Self {
+        Self {
+            stack: [0; GATHERED],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+
+    /// One entry (see [`DIGEST_LEN`]): the name's length, the name, the digest.
+    fn push(&mut self, len: u16, name: &[u8], digest: u64) {
+        let at = self.len;
+        let end = at + 2 + name.len() + DIGEST_LEN;
+        if self.spilled.is_empty() && end <= GATHERED {
+            self.stack[at..at + 2].copy_from_slice(&len.to_be_bytes());
+            self.stack[at + 2..end - DIGEST_LEN].copy_from_slice(name);
+            self.stack[end - DIGEST_LEN..end].copy_from_slice(&digest.to_le_bytes());
+            self.len = end;
+            return;
+        }
+        if self.spilled.is_empty() {
+            self.spilled.reserve(2 * end);
+            self.spilled.extend_from_slice(&self.stack[..at]);
+        }
+        self.spilled.extend_from_slice(&len.to_be_bytes());
+        self.spilled.extend_from_slice(name);
+        self.spilled.extend_from_slice(&digest.to_le_bytes());
+    }
+
+    fn finish(self) -> Box<[u8]> {
+        if self.spilled.is_empty() {
+            Box::from(&self.stack[..self.len])
+        } else {
+            self.spilled.into_boxed_slice()
+        }
+    }
+}
+
 /// The top-level fields of `body`, a JSON object: each name (unescaped) and the digest of its
 /// value, sorted by name, the last of a repeated name kept (as a parser keeps it).
 fn fields(body: &[u8]) -> Option<Vec<(Cow<'_, [u8]>, u64)>> {
@@ -129,7 +175,7 @@ fn fields(body: &[u8]) -> Option<Vec<(Cow<'_, [u8]>, u64)>> {
             Some(digest) => digest,
             None => value_digest(value)?,
         };
-        fields.push((field_name(name)?, digest));
+        fields.push((name, digest));
         Some(())
     })?;
     Some(last_of_each(fields))
@@ -150,11 +196,15 @@ fn last_of_each(mut fields: Vec<(Cow<'_, [u8]>, u64)>) -> Vec<(Cow<'_, [u8]>, u6
 }
 
 /// A name as written between its quotes, unescaped; `None` if it is no valid string.
-fn field_name(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
-    if raw.contains(&b'\\') {
+/// `escaped`: the name holds a backslash (as its scan found).
+fn field_name(raw: &[u8], escaped: bool) -> Option<Cow<'_, [u8]>> {
+    if escaped {
         return Some(Cow::Owned(unescaped(raw)?.into_bytes()));
     }
-    std::str::from_utf8(raw).ok()?;
+    // Names are short and mostly ASCII: checked as such first, for less than UTF-8's setup.
+    if !raw.is_ascii() {
+        std::str::from_utf8(raw).ok()?;
+    }
     Some(Cow::Borrowed(raw))
 }
 
@@ -239,12 +289,12 @@ fn digest(seed: u64, bytes: &[u8]) -> u64 {
     finish(mix(hash, u64::from_le_bytes(last)), bytes.len())
 }
 
-/// Call `field` with each top-level name (between its quotes) and value (its bytes) of the
-/// JSON object `body`, and the value's digest if it is a plain string (found in the same
+/// Call `field` with each top-level name (unescaped) and value (its bytes) of the JSON
+/// object `body`, and the value's digest if it is a plain string (found in the same
 /// pass); `None` if `body` is not one, or if `field` says so.
 fn scan_object<'a>(
     body: &'a [u8],
-    mut field: impl FnMut(&'a [u8], &'a [u8], Option<u64>) -> Option<()>,
+    mut field: impl FnMut(Cow<'a, [u8]>, &'a [u8], Option<u64>) -> Option<()>,
 ) -> Option<()> {
     let mut at = skip_space(body, 0);
     if body.get(at) != Some(&b'{') {
@@ -258,8 +308,8 @@ fn scan_object<'a>(
         if body.get(at) != Some(&b'"') {
             return None;
         }
-        let (name_end, _) = plain_string(body, at + 1)?;
-        let name = &body[at + 1..name_end];
+        let (name_end, name_plain) = plain_string(body, at + 1)?;
+        let name = field_name(&body[at + 1..name_end], name_plain.is_none())?;
         at = skip_space(body, name_end + 1);
         if body.get(at) != Some(&b':') {
             return None;
@@ -330,14 +380,44 @@ fn bytes_equal(word: u64, byte: u8) -> u64 {
     zeros.wrapping_sub(ONES) & !zeros & HIGHS
 }
 
+/// Bytes [`plain_string`] looks through at once.
+const BLOCK: usize = 32;
+
+/// Whether `block` holds a quote or a backslash: branch-free over a fixed length, so that
+/// it compiles to a few vector compares.
+#[inline(always)]
+fn has_mark(block: &[u8]) -> bool {
+    let block: &[u8; BLOCK] = block.try_into().expect("a whole block");
+    let mut marks = 0u8;
+    for &byte in block {
+        marks |= u8::from(byte == b'"') | u8::from(byte == b'\\');
+    }
+    marks != 0
+}
+
 /// The string whose contents start at `from`: the index of its closing quote and, if it
 /// holds no escape (a plain string, the common value), the digest of its contents, made in
 /// the same pass, eight bytes at a time (a string value is most of a body).
 fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
     let contents = body.get(from..)?;
     let mut hash = STRING_SEED;
-    let mut words = contents.chunks_exact(8);
     let mut at = 0;
+    // A block without a quote or a backslash (most of a long string) is told by one test
+    // the compiler makes of vector compares, and only then digested; the block holding
+    // the end is read word by word below.
+    for block in contents.chunks_exact(BLOCK) {
+        if has_mark(block) {
+            break;
+        }
+        for word in block.chunks_exact(8) {
+            hash = mix(
+                hash,
+                u64::from_le_bytes(word.try_into().expect("eight bytes")),
+            );
+        }
+        at += BLOCK;
+    }
+    let mut words = contents[at..].chunks_exact(8);
     for word in &mut words {
         let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
         let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');

@@ -100,6 +100,24 @@ proptest! {
         prop_assert_eq!(changed(&old_body, &new_body), parsed(&old_body, &new_body));
     }
 
+    /// Wherever its end falls against the blocks and words it is read in, a string is
+    /// found to end at its quote, digested as its contents are, or found escaped.
+    #[test]
+    fn finds_the_end_of_a_string_of_any_length(len in 0usize..100, end in prop_oneof![Just(b'"'), Just(b'\\')]) {
+        let mut body = b"\"".to_vec();
+        body.extend((0..len).map(|n| b'a' + (n % 26) as u8));
+        body.push(end);
+        body.extend_from_slice(b"x\"tail");
+        let (at, plain) = plain_string(&body, 1).unwrap();
+        if end == b'"' {
+            prop_assert_eq!(at, 1 + len);
+            prop_assert_eq!(plain, Some(digest(STRING_SEED, &body[1..1 + len])));
+        } else {
+            prop_assert_eq!(at, 1 + len + 2);
+            prop_assert_eq!(plain, None);
+        }
+    }
+
     #[test]
     fn finds_the_first_quote(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
         prop_assert_eq!(find_quote(&bytes), bytes.iter().position(|b| *b == b'"'));
@@ -117,5 +135,27 @@ fn a_flat_payload_is_summed_up_in_a_few_bytes_a_field() {
     assert_eq!(
         fields.0.len(),
         2 * (2 + DIGEST_LEN) + "order_id".len() + "summary".len()
+    );
+}
+
+#[test]
+fn many_fields_are_all_kept() {
+    let body = |changed: usize| {
+        let fields: serde_json::Map<String, Value> = (0..40)
+            .map(|n| {
+                (
+                    format!("field_{n:02}"),
+                    json!(n + usize::from(n == changed)),
+                )
+            })
+            .collect();
+        serde_json::to_vec(&Value::Object(fields)).unwrap()
+    };
+    let fields = FieldDigests::of(&body(usize::MAX)).unwrap();
+    assert_eq!(fields.0.len(), 40 * (2 + DIGEST_LEN + "field_00".len()));
+    assert_eq!(fields.changed_fields(&body(37)).unwrap(), ["field_37"]);
+    assert_eq!(
+        fields.changed_fields(&body(usize::MAX)).unwrap(),
+        Vec::<String>::new()
     );
 }

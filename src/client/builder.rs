@@ -10,7 +10,6 @@ use crate::idempotency::decision::{OutcomeEvent, OutcomeHook};
 use crate::idempotency::engine::BusyPolicy;
 use crate::idempotency::hold::OperationSettings;
 use crate::idempotency::reconcile::Reconcile;
-use crate::idempotency::release::ReleaseOn;
 use crate::idempotency::scope::Scope;
 use crate::ledger::IdempotencyStore;
 use crate::phase::ClassifyPhase;
@@ -19,6 +18,7 @@ use crate::IdempotencyLayer;
 
 use super::face::ClientFace;
 use super::policy::DriftPolicy;
+use super::release::ReleaseOn;
 use super::stack::ClientStack;
 
 /// Configures the client face: [`build`](Builder::build) gives the client
@@ -288,7 +288,7 @@ impl Builder {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use tower_idempotency::idempotency::ReleaseOn;
+    /// use tower_idempotency::client::ReleaseOn;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())

@@ -258,7 +258,7 @@ where
 }
 
 /// The server answered. An answer that says the operation never started (see
-/// [`ReleaseOn`](crate::idempotency::ReleaseOn)) releases it; one that says "try again"
+/// [`ReleaseOn`](super::ReleaseOn)) releases it; one that says "try again"
 /// leaves it in doubt, so a later run resends the frozen bytes rather than replaying a
 /// 503; any other is read to be recorded (the lease goes back in `held`). A problem
 /// response is read first in either case, to see whether its type says nothing ran.

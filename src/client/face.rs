@@ -11,11 +11,11 @@ use crate::frozen::{FrozenRequest, Handoff, RetriedOutside};
 use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::engine::{BusyPolicy, Ledger};
 use crate::idempotency::reconcile::Reconcile;
-use crate::idempotency::release::ReleaseOn;
 use crate::idempotency::scope::Scope;
 use crate::phase::ClassifyPhase;
 
 use super::policy::DriftPolicy;
+use super::release::ReleaseOn;
 
 /// The client face's configuration (see [`Builder`](super::Builder)).
 #[derive(Debug)]

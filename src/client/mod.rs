@@ -22,7 +22,7 @@
 //! 4. **Acquired**: send, renewing the lease while the call is under way (so a slow call is
 //!    never taken for a dead owner's). A response is recorded (up to 1 MiB; a larger one
 //!    reaches the caller whole and is kept as a tombstone). A response saying the operation
-//!    never started ([`ReleaseOn`](crate::idempotency::ReleaseOn): `401`, `407`, `408`, `429`, the server face's refusals
+//!    never started ([`ReleaseOn`]: `401`, `407`, `408`, `429`, the server face's refusals
 //!    that say nothing ran) releases it, so the next run sends it once the token is
 //!    refreshed or the limit waited out. A response meaning "try again" (`5xx`, and a `409`
 //!    with `Retry-After`: "still in progress") leaves the operation *in doubt*, so a later
@@ -142,6 +142,7 @@ mod identify;
 mod operation;
 pub(crate) mod policy;
 mod reconciling;
+mod release;
 mod resolve;
 mod service;
 mod settle;
@@ -151,6 +152,7 @@ pub use builder::Builder;
 pub use face::ClientFace;
 // The tool face caps recorded outputs as this face caps responses.
 pub use future::ResponseFuture;
+pub use release::ReleaseOn;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::run;
 pub use stack::ClientStack;

@@ -35,7 +35,6 @@ pub(crate) mod engine;
 pub(crate) mod hold;
 pub(crate) mod layer;
 pub(crate) mod reconcile;
-pub(crate) mod release;
 pub(crate) mod scope;
 pub(crate) mod source;
 
@@ -49,4 +48,3 @@ pub use layer::Idempotency;
 pub(crate) use layer::IdempotencyLayer;
 pub(crate) use reconcile::ask as ask_reconciler;
 pub use reconcile::{InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled};
-pub use release::ReleaseOn;

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::ReleaseOn;
+use tower_idempotency::client::ReleaseOn;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,

@@ -33,7 +33,7 @@ use crate::server::problem;
 ///
 /// ```
 /// use http::StatusCode;
-/// use tower_idempotency::idempotency::ReleaseOn;
+/// use tower_idempotency::client::ReleaseOn;
 ///
 /// // The defaults, plus a provider's own "idempotency key reused" problem type.
 /// let rule = ReleaseOn::default().problem_type("https://api.example.com/problems/key-reused");
@@ -81,7 +81,7 @@ impl ReleaseOn {
     /// "try again").
     ///
     /// ```
-    /// # use tower_idempotency::idempotency::ReleaseOn;
+    /// # use tower_idempotency::client::ReleaseOn;
     /// assert!(!ReleaseOn::nothing().releases_status(http::StatusCode::TOO_MANY_REQUESTS));
     /// ```
     pub fn nothing() -> Self {
@@ -94,7 +94,7 @@ impl ReleaseOn {
     /// Also release on `status`, whatever the body says.
     ///
     /// ```
-    /// # use tower_idempotency::idempotency::ReleaseOn;
+    /// # use tower_idempotency::client::ReleaseOn;
     /// let rule = ReleaseOn::nothing().status(http::StatusCode::FORBIDDEN);
     /// assert!(rule.releases_status(http::StatusCode::FORBIDDEN));
     /// ```
@@ -107,7 +107,7 @@ impl ReleaseOn {
     /// `type_uri`, whatever its status.
     ///
     /// ```
-    /// # use tower_idempotency::idempotency::ReleaseOn;
+    /// # use tower_idempotency::client::ReleaseOn;
     /// let rule = ReleaseOn::nothing().problem_type("https://api.example.com/problems/not-started");
     /// # let _ = rule;
     /// ```
@@ -119,7 +119,7 @@ impl ReleaseOn {
     /// Whether an answer with `status` is released on its status alone.
     ///
     /// ```
-    /// # use tower_idempotency::idempotency::ReleaseOn;
+    /// # use tower_idempotency::client::ReleaseOn;
     /// assert!(ReleaseOn::default().releases_status(http::StatusCode::PROXY_AUTHENTICATION_REQUIRED));
     /// assert!(!ReleaseOn::default().releases_status(http::StatusCode::CREATED));
     /// ```

@@ -7,9 +7,42 @@
 //! struct listed its fields in, and whatever whitespace a model put in a JSON string it was
 //! parsed from: field order and formatting never make drift.
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{Map, Number, Value};
+
+mod direct;
+
+/// The most buffer memory a thread keeps between calls of [`to_bytes`].
+const KEEP: usize = 64 * 1024;
+
+/// `value` as canonical JSON bytes: those of [`freeze`], written straight from `value`
+/// into a buffer the thread keeps (no JSON value is built, the buffers are reused), then
+/// copied out whole, one allocation of exactly their size. Whatever the direct writer does
+/// not spell itself (see its module), [`freeze`] does.
+pub(crate) fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, serde_json::Error> {
+    thread_local! {
+        static WRITER: RefCell<direct::Writer> = RefCell::default();
+    }
+    let direct = WRITER
+        .try_with(|writer| {
+            // Already borrowed only if `value`'s own serialization freezes something.
+            let mut writer = writer.try_borrow_mut().ok()?;
+            writer.clear();
+            let written = value.serialize(&mut *writer).ok();
+            let bytes = written.map(|()| Bytes::copy_from_slice(&writer.out));
+            writer.trim(KEEP);
+            bytes
+        })
+        .ok()
+        .flatten();
+    match direct {
+        Some(bytes) => Ok(bytes),
+        None => freeze(value).map(|(bytes, _)| bytes),
+    }
+}
 
 /// `value` as canonical JSON bytes, and as the JSON value they were written from.
 pub(crate) fn freeze<T: Serialize + ?Sized>(
@@ -66,7 +99,8 @@ fn write_number(number: &Number, out: &mut Vec<u8>) {
         out.extend_from_slice(b"0.0");
         return;
     }
-    out.extend_from_slice(number.to_string().as_bytes());
+    // Written as `Display` spells it (serde_json formats both alike), without a `String`.
+    serde_json::to_writer(&mut *out, number).expect("writing to a Vec never fails");
 }
 
 fn write_string(text: &str, out: &mut Vec<u8>) {
@@ -162,7 +196,7 @@ mod tests {
         assert_eq!(changed_fields(b"[1]", b"{}"), None);
     }
 
-    fn json() -> impl Strategy<Value = Value> {
+    pub(super) fn json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),

@@ -1,10 +1,10 @@
 //! A call's arguments, frozen once: their canonical bytes, fingerprint and digest.
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Version};
+use serde::Serialize;
 
 use crate::digest::BodyDigest;
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{canonical, Fingerprint};
 use crate::tool::face::ToolFace;
 use crate::FrozenRequest;
 
@@ -17,10 +17,23 @@ pub(super) struct Frozen {
 }
 
 impl Frozen {
-    pub(super) fn new<C>(face: &ToolFace<C>, body: Bytes, value: &serde_json::Value) -> Self {
+    /// `arguments`, frozen for `face`: written straight to canonical bytes, or through a
+    /// JSON value when only some of its fields define the operation (they are picked from
+    /// the value).
+    pub(super) fn new<C, A: Serialize + ?Sized>(
+        face: &ToolFace<C>,
+        arguments: &A,
+    ) -> Result<Self, serde_json::Error> {
+        let (body, defining) = match &face.fields {
+            Some(fields) => {
+                let (body, value) = canonical::freeze(arguments)?;
+                (body, Some(fields.canonical(&value)))
+            }
+            None => (canonical::to_bytes(arguments)?, None),
+        };
         let digest = BodyDigest::of(&body);
-        let fingerprint = match &face.fields {
-            Some(fields) => Fingerprint::of(&Method::POST, &face.target, &fields.canonical(value)),
+        let fingerprint = match defining {
+            Some(defining) => Fingerprint::of(&Method::POST, &face.target, &defining),
             None => Fingerprint::from_digest(&Method::POST, &face.target, &digest),
         };
         let request = FrozenRequest::from_parts(
@@ -30,11 +43,11 @@ impl Frozen {
             HeaderMap::new(),
             body,
         );
-        Self {
+        Ok(Self {
             request,
             fingerprint,
             digest: digest.header_value(),
-        }
+        })
     }
 
     pub(super) fn body(&self) -> &[u8] {

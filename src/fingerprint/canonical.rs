@@ -120,12 +120,12 @@ fn write_string(text: &str, out: &mut Vec<u8>) {
 
 /// Whether `bytes` holds no byte that JSON requires escaped (`"`, `\\`, below `0x20`).
 /// One pass over all of it without an early exit (a string needing an escape is rare), a
-/// reduction the compiler turns into vector compares.
+/// reduction the compiler turns into vector compares; folded as `bool`s, which it keeps as
+/// the compares' own masks (as `u8`s it masks each compare down to `0`/`1` first).
 fn needs_no_escape(bytes: &[u8]) -> bool {
-    let escapes = bytes.iter().fold(0u8, |any, &b| {
-        any | u8::from(b < 0x20) | u8::from(b == b'"') | u8::from(b == b'\\')
-    });
-    escapes == 0
+    !bytes.iter().fold(false, |any, &b| {
+        any | (b < 0x20) | (b == b'"') | (b == b'\\')
+    })
 }
 
 /// The top-level fields of two frozen argument sets that differ (added, removed or

@@ -198,11 +198,14 @@ impl<C> Operation<'_, C> {
             ProviderKeys::Deduplicates => begin,
             ProviderKeys::Ignored => begin.probe(),
         };
-        self.face
-            .ledger
-            .begin(begin, self.face.busy)
-            .await
-            .map_err(|err| ToolError::Idempotency(Error::store(err)))
+        // In place when the store answers at once (a `MemoryStore`): the waiting and
+        // asking-again machinery only when it does not, or its answer was lost.
+        let ledger = &self.face.ledger;
+        let answered = match ledger.begin_in_place(&begin, self.face.busy) {
+            Ok(answered) => answered,
+            Err(lost) => ledger.begin_after(begin, self.face.busy, lost).await,
+        };
+        answered.map_err(|err| ToolError::Idempotency(Error::store(err)))
     }
 
     /// Call the tool with `first` (thawed) as the operation's owner under `token`, retrying

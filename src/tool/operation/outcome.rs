@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::error::Drift;
 use crate::fingerprint::canonical;
+use crate::idempotency::engine::InPlace;
 use crate::idempotency::LeaseGuard;
 use crate::ledger::{HeaderBlock, Outcome, StoredResponse};
 use crate::tool::face::ToolFace;
@@ -39,7 +40,11 @@ pub(super) async fn record<R: Serialize, E>(
             return Err(ToolError::Response(err));
         }
     };
-    settle(lease.complete(outcome), "record the response").await;
+    // In place when the store answers at once, as the HTTP faces record theirs.
+    match lease.complete_in_place(outcome) {
+        InPlace::Done(completed) => settled(completed, "record the response"),
+        InPlace::Later(unsettled) => settle(unsettled.complete(), "record the response").await,
+    }
     Ok(ToolOutput::new(response, source, discarded))
 }
 
@@ -101,7 +106,12 @@ pub(super) async fn settle(
     settling: impl Future<Output = Result<(), crate::ledger::StoreError>>,
     what: &str,
 ) {
-    if let Err(err) = settling.await {
+    settled(settling.await, what);
+}
+
+/// Log a settle that failed.
+fn settled(result: Result<(), crate::ledger::StoreError>, what: &str) {
+    if let Err(err) = result {
         tracing::warn!(%err, what, "could not settle a tool operation; it will expire into doubt");
     }
 }

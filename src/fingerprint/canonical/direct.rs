@@ -43,12 +43,13 @@ impl ser::Error for GiveUp {
 
 type Result<T = ()> = std::result::Result<T, GiveUp>;
 
-/// One object entry written: `"key":value` is `out[key..end]`, the key's own bytes
-/// `out[key + 1..colon - 1]`.
+/// One object entry written: `"key":value` is `out[key..end]`, the key's own bytes (its
+/// text, unescaped as it needs no escapes) `out[key + 1..quote]`.
 #[derive(Clone, Copy)]
 struct Entry {
     key: usize,
-    colon: usize,
+    /// Where the key's closing quote is.
+    quote: usize,
     end: usize,
 }
 
@@ -82,10 +83,6 @@ impl Writer {
         }
     }
 
-    fn key_bytes(&self, entry: Entry) -> &[u8] {
-        &self.out[entry.key + 1..entry.colon - 1]
-    }
-
     fn open_object(&mut self) -> Object<'_> {
         self.out.push(b'{');
         let start = self.out.len();
@@ -108,34 +105,35 @@ impl Writer {
     /// Puts the entries of the object whose bytes start at `start` (after its `{`) in key
     /// order; gives up on a repeated key (the `Value` path keeps only its last value).
     fn order(&mut self, start: usize, base: usize) -> Result {
-        let mut sorted = true;
-        for pair in self.entries[base..].windows(2) {
-            match self.key_bytes(pair[0]).cmp(self.key_bytes(pair[1])) {
-                std::cmp::Ordering::Less => {}
-                std::cmp::Ordering::Equal => return Err(GiveUp),
-                std::cmp::Ordering::Greater => sorted = false,
-            }
-        }
-        if sorted {
-            return Ok(());
-        }
         let Self {
             out,
             entries,
             spare,
         } = self;
-        let key = |e: &Entry| &out[e.key + 1..e.colon - 1];
-        entries[base..].sort_unstable_by(|a, b| key(a).cmp(key(b)));
-        if entries[base..]
-            .windows(2)
-            .any(|pair| key(&pair[0]) == key(&pair[1]))
-        {
-            return Err(GiveUp);
+        let key = |e: &Entry| &out[e.key + 1..e.quote];
+        let entries = &mut entries[base..];
+        let moved = if entries.len() <= SMALL_OBJECT {
+            insertion_sort(entries, key)?
+        } else {
+            let sorted = entries.is_sorted_by(|a, b| key(a) < key(b));
+            if !sorted {
+                entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+            }
+            if entries
+                .windows(2)
+                .any(|pair| key(&pair[0]) == key(&pair[1]))
+            {
+                return Err(GiveUp);
+            }
+            !sorted
+        };
+        if !moved {
+            return Ok(());
         }
         spare.clear();
         spare.extend_from_slice(&out[start..]);
         out.truncate(start);
-        for (i, entry) in entries[base..].iter().enumerate() {
+        for (i, entry) in entries.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
@@ -147,6 +145,35 @@ impl Writer {
     fn number(&mut self, number: impl Serialize) {
         serde_json::to_writer(&mut self.out, &number).expect("writing to a Vec never fails");
     }
+}
+
+/// Objects up to this many entries are sorted by insertion: already in order (a struct
+/// declaring its fields sorted, a sorted map), that is one comparison per entry, which also
+/// finds a repeated key (it ends up next to its twin), so nothing else walks the entries.
+const SMALL_OBJECT: usize = 16;
+
+/// Sorts `entries` by `key`, answering whether any moved; gives up on a repeated key.
+fn insertion_sort<'k>(entries: &mut [Entry], key: impl Fn(&Entry) -> &'k [u8]) -> Result<bool> {
+    let mut moved = false;
+    for i in 1..entries.len() {
+        let entry = entries[i];
+        let mut at = i;
+        while at > 0 {
+            match key(&entries[at - 1]).cmp(key(&entry)) {
+                std::cmp::Ordering::Less => break,
+                std::cmp::Ordering::Equal => return Err(GiveUp),
+                std::cmp::Ordering::Greater => {
+                    entries[at] = entries[at - 1];
+                    at -= 1;
+                }
+            }
+        }
+        if at != i {
+            entries[at] = entry;
+            moved = true;
+        }
+    }
+    Ok(moved)
 }
 
 /// An open array: its elements so far.
@@ -191,12 +218,12 @@ impl Object<'_> {
         }
         let at = out.len();
         key.serialize(Key(&mut *out))?;
+        let quote = out.len() - 1;
         out.push(b':');
-        let colon = out.len();
         self.writer.entries.push(Entry {
             key: at,
-            colon,
-            end: colon,
+            quote,
+            end: out.len(),
         });
         Ok(())
     }

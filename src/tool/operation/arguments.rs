@@ -1,6 +1,6 @@
 //! A call's arguments, frozen once: their canonical bytes, fingerprint and digest.
 
-use http::{HeaderMap, HeaderValue, Method, Version};
+use http::{HeaderMap, Method, Version};
 use serde::Serialize;
 
 use crate::digest::BodyDigest;
@@ -13,7 +13,7 @@ use crate::FrozenRequest;
 pub(super) struct Frozen {
     pub(super) request: FrozenRequest,
     pub(super) fingerprint: Fingerprint,
-    pub(super) digest: HeaderValue,
+    pub(super) digest: BodyDigest,
 }
 
 impl Frozen {
@@ -46,7 +46,7 @@ impl Frozen {
         Ok(Self {
             request,
             fingerprint,
-            digest: digest.header_value(),
+            digest,
         })
     }
 
@@ -62,10 +62,10 @@ impl Frozen {
 
     /// The digest of `first`, the arguments an operation goes on with: ours, already made,
     /// when they are ours (the same bytes), else made now.
-    pub(super) fn digest_of(&self, first: &FrozenRequest) -> HeaderValue {
+    pub(super) fn digest_of(&self, first: &FrozenRequest) -> BodyDigest {
         if self.is(first) {
-            return self.digest.clone();
+            return self.digest;
         }
-        first.body_digest().header_value()
+        first.body_digest()
     }
 }

@@ -3,10 +3,10 @@
 
 use std::future::Future;
 
-use http::HeaderValue;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::digest::BodyDigest;
 use crate::error::Drift;
 use crate::fingerprint::canonical;
 use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
@@ -214,7 +214,7 @@ impl<C> Operation<'_, C> {
         &self,
         tool: &mut T,
         token: LeaseToken,
-        (first, digest): (&FrozenRequest, HeaderValue),
+        (first, digest): (&FrozenRequest, BodyDigest),
         source: ToolSource,
         discarded: Option<Discarded>,
         mut handed: Option<A>,
@@ -297,7 +297,7 @@ impl<C> Operation<'_, C> {
         &self,
         tool: &mut T,
         token: LeaseToken,
-        (first, digest): (FrozenRequest, HeaderValue),
+        (first, digest): (FrozenRequest, BodyDigest),
         discarded: Option<Discarded>,
     ) -> Result<ToolOutput<R>, ToolError<E>>
     where

@@ -3,10 +3,11 @@
 use std::cell::RefCell;
 use std::future::Future;
 
-use http::{HeaderValue, StatusCode, Version};
+use http::{StatusCode, Version};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::digest::BodyDigest;
 use crate::error::Drift;
 use crate::fingerprint::canonical;
 use crate::idempotency::engine::InPlace;
@@ -24,7 +25,7 @@ use super::{Frozen, ARGUMENTS_DIGEST, FINAL_ANSWER};
 pub(super) async fn record<R: Serialize, E>(
     lease: LeaseGuard,
     response: R,
-    digest: HeaderValue,
+    digest: BodyDigest,
     source: ToolSource,
     discarded: Option<Discarded>,
 ) -> Result<ToolOutput<R>, ToolError<E>> {
@@ -77,8 +78,8 @@ fn with_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 /// An outcome with `status` and `body`, remembering the digest of the arguments it was
 /// made with: the header and the body in one buffer of exactly their size, as the HTTP
 /// client face records a response.
-pub(super) fn stored(status: StatusCode, body: &[u8], digest: &HeaderValue) -> Outcome {
-    let block = HeaderBlock::of_checked_pairs(&[(ARGUMENTS_DIGEST, digest.as_bytes())], body);
+pub(super) fn stored(status: StatusCode, body: &[u8], digest: &BodyDigest) -> Outcome {
+    let block = HeaderBlock::of_checked_pairs(&[(ARGUMENTS_DIGEST, &digest.field()[..])], body);
     Outcome::Response(StoredResponse::of_block_with_body(
         status,
         Version::HTTP_11,
@@ -90,7 +91,7 @@ pub(super) fn stored(status: StatusCode, body: &[u8], digest: &HeaderValue) -> O
 pub(super) fn recorded<C>(
     status: StatusCode,
     value: &serde_json::Value,
-    digest: HeaderValue,
+    digest: BodyDigest,
     face: &ToolFace<C>,
 ) -> Outcome {
     let body = value.to_string();
@@ -136,7 +137,7 @@ pub(super) fn replay<R: DeserializeOwned, E>(
             let differs = block
                 .entries()
                 .find(|entry| entry.name == ARGUMENTS_DIGEST.as_str().as_bytes())
-                .is_some_and(|first| block.value_bytes(&first) != ours.digest.as_bytes());
+                .is_some_and(|first| block.value_bytes(&first)[..] != ours.digest.field());
             let discarded = discarded.or_else(|| differs.then(|| Discarded::new(None)));
             Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
         }

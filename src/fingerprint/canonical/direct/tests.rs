@@ -149,10 +149,16 @@ proptest! {
         chars in prop::collection::btree_map(any::<char>(), any::<u8>(), 0..6),
         flags in prop::collection::btree_map(any::<bool>(), any::<i16>(), 0..2),
         floats in prop::collection::vec((any::<f64>(), any::<u8>()), 0..3),
+        large in prop::collection::hash_map("[a-z]{1,3}", any::<u8>(), 0..48),
+        repeats in prop::collection::vec(("[a-c]{1,2}", any::<u8>()), 0..48),
     ) {
         same_as_value_path(&chars)?;
         same_as_value_path(&flags)?;
         same_as_value_path(&Entries(floats))?;
+        // Small and large objects are put in order two ways; both find repeated keys.
+        same_as_value_path(&large)?;
+        prop_assert!(direct(&large).is_some());
+        same_as_value_path(&Entries(repeats))?;
     }
 }
 
@@ -189,6 +195,18 @@ fn edge_cases_freeze_as_the_value_path_does() {
         ("b", 3),
     ])));
     check(same_as_value_path(&Entries(vec![("a", 1), ("a", 2)])));
+    // A key before its own extensions, whatever byte extends it (the quote that ends the
+    // shorter one sorts nowhere).
+    check(same_as_value_path(&Entries(vec![
+        ("a!", 1),
+        ("a", 2),
+        (" ", 3),
+        ("", 4),
+    ])));
+    assert_eq!(
+        direct(&Entries(vec![("a!", 1), ("a", 2), (" ", 3), ("", 4)])).unwrap(),
+        br#"{"":4," ":3,"a":2,"a!":1}"#
+    );
     // Keys needing escapes, sorted by their own bytes rather than their spelling.
     check(same_as_value_path(&Entries(vec![
         ("\"", 1),

@@ -20,7 +20,7 @@ const KEEP: usize = 64 * 1024;
 
 /// `value` as canonical JSON bytes: those of [`freeze`], written straight from `value`
 /// into a buffer the thread keeps (no JSON value is built, the buffers are reused), then
-/// copied out whole, one allocation of exactly their size. Whatever the direct writer does
+/// copied out, one allocation of exactly their size. Whatever the direct writer does
 /// not spell itself (see its module), [`freeze`] does.
 pub(crate) fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, serde_json::Error> {
     thread_local! {
@@ -32,7 +32,7 @@ pub(crate) fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, serde_
             let mut writer = writer.try_borrow_mut().ok()?;
             writer.clear();
             let written = value.serialize(&mut *writer).ok();
-            let bytes = written.map(|()| Bytes::copy_from_slice(&writer.out));
+            let bytes = written.map(|()| writer.finish());
             writer.trim(KEEP);
             bytes
         })

@@ -12,6 +12,7 @@
 
 use std::fmt;
 
+use bytes::Bytes;
 use serde::ser::{self, Serialize};
 
 use super::write_string;
@@ -57,11 +58,15 @@ struct Entry {
 /// so that a steady stream of calls allocates nothing here.
 #[derive(Default)]
 pub(super) struct Writer {
-    pub(super) out: Vec<u8>,
+    out: Vec<u8>,
     /// The entries of every object still open, innermost last.
     entries: Vec<Entry>,
     /// A copy of the object being reordered.
     spare: Vec<u8>,
+    /// The value is an object whose entries are the first this many, sorted, but whose
+    /// bytes are in the order written: it is put in order as it is copied out (one copy
+    /// rather than the two of a rewrite, then a third).
+    unordered: Option<usize>,
 }
 
 impl Writer {
@@ -69,6 +74,7 @@ impl Writer {
     pub(super) fn clear(&mut self) {
         self.out.clear();
         self.entries.clear();
+        self.unordered = None;
     }
 
     /// Gives back memory one unusually large value made the buffers hold.
@@ -102,44 +108,66 @@ impl Writer {
         self.out.push(b':');
     }
 
-    /// Puts the entries of the object whose bytes start at `start` (after its `{`) in key
-    /// order; gives up on a repeated key (the `Value` path keeps only its last value).
-    fn order(&mut self, start: usize, base: usize) -> Result {
+    /// Sorts the entries of the object whose bytes start at `start` (after its `{`) by key,
+    /// answering whether any moved; gives up on a repeated key (the `Value` path keeps
+    /// only its last value).
+    fn order(&mut self, base: usize) -> Result<bool> {
+        let out = &self.out;
+        let key = |e: &Entry| &out[e.key + 1..e.quote];
+        let entries = &mut self.entries[base..];
+        if entries.len() <= SMALL_OBJECT {
+            return insertion_sort(entries, key);
+        }
+        let sorted = entries.is_sorted_by(|a, b| key(a) < key(b));
+        if !sorted {
+            entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+        }
+        if entries
+            .windows(2)
+            .any(|pair| key(&pair[0]) == key(&pair[1]))
+        {
+            return Err(GiveUp);
+        }
+        Ok(!sorted)
+    }
+
+    /// Rewrites the object whose bytes start at `start` with its entries (from `base`) in
+    /// their sorted order.
+    fn rewrite(&mut self, start: usize, base: usize) {
         let Self {
             out,
             entries,
             spare,
+            ..
         } = self;
-        let key = |e: &Entry| &out[e.key + 1..e.quote];
-        let entries = &mut entries[base..];
-        let moved = if entries.len() <= SMALL_OBJECT {
-            insertion_sort(entries, key)?
-        } else {
-            let sorted = entries.is_sorted_by(|a, b| key(a) < key(b));
-            if !sorted {
-                entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
-            }
-            if entries
-                .windows(2)
-                .any(|pair| key(&pair[0]) == key(&pair[1]))
-            {
-                return Err(GiveUp);
-            }
-            !sorted
-        };
-        if !moved {
-            return Ok(());
-        }
         spare.clear();
         spare.extend_from_slice(&out[start..]);
         out.truncate(start);
-        for (i, entry) in entries.iter().enumerate() {
+        for (i, entry) in entries[base..].iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
             out.extend_from_slice(&spare[entry.key - start..entry.end - start]);
         }
-        Ok(())
+    }
+
+    /// The bytes written, in a buffer of their own of exactly their size. An outermost
+    /// object left unordered is put in order here, as it is copied out.
+    pub(super) fn finish(&self) -> Bytes {
+        let Some(count) = self.unordered else {
+            return Bytes::copy_from_slice(&self.out);
+        };
+        let mut bytes = Vec::with_capacity(self.out.len());
+        bytes.push(b'{');
+        for (i, entry) in self.entries[..count].iter().enumerate() {
+            if i > 0 {
+                bytes.push(b',');
+            }
+            bytes.extend_from_slice(&self.out[entry.key..entry.end]);
+        }
+        bytes.push(b'}');
+        debug_assert_eq!(bytes.len(), self.out.len());
+        Bytes::from(bytes)
     }
 
     fn number(&mut self, number: impl Serialize) {
@@ -218,8 +246,7 @@ impl Object<'_> {
         }
         let at = out.len();
         key.serialize(Key(&mut *out))?;
-        let quote = out.len() - 1;
-        out.push(b':');
+        let quote = out.len() - 2;
         self.writer.entries.push(Entry {
             key: at,
             quote,
@@ -238,10 +265,19 @@ impl Object<'_> {
     }
 
     fn close(self) -> Result {
-        self.writer.order(self.start, self.base)?;
-        self.writer.entries.truncate(self.base);
+        let writer = self.writer;
+        if writer.order(self.base)? {
+            // The outermost value (nothing before its `{`): left for `finish`.
+            if self.start == 1 {
+                writer.unordered = Some(writer.entries.len());
+                writer.out.push(b'}');
+                return Ok(());
+            }
+            writer.rewrite(self.start, self.base);
+        }
+        writer.entries.truncate(self.base);
         for _ in 0..self.closes {
-            self.writer.out.push(b'}');
+            writer.out.push(b'}');
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use serde::ser::{self, Serialize, Serializer};
 use super::{GiveUp, Result};
 use crate::fingerprint::canonical::needs_no_escape;
 
-/// An object key, written quoted: the kinds of key the `Value` path turns into a string
+/// An object key, written quoted and followed by its colon: the kinds of key the `Value` path turns into a string
 /// spelled the same whichever way (strings without escapes, integers, booleans, unit
 /// variants); any other gives up.
 pub(super) struct Key<'a>(pub(super) &'a mut Vec<u8>);
@@ -15,17 +15,17 @@ impl Key<'_> {
         if !needs_no_escape(text.as_bytes()) {
             return Err(GiveUp);
         }
-        self.0.reserve(text.len() + 2);
+        self.0.reserve(text.len() + 3);
         self.0.push(b'"');
         self.0.extend_from_slice(text.as_bytes());
-        self.0.push(b'"');
+        self.0.extend_from_slice(b"\":");
         Ok(())
     }
 
     fn integer(self, number: impl Serialize) -> Result {
         self.0.push(b'"');
         serde_json::to_writer(&mut *self.0, &number).expect("writing to a Vec never fails");
-        self.0.push(b'"');
+        self.0.extend_from_slice(b"\":");
         Ok(())
     }
 }

@@ -15,7 +15,7 @@ use crate::fingerprint::canonical::{freeze, tests::json, to_bytes};
 fn direct<T: Serialize + ?Sized>(value: &T) -> Option<Vec<u8>> {
     let mut writer = Writer::default();
     value.serialize(&mut writer).ok()?;
-    Some(writer.out)
+    Some(writer.finish().to_vec())
 }
 
 /// `to_bytes` says what the `Value` path says: the same bytes or the same error.

@@ -187,7 +187,7 @@ fn insertion_sort<'k>(entries: &mut [Entry], key: impl Fn(&Entry) -> &'k [u8]) -
         let entry = entries[i];
         let mut at = i;
         while at > 0 {
-            match key(&entries[at - 1]).cmp(key(&entry)) {
+            match compare(key(&entries[at - 1]), key(&entry)) {
                 std::cmp::Ordering::Less => break,
                 std::cmp::Ordering::Equal => return Err(GiveUp),
                 std::cmp::Ordering::Greater => {
@@ -202,6 +202,15 @@ fn insertion_sort<'k>(entries: &mut [Entry], key: impl Fn(&Entry) -> &'k [u8]) -
         }
     }
     Ok(moved)
+}
+
+/// Byte order of two keys, by their first bytes alone when those differ (keys mostly do):
+/// no call for the whole comparison.
+fn compare(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    match (a.first(), b.first()) {
+        (Some(x), Some(y)) if x != y => x.cmp(y),
+        _ => a.cmp(b),
+    }
 }
 
 /// An open array: its elements so far.

@@ -44,7 +44,9 @@ pub(super) async fn record<R: Serialize, E>(
     // In place when the store answers at once, as the HTTP faces record theirs.
     match lease.complete_in_place(outcome) {
         InPlace::Done(completed) => settled(completed, "record the response"),
-        InPlace::Later(unsettled) => settle(unsettled.complete(), "record the response").await,
+        InPlace::Later(unsettled) => {
+            settle(Box::pin(unsettled.complete()), "record the response").await
+        }
     }
     Ok(ToolOutput::new(response, source, discarded))
 }

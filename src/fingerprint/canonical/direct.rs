@@ -2,13 +2,14 @@
 //! `serde_json::Value` first: the same bytes as `to_value` followed by [`write`](super::write),
 //! in one buffer.
 //!
-//! An object's entries are written in the order they come; when they end, their keys are
-//! checked to be in order, and only if they are not are the entries moved into order (a
-//! copy of the object's bytes, then each entry copied back in key order). Anything this
-//! writer does not spell exactly as the `Value` path would (a key needing escapes, a
-//! repeated key, an integer out of `i64`/`u64`, a float or non-string key, serde_json's own
-//! private types, any error) makes it give up: the caller then takes the `Value` path, so
-//! the bytes never differ from it.
+//! An object's entries are written in the order they come, each remembered as the byte
+//! range of its key and of the whole entry; when the object ends its keys are checked to be
+//! in order, and only if they are not are the entries moved into order (a copy of the
+//! object's bytes, then each entry copied back in key order; for the outermost object, as
+//! the bytes are copied out). Anything this writer does not spell exactly as the `Value`
+//! path would (a key needing escapes, a repeated key, an integer out of `i64`/`u64`, a
+//! float key or a key of no scalar kind, serde_json's own private types, any error) makes
+//! it give up: the caller then takes the `Value` path, so the bytes never differ from it.
 
 use std::fmt;
 

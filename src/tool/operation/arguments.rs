@@ -1,10 +1,10 @@
 //! A call's arguments, frozen once: their canonical bytes, fingerprint and digest.
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Version};
+use http::{HeaderMap, Method, Version};
+use serde::Serialize;
 
 use crate::digest::BodyDigest;
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{canonical, Fingerprint};
 use crate::tool::face::ToolFace;
 use crate::FrozenRequest;
 
@@ -13,14 +13,27 @@ use crate::FrozenRequest;
 pub(super) struct Frozen {
     pub(super) request: FrozenRequest,
     pub(super) fingerprint: Fingerprint,
-    pub(super) digest: HeaderValue,
+    pub(super) digest: BodyDigest,
 }
 
 impl Frozen {
-    pub(super) fn new<C>(face: &ToolFace<C>, body: Bytes, value: &serde_json::Value) -> Self {
+    /// `arguments`, frozen for `face`: written straight to canonical bytes, or through a
+    /// JSON value when only some of its fields define the operation (they are picked from
+    /// the value).
+    pub(super) fn new<C, A: Serialize + ?Sized>(
+        face: &ToolFace<C>,
+        arguments: &A,
+    ) -> Result<Self, serde_json::Error> {
+        let (body, defining) = match &face.fields {
+            Some(fields) => {
+                let (body, value) = canonical::freeze(arguments)?;
+                (body, Some(fields.canonical(&value)))
+            }
+            None => (canonical::to_bytes(arguments)?, None),
+        };
         let digest = BodyDigest::of(&body);
-        let fingerprint = match &face.fields {
-            Some(fields) => Fingerprint::of(&Method::POST, &face.target, &fields.canonical(value)),
+        let fingerprint = match defining {
+            Some(defining) => Fingerprint::of(&Method::POST, &face.target, &defining),
             None => Fingerprint::from_digest(&Method::POST, &face.target, &digest),
         };
         let request = FrozenRequest::from_parts(
@@ -30,11 +43,11 @@ impl Frozen {
             HeaderMap::new(),
             body,
         );
-        Self {
+        Ok(Self {
             request,
             fingerprint,
-            digest: digest.header_value(),
-        }
+            digest,
+        })
     }
 
     pub(super) fn body(&self) -> &[u8] {
@@ -49,10 +62,10 @@ impl Frozen {
 
     /// The digest of `first`, the arguments an operation goes on with: ours, already made,
     /// when they are ours (the same bytes), else made now.
-    pub(super) fn digest_of(&self, first: &FrozenRequest) -> HeaderValue {
+    pub(super) fn digest_of(&self, first: &FrozenRequest) -> BodyDigest {
         if self.is(first) {
-            return self.digest.clone();
+            return self.digest;
         }
-        first.body_digest().header_value()
+        first.body_digest()
     }
 }

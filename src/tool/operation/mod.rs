@@ -70,8 +70,7 @@ where
     if face.class != ToolClass::SideEffect {
         return pass_through(face, call.with_key(key), tool).await;
     }
-    let (body, value) = canonical::freeze(call.arguments()).map_err(ToolError::Arguments)?;
-    let ours = Frozen::new(face, body, &value);
+    let ours = Frozen::new(face, call.arguments()).map_err(ToolError::Arguments)?;
     let operation = Operation {
         face,
         op: call.operation().clone(),
@@ -103,7 +102,7 @@ where
     }
     // Kept to call again with: frozen, as every retry of this face is.
     let (op, key) = (call.operation().clone(), call.key());
-    let (body, _) = canonical::freeze(call.arguments()).map_err(ToolError::Arguments)?;
+    let body = canonical::to_bytes(call.arguments()).map_err(ToolError::Arguments)?;
     let mut retries = Retries::new(face);
     let mut next = Some(call);
     loop {

@@ -3,10 +3,10 @@
 
 use std::future::Future;
 
-use http::HeaderValue;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::digest::BodyDigest;
 use crate::error::Drift;
 use crate::fingerprint::canonical;
 use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
@@ -74,7 +74,9 @@ impl<C> Operation<'_, C> {
                     again = again.with_frozen(first.clone());
                     to_send = first;
                 }
-                self.begin(again).await?
+                // Boxed, as every rare path here: held in place, its state would weigh on
+                // every call's future (moved whole into its box as the call starts).
+                Box::pin(self.begin(again)).await?
             }
             Begin::DriftFields { stored, fields } => {
                 let changed = fields.changed_fields(ours.body());
@@ -92,7 +94,7 @@ impl<C> Operation<'_, C> {
                 // A completed operation whose store kept only its fields' digests: its
                 // recorded outcome is what the first arguments gave. Asked as a probe.
                 let probe = ledger.request(self.ledger_key, stored).probe();
-                match ledger.begin(probe, face.busy).await {
+                match Box::pin(ledger.begin(probe, face.busy)).await {
                     Ok(Begin::Replay(outcome)) => Begin::Replay(outcome),
                     Ok(Begin::Acquired { token }) => {
                         // The record left meanwhile: nothing of the first call to go on with.
@@ -130,9 +132,7 @@ impl<C> Operation<'_, C> {
                 let discarded = discarded.or_else(|| discarded_from(&first, &ours));
                 let digest = ours.digest_of(&first);
                 if face.reconciler.is_some() {
-                    return self
-                        .reconcile(tool, token, (first, digest), discarded)
-                        .await;
+                    return Box::pin(self.reconcile(tool, token, (first, digest), discarded)).await;
                 }
                 tracing::info!(key = %self.ledger_key.to_hex(), "tool operation in doubt; calling it again with the frozen arguments");
                 self.exchange(
@@ -151,19 +151,17 @@ impl<C> Operation<'_, C> {
                 let take_over = ledger
                     .request(self.ledger_key, fingerprint)
                     .with_frozen(to_send.clone());
-                match ledger.begin(take_over, face.busy).await {
+                match Box::pin(ledger.begin(take_over, face.busy)).await {
                     Ok(Begin::Resume { token, frozen }) => {
                         let first = frozen.unwrap_or(to_send);
                         let discarded = discarded.or_else(|| discarded_from(&first, &ours));
                         let digest = ours.digest_of(&first);
-                        self.reconcile(tool, token, (first, digest), discarded)
-                            .await
+                        Box::pin(self.reconcile(tool, token, (first, digest), discarded)).await
                     }
                     // The record left while we looked: the call may still have happened.
                     Ok(Begin::Acquired { token }) => {
                         let digest = ours.digest_of(&to_send);
-                        self.reconcile(tool, token, (to_send, digest), discarded)
-                            .await
+                        Box::pin(self.reconcile(tool, token, (to_send, digest), discarded)).await
                     }
                     Ok(Begin::Replay(outcome)) => replay(outcome, &ours, discarded),
                     Ok(Begin::Busy { retry_after }) => {
@@ -198,11 +196,14 @@ impl<C> Operation<'_, C> {
             ProviderKeys::Deduplicates => begin,
             ProviderKeys::Ignored => begin.probe(),
         };
-        self.face
-            .ledger
-            .begin(begin, self.face.busy)
-            .await
-            .map_err(|err| ToolError::Idempotency(Error::store(err)))
+        // In place when the store answers at once (a `MemoryStore`): the waiting and
+        // asking-again machinery only when it does not, or its answer was lost.
+        let ledger = &self.face.ledger;
+        let answered = match ledger.begin_in_place(&begin, self.face.busy) {
+            Ok(answered) => answered,
+            Err(lost) => Box::pin(ledger.begin_after(begin, self.face.busy, lost)).await,
+        };
+        answered.map_err(|err| ToolError::Idempotency(Error::store(err)))
     }
 
     /// Call the tool with `first` (thawed) as the operation's owner under `token`, retrying
@@ -211,7 +212,7 @@ impl<C> Operation<'_, C> {
         &self,
         tool: &mut T,
         token: LeaseToken,
-        (first, digest): (&FrozenRequest, HeaderValue),
+        (first, digest): (&FrozenRequest, BodyDigest),
         source: ToolSource,
         discarded: Option<Discarded>,
         mut handed: Option<A>,
@@ -294,7 +295,7 @@ impl<C> Operation<'_, C> {
         &self,
         tool: &mut T,
         token: LeaseToken,
-        (first, digest): (FrozenRequest, HeaderValue),
+        (first, digest): (FrozenRequest, BodyDigest),
         discarded: Option<Discarded>,
     ) -> Result<ToolOutput<R>, ToolError<E>>
     where

@@ -1,16 +1,18 @@
 //! Recording outcomes and replaying them.
 
+use std::cell::RefCell;
 use std::future::Future;
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, StatusCode, Version};
+use http::{StatusCode, Version};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::digest::BodyDigest;
 use crate::error::Drift;
 use crate::fingerprint::canonical;
+use crate::idempotency::engine::InPlace;
 use crate::idempotency::LeaseGuard;
-use crate::ledger::{Outcome, StoredResponse};
+use crate::ledger::{HeaderBlock, Outcome, StoredResponse};
 use crate::tool::face::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
 use crate::FrozenRequest;
@@ -23,36 +25,67 @@ use super::{Frozen, ARGUMENTS_DIGEST, FINAL_ANSWER};
 pub(super) async fn record<R: Serialize, E>(
     lease: LeaseGuard,
     response: R,
-    digest: HeaderValue,
+    digest: BodyDigest,
     source: ToolSource,
     discarded: Option<Discarded>,
 ) -> Result<ToolOutput<R>, ToolError<E>> {
-    let body = match serde_json::to_vec(&response) {
-        Ok(body) => body,
+    let outcome = with_buffer(|body| {
+        serde_json::to_writer(&mut *body, &response)?;
+        Ok(stored(StatusCode::OK, body, &digest))
+    });
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
         Err(err) => {
             // The tool ran; what it answered cannot be kept: in doubt, never released.
             settle(lease.mark_in_doubt(), "leave in doubt").await;
             return Err(ToolError::Response(err));
         }
     };
-    settle(
-        lease.complete(stored(StatusCode::OK, body, digest)),
-        "record the response",
-    )
-    .await;
+    // In place when the store answers at once, as the HTTP faces record theirs.
+    match lease.complete_in_place(outcome) {
+        InPlace::Done(completed) => settled(completed, "record the response"),
+        InPlace::Later(unsettled) => {
+            settle(Box::pin(unsettled.complete()), "record the response").await
+        }
+    }
     Ok(ToolOutput::new(response, source, discarded))
 }
 
+/// Runs `write` with an empty buffer the thread keeps: a response is serialized there and
+/// copied once into its record, rather than into a buffer of its own grown to fit.
+fn with_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    /// The most buffer memory a thread keeps between responses.
+    const KEEP: usize = 64 * 1024;
+    thread_local! {
+        static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    let mut write = Some(write);
+    let kept = BUFFER.try_with(|buffer| {
+        // Already borrowed only if a response's own serialization records one.
+        let mut buffer = buffer.try_borrow_mut().ok()?;
+        buffer.clear();
+        let written = (write.take()?)(&mut buffer);
+        if buffer.capacity() > KEEP {
+            *buffer = Vec::new();
+        }
+        Some(written)
+    });
+    match (kept, write) {
+        (Ok(Some(written)), _) => written,
+        (_, Some(write)) => write(&mut Vec::new()),
+        (_, None) => unreachable!("`write` runs once, and then gives an answer"),
+    }
+}
+
 /// An outcome with `status` and `body`, remembering the digest of the arguments it was
-/// made with.
-pub(super) fn stored(status: StatusCode, body: Vec<u8>, digest: HeaderValue) -> Outcome {
-    let mut headers = HeaderMap::with_capacity(1);
-    headers.insert(ARGUMENTS_DIGEST, digest);
-    Outcome::Response(StoredResponse::new(
+/// made with: the header and the body in one buffer of exactly their size, as the HTTP
+/// client face records a response.
+pub(super) fn stored(status: StatusCode, body: &[u8], digest: &BodyDigest) -> Outcome {
+    let block = HeaderBlock::of_checked_pairs(&[(ARGUMENTS_DIGEST, &digest.field()[..])], body);
+    Outcome::Response(StoredResponse::of_block_with_body(
         status,
         Version::HTTP_11,
-        headers,
-        Bytes::from(body),
+        block,
     ))
 }
 
@@ -60,14 +93,14 @@ pub(super) fn stored(status: StatusCode, body: Vec<u8>, digest: HeaderValue) -> 
 pub(super) fn recorded<C>(
     status: StatusCode,
     value: &serde_json::Value,
-    digest: HeaderValue,
+    digest: BodyDigest,
     face: &ToolFace<C>,
 ) -> Outcome {
-    let body = value.to_string().into_bytes();
+    let body = value.to_string();
     if body.len() > face.response_limit {
         return Outcome::Tombstone { status };
     }
-    stored(status, body, digest)
+    stored(status, body.as_bytes(), &digest)
 }
 
 /// Wait for a settle; a failure is logged (the lease then expires into doubt, which is
@@ -76,7 +109,12 @@ pub(super) async fn settle(
     settling: impl Future<Output = Result<(), crate::ledger::StoreError>>,
     what: &str,
 ) {
-    if let Err(err) = settling.await {
+    settled(settling.await, what);
+}
+
+/// Log a settle that failed.
+fn settled(result: Result<(), crate::ledger::StoreError>, what: &str) {
+    if let Err(err) = result {
         tracing::warn!(%err, what, "could not settle a tool operation; it will expire into doubt");
     }
 }
@@ -90,20 +128,22 @@ pub(super) fn replay<R: DeserializeOwned, E>(
     let Outcome::Response(stored) = outcome else {
         return Err(ToolError::Idempotency(Error::replay_unavailable()));
     };
-    let body = stored.body();
+    // Read where the record holds them: no header map built, no handle on the body.
+    let body = stored.body_bytes();
     match stored.status() {
         StatusCode::OK => {
-            let response = serde_json::from_slice(&body).map_err(ToolError::Response)?;
+            let response = serde_json::from_slice(body).map_err(ToolError::Response)?;
             // Same fingerprint (only some fields are fingerprinted) yet other arguments:
             // the caller's were discarded all the same.
-            let differs = stored
-                .headers()
-                .get(&ARGUMENTS_DIGEST)
-                .is_some_and(|first| first != ours.digest);
+            let block = stored.header_block();
+            let differs = block
+                .entries()
+                .find(|entry| entry.name == ARGUMENTS_DIGEST.as_str().as_bytes())
+                .is_some_and(|first| block.value_bytes(&first)[..] != ours.digest.field());
             let discarded = discarded.or_else(|| differs.then(|| Discarded::new(None)));
             Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
         }
-        FINAL_ANSWER => Err(ToolError::Final(FinalAnswer::new(json_or_text(&body)))),
+        FINAL_ANSWER => Err(ToolError::Final(FinalAnswer::new(json_or_text(body)))),
         // Another face's record under the same key (an HTTP call of this operation).
         _ => Err(ToolError::Idempotency(Error::replay_unavailable())),
     }

@@ -121,6 +121,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod client;
+mod config;
 pub mod digest;
 mod effect;
 mod error;
@@ -141,8 +142,9 @@ pub mod server;
 pub mod tool;
 
 pub use client::policy::{DriftPolicy, PayloadDiscarded};
+pub use config::ConfigError;
 pub use effect::EffectClass;
-pub use error::{ConfigError, Drift, Error};
+pub use error::{Drift, Error};
 pub use frozen::request::FrozenRequest;
 pub use idempotency::engine::BusyPolicy;
 pub use idempotency::layer::IdempotencyLayer;

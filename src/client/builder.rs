@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::ConfigError;
 use crate::fingerprint::PayloadFields;
 use crate::frozen::DEFAULT_BODY_LIMIT;
 use crate::idempotency::decision::{OutcomeEvent, OutcomeHook};
@@ -14,6 +13,7 @@ use crate::idempotency::scope::Scope;
 use crate::ledger::IdempotencyStore;
 use crate::phase::ClassifyPhase;
 use crate::retry::{FrozenRetryLayer, RetryPolicy};
+use crate::ConfigError;
 use crate::IdempotencyLayer;
 
 use super::face::ClientFace;

@@ -8,10 +8,8 @@ use crate::phase::FailurePhase;
 use crate::BoxError;
 use crate::InvalidKey;
 
-mod config;
 mod drift;
 
-pub use config::ConfigError;
 pub use drift::Drift;
 
 /// Errors from the client [`IdempotencyLayer`](crate::IdempotencyLayer) and the

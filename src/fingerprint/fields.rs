@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::canonical;
 use crate::digest::BodyDigest;
-use crate::error::ConfigError;
+use crate::ConfigError;
 
 /// JSON pointers (RFC 6901) to the fields of a payload that define its operation; the
 /// other fields (free text, ids minted per call) may change between runs without making

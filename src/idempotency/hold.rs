@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use super::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION};
 use super::reconcile::{Reconcile, DEFAULT_RECONCILE_TIMEOUT};
-use crate::error::ConfigError;
 use crate::ledger::IdempotencyStore;
 use crate::retry::RetryPolicy;
+use crate::ConfigError;
 
 /// The default cap on a recorded response (1 MiB).
 const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;

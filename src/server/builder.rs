@@ -13,12 +13,12 @@ use super::face::ServerFace;
 use super::policy::{InDoubtPolicy, ServerErrorPolicy};
 use super::replay::{DEFAULT_REPLAY_HEADERS, NEVER_REPLAYED};
 use crate::effect::EffectClass;
-use crate::error::ConfigError;
 use crate::frozen::DEFAULT_BODY_LIMIT;
 use crate::idempotency::decision::{OutcomeEvent, OutcomeHook};
 use crate::idempotency::engine::{BusyPolicy, Ledger, DEFAULT_LEASE, DEFAULT_RETENTION, LONGEST};
 use crate::idempotency::scope::Scope;
 use crate::ledger::IdempotencyStore;
+use crate::ConfigError;
 use crate::IdempotencyLayer;
 
 /// The default bound on requests waiting at once for in-flight keys under

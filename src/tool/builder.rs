@@ -7,12 +7,12 @@ use std::time::Duration;
 use super::face::ToolFace;
 use super::layer::ToolLayer;
 use super::types::{MayHaveHappened, ProviderKeys, ToolClass};
-use crate::error::ConfigError;
 use crate::fingerprint::PayloadFields;
 use crate::idempotency::hold::OperationSettings;
 use crate::idempotency::{BusyPolicy, Reconcile};
 use crate::ledger::IdempotencyStore;
 use crate::retry::RetryPolicy;
+use crate::ConfigError;
 use crate::DriftPolicy;
 
 /// Configures a [`ToolLayer`]; [`build`](Self::build) checks the settings.
@@ -347,5 +347,19 @@ impl<C> Builder<C> {
         Ok(ToolLayer {
             face: Arc::new(face),
         })
+    }
+}
+
+impl ToolLayer {
+    /// Configure a layer for the tool `name` over `store`, stating whether its provider
+    /// deduplicates on the key (see [`ProviderKeys`]).
+    ///
+    /// See [`Builder`] for the settings and an example.
+    pub fn builder(
+        store: impl IdempotencyStore,
+        name: impl Into<String>,
+        provider: ProviderKeys,
+    ) -> Builder {
+        Builder::new(Arc::new(store), name.into(), provider)
     }
 }

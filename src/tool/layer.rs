@@ -5,11 +5,9 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::builder::Builder;
 use super::face::ToolFace;
 use super::service::ToolService;
-use super::types::{MayHaveHappened, ProviderKeys};
-use crate::ledger::IdempotencyStore;
+use super::types::MayHaveHappened;
 
 /// Protects a tool: a [`Layer`] for any `tower::Service<ToolCall<A>>`. See the
 /// [module docs](super) for what it does and an example.
@@ -49,20 +47,6 @@ impl<C> fmt::Debug for ToolLayer<C> {
         f.debug_struct("ToolLayer")
             .field("face", &self.face)
             .finish()
-    }
-}
-
-impl ToolLayer {
-    /// Configure a layer for the tool `name` over `store`, stating whether its provider
-    /// deduplicates on the key (see [`ProviderKeys`]).
-    ///
-    /// See [`Builder`] for the settings and an example.
-    pub fn builder(
-        store: impl IdempotencyStore,
-        name: impl Into<String>,
-        provider: ProviderKeys,
-    ) -> Builder {
-        Builder::new(Arc::new(store), name.into(), provider)
     }
 }
 

@@ -31,10 +31,9 @@ use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, OperationId};
 /// operation already recorded, builds the answer from the record. Nothing else: no
 /// response marking (`ResponseSource`), no lease guard or renewal, no hand-off to a retry
 /// layer, no limits, checks, spans or hooks, and no path but "new operation" and "replay".
-/// It reads a one-frame body as the layers do (no buffer list). Its records copy the
-/// response's headers through a `HeaderMap` (the public `StoredResponse::new`: two
-/// allocations the layer does not make, as it writes them straight into the record's
-/// buffer); everything else it does, the layer does too.
+/// It reads a one-frame body as the layers do (no buffer list), and records the response's
+/// headers by reference (`StoredResponse::new(.., &parts.headers, ..)`), copying them into
+/// the record as the layer does; everything it does, the layer does too.
 pub struct Floor<S> {
     pub inner: S,
     pub store: MemoryStore,
@@ -95,12 +94,8 @@ where
                     .expect("answered");
                 let (parts, body) = response.into_parts();
                 let body = whole(body).await;
-                let stored = StoredResponse::new(
-                    parts.status,
-                    parts.version,
-                    parts.headers.clone(),
-                    body.clone(),
-                );
+                let stored =
+                    StoredResponse::new(parts.status, parts.version, &parts.headers, body.clone());
                 self.store
                     .complete(ledger_key, token, Outcome::Response(stored), RETENTION)
                     .await

@@ -4,6 +4,7 @@ mod codec;
 mod fields;
 mod headers;
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -322,7 +323,7 @@ impl Outcome {
 /// headers.append(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
 /// headers.append("x-charge-id", "ch_1".parse().unwrap());
 /// let stored = StoredResponse::new(
-///     http::StatusCode::CREATED, http::Version::HTTP_11, headers.clone(), r#"{"id":"ch_1"}"#.into());
+///     http::StatusCode::CREATED, http::Version::HTTP_11, &headers, r#"{"id":"ch_1"}"#.into());
 /// assert_eq!(stored.status(), http::StatusCode::CREATED);
 /// assert_eq!(stored.headers(), headers);
 /// assert_eq!(stored.body().as_ref(), br#"{"id":"ch_1"}"#);
@@ -339,9 +340,15 @@ struct Stored {
 }
 
 impl StoredResponse {
-    /// Record a response.
-    pub fn new(status: StatusCode, version: Version, headers: HeaderMap, body: Bytes) -> Self {
-        Self::of_block(status, version, HeaderBlock::of(&headers), body)
+    /// Record a response. The headers are copied into the record, so a reference will do
+    /// (`&parts.headers`): a response being passed on keeps its own map.
+    pub fn new(
+        status: StatusCode,
+        version: Version,
+        headers: impl Borrow<HeaderMap>,
+        body: Bytes,
+    ) -> Self {
+        Self::of_block(status, version, HeaderBlock::of(headers.borrow()), body)
     }
 
     /// Record a response whose headers are already in a block. A small body is copied in

@@ -139,6 +139,7 @@ pub mod reqwest;
 pub mod reqwest_middleware;
 pub mod retry;
 pub mod server;
+mod swar;
 pub mod tool;
 
 pub use client::policy::{DriftPolicy, PayloadDiscarded};

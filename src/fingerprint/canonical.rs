@@ -13,6 +13,8 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{Map, Number, Value};
 
+use crate::swar::{bytes_below, bytes_equal};
+
 mod direct;
 
 /// The most buffer memory a thread keeps between calls of [`to_bytes`].
@@ -146,15 +148,11 @@ fn needs_no_escape(bytes: &[u8]) -> bool {
 /// carry tricks that are exact for "is there any such byte" (a carry only ever spreads
 /// from a byte that matched).
 fn short_has_escape(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
     let mut padded = [b'@'; 16];
     padded[..bytes.len()].copy_from_slice(bytes);
     let has_escape = |word: &[u8]| {
         let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-        let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
-        below_space | zero_byte(word ^ (ONES * 0x22)) | zero_byte(word ^ (ONES * 0x5c)) != 0
+        bytes_below(word, 0x20) | bytes_equal(word, b'"') | bytes_equal(word, b'\\') != 0
     };
     has_escape(&padded[..8]) | has_escape(&padded[8..])
 }

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 
 use super::InvalidKey;
+use crate::swar::{bytes_below, bytes_equal, bytes_from_del};
 
 pub(super) fn is_visible_ascii(byte: u8) -> bool {
     (0x21..=0x7e).contains(&byte)
@@ -76,14 +77,9 @@ pub(super) fn bare_token(bytes: &[u8]) -> Result<Cow<'_, [u8]>, InvalidKey> {
 /// "has a byte less than / greater than / equal to" word trick; a borrow or carry can only
 /// mark a byte next to one that is marked already, so the answer for the word is exact.
 fn all_plain(word: u64) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGH: u64 = ONES * 0x80;
-    let has_zero_byte = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
-    let below_visible = word.wrapping_sub(ONES * 0x21) & !word & HIGH;
-    let above_visible = (word.wrapping_add(ONES) | word) & HIGH;
-    let quote = has_zero_byte(word ^ (ONES * u64::from(b'"')));
-    let backslash = has_zero_byte(word ^ (ONES * u64::from(b'\\')));
-    below_visible | above_visible | quote | backslash == 0
+    let below_visible = bytes_below(word, b'!');
+    let above_visible = bytes_from_del(word);
+    below_visible | above_visible | bytes_equal(word, b'"') | bytes_equal(word, b'\\') == 0
 }
 
 /// Eight bytes as one word (any byte order: [`all_plain`] tests each byte alike).

@@ -18,6 +18,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use crate::swar::bytes_equal;
+
 /// The top-level fields of a request body that is a JSON object, each by a 64-bit digest of
 /// its value's bytes: what a [`MemoryStore`](crate::ledger::MemoryStore) keeps of a
 /// completed operation's request, enough to name the fields a later request under the same
@@ -369,15 +371,6 @@ fn value_end(body: &[u8], start: usize) -> Option<usize> {
             (len > 0).then_some(start + len)
         }
     }
-}
-
-/// Bits set at the bytes of `word` equal to `byte` (and possibly at bytes after the first
-/// one: the lowest set bit is always a match).
-fn bytes_equal(word: u64, byte: u8) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let zeros = word ^ (ONES * u64::from(byte));
-    zeros.wrapping_sub(ONES) & !zeros & HIGHS
 }
 
 /// Bytes [`plain_string`] looks through at once.

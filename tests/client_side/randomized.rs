@@ -29,8 +29,6 @@
 use crate::support::redis as redis_support;
 
 use std::collections::HashMap;
-#[cfg(feature = "redis")]
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -162,30 +160,6 @@ fn payload(op: usize, regenerated: bool) -> Bytes {
 
 const LEASE: Duration = Duration::from_secs(2);
 
-/// Run `case` on a fresh current-thread runtime (real time) against a `RedisStore` with a key
-/// prefix of its own; skipped (loudly) without `redis-server`.
-#[cfg(feature = "redis")]
-fn on_redis<F: Future<Output = ()>>(case: impl FnOnce(Arc<dyn IdempotencyStore>) -> F) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let Some(redis) = redis_support::redis_url().await else {
-            return;
-        };
-        let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
-            .prefix(format!(
-                "randomized:{}:{}:",
-                std::process::id(),
-                fastrand::u64(..)
-            ))
-            .connect()
-            .await
-            .unwrap();
-        case(Arc::new(store)).await;
-    });
-}
 const BUDGET: u64 = 4 * 1024 * 1024;
 
 async fn client_case_holds(
@@ -323,7 +297,7 @@ proptest! {
 
     #[test]
     fn client_stack_on_redis_is_exactly_once_under_random_faults(case in client_case()) {
-        on_redis(|store| client_case_holds(case, store, None));
+        redis_support::on_redis("randomized", |store| client_case_holds(case, store, None));
     }
 }
 
@@ -462,7 +436,7 @@ proptest! {
         calls in prop::collection::vec(call(), 1..16),
     ) {
         // Redis judges leases by its own clock: the same case, ten times faster.
-        on_redis(|store| server_case_holds(plan, calls, store, 10));
+        redis_support::on_redis("randomized", |store| server_case_holds(plan, calls, store, 10));
     }
 }
 

@@ -295,3 +295,30 @@ fn skip_notice(why: &str) {
          ************************************************************************\n"
     );
 }
+
+/// Run `case` on a fresh current-thread runtime in real time (Redis judges leases by its
+/// own clock) against a `RedisStore` whose keys carry a prefix of their own (`label`, the
+/// process and a random number), so runs never see each other's records; skipped (loudly)
+/// without `redis-server`.
+#[cfg(feature = "redis")]
+pub fn on_redis<F: std::future::Future<Output = ()>>(
+    label: &str,
+    case: impl FnOnce(std::sync::Arc<dyn tower_idempotency::ledger::IdempotencyStore>) -> F,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let Some(redis) = redis_url().await else {
+            return;
+        };
+        let prefix = format!("{label}:{}:{}:", std::process::id(), fastrand::u64(..));
+        let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
+            .prefix(prefix)
+            .connect()
+            .await
+            .unwrap();
+        case(std::sync::Arc::new(store)).await;
+    });
+}

@@ -108,6 +108,63 @@ async fn field_order_and_whitespace_are_never_drift() {
     assert!(again.discarded().is_none());
 }
 
+/// The arguments as one run's code typed them and as a resumed run parsed the model's JSON:
+/// a struct (fields out of order, a float, a map with integer keys, a string needing
+/// escapes) and a `Value` of the same content, reordered and spaced. They freeze to the same
+/// bytes, so under `Reject` the second is a replay, not drift; a changed value still is.
+#[tokio::test]
+async fn typed_and_parsed_arguments_of_one_call_freeze_alike() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Charge {
+        summary: String,
+        cents: f64,
+        order_id: String,
+        lines: std::collections::BTreeMap<u32, String>,
+    }
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .drift_policy(DriftPolicy::Reject)
+        .build()
+        .unwrap();
+    let effects = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = |effects: std::sync::Arc<std::sync::atomic::AtomicUsize>| {
+        move |_: Value, _| {
+            effects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<_, std::io::Error>(json!({"receipt": "r-1"})) }
+        }
+    };
+    let typed = Charge {
+        summary: "charge \"o-42\"\n".into(),
+        cents: 19.9,
+        order_id: "o-42".into(),
+        lines: [(2, "b".into()), (10, "a".into())].into(),
+    };
+    let first = idempotent_call(&layer, op(), typed, |_: Charge, _| {
+        effects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { Ok::<_, std::io::Error>(json!({"receipt": "r-1"})) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(first.source(), ToolSource::Called);
+    let parsed: Value = serde_json::from_str(
+        r#"{ "lines": {"10": "a", "2": "b"}, "order_id": "o-42",
+             "cents": 19.90, "summary": "charge \"o-42\"\n" }"#,
+    )
+    .unwrap();
+    let again = idempotent_call(&layer, op(), parsed, count(effects.clone()))
+        .await
+        .unwrap();
+    assert_eq!(again.source(), ToolSource::Replayed);
+    assert!(again.discarded().is_none());
+    let changed = json!({"lines": {"10": "a", "2": "b"}, "order_id": "o-42", "cents": 20.0, "summary": "charge \"o-42\"\n"});
+    let refused = idempotent_call(&layer, op(), changed, count(effects.clone())).await;
+    assert!(matches!(refused, Err(ToolError::Idempotency(err)) if err.is_drift()));
+    assert_eq!(
+        effects.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one effect in all"
+    );
+}
+
 #[tokio::test]
 async fn reads_pass_straight_through() {
     let layer = ToolLayer::builder(MemoryStore::new(), "lookup", ProviderKeys::Ignored)

@@ -33,6 +33,8 @@
 //! | `moka_begin_complete_{1k,100k,1m}` / `moka_replay_{1k,100k,1m}` | the same against `benches/common/moka_ledger.rs`, the best moka-backed ledger (the yardstick `MemoryStore` is measured against) |
 //! | `sha256_1kib` | one SHA-256 of the 1 KiB body (`sha2`), to price SHA separately |
 //! | `tool_bare` | a no-op tool (`Service<ToolCall<_>>`) called with typed arguments (four fields, ~1 KiB as JSON, built per call) and a new `OperationId`: the tool face's baseline |
+//! | `client_fresh_defaults` / `stack_fresh_defaults` | a new operation per call through the layer (`IdempotencyLayer::client(MemoryStore::new())`) / the stack (`client_builder(MemoryStore::new()).build_stack()`) with **every setting at its default** and the store below its cap, as a user's runs: nothing evicted, nothing shortened |
+//! | `tool_fresh_defaults` | the same through the tool face (`ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored).build()`) |
 //! | `tool_fresh` / `tool_replay` | the tool face (`ToolLayer`, a key-less provider, the default retry policy with no retry window so the benches' protected window applies) over that tool, a new `OperationId` per call / always the same one |
 //!
 //! Setup happens before the measured loop: building the stack, filling its store and warming
@@ -99,6 +101,8 @@ const VARIANTS: &[&str] = &[
     "client_replay",
     "stack_fresh",
     "stack_replay",
+    "client_fresh_defaults",
+    "stack_fresh_defaults",
     "client_floor",
     "client_floor_replay",
     "stack_floor",
@@ -122,6 +126,7 @@ const VARIANTS: &[&str] = &[
     "tool_bare",
     "tool_fresh",
     "tool_replay",
+    "tool_fresh_defaults",
 ];
 
 // --- Counting allocations -------------------------------------------------------------
@@ -383,6 +388,9 @@ enum Plan {
     Replay,
     /// A new operation per call into a store full of protected records: every one refused.
     Refused,
+    /// A new operation per call, at the defaults: the store is not filled, nothing is
+    /// evicted (the steady state of a store below its cap).
+    FreshAtDefaults,
 }
 
 async fn service_variant<S, ResBody>(
@@ -401,6 +409,7 @@ where
 {
     match (store, &plan) {
         (Some(store), Plan::Refused) => fill_until_refused(&mut svc, store, &make_fresh).await,
+        (Some(_), Plan::FreshAtDefaults) => warm(&mut svc, &make_fresh, 1_000).await,
         (Some(store), _) => fill_to_cap(&mut svc, store, &make_fresh).await,
         (None, _) => {}
     }
@@ -425,6 +434,16 @@ where
                 delta.evictions
             );
             assert!(!checked_call(&mut svc, make_fresh()).await.replayed);
+            return (counts, Some(delta));
+        }
+        Plan::FreshAtDefaults => {
+            let watch = StoreWatch::new(store.expect("a store"));
+            let window = Window::open();
+            drive(&mut svc, &make_fresh, n).await;
+            counts = window.close();
+            let delta = watch.delta();
+            assert_eq!(delta.refused, 0, "new operations were refused room");
+            assert_eq!(delta.evictions, 0, "a store below its cap evicts nothing");
             return (counts, Some(delta));
         }
         Plan::Refused => {
@@ -709,6 +728,23 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 };
                 service_variant(svc, Some(&store), plan, fresh_op, fixed_op, n).await
             }
+            "client_fresh_defaults" => {
+                let store = MemoryStore::new();
+                let svc = ServiceBuilder::new()
+                    .layer(IdempotencyLayer::client(store.clone()))
+                    .service(Noop);
+                let plan = Plan::FreshAtDefaults;
+                service_variant(svc, Some(&store), plan, fresh_op, fresh_op, n).await
+            }
+            "stack_fresh_defaults" => {
+                let store = MemoryStore::new();
+                let stack = IdempotencyLayer::client_builder(store.clone())
+                    .build_stack()
+                    .expect("the defaults are valid");
+                let svc = ServiceBuilder::new().layer(stack).service(Noop);
+                let plan = Plan::FreshAtDefaults;
+                service_variant(svc, Some(&store), plan, fresh_op, fresh_op, n).await
+            }
             "client_floor" => floor_variant(Noop, fresh_op, fresh_op, false, n).await,
             "client_floor_replay" => floor_variant(Noop, fixed_op, fresh_op, true, n).await,
             "stack_floor" => {
@@ -747,7 +783,9 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 service_variant(svc, Some(&store), Plan::Refused, fresh_key, fresh_key, n).await
             }
             "sha256_1kib" => (sha256_1kib(n), None),
-            "tool_bare" | "tool_fresh" | "tool_replay" => tool_variant(variant, n).await,
+            "tool_bare" | "tool_fresh" | "tool_replay" | "tool_fresh_defaults" => {
+                tool_variant(variant, n).await
+            }
             other => {
                 if let Some(size) = other.strip_prefix("store_begin_complete_") {
                     store_begin_complete(live_records(size), n).await
@@ -844,6 +882,26 @@ async fn tool_variant(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
             black_box(call_tool(&mut svc, fresh()).await);
         }
         return (window.close(), None);
+    }
+    if variant == "tool_fresh_defaults" {
+        let store = MemoryStore::new();
+        let layer = ToolLayer::builder(store.clone(), "charge", ProviderKeys::Ignored)
+            .build()
+            .expect("the defaults are valid");
+        let mut svc = layer.layer(NoopTool);
+        for _ in 0..1_000 {
+            black_box(call_tool(&mut svc, fresh()).await);
+        }
+        let watch = StoreWatch::new(&store);
+        let window = Window::open();
+        for _ in 0..n {
+            black_box(call_tool(&mut svc, fresh()).await);
+        }
+        let counts = window.close();
+        let delta = watch.delta();
+        assert_eq!(delta.refused, 0, "new operations were refused room");
+        assert_eq!(delta.evictions, 0, "a store below its cap evicts nothing");
+        return (counts, Some(delta));
     }
     let store = MemoryStore::new();
     let policy = RetryPolicy::builder()

@@ -584,10 +584,10 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
     let mut req = json_post(&uri, &regenerated);
     req.extensions_mut().insert(op);
     let response = after_restart.oneshot(req).await.expect("resumed");
-    let how = match response.extensions().get::<ResponseSource>() {
-        Some(ResponseSource::Resent) => "resent the frozen bytes",
-        Some(ResponseSource::Replayed) => "replayed the recorded answer",
-        Some(ResponseSource::Sent) => "sent for the first time",
+    let how = match ResponseSource::of(&response) {
+        ResponseSource::Resent => "resent the frozen bytes",
+        ResponseSource::Replayed => "replayed the recorded answer",
+        ResponseSource::Sent => "sent for the first time",
         _ => "sent unprotected",
     };
     let row: Value =
@@ -692,8 +692,8 @@ async fn crash_against_a_provider_that_ignores_keys() -> Row {
     println!("  ours:  the orchestrator task was dropped after its charge left");
 
     let response = stack(true).oneshot(charge()).await.expect("reconciled");
-    let source = response.extensions().get::<ResponseSource>().copied();
-    assert_eq!(source, Some(ResponseSource::Reconciled));
+    let source = ResponseSource::of(&response);
+    assert_eq!(source, ResponseSource::Reconciled);
     let receipt: Value =
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let our_charges = provider.effects_for_operation(&op, "");

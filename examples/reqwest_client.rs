@@ -78,7 +78,7 @@ async fn main() -> Result<(), BoxError> {
         req.extensions_mut()
             .insert(OperationId::new("task-11", "charge_customer"));
         let response = client.clone().oneshot(req).await?;
-        let source = response.extensions().get::<ResponseSource>().copied();
+        let source = ResponseSource::of(&response);
         let body = response.into_body().collect().await?.to_bytes();
         println!("run {run}: {source:?}: {}", String::from_utf8_lossy(&body));
     }

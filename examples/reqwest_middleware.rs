@@ -89,10 +89,10 @@ async fn main() -> Result<(), BoxError> {
             .with_extension(OperationId::new("task-11", "charge_customer"))
             .send()
             .await?;
-        let how = match response.extensions().get::<ResponseSource>() {
-            Some(ResponseSource::Sent) => "sent",
-            Some(ResponseSource::Resent) => "resent the frozen bytes after a timeout",
-            Some(ResponseSource::Replayed) => "replayed from the ledger, no request",
+        let how = match ResponseSource::in_extensions(response.extensions()) {
+            ResponseSource::Sent => "sent",
+            ResponseSource::Resent => "resent the frozen bytes after a timeout",
+            ResponseSource::Replayed => "replayed from the ledger, no request",
             _ => "unprotected",
         };
         println!("run {run}: {how}: {}", response.text().await?);

@@ -278,7 +278,7 @@ where
     if client.release_on.releases_status(status) {
         let settling = release_not_started(track, handoff, lease);
         let mut response = response.map(ResponseBody::inner);
-        response.extensions_mut().insert(source);
+        source.mark(response.extensions_mut());
         return ExchangeStep::Finishing {
             future: settled_then(settling, response),
         };
@@ -291,13 +291,13 @@ where
     if retryable && !read_problem {
         track.decided(Decision::InDoubt);
         let mut response = response.map(ResponseBody::inner);
-        response.extensions_mut().insert(source);
+        source.mark(response.extensions_mut());
         return ExchangeStep::Finishing {
             future: settled_then(lease.mark_in_doubt(), response),
         };
     }
     let (mut parts, body) = response.into_parts();
-    parts.extensions.insert(source);
+    source.mark(&mut parts.extensions);
     *held = Some(lease);
     ExchangeStep::Buffering {
         parts: Some(parts),

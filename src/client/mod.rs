@@ -125,9 +125,9 @@
 //!
 //! let first = client.clone().oneshot(charge()).await?;
 //! let again = client.clone().oneshot(charge()).await?; // the orchestrator retried the step
-//! assert_eq!(again.extensions().get::<ResponseSource>(), Some(&ResponseSource::Replayed));
+//! assert_eq!(ResponseSource::of(&first), ResponseSource::Sent);
+//! assert_eq!(ResponseSource::of(&again), ResponseSource::Replayed);
 //! assert_eq!(charges.load(Ordering::SeqCst), 1);
-//! # let _ = first;
 //! # Ok(())
 //! # }
 //! ```

@@ -243,7 +243,7 @@ type Classify = dyn Fn(Response<Bytes>) -> Reconciled + Send + Sync;
 ///     .service(provider.clone());
 /// let response = resumed.oneshot(charge()).await.unwrap();
 /// assert_eq!(response.status(), http::StatusCode::CREATED);
-/// assert_eq!(response.extensions().get(), Some(&ResponseSource::Reconciled));
+/// assert_eq!(ResponseSource::of(&response), ResponseSource::Reconciled);
 /// let body = response.into_body().collect().await.unwrap().to_bytes();
 /// assert!(body.starts_with(b"{\"effect_id\":\"eff_1\""));
 /// assert_eq!(provider.effects(), 1);

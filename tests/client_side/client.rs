@@ -35,8 +35,8 @@ fn op() -> OperationId {
     OperationId::new("task-9", "create-order")
 }
 
-fn source<B>(response: &Response<B>) -> Option<ResponseSource> {
-    response.extensions().get::<ResponseSource>().copied()
+fn source<B>(response: &Response<B>) -> ResponseSource {
+    ResponseSource::of(response)
 }
 
 fn key_hex() -> String {
@@ -145,18 +145,12 @@ async fn a_completed_operation_replays_without_calling_the_provider() {
     let provider = SideEffectService::new();
     let svc = stack(&store, &provider);
     let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(
-        first.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Sent)
-    );
+    assert_eq!(ResponseSource::of(&first), ResponseSource::Sent);
     let first_headers = first.headers().clone();
     let first_body = body_of(first).await;
 
     let again = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(
-        again.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Replayed)
-    );
+    assert_eq!(ResponseSource::of(&again), ResponseSource::Replayed);
     assert_eq!(again.status(), StatusCode::CREATED);
     assert_eq!(again.headers(), &first_headers);
     assert_eq!(body_of(again).await, first_body);
@@ -238,9 +232,9 @@ async fn a_callers_own_key_wins_over_an_operation_id_and_is_checked_all_the_same
         HeaderValue::from_static("sha-256=:c2VudA==:"),
     );
     let replay = svc.clone().oneshot(same_key).await.unwrap();
-    assert_eq!(source(&replay), Some(ResponseSource::Replayed));
+    assert_eq!(source(&replay), ResponseSource::Replayed);
     let derived = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(source(&derived), Some(ResponseSource::Sent));
+    assert_eq!(source(&derived), ResponseSource::Sent);
     assert_eq!(provider.calls(), 2);
 
     for keys in [&["has space"][..], &["a", "b"][..]] {
@@ -417,7 +411,7 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
         .await
         .unwrap();
     assert_eq!(replayed.status(), StatusCode::CREATED);
-    assert_eq!(source(&replayed), Some(ResponseSource::Replayed));
+    assert_eq!(source(&replayed), ResponseSource::Replayed);
     assert_eq!(provider.calls(), 1, "sent once, by the first call");
 }
 
@@ -443,7 +437,7 @@ async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_w
 
     let finished = svc.clone().oneshot(post(REGENERATED)).await.unwrap();
     assert_eq!(finished.status(), StatusCode::CREATED);
-    assert_eq!(source(&finished), Some(ResponseSource::Resent));
+    assert_eq!(source(&finished), ResponseSource::Resent);
     let discarded = finished
         .extensions()
         .get::<PayloadDiscarded>()
@@ -459,7 +453,7 @@ async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_w
 
     // Completed now (its store keeps only digests of the fields): replayed, still told.
     let replayed = svc.oneshot(post(REGENERATED)).await.unwrap();
-    assert_eq!(source(&replayed), Some(ResponseSource::Replayed));
+    assert_eq!(source(&replayed), ResponseSource::Replayed);
     let discarded = replayed.extensions().get::<PayloadDiscarded>().unwrap();
     assert_eq!(
         discarded.changed_fields().unwrap(),
@@ -536,7 +530,7 @@ async fn with_defining_fields_only_a_defining_change_is_drift() {
         } else {
             ResponseSource::Resent
         };
-        assert_eq!(source(&finished), Some(expected));
+        assert_eq!(source(&finished), expected);
         let discarded = finished.extensions().get::<PayloadDiscarded>().unwrap();
         assert_eq!(
             discarded.changed_fields().unwrap(),
@@ -600,10 +594,7 @@ async fn drift_under_resend_frozen_sends_the_original_bytes() {
     svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
     let resumed = svc.oneshot(post(REGENERATED)).await.unwrap();
     assert_eq!(resumed.status(), StatusCode::CREATED);
-    assert_eq!(
-        resumed.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Resent)
-    );
+    assert_eq!(ResponseSource::of(&resumed), ResponseSource::Resent);
     let attempts = provider.attempts();
     assert_eq!(attempts.len(), 2);
     assert!(attempts.iter().all(|a| a.body() == ORIGINAL.as_bytes()));
@@ -633,10 +624,7 @@ async fn a_crashed_client_is_resumed_with_the_frozen_bytes() {
     );
     let response = after_restart.oneshot(post(REGENERATED)).await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Resent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Resent);
     assert!(String::from_utf8_lossy(&body_of(response).await).contains("eff_1"));
     assert_eq!(provider.effects(), 1);
     assert!(provider
@@ -691,10 +679,7 @@ async fn an_expired_lease_resumes_with_the_stored_request_and_fences_the_dead_ow
 
     tokio::time::advance(lease + Duration::from_secs(1)).await;
     let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Resent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Resent);
     assert_eq!(provider.effects(), 1);
     assert_eq!(provider.attempts()[0].body(), ORIGINAL.as_bytes());
 
@@ -725,10 +710,7 @@ async fn a_retryable_answer_after_the_last_retry_is_resent_later_not_replayed() 
     assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
     let later = svc.oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(later.status(), StatusCode::CREATED);
-    assert_eq!(
-        later.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Resent)
-    );
+    assert_eq!(ResponseSource::of(&later), ResponseSource::Resent);
     assert_eq!(provider.effects(), 1);
 }
 
@@ -799,10 +781,7 @@ async fn a_pre_write_failure_releases_the_operation() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     // Released, not in doubt: the next run is a first send.
     let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Sent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
     assert_eq!(provider.effects(), 1);
 }
 
@@ -842,10 +821,7 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
     assert_eq!(err.phase(), Some(FailurePhase::PreWrite));
     tokio::time::sleep(Duration::from_millis(1)).await;
     let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Sent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
 }
 
 #[test]

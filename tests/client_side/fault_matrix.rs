@@ -64,7 +64,7 @@ fn charge() -> Request<Full<Bytes>> {
 /// How one run of the operation ended.
 #[derive(Debug, PartialEq)]
 enum Ended {
-    Status(StatusCode, Option<ResponseSource>),
+    Status(StatusCode, ResponseSource),
     Timeout,
     InDoubt,
     Panicked,
@@ -77,7 +77,7 @@ async fn run(svc: &Stack) -> Ended {
         Err(join) if join.is_panic() => Ended::Panicked,
         Err(join) => panic!("task failed: {join}"),
         Ok(Ok(response)) => {
-            let source = response.extensions().get::<ResponseSource>().copied();
+            let source = ResponseSource::of(&response);
             let status = response.status();
             response.into_body().collect().await.unwrap();
             Ended::Status(status, source)
@@ -114,8 +114,8 @@ async fn run_twice(fault: Fault, honour: bool) -> (Ended, Option<Ended>, usize) 
     (first, second, provider.effects())
 }
 
-const CREATED: Ended = Ended::Status(StatusCode::CREATED, Some(ResponseSource::Sent));
-const RESENT: Ended = Ended::Status(StatusCode::CREATED, Some(ResponseSource::Resent));
+const CREATED: Ended = Ended::Status(StatusCode::CREATED, ResponseSource::Sent);
+const RESENT: Ended = Ended::Status(StatusCode::CREATED, ResponseSource::Resent);
 
 #[tokio::test(start_paused = true)]
 async fn commit_then_timeout() {
@@ -151,10 +151,7 @@ async fn server_error_after_commit() {
     assert_eq!(
         run_twice(fault(), false).await,
         (
-            Ended::Status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Some(ResponseSource::Sent)
-            ),
+            Ended::Status(StatusCode::INTERNAL_SERVER_ERROR, ResponseSource::Sent),
             Some(Ended::InDoubt),
             1
         )
@@ -171,7 +168,7 @@ async fn server_error_without_commit() {
     assert_eq!(
         run_twice(fault(), false).await,
         (
-            Ended::Status(StatusCode::SERVICE_UNAVAILABLE, Some(ResponseSource::Sent)),
+            Ended::Status(StatusCode::SERVICE_UNAVAILABLE, ResponseSource::Sent),
             Some(Ended::InDoubt),
             0
         )

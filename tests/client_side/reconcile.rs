@@ -121,10 +121,7 @@ async fn unknown_when_the_lookup_suffers(fault: Fault) {
     assert_eq!(state(&ledger).await, RecordState::InDoubt, "{fault:?}");
 
     let response = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
-    assert_eq!(
-        response.extensions().get(),
-        Some(&ResponseSource::Reconciled)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Reconciled);
     assert_eq!(effects(&provider), 1);
 }
 
@@ -137,10 +134,7 @@ async fn applied_the_provider_response_is_recorded_and_returned() {
 
     let response = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(
-        response.extensions().get(),
-        Some(&ResponseSource::Reconciled)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Reconciled);
     // The real response: the first (and only) commit's.
     assert!(response.body().starts_with(b"{\"effect_id\":\"eff_1\""));
     assert_eq!(effects(&provider), 1);
@@ -155,7 +149,7 @@ async fn applied_the_provider_response_is_recorded_and_returned() {
 
     // Recorded: the next run replays it without asking anyone.
     let replay = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
-    assert_eq!(replay.extensions().get(), Some(&ResponseSource::Replayed));
+    assert_eq!(ResponseSource::of(&replay), ResponseSource::Replayed);
     assert_eq!(replay.body(), response.body());
     assert_eq!(provider.lookups(), 1);
 }
@@ -205,7 +199,7 @@ async fn not_applied_the_frozen_bytes_are_sent_once() {
 
     let response = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(response.extensions().get(), Some(&ResponseSource::Resent));
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Resent);
     assert_eq!(effects(&provider), 1);
     let attempts = provider.attempts();
     assert_eq!(attempts.len(), 2);
@@ -311,7 +305,7 @@ async fn two_resumes_reconcile_once_and_the_second_replays() {
     );
     let mut sources: Vec<_> = [a.unwrap(), b.unwrap()]
         .iter()
-        .map(|r| *r.extensions().get::<ResponseSource>().unwrap())
+        .map(ResponseSource::of)
         .collect();
     sources.sort_by_key(|s| format!("{s:?}"));
     assert_eq!(
@@ -375,10 +369,7 @@ async fn a_reference_in_the_payload_finds_the_operation_too() {
         "order_id",
     );
     let response = resume(&ledger, &provider, lookup).await.unwrap();
-    assert_eq!(
-        response.extensions().get(),
-        Some(&ResponseSource::Reconciled)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Reconciled);
     assert_eq!(by_order.lookups(), 1);
     assert_eq!(effects(&provider), 1);
 }
@@ -430,10 +421,7 @@ async fn over_loopback_a_crash_after_sending_resolves_to_the_real_response() {
         .service(hyper_client());
     let response = resumed.oneshot(request()).await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(
-        response.extensions().get(),
-        Some(&ResponseSource::Reconciled)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Reconciled);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(body.starts_with(b"{\"effect_id\":\"eff_1\""));
     assert_eq!(effects(&provider), 1);
@@ -500,13 +488,10 @@ async fn a_reconciled_outcome_keeps_no_transport_buffer_alive() {
         }
     };
     let reconciled = resume(&ledger, &provider, found).await.unwrap();
-    assert_eq!(
-        reconciled.extensions().get(),
-        Some(&ResponseSource::Reconciled)
-    );
+    assert_eq!(ResponseSource::of(&reconciled), ResponseSource::Reconciled);
 
     let replay = resume(&ledger, &provider, by_key(&provider)).await.unwrap();
-    assert_eq!(replay.extensions().get(), Some(&ResponseSource::Replayed));
+    assert_eq!(ResponseSource::of(&replay), ResponseSource::Replayed);
     let value = replay.headers()["x-charge-id"].as_bytes();
     assert_eq!(value, &[b'a'; 16][..]);
     assert!(

@@ -62,10 +62,7 @@ async fn commit_then_timeout_through_reqwest_charges_once_and_ends_with_the_real
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Sent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
     let first = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(provider.effects(), 1, "charged once");
     let attempts = provider.attempts();
@@ -78,10 +75,7 @@ async fn commit_then_timeout_through_reqwest_charges_once_and_ends_with_the_real
         .oneshot(charge(server.uri("/charges")))
         .await
         .unwrap();
-    assert_eq!(
-        again.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Replayed)
-    );
+    assert_eq!(ResponseSource::of(&again), ResponseSource::Replayed);
     assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), first);
     assert_eq!(provider.calls(), 2);
 }
@@ -112,9 +106,6 @@ async fn a_refused_connection_through_reqwest_is_pre_write_and_releases_the_oper
         .await
         .unwrap();
     let response = client.oneshot(charge(uri)).await.unwrap();
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Sent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
     assert_eq!(provider.effects(), 1);
 }

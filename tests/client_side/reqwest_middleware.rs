@@ -68,8 +68,8 @@ async fn charge(
         .await
 }
 
-fn source(response: &reqwest::Response) -> Option<ResponseSource> {
-    response.extensions().get::<ResponseSource>().copied()
+fn source(response: &reqwest::Response) -> ResponseSource {
+    ResponseSource::in_extensions(response.extensions())
 }
 
 /// Every attempt the provider saw carried the same method, target, headers and body.
@@ -93,7 +93,7 @@ async fn commit_then_timeout_with_reqwest_retry_outside_charges_once_and_the_rep
     assert_eq!(response.status(), reqwest::StatusCode::CREATED);
     assert_eq!(
         source(&response),
-        Some(ResponseSource::Resent),
+        ResponseSource::Resent,
         "reqwest-retry's retry went through the ledger and resumed the operation"
     );
     assert_eq!(response.url().path(), "/charges");
@@ -107,7 +107,7 @@ async fn commit_then_timeout_with_reqwest_retry_outside_charges_once_and_the_rep
 
     // The orchestrator runs the step again: the recorded answer, without a request.
     let again = charge(&client, &server, ORDER).await.unwrap();
-    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(
         again.url().path(),
         "/charges",
@@ -154,7 +154,7 @@ async fn without_a_retry_layer_the_next_run_resends_the_stored_bytes_not_the_new
 
     // The orchestrator's next run of the step: resumed with the stored bytes.
     let response = charge(&client, &server, ORDER).await.unwrap();
-    assert_eq!(source(&response), Some(ResponseSource::Resent));
+    assert_eq!(source(&response), ResponseSource::Resent);
     assert_eq!(provider.effects(), 1);
     let attempts = provider.attempts();
     assert_eq!(attempts.len(), 2);
@@ -189,7 +189,7 @@ async fn a_refused_connection_is_pre_write_and_releases_the_operation() {
         .await
         .unwrap();
     let response = send().await.unwrap();
-    assert_eq!(source(&response), Some(ResponseSource::Sent));
+    assert_eq!(source(&response), ResponseSource::Sent);
     assert_eq!(provider.effects(), 1);
 }
 
@@ -235,14 +235,15 @@ async fn reads_and_keyless_side_effects_pass_through_marked_when_keys_are_option
         .send()
         .await
         .unwrap();
-    assert_eq!(source(&keyless), Some(ResponseSource::Unprotected));
+    assert_eq!(source(&keyless), ResponseSource::Unprotected);
     assert!(provider.attempts()[0].key().is_none());
     let read = client
         .get(server.uri("/charges").to_string())
         .send()
         .await
         .unwrap();
-    assert_eq!(source(&read), None);
+    assert!(read.extensions().get::<ResponseSource>().is_none());
+    assert_eq!(source(&read), ResponseSource::Sent);
 }
 
 /// The incident the default exists for, on the recommended stack: every attempt of the first
@@ -277,7 +278,7 @@ async fn after_a_timeout_a_regenerated_call_finishes_with_one_effect_and_carries
         r#"{"order_id":"order_42","amount_cents":1999,"summary":"Charge for order 42, retried"}"#;
     let response = charge(&client, &server, regenerated).await.unwrap();
     assert_eq!(response.status(), reqwest::StatusCode::CREATED);
-    assert_eq!(source(&response), Some(ResponseSource::Resent));
+    assert_eq!(source(&response), ResponseSource::Resent);
     let discarded = response
         .extensions()
         .get::<PayloadDiscarded>()

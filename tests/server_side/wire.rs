@@ -122,10 +122,7 @@ async fn commit_then_timeout_over_tcp_fires_once_and_ends_with_the_real_response
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Sent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(
         String::from_utf8_lossy(&body).contains("eff_1"),
@@ -163,9 +160,6 @@ async fn a_refused_connection_is_pre_write_and_releases_the_operation() {
         .oneshot(charge(server.uri("/charges"), "{}".into()))
         .await
         .unwrap();
-    assert_eq!(
-        response.extensions().get::<ResponseSource>(),
-        Some(&ResponseSource::Sent)
-    );
+    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
     assert_eq!(provider.effects(), 1);
 }

@@ -40,6 +40,6 @@ pub fn fast_policy(attempt_timeout: Duration) -> RetryPolicy {
 }
 
 /// The client layer's marker on a response.
-pub fn source<B>(response: &Response<B>) -> Option<ResponseSource> {
-    response.extensions().get::<ResponseSource>().copied()
+pub fn source<B>(response: &Response<B>) -> ResponseSource {
+    ResponseSource::of(response)
 }

@@ -79,7 +79,7 @@ async fn orchestrator_child_process() {
         .oneshot(req)
         .await
         .expect("the resumed call succeeds");
-    let source = response.extensions().get::<ResponseSource>().copied();
+    let source = ResponseSource::of(&response);
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     println!(
@@ -162,7 +162,7 @@ async fn crash_and_resume_across_processes() {
         .lines()
         .find(|l| l.starts_with("CHILD second RESPONSE"))
         .unwrap_or_else(|| panic!("no response line in:\n{stdout}"));
-    assert!(line.contains("RESPONSE 201 Some(Resent)"), "{line}");
+    assert!(line.contains("RESPONSE 201 Resent"), "{line}");
     assert!(
         line.contains("\"effect_id\":\"eff_1\""),
         "the provider's real answer: {line}"

@@ -206,7 +206,7 @@ async fn sent_then_refused_stays_in_doubt(store: Arc<dyn IdempotencyStore>, firs
 
     // The same step, once the provider is back: the frozen bytes, the provider's answer.
     let res = client.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(source(&res), Some(ResponseSource::Resent), "{first:?}");
+    assert_eq!(source(&res), ResponseSource::Resent, "{first:?}");
     assert_eq!(res.status(), StatusCode::CREATED);
     assert_eq!(provider.effects(), 1, "{first:?}: charged twice");
     for attempt in provider.attempts() {
@@ -424,16 +424,16 @@ async fn a_callers_own_key_sent_to_two_hosts_is_two_operations() {
         .oneshot(to("shipping.example"))
         .await
         .unwrap();
-    assert_eq!(source(&payments), Some(ResponseSource::Sent));
+    assert_eq!(source(&payments), ResponseSource::Sent);
     assert_eq!(
         source(&shipping),
-        Some(ResponseSource::Sent),
+        ResponseSource::Sent,
         "shipping was answered with the payments record"
     );
     assert_eq!(provider.effects(), 2);
     // Each target replays its own.
     let again = client.oneshot(to("shipping.example")).await.unwrap();
-    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(body_of(again).await, body_of(shipping).await);
 }
 
@@ -471,10 +471,10 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
         .oneshot(charge(Some("Bearer sk_merchant_b")))
         .await
         .unwrap();
-    assert_eq!(source(&a), Some(ResponseSource::Sent));
+    assert_eq!(source(&a), ResponseSource::Sent);
     assert_eq!(
         source(&b),
-        Some(ResponseSource::Sent),
+        ResponseSource::Sent,
         "merchant B was answered with merchant A's charge"
     );
     assert_eq!(provider.effects(), 2, "each merchant's charge was sent");
@@ -483,7 +483,7 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
         .oneshot(charge(Some("Bearer sk_merchant_b")))
         .await
         .unwrap();
-    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(body_of(again).await, body_of(b).await);
 
     // No credential to scope the key by: refused before anything is sent.
@@ -508,13 +508,13 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
         .headers_mut()
         .insert("x-tenant", HeaderValue::from_static("t1"));
     let first = by_tenant.clone().oneshot(keyed).await.unwrap();
-    assert_eq!(source(&first), Some(ResponseSource::Sent));
+    assert_eq!(source(&first), ResponseSource::Sent);
     let mut other = charge(None);
     other
         .headers_mut()
         .insert("x-tenant", HeaderValue::from_static("t2"));
     let second = by_tenant.oneshot(other).await.unwrap();
-    assert_eq!(source(&second), Some(ResponseSource::Sent));
+    assert_eq!(source(&second), ResponseSource::Sent);
     let unscoped = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
@@ -528,14 +528,14 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
         .oneshot(charge(Some("Bearer sk_merchant_a")))
         .await
         .unwrap();
-    assert_eq!(source(&first), Some(ResponseSource::Sent));
+    assert_eq!(source(&first), ResponseSource::Sent);
     let shared = unscoped
         .oneshot(charge(Some("Bearer sk_merchant_b")))
         .await
         .unwrap();
     assert_eq!(
         source(&shared),
-        Some(ResponseSource::Replayed),
+        ResponseSource::Replayed,
         "unscoped, by choice"
     );
 }
@@ -584,7 +584,7 @@ async fn a_caller_dropped_while_its_outcome_is_recorded_still_records_it() {
     let res = client.oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(
         source(&res),
-        Some(ResponseSource::Replayed),
+        ResponseSource::Replayed,
         "the dropped caller's outcome was not recorded"
     );
     assert!(
@@ -635,7 +635,7 @@ async fn a_business_409_is_a_final_recorded_outcome() {
     let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(first.status(), StatusCode::CONFLICT);
     let again = client.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(again.status(), StatusCode::CONFLICT);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "a final 409 was resent");
 }
@@ -650,7 +650,7 @@ async fn an_in_progress_409_leaves_the_operation_open() {
     client.clone().oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 3, "retried inside");
     let again = client.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(source(&again), Some(ResponseSource::Resent));
+    assert_eq!(source(&again), ResponseSource::Resent);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -683,9 +683,9 @@ async fn a_slow_live_client_owner_is_never_overtaken() {
         "a second caller took over a live owner: {err:?}"
     );
     let first = first.await.unwrap().unwrap();
-    assert_eq!(source(&first), Some(ResponseSource::Sent));
+    assert_eq!(source(&first), ResponseSource::Sent);
     let replay = slow.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(source(&replay), Some(ResponseSource::Replayed));
+    assert_eq!(source(&replay), ResponseSource::Replayed);
     assert_eq!(provider.calls(), 1);
 }
 
@@ -979,7 +979,7 @@ async fn a_provider_outage_cannot_grow_the_client_ledger_past_its_budget() {
     outage.store(false, Ordering::SeqCst);
     for n in &in_doubt {
         let res = client.clone().oneshot(charge(*n)).await.unwrap();
-        assert_eq!(source(&res), Some(ResponseSource::Resent), "operation {n}");
+        assert_eq!(source(&res), ResponseSource::Resent, "operation {n}");
     }
     assert_eq!(provider.effects(), in_doubt.len());
 }
@@ -1215,7 +1215,7 @@ async fn a_recorded_response_keeps_no_transport_buffer_alive() {
         .service(provider);
     client.clone().oneshot(post(ORIGINAL)).await.unwrap();
     let replay = client.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(source(&replay), Some(ResponseSource::Replayed));
+    assert_eq!(source(&replay), ResponseSource::Replayed);
     let value = replay.headers()["x-charge-id"].as_bytes();
     assert_eq!(value, &b"aaaaaaaaaaaaaaaa"[..]);
     assert!(
@@ -1577,7 +1577,7 @@ async fn a_caller_that_leaves_during_begins_round_trip_leaves_nothing_in_doubt()
     store.delay.store(0, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let res = client.oneshot(post(ORIGINAL)).await.expect("not in doubt");
-    assert_eq!(source(&res), Some(ResponseSource::Sent));
+    assert_eq!(source(&res), ResponseSource::Sent);
     assert_eq!(provider.effects(), 1);
 }
 
@@ -1614,7 +1614,7 @@ async fn a_caller_that_leaves_before_its_call_leaves_nothing_in_doubt() {
     gated.open.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let res = client.oneshot(post(ORIGINAL)).await.expect("not in doubt");
-    assert_eq!(source(&res), Some(ResponseSource::Sent));
+    assert_eq!(source(&res), ResponseSource::Sent);
     assert_eq!(provider.effects(), 1);
 }
 
@@ -1677,9 +1677,9 @@ async fn an_answer_that_says_nothing_started_releases_the_operation() {
             StatusCode::CREATED,
             "{refusal} was recorded"
         );
-        assert_eq!(source(&charged), Some(ResponseSource::Sent));
+        assert_eq!(source(&charged), ResponseSource::Sent);
         let again = client.oneshot(post(ORIGINAL)).await.unwrap();
-        assert_eq!(source(&again), Some(ResponseSource::Replayed));
+        assert_eq!(source(&again), ResponseSource::Replayed);
         assert_eq!(charges.load(Ordering::SeqCst), 1);
     }
     // Opted out: the refusal is the recorded outcome.
@@ -1695,7 +1695,7 @@ async fn an_answer_that_says_nothing_started_releases_the_operation() {
     client.clone().oneshot(post(ORIGINAL)).await.unwrap();
     let replayed = client.oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(replayed.status(), StatusCode::UNAUTHORIZED);
-    assert_eq!(source(&replayed), Some(ResponseSource::Replayed));
+    assert_eq!(source(&replayed), ResponseSource::Replayed);
 }
 
 /// Sticky: an attempt that timed out may have charged; a `429` to the retry that followed
@@ -1738,7 +1738,7 @@ async fn a_refusal_after_an_attempt_that_may_have_left_keeps_the_operation_in_do
     let next = client.oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(
         source(&next),
-        Some(ResponseSource::Resent),
+        ResponseSource::Resent,
         "the operation stayed in doubt and its frozen bytes were resent"
     );
 }
@@ -1795,11 +1795,11 @@ async fn the_server_faces_scope_missing_is_released_by_the_client_face() {
         StatusCode::CREATED,
         "the 400 was replayed"
     );
-    assert_eq!(source(&charged), Some(ResponseSource::Sent));
+    assert_eq!(source(&charged), ResponseSource::Sent);
     let again = client
         .oneshot(charge(Some("Bearer sk_test")))
         .await
         .unwrap();
-    assert_eq!(source(&again), Some(ResponseSource::Replayed));
+    assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

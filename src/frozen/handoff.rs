@@ -87,8 +87,11 @@ pub(crate) struct RetriedOutside;
 pub(crate) struct Handed {
     /// What every attempt is rebuilt from.
     pub(crate) frozen: FrozenRequest,
-    /// The request's extensions, given to every attempt.
+    /// The request's extensions, given to every attempt (without the hand-off: nothing
+    /// below the retry layer reads it, and each attempt's copy would cost an allocation).
     pub(crate) extensions: Extensions,
+    /// What the idempotency layer outside handed on, if one did.
+    pub(crate) handoff: Option<Handoff>,
     /// The head and body exactly as handed in, when they are the bytes the outer
     /// idempotency layer froze: the first attempt sends them as they are, and `frozen` is
     /// that layer's own, so no second copy of the head is made for an operation that is
@@ -103,9 +106,10 @@ pub(crate) struct Handed {
 /// the fingerprint when the bytes are the ones it froze.
 #[inline(always)]
 pub(crate) fn hand_over(mut parts: http::request::Parts, body: Bytes) -> Handed {
-    let extensions = std::mem::take(&mut parts.extensions);
-    let same = extensions
-        .get::<Handoff>()
+    let mut extensions = std::mem::take(&mut parts.extensions);
+    let handoff = extensions.remove::<Handoff>();
+    let same = handoff
+        .as_ref()
         .map(|handoff| &handoff.0.frozen)
         .filter(|frozen| frozen.is_exactly(&parts, &body))
         .cloned();
@@ -113,17 +117,19 @@ pub(crate) fn hand_over(mut parts: http::request::Parts, body: Bytes) -> Handed 
         return Handed {
             frozen,
             extensions,
+            handoff,
             first: Some((parts, body)),
         };
     }
     let frozen =
         FrozenRequest::from_parts(parts.method, parts.uri, parts.version, parts.headers, body);
-    if let Some(handoff) = extensions.get::<Handoff>() {
+    if let Some(handoff) = &handoff {
         frozen.reuse_fingerprint_of(&handoff.0.frozen);
     }
     Handed {
         frozen,
         extensions,
+        handoff,
         first: None,
     }
 }

@@ -42,14 +42,15 @@ pub(super) struct Call {
 }
 
 impl Call {
-    /// What the attempts of `frozen` share, with the request's `extensions`.
+    /// What the attempts of `frozen` share, with the request's `extensions` and what an
+    /// idempotency layer outside handed on.
     pub(super) fn start(
         frozen: FrozenRequest,
         mut extensions: Extensions,
+        handoff: Option<Handoff>,
         policy: &RetryPolicy,
     ) -> Self {
         let effect = EffectClass::resolve(frozen.method(), &extensions);
-        let handoff = extensions.get::<Handoff>().cloned();
         if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some()
         {
             // An operation no idempotency layer handed us: one may sit inside us, wrongly.

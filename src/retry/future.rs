@@ -92,11 +92,12 @@ where
                         let Handed {
                             frozen,
                             extensions,
+                            handoff,
                             mut first,
                         } = hand_over(parts, body);
-                        let call = this
-                            .call
-                            .insert(Call::start(frozen, extensions, this.policy));
+                        let call =
+                            this.call
+                                .insert(Call::start(frozen, extensions, handoff, this.policy));
                         // Most services are ready at once: the first head then goes
                         // straight into its request, not through `Readying`.
                         match send_when_ready(this.inner, call, this.policy, &mut first, cx) {

@@ -22,7 +22,8 @@
 //! | `frozen_retry` | `FrozenRetryLayer` (default policy) |
 //! | `frozen_retry_no_budget` | `FrozenRetryLayer`, the default policy without its retry budget (which `tower_retry_clone`'s policy does not keep either) |
 //! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
-//! | `stack_fresh` / `stack_replay` | client `IdempotencyLayer` over `FrozenRetryLayer`, the same two ways |
+//! | `stack_fresh` / `stack_replay` | the client stack as the README builds it (`client_builder(..).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), the same two ways |
+//! | `stack_by_hand_fresh` | `IdempotencyLayer` over `FrozenRetryLayer` stacked with `ServiceBuilder` (the frozen request handed on through the extensions), a new `OperationId` per call |
 //! | `client_floor` / `client_floor_replay` | a yardstick, not the crate's code path: the least a client layer keeping the ledger's promise does for a new operation / a replay, written straight against the crate's public parts (`benches/common/floor.rs`) |
 //! | `stack_floor` | `client_floor` over the hand-written `tower::retry` of `tower_retry_clone` |
 //! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
@@ -101,6 +102,7 @@ const VARIANTS: &[&str] = &[
     "client_replay",
     "stack_fresh",
     "stack_replay",
+    "stack_by_hand_fresh",
     "client_fresh_defaults",
     "stack_fresh_defaults",
     "client_floor",
@@ -718,8 +720,7 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
             "stack_fresh" | "stack_replay" => {
                 let store = MemoryStore::new();
                 let svc = ServiceBuilder::new()
-                    .layer(common::client_layer(store.clone()))
-                    .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+                    .layer(common::client_stack(store.clone()))
                     .service(Noop);
                 let plan = if variant == "stack_fresh" {
                     Plan::Fresh
@@ -727,6 +728,14 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     Plan::Replay
                 };
                 service_variant(svc, Some(&store), plan, fresh_op, fixed_op, n).await
+            }
+            "stack_by_hand_fresh" => {
+                let store = MemoryStore::new();
+                let svc = ServiceBuilder::new()
+                    .layer(common::client_layer(store.clone()))
+                    .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+                    .service(Noop);
+                service_variant(svc, Some(&store), Plan::Fresh, fresh_op, fixed_op, n).await
             }
             "client_fresh_defaults" => {
                 let store = MemoryStore::new();

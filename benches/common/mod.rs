@@ -185,6 +185,25 @@ pub fn client_layer(
         .expect("valid bench settings")
 }
 
+/// The client stack as the benches run it (`build_stack()`, as the README builds it): the
+/// settings of [`client_layer`].
+#[allow(dead_code)]
+pub fn client_stack(
+    store: impl tower_idempotency::ledger::IdempotencyStore,
+) -> tower_idempotency::client::ClientStack {
+    tower_idempotency::IdempotencyLayer::client_builder(store)
+        .lease(BENCH_PROTECTION)
+        .retry_policy(
+            tower_idempotency::retry::RetryPolicy::builder()
+                .max_elapsed(std::time::Duration::ZERO)
+                .build()
+                .unwrap(),
+        )
+        .protected_window(BENCH_PROTECTION)
+        .build_stack()
+        .expect("valid bench settings")
+}
+
 /// The server layer as the benches run it: the default settings, one scope, with
 /// [`BENCH_PROTECTION`].
 pub fn server_layer(

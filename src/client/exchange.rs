@@ -12,7 +12,7 @@ use http_body_util::Full;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::frozen::{FrozenRequest, Handoff};
+use crate::frozen::FrozenRequest;
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, ResponseBody};
 use crate::idempotency::decision::{Decision, Track};
 use crate::idempotency::engine::{LeaseGuard, Renewal};
@@ -22,6 +22,7 @@ use crate::ResponseSource;
 use crate::{BoxError, Error};
 
 use super::face::ClientFace;
+use super::send::Sending;
 pub(super) use super::settle::Answer;
 use super::settle::{
     failed, not_ready, record, release_not_started, settled_then, Finishing, Read,
@@ -40,16 +41,19 @@ pin_project! {
     /// and its response body are under way, and settle the lease by what happened: record
     /// the response (or a tombstone), leave the operation in doubt (an answer that says
     /// "try again", a failure after the bytes may have left, a lost body) or release it
-    /// (a failure before they could). Its output gives the decision log back.
-    pub(super) struct Exchange<S, ResB>
+    /// (a failure before they could). Its output gives the decision log back. `M` is how
+    /// the request is sent ([`Sending`]).
+    pub(super) struct Exchange<S, ResB, M>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+        M: Sending<S, ResB>,
     {
         client: Arc<ClientFace>,
         track: Option<Track>,
         // Taken when the lease is settled (or handed to a finishing future).
         lease: Option<LeaseGuard>,
-        handoff: Handoff,
+        // Set when the request is sent.
+        link: Option<M::Link>,
         source: ResponseSource,
         #[pin]
         renewal: Renewal,
@@ -65,7 +69,11 @@ pin_project! {
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
     {
         // Waiting for the inner service to be ready: nothing has been sent.
-        Readying { inner: Option<S>, request: Option<Request<Full<Bytes>>> },
+        Readying {
+            inner: Option<S>,
+            frozen: Option<FrozenRequest>,
+            extensions: Option<Extensions>,
+        },
         Calling { #[pin] call: S::Future },
         Buffering {
             parts: Option<http::response::Parts>,
@@ -74,15 +82,19 @@ pin_project! {
             // nothing ran), and whether the body may name a problem type that releases.
             retryable: bool,
             read_problem: bool,
+            // Whether an attempt inside may have left (an earlier one, if this answer is
+            // one that says nothing ran).
+            sent: bool,
         },
         Finishing { future: Finishing<ResB> },
         Done,
     }
 }
 
-impl<S, ResB> Exchange<S, ResB>
+impl<S, ResB, M> Exchange<S, ResB, M>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    M: Sending<S, ResB>,
 {
     /// Send the frozen request of `keyed` under `token`, as first sent (the request goes
     /// out from here: `inner` is called on the first poll).
@@ -104,7 +116,7 @@ where
             client,
             (key, track),
             token,
-            &frozen,
+            frozen,
             extensions,
             source,
         )
@@ -116,35 +128,34 @@ where
         client: Arc<ClientFace>,
         (key, track): (LedgerKey, Track),
         token: LeaseToken,
-        frozen: &FrozenRequest,
-        mut extensions: Extensions,
+        frozen: FrozenRequest,
+        extensions: Extensions,
         source: ResponseSource,
     ) -> Self {
         // Dropped before settling (the caller gave up), the guard releases the operation
         // while nothing was sent, and marks it in doubt once the inner service was called:
         // the request may be on the wire.
         let lease = client.ledger.hold_unsent(key, token);
-        let handoff = Handoff::new(frozen.clone(), !client.provider_deduplicates);
-        extensions.insert(handoff.clone());
-        let request = frozen.to_request_with(extensions);
         Self {
             client,
             track: Some(track),
             lease: Some(lease),
-            handoff,
+            link: None,
             source,
             renewal: Renewal::new(),
             step: ExchangeStep::Readying {
                 inner: Some(inner),
-                request: Some(request),
+                frozen: Some(frozen),
+                extensions: Some(extensions),
             },
         }
     }
 }
 
-impl<S, ResB> Future for Exchange<S, ResB>
+impl<S, ResB, M> Future for Exchange<S, ResB, M>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    M: Sending<S, ResB>,
     S::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,
     ResB::Error: Into<BoxError>,
@@ -159,7 +170,11 @@ where
                 .as_ref()
                 .expect("Exchange polled after completion");
             let next = match this.step.as_mut().project() {
-                ExchangeStepProj::Readying { inner, request } => {
+                ExchangeStepProj::Readying {
+                    inner,
+                    frozen,
+                    extensions,
+                } => {
                     let service = inner.as_mut().expect("called once");
                     match service.poll_ready(cx) {
                         // Renewed while waiting too: a slow `poll_ready` (a full pool) must
@@ -176,8 +191,13 @@ where
                                 .as_mut()
                                 .expect("held until the call is answered")
                                 .sending();
-                            let request = request.take().expect("sent once");
-                            let call = inner.take().expect("called once").call(request);
+                            let (call, link) = M::send(
+                                this.client,
+                                inner.take().expect("called once"),
+                                frozen.take().expect("sent once"),
+                                extensions.take().expect("sent once"),
+                            );
+                            *this.link = Some(link);
                             ExchangeStep::Calling { call }
                         }
                         Poll::Ready(Err(error)) => {
@@ -188,12 +208,13 @@ where
                         }
                     }
                 }
-                ExchangeStepProj::Calling { call } => {
-                    let result = match call.poll(cx) {
+                ExchangeStepProj::Calling { mut call } => {
+                    let result = match call.as_mut().poll(cx) {
                         Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                         Poll::Ready(result) => result,
                     };
-                    this.client.check_real_retry_window(this.handoff);
+                    let link = this.link.as_ref().expect("set when sent");
+                    let sent = M::may_have_left(this.client, link, call.as_ref().get_ref());
                     // Out of `this.lease` before anything is decided: from here the guard
                     // moves with the settling (a boxed future, or back into `held` to read
                     // the body), so exactly one place settles it, and a drop of either
@@ -202,14 +223,14 @@ where
                     match result {
                         Ok(response) => answered(
                             this.client,
-                            (track, this.handoff),
+                            (track, sent),
                             lease,
                             response,
                             *this.source,
                             this.lease,
                         ),
                         Err(error) => ExchangeStep::Finishing {
-                            future: failed(this.client, track, this.handoff, lease, error.into()),
+                            future: failed(this.client, track, sent, lease, error.into()),
                         },
                     }
                 }
@@ -218,6 +239,7 @@ where
                     buffer,
                     retryable,
                     read_problem,
+                    sent,
                 } => {
                     let buffered = match Pin::new(buffer).poll(cx) {
                         Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
@@ -229,13 +251,7 @@ where
                         retryable: *retryable,
                         read_problem: *read_problem,
                     };
-                    match record(
-                        this.client,
-                        (track, this.handoff),
-                        lease,
-                        (parts, read),
-                        buffered,
-                    ) {
+                    match record(this.client, (track, *sent), lease, (parts, read), buffered) {
                         Ok(response) => {
                             this.step.set(ExchangeStep::Done);
                             let track = this.track.take().expect("given back once");
@@ -264,7 +280,7 @@ where
 /// response is read first in either case, to see whether its type says nothing ran.
 fn answered<ResB, S>(
     client: &ClientFace,
-    (track, handoff): (&Track, &Handoff),
+    (track, sent): (&Track, bool),
     lease: LeaseGuard,
     response: Response<ResB>,
     source: ResponseSource,
@@ -276,7 +292,7 @@ where
 {
     let status = response.status();
     if client.release_on.releases_status(status) {
-        let settling = release_not_started(track, handoff, lease);
+        let settling = release_not_started(track, sent, lease);
         let mut response = response.map(ResponseBody::inner);
         source.mark(response.extensions_mut());
         return ExchangeStep::Finishing {
@@ -304,12 +320,13 @@ where
         buffer: buffer_up_to(body, client.response_limit),
         retryable,
         read_problem,
+        sent,
     }
 }
 
 /// Send `frozen` as the operation's owner and settle the lease by what happened (see
 /// [`Exchange`]), from one of the `async` paths.
-pub(super) async fn exchange<S, ResBody>(
+pub(super) async fn exchange<S, ResBody, M>(
     inner: S,
     client: &Arc<ClientFace>,
     (key, track): (LedgerKey, &Track),
@@ -320,17 +337,18 @@ pub(super) async fn exchange<S, ResBody>(
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    M: Sending<S, ResBody>,
     S::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let keyed = (key, track.fork());
-    let exchange = Exchange::with_source(
+    let exchange = Exchange::<S, ResBody, M>::with_source(
         inner,
         client.clone(),
         keyed,
         token,
-        frozen,
+        frozen.clone(),
         extensions,
         source,
     );

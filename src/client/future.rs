@@ -17,6 +17,8 @@ use crate::idempotency::decision::RequestSpan;
 use crate::{BoxError, Error};
 
 use super::operation::Operation;
+use super::send::{Fused, Handed};
+use crate::retry::FrozenRetry;
 pin_project! {
     /// The future of the client [`IdempotencyLayer`]: one logical operation, held in
     /// place (not boxed), inside its span.
@@ -25,7 +27,7 @@ pin_project! {
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
     {
         #[pin]
-        pub(super) operation: Operation<'static, S, B, ResB>,
+        pub(super) operation: Operation<'static, S, B, ResB, Handed>,
         pub(super) span: RequestSpan,
     }
 }
@@ -55,5 +57,49 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The future of a [`StackService`](super::StackService): one logical operation, its
+    /// attempts included, held in place (not boxed), inside its span.
+    pub struct StackFuture<S, B, ResB>
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+        S: Clone,
+        S::Error: Into<BoxError>,
+    {
+        #[pin]
+        pub(super) operation: Operation<'static, FrozenRetry<S>, B, ResB, Fused>,
+        pub(super) span: RequestSpan,
+    }
+}
+
+impl<S, B, ResB> Future for StackFuture<S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        this.operation.poll(cx)
+    }
+}
+
+impl<S, B, ResB> fmt::Debug for StackFuture<S, B, ResB>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackFuture").finish_non_exhaustive()
     }
 }

@@ -144,6 +144,7 @@ pub(crate) mod policy;
 mod reconciling;
 mod release;
 mod resolve;
+mod send;
 mod service;
 mod settle;
 mod stack;
@@ -151,13 +152,13 @@ mod stack;
 pub use builder::Builder;
 pub use face::ClientFace;
 // The tool face caps recorded outputs as this face caps responses.
-pub use future::ResponseFuture;
+pub use future::{ResponseFuture, StackFuture};
 pub use release::ReleaseOn;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::run;
-pub use stack::ClientStack;
+pub use stack::{ClientStack, StackService};
 
-use crate::idempotency::{Idempotency, IdempotencyLayer};
+use crate::idempotency::IdempotencyLayer;
 
 /// The client [`IdempotencyLayer`], as [`IdempotencyLayer::client`] and
 /// [`Builder::build`] return it.
@@ -169,21 +170,6 @@ use crate::idempotency::{Idempotency, IdempotencyLayer};
 /// # let _ = layer;
 /// ```
 pub type ClientLayer = IdempotencyLayer<ClientFace>;
-
-/// The whole client stack around the transport `S`, as a [`ClientStack`] builds it:
-/// [`IdempotencyLayer`] outside, [`FrozenRetry`](crate::retry::FrozenRetry) inside.
-///
-/// ```
-/// use tower::Layer;
-/// use tower_idempotency::client::StackService;
-/// use tower_idempotency::testing::SideEffectService;
-/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
-///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
-/// let client: StackService<SideEffectService> = stack.layer(SideEffectService::new());
-/// # let _ = client;
-/// ```
-pub type StackService<S> = Idempotency<crate::retry::FrozenRetry<S>, ClientFace>;
 
 /// The client stack over hyper-util's legacy client with connector `C` (feature
 /// `hyper-util`), the stack of the README's quickstart.

@@ -47,6 +47,7 @@ use super::face::ClientFace;
 use super::failure::failed_outside;
 use super::identify::identify;
 use super::resolve::{operate_after, replay};
+use super::send::Sending;
 use crate::effect::EffectClass;
 use crate::frozen::{check_declared_length, CollectRequest, FrozenRequest};
 use crate::idempotency::body::ResponseBody;
@@ -60,25 +61,28 @@ use crate::{BoxError, Error};
 type Slow<'a, ResB> = Pin<Box<dyn Future<Output = Answer<ResB>> + Send + 'a>>;
 
 pin_project! {
-    /// One logical operation through the client face (see the module docs).
-    pub(crate) struct Operation<'a, S, B, ResB>
+    /// One logical operation through the client face (see the module docs); `M` is how
+    /// its owner sends the frozen request ([`Sending`]).
+    pub(crate) struct Operation<'a, S, B, ResB, M>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+        M: Sending<S, ResB>,
     {
         // Called once: the retries, if any, are its own.
         inner: Option<S>,
         client: Arc<ClientFace>,
         started: Option<tokio::time::Instant>,
         #[pin]
-        step: Step<'a, S, B, ResB>,
+        step: Step<'a, S, B, ResB, M>,
     }
 }
 
 pin_project! {
     #[project = StepProj]
-    enum Step<'a, S, B, ResB>
+    enum Step<'a, S, B, ResB, M>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+        M: Sending<S, ResB>,
     {
         Refused { error: Option<Error> },
         Freezing {
@@ -93,15 +97,16 @@ pin_project! {
             call: Oneshot<S, Request<Full<Bytes>>>,
             unprotected: Option<FrozenRequest>,
         },
-        Exchanging { #[pin] exchange: Exchange<S, ResB> },
+        Exchanging { #[pin] exchange: Exchange<S, ResB, M> },
         Slow { future: Slow<'a, ResB> },
         Done,
     }
 }
 
-impl<'a, S, B, ResB> Operation<'a, S, B, ResB>
+impl<'a, S, B, ResB, M> Operation<'a, S, B, ResB, M>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    M: Sending<S, ResB>,
     B: Body,
 {
     /// The operation of `req`: its key (or the refusal of a missing or malformed one),
@@ -140,9 +145,10 @@ where
     }
 }
 
-impl<'a, S, B, ResB> Future for Operation<'a, S, B, ResB>
+impl<'a, S, B, ResB, M> Future for Operation<'a, S, B, ResB, M>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Send + 'a,
+    M: Sending<S, ResB>,
     S::Future: Send,
     S::Error: Into<BoxError>,
     B: Body,
@@ -234,11 +240,12 @@ where
 /// Where a step leaves the operation: another step, or its answer.
 // The next step is built once and moved into place; boxing it is what these futures avoid.
 #[allow(clippy::large_enum_variant)]
-enum Next<'a, S, B, ResB>
+enum Next<'a, S, B, ResB, M>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    M: Sending<S, ResB>,
 {
-    Step(Step<'a, S, B, ResB>),
+    Step(Step<'a, S, B, ResB, M>),
     Answer(Answer<ResB>),
 }
 
@@ -272,14 +279,15 @@ fn reported<T>(
 
 /// The ledger's part: `begin` in place, then send as the owner or replay; anything else
 /// (a store that awaits, a lost answer, drift, doubt, a refusal) by the boxed slow path.
-fn operate<'a, S, B, ResB>(
+fn operate<'a, S, B, ResB, M>(
     inner: S,
     client: &Arc<ClientFace>,
     keyed: Keyed,
     started: Option<tokio::time::Instant>,
-) -> Next<'a, S, B, ResB>
+) -> Next<'a, S, B, ResB, M>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Send + 'a,
+    M: Sending<S, ResB>,
     S::Future: Send,
     S::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,
@@ -302,7 +310,7 @@ where
             return Next::Step(Step::Slow {
                 future: Box::pin(async move {
                     let answered = client.ledger.begin_after(begin, client.busy, lost).await;
-                    slowly(inner, &client, keyed, answered, started).await
+                    slowly::<S, ResB, M>(inner, &client, keyed, answered, started).await
                 }),
             });
         }
@@ -320,16 +328,16 @@ where
         answered => {
             let client = client.clone();
             Next::Step(Step::Slow {
-                future: Box::pin(
-                    async move { slowly(inner, &client, keyed, answered, started).await },
-                ),
+                future: Box::pin(async move {
+                    slowly::<S, ResB, M>(inner, &client, keyed, answered, started).await
+                }),
             })
         }
     }
 }
 
 /// The slow path: act on the ledger's answer as [`operate_after`] does, then tell the hook.
-async fn slowly<S, ResB>(
+async fn slowly<S, ResB, M>(
     inner: S,
     client: &Arc<ClientFace>,
     keyed: Keyed,
@@ -338,6 +346,7 @@ async fn slowly<S, ResB>(
 ) -> Answer<ResB>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    M: Sending<S, ResB>,
     S::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,
     ResB::Error: Into<BoxError>,
@@ -348,6 +357,7 @@ where
         extensions,
         track,
     } = keyed;
-    let answer = operate_after(inner, client, key, frozen, extensions, &track, answered).await;
+    let answer =
+        operate_after::<S, ResB, M>(inner, client, key, frozen, extensions, &track, answered).await;
     reported(client, &track, started, answer)
 }

@@ -21,10 +21,11 @@ use crate::{BoxError, Error};
 
 use super::exchange::exchange;
 use super::face::ClientFace;
+use super::send::Sending;
 /// Ask the reconciler about an in-doubt operation we now own under `token`, and act on its
 /// answer: record and return what it found, send the frozen bytes it says never arrived,
 /// or leave the operation in doubt.
-pub(super) async fn reconcile<S, ResBody>(
+pub(super) async fn reconcile<S, ResBody, M>(
     inner: S,
     client: &Arc<ClientFace>,
     (key, track): (LedgerKey, &Track),
@@ -34,6 +35,7 @@ pub(super) async fn reconcile<S, ResBody>(
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    M: Sending<S, ResBody>,
     S::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -71,7 +73,7 @@ where
             tracing::info!(key = %key.to_hex(), "in-doubt operation reconciled: it never happened; sending the frozen request");
             track.decided(Decision::Resumed);
             let token = lease.hand_on();
-            exchange(
+            exchange::<S, ResBody, M>(
                 inner,
                 client,
                 (key, track),

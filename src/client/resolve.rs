@@ -24,10 +24,11 @@ use super::face::ClientFace;
 use super::failure::failed_outside;
 use super::policy::{DriftPolicy, PayloadDiscarded};
 use super::reconciling::reconcile;
+use super::send::Sending;
 /// The ledger's part of one keyed operation, once `begin` answered (`answered`): send,
 /// resend, replay or refuse. The path of the answers the in-place one leaves (see
 /// [`Operation`]).
-pub(super) async fn operate_after<S, ResBody>(
+pub(super) async fn operate_after<S, ResBody, M>(
     inner: S,
     client: &Arc<ClientFace>,
     key: LedgerKey,
@@ -38,6 +39,7 @@ pub(super) async fn operate_after<S, ResBody>(
 ) -> Result<Response<ResponseBody<ResBody>>, Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    M: Sending<S, ResBody>,
     S::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -108,7 +110,7 @@ where
     track.decided(decision_of(&answer));
     let answered = match answer {
         Begin::Acquired { token } => {
-            exchange(
+            exchange::<S, ResBody, M>(
                 inner,
                 client,
                 (key, track),
@@ -137,12 +139,28 @@ where
                     frozen: stored,
                 } => {
                     let original = stored.unwrap_or(to_send);
-                    reconcile(inner, client, (key, track), token, original, extensions).await
+                    reconcile::<S, ResBody, M>(
+                        inner,
+                        client,
+                        (key, track),
+                        token,
+                        original,
+                        extensions,
+                    )
+                    .await
                 }
                 // The record left while we looked (expired, evicted): the bytes may still
                 // have reached the provider, so ask all the same.
                 Begin::Acquired { token } => {
-                    reconcile(inner, client, (key, track), token, to_send, extensions).await
+                    reconcile::<S, ResBody, M>(
+                        inner,
+                        client,
+                        (key, track),
+                        token,
+                        to_send,
+                        extensions,
+                    )
+                    .await
                 }
                 Begin::Replay(outcome) => replay(outcome),
                 Begin::Busy { retry_after } => Err(Error::busy(retry_after)),
@@ -165,7 +183,8 @@ where
             frozen: stored,
         } if client.reconcile_when_deduplicating => {
             let original = stored.unwrap_or(to_send);
-            reconcile(inner, client, (key, track), token, original, extensions).await
+            reconcile::<S, ResBody, M>(inner, client, (key, track), token, original, extensions)
+                .await
         }
         Begin::Resume {
             token,
@@ -174,7 +193,7 @@ where
             // Resend what was first frozen, never the request just handed to us.
             let original = stored.unwrap_or(to_send);
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
-            exchange(
+            exchange::<S, ResBody, M>(
                 inner,
                 client,
                 (key, track),

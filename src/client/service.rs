@@ -19,6 +19,7 @@ use super::face::ClientFace;
 use super::failure::into_error;
 use super::future::ResponseFuture;
 use super::operation::Operation;
+use super::send::Handed;
 impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ClientFace>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -65,7 +66,7 @@ pub(crate) fn run<'a, S, B, ResBody>(
     client: Arc<ClientFace>,
     req: Request<B>,
     started: Option<tokio::time::Instant>,
-) -> Operation<'a, S, B, ResBody>
+) -> Operation<'a, S, B, ResBody, Handed>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
     B: Body,

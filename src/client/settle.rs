@@ -6,7 +6,6 @@ use std::pin::Pin;
 
 use http::Response;
 
-use crate::frozen::Handoff;
 use crate::idempotency::body::{Buffered, ResponseBody};
 use crate::idempotency::decision::{Decision, Track};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Settling};
@@ -41,18 +40,18 @@ pub(super) fn not_ready<ResB: Send + 'static>(
 }
 
 /// The call failed: leave the operation in doubt if its bytes may have left, else release
-/// it; then answer the error with its phase.
+/// it; then answer the error with its phase. `sent` says an attempt inside may have left.
 pub(super) fn failed<ResB: Send + 'static>(
     client: &ClientFace,
     track: &Track,
-    handoff: &Handoff,
+    sent: bool,
     lease: LeaseGuard,
     error: BoxError,
 ) -> Finishing<ResB> {
     let phase = classify(&*error, client.phase_classifier.as_deref());
     // Sticky: an earlier attempt inside (reported by the retry layer) may have left even
     // when the last one was refused before writing.
-    let settling = if phase.may_have_been_sent() || handoff.may_have_been_sent() {
+    let settling = if phase.may_have_been_sent() || sent {
         track.decided(Decision::InDoubt);
         lease.mark_in_doubt()
     } else {
@@ -78,9 +77,9 @@ pub(super) struct Read {
 }
 
 /// Settle the lease of an operation whose answer says it never started: released, unless
-/// an earlier attempt may have sent it (sticky: then it stays in doubt).
-pub(super) fn release_not_started(track: &Track, handoff: &Handoff, lease: LeaseGuard) -> Settling {
-    if handoff.may_have_been_sent() {
+/// an attempt inside may have sent it (`sent`; sticky: then it stays in doubt).
+pub(super) fn release_not_started(track: &Track, sent: bool, lease: LeaseGuard) -> Settling {
+    if sent {
         track.decided(Decision::InDoubt);
         lease.mark_in_doubt()
     } else {
@@ -108,7 +107,7 @@ pub(super) fn settled_then<ResB: Send + 'static>(
 /// one leaves it in doubt.
 pub(super) fn record<ResB: Send + 'static>(
     client: &ClientFace,
-    (track, handoff): (&Track, &Handoff),
+    (track, sent): (&Track, bool),
     lease: LeaseGuard,
     (parts, read): (http::response::Parts, Read),
     buffered: Result<Buffered<ResB>, BoxError>,
@@ -127,7 +126,7 @@ pub(super) fn record<ResB: Send + 'static>(
     };
     if let Buffered::Whole(bytes) = &buffered {
         if read.read_problem && client.release_on.releases_problem(bytes) {
-            let settling = release_not_started(track, handoff, lease);
+            let settling = release_not_started(track, sent, lease);
             let response = Response::from_parts(parts, ResponseBody::buffered(bytes.clone()));
             return Err(settled_then(settling, response));
         }

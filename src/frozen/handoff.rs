@@ -39,6 +39,11 @@ impl Handoff {
         }))
     }
 
+    /// The request handed on, frozen.
+    pub(crate) fn frozen(&self) -> &FrozenRequest {
+        &self.0.frozen
+    }
+
     pub(crate) fn key_ignored(&self) -> bool {
         self.0.key_ignored
     }

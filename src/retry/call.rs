@@ -77,6 +77,38 @@ impl Call {
         }
     }
 
+    /// What the attempts of `frozen` share when the client layer of a stack built as one
+    /// hands it over directly (see [`FrozenRetry::send_frozen`](super::FrozenRetry)): no
+    /// hand-off to find, nothing to report, nobody to warn.
+    pub(super) fn handed(
+        frozen: FrozenRequest,
+        extensions: Extensions,
+        key_honoured: bool,
+        policy: &RetryPolicy,
+    ) -> Self {
+        let effect = EffectClass::resolve(frozen.method(), &extensions);
+        if let Some(budget) = &policy.budget {
+            budget.deposit();
+        }
+        Self {
+            frozen,
+            extensions,
+            effect,
+            handoff: None,
+            key_honoured,
+            furthest: FailurePhase::PreWrite,
+            earlier: FailurePhase::PreWrite,
+            started: Instant::now(),
+            backoff: None,
+            attempt: 0,
+        }
+    }
+
+    /// Whether any attempt so far may have reached the server.
+    pub(super) fn may_have_been_sent(&self) -> bool {
+        self.furthest.may_have_been_sent()
+    }
+
     /// The next attempt: exactly the frozen bytes. The head as handed in is the frozen
     /// one: sent as it is, it saves a copy of it.
     #[inline(always)]

@@ -180,6 +180,17 @@ where
     }
 }
 
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>>,
+{
+    /// Whether any attempt of this call so far may have reached the server (once the call
+    /// is answered: whether the call may have been sent).
+    pub(crate) fn may_have_been_sent(&self) -> bool {
+        self.call.as_ref().is_some_and(Call::may_have_been_sent)
+    }
+}
+
 /// Start the next attempt once `inner` is ready: the [`State::Calling`] of it, or the
 /// failure of a readiness that failed (nothing has been sent then). `first` is the head
 /// the first attempt may be sent with (see [`Call::next_request`]). Inlined into both

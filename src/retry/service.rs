@@ -4,15 +4,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Extensions, Request, Response};
 use http_body::Body;
 use http_body_util::Full;
 use tower_service::Service;
 
+use super::call::Call;
 use super::future::{ResponseFuture, State};
 use super::policy::RetryPolicy;
 use super::FrozenRetryLayer;
-use crate::frozen::CollectRequest;
+use crate::frozen::{CollectRequest, FrozenRequest};
 use crate::phase::FailurePhase;
 use crate::{BoxError, Error};
 
@@ -54,6 +55,30 @@ impl<S> FrozenRetry<S> {
     /// Unwrap the inner service.
     pub fn into_inner(self) -> S {
         self.inner
+    }
+}
+
+impl<S> FrozenRetry<S> {
+    /// All attempts of `frozen`, handed over by the client layer of a stack built as one
+    /// ([`ClientStack`](crate::client::ClientStack)): no request to read and freeze again,
+    /// no hand-off through the extensions. `self` is the instance the caller drove to
+    /// readiness; `key_ignored` says the server ignores `Idempotency-Key`.
+    pub(crate) fn send_frozen(
+        self,
+        frozen: FrozenRequest,
+        extensions: Extensions,
+        key_ignored: bool,
+    ) -> ResponseFuture<S, Full<Bytes>>
+    where
+        S: Service<Request<Full<Bytes>>>,
+    {
+        let call = Call::handed(frozen, extensions, !key_ignored, &self.policy);
+        ResponseFuture {
+            state: State::Readying { first: None },
+            inner: self.inner,
+            policy: self.policy,
+            call: Some(call),
+        }
     }
 }
 

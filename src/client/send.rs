@@ -1,0 +1,108 @@
+//! How an operation's owner sends its frozen request: handed to any service as a request
+//! ([`Handed`]), or straight into the attempts of the retry layer of a stack built as one
+//! ([`Fused`]).
+//!
+//! The two differ only in how the bytes reach the retry layer and how the exchange learns
+//! afterwards whether any attempt may have left (which decides between releasing an
+//! operation and leaving it in doubt). [`Handed`] rebuilds a request from the frozen one
+//! and leaves a [`Handoff`] in its extensions, which a [`FrozenRetryLayer`] inside (behind
+//! any layers in between) finds, checks against what it was handed and reports back
+//! through. [`Fused`] knows its inner service is that retry layer: it hands the frozen
+//! request over as it is, and reads the answer from the retry layer's own bookkeeping, so
+//! an operation costs no hand-off, no second look at the request and no extension.
+//!
+//! [`FrozenRetryLayer`]: crate::FrozenRetryLayer
+
+use bytes::Bytes;
+use http::{Extensions, Request, Response};
+use http_body_util::Full;
+use tower_service::Service;
+
+use super::face::ClientFace;
+use crate::frozen::{FrozenRequest, Handoff};
+use crate::retry::FrozenRetry;
+
+/// How an exchange sends its frozen request through the inner service `S` (see the module
+/// docs).
+pub(crate) trait Sending<S, ResB>: 'static
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+{
+    /// What the exchange keeps of the sending, to ask once the call is over.
+    type Link: Send;
+
+    /// Call `inner`, ready, with `frozen` and the caller's `extensions`.
+    fn send(
+        client: &ClientFace,
+        inner: S,
+        frozen: FrozenRequest,
+        extensions: Extensions,
+    ) -> (S::Future, Self::Link);
+
+    /// Once `call` is over: whether any attempt of it may have reached the server.
+    fn may_have_left(client: &ClientFace, link: &Self::Link, call: &S::Future) -> bool;
+}
+
+/// Through any service, as a request rebuilt from the frozen one (see the module docs).
+pub(crate) enum Handed {}
+
+impl<S, ResB> Sending<S, ResB> for Handed
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+{
+    type Link = Handoff;
+
+    #[inline]
+    fn send(
+        client: &ClientFace,
+        mut inner: S,
+        frozen: FrozenRequest,
+        mut extensions: Extensions,
+    ) -> (S::Future, Handoff) {
+        let handoff = Handoff::new(frozen, !client.provider_deduplicates);
+        extensions.insert(handoff.clone());
+        let request = handoff.frozen().to_request_with(extensions);
+        (inner.call(request), handoff)
+    }
+
+    fn may_have_left(client: &ClientFace, handoff: &Handoff, _: &S::Future) -> bool {
+        client.check_real_retry_window(handoff);
+        handoff.may_have_been_sent()
+    }
+}
+
+/// Straight into the attempts of the [`FrozenRetry`] a stack built as one wraps (see the
+/// module docs). Its retry policy is the one the client layer was built with, so there is
+/// no retry window to check.
+pub(crate) enum Fused {}
+
+impl<T, ResB> Sending<FrozenRetry<T>, ResB> for Fused
+where
+    FrozenRetry<T>: Service<
+        Request<Full<Bytes>>,
+        Response = Response<ResB>,
+        Future = crate::retry::ResponseFuture<T, Full<Bytes>>,
+    >,
+    T: Service<Request<Full<Bytes>>>,
+{
+    type Link = ();
+
+    #[inline]
+    fn send(
+        client: &ClientFace,
+        inner: FrozenRetry<T>,
+        frozen: FrozenRequest,
+        extensions: Extensions,
+    ) -> (crate::retry::ResponseFuture<T, Full<Bytes>>, ()) {
+        let key_ignored = !client.provider_deduplicates;
+        (inner.send_frozen(frozen, extensions, key_ignored), ())
+    }
+
+    fn may_have_left(
+        _: &ClientFace,
+        _: &(),
+        call: &crate::retry::ResponseFuture<T, Full<Bytes>>,
+    ) -> bool {
+        call.may_have_been_sent()
+    }
+}

@@ -12,7 +12,7 @@
 //! | `frozen_retry_no_budget` | `FrozenRetryLayer` without the retry budget |
 //! | `client_fresh` | client `IdempotencyLayer` (`MemoryStore`), a new `OperationId` per call |
 //! | `client_replay` | client `IdempotencyLayer`, the same `OperationId` every call (replayed) |
-//! | `stack_fresh` | client `IdempotencyLayer` over `FrozenRetryLayer`, a new `OperationId` per call |
+//! | `stack_fresh` | the client stack as the README builds it (`build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), a new `OperationId` per call |
 //! | `server_bare` | the no-op handler (it reads the body), with an `Idempotency-Key` header |
 //! | `server_fresh` | server `IdempotencyLayer` (`MemoryStore`), a new key per call |
 //! | `server_replay` | server `IdempotencyLayer`, the same key every call (replayed) |
@@ -150,9 +150,9 @@ fn layers(c: &mut Criterion) {
         t.fixed_operation()
     });
 
+    // As the README builds it: `build_stack()`.
     let stack = ServiceBuilder::new()
-        .layer(common::client_layer(MemoryStore::new()))
-        .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+        .layer(common::client_stack(MemoryStore::new()))
         .service(Noop);
     let t = template.clone();
     bench_service(&mut group, &rt, "stack_fresh", stack, move || {

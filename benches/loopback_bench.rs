@@ -14,8 +14,8 @@
 //! |---|---|---|
 //! | `client_bare` | hyper-util | bare axum |
 //! | `client_frozen_retry` | `FrozenRetryLayer` over hyper-util | bare axum |
-//! | `client_stack` | client `IdempotencyLayer` (`MemoryStore`) over `FrozenRetryLayer`, a new `OperationId` per request | bare axum |
-//! | `client_stack_copied` | diagnostic: as `client_stack`, response bodies copied out of hyper's read buffer before they are recorded | bare axum |
+//! | `client_stack` | the client stack as the README builds it (`client_builder(MemoryStore).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), a new `OperationId` per request | bare axum |
+//! | `client_stack_copied` | diagnostic: `IdempotencyLayer` over `FrozenRetryLayer` stacked by hand with a layer in between that copies response bodies out of hyper's read buffer before they are recorded | bare axum |
 //! | `client_floor` | yardstick: the least a client layer keeping the ledger's promise does (`benches/common/floor.rs`, its own `MemoryStore`) over hyper-util, a new `OperationId` per request | bare axum |
 //! | `server_bare` | hyper-util, a new `Idempotency-Key` per request | bare axum |
 //! | `server_layer` | the same | axum with the server `IdempotencyLayer` (`MemoryStore`) |
@@ -157,7 +157,7 @@ fn at_defaults() -> bool {
     *AT_DEFAULTS.get_or_init(|| std::env::var("LOOPBACK_DEFAULTS").is_ok_and(|v| v == "1"))
 }
 
-/// The client layer of the `client_stack` variants.
+/// The client layer of the `client_stack_copied` variant (stacked by hand, a layer in between).
 fn client_layer(
     store: impl IdempotencyStore,
 ) -> tower_idempotency::IdempotencyLayer<tower_idempotency::client::ClientFace> {
@@ -165,6 +165,17 @@ fn client_layer(
         tower_idempotency::IdempotencyLayer::client(store)
     } else {
         common::client_layer(store)
+    }
+}
+
+/// The client stack of the `client_stack` variant, as the README builds it (`build_stack()`).
+fn client_stack(store: impl IdempotencyStore) -> tower_idempotency::client::ClientStack {
+    if at_defaults() {
+        tower_idempotency::IdempotencyLayer::client_builder(store)
+            .build_stack()
+            .expect("the defaults are valid")
+    } else {
+        common::client_stack(store)
     }
 }
 
@@ -662,8 +673,7 @@ fn main() {
             "client_stack",
             "client_bare",
             ServiceBuilder::new()
-                .layer(client_layer(client_store.clone()))
-                .layer(retry())
+                .layer(client_stack(client_store.clone()))
                 .service(http.clone()),
             Template::new(bare_addr, &body, Marking::FreshOperation),
         ),

@@ -7,7 +7,6 @@ mod support;
 
 mod client_side {
     mod client;
-    mod decision_events;
     mod fault_matrix;
     mod outcome_hook;
     mod randomized;

@@ -19,22 +19,27 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use tower::{Layer, Service};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::client::ClientFace;
+use tower_idempotency::client::{ClientFace, StackService};
 use tower_idempotency::idempotency::Idempotency;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{Error, FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
 
-type Stack = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
+/// The two layers stacked by hand: the frozen request handed on through the extensions.
+type ByHand = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
 
-fn stack(store: &Arc<MemoryStore>, provider: &SideEffectService, dedup: bool) -> Stack {
-    let policy = RetryPolicy::builder()
+fn policy() -> RetryPolicy {
+    RetryPolicy::builder()
         .attempt_timeout(Duration::from_secs(5))
         .no_budget()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn by_hand(store: &Arc<MemoryStore>, provider: &SideEffectService, dedup: bool) -> ByHand {
     ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(store.clone())
@@ -42,8 +47,22 @@ fn stack(store: &Arc<MemoryStore>, provider: &SideEffectService, dedup: bool) ->
                 .build()
                 .unwrap(),
         )
-        .layer(FrozenRetryLayer::new(policy))
+        .layer(FrozenRetryLayer::new(policy()))
         .service(provider.clone())
+}
+
+/// The stack as `build_stack()` builds it (the README's way): one service.
+fn built(
+    store: &Arc<MemoryStore>,
+    provider: &SideEffectService,
+    dedup: bool,
+) -> StackService<SideEffectService> {
+    IdempotencyLayer::client_builder(store.clone())
+        .provider_deduplicates(dedup)
+        .retry_policy(policy())
+        .build_stack()
+        .unwrap()
+        .layer(provider.clone())
 }
 
 fn op() -> OperationId {
@@ -70,7 +89,16 @@ enum Ended {
     Panicked,
 }
 
-async fn run(svc: &Stack) -> Ended {
+async fn run<S, RB>(svc: &S) -> Ended
+where
+    S: Service<Request<Full<Bytes>>, Response = http::Response<RB>, Error = Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    RB: http_body::Body + Send + 'static,
+    RB::Error: std::fmt::Debug,
+{
     let svc = svc.clone();
     let task = tokio::spawn(async move { svc.oneshot(charge()).await });
     match task.await {
@@ -88,21 +116,49 @@ async fn run(svc: &Stack) -> Ended {
     }
 }
 
-/// Run the operation, and — as an orchestrator would after a failure — once more.
+/// Run the operation, and — as an orchestrator would after a failure — once more; through
+/// the stack as `build_stack()` builds it and through the layers stacked by hand, which
+/// must end alike.
 async fn run_twice(fault: Fault, honour: bool) -> (Ended, Option<Ended>, usize) {
-    let store = Arc::new(MemoryStore::new());
+    let (store, provider) = fresh(&fault, honour);
+    let ended = run_twice_through(&built(&store, &provider, honour), &provider).await;
+    let (store, provider) = fresh(&fault, honour);
+    let by_hand = run_twice_through(&by_hand(&store, &provider, honour), &provider).await;
+    assert_eq!(
+        ended, by_hand,
+        "{fault:?}: the built stack and the hand-made one differ"
+    );
+    ended
+}
+
+fn fresh(fault: &Fault, honour: bool) -> (Arc<MemoryStore>, SideEffectService) {
     let provider = SideEffectService::builder()
         .honour_keys(honour)
-        .faults([fault])
+        .faults([fault.clone()])
         .build();
-    let svc = stack(&store, &provider, honour);
-    let first = run(&svc).await;
+    (Arc::new(MemoryStore::new()), provider)
+}
+
+async fn run_twice_through<S, RB>(
+    svc: &S,
+    provider: &SideEffectService,
+) -> (Ended, Option<Ended>, usize)
+where
+    S: Service<Request<Full<Bytes>>, Response = http::Response<RB>, Error = Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    RB: http_body::Body + Send + 'static,
+    RB::Error: std::fmt::Debug,
+{
+    let first = run(svc).await;
     let second = match first {
         Ended::Status(StatusCode::CREATED, _) => None,
         _ => {
             // Let a lease abandoned by a panic settle (its guard settles in a task).
             tokio::time::sleep(Duration::from_millis(1)).await;
-            Some(run(&svc).await)
+            Some(run(svc).await)
         }
     };
     let key = op().key("").to_hex();

@@ -163,8 +163,13 @@ impl IdempotencyStore for FlakyStore {
 
 /// Attempt 1 reaches the provider (it commits, then answers 503 or never answers), attempts
 /// 2 and 3 are refused at connect. The operation must stay in doubt: the agent's
-/// regenerated payload is refused, and the same payload resends the frozen bytes.
-async fn sent_then_refused_stays_in_doubt(store: Arc<dyn IdempotencyStore>, first: Fault) {
+/// regenerated payload is refused, and the same payload resends the frozen bytes. `built`:
+/// through the stack as `build_stack()` builds it, else the two layers stacked by hand.
+async fn sent_then_refused_stays_in_doubt(
+    store: Arc<dyn IdempotencyStore>,
+    first: Fault,
+    built: bool,
+) {
     let provider = SideEffectService::new().with_faults([
         first.clone(),
         Fault::RefuseBeforeSend,
@@ -172,18 +177,29 @@ async fn sent_then_refused_stays_in_doubt(store: Arc<dyn IdempotencyStore>, firs
     ]);
     // Refusing drift shows whether the operation stayed claimed: a released one would send
     // the regenerated payload.
+    let builder = IdempotencyLayer::client_builder(store).drift_policy(DriftPolicy::Reject);
+    let policy = fast_policy(Duration::from_millis(300));
+    if built {
+        let stack = builder.retry_policy(policy).build_stack().unwrap();
+        let client = tower::Layer::layer(&stack, provider.clone());
+        return stays_in_doubt_through(client, &provider, first).await;
+    }
     let client = ServiceBuilder::new()
-        .layer(
-            IdempotencyLayer::client_builder(store)
-                .drift_policy(DriftPolicy::Reject)
-                .build()
-                .unwrap(),
-        )
-        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_millis(
-            300,
-        ))))
+        .layer(builder.build().unwrap())
+        .layer(FrozenRetryLayer::new(policy))
         .service(provider.clone());
+    stays_in_doubt_through(client, &provider, first).await;
+}
 
+async fn stays_in_doubt_through<S, RB>(client: S, provider: &SideEffectService, first: Fault)
+where
+    S: tower::Service<
+            Request<Full<Bytes>>,
+            Response = Response<RB>,
+            Error = tower_idempotency::Error,
+        > + Clone,
+    RB: std::fmt::Debug,
+{
     let err = client.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
     assert!(
         err.phase().is_some_and(FailurePhase::may_have_been_sent),
@@ -223,7 +239,10 @@ async fn memory_a_sent_attempt_then_refused_retries_never_releases_the_operation
         },
         Fault::CommitThenTimeout,
     ] {
-        sent_then_refused_stays_in_doubt(Arc::new(MemoryStore::new()), first).await;
+        for built in [true, false] {
+            let store = Arc::new(MemoryStore::new());
+            sent_then_refused_stays_in_doubt(store, first.clone(), built).await;
+        }
     }
 }
 
@@ -243,12 +262,14 @@ async fn redis_a_sent_attempt_then_refused_retries_never_releases_the_operation(
     .into_iter()
     .enumerate()
     {
-        let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
-            .prefix(format!("seams:sent:{}:{n}:", std::process::id()))
-            .connect()
-            .await
-            .unwrap();
-        sent_then_refused_stays_in_doubt(Arc::new(store), first).await;
+        for built in [true, false] {
+            let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
+                .prefix(format!("seams:sent:{}:{n}:{built}:", std::process::id()))
+                .connect()
+                .await
+                .unwrap();
+            sent_then_refused_stays_in_doubt(Arc::new(store), first.clone(), built).await;
+        }
     }
 }
 

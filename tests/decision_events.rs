@@ -3,7 +3,9 @@
 //! with tests that log through the same callsites under other subscribers, or none.
 #![cfg(feature = "test-util")]
 
-use crate::support::capture;
+mod support;
+
+use support::capture;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

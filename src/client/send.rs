@@ -39,7 +39,10 @@ where
         extensions: Extensions,
     ) -> (S::Future, Self::Link);
 
-    /// Once `call` is over: whether any attempt of it may have reached the server.
+    /// Once `call` is over: whether an attempt before its last one may have reached the
+    /// server. The last one speaks for itself (its answer came from the server; its
+    /// failure carries its phase), so an answer that says nothing started releases an
+    /// operation unless an earlier attempt may have left.
     fn may_have_left(client: &ClientFace, link: &Self::Link, call: &S::Future) -> bool;
 }
 
@@ -103,6 +106,6 @@ where
         _: &(),
         call: &crate::retry::ResponseFuture<T, Full<Bytes>>,
     ) -> bool {
-        call.may_have_been_sent()
+        call.earlier_may_have_left()
     }
 }

@@ -13,8 +13,10 @@ use super::request::FrozenRequest;
 ///
 /// The retry layer sends what it is handed (a layer in between may have added a header);
 /// when it is handed the very bytes the idempotency layer froze, it reuses their fingerprint
-/// instead of hashing them again. Every attempt that may have left is reported here, so
-/// "may have been sent" survives later attempts that were refused before writing.
+/// instead of hashing them again. Every attempt that may have left and was followed by
+/// another is reported here, so "may have been sent" survives later attempts that were
+/// refused before writing, or answered that nothing started; the last attempt speaks for
+/// itself (its answer, or its failure's phase).
 #[derive(Clone, Debug)]
 pub(crate) struct Handoff(Arc<HandoffState>);
 
@@ -48,7 +50,8 @@ impl Handoff {
         self.0.key_ignored
     }
 
-    /// An attempt of this operation may have reached the server.
+    /// An attempt of this operation that may have reached the server is followed by
+    /// another.
     pub(crate) fn attempt_may_have_left(&self) {
         self.0
             .sent
@@ -75,7 +78,7 @@ impl Handoff {
         }
     }
 
-    /// Whether any attempt so far may have reached the server.
+    /// Whether an attempt followed by another may have reached the server.
     pub(crate) fn may_have_been_sent(&self) -> bool {
         self.0.sent.load(std::sync::atomic::Ordering::Relaxed)
     }

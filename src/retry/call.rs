@@ -104,9 +104,11 @@ impl Call {
         }
     }
 
-    /// Whether any attempt so far may have reached the server.
-    pub(super) fn may_have_been_sent(&self) -> bool {
-        self.furthest.may_have_been_sent()
+    /// Once the call is over: whether an attempt before its last one may have reached the
+    /// server. (The last one speaks for itself: an answer came from the server, a failure
+    /// carries its phase.)
+    pub(super) fn earlier_may_have_left(&self) -> bool {
+        self.earlier.may_have_been_sent()
     }
 
     /// The next attempt: exactly the frozen bytes. The head as handed in is the frozen
@@ -137,11 +139,6 @@ impl Call {
             Attempted::Answered(_) => FailurePhase::AfterWrite,
             Attempted::Failed(failure) => failure.phase,
         };
-        if reached.may_have_been_sent() {
-            if let Some(handoff) = &self.handoff {
-                handoff.attempt_may_have_left();
-            }
-        }
         self.earlier = self.furthest;
         self.furthest = self.furthest.strongest(reached);
         let attempt = self.attempt;
@@ -183,6 +180,15 @@ impl Call {
         };
         if let Some(delay) = delay {
             tracing::debug!(attempt, ?delay, "retrying with the frozen request");
+            // Another attempt follows one that may have left: the idempotency layer outside
+            // must not take the last one's word that nothing ran. (The last attempt's own
+            // answer or failure reaches it as it is; a `401` to an operation's only
+            // attempt releases it.)
+            if reached.may_have_been_sent() {
+                if let Some(handoff) = &self.handoff {
+                    handoff.attempt_may_have_left();
+                }
+            }
         }
         delay
     }

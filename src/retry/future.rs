@@ -184,10 +184,11 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<Full<Bytes>>>,
 {
-    /// Whether any attempt of this call so far may have reached the server (once the call
-    /// is answered: whether the call may have been sent).
-    pub(crate) fn may_have_been_sent(&self) -> bool {
-        self.call.as_ref().is_some_and(Call::may_have_been_sent)
+    /// Once the call is over: whether an attempt before its last one may have reached the
+    /// server (see [`Handoff`](crate::frozen::Handoff), which says the same to a layer
+    /// stacked by hand).
+    pub(crate) fn earlier_may_have_left(&self) -> bool {
+        self.call.as_ref().is_some_and(Call::earlier_may_have_left)
     }
 }
 

@@ -1704,6 +1704,54 @@ async fn an_answer_that_says_nothing_started_releases_the_operation() {
         assert_eq!(charges.load(Ordering::SeqCst), 1);
     }
     // Opted out: the refusal is the recorded outcome.
+    opted_out_records_the_refusal().await;
+}
+
+/// The same through the client stack, as `build_stack()` builds it and stacked by hand: the
+/// retry layer's one attempt was answered (it reached the server, which said nothing
+/// started), and no attempt before it may have left, so the operation is released too.
+#[tokio::test(start_paused = true)]
+async fn through_the_stack_an_answer_that_says_nothing_started_releases_the_operation() {
+    for refusal in [401, 407, 408, 429].map(|s| StatusCode::from_u16(s).unwrap()) {
+        for built in [true, false] {
+            let charges = Arc::new(AtomicUsize::new(0));
+            let provider = refuses_once(refusal, charges.clone());
+            // One attempt: a `429` is not retried here, so its answer is the call's.
+            let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
+            let builder = IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(false)
+                .retry_policy(policy.clone());
+            let client = if built {
+                let stack = builder.build_stack().unwrap();
+                tower::util::BoxCloneService::new(tower::Layer::layer(&stack, provider))
+            } else {
+                tower::util::BoxCloneService::new(
+                    ServiceBuilder::new()
+                        .layer(builder.build().unwrap())
+                        .layer(FrozenRetryLayer::new(policy))
+                        .service(provider),
+                )
+            };
+            let refused = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+            assert_eq!(refused.status(), refusal, "built: {built}");
+            let charged = client.clone().oneshot(post(ORIGINAL)).await;
+            let charged = charged.unwrap_or_else(|err| panic!("{refusal}, built: {built}: {err}"));
+            assert_eq!(
+                charged.status(),
+                StatusCode::CREATED,
+                "{refusal}, built: {built}"
+            );
+            assert_eq!(
+                source(&charged),
+                ResponseSource::Sent,
+                "{refusal}, built: {built}: the operation was left in doubt, not released"
+            );
+            assert_eq!(charges.load(Ordering::SeqCst), 1);
+        }
+    }
+}
+
+async fn opted_out_records_the_refusal() {
     let charges = Arc::new(AtomicUsize::new(0));
     let client = ServiceBuilder::new()
         .layer(
@@ -1720,48 +1768,63 @@ async fn an_answer_that_says_nothing_started_releases_the_operation() {
 }
 
 /// Sticky: an attempt that timed out may have charged; a `429` to the retry that followed
-/// does not release the operation, which stays in doubt and is resumed, never run afresh.
+/// does not release the operation, which stays in doubt and is resumed, never run afresh;
+/// through the stack as `build_stack()` builds it and stacked by hand.
 #[tokio::test(start_paused = true)]
 async fn a_refusal_after_an_attempt_that_may_have_left_keeps_the_operation_in_doubt() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let provider = {
-        let calls = calls.clone();
-        service_fn(move |_req: Request<Full<Bytes>>| {
-            let n = calls.fetch_add(1, Ordering::SeqCst);
-            async move {
-                let status = match n {
-                    0 => {
-                        tokio::time::sleep(Duration::from_secs(60)).await;
-                        StatusCode::CREATED
-                    }
-                    1 => StatusCode::TOO_MANY_REQUESTS,
-                    _ => StatusCode::CREATED,
-                };
-                let mut res = Response::new(Full::new(Bytes::from_static(b"{}")));
-                *res.status_mut() = status;
-                Ok::<_, Infallible>(res)
-            }
-        })
-    };
-    let policy = RetryPolicy::builder()
-        .max_attempts(2)
-        .backoff(Duration::from_millis(1), Duration::from_millis(5))
-        .attempt_timeout(Duration::from_secs(1))
-        .no_budget()
-        .build()
-        .unwrap();
-    let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
-        .layer(FrozenRetryLayer::new(policy))
-        .service(provider);
-    let limited = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
-    let next = client.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(
-        source(&next),
-        ResponseSource::Resent,
-        "the operation stayed in doubt and its frozen bytes were resent"
-    );
+    for built in [true, false] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let provider = {
+            let calls = calls.clone();
+            service_fn(move |_req: Request<Full<Bytes>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let status = match n {
+                        0 => {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            StatusCode::CREATED
+                        }
+                        1 => StatusCode::TOO_MANY_REQUESTS,
+                        _ => StatusCode::CREATED,
+                    };
+                    let mut res = Response::new(Full::new(Bytes::from_static(b"{}")));
+                    *res.status_mut() = status;
+                    Ok::<_, Infallible>(res)
+                }
+            })
+        };
+        let policy = RetryPolicy::builder()
+            .max_attempts(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5))
+            .attempt_timeout(Duration::from_secs(1))
+            .no_budget()
+            .build()
+            .unwrap();
+        let builder = IdempotencyLayer::client_builder(MemoryStore::new());
+        let client = if built {
+            let stack = builder.retry_policy(policy).build_stack().unwrap();
+            tower::util::BoxCloneService::new(tower::Layer::layer(&stack, provider))
+        } else {
+            tower::util::BoxCloneService::new(
+                ServiceBuilder::new()
+                    .layer(builder.build().unwrap())
+                    .layer(FrozenRetryLayer::new(policy))
+                    .service(provider),
+            )
+        };
+        let limited = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+        assert_eq!(
+            limited.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "built: {built}"
+        );
+        let next = client.oneshot(post(ORIGINAL)).await.unwrap();
+        assert_eq!(
+            source(&next),
+            ResponseSource::Resent,
+            "built: {built}: the operation stayed in doubt and its frozen bytes were resent"
+        );
+    }
 }
 
 /// Over loopback, our own two faces: the client's call reaches the server face without

@@ -6,11 +6,9 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceExt};
 use tower_idempotency::testing::{Fault, SideEffectService};
-use tower_idempotency::{
-    ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
-};
+use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer, OperationId};
 
 #[tokio::main]
 async fn main() -> Result<(), tower::BoxError> {
@@ -22,10 +20,11 @@ async fn main() -> Result<(), tower::BoxError> {
     let policy = RetryPolicy::builder()
         .attempt_timeout(Duration::from_millis(500))
         .build()?;
-    let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new())) // outside: once per operation
-        .layer(FrozenRetryLayer::new(policy)) // inside: resends the frozen bytes
-        .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
+    // Once per operation outside, frozen retries inside: one service.
+    let client = IdempotencyLayer::client_builder(MemoryStore::new())
+        .retry_policy(policy)
+        .build_stack()?
+        .layer(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
 
     let mut charge = Request::post(server.uri("/charges")).body(Full::new(Bytes::from(
         r#"{"order_id":"order_42","amount_cents":1999}"#,

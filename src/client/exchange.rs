@@ -98,6 +98,7 @@ where
 {
     /// Send the frozen request of `keyed` under `token`, as first sent (the request goes
     /// out from here: `inner` is called on the first poll).
+    #[inline(always)]
     pub(super) fn of_keyed(
         inner: S,
         client: Arc<ClientFace>,
@@ -123,6 +124,7 @@ where
     }
 
     /// Send `frozen` under `token`, for a response that will carry `source`.
+    #[inline(always)]
     pub(super) fn with_source(
         inner: S,
         client: Arc<ClientFace>,

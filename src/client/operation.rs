@@ -111,6 +111,7 @@ where
 {
     /// The operation of `req`: its key (or the refusal of a missing or malformed one),
     /// then its body read up to the limit.
+    #[inline(always)]
     pub(crate) fn new(
         inner: S,
         client: Arc<ClientFace>,
@@ -279,6 +280,7 @@ fn reported<T>(
 
 /// The ledger's part: `begin` in place, then send as the owner or replay; anything else
 /// (a store that awaits, a lost answer, drift, doubt, a refusal) by the boxed slow path.
+#[inline(always)]
 fn operate<'a, S, B, ResB, M>(
     inner: S,
     client: &Arc<ClientFace>,

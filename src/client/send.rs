@@ -55,7 +55,7 @@ where
 {
     type Link = Handoff;
 
-    #[inline]
+    #[inline(always)]
     fn send(
         client: &ClientFace,
         mut inner: S,
@@ -90,7 +90,7 @@ where
 {
     type Link = ();
 
-    #[inline]
+    #[inline(always)]
     fn send(
         client: &ClientFace,
         inner: FrozenRetry<T>,

@@ -80,6 +80,7 @@ impl Call {
     /// What the attempts of `frozen` share when the client layer of a stack built as one
     /// hands it over directly (see [`FrozenRetry::send_frozen`](super::FrozenRetry)): no
     /// hand-off to find, nothing to report, nobody to warn.
+    #[inline(always)]
     pub(super) fn handed(
         frozen: FrozenRequest,
         extensions: Extensions,

@@ -63,6 +63,7 @@ impl<S> FrozenRetry<S> {
     /// ([`ClientStack`](crate::client::ClientStack)): no request to read and freeze again,
     /// no hand-off through the extensions. `self` is the instance the caller drove to
     /// readiness; `key_ignored` says the server ignores `Idempotency-Key`.
+    #[inline(always)]
     pub(crate) fn send_frozen(
         self,
         frozen: FrozenRequest,

@@ -6,7 +6,7 @@
 //! Those are found as well from a digest of each field's value as from the value itself.
 //!
 //! The body is scanned once, at completion, for the top level of a JSON object: names and
-//! the byte span of each value, strings skipped a block of bytes at a time. A value written the
+//! the byte span of each value, the end of a string found by `memchr`. A value written the
 //! one way JSON allows (a string without escapes, an integer, `true`, `false`, `null`) is
 //! digested as it stands; any other (a nested object or array, an escaped string, a number
 //! with a fraction or an exponent) is parsed and digested in a canonical form (keys sorted,
@@ -373,86 +373,33 @@ fn value_end(body: &[u8], start: usize) -> Option<usize> {
     }
 }
 
-/// Bytes [`plain_string`] looks through at once.
-const BLOCK: usize = 32;
-
-/// Whether `block` holds a quote or a backslash: branch-free over a fixed length, so that
-/// it compiles to a few vector compares.
-#[inline(always)]
-fn has_mark(block: &[u8]) -> bool {
-    let block: &[u8; BLOCK] = block.try_into().expect("a whole block");
-    let mut marks = 0u8;
-    for &byte in block {
-        marks |= u8::from(byte == b'"') | u8::from(byte == b'\\');
-    }
-    marks != 0
-}
-
 /// The string whose contents start at `from`: the index of its closing quote and, if it
-/// holds no escape (a plain string, the common value), the digest of its contents, made in
-/// the same pass, eight bytes at a time (a string value is most of a body).
+/// holds no escape (a plain string, the common value), the digest of its contents (a string
+/// value is most of a body). Its end is found by `memchr`, which compares 16 or 32 bytes at
+/// once with the vector instructions the machine has; then the contents are digested eight
+/// bytes at a time.
 fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
     let contents = body.get(from..)?;
-    let mut hash = STRING_SEED;
-    let mut at = 0;
-    // A block without a quote or a backslash (most of a long string) is told by one test
-    // the compiler makes of vector compares, and only then digested; the block holding
-    // the end is read word by word below.
-    for block in contents.chunks_exact(BLOCK) {
-        if has_mark(block) {
-            break;
-        }
-        for word in block.chunks_exact(8) {
-            hash = mix(
-                hash,
-                u64::from_le_bytes(word.try_into().expect("eight bytes")),
-            );
-        }
-        at += BLOCK;
+    let first = memchr::memchr2(b'"', b'\\', contents)?;
+    let end = from + first;
+    if contents[first] == b'\\' {
+        return Some((string_end(body, end)?, None));
     }
-    let mut words = contents[at..].chunks_exact(8);
+    Some((end, Some(plain_digest(&contents[..first]))))
+}
+
+/// The digest of a plain string's contents: eight bytes at a time, the last word padded
+/// with zeros (an empty one when the length is a multiple of eight), then the length.
+fn plain_digest(text: &[u8]) -> u64 {
+    let mut hash = STRING_SEED;
+    let mut words = text.chunks_exact(8);
     for word in &mut words {
-        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-        let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');
-        if marks != 0 {
-            return plain_end(body, from, at, word, marks, hash);
-        }
-        hash = mix(hash, word);
-        at += 8;
+        hash = mix(hash, u64::from_le_bytes(word.try_into().expect("eight bytes")));
     }
     let rest = words.remainder();
     let mut last = [0u8; 8];
     last[..rest.len()].copy_from_slice(rest);
-    let word = u64::from_le_bytes(last);
-    // The padding is zeros, never taken for a quote or a backslash.
-    let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');
-    if marks == 0 {
-        return None;
-    }
-    plain_end(body, from, at, word, marks, hash)
-}
-
-/// [`plain_string`] at the word at `at` (from `from`) holding its first quote or backslash.
-#[inline]
-fn plain_end(
-    body: &[u8],
-    from: usize,
-    at: usize,
-    word: u64,
-    marks: u64,
-    hash: u64,
-) -> Option<(usize, Option<u64>)> {
-    let first = marks.trailing_zeros() as usize / 8;
-    let end = from + at + first;
-    if body[end] == b'\\' {
-        return Some((string_end(body, end)?, None));
-    }
-    let before = if first == 0 {
-        0
-    } else {
-        word & (u64::MAX >> (64 - 8 * first))
-    };
-    Some((end, Some(finish(mix(hash, before), at + first))))
+    finish(mix(hash, u64::from_le_bytes(last)), text.len())
 }
 
 /// The index of the quote that closes a string, looked for from `from` (inside it).

@@ -394,7 +394,10 @@ fn plain_digest(text: &[u8]) -> u64 {
     let mut hash = STRING_SEED;
     let mut words = text.chunks_exact(8);
     for word in &mut words {
-        hash = mix(hash, u64::from_le_bytes(word.try_into().expect("eight bytes")));
+        hash = mix(
+            hash,
+            u64::from_le_bytes(word.try_into().expect("eight bytes")),
+        );
     }
     let rest = words.remainder();
     let mut last = [0u8; 8];

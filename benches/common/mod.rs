@@ -168,10 +168,12 @@ impl<ResBody, E> Policy<Request<Full<Bytes>>, Response<ResBody>, E> for CloneAtt
 /// rates (that refusal is tested in tests/whole_stack/seams.rs, not timed).
 pub const BENCH_PROTECTION: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The client layer as the benches run it: the default settings, with [`BENCH_PROTECTION`].
-pub fn client_layer(
+/// The client layer's builder as the benches run it: the default settings, with
+/// [`BENCH_PROTECTION`] and a retry policy without a retry window (so that the protected
+/// window is the bench's).
+fn bench_client_builder(
     store: impl tower_idempotency::ledger::IdempotencyStore,
-) -> tower_idempotency::IdempotencyLayer<tower_idempotency::client::ClientFace> {
+) -> tower_idempotency::client::Builder {
     tower_idempotency::IdempotencyLayer::client_builder(store)
         .lease(BENCH_PROTECTION)
         .retry_policy(
@@ -181,25 +183,24 @@ pub fn client_layer(
                 .unwrap(),
         )
         .protected_window(BENCH_PROTECTION)
+}
+
+/// The client layer as the benches run it (see [`bench_client_builder`]).
+pub fn client_layer(
+    store: impl tower_idempotency::ledger::IdempotencyStore,
+) -> tower_idempotency::IdempotencyLayer<tower_idempotency::client::ClientFace> {
+    bench_client_builder(store)
         .build()
         .expect("valid bench settings")
 }
 
-/// The client stack as the benches run it (`build_stack()`, as the README builds it): the
-/// settings of [`client_layer`].
+/// The client stack as the benches run it (`build_stack()`, as the README builds it), with
+/// the settings of [`client_layer`].
 #[allow(dead_code)]
 pub fn client_stack(
     store: impl tower_idempotency::ledger::IdempotencyStore,
 ) -> tower_idempotency::client::ClientStack {
-    tower_idempotency::IdempotencyLayer::client_builder(store)
-        .lease(BENCH_PROTECTION)
-        .retry_policy(
-            tower_idempotency::retry::RetryPolicy::builder()
-                .max_elapsed(std::time::Duration::ZERO)
-                .build()
-                .unwrap(),
-        )
-        .protected_window(BENCH_PROTECTION)
+    bench_client_builder(store)
         .build_stack()
         .expect("valid bench settings")
 }

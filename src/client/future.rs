@@ -46,8 +46,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let _entered = this.span.enter();
-        this.operation.poll(cx)
+        poll_in_span(this.operation, this.span, cx)
     }
 }
 
@@ -89,8 +88,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let _entered = this.span.enter();
-        this.operation.poll(cx)
+        poll_in_span(this.operation, this.span, cx)
     }
 }
 
@@ -102,4 +100,15 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StackFuture").finish_non_exhaustive()
     }
+}
+
+/// Poll an operation inside its span.
+#[inline(always)]
+fn poll_in_span<F: Future>(
+    operation: Pin<&mut F>,
+    span: &RequestSpan,
+    cx: &mut Context<'_>,
+) -> Poll<F::Output> {
+    let _entered = span.enter();
+    operation.poll(cx)
 }

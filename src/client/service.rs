@@ -10,7 +10,7 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::decision::request_span;
+use crate::idempotency::decision::{request_span, RequestSpan};
 use crate::idempotency::Idempotency;
 use crate::phase::FailurePhase;
 use crate::{BoxError, Error};
@@ -19,7 +19,7 @@ use super::face::ClientFace;
 use super::failure::into_error;
 use super::future::ResponseFuture;
 use super::operation::Operation;
-use super::send::Handed;
+use super::send::{Handed, Sending};
 impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ClientFace>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -42,20 +42,37 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let span = request_span!(face = "client", key = tracing::field::Empty);
-        let started = self
-            .face
-            .on_outcome
-            .is_some()
-            .then(tokio::time::Instant::now);
-        let operation = {
-            let _entered = span.enter();
-            Operation::new(inner, self.face.clone(), req, started)
-        };
+        let (operation, span) = start(ready_instance(&mut self.inner), &self.face, req);
         ResponseFuture { operation, span }
     }
+}
+
+/// The instance of `service` that was driven to readiness, a clone left in its place.
+pub(super) fn ready_instance<S: Clone>(service: &mut S) -> S {
+    let clone = service.clone();
+    std::mem::replace(service, clone)
+}
+
+/// One operation of `req` on `inner`, sent as `M` says, made inside its own span (which it
+/// is then polled in), and timed when the outcome hook wants it.
+#[inline(always)]
+pub(super) fn start<S, B, ResB, M>(
+    inner: S,
+    client: &Arc<ClientFace>,
+    req: Request<B>,
+) -> (Operation<'static, S, B, ResB, M>, RequestSpan)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    M: Sending<S, ResB>,
+    B: Body,
+{
+    let span = request_span!(face = "client", key = tracing::field::Empty);
+    let started = client.on_outcome.is_some().then(tokio::time::Instant::now);
+    let operation = {
+        let _entered = span.enter();
+        Operation::new(inner, client.clone(), req, started)
+    };
+    (operation, span)
 }
 
 /// One logical operation through the client face. `inner` need not be `'static` or

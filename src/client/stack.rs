@@ -14,9 +14,8 @@ use tower_service::Service;
 use super::face::ClientFace;
 use super::failure::into_error;
 use super::future::StackFuture;
-use super::operation::Operation;
+use super::service::{ready_instance, start};
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::decision::request_span;
 use crate::idempotency::IdempotencyLayer;
 use crate::phase::FailurePhase;
 use crate::retry::{FrozenRetry, FrozenRetryLayer};
@@ -143,18 +142,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let clone = self.retry.clone();
-        let retry = std::mem::replace(&mut self.retry, clone);
-        let span = request_span!(face = "client", key = tracing::field::Empty);
-        let started = self
-            .client
-            .on_outcome
-            .is_some()
-            .then(tokio::time::Instant::now);
-        let operation = {
-            let _entered = span.enter();
-            Operation::new(retry, self.client.clone(), req, started)
-        };
+        let (operation, span) = start(ready_instance(&mut self.retry), &self.client, req);
         StackFuture { operation, span }
     }
 }

@@ -46,35 +46,24 @@ impl Call {
     /// idempotency layer outside handed on.
     pub(super) fn start(
         frozen: FrozenRequest,
-        mut extensions: Extensions,
+        extensions: Extensions,
         handoff: Option<Handoff>,
         policy: &RetryPolicy,
     ) -> Self {
-        let effect = EffectClass::resolve(frozen.method(), &extensions);
-        if handoff.is_none() && effect.is_side_effect() && extensions.get::<OperationId>().is_some()
-        {
-            // An operation no idempotency layer handed us: one may sit inside us, wrongly.
-            extensions.insert(RetriedOutside);
-        }
         if let Some(handoff) = &handoff {
             handoff.report_retry_window(policy.retry_window());
         }
         let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
-        if let Some(budget) = &policy.budget {
-            budget.deposit();
+        let mut call = Self::handed(frozen, extensions, key_honoured, policy);
+        if handoff.is_none()
+            && call.effect.is_side_effect()
+            && call.extensions.get::<OperationId>().is_some()
+        {
+            // An operation no idempotency layer handed us: one may sit inside us, wrongly.
+            call.extensions.insert(RetriedOutside);
         }
-        Self {
-            frozen,
-            extensions,
-            effect,
-            handoff,
-            key_honoured,
-            furthest: FailurePhase::PreWrite,
-            earlier: FailurePhase::PreWrite,
-            started: Instant::now(),
-            backoff: None,
-            attempt: 0,
-        }
+        call.handoff = handoff;
+        call
     }
 
     /// What the attempts of `frozen` share when the client layer of a stack built as one

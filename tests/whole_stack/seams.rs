@@ -1673,6 +1673,44 @@ fn refuses_once(
     })
 }
 
+/// A client stack, boxed so that either composition fits one type.
+type Composed = tower::util::BoxCloneService<
+    Request<Full<Bytes>>,
+    Response<tower_idempotency::idempotency::ResponseBody<Full<Bytes>>>,
+    tower_idempotency::Error,
+>;
+
+/// The client over `provider` with `policy`: the stack as `build_stack()` builds it
+/// (`built`), or the two layers stacked by hand (the frozen request handed on through the
+/// extensions).
+fn composed<P>(
+    built: bool,
+    builder: tower_idempotency::client::Builder,
+    policy: RetryPolicy,
+    provider: P,
+) -> Composed
+where
+    P: tower::Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    P::Future: Send,
+{
+    // The layer is told the retry policy either way (stacked by hand, for its protected
+    // window; built, it also makes the retry layer of it).
+    let builder = builder.retry_policy(policy.clone());
+    if built {
+        let stack = builder.build_stack().unwrap();
+        return tower::util::BoxCloneService::new(tower::Layer::layer(&stack, provider));
+    }
+    tower::util::BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(builder.build().unwrap())
+            .layer(FrozenRetryLayer::new(policy))
+            .service(provider),
+    )
+}
+
 /// An orchestrator's call gets `401` (its token was stale), `407`, `408` or `429`: the
 /// answer reaches it, but the operation is released, so the same `OperationId` runs once
 /// the token is refreshed (rather than replaying the `401` for 24 h, or refusing the step
@@ -1718,20 +1756,9 @@ async fn through_the_stack_an_answer_that_says_nothing_started_releases_the_oper
             let provider = refuses_once(refusal, charges.clone());
             // One attempt: a `429` is not retried here, so its answer is the call's.
             let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
-            let builder = IdempotencyLayer::client_builder(MemoryStore::new())
-                .provider_deduplicates(false)
-                .retry_policy(policy.clone());
-            let client = if built {
-                let stack = builder.build_stack().unwrap();
-                tower::util::BoxCloneService::new(tower::Layer::layer(&stack, provider))
-            } else {
-                tower::util::BoxCloneService::new(
-                    ServiceBuilder::new()
-                        .layer(builder.build().unwrap())
-                        .layer(FrozenRetryLayer::new(policy))
-                        .service(provider),
-                )
-            };
+            let builder =
+                IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(false);
+            let client = composed(built, builder, policy, provider);
             let refused = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
             assert_eq!(refused.status(), refusal, "built: {built}");
             let charged = client.clone().oneshot(post(ORIGINAL)).await;
@@ -1801,17 +1828,7 @@ async fn a_refusal_after_an_attempt_that_may_have_left_keeps_the_operation_in_do
             .build()
             .unwrap();
         let builder = IdempotencyLayer::client_builder(MemoryStore::new());
-        let client = if built {
-            let stack = builder.retry_policy(policy).build_stack().unwrap();
-            tower::util::BoxCloneService::new(tower::Layer::layer(&stack, provider))
-        } else {
-            tower::util::BoxCloneService::new(
-                ServiceBuilder::new()
-                    .layer(builder.build().unwrap())
-                    .layer(FrozenRetryLayer::new(policy))
-                    .service(provider),
-            )
-        };
+        let client = composed(built, builder, policy, provider);
         let limited = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
         assert_eq!(
             limited.status(),

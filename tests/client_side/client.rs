@@ -146,6 +146,8 @@ async fn a_completed_operation_replays_without_calling_the_provider() {
     let svc = stack(&store, &provider);
     let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(ResponseSource::of(&first), ResponseSource::Sent);
+    // Sent once for a new operation: no mark, so the response costs no extension.
+    assert!(first.extensions().get::<ResponseSource>().is_none());
     let first_headers = first.headers().clone();
     let first_body = body_of(first).await;
 

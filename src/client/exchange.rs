@@ -200,7 +200,10 @@ where
                                 extensions.take().expect("sent once"),
                             );
                             *this.link = Some(link);
-                            ExchangeStep::Calling { call }
+                            // Set here rather than below: the call is the step's largest
+                            // state, and each move of it a copy.
+                            this.step.set(ExchangeStep::Calling { call });
+                            continue;
                         }
                         Poll::Ready(Err(error)) => {
                             let lease = this.lease.take().expect("held until the call");

@@ -195,7 +195,11 @@ where
                                     extensions,
                                     track: tracked(wire),
                                 };
-                                operate(inner, this.client, keyed, *this.started)
+                                let step = this.step.as_mut();
+                                match operate(inner, this.client, keyed, *this.started, step) {
+                                    Some(answer) => Next::Answer(answer),
+                                    None => continue,
+                                }
                             }
                         }
                     }
@@ -280,13 +284,16 @@ fn reported<T>(
 
 /// The ledger's part: `begin` in place, then send as the owner or replay; anything else
 /// (a store that awaits, a lost answer, drift, doubt, a refusal) by the boxed slow path.
+/// The next step is built straight into `step` (its future is the operation's largest
+/// part, and each move of it a copy); a replay's answer comes back.
 #[inline(always)]
 fn operate<'a, S, B, ResB, M>(
     inner: S,
     client: &Arc<ClientFace>,
     keyed: Keyed,
     started: Option<tokio::time::Instant>,
-) -> Next<'a, S, B, ResB, M>
+    mut step: Pin<&mut Step<'a, S, B, ResB, M>>,
+) -> Option<Answer<ResB>>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>> + Send + 'a,
     M: Sending<S, ResB>,
@@ -309,31 +316,35 @@ where
         // would weigh on every operation's future.
         Err(lost) => {
             let client = client.clone();
-            return Next::Step(Step::Slow {
+            step.set(Step::Slow {
                 future: Box::pin(async move {
                     let answered = client.ledger.begin_after(begin, client.busy, lost).await;
                     slowly::<S, ResB, M>(inner, &client, keyed, answered, started).await
                 }),
             });
+            return None;
         }
     };
     match answered {
         Ok(Begin::Acquired { token }) => {
             keyed.track.decided(Decision::Acquired);
-            let exchange = Exchange::of_keyed(inner, client.clone(), keyed, token);
-            Next::Step(Step::Exchanging { exchange })
+            step.set(Step::Exchanging {
+                exchange: Exchange::of_keyed(inner, client.clone(), keyed, token),
+            });
+            None
         }
         Ok(Begin::Replay(outcome)) => {
             keyed.track.decided(Decision::Replayed);
-            Next::Answer(reported(client, &keyed.track, started, replay(outcome)))
+            Some(reported(client, &keyed.track, started, replay(outcome)))
         }
         answered => {
             let client = client.clone();
-            Next::Step(Step::Slow {
+            step.set(Step::Slow {
                 future: Box::pin(async move {
                     slowly::<S, ResB, M>(inner, &client, keyed, answered, started).await
                 }),
-            })
+            });
+            None
         }
     }
 }

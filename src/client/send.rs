@@ -21,6 +21,7 @@ use tower_service::Service;
 use super::face::ClientFace;
 use crate::frozen::{FrozenRequest, Handoff};
 use crate::retry::FrozenRetry;
+use crate::OperationId;
 
 /// How an exchange sends its frozen request through the inner service `S` (see the module
 /// docs).
@@ -95,8 +96,9 @@ where
         client: &ClientFace,
         inner: FrozenRetry<T>,
         frozen: FrozenRequest,
-        extensions: Extensions,
+        mut extensions: Extensions,
     ) -> (crate::retry::ResponseFuture<T, Full<Bytes>>, ()) {
+        without_operation_id(&mut extensions);
         let key_ignored = !client.provider_deduplicates;
         (inner.send_frozen(frozen, extensions, key_ignored), ())
     }
@@ -107,5 +109,16 @@ where
         call: &crate::retry::ResponseFuture<T, Full<Bytes>>,
     ) -> bool {
         call.earlier_may_have_left()
+    }
+}
+
+/// The caller's extensions less the [`OperationId`], which the stack has turned into the
+/// request's key: every attempt gets a copy of the extensions, and a map the `OperationId`
+/// alone filled would cost each attempt three allocations to copy. The transport below
+/// gets the key in its header. (Stacked by hand, a layer in between may still read it.)
+#[inline(always)]
+fn without_operation_id(extensions: &mut Extensions) {
+    if extensions.remove::<OperationId>().is_some() && extensions.is_empty() {
+        *extensions = Extensions::new();
     }
 }

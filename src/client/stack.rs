@@ -77,7 +77,10 @@ impl<S> Layer<S> for ClientStack {
 /// It behaves as the two layers stacked by hand do, and costs less: the operation's owner
 /// hands its frozen request straight to the retry layer's attempts (no hand-off through
 /// the request's extensions, no second look at the request), and an operation is one
-/// future, [`StackFuture`].
+/// future, [`StackFuture`]. One difference: the transport's requests carry the caller's
+/// extensions less the [`OperationId`](crate::OperationId), which the stack has turned into
+/// the `Idempotency-Key` header they carry (a layer stacked in between by hand still sees
+/// it).
 ///
 /// ```
 /// use tower::Layer;

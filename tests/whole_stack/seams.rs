@@ -1904,3 +1904,51 @@ async fn the_server_faces_scope_missing_is_released_by_the_client_face() {
     assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// What the transport sees of the caller's extensions, attempt by attempt: a stack built as
+/// one hands on every extension but the `OperationId` (which became the key header), on
+/// every attempt; the layers stacked by hand hand on all of them, for a layer in between.
+#[tokio::test(start_paused = true)]
+async fn the_transport_gets_the_callers_extensions_on_every_attempt() {
+    #[derive(Clone, Debug, PartialEq)]
+    struct TraceContext(&'static str);
+
+    for built in [true, false] {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let transport = service_fn({
+            let seen = seen.clone();
+            move |req: Request<Full<Bytes>>| {
+                let mut seen = seen.lock().unwrap();
+                seen.push((
+                    req.extensions().get::<TraceContext>().cloned(),
+                    req.extensions().get::<OperationId>().is_some(),
+                    req.headers().contains_key("idempotency-key"),
+                ));
+                // The first attempt is answered "try again", so a second one follows.
+                let status = if seen.len() == 1 {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::CREATED
+                };
+                let response = Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::new()));
+                async move { Ok::<_, Infallible>(response.unwrap()) }
+            }
+        });
+        let policy = fast_policy(Duration::from_secs(1));
+        let builder = IdempotencyLayer::client_builder(MemoryStore::new());
+        let client = composed(built, builder, policy, transport);
+        let mut req = post(ORIGINAL);
+        req.extensions_mut().insert(TraceContext("span-7"));
+        let res = client.oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED, "built: {built}");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "built: {built}");
+        for (trace, operation_id, key_header) in seen.iter() {
+            assert_eq!(trace, &Some(TraceContext("span-7")), "built: {built}");
+            assert_eq!(*operation_id, !built, "built: {built}");
+            assert!(key_header, "built: {built}");
+        }
+    }
+}

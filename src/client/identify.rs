@@ -1,14 +1,13 @@
 //! Which ledger record a request belongs to.
 
-use http::header::Entry;
-
 use crate::idempotency::decision::WireKey;
-use crate::key::{HeaderKey, OperationId, IDEMPOTENCY_KEY};
+use crate::key::{HeaderKey, OperationId};
 use crate::ledger::LedgerKey;
 use crate::Error;
 
 use super::face::ClientFace;
-/// Which ledger record a request belongs to, setting the header a derived key travels in.
+/// Which ledger record a request belongs to. A derived key's header is added when the
+/// request is frozen, with its `Content-Digest` (see [`Adding`](crate::frozen::Adding)).
 ///
 /// A caller's own `Idempotency-Key` names an operation **at its target**: the same key sent
 /// to two hosts is two operations, and one's record never answers the other. An
@@ -17,24 +16,16 @@ use super::face::ClientFace;
 /// answer, since the fingerprint covers the whole target.
 pub(super) fn identify(
     client: &ClientFace,
-    parts: &mut http::request::Parts,
+    parts: &http::request::Parts,
 ) -> Result<Option<(LedgerKey, WireKey)>, Error> {
-    // An operation's key is derived before its header is looked up, so that one lookup
-    // finds the key sent (which wins) or makes the derived key's place.
-    let derived = parts
-        .extensions
-        .get::<OperationId>()
-        .map(|op| op.key(&client.scope));
-    let sent = match derived {
-        Some(key) => match parts.headers.entry(&IDEMPOTENCY_KEY) {
-            Entry::Occupied(sent) => HeaderKey::from_values(sent.iter()),
-            Entry::Vacant(place) => {
-                place.insert(key.header_value());
-                return Ok(Some((LedgerKey::for_operation(key), WireKey::Derived(key))));
-            }
-        },
-        None => HeaderKey::from_headers(&parts.headers),
-    };
+    // A key the caller sent wins over one derived from an `OperationId`.
+    let sent = HeaderKey::from_headers(&parts.headers);
+    if matches!(sent, Ok(None)) {
+        if let Some(op) = parts.extensions.get::<OperationId>() {
+            let key = op.key(&client.scope);
+            return Ok(Some((LedgerKey::for_operation(key), WireKey::Derived(key))));
+        }
+    }
     if let Some(key) = sent.map_err(Error::from_invalid_key)? {
         // A caller's own key is the caller's principal's: kept under it, so that another
         // principal's record with the same key never answers this request.

@@ -49,7 +49,7 @@ use super::identify::identify;
 use super::resolve::{operate_after, replay};
 use super::send::Sending;
 use crate::effect::EffectClass;
-use crate::frozen::{check_declared_length, CollectRequest, FrozenRequest};
+use crate::frozen::{check_declared_length, Adding, CollectRequest, FrozenRequest};
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
 use crate::ledger::{Begin, LedgerKey};
@@ -119,10 +119,10 @@ where
         started: Option<tokio::time::Instant>,
     ) -> Self {
         let side_effect = EffectClass::of_request(&req).is_side_effect();
-        let (mut parts, body) = req.into_parts();
+        let (parts, body) = req.into_parts();
         let key = if side_effect {
             client.check_layer_order(&parts.extensions);
-            identify(&client, &mut parts)
+            identify(&client, &parts)
         } else {
             Ok(None)
         };
@@ -181,8 +181,14 @@ where
                         // A keyed request carries `Content-Digest` of its frozen body, hashed
                         // once with the fingerprint, so the server can check that the bytes
                         // it got are the bytes we froze.
-                        let (frozen, extensions) =
-                            FrozenRequest::of_collected(parts, body, key.is_some());
+                        let adding = match &key {
+                            None => Adding::Nothing,
+                            Some((_, WireKey::Derived(key))) => Adding::Digest {
+                                derived_key: Some(key),
+                            },
+                            Some(_) => Adding::Digest { derived_key: None },
+                        };
+                        let (frozen, extensions) = FrozenRequest::of_collected(parts, body, adding);
                         match key {
                             None => Next::Step(Step::PassingThrough {
                                 call: inner.oneshot(frozen.to_request_with(extensions)),

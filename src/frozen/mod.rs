@@ -43,7 +43,7 @@ pub(crate) mod request;
 
 pub(crate) use collect::{check_declared_length, check_length, declared_length, CollectRequest};
 pub(crate) use handoff::{hand_over, Handed, Handoff, RetriedOutside};
-pub(crate) use request::FrozenRequest;
+pub(crate) use request::{Adding, FrozenRequest};
 
 /// The default limit on a request body that may be frozen: 1 MiB.
 pub(crate) const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;

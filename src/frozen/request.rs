@@ -12,7 +12,9 @@ use http_body_util::Full;
 use super::collect::collect_request;
 use crate::digest::{BodyDigest, CONTENT_DIGEST};
 use crate::fingerprint::Fingerprint;
+use crate::key::{shared_key_and_digest, IDEMPOTENCY_KEY};
 use crate::Error;
+use crate::IdempotencyKey;
 
 /// A request captured once, rebuilt cheaply for every attempt.
 ///
@@ -72,6 +74,43 @@ impl Hashes {
     }
 }
 
+/// What freezing a collected request adds to its head ([`FrozenRequest::of_collected`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Adding<'a> {
+    /// Nothing: the request is frozen as it came.
+    Nothing,
+    /// `Content-Digest` of the body (unless the caller sent one, which is kept as sent),
+    /// and the `Idempotency-Key` of a key derived from an `OperationId`, if any (its place
+    /// was found empty): the two values then share one allocation.
+    Digest {
+        derived_key: Option<&'a IdempotencyKey>,
+    },
+}
+
+/// Add `Idempotency-Key: derived_key` (if any) and `Content-Digest: sha256` unless the
+/// caller sent a digest (one lookup finds it or makes its place).
+#[inline(always)]
+fn add_key_and_digest(
+    headers: &mut HeaderMap,
+    derived_key: Option<&IdempotencyKey>,
+    sha256: &BodyDigest,
+) {
+    match derived_key {
+        Some(key) => {
+            let (key, digest) = shared_key_and_digest(key.quoted(), sha256.field());
+            headers.insert(&IDEMPOTENCY_KEY, key);
+            if let Entry::Vacant(place) = headers.entry(&CONTENT_DIGEST) {
+                place.insert(digest);
+            }
+        }
+        None => {
+            if let Entry::Vacant(place) = headers.entry(&CONTENT_DIGEST) {
+                place.insert(sha256.header_value());
+            }
+        }
+    }
+}
+
 impl FrozenRequest {
     /// Collect `req`'s body (at most `limit` bytes) and freeze the request.
     ///
@@ -83,7 +122,7 @@ impl FrozenRequest {
         B::Error: Into<crate::BoxError>,
     {
         let (parts, body) = collect_request(req, limit).await?;
-        Ok(Self::of_collected(parts, body, false))
+        Ok(Self::of_collected(parts, body, Adding::Nothing))
     }
 
     /// Freeze `req` as [`freeze`](Self::freeze) does, and add
@@ -116,7 +155,11 @@ impl FrozenRequest {
         B::Error: Into<crate::BoxError>,
     {
         let (parts, body) = collect_request(req, limit).await?;
-        Ok(Self::of_collected(parts, body, true))
+        Ok(Self::of_collected(
+            parts,
+            body,
+            Adding::Digest { derived_key: None },
+        ))
     }
 
     /// Freeze a request whose body is collected, with `Content-Digest` added as
@@ -126,15 +169,12 @@ impl FrozenRequest {
     pub(crate) fn of_collected(
         mut parts: http::request::Parts,
         body: Bytes,
-        content_digest: bool,
+        adding: Adding<'_>,
     ) -> (Self, Extensions) {
         let mut hashes = Hashes::on_first_use();
-        if content_digest {
+        if let Adding::Digest { derived_key } = adding {
             let sha256 = BodyDigest::of(&body);
-            // One lookup: a digest the caller sent is kept as it is.
-            if let Entry::Vacant(place) = parts.headers.entry(&CONTENT_DIGEST) {
-                place.insert(sha256.header_value());
-            }
+            add_key_and_digest(&mut parts.headers, derived_key, &sha256);
             hashes = Hashes::Made {
                 digest: sha256,
                 fingerprint: Fingerprint::of_request(&parts.method, &parts.uri, &sha256),

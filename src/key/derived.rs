@@ -58,9 +58,14 @@ impl IdempotencyKey {
     /// The key as an `Idempotency-Key` header value: an RFC 8941 sf-string, `"<hex>"`.
     pub fn header_value(&self) -> HeaderValue {
         // Written on the stack, then moved whole into the header value's one allocation.
+        shared_header_value(self.quoted())
+    }
+
+    /// The header value's bytes, `"<hex>"`, written on the stack.
+    pub(crate) fn quoted(&self) -> [u8; 66] {
         let mut quoted = [b'"'; 66];
         hex_into(&self.0, &mut quoted[1..65]);
-        shared_header_value(quoted)
+        quoted
     }
 }
 
@@ -85,6 +90,21 @@ impl fmt::Display for IdempotencyKey {
 pub(crate) fn shared_header_value<const N: usize>(bytes: [u8; N]) -> HeaderValue {
     HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(bytes))
         .expect("the layers only build visible-ASCII header values")
+}
+
+/// A derived key's header value (`"<hex>"`, 66 bytes) and a `Content-Digest`'s
+/// (`sha-256=:<base64>:`, 54 bytes), made together for a keyed request: one allocation
+/// holds both, shared as [`shared_header_value`] shares one.
+pub(crate) fn shared_key_and_digest(key: [u8; 66], digest: [u8; 54]) -> (HeaderValue, HeaderValue) {
+    let mut both = [0u8; 66 + 54];
+    both[..66].copy_from_slice(&key);
+    both[66..].copy_from_slice(&digest);
+    let both = bytes::Bytes::from_owner(both);
+    let value = |bytes| {
+        HeaderValue::from_maybe_shared(bytes)
+            .expect("the layers only build visible-ASCII header values")
+    };
+    (value(both.slice(..66)), value(both.slice(66..)))
 }
 
 /// Feed `bytes` to `hasher` behind its length as a big-endian `u64`, so adjacent fields can

@@ -170,6 +170,31 @@ async fn the_derived_key_travels_as_an_sf_string() {
         sent.headers()["idempotency-key"],
         format!("\"{}\"", key_hex()).as_str()
     );
+    assert_eq!(
+        sent.headers()["content-digest"],
+        tower_idempotency::digest::BodyDigest::of(ORIGINAL.as_bytes()).header_value()
+    );
+}
+
+/// The derived key and the body's `Content-Digest` are added together when the request is
+/// frozen; a digest the caller sent is kept as sent, beside the derived key.
+#[tokio::test]
+async fn a_callers_own_content_digest_is_kept_beside_the_derived_key() {
+    let provider = SideEffectService::new();
+    let svc = stack(&Arc::new(MemoryStore::new()), &provider);
+    let mut req = post(ORIGINAL);
+    req.headers_mut().insert(
+        "content-digest",
+        HeaderValue::from_static("sha-256=:c2VudA==:"),
+    );
+    svc.oneshot(req).await.unwrap();
+    let sent = &provider.attempts()[0];
+    assert_eq!(
+        sent.headers()["idempotency-key"],
+        format!("\"{}\"", key_hex()).as_str()
+    );
+    let digests: Vec<_> = sent.headers().get_all("content-digest").iter().collect();
+    assert_eq!(digests, ["sha-256=:c2VudA==:"], "the caller's, alone");
 }
 
 #[tokio::test]

@@ -80,6 +80,26 @@ fn json_value() -> impl Strategy<Value = Value> {
 }
 
 proptest! {
+    /// Long strings (digested 32 bytes at a time, then the rest) read alike however they are
+    /// escaped, and a change of any one byte of one names its field.
+    #[test]
+    fn long_strings_read_alike_escaped_and_a_changed_byte_names_them(
+        text in "[a-y]{0,200}",
+        at in any::<proptest::sample::Index>(),
+    ) {
+        let plain = format!(r#"{{"s":"{text}","n":1}}"#);
+        let escaped: String = text.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+        let escaped = format!(r#"{{"s":"{escaped}","n":1}}"#);
+        prop_assert_eq!(changed(plain.as_bytes(), escaped.as_bytes()).unwrap(), Vec::<String>::new());
+        if !text.is_empty() {
+            let mut other = text.into_bytes();
+            let at = at.index(other.len());
+            other[at] += 1;
+            let other = format!(r#"{{"s":"{}","n":1}}"#, String::from_utf8(other).unwrap());
+            prop_assert_eq!(changed(plain.as_bytes(), other.as_bytes()).unwrap(), ["s"]);
+        }
+    }
+
     /// Against a comparison of the parsed bodies: the same fields named, whatever the
     /// nesting, escaping and layout.
     #[test]

@@ -162,9 +162,10 @@ impl FrozenRequest {
         ))
     }
 
-    /// Freeze a request whose body is collected, with `Content-Digest` added as
-    /// [`freeze_with_content_digest`](Self::freeze_with_content_digest) does when
-    /// `content_digest` is set (the body digest and the fingerprint are then made at once).
+    /// Freeze a request whose body is collected, with what `adding` says added: for
+    /// [`Adding::Digest`], `Content-Digest` as
+    /// [`freeze_with_content_digest`](Self::freeze_with_content_digest) adds it (the body
+    /// digest and the fingerprint are then made at once) and a derived key's header.
     #[inline(always)]
     pub(crate) fn of_collected(
         mut parts: http::request::Parts,

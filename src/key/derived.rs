@@ -88,7 +88,12 @@ impl fmt::Display for IdempotencyKey {
 /// at least once: into each attempt's request, into a record. This costs one allocation,
 /// however often the value is cloned.
 pub(crate) fn shared_header_value<const N: usize>(bytes: [u8; N]) -> HeaderValue {
-    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(bytes))
+    header_value_of(bytes::Bytes::from_owner(bytes))
+}
+
+/// A header value the layers built: visible ASCII by construction.
+fn header_value_of(bytes: bytes::Bytes) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes)
         .expect("the layers only build visible-ASCII header values")
 }
 
@@ -100,11 +105,10 @@ pub(crate) fn shared_key_and_digest(key: [u8; 66], digest: [u8; 54]) -> (HeaderV
     both[..66].copy_from_slice(&key);
     both[66..].copy_from_slice(&digest);
     let both = bytes::Bytes::from_owner(both);
-    let value = |bytes| {
-        HeaderValue::from_maybe_shared(bytes)
-            .expect("the layers only build visible-ASCII header values")
-    };
-    (value(both.slice(..66)), value(both.slice(66..)))
+    (
+        header_value_of(both.slice(..66)),
+        header_value_of(both.slice(66..)),
+    )
 }
 
 /// Feed `bytes` to `hasher` behind its length as a big-endian `u64`, so adjacent fields can

@@ -404,8 +404,8 @@ fn value_end(body: &[u8], start: usize) -> Option<usize> {
 /// The string whose contents start at `from`: the index of its closing quote and, if it
 /// holds no escape (a plain string, the common value), the digest of its contents (a string
 /// value is most of a body). Its end is found by `memchr`, which compares 16 or 32 bytes at
-/// once with the vector instructions the machine has; then the contents are digested eight
-/// bytes at a time.
+/// once with the vector instructions the machine has; then the contents are digested
+/// ([`digest`]).
 fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
     let contents = body.get(from..)?;
     let first = memchr::memchr2(b'"', b'\\', contents)?;
@@ -413,13 +413,8 @@ fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
     if contents[first] == b'\\' {
         return Some((string_end(body, end)?, None));
     }
-    Some((end, Some(plain_digest(&contents[..first]))))
-}
-
-/// The digest of a plain string's contents: as [`value_digest`] digests the same string
-/// written with escapes.
-fn plain_digest(text: &[u8]) -> u64 {
-    digest(STRING_SEED, text)
+    // As `value_digest` digests the same string written with escapes.
+    Some((end, Some(digest(STRING_SEED, &contents[..first]))))
 }
 
 /// The index of the quote that closes a string, looked for from `from` (inside it).

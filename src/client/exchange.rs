@@ -308,7 +308,7 @@ where
     // a business `409` ("already exists") included, is its final outcome.
     let retryable =
         is_retryable_status(status) || is_in_progress_answer(status, response.headers());
-    let read_problem = client.release_on.reads_problem(response.headers());
+    let read_problem = client.release_on.reads_problem(status, response.headers());
     if retryable && !read_problem {
         track.decided(Decision::InDoubt);
         let mut response = response.map(ResponseBody::inner);

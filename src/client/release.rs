@@ -104,7 +104,9 @@ impl ReleaseOn {
     }
 
     /// Also release on a problem response (`application/problem+json`) whose `type` is
-    /// `type_uri`, whatever its status.
+    /// `type_uri`. Only an error answer (`4xx`, `5xx`) is read for its type: RFC 9457
+    /// problems describe errors, and an answer whose status says it succeeded is recorded
+    /// as it stands, never released on its body's word.
     ///
     /// ```
     /// # use tower_idempotency::client::ReleaseOn;
@@ -127,10 +129,13 @@ impl ReleaseOn {
         self.statuses.contains(&status)
     }
 
-    /// Whether an answer with these headers must be read to be judged: a problem response
-    /// while problem types are listed.
-    pub(crate) fn reads_problem(&self, headers: &HeaderMap) -> bool {
-        !self.problem_types.is_empty() && is_problem(headers)
+    /// Whether an answer with this status and these headers must be read to be judged: an
+    /// error answer that is a problem response, while problem types are listed. The status
+    /// is looked at first, so a successful answer (most answers) costs no header lookup.
+    pub(crate) fn reads_problem(&self, status: StatusCode, headers: &HeaderMap) -> bool {
+        (status.is_client_error() || status.is_server_error())
+            && !self.problem_types.is_empty()
+            && is_problem(headers)
     }
 
     /// Whether a problem response's body names one of the listed types.
@@ -168,14 +173,19 @@ mod tests {
             CONTENT_TYPE,
             "application/problem+json; charset=utf-8".parse().unwrap(),
         );
-        assert!(rule.reads_problem(&headers));
+        let bad_request = StatusCode::BAD_REQUEST;
+        assert!(rule.reads_problem(bad_request, &headers));
+        assert!(rule.reads_problem(StatusCode::SERVICE_UNAVAILABLE, &headers));
+        // A success is what it says, whatever its body claims.
+        assert!(!rule.reads_problem(StatusCode::OK, &headers));
+        assert!(!rule.reads_problem(StatusCode::CREATED, &headers));
         let ours = format!("{{\"type\":\"{}\",\"status\":400}}", problem::SCOPE_MISSING);
         assert!(rule.releases_problem(ours.as_bytes()));
         let ran = format!("{{\"type\":\"{}\"}}", problem::OUTCOME_UNKNOWN);
         assert!(!rule.releases_problem(ran.as_bytes()));
         assert!(!rule.releases_problem(b"not json"));
-        assert!(!ReleaseOn::nothing().reads_problem(&headers));
+        assert!(!ReleaseOn::nothing().reads_problem(bad_request, &headers));
         headers.insert(CONTENT_TYPE, "application/json".parse().unwrap());
-        assert!(!rule.reads_problem(&headers));
+        assert!(!rule.reads_problem(bad_request, &headers));
     }
 }

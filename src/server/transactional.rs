@@ -125,7 +125,7 @@ where
         Ok(response) => Ok(commit(&server, key, &digest, token, transaction, response).await),
         Err(err) => {
             settled("rolled-back");
-            drop(transaction);
+            transaction.rollback().await;
             Err(err)
         }
     }
@@ -147,7 +147,7 @@ where
     // rollback *proves* that nothing happened, so the retry may run the handler again.
     if response.status().is_server_error() || transaction.is_rollback_only() {
         settled("rolled-back");
-        drop(transaction);
+        transaction.rollback().await;
         return response.map(ResponseBody::inner);
     }
     let (parts, body) = response.into_parts();
@@ -160,7 +160,7 @@ where
             // Nothing is committed: the retry runs the handler again, and that is right.
             tracing::warn!(%err, "the handler's response body failed; rolling back");
             settled("rolled-back");
-            drop(transaction);
+            transaction.rollback().await;
             outcome("transaction-failed");
             return problem::ledger_unavailable(server.retry_after);
         }

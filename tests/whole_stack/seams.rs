@@ -1844,6 +1844,46 @@ async fn a_refusal_after_an_attempt_that_may_have_left_keeps_the_operation_in_do
     }
 }
 
+/// A provider that charges and answers `200` with a problem body whose type is one that
+/// releases: a success is recorded as it stands, whatever its body claims, so the repeat
+/// replays it and the charge stays one (RFC 9457 problems describe errors). Through the
+/// stack built as one and stacked by hand.
+#[tokio::test(start_paused = true)]
+async fn a_success_whose_body_is_a_releasing_problem_is_recorded() {
+    for built in [true, false] {
+        let charges = Arc::new(AtomicUsize::new(0));
+        let provider = service_fn({
+            let charges = charges.clone();
+            move |_req: Request<Full<Bytes>>| {
+                let charges = charges.clone();
+                async move {
+                    charges.fetch_add(1, Ordering::SeqCst);
+                    let body = format!("{{\"type\":\"{}\"}}", problem::SCOPE_MISSING);
+                    let mut res = Response::new(Full::new(Bytes::from(body)));
+                    res.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/problem+json"),
+                    );
+                    Ok::<_, Infallible>(res)
+                }
+            }
+        });
+        let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
+        let builder = IdempotencyLayer::client_builder(MemoryStore::new());
+        let client = composed(built, builder, policy, provider);
+        let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+        assert_eq!(first.status(), StatusCode::OK, "built: {built}");
+        assert_eq!(source(&first), ResponseSource::Sent, "built: {built}");
+        let again = client.oneshot(post(ORIGINAL)).await.unwrap();
+        assert_eq!(
+            source(&again),
+            ResponseSource::Replayed,
+            "built: {built}: the success was released on its body's word"
+        );
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "built: {built}");
+    }
+}
+
 /// Over loopback, our own two faces: the client's call reaches the server face without
 /// credentials and is refused `400 scope-missing` (the handler never ran, the server's
 /// ledger untouched); the client releases the operation, and once the caller sends its

@@ -339,6 +339,25 @@ impl OpenTransaction {
         self.shared.rollback_only.load(Ordering::Relaxed)
     }
 
+    /// Roll back now, and only then let the answer go: a client that retries at once must
+    /// find the key free, not still held by a `ROLLBACK` on its way (as after a drop, which
+    /// can only send one in the background). Within the store's operation bound; past it,
+    /// or while the handler still holds the connection, the drop's way is taken.
+    pub(crate) async fn rollback(self) {
+        let bound = self.store.inner.operation_timeout;
+        let work = async {
+            let Some(connection) = self.shared.connection.lock().await.take() else {
+                return;
+            };
+            // Back to the pool only after a confirmed `ROLLBACK`, as on a drop.
+            if let Ok(()) = connection.client().batch_execute("ROLLBACK").await {
+                connection.release();
+            }
+        };
+        // Out of time, the connection (if taken) drops closed: PostgreSQL rolls back.
+        let _ = tokio::time::timeout(bound, work).await;
+    }
+
     /// Record `outcome` under `token` and commit, the two sent together: one round trip.
     /// `Ok` means both the handler's writes and the record are committed. An error says
     /// whether they were rolled back or (the connection lost, or the bound run out, after

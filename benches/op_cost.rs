@@ -36,6 +36,8 @@
 //! | `tool_bare` | a no-op tool (`Service<ToolCall<_>>`) called with typed arguments (four fields, ~1 KiB as JSON, built per call) and a new `OperationId`: the tool face's baseline |
 //! | `client_fresh_defaults` / `stack_fresh_defaults` | a new operation per call through the layer (`IdempotencyLayer::client(MemoryStore::new())`) / the stack (`client_builder(MemoryStore::new()).build_stack()`) with **every setting at its default** and the store below its cap, as a user's runs: nothing evicted, nothing shortened |
 //! | `tool_fresh_defaults` | the same through the tool face (`ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored).build()`) |
+//! | `bare_op_waiting` | `bare_op` with a transport that is pending once before it answers, as one over a network is (`common::Waiting`): the baseline of the `_waiting` variants |
+//! | `stack_fresh_waiting` / `client_floor_waiting` / `stack_floor_waiting` | `stack_fresh`, `client_floor` and `stack_floor` over that transport: what a second poll of every layer, and the timers armed while a call is on the wire, add |
 //! | `tool_fresh` / `tool_replay` | the tool face (`ToolLayer`, a key-less provider, the default retry policy with no retry window so the benches' protected window applies) over that tool, a new `OperationId` per call / always the same one |
 //!
 //! Setup happens before the measured loop: building the stack, filling its store and warming
@@ -69,7 +71,7 @@ mod common;
 use common::floor::{Floor, FloorService};
 use common::ledger::{begin_complete, key, outcome, replay, Picker};
 use common::moka_ledger::MokaLedger;
-use common::{handler, json_body, runtime, BufferBody, CloneAttempts, Noop, Template};
+use common::{handler, json_body, runtime, BufferBody, CloneAttempts, Noop, Template, Waiting};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -129,6 +131,10 @@ const VARIANTS: &[&str] = &[
     "tool_fresh",
     "tool_replay",
     "tool_fresh_defaults",
+    "bare_op_waiting",
+    "stack_fresh_waiting",
+    "client_floor_waiting",
+    "stack_floor_waiting",
 ];
 
 // --- Counting allocations -------------------------------------------------------------
@@ -753,6 +759,23 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 let svc = ServiceBuilder::new().layer(stack).service(Noop);
                 let plan = Plan::FreshAtDefaults;
                 service_variant(svc, Some(&store), plan, fresh_op, fresh_op, n).await
+            }
+            "bare_op_waiting" => {
+                service_variant(Waiting, None, Plan::Plain, fresh_op, fresh_op, n).await
+            }
+            "stack_fresh_waiting" => {
+                let store = MemoryStore::new();
+                let svc = ServiceBuilder::new()
+                    .layer(common::client_stack(store.clone()))
+                    .service(Waiting);
+                service_variant(svc, Some(&store), Plan::Fresh, fresh_op, fixed_op, n).await
+            }
+            "client_floor_waiting" => floor_variant(Waiting, fresh_op, fresh_op, false, n).await,
+            "stack_floor_waiting" => {
+                let retry = ServiceBuilder::new()
+                    .layer(RetryLayer::new(CloneAttempts(3)))
+                    .service(Waiting);
+                floor_variant(retry, fresh_op, fresh_op, false, n).await
             }
             "client_floor" => floor_variant(Noop, fresh_op, fresh_op, false, n).await,
             "client_floor_replay" => floor_variant(Noop, fixed_op, fresh_op, true, n).await,

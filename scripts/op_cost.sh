@@ -62,6 +62,8 @@ esac
 # --- Which variants, and their baselines ----------------------------------------------------
 baseline_of() {
     case $1 in
+    bare_op_waiting) echo - ;;
+    *_waiting) echo bare_op_waiting ;;
     client_* | stack_*) echo bare_op ;;
     tool_bare) echo - ;;
     tool_*) echo tool_bare ;;

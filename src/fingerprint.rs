@@ -82,7 +82,7 @@ impl Fingerprint {
     /// The fingerprint of a request whose body's SHA-256 is already known (from a verified
     /// `Content-Digest`, or computed once for it): the body is not read again.
     pub fn from_digest(method: &Method, target: &str, body: &BodyDigest) -> Self {
-        finish(head(method, &[target]), body)
+        of_parts(method, &[target], body)
     }
 
     /// Wrap raw digest bytes (for stores decoding their own records).
@@ -190,13 +190,14 @@ impl Fingerprint {
         // `http://h?q` and `http://h/?q` are one resource (an empty path is `/`, RFC 9110
         // §4.2.3), and a URI decoded from its text form always has the `/`.
         let slash = if path.starts_with('?') { "/" } else { "" };
-        let hasher = match (uri.scheme_str(), uri.authority()) {
-            (Some(scheme), Some(authority)) => {
-                head(method, &[scheme, "://", authority.as_str(), slash, path])
-            }
-            _ => head(method, &[slash, path]),
-        };
-        finish(hasher, body)
+        match (uri.scheme_str(), uri.authority()) {
+            (Some(scheme), Some(authority)) => of_parts(
+                method,
+                &[scheme, "://", authority.as_str(), slash, path],
+                body,
+            ),
+            _ => of_parts(method, &[slash, path], body),
+        }
     }
 
     /// The fingerprint of a request a server received, its target in origin form: a client
@@ -205,20 +206,28 @@ impl Fingerprint {
     pub(crate) fn of_received(method: &Method, uri: &http::Uri, body: &BodyDigest) -> Self {
         let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let slash = if path.starts_with('?') { "/" } else { "" };
-        finish(head(method, &[slash, path]), body)
+        of_parts(method, &[slash, path], body)
     }
 }
 
-/// The method's segment, with the target's hasher fed its tag: the target is given in
-/// pieces that are hashed as if joined (so an absolute URI need not be formatted into a new
-/// string first), and [`finish`] completes it.
-fn head(method: &Method, target: &[&str]) -> ([u8; 4], Sha256) {
+/// The fingerprint of `method`, a target given in pieces that are hashed as if joined (so an
+/// absolute URI need not be formatted into a new string first), and `body`'s digest. Each
+/// part is hashed alone behind its own tag, so no part needs a length prefix to stay apart
+/// from another. Inlined into each caller, the hasher in one frame: every keyed request
+/// makes one fingerprint, and each move of the hasher's state is a copy.
+#[inline(always)]
+fn of_parts(method: &Method, target: &[&str], body: &BodyDigest) -> Fingerprint {
     let mut hasher = Sha256::new();
     hasher.update(TARGET_TAG);
     for piece in target {
         hasher.update(piece.as_bytes());
     }
-    (method_segment(method), hasher)
+    let target: [u8; 32] = hasher.finalize().into();
+    let mut fingerprint = [0; 32];
+    fingerprint[METHOD].copy_from_slice(&method_segment(method));
+    fingerprint[TARGET].copy_from_slice(&target[..TARGET.len()]);
+    fingerprint[BODY].copy_from_slice(&body.as_bytes()[..BODY.len()]);
+    Fingerprint(fingerprint)
 }
 
 /// The method's segment: the first bytes of its tagged hash. The methods that carry side
@@ -246,19 +255,6 @@ fn hashed_method_segment(method: &str) -> [u8; 4] {
     let mut segment = [0; 4];
     segment.copy_from_slice(&hash[..4]);
     segment
-}
-
-/// Each part hashed alone behind its own tag, so no part needs a length prefix to stay
-/// apart from another. Inlined into each caller (every keyed request makes one
-/// fingerprint): a call moves the hasher's state, for a handful of instructions of work.
-#[inline(always)]
-fn finish((method, target): ([u8; 4], Sha256), body: &BodyDigest) -> Fingerprint {
-    let target: [u8; 32] = target.finalize().into();
-    let mut fingerprint = [0; 32];
-    fingerprint[METHOD].copy_from_slice(&method);
-    fingerprint[TARGET].copy_from_slice(&target[..TARGET.len()]);
-    fingerprint[BODY].copy_from_slice(&body.as_bytes()[..BODY.len()]);
-    Fingerprint(fingerprint)
 }
 
 #[cfg(test)]

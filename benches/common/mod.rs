@@ -67,6 +67,47 @@ impl<B> Service<Request<B>> for Noop {
     }
 }
 
+/// [`Noop`] as a transport over a network looks to the layers around it: each call's
+/// future is pending once (it wakes its task at once) before it answers. Around it, the
+/// layers are polled a second time and arm what they arm while a call is on the wire (a
+/// lease's renewal timer), which an answer that is ready at once never shows.
+#[derive(Clone, Copy, Debug)]
+pub struct Waiting;
+
+impl<B> Service<Request<B>> for Waiting {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = PendingOnce;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        drop(black_box(req));
+        PendingOnce { waited: false }
+    }
+}
+
+/// [`Waiting`]'s future: pending on its first poll, `201` on the next.
+#[derive(Debug)]
+pub struct PendingOnce {
+    waited: bool,
+}
+
+impl Future for PendingOnce {
+    type Output = Result<Response<Full<Bytes>>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.waited {
+            return Poll::Ready(Ok(created()));
+        }
+        self.waited = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
 /// The no-op handler: reads the request body, answers `201`.
 pub fn handler<B>() -> impl Service<
     Request<B>,

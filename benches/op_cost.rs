@@ -667,6 +667,13 @@ where
 
 // --- Variants --------------------------------------------------------------------------
 
+/// `inner` behind the hand-written `tower::retry` of `tower_retry_clone` (the stack floor's).
+fn clone_retry<S: Clone>(inner: S) -> tower::retry::Retry<CloneAttempts, S> {
+    ServiceBuilder::new()
+        .layer(RetryLayer::new(CloneAttempts(3)))
+        .service(inner)
+}
+
 fn live_records(suffix: &str) -> u64 {
     match suffix {
         "1k" => 1_000,
@@ -772,19 +779,11 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
             }
             "client_floor_waiting" => floor_variant(Waiting, fresh_op, fresh_op, false, n).await,
             "stack_floor_waiting" => {
-                let retry = ServiceBuilder::new()
-                    .layer(RetryLayer::new(CloneAttempts(3)))
-                    .service(Waiting);
-                floor_variant(retry, fresh_op, fresh_op, false, n).await
+                floor_variant(clone_retry(Waiting), fresh_op, fresh_op, false, n).await
             }
             "client_floor" => floor_variant(Noop, fresh_op, fresh_op, false, n).await,
             "client_floor_replay" => floor_variant(Noop, fixed_op, fresh_op, true, n).await,
-            "stack_floor" => {
-                let retry = ServiceBuilder::new()
-                    .layer(RetryLayer::new(CloneAttempts(3)))
-                    .service(Noop);
-                floor_variant(retry, fresh_op, fresh_op, false, n).await
-            }
+            "stack_floor" => floor_variant(clone_retry(Noop), fresh_op, fresh_op, false, n).await,
             "server_bare" => {
                 let fresh_key = || t.fresh_key();
                 service_variant(handler(), None, Plan::Plain, fresh_key, fresh_key, n).await

@@ -126,6 +126,62 @@ async fn a_rollback_request_leaves_no_write_and_no_record() {
     assert_eq!(notes(&store, "rolled").await, 0);
 }
 
+/// A rolled-back request (its handler asked for it, or answered `5xx`) is answered only once
+/// its `ROLLBACK` is done: when the answer is in hand, the request's connection is back in
+/// the pool, not on its way there from a `ROLLBACK` left to the background, and a retry sent
+/// at once finds the key free (`422` again, never `409` in flight). On a current-thread
+/// runtime nothing spawned runs between the answer and the look at the pool, so an answer
+/// sent before its rollback is caught every time.
+#[tokio::test(flavor = "current_thread")]
+async fn a_rollback_is_done_before_its_answer_goes_out() {
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = database(pg.url()).await;
+    let schema = store.schema().to_owned();
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route(
+            "/refused",
+            post(move |tx: PostgresTransaction| async move {
+                write_note(&tx, &schema, "refused").await;
+                tx.set_rollback_only();
+                StatusCode::UNPROCESSABLE_ENTITY
+            }),
+        )
+        .route(
+            "/failed",
+            post(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
+        )
+        .route_layer(layer);
+    for (path, status) in [
+        ("/refused", StatusCode::UNPROCESSABLE_ENTITY),
+        ("/failed", StatusCode::INTERNAL_SERVER_ERROR),
+    ] {
+        for attempt in 0..2 {
+            let request = axum::http::Request::post(path)
+                .header("idempotency-key", format!("\"{path}\""))
+                .body(Body::from("{}"))
+                .expect("a request");
+            let response = app.clone().oneshot(request).await.expect("an answer");
+            let pool = store.pool().status();
+            assert_eq!(
+                pool.available, pool.size,
+                "{path}, attempt {attempt}: answered while the request's connection was still \
+                 out, its ROLLBACK left to the background"
+            );
+            assert_eq!(response.status(), status, "{path}, attempt {attempt}");
+        }
+    }
+    assert_eq!(notes(&store, "refused").await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_rolls_back_and_the_retry_runs_again() {
     let Some(pg) = postgres_support::postgres_url().await else {

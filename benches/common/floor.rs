@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
@@ -20,7 +20,7 @@ use tower_idempotency::key::IDEMPOTENCY_KEY;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome, StoredResponse,
 };
-use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, IdempotencyKey, OperationId};
+use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, OperationId};
 
 /// The floor over `inner` (see the module docs).
 ///
@@ -74,7 +74,7 @@ where
             .key("");
         let body = whole(body).await;
         let digest = BodyDigest::of(&body);
-        let (key_value, digest_value) = key_and_digest_values(&key, &digest);
+        let (key_value, digest_value) = key.header_values_with(&digest);
         parts.headers.insert(&IDEMPOTENCY_KEY, key_value);
         parts.headers.insert(&CONTENT_DIGEST, digest_value);
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -115,48 +115,6 @@ where
             }
             other => panic!("the floor only runs new operations and replays, not {other:?}"),
         }
-    }
-}
-
-/// `"<hex of key>"` and `sha-256=:<base64 of digest>:`, in one allocation.
-fn key_and_digest_values(key: &IdempotencyKey, digest: &BodyDigest) -> (HeaderValue, HeaderValue) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut both = [b'"'; 66 + 54];
-    for (at, byte) in key.as_bytes().iter().enumerate() {
-        both[1 + 2 * at] = HEX[usize::from(byte >> 4)];
-        both[2 + 2 * at] = HEX[usize::from(byte & 0xf)];
-    }
-    both[66..75].copy_from_slice(b"sha-256=:");
-    base64_32(digest.as_bytes(), &mut both[75..119]);
-    both[119] = b':';
-    let both = Bytes::from_owner(both);
-    let value = |bytes| HeaderValue::from_maybe_shared(bytes).expect("visible ASCII");
-    let values = (value(both.slice(..66)), value(both.slice(66..)));
-    debug_assert_eq!(values, (key.header_value(), digest.header_value()));
-    values
-}
-
-/// Standard base64 of 32 bytes (44 digits, one `=`), three bytes at a time, as the layer
-/// writes it (the general encoder's chunking costs more than the encoding here).
-fn base64_32(bytes: &[u8; 32], out: &mut [u8]) {
-    const DIGITS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let digit = |bits: u32, shift: u32| DIGITS[(bits >> shift & 0x3f) as usize];
-    for (three, four) in bytes.chunks(3).zip(out.chunks_mut(4)) {
-        let bits = u32::from(three[0]) << 16
-            | u32::from(*three.get(1).unwrap_or(&0)) << 8
-            | u32::from(*three.get(2).unwrap_or(&0));
-        four[0] = digit(bits, 18);
-        four[1] = digit(bits, 12);
-        four[2] = if three.len() > 1 {
-            digit(bits, 6)
-        } else {
-            b'='
-        };
-        four[3] = if three.len() > 2 {
-            digit(bits, 0)
-        } else {
-            b'='
-        };
     }
 }
 

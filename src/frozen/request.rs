@@ -12,7 +12,7 @@ use http_body_util::Full;
 use super::collect::collect_request;
 use crate::digest::{BodyDigest, CONTENT_DIGEST};
 use crate::fingerprint::Fingerprint;
-use crate::key::{shared_key_and_digest, IDEMPOTENCY_KEY};
+use crate::key::IDEMPOTENCY_KEY;
 use crate::Error;
 use crate::IdempotencyKey;
 
@@ -97,7 +97,7 @@ fn add_key_and_digest(
 ) {
     match derived_key {
         Some(key) => {
-            let (key, digest) = shared_key_and_digest(key.quoted(), sha256.field());
+            let (key, digest) = key.header_values_with(sha256);
             headers.insert(&IDEMPOTENCY_KEY, key);
             if let Entry::Vacant(place) = headers.entry(&CONTENT_DIGEST) {
                 place.insert(digest);

@@ -4,6 +4,8 @@
 use std::fmt;
 
 use http::header::HeaderValue;
+
+use crate::digest::BodyDigest;
 use sha2::{Digest, Sha256};
 
 /// Domain-separation tag of the key derivation; part of the published derivation.
@@ -61,6 +63,31 @@ impl IdempotencyKey {
         shared_header_value(self.quoted())
     }
 
+    /// The key's `Idempotency-Key` value and `digest`'s `Content-Digest` value
+    /// (`sha-256=:<base64>:`), as the client face puts both on a keyed request: one
+    /// allocation holds the two, shared by their clones (two calls of `header_value` make
+    /// two).
+    ///
+    /// ```
+    /// use tower_idempotency::{digest::BodyDigest, IdempotencyKey};
+    ///
+    /// let key = IdempotencyKey::derive("", "task-1", "charge");
+    /// let digest = BodyDigest::of(b"{}");
+    /// let (key_value, digest_value) = key.header_values_with(&digest);
+    /// assert_eq!(key_value, key.header_value());
+    /// assert_eq!(digest_value, digest.header_value());
+    /// ```
+    pub fn header_values_with(&self, digest: &BodyDigest) -> (HeaderValue, HeaderValue) {
+        let mut both = [0u8; 66 + 54];
+        both[..66].copy_from_slice(&self.quoted());
+        both[66..].copy_from_slice(&digest.field());
+        let both = bytes::Bytes::from_owner(both);
+        (
+            header_value_of(both.slice(..66)),
+            header_value_of(both.slice(66..)),
+        )
+    }
+
     /// The header value's bytes, `"<hex>"`, written on the stack.
     pub(crate) fn quoted(&self) -> [u8; 66] {
         let mut quoted = [b'"'; 66];
@@ -95,20 +122,6 @@ pub(crate) fn shared_header_value<const N: usize>(bytes: [u8; N]) -> HeaderValue
 fn header_value_of(bytes: bytes::Bytes) -> HeaderValue {
     HeaderValue::from_maybe_shared(bytes)
         .expect("the layers only build visible-ASCII header values")
-}
-
-/// A derived key's header value (`"<hex>"`, 66 bytes) and a `Content-Digest`'s
-/// (`sha-256=:<base64>:`, 54 bytes), made together for a keyed request: one allocation
-/// holds both, shared as [`shared_header_value`] shares one.
-pub(crate) fn shared_key_and_digest(key: [u8; 66], digest: [u8; 54]) -> (HeaderValue, HeaderValue) {
-    let mut both = [0u8; 66 + 54];
-    both[..66].copy_from_slice(&key);
-    both[66..].copy_from_slice(&digest);
-    let both = bytes::Bytes::from_owner(both);
-    (
-        header_value_of(both.slice(..66)),
-        header_value_of(both.slice(66..)),
-    )
 }
 
 /// Feed `bytes` to `hasher` behind its length as a big-endian `u64`, so adjacent fields can

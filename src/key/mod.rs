@@ -39,7 +39,7 @@ pub(crate) mod header;
 pub(crate) mod operation;
 
 pub(crate) use derived::IdempotencyKey;
-pub(crate) use derived::{hex, shared_header_value, shared_key_and_digest, update_length_prefixed};
+pub(crate) use derived::{hex, shared_header_value, update_length_prefixed};
 pub(crate) use header::{HeaderKey, InvalidKey};
 pub(crate) use operation::OperationId;
 

@@ -38,6 +38,7 @@
 //! | `tool_fresh_defaults` | the same through the tool face (`ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored).build()`) |
 //! | `bare_op_waiting` | `bare_op` with a transport that is pending once before it answers, as one over a network is (`common::Waiting`): the baseline of the `_waiting` variants |
 //! | `stack_fresh_waiting` / `client_floor_waiting` / `stack_floor_waiting` | `stack_fresh`, `client_floor` and `stack_floor` over that transport: what a second poll of every layer, and the timers armed while a call is on the wire, add |
+//! | `stack_fresh_defaults_waiting` | `stack_fresh_defaults` over that transport: the same with every setting at its default (a 10 s lease, renewed every third of it) |
 //! | `tool_fresh` / `tool_replay` | the tool face (`ToolLayer`, a key-less provider, the default retry policy with no retry window so the benches' protected window applies) over that tool, a new `OperationId` per call / always the same one |
 //!
 //! Setup happens before the measured loop: building the stack, filling its store and warming
@@ -133,6 +134,7 @@ const VARIANTS: &[&str] = &[
     "tool_fresh_defaults",
     "bare_op_waiting",
     "stack_fresh_waiting",
+    "stack_fresh_defaults_waiting",
     "client_floor_waiting",
     "stack_floor_waiting",
 ];
@@ -674,6 +676,39 @@ fn clone_retry<S: Clone>(inner: S) -> tower::retry::Retry<CloneAttempts, S> {
         .service(inner)
 }
 
+/// A new operation per call through the stack as `build_stack()` makes it with every
+/// setting at its default, over `transport`.
+async fn stack_at_defaults<S>(
+    transport: S,
+    fresh_op: impl Fn() -> Request<Full<Bytes>>,
+    n: u64,
+) -> (Counts, Option<StoreDelta>)
+where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<Full<Bytes>>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let store = MemoryStore::new();
+    let stack = IdempotencyLayer::client_builder(store.clone())
+        .build_stack()
+        .expect("the defaults are valid");
+    let svc = ServiceBuilder::new().layer(stack).service(transport);
+    service_variant(
+        svc,
+        Some(&store),
+        Plan::FreshAtDefaults,
+        &fresh_op,
+        &fresh_op,
+        n,
+    )
+    .await
+}
+
 fn live_records(suffix: &str) -> u64 {
     match suffix {
         "1k" => 1_000,
@@ -758,15 +793,7 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 let plan = Plan::FreshAtDefaults;
                 service_variant(svc, Some(&store), plan, fresh_op, fresh_op, n).await
             }
-            "stack_fresh_defaults" => {
-                let store = MemoryStore::new();
-                let stack = IdempotencyLayer::client_builder(store.clone())
-                    .build_stack()
-                    .expect("the defaults are valid");
-                let svc = ServiceBuilder::new().layer(stack).service(Noop);
-                let plan = Plan::FreshAtDefaults;
-                service_variant(svc, Some(&store), plan, fresh_op, fresh_op, n).await
-            }
+            "stack_fresh_defaults" => stack_at_defaults(Noop, fresh_op, n).await,
             "bare_op_waiting" => {
                 service_variant(Waiting, None, Plan::Plain, fresh_op, fresh_op, n).await
             }
@@ -777,6 +804,7 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     .service(Waiting);
                 service_variant(svc, Some(&store), Plan::Fresh, fresh_op, fixed_op, n).await
             }
+            "stack_fresh_defaults_waiting" => stack_at_defaults(Waiting, fresh_op, n).await,
             "client_floor_waiting" => floor_variant(Waiting, fresh_op, fresh_op, false, n).await,
             "stack_floor_waiting" => {
                 floor_variant(clone_retry(Waiting), fresh_op, fresh_op, false, n).await

@@ -1,7 +1,7 @@
 //! The frozen request: a request's head and bytes, captured once, and knowing them again.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use bytes::Bytes;
 use http::header::Entry;
@@ -27,9 +27,54 @@ pub(super) struct Frozen {
     method: Method,
     uri: Uri,
     version: Version,
-    headers: HeaderMap,
+    /// The headers as frozen: set at freezing, or on first read for a request whose
+    /// `Content-Digest` (and derived key) are still to be added ([`Pending`]).
+    headers: OnceLock<HeaderMap>,
+    pending: Option<Pending>,
     body: Bytes,
     hashes: Hashes,
+}
+
+/// A keyed request's headers before its `Content-Digest` and its derived `Idempotency-Key`
+/// are added: they are added on the first read of its headers. An operation that the
+/// ledger answers from its record never sends its request, so it never makes the two
+/// values (their encoding, an allocation and two insertions are a fifth of a replay).
+/// Anything that reads the headers (a send, a store that keeps or encodes the request, a
+/// comparison) sees them added, so the frozen head is the same bytes either way.
+struct Pending {
+    /// The caller's headers, taken out when the headers are first read.
+    caller: Mutex<Option<HeaderMap>>,
+    derived_key: Option<IdempotencyKey>,
+}
+
+impl Frozen {
+    /// The headers, the pending values added on the first read.
+    #[inline]
+    fn headers(&self) -> &HeaderMap {
+        self.headers.get_or_init(|| self.with_pending_added())
+    }
+
+    fn with_pending_added(&self) -> HeaderMap {
+        let pending = self
+            .pending
+            .as_ref()
+            .expect("headers are set at freezing unless pending");
+        let mut headers = lock(&pending.caller)
+            .take()
+            .expect("the caller's headers are taken once");
+        let digest = self
+            .hashes
+            .digest()
+            .expect("a request with pending headers had its digest made at freezing");
+        add_key_and_digest(&mut headers, pending.derived_key.as_ref(), &digest);
+        headers
+    }
+}
+
+/// The mutex's guard, even if a thread panicked holding it (nothing it guards is left
+/// half-made: the headers are taken out whole).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The body's SHA-256, in one pass over the contiguous body, and the fingerprint made of it
@@ -168,24 +213,31 @@ impl FrozenRequest {
     /// digest and the fingerprint are then made at once) and a derived key's header.
     #[inline(always)]
     pub(crate) fn of_collected(
-        mut parts: http::request::Parts,
+        parts: http::request::Parts,
         body: Bytes,
         adding: Adding<'_>,
     ) -> (Self, Extensions) {
-        let mut hashes = Hashes::on_first_use();
-        if let Adding::Digest { derived_key } = adding {
-            let sha256 = BodyDigest::of(&body);
-            add_key_and_digest(&mut parts.headers, derived_key, &sha256);
-            hashes = Hashes::Made {
-                digest: sha256,
-                fingerprint: Fingerprint::of_request(&parts.method, &parts.uri, &sha256),
-            };
-        }
+        let (headers, pending, hashes) = match adding {
+            Adding::Nothing => (OnceLock::from(parts.headers), None, Hashes::on_first_use()),
+            Adding::Digest { derived_key } => {
+                let sha256 = BodyDigest::of(&body);
+                let hashes = Hashes::Made {
+                    digest: sha256,
+                    fingerprint: Fingerprint::of_request(&parts.method, &parts.uri, &sha256),
+                };
+                let pending = Pending {
+                    caller: Mutex::new(Some(parts.headers)),
+                    derived_key: derived_key.copied(),
+                };
+                (OnceLock::new(), Some(pending), hashes)
+            }
+        };
         let frozen = Frozen {
             method: parts.method,
             uri: parts.uri,
             version: parts.version,
-            headers: parts.headers,
+            headers,
+            pending,
             body,
             hashes,
         };
@@ -217,7 +269,8 @@ impl FrozenRequest {
             method,
             uri,
             version,
-            headers,
+            headers: OnceLock::from(headers),
+            pending: None,
             body,
             hashes: Hashes::on_first_use(),
         }))
@@ -236,7 +289,7 @@ impl FrozenRequest {
         *req.method_mut() = frozen.method.clone();
         *req.uri_mut() = frozen.uri.clone();
         *req.version_mut() = frozen.version;
-        *req.headers_mut() = frozen.headers.clone();
+        *req.headers_mut() = frozen.headers().clone();
         *req.extensions_mut() = extensions;
         req
     }
@@ -258,7 +311,7 @@ impl FrozenRequest {
 
     /// The request headers, as frozen.
     pub fn headers(&self) -> &HeaderMap {
-        &self.0.headers
+        self.0.headers()
     }
 
     /// The whole request body.
@@ -296,10 +349,7 @@ impl FrozenRequest {
         let uri_len = uri.scheme_str().map_or(0, str::len)
             + uri.authority().map_or(0, |a| a.as_str().len())
             + path_and_query(uri).len();
-        std::mem::size_of::<Frozen>()
-            + uri_len
-            + headers_weight(&self.0.headers)
-            + self.0.body.len()
+        std::mem::size_of::<Frozen>() + uri_len + headers_weight(self.headers()) + self.0.body.len()
     }
 }
 
@@ -309,7 +359,7 @@ impl fmt::Debug for FrozenRequest {
             .field("method", &self.0.method)
             .field("uri", &self.0.uri)
             .field("version", &self.0.version)
-            .field("headers", &self.0.headers)
+            .field("headers", self.headers())
             .field("body_len", &self.0.body.len())
             .field("fingerprint", &self.fingerprint())
             .finish()
@@ -364,7 +414,7 @@ impl FrozenRequest {
             && frozen.method == parts.method
             && frozen.version == parts.version
             && same_uri_bytes(&frozen.uri, &parts.uri)
-            && same_headers(&frozen.headers, &parts.headers)
+            && same_headers(frozen.headers(), &parts.headers)
     }
 
     /// Take `earlier`'s digest and fingerprint when it covers exactly what this request says: the same
@@ -398,4 +448,89 @@ impl FrozenRequest {
 /// The path and query a fingerprint covers (`/` when the URI has none).
 pub(crate) fn path_and_query(uri: &Uri) -> &str {
     uri.path_and_query().map_or("/", |pq| pq.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keyed_parts(digest: Option<&'static str>) -> http::request::Parts {
+        let mut builder =
+            Request::post("http://pay.local/charges").header("content-type", "application/json");
+        if let Some(digest) = digest {
+            builder = builder.header(&CONTENT_DIGEST, digest);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    const BODY: &[u8] = br#"{"order_id":"o_1"}"#;
+
+    /// A request frozen as the client face freezes one keyed by an `OperationId`.
+    fn keyed_frozen() -> (IdempotencyKey, FrozenRequest) {
+        let key = IdempotencyKey::derive("", "task-7", "charge");
+        let adding = Adding::Digest {
+            derived_key: Some(&key),
+        };
+        let (frozen, _) =
+            FrozenRequest::of_collected(keyed_parts(None), Bytes::from_static(BODY), adding);
+        (key, frozen)
+    }
+
+    #[test]
+    fn a_keyed_requests_key_and_digest_are_added_on_the_first_read_of_its_headers() {
+        let (key, frozen) = keyed_frozen();
+        // Nothing made yet: an operation answered from its record stops here.
+        assert!(frozen.0.headers.get().is_none());
+        let uri: Uri = "http://pay.local/charges".parse().unwrap();
+        let fingerprint = Fingerprint::of_request(&Method::POST, &uri, &BodyDigest::of(BODY));
+        assert_eq!(frozen.fingerprint(), fingerprint);
+
+        // The first read (a claim weighing it, a send, an encoding) adds both.
+        let weight = frozen.weight();
+        let headers = frozen.headers();
+        assert_eq!(headers[&IDEMPOTENCY_KEY], key.header_value());
+        assert_eq!(
+            headers[&CONTENT_DIGEST],
+            BodyDigest::of(BODY).header_value()
+        );
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(frozen.weight(), weight, "the same weight before and after");
+
+        // Every view of the head is the same bytes: an attempt, and a store's encoding.
+        let attempt = frozen.to_request();
+        assert_eq!(attempt.headers(), headers);
+        let decoded = FrozenRequest::decode(&frozen.encode()).unwrap();
+        assert_eq!(decoded.headers(), headers);
+    }
+
+    #[test]
+    fn a_callers_own_content_digest_is_kept_when_the_headers_are_added() {
+        let sent = "sha-256=:callers-own:";
+        let adding = Adding::Digest { derived_key: None };
+        let (frozen, _) =
+            FrozenRequest::of_collected(keyed_parts(Some(sent)), Bytes::from_static(BODY), adding);
+        let headers = frozen.to_request().headers().clone();
+        assert_eq!(
+            headers.get_all(&CONTENT_DIGEST).iter().collect::<Vec<_>>(),
+            [sent]
+        );
+        assert!(!headers.contains_key(&IDEMPOTENCY_KEY));
+        assert_eq!(frozen.body_digest(), BodyDigest::of(BODY));
+    }
+
+    #[test]
+    fn threads_reading_a_keyed_requests_headers_at_once_see_them_added_once() {
+        let (_, frozen) = keyed_frozen();
+        let seen: Vec<HeaderMap> = std::thread::scope(|scope| {
+            let readers: Vec<_> = (0..4)
+                .map(|_| scope.spawn(|| frozen.headers().clone()))
+                .collect();
+            readers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        for headers in &seen {
+            assert_eq!(headers, frozen.headers());
+            assert_eq!(headers.get_all(&IDEMPOTENCY_KEY).iter().count(), 1);
+            assert_eq!(headers.get_all(&CONTENT_DIGEST).iter().count(), 1);
+        }
+    }
 }

@@ -27,47 +27,51 @@ pub(super) struct Frozen {
     method: Method,
     uri: Uri,
     version: Version,
-    /// The headers as frozen: set at freezing, or on first read for a request whose
-    /// `Content-Digest` (and derived key) are still to be added ([`Pending`]).
-    headers: OnceLock<HeaderMap>,
-    pending: Option<Pending>,
+    headers: Headers,
     body: Bytes,
     hashes: Hashes,
 }
 
-/// A keyed request's headers before its `Content-Digest` and its derived `Idempotency-Key`
-/// are added: they are added on the first read of its headers. An operation that the
-/// ledger answers from its record never sends its request, so it never makes the two
-/// values (their encoding, an allocation and two insertions are a fifth of a replay).
-/// Anything that reads the headers (a send, a store that keeps or encodes the request, a
-/// comparison) sees them added, so the frozen head is the same bytes either way.
-struct Pending {
-    /// The caller's headers, taken out when the headers are first read.
-    caller: Mutex<Option<HeaderMap>>,
-    derived_key: Option<IdempotencyKey>,
+/// The frozen headers.
+enum Headers {
+    /// As they were frozen.
+    Frozen(HeaderMap),
+    /// A keyed request's, its `Content-Digest` and its derived `Idempotency-Key` still to
+    /// add: they are added on the first read of its headers. An operation that the ledger
+    /// answers from its record never sends its request, so it never makes the two values
+    /// (their encoding, an allocation and two insertions are a fifth of a replay). Anything
+    /// that reads the headers (a send, a store that weighs, keeps or encodes the request, a
+    /// comparison) sees them added, so the frozen head is the same bytes either way.
+    Pending {
+        added: OnceLock<HeaderMap>,
+        /// The caller's headers, taken out on the first read.
+        caller: Mutex<Option<HeaderMap>>,
+        derived_key: Option<IdempotencyKey>,
+    },
 }
 
 impl Frozen {
-    /// The headers, the pending values added on the first read.
+    /// The headers, a keyed request's pending values added on the first read.
     #[inline]
     fn headers(&self) -> &HeaderMap {
-        self.headers.get_or_init(|| self.with_pending_added())
-    }
-
-    fn with_pending_added(&self) -> HeaderMap {
-        let pending = self
-            .pending
-            .as_ref()
-            .expect("headers are set at freezing unless pending");
-        let mut headers = lock(&pending.caller)
-            .take()
-            .expect("the caller's headers are taken once");
-        let digest = self
-            .hashes
-            .digest()
-            .expect("a request with pending headers had its digest made at freezing");
-        add_key_and_digest(&mut headers, pending.derived_key.as_ref(), &digest);
-        headers
+        match &self.headers {
+            Headers::Frozen(headers) => headers,
+            Headers::Pending {
+                added,
+                caller,
+                derived_key,
+            } => added.get_or_init(|| {
+                let mut headers = lock(caller)
+                    .take()
+                    .expect("the caller's headers are taken once");
+                let digest = self
+                    .hashes
+                    .digest()
+                    .expect("a request with pending headers had its digest made at freezing");
+                add_key_and_digest(&mut headers, derived_key.as_ref(), &digest);
+                headers
+            }),
+        }
     }
 }
 
@@ -217,19 +221,20 @@ impl FrozenRequest {
         body: Bytes,
         adding: Adding<'_>,
     ) -> (Self, Extensions) {
-        let (headers, pending, hashes) = match adding {
-            Adding::Nothing => (OnceLock::from(parts.headers), None, Hashes::on_first_use()),
+        let (headers, hashes) = match adding {
+            Adding::Nothing => (Headers::Frozen(parts.headers), Hashes::on_first_use()),
             Adding::Digest { derived_key } => {
                 let sha256 = BodyDigest::of(&body);
                 let hashes = Hashes::Made {
                     digest: sha256,
                     fingerprint: Fingerprint::of_request(&parts.method, &parts.uri, &sha256),
                 };
-                let pending = Pending {
+                let headers = Headers::Pending {
+                    added: OnceLock::new(),
                     caller: Mutex::new(Some(parts.headers)),
                     derived_key: derived_key.copied(),
                 };
-                (OnceLock::new(), Some(pending), hashes)
+                (headers, hashes)
             }
         };
         let frozen = Frozen {
@@ -237,7 +242,6 @@ impl FrozenRequest {
             uri: parts.uri,
             version: parts.version,
             headers,
-            pending,
             body,
             hashes,
         };
@@ -269,8 +273,7 @@ impl FrozenRequest {
             method,
             uri,
             version,
-            headers: OnceLock::from(headers),
-            pending: None,
+            headers: Headers::Frozen(headers),
             body,
             hashes: Hashes::on_first_use(),
         }))
@@ -480,7 +483,10 @@ mod tests {
     fn a_keyed_requests_key_and_digest_are_added_on_the_first_read_of_its_headers() {
         let (key, frozen) = keyed_frozen();
         // Nothing made yet: an operation answered from its record stops here.
-        assert!(frozen.0.headers.get().is_none());
+        let Headers::Pending { added, .. } = &frozen.0.headers else {
+            panic!("a keyed request's headers are pending");
+        };
+        assert!(added.get().is_none());
         let uri: Uri = "http://pay.local/charges".parse().unwrap();
         let fingerprint = Fingerprint::of_request(&Method::POST, &uri, &BodyDigest::of(BODY));
         assert_eq!(frozen.fingerprint(), fingerprint);

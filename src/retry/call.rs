@@ -6,7 +6,6 @@ use bytes::Bytes;
 use http::{Extensions, Request, Response};
 use http_body_util::Full;
 use tokio::time::Instant;
-use tower::retry::budget::Budget;
 
 use super::attempts::Attempts;
 use super::backoff::{retry_after, FullJitter};
@@ -77,8 +76,10 @@ impl Call {
         policy: &RetryPolicy,
     ) -> Self {
         let effect = EffectClass::resolve(frozen.method(), &extensions);
+        // One clock read: the deadline starts here, and the budget's window is read by it.
+        let started = Instant::now();
         if let Some(budget) = &policy.budget {
-            budget.deposit();
+            budget.deposit_at(started);
         }
         Self {
             frozen,
@@ -88,7 +89,7 @@ impl Call {
             key_honoured,
             furthest: FailurePhase::PreWrite,
             earlier: FailurePhase::PreWrite,
-            started: Instant::now(),
+            started,
             backoff: None,
             attempt: 0,
         }
@@ -286,7 +287,7 @@ pub(super) fn next_delay(
         return None;
     }
     if let Some(budget) = &policy.budget {
-        if !budget.withdraw() {
+        if !budget.withdraw_at(now) {
             tracing::debug!("retry budget exhausted; not retrying");
             return None;
         }

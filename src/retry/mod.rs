@@ -13,7 +13,9 @@
 //! - **when**: full-jitter exponential backoff on tower's `ExponentialBackoff` schedule, or
 //!   the server's `Retry-After`;
 //! - **how much**: at most 5 attempts, a maximum elapsed time, and
-//!   tower's `TpsBudget`, so a fleet-wide outage is not multiplied by retries.
+//!   a retry budget with tower's `TpsBudget`'s arithmetic, so a fleet-wide outage is not
+//!   multiplied by retries (kept without `TpsBudget`'s lock on every call; a shared
+//!   `TpsBudget` of your own is used as it is).
 //!
 //! Why a budget: with 3 attempts per call, a dependency that fails every request receives
 //! 3× its normal load exactly when it is least able to take it. The budget caps retries at
@@ -65,6 +67,7 @@
 
 mod attempts;
 mod backoff;
+mod budget;
 mod call;
 mod future;
 pub(crate) mod layer;

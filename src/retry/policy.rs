@@ -8,6 +8,8 @@ use std::time::Duration;
 use http::{HeaderMap, StatusCode};
 use tower::retry::budget::TpsBudget;
 
+use super::budget::{RetryBudget, Windowed};
+
 use crate::effect::EffectClass;
 use crate::frozen::{FrozenRequest, DEFAULT_BODY_LIMIT};
 use crate::key::IDEMPOTENCY_KEY;
@@ -169,7 +171,7 @@ impl ClassifyRetry for DefaultClassifier {
 /// |---|---|
 /// | attempts (first included) | 3, at most 5 |
 /// | backoff | full jitter: uniform in `[0, min(10 s, 100 ms × 2ⁿ)]` |
-/// | retry budget | tower's `TpsBudget`: 10 s window, 10 retries/s floor, 20 % of calls |
+/// | retry budget | tower's `TpsBudget`'s arithmetic (no lock per call): 10 s window, 10 retries/s floor, 20 % of calls |
 /// | max elapsed (first attempt to last retry) | 30 s |
 /// | per-attempt timeout | none |
 /// | `Retry-After` | honoured (seconds or HTTP-date) when longer than the backoff, capped at the backoff cap; never shortens the backoff (`0`, past dates and garbage fall back to it); past the deadline it ends retrying |
@@ -195,7 +197,7 @@ pub struct RetryPolicy {
     pub(crate) backoff_cap: Duration,
     pub(crate) max_elapsed: Duration,
     pub(crate) attempt_timeout: Option<Duration>,
-    pub(crate) budget: Option<Arc<TpsBudget>>,
+    pub(crate) budget: Option<RetryBudget>,
     pub(crate) classifier: Arc<dyn ClassifyRetry>,
     pub(crate) phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     pub(crate) body_limit: usize,
@@ -218,7 +220,7 @@ impl RetryPolicy {
             backoff_cap: DEFAULT_BACKOFF_CAP,
             max_elapsed: DEFAULT_MAX_ELAPSED,
             attempt_timeout: None,
-            budget: Some(Arc::new(default_budget())),
+            budget: Some(RetryBudget::Windowed(Arc::new(default_budget()))),
             classifier: Arc::new(DefaultClassifier),
             phase_classifier: None,
             body_limit: DEFAULT_BODY_LIMIT,
@@ -260,9 +262,10 @@ impl RetryPolicy {
 }
 
 /// tower's budget with the defaults from Finagle/Envoy guidance: a 10 s window, a floor of
-/// 10 retries per second, and 20 % of calls.
-fn default_budget() -> TpsBudget {
-    TpsBudget::new(Duration::from_secs(10), 10, 0.2)
+/// 10 retries per second, and 20 % of calls; kept without a lock on every call
+/// ([`Windowed`]).
+fn default_budget() -> Windowed {
+    Windowed::new(Duration::from_secs(10), 10, 0.2)
 }
 
 /// Builds a [`RetryPolicy`]; [`build`](RetryPolicyBuilder::build) refuses invalid settings.
@@ -274,7 +277,7 @@ pub struct RetryPolicyBuilder {
     backoff_cap: Duration,
     max_elapsed: Duration,
     attempt_timeout: Option<Duration>,
-    budget: Option<Arc<TpsBudget>>,
+    budget: Option<RetryBudget>,
     classifier: Arc<dyn ClassifyRetry>,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     body_limit: usize,
@@ -308,9 +311,11 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Share this retry budget (tower's `TpsBudget`), e.g. across several layers.
+    /// Share this retry budget (tower's `TpsBudget`), e.g. across several layers. (The
+    /// default budget counts as a `TpsBudget::new(10 s, 10, 0.2)` does, without its lock on
+    /// every call; one passed here is used as it is.)
     pub fn budget(mut self, budget: Arc<TpsBudget>) -> Self {
-        self.budget = Some(budget);
+        self.budget = Some(RetryBudget::Tower(budget));
         self
     }
 

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower::retry::budget::Budget;
 
 use crate::retry::FullJitter;
 use crate::tool::face::ToolFace;
@@ -21,13 +20,14 @@ pub(super) struct Retries<'a> {
 impl<'a> Retries<'a> {
     pub(super) fn new<C>(face: &'a ToolFace<C>) -> Self {
         let policy = &*face.retry;
+        let started = Instant::now();
         if let Some(budget) = &policy.budget {
-            budget.deposit();
+            budget.deposit_at(started);
         }
         Self {
             policy,
             attempts: 1,
-            started: Instant::now(),
+            started,
             backoff: None,
             wait: Duration::ZERO,
         }
@@ -48,7 +48,7 @@ impl<'a> Retries<'a> {
             return None;
         }
         if let Some(budget) = &policy.budget {
-            if !budget.withdraw() {
+            if !budget.withdraw_at(Instant::now()) {
                 tracing::debug!("retry budget exhausted; not retrying the tool");
                 return None;
             }

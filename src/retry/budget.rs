@@ -241,18 +241,12 @@ mod tests {
     async fn the_default_allows_its_floor_and_a_fifth_of_the_calls_on_top() {
         let budget = Windowed::new(Duration::from_secs(10), 10, 0.2);
         // The floor: 10 retries a second over the 10 s window, with no call at all.
-        let floor = (0..200)
-            .take_while(|_| budget.withdraw_at(Instant::now()))
-            .count();
-        assert_eq!(floor, 100);
+        assert_eq!(retries_allowed(&budget, 200), 100);
         // Then a fifth of the calls.
         for _ in 0..50 {
             budget.deposit_at(Instant::now());
         }
-        let more = (0..50)
-            .take_while(|_| budget.withdraw_at(Instant::now()))
-            .count();
-        assert_eq!(more, 10);
+        assert_eq!(retries_allowed(&budget, 50), 10);
     }
 
     #[test]
@@ -274,9 +268,13 @@ mod tests {
             }
         });
         // Every deposit counted, in whichever slot it fell: as many retries as calls.
-        let retries = (0..5_000)
+        assert_eq!(retries_allowed(&budget, 5_000), 4_000);
+    }
+
+    /// How many of `asked` retries in a row the budget allows now.
+    fn retries_allowed(budget: &Windowed, asked: usize) -> usize {
+        (0..asked)
             .take_while(|_| budget.withdraw_at(Instant::now()))
-            .count();
-        assert_eq!(retries, 4_000);
+            .count()
     }
 }

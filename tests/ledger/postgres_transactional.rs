@@ -54,6 +54,31 @@ async fn write_note(tx: &PostgresTransaction, schema: &str, key: &str) {
         .expect("insert");
 }
 
+/// The transactional server layer over `store`, its keys unscoped.
+fn unscoped_layer(store: &PostgresStore) -> IdempotencyLayer<ServerFace> {
+    IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .build()
+        .expect("layer")
+}
+
+/// A handler's write that a business rule then refuses: the write is undone, `422`.
+async fn write_then_refuse(tx: &PostgresTransaction, schema: &str, key: &str) -> StatusCode {
+    write_note(tx, schema, key).await;
+    tx.set_rollback_only();
+    StatusCode::UNPROCESSABLE_ENTITY
+}
+
+/// A router whose `path` writes the note `key`, then refuses it ([`write_then_refuse`]).
+fn refusing(path: &str, schema: String, key: &'static str) -> Router {
+    Router::new().route(
+        path,
+        post(move |tx: PostgresTransaction| async move {
+            write_then_refuse(&tx, &schema, key).await
+        }),
+    )
+}
+
 async fn notes(store: &PostgresStore, key: &str) -> i64 {
     let client = store.pool().get().await.expect("a connection");
     client
@@ -99,21 +124,8 @@ async fn a_rollback_request_leaves_no_write_and_no_record() {
     };
     let store = database(pg.url()).await;
     let schema = store.schema().to_owned();
-    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
-        .unscoped()
-        .build()
-        .expect("layer");
-    let app = Router::new()
-        .route(
-            "/notes",
-            post(move |tx: PostgresTransaction| async move {
-                write_note(&tx, &schema, "rolled").await;
-                // A business rule says no, after the write: undo it, answer 422.
-                tx.set_rollback_only();
-                StatusCode::UNPROCESSABLE_ENTITY
-            }),
-        )
-        .route_layer(layer);
+    let layer = unscoped_layer(&store);
+    let app = refusing("/notes", schema, "rolled").route_layer(layer);
     let addr = serve(app).await;
     for _ in 0..2 {
         let response = post_with_key(addr, "/notes", "rolled").await;
@@ -142,19 +154,8 @@ async fn a_rollback_is_done_before_its_answer_goes_out() {
     };
     let store = database(pg.url()).await;
     let schema = store.schema().to_owned();
-    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
-        .unscoped()
-        .build()
-        .expect("layer");
-    let app = Router::new()
-        .route(
-            "/refused",
-            post(move |tx: PostgresTransaction| async move {
-                write_note(&tx, &schema, "refused").await;
-                tx.set_rollback_only();
-                StatusCode::UNPROCESSABLE_ENTITY
-            }),
-        )
+    let layer = unscoped_layer(&store);
+    let app = refusing("/refused", schema, "refused")
         .route(
             "/failed",
             post(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
@@ -189,10 +190,7 @@ async fn a_panicking_handler_rolls_back_and_the_retry_runs_again() {
     };
     let store = database(pg.url()).await;
     let schema = store.schema().to_owned();
-    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
-        .unscoped()
-        .build()
-        .expect("layer");
+    let layer = unscoped_layer(&store);
     let panics = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let app = Router::new()
         .route(
@@ -473,10 +471,7 @@ async fn a_409_leaves_no_error_in_postgresql_s_log() {
         return;
     };
     let store = database(&server.url()).await;
-    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
-        .unscoped()
-        .build()
-        .expect("layer");
+    let layer = unscoped_layer(&store);
     let addr = serve_notes(store.schema().to_owned(), Duration::from_millis(600), layer).await;
     let first = tokio::spawn(async move { post_with_key(addr, "/notes", "busy").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -524,10 +519,7 @@ async fn a_commit_whose_answer_is_lost_is_commit_unknown_and_the_retry_replays()
         ))
         .await
         .expect("create the table");
-    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
-        .unscoped()
-        .build()
-        .expect("layer");
+    let layer = unscoped_layer(&store);
     let addr = serve_notes(schema, Duration::ZERO, layer).await;
     let first = post_with_key(addr, "/notes", "lost").await;
     assert_eq!(first.status(), 503);

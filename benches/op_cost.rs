@@ -19,6 +19,7 @@
 //! | `bare` | the no-op service |
 //! | `bare_op` | the no-op service, handed the client variants' requests (a new `OperationId` in each): their baseline, so the caller's own `OperationId` is not counted as the layer's |
 //! | `tower_retry_clone` | buffer the body, `tower::retry` with a policy cloning the request per attempt |
+//! | `tower_retry_clone_full` | `tower_retry_clone`'s policy straight over the `Full<Bytes>` requests, no buffering: the least a retry can do, and only for a body that is already cloneable bytes |
 //! | `frozen_retry` | `FrozenRetryLayer` (default policy) |
 //! | `frozen_retry_no_budget` | `FrozenRetryLayer`, the default policy without its retry budget (which `tower_retry_clone`'s policy does not keep either) |
 //! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
@@ -37,7 +38,7 @@
 //! | `client_fresh_defaults` / `stack_fresh_defaults` | a new operation per call through the layer (`IdempotencyLayer::client(MemoryStore::new())`) / the stack (`client_builder(MemoryStore::new()).build_stack()`) with **every setting at its default** and the store below its cap, as a user's runs: nothing evicted, nothing shortened |
 //! | `tool_fresh_defaults` | the same through the tool face (`ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored).build()`) |
 //! | `bare_op_waiting` | `bare_op` with a transport that is pending once before it answers, as one over a network is (`common::Waiting`): the baseline of the `_waiting` variants |
-//! | `stack_fresh_waiting` / `client_floor_waiting` / `stack_floor_waiting` | `stack_fresh`, `client_floor` and `stack_floor` over that transport: what a second poll of every layer, and the timers armed while a call is on the wire, add |
+//! | `stack_fresh_waiting` / `client_floor_waiting` / `stack_floor_waiting` | `stack_fresh`, `client_floor` and `stack_floor` over that transport: what a second poll of every layer, and whatever it arms while a call is on the wire (the default store holds the lease: no renewal timer), add |
 //! | `stack_fresh_defaults_waiting` | `stack_fresh_defaults` over that transport: the same with every setting at its default (a 10 s lease, renewed every third of it) |
 //! | `tool_fresh` / `tool_replay` | the tool face (`ToolLayer`, a key-less provider, the default retry policy with no retry window so the benches' protected window applies) over that tool, a new `OperationId` per call / always the same one |
 //!
@@ -99,6 +100,7 @@ const VARIANTS: &[&str] = &[
     "bare",
     "bare_op",
     "tower_retry_clone",
+    "tower_retry_clone_full",
     "frozen_retry",
     "frozen_retry_no_budget",
     "client_fresh",
@@ -735,6 +737,10 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     .layer_fn(|inner| BufferBody { inner })
                     .layer(RetryLayer::new(CloneAttempts(3)))
                     .service(Noop);
+                service_variant(svc, None, Plan::Plain, plain, plain, n).await
+            }
+            "tower_retry_clone_full" => {
+                let svc = clone_retry(Noop);
                 service_variant(svc, None, Plan::Plain, plain, plain, n).await
             }
             "frozen_retry" => {

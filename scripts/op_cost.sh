@@ -67,7 +67,7 @@ baseline_of() {
     client_* | stack_*) echo bare_op ;;
     tool_bare) echo - ;;
     tool_*) echo tool_bare ;;
-    frozen_retry* | tower_retry_clone) echo bare ;;
+    frozen_retry* | tower_retry_clone*) echo bare ;;
     server_bare) echo - ;;
     server_*) echo server_bare ;;
     *) echo - ;;

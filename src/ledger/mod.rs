@@ -45,7 +45,9 @@
 //!   the next `begin` resumes with the frozen bytes under a new token.
 //! - **A live owner keeps its lease.** An owner still working calls [`renew`] (fenced), so a
 //!   lease can be short (a dead owner's operation is resumable within seconds) without a
-//!   slow live owner ever being overtaken.
+//!   slow live owner ever being overtaken. A store in the owner's own process may instead
+//!   [hold the lease](IdempotencyStore::hold_lease) until the owner [lets go](IdempotencyStore::let_go)
+//!   of it: the owner is there to say when it leaves, so nothing needs renewing.
 //! - **The frozen request is stored at `begin`**, before any byte is sent, so a caller that
 //!   crashes and comes back resends the original bytes.
 //! - **"May have been sent" is sticky.** `abandon` releases an operation only if no attempt
@@ -201,6 +203,89 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// alive and still working. Fenced like every other write; a lease that ran out but was
     /// not taken over yet may still be renewed by its owner.
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()>;
+
+    /// Hold the lease of an operation held under `token` until its owner
+    /// [lets go](Self::let_go) of it, without renewals: answer `true` if the store does (its
+    /// owner then never [renews](Self::renew) it), `false` (the default) if it does not (the
+    /// owner renews it every third of a lease as it works).
+    ///
+    /// For a store in the owner's own process ([`MemoryStore`] holds): the owner is there to
+    /// say when it leaves. While held, the operation is in flight with the whole `lease` left
+    /// at every look ([`Begin::Busy`] to others, not forgotten unless forced). The owner's
+    /// guard ends the hold as it goes: settling the operation (complete, release, in doubt)
+    /// replaces it, and a guard that goes without settling (handed on, or unable to) lets go,
+    /// so the lease ends a lease later, as if it had been renewed until then. A store that
+    /// holds costs a slow call no timer, no store call and no allocation per renewal.
+    ///
+    /// An owner that never goes (a future leaked rather than dropped) holds its operation
+    /// busy for good: fail closed. It answers at once: it is called from the owner's poll,
+    /// the moment its work first waits. A `token` that does not hold the record (it was
+    /// taken over, or settled) is answered `false`; the owner's renewal then finds it fenced.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore};
+    /// use tower_idempotency::fingerprint::Fingerprint;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// tokio::time::pause();
+    /// let store = MemoryStore::new();
+    /// let key = LedgerKey::from_bytes([5; 32]);
+    /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let lease = Duration::from_secs(10);
+    /// // Each caller brings its own token.
+    /// let request = || BeginRequest::new(key, fp, lease, Duration::from_secs(3600));
+    /// let Begin::Acquired { token } = store.begin(request()).await? else { unreachable!() };
+    ///
+    /// assert!(store.hold_lease(key, token, lease));
+    /// tokio::time::advance(lease * 5).await;
+    /// // Five leases later, not one renewal: the owner still holds it.
+    /// assert!(matches!(store.begin(request()).await?, Begin::Busy { .. }));
+    ///
+    /// // The owner goes without settling: a lease later, the next caller resumes it.
+    /// store.let_go(key, token, lease);
+    /// assert!(matches!(store.begin(request()).await?, Begin::Busy { .. }));
+    /// tokio::time::advance(lease).await;
+    /// assert!(matches!(store.begin(request()).await?, Begin::Resume { .. }));
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn hold_lease(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> bool {
+        let _ = (key, token, lease);
+        false
+    }
+
+    /// The owner of a lease [held](Self::hold_lease) under `token` goes away without
+    /// settling its operation: the lease ends `lease` from now, as if it had been renewed
+    /// until now, and the operation then reads as in doubt. Nothing when `token` no longer
+    /// holds the record (it was settled, or taken over). The default does nothing: a store
+    /// that does not hold leases has nothing to let go.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Outcome};
+    /// use tower_idempotency::fingerprint::Fingerprint;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = MemoryStore::new();
+    /// let key = LedgerKey::from_bytes([6; 32]);
+    /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let (lease, retention) = (Duration::from_secs(10), Duration::from_secs(3600));
+    /// let Begin::Acquired { token } = store.begin(BeginRequest::new(key, fp, lease, retention)).await?
+    /// else { unreachable!() };
+    /// assert!(store.hold_lease(key, token, lease));
+    /// store.complete(key, token, Outcome::Tombstone { status: http::StatusCode::OK }, retention).await?;
+    /// // Settled: there is no hold left to let go, and nothing changes.
+    /// store.let_go(key, token, lease);
+    /// assert!(matches!(store.begin(BeginRequest::new(key, fp, lease, retention)).await?, Begin::Replay(_)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
+        let _ = (key, token, lease);
+    }
 
     /// A read-only look at the record of `key`, for tests and operators: `None` when there is
     /// none (or it is past its retention). Changes nothing, not even an eviction order.
@@ -392,6 +477,14 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
         (**self).renew(key, token, lease)
+    }
+
+    fn hold_lease(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> bool {
+        (**self).hold_lease(key, token, lease)
+    }
+
+    fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
+        (**self).let_go(key, token, lease)
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {

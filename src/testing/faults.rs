@@ -189,7 +189,11 @@ where
 
 /// Drive `operation` until it finishes, or abandon it `after` into it as a killed process
 /// would: the future is leaked, so no destructor runs — no lease is released, marked or
-/// recorded; whatever it claimed stays as it was until its lease runs out.
+/// recorded; whatever it claimed stays as it was until its lease runs out. A lease that a
+/// store in this process held for the operation's owners
+/// ([`MemoryStore`](crate::ledger::MemoryStore), see
+/// [`hold_lease`](crate::ledger::IdempotencyStore::hold_lease)) is let go at the crash, as
+/// it would be with the process, so it runs out a lease later there too.
 ///
 /// `None` when it "crashed". Use it to test crash-and-resume without a second process.
 ///
@@ -206,11 +210,13 @@ where
 /// # }
 /// ```
 pub async fn crash_after<F: Future>(operation: F, after: Duration) -> Option<F::Output> {
-    let mut operation = Box::pin(operation);
+    let held = super::crash::Domain::default();
+    let mut operation = Box::pin(held.scope(operation));
     tokio::select! {
         output = &mut operation => Some(output),
         () = tokio::time::sleep(after) => {
             std::mem::forget(operation);
+            held.crash();
             None
         }
     }

@@ -12,6 +12,7 @@
 //!   before, panic, hang).
 
 pub mod conformance;
+pub(crate) mod crash;
 mod effects;
 mod faults;
 pub mod model;

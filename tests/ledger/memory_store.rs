@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome,
-    StoredResponse,
+    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore,
+    Outcome, RecordKind, RecordState, StoredResponse,
 };
 use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, IdempotencyLayer};
 
@@ -399,6 +399,124 @@ async fn lease_boundary_busy_at_minus_1ms_resume_at_plus_1ms() {
         store.begin(begin_request(key, 0)).await.unwrap(),
         Begin::Resume { .. }
     ));
+}
+
+/// What another caller of operation 0 under `key` is answered.
+async fn next_caller(store: &MemoryStore, key: LedgerKey) -> Begin {
+    store.begin(begin_request(key, 0)).await.unwrap()
+}
+
+/// How long another caller is told to wait for `key`'s owner.
+async fn busy_for(store: &MemoryStore, key: LedgerKey) -> Duration {
+    match next_caller(store, key).await {
+        Begin::Busy { retry_after } => retry_after,
+        other => panic!("expected Busy, got {other:?}"),
+    }
+}
+
+/// The lease left of `key`'s in-flight record, as `inspect` shows it.
+async fn lease_left(store: &MemoryStore, key: LedgerKey) -> Duration {
+    match store.inspect(key).await.unwrap().expect("a record").state {
+        RecordState::InFlight { lease_left, .. } => lease_left,
+        other => panic!("expected an in-flight record, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_lease_never_runs_out_and_is_never_forgotten_unforced() {
+    let store = MemoryStore::new();
+    let key = key(40, 0);
+    let token = acquire(&store, begin_request(key, 0)).await;
+    assert!(store.hold_lease(key, token, LEASE));
+
+    // Ten leases on, with not one renewal: in flight, a whole lease left at every look.
+    tokio::time::advance(LEASE * 10).await;
+    assert_eq!(busy_for(&store, key).await, LEASE);
+    assert_eq!(lease_left(&store, key).await, LEASE);
+    let expected = Expected::new(RecordKind::InFlight, fingerprint(0), 1);
+    let refused = store.forget(key, expected).await.unwrap();
+    assert_eq!(refused, Forget::Live { lease_left: LEASE });
+
+    // The owner completes as usual, under its token; there is then nothing to let go.
+    complete_and_replay(&store, key, token, "held").await;
+    store.let_go(key, token, LEASE);
+    assert!(matches!(next_caller(&store, key).await, Begin::Replay(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_let_go_runs_out_a_lease_later() {
+    let store = MemoryStore::new();
+    let key = key(41, 0);
+    let first = acquire(&store, begin_request(key, 0)).await;
+    assert!(store.hold_lease(key, first, LEASE));
+    tokio::time::advance(LEASE * 3).await;
+
+    // The owner goes without settling: as if it had renewed until then.
+    store.let_go(key, first, LEASE);
+    tokio::time::advance(LEASE - MS).await;
+    assert_eq!(busy_for(&store, key).await, MS);
+    tokio::time::advance(2 * MS).await;
+    let second = match next_caller(&store, key).await {
+        Begin::Resume { token, .. } => token,
+        other => panic!("expected Resume once the lease ran out, got {other:?}"),
+    };
+    // The new owner's lease is its own: not held, it ends as claimed.
+    assert_eq!(lease_left(&store, key).await, LEASE);
+    // The old owner holds nothing any more, and letting go again changes nothing.
+    assert!(!store.hold_lease(key, first, LEASE));
+    store.let_go(key, first, LEASE);
+    assert_eq!(lease_left(&store, key).await, LEASE);
+    assert!(store
+        .complete(key, first, response("late".into()), RETENTION)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    complete_and_replay(&store, key, second, "resumed").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_owning_token_of_an_open_record_is_held() {
+    let store = MemoryStore::new();
+    let (key, done) = (key(42, 0), key(42, 1));
+    // No record.
+    assert!(!store.hold_lease(key, LeaseToken::generate(), LEASE));
+    let token = acquire(&store, begin_request(key, 0)).await;
+    // Another token.
+    assert!(!store.hold_lease(key, LeaseToken::generate(), LEASE));
+    tokio::time::advance(LEASE + MS).await;
+    assert!(matches!(
+        next_caller(&store, key).await,
+        Begin::Resume { .. }
+    ));
+    // Taken over: its old token no longer holds it.
+    assert!(!store.hold_lease(key, token, LEASE));
+    // Completed records are not held either.
+    let token = acquire(&store, begin_request(done, 0)).await;
+    complete_and_replay(&store, done, token, "done").await;
+    assert!(!store.hold_lease(done, token, LEASE));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_ends_a_hold_and_the_lease_runs_from_it() {
+    let store = MemoryStore::new();
+    let key = key(43, 0);
+    let token = acquire(&store, begin_request(key, 0)).await;
+    assert!(store.hold_lease(key, token, LEASE));
+    tokio::time::advance(LEASE * 2).await;
+    store.renew(key, token, LEASE).await.unwrap();
+    assert_eq!(lease_left(&store, key).await, LEASE);
+    tokio::time::advance(LEASE - MS).await;
+    busy_for(&store, key).await;
+    tokio::time::advance(2 * MS).await;
+    assert!(matches!(
+        next_caller(&store, key).await,
+        Begin::Resume { .. }
+    ));
+    assert!(store
+        .renew(key, token, LEASE)
+        .await
+        .unwrap_err()
+        .is_fenced());
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
 //! Claiming an operation: `begin`, waiting while another owner holds it, asking again when
 //! an answer was lost, and releasing a claim nobody will use.
 
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -254,6 +255,7 @@ impl Ledger {
             pending: None,
             done: false,
             sent: false,
+            held: AtomicBool::new(false),
         }
     }
 }

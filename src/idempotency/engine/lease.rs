@@ -5,6 +5,8 @@ use std::task::Context;
 
 use tokio::time::Instant;
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
 use crate::ledger::{LeaseToken, LedgerKey, Outcome, StoreError};
 
 use super::observe::{observe, start};
@@ -30,6 +32,10 @@ pub(crate) struct LeaseGuard {
     /// Whether anything may have been sent under the lease: what a drop without a settle
     /// under way does (leave the operation in doubt, or release it).
     pub(super) sent: bool,
+    /// Whether the store [holds the lease](crate::ledger::IdempotencyStore::hold_lease)
+    /// for this guard, which must then [let go](crate::ledger::IdempotencyStore::let_go) of
+    /// it if it goes without settling. (Atomic: renewals read the guard by reference.)
+    pub(super) held: AtomicBool,
 }
 
 impl LeaseGuard {
@@ -64,6 +70,7 @@ impl LeaseGuard {
             Err(err) if is_ambiguous(&err) => InPlace::Later(unsettled(self, outcome, Some(err))),
             result => {
                 self.done = true;
+                self.settled(&result);
                 InPlace::Done(result)
             }
         }
@@ -83,6 +90,16 @@ impl LeaseGuard {
     /// than releasing it. Called before the inner service is called, never after.
     pub(crate) fn sending(&mut self) {
         self.sent = true;
+    }
+
+    /// A lease the store holds for this guard, let go of: it ends a lease from now. The
+    /// store is asked only if it holds one (never on the settled path: a settle ends it).
+    fn let_go(&self) {
+        if self.held.swap(false, Relaxed) {
+            self.ledger
+                .store
+                .let_go(self.key, self.token, self.ledger.lease);
+        }
     }
 
     /// Hand the lease on unsettled, to whoever goes on with the operation under the same
@@ -116,18 +133,31 @@ impl LeaseGuard {
             .apply(self.key, self.token, &settle, deadline, lost)
             .await;
         self.done = true;
+        self.settled(&result);
         result
+    }
+
+    /// A settle applied ends the store's hold with the state it replaced: nothing is left
+    /// to let go.
+    fn settled(&mut self, result: &Result<(), StoreError>) {
+        if result.is_ok() {
+            *self.held.get_mut() = false;
+        }
     }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if self.done {
+            // Settled (nothing is held any more), or handed on unsettled: the next guard
+            // holds or renews it anew.
+            self.let_go();
             return;
         }
         // Without a runtime (a runtime shutting down), the lease expiring is the fallback:
         // the record then reads as in doubt all the same.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.let_go();
             return;
         };
         // Nothing sent yet (the owner went away between its claim and its call): release,
@@ -141,10 +171,22 @@ impl Drop for LeaseGuard {
         };
         let settle = self.pending.take().unwrap_or(unsettled);
         let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
+        // A held lease stays held until the settle is done, and is let go if the settle
+        // fails or never finishes (its task dropped with a runtime shutting down).
+        let unless_settled = LetGoUnlessSettled {
+            armed: self.held.swap(false, Relaxed),
+            ledger: ledger.clone(),
+            key,
+            token,
+        };
         let mut settling = Box::pin(async move {
+            let mut unless_settled = unless_settled;
             let deadline = Instant::now() + ledger.lease;
-            if let Err(err) = ledger.apply(key, token, &settle, deadline, None).await {
-                tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
+            match ledger.apply(key, token, &settle, deadline, None).await {
+                Ok(()) => unless_settled.armed = false,
+                Err(err) => {
+                    tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
+                }
             }
         });
         // A store that answers at once (`MemoryStore`) settles here and now, so the very next
@@ -157,5 +199,24 @@ impl Drop for LeaseGuard {
             }
         }
         runtime.spawn(settling);
+    }
+}
+
+/// Lets go of a held lease when dropped armed: what a dropped guard's settle leaves behind if
+/// it fails or never finishes, so that the lease then ends a lease later instead of being
+/// held for good.
+struct LetGoUnlessSettled {
+    armed: bool,
+    ledger: Ledger,
+    key: LedgerKey,
+    token: LeaseToken,
+}
+
+impl Drop for LetGoUnlessSettled {
+    fn drop(&mut self) {
+        if self.armed {
+            let lease = self.ledger.lease;
+            self.ledger.store.let_go(self.key, self.token, lease);
+        }
     }
 }

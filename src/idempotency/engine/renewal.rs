@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -49,7 +50,9 @@ pin_project! {
     /// poll it with its lease's guard whenever the work holding that lease is pending.
     ///
     /// Nothing happens before its first poll, so work that is ready at once never starts a
-    /// timer. A renewal refused as fenced (the operation was taken over) stops it: later
+    /// timer. At the first poll, a store that [holds leases](crate::ledger::IdempotencyStore::hold_lease)
+    /// (`MemoryStore`) is asked to hold this one until its guard lets go of it: then there is
+    /// nothing to renew, and no timer is ever made. A renewal refused as fenced (the operation was taken over) stops it: later
     /// writes under the lost lease will be refused, never applied. A renewal that fails
     /// otherwise (the store is away, or its answer was lost) is tried again soon, the pause
     /// doubling up to a tenth of the lease, not a third of a lease later: two such misses
@@ -60,6 +63,8 @@ pin_project! {
         call: Option<(RenewCall, Started)>,
         // The pause before the next try while renewals fail; `None` after a success.
         retry: Option<Duration>,
+        // Nothing more to do: the lease was taken over, or the store holds it until its
+        // guard lets go.
         stopped: bool,
     }
 }
@@ -127,6 +132,10 @@ impl Renewal {
                 }
             }
             match this.sleep.as_mut().as_pin_mut() {
+                None if lease.hold() => {
+                    *this.stopped = true;
+                    return Poll::Pending;
+                }
                 None => this.sleep.set(Some(tokio::time::sleep(every))),
                 Some(sleep) => {
                     std::task::ready!(sleep.poll(cx));
@@ -164,6 +173,19 @@ impl LeaseGuard {
         }
     }
 
+    /// Whether the store holds this lease until this guard lets go of it (it is then never
+    /// renewed): asked when the work holding it first waits.
+    fn hold(&self) -> bool {
+        let (store, lease) = (&self.ledger.store, self.ledger.lease);
+        if !store.hold_lease(self.key, self.token, lease) {
+            return false;
+        }
+        self.held.store(true, Relaxed);
+        #[cfg(feature = "test-util")]
+        crate::testing::crash::enlist(store, self.key, self.token, lease);
+        true
+    }
+
     fn renew_call(&self) -> RenewCall {
         let (store, key, token, lease) = (
             self.ledger.store.clone(),
@@ -184,8 +206,8 @@ mod tests {
     use super::*;
     use crate::idempotency::engine::Ledger;
     use crate::ledger::{
-        Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordView,
-        StoreFuture,
+        Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome,
+        RecordView, StoreFuture,
     };
 
     /// Counts renewals; answers them `fenced` once told to.
@@ -259,6 +281,148 @@ mod tests {
         );
         drop(work);
         let _ = lease.hand_on();
+    }
+
+    /// The memory store, counting the renewals and the lettings go it is asked for; its
+    /// `mark_in_doubt` never answers once told to.
+    #[derive(Debug, Default)]
+    struct CountedMemory {
+        store: MemoryStore,
+        renewals: AtomicUsize,
+        lettings_go: AtomicUsize,
+        stuck_settles: AtomicBool,
+    }
+
+    impl IdempotencyStore for CountedMemory {
+        fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+            self.store.begin(request)
+        }
+        fn complete(
+            &self,
+            key: LedgerKey,
+            token: LeaseToken,
+            outcome: Outcome,
+            retention: Duration,
+        ) -> StoreFuture<'_, ()> {
+            self.store.complete(key, token, outcome, retention)
+        }
+        fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+            self.store.abandon(key, token)
+        }
+        fn mark_in_doubt(
+            &self,
+            key: LedgerKey,
+            token: LeaseToken,
+            retention: Duration,
+        ) -> StoreFuture<'_, ()> {
+            if self.stuck_settles.load(SeqCst) {
+                return StoreFuture::new(std::future::pending());
+            }
+            self.store.mark_in_doubt(key, token, retention)
+        }
+        fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+            self.renewals.fetch_add(1, SeqCst);
+            self.store.renew(key, token, lease)
+        }
+        fn hold_lease(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> bool {
+            self.store.hold_lease(key, token, lease)
+        }
+        fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
+            self.lettings_go.fetch_add(1, SeqCst);
+            self.store.let_go(key, token, lease);
+        }
+    }
+
+    /// A guard dropped unsettled hands its settle to a task when the store does not answer
+    /// at once. A runtime shutting down drops that task unfinished: the held lease is let go
+    /// then, so it ends a lease later rather than being held for good.
+    #[test]
+    fn a_held_lease_whose_settle_never_finishes_is_let_go_when_its_task_is_dropped() {
+        let counted = Arc::new(CountedMemory::default());
+        let store: Arc<dyn IdempotencyStore> = counted.clone();
+        let lease = Duration::from_millis(300);
+        let ledger = Ledger::new(store.clone(), lease, lease * 100, lease);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let key = LedgerKey::server("", "stuck");
+            let fingerprint = crate::fingerprint::Fingerprint::of(&http::Method::POST, "/", b"");
+            let request = BeginRequest::new(key, fingerprint, lease, lease * 100);
+            let Begin::Acquired { token } = store.begin(request).await.unwrap() else {
+                panic!("a fresh key is acquired");
+            };
+            let guard = ledger.hold(key, token);
+            let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
+            let polled = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+            assert!(polled.is_pending());
+            drop(work);
+            counted.stuck_settles.store(true, SeqCst);
+            drop(guard);
+        });
+        assert_eq!(
+            counted.lettings_go.load(SeqCst),
+            0,
+            "held while its settle is under way"
+        );
+        drop(runtime);
+        assert_eq!(
+            counted.lettings_go.load(SeqCst),
+            1,
+            "let go once the settle's task is gone"
+        );
+        assert_eq!(counted.renewals.load(SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_holds_the_lease_is_never_asked_to_renew_and_is_let_go() {
+        let counted = Arc::new(CountedMemory::default());
+        let store: Arc<dyn IdempotencyStore> = counted.clone();
+        let lease = Duration::from_millis(300);
+        let ledger = Ledger::new(store.clone(), lease, lease * 100, lease);
+        let key = LedgerKey::server("", "slow");
+        let request = || {
+            let fingerprint = crate::fingerprint::Fingerprint::of(&http::Method::POST, "/", b"");
+            BeginRequest::new(key, fingerprint, lease, lease * 100)
+        };
+        let Begin::Acquired { token } = store.begin(request()).await.unwrap() else {
+            panic!("a fresh key is acquired");
+        };
+        let guard = ledger.hold(key, token);
+        let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
+        run_for(&mut work, lease * 10).await;
+        assert_eq!(counted.renewals.load(SeqCst), 0, "held, never renewed");
+        assert!(
+            matches!(store.begin(request()).await.unwrap(), Begin::Busy { .. }),
+            "ten leases on, the live owner still holds it"
+        );
+        // The owner goes away: its guard settles the record as it goes (its request may
+        // have left), so the next caller resumes at once.
+        drop(work);
+        drop(guard);
+        let Begin::Resume { token, .. } = store.begin(request()).await.unwrap() else {
+            panic!("a settled-in-doubt operation resumes at once");
+        };
+
+        // Handed on unsettled, a held lease is let go: it ends a lease later, unless the
+        // next guard holds it again.
+        let guard = ledger.hold(key, token);
+        let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
+        run_for(&mut work, lease * 3).await;
+        drop(work);
+        let _ = guard.hand_on();
+        tokio::time::advance(lease - Duration::from_millis(1)).await;
+        assert!(matches!(
+            store.begin(request()).await.unwrap(),
+            Begin::Busy { .. }
+        ));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(matches!(
+            store.begin(request()).await.unwrap(),
+            Begin::Resume { .. }
+        ));
+        assert_eq!(counted.renewals.load(SeqCst), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -69,11 +69,11 @@ impl MemoryStore {
         self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
         self.inner.gauges.removed(record.weight);
         self.scoped(record.scope, record.weight, 0);
-        if let State::Completed { protect_until, .. } = record.state {
+        if let Some((protect_until, seq)) = record.eviction_place() {
             self.inner
                 .completed_bytes
                 .fetch_sub(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).remove((self.instant(protect_until), record.seq));
+            lock(&self.inner.evictable).remove((self.instant(protect_until), seq));
         }
     }
 
@@ -90,11 +90,11 @@ impl MemoryStore {
         if !self.reweigh(old, record.weight) {
             return Some(record);
         }
-        if let State::Completed { protect_until, .. } = record.state {
+        if let Some((protect_until, seq)) = record.eviction_place() {
             self.inner
                 .completed_bytes
                 .fetch_add(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).insert((self.instant(protect_until), record.seq), key);
+            lock(&self.inner.evictable).insert((self.instant(protect_until), seq), key);
         }
         let (weight, scope) = (record.weight, record.scope);
         self.scoped(scope, 0, weight);
@@ -102,11 +102,11 @@ impl MemoryStore {
             Some(old) => {
                 self.inner.gauges.reweighed(old.weight, weight);
                 self.scoped(old.scope, old.weight, 0);
-                if let State::Completed { protect_until, .. } = old.state {
+                if let Some((protect_until, seq)) = old.eviction_place() {
                     self.inner
                         .completed_bytes
                         .fetch_sub(old.weight, Ordering::Relaxed);
-                    lock(&self.inner.evictable).remove((self.instant(protect_until), old.seq));
+                    lock(&self.inner.evictable).remove((self.instant(protect_until), seq));
                 }
             }
             None => self.inner.gauges.added(weight),
@@ -180,11 +180,11 @@ impl MemoryStore {
             // life of the key is gone (another caller evicted it, or it was claimed anew),
             // so is its entry, and the next look finds the next one.
             let mut shard = lock(self.shard(&key));
-            if shard
-                .records
-                .get(&key)
-                .is_some_and(|record| record.seq == place.1)
-            {
+            if shard.records.get(&key).is_some_and(|record| {
+                record
+                    .eviction_place()
+                    .is_some_and(|(_, seq)| seq == place.1)
+            }) {
                 let record = self
                     .remove(&mut shard, &key)
                     .expect("checked under the lock");

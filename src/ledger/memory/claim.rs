@@ -1,10 +1,11 @@
 //! `begin`: claiming a key, or answering what its record says.
 
 use std::collections::hash_map::Entry;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::{Kept, Record, Stamp, State};
+use super::record::{lease_end, Kept, Record, Stamp, State};
 use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::Ordering;
@@ -27,7 +28,7 @@ impl MemoryStore {
                 // Past its retention: gone, and claimed anew.
                 let expired = entry.remove();
                 self.forget(&expired);
-                let record = Record::claim(&request, at, self.seq());
+                let record = Record::claim(&request, at);
                 if self.over_share(record.scope, record.weight) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -46,7 +47,7 @@ impl MemoryStore {
             Entry::Vacant(entry) => {
                 // Absent: a new claim, if the budget has room for it and its scope is not
                 // over its share of a store under pressure.
-                let record = Record::claim(&request, at, self.seq());
+                let record = Record::claim(&request, at);
                 if self.over_share(record.scope, record.weight) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -169,6 +170,12 @@ impl MemoryStore {
                 },
             };
         }
+        let lease_left = match &record.state {
+            State::InFlight {
+                lease_until, held, ..
+            } => lease_end(*lease_until, *held, now).since(now),
+            _ => Duration::ZERO,
+        };
         match &mut record.state {
             State::Completed { outcome, .. } => Begin::Replay(outcome.clone()),
             // Our own claim, asked again after a lost reply: the same answer.
@@ -182,8 +189,8 @@ impl MemoryStore {
                     acquired(&request)
                 }
             }
-            State::InFlight { lease_until, .. } if *lease_until > now => Begin::Busy {
-                retry_after: lease_until.since(now),
+            State::InFlight { .. } if !lease_left.is_zero() => Begin::Busy {
+                retry_after: lease_left,
             },
             // In doubt, or in flight under an expired lease (the owner may have sent and
             // died). A probe is told so and changes nothing.
@@ -195,6 +202,7 @@ impl MemoryStore {
                     token: request.token.into(),
                     lease_until: now + request.lease,
                     resumed: true,
+                    held: false,
                 };
                 record.attempts += 1;
                 Begin::Resume {

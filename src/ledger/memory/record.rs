@@ -58,8 +58,6 @@ pub(super) struct Record {
     pub(super) retain_until: Stamp,
     /// How long a completion of this record stays protected from eviction, in ns.
     pub(super) protected: u64,
-    /// Tells this life of the key from a later one (in the eviction index).
-    pub(super) seq: u64,
     /// Bytes counted against the budget.
     pub(super) weight: u64,
     /// When the operation was first claimed.
@@ -76,8 +74,14 @@ pub(super) enum State {
     /// attempt may have been sent and the record can never be released.
     InFlight {
         token: HeldToken,
+        /// When the lease ends; while `held`, the lease's length (in ns since the epoch's
+        /// start: a length), since a held lease has no end: see [`lease_end`].
         lease_until: Stamp,
         resumed: bool,
+        /// The owner holds the lease until it lets go
+        /// ([`hold_lease`](crate::ledger::IdempotencyStore::hold_lease)), instead of
+        /// renewing it.
+        held: bool,
     },
     /// An attempt may have been sent; the next claim resumes.
     InDoubt,
@@ -85,7 +89,26 @@ pub(super) enum State {
     Completed {
         outcome: Outcome,
         protect_until: Stamp,
+        /// Tells this life of the key from a later one in the eviction index, which only
+        /// completed records enter.
+        seq: u64,
     },
+}
+
+/// When an in-flight lease ends, seen at `now`: `lease_until` (its claim's or its last
+/// renewal's end), or a whole lease from `now` while its owner holds it (`lease_until` is
+/// then the lease's length).
+pub(super) fn lease_end(lease_until: Stamp, held: bool, now: Stamp) -> Stamp {
+    if held {
+        Stamp(now.0.saturating_add(lease_until.0))
+    } else {
+        lease_until
+    }
+}
+
+/// A lease's length as a held lease keeps it (see [`State::InFlight`]).
+pub(super) fn held_length(lease: Duration) -> Stamp {
+    Stamp(u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX))
 }
 
 impl State {
@@ -115,13 +138,24 @@ impl From<HeldToken> for LeaseToken {
 }
 
 impl Record {
+    /// Where a completed record stands in the eviction index: the end of its protection
+    /// and its life's sequence number. Open records are not in it.
+    pub(super) fn eviction_place(&self) -> Option<(Stamp, u64)> {
+        match self.state {
+            State::Completed {
+                protect_until, seq, ..
+            } => Some((protect_until, seq)),
+            _ => None,
+        }
+    }
+
     /// Whether `token`'s lease holds this record at `now` (a record past its retention is
     /// gone, whatever it still holds).
     pub(super) fn is_owned(&self, token: LeaseToken, now: Stamp) -> bool {
         self.retain_until > now && self.state.is_owned_by(token)
     }
 
-    pub(super) fn claim(request: &BeginRequest, now: Stamp, seq: u64) -> Box<Self> {
+    pub(super) fn claim(request: &BeginRequest, now: Stamp) -> Box<Self> {
         let mut record = Box::new(Self {
             fingerprint: request.fingerprint,
             kept: request.frozen.clone().map_or(Kept::Nothing, Kept::Frozen),
@@ -129,10 +163,10 @@ impl Record {
                 token: request.token.into(),
                 lease_until: now + request.lease,
                 resumed: false,
+                held: false,
             },
             retain_until: now + request.retention,
             protected: u64::try_from(request.protected_window().as_nanos()).unwrap_or(u64::MAX),
-            seq,
             weight: 0,
             created: now,
             attempts: 1,
@@ -156,10 +190,10 @@ impl Record {
             state: State::Completed {
                 outcome,
                 protect_until: now + Duration::from_nanos(self.protected).min(retention),
+                seq,
             },
             retain_until: now + retention,
             protected: self.protected,
-            seq,
             weight: 0,
             created: self.created,
             attempts: self.attempts,
@@ -199,14 +233,17 @@ impl Record {
         outcome_weight.saturating_sub(TOMBSTONE_RESERVE)
     }
 
+    /// The record as [`inspect`](crate::ledger::IdempotencyStore::inspect) shows it at
+    /// `now`.
     pub(super) fn view(&self, now: Stamp) -> RecordView {
         let state = match &self.state {
             State::InFlight {
                 lease_until,
                 resumed,
+                held,
                 ..
             } => RecordState::InFlight {
-                lease_left: lease_until.since(now),
+                lease_left: lease_end(*lease_until, *held, now).since(now),
                 may_have_been_sent: *resumed,
             },
             State::InDoubt => RecordState::InDoubt,

@@ -136,9 +136,9 @@ impl MemoryStore {
         record.state = State::Completed {
             outcome,
             protect_until,
+            seq,
         };
         record.retain_until = retain_until;
-        record.seq = seq;
         record.weight = weight;
         record.kept = kept;
         Ok(())

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::{Stamp, State};
+use super::record::{held_length, Stamp, State};
 use super::shared::{lock, shard_index, Inner, Shard};
 use super::sync::{Arc, Mutex, Ordering};
 use crate::ledger::{
@@ -42,6 +42,14 @@ use crate::ledger::{
 /// Every transition of a key runs under its shard's lock, from the first read to the last
 /// write, so `begin` is one atomic step: two callers racing on a key never both acquire
 /// it. Nothing is awaited under a lock: every operation completes on its first poll.
+///
+/// A lease is held until its owner lets go of it ([`hold_lease`](IdempotencyStore::hold_lease)):
+/// the layers' owners live in this process and say when they leave, so a slow call never
+/// needs its lease renewed (no timer, no store call). An owner that goes away settles its
+/// record as it goes; one that goes without settling (handed on, or dropped outside any
+/// runtime) lets go, and its lease ends a lease later, into doubt. A leaked owner (a future
+/// forgotten rather than dropped) holds its operation busy for as long as the process
+/// lives: fail closed.
 ///
 /// Leases and retention are checked against [`tokio::time::Instant`] on every access (so
 /// they follow a paused test clock). Records past their retention are dropped when next
@@ -235,11 +243,50 @@ impl IdempotencyStore for MemoryStore {
 
     fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
         let settled = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
-            if let State::InFlight { lease_until, .. } = &mut record.state {
+            if let State::InFlight {
+                lease_until, held, ..
+            } = &mut record.state
+            {
+                // A renewal ends a hold: the owner renews from here on.
                 *lease_until = at + lease;
+                *held = false;
             }
         });
         StoreFuture::ready(settled)
+    }
+
+    // The owner is in this process, to say when it leaves: nothing needs renewing.
+    fn hold_lease(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> bool {
+        self.settle_record(
+            key,
+            token,
+            Instant::now(),
+            |_, record, _, _| match &mut record.state {
+                State::InFlight {
+                    lease_until, held, ..
+                } => {
+                    *lease_until = held_length(lease);
+                    *held = true;
+                    true
+                }
+                _ => false,
+            },
+        )
+        .unwrap_or(false)
+    }
+
+    fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
+        // Fenced when the token no longer holds the record: nothing to let go then.
+        let _ = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
+            if let State::InFlight {
+                lease_until, held, ..
+            } = &mut record.state
+            {
+                if std::mem::take(held) {
+                    *lease_until = at + lease;
+                }
+            }
+        });
     }
 
     // An operator forgetting one record (see `ledger::forget`). The record is judged and

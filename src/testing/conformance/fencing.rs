@@ -1,5 +1,5 @@
 //! The owner's token: stale writes fenced, doubt resumed with the stored bytes, releases,
-//! renewals.
+//! renewals, held leases.
 
 use super::*;
 
@@ -191,6 +191,50 @@ pub async fn renewal_keeps_a_live_owner(store: &dyn IdempotencyStore, clock: &Cl
         .complete(key, owner, response("slow"), RETENTION)
         .await
         .expect("complete");
+}
+
+/// A store that [holds leases](IdempotencyStore::hold_lease) keeps a held one in flight
+/// however long its owner works, holds only for the owning token of an open record, and lets
+/// a lease let go end a lease later. (A store that does not hold has nothing to check.)
+pub async fn a_held_lease_lasts_until_let_go(store: &dyn IdempotencyStore, clock: &Clock) {
+    let key = fresh_key();
+    let req = frozen("{\"amount\":15}");
+    let owner = acquire(store, request(key, &req)).await;
+    assert!(
+        !store.hold_lease(key, LeaseToken::generate(), LEASE),
+        "a_held_lease_lasts_until_let_go: a stranger's token is not held"
+    );
+    if !store.hold_lease(key, owner, LEASE) {
+        store.abandon(key, owner).await.expect("abandon");
+        return;
+    }
+    clock.advance(LEASE * 2).await;
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Busy { .. } => {}
+        other => panic!("a_held_lease_lasts_until_let_go: expected Busy, got {other:?}"),
+    }
+    // Let go, it runs a lease from now: still in flight at once, in doubt a lease later.
+    store.let_go(key, owner, LEASE);
+    match store.begin(request(key, &req)).await.expect("begin") {
+        Begin::Busy { .. } => {}
+        other => panic!(
+            "a_held_lease_lasts_until_let_go: expected Busy just after it was let go, got {other:?}"
+        ),
+    }
+    clock.advance(LEASE + Duration::from_millis(50)).await;
+    let (new_owner, _) = resume(store, request(key, &req)).await;
+    assert!(
+        !store.hold_lease(key, owner, LEASE),
+        "a_held_lease_lasts_until_let_go: the overtaken owner holds nothing"
+    );
+    store
+        .complete(key, new_owner, response("held"), RETENTION)
+        .await
+        .expect("complete");
+    assert!(
+        !store.hold_lease(key, new_owner, LEASE),
+        "a_held_lease_lasts_until_let_go: a completed record is not held"
+    );
 }
 
 /// `renew` is fenced: a stranger, a settled operation or a taken-over lease refuse it.

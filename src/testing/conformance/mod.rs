@@ -45,9 +45,10 @@ pub use claims::{
     tombstones_replay_as_tombstones,
 };
 pub use fencing::{
-    a_release_outlasts_a_late_claim, abandon_releases_only_unsent_operations,
-    expired_lease_resumes_and_fences_old_owner, in_doubt_resumes_with_stored_bytes,
-    renewal_is_fenced, renewal_keeps_a_live_owner, stale_owner_writes_are_fenced,
+    a_held_lease_lasts_until_let_go, a_release_outlasts_a_late_claim,
+    abandon_releases_only_unsent_operations, expired_lease_resumes_and_fences_old_owner,
+    in_doubt_resumes_with_stored_bytes, renewal_is_fenced, renewal_keeps_a_live_owner,
+    stale_owner_writes_are_fenced,
 };
 pub use lifecycle::{
     forgetting_is_fenced, inspection_follows_the_record, probes_change_nothing,
@@ -105,6 +106,7 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     a_repeated_begin_recognises_its_own_claim(&*store).await;
     probes_change_nothing(&*store, &clock).await;
     renewal_keeps_a_live_owner(&*store, &clock).await;
+    a_held_lease_lasts_until_let_go(&*store, &clock).await;
     renewal_is_fenced(&*store).await;
     settle_notifications_wake_listeners(&*store).await;
     forgetting_is_fenced(&*store, &clock).await;

@@ -347,8 +347,8 @@ fn assert_books_balance(store: &MemoryStore) {
     for shard in inner.shards.iter() {
         for (key, record) in lock(shard).records.iter() {
             weights += record.weight;
-            if let State::Completed { .. } = record.state {
-                completed.push((*key, record.seq));
+            if let Some((_, seq)) = record.eviction_place() {
+                completed.push((*key, seq));
             }
         }
     }

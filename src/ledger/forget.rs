@@ -163,10 +163,12 @@ pub enum Forget {
     /// The record is not as expected any more (it moved on since it was looked at).
     /// Nothing changed: look again.
     Changed,
-    /// The record is in flight and its owner's lease still runs for `lease_left`. Nothing
-    /// changed: wait for the owner, or [force](Expected::force) it.
+    /// The record is in flight and its owner's lease still runs for `lease_left` (a whole
+    /// lease at every look while the owner [holds](crate::ledger::IdempotencyStore::hold_lease)
+    /// it: waiting does not end it, the owner does). Nothing changed: wait for the owner, or
+    /// [force](Expected::force) it.
     Live {
-        /// How long the owner's lease still runs.
+        /// How long the owner's lease still runs (a whole lease while it is held).
         lease_left: Duration,
     },
 }

@@ -40,7 +40,8 @@
 //!   owner's [`LeaseToken`], and a write whose token is not the record's current one is
 //!   refused with a [fenced](StoreError::is_fenced) error, never applied.
 //! - **Two TTLs.** The lease (short) bounds how long an owner may hold an operation in
-//!   flight without renewing it; retention (long, 24 h by default) bounds how long any
+//!   flight without renewing it (or, on a store that holds leases, after it lets go);
+//!   retention (long, 24 h by default) bounds how long any
 //!   record is kept. An expired lease never means "run it again": it means *in doubt*, and
 //!   the next `begin` resumes with the frozen bytes under a new token.
 //! - **A live owner keeps its lease.** An owner still working calls [`renew`] (fenced), so a
@@ -218,9 +219,14 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// holds costs a slow call no timer, no store call and no allocation per renewal.
     ///
     /// An owner that never goes (a future leaked rather than dropped) holds its operation
-    /// busy for good: fail closed. It answers at once: it is called from the owner's poll,
-    /// the moment its work first waits. A `token` that does not hold the record (it was
-    /// taken over, or settled) is answered `false`; the owner's renewal then finds it fenced.
+    /// busy until the record's retention ends: fail closed. It answers at once: it is called
+    /// from the owner's poll, the moment its work first waits. A `token` that does not hold
+    /// the record (it was taken over, or settled) is answered `false`; the owner's renewal
+    /// then finds it fenced.
+    ///
+    /// Implement both this and [`let_go`](Self::let_go), or neither: a store that holds
+    /// without letting go would keep every lease an owner left unsettled until its
+    /// retention ends. `let_go` may be called while a panic unwinds: it must not panic.
     ///
     /// ```
     /// use std::time::Duration;
@@ -429,10 +435,12 @@ pub struct RecordView {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RecordState {
-    /// An owner holds the lease, for `lease_left` more (zero: it ran out and the next
+    /// An owner holds the lease, for `lease_left` more (a [held](IdempotencyStore::hold_lease)
+    /// lease shows a whole lease at every look: it runs until its owner lets go; zero: it
+    /// ran out and the next
     /// `begin` resumes).
     InFlight {
-        /// How long the owner's lease still runs.
+        /// How long the owner's lease still runs (a whole lease while it is held).
         lease_left: Duration,
         /// Whether an earlier attempt may have been sent (the claim came from a resume).
         may_have_been_sent: bool,
@@ -650,7 +658,8 @@ pub enum Begin {
     },
     /// Another owner holds a live lease.
     Busy {
-        /// How long that lease still runs.
+        /// How long that lease still runs (a whole lease while it is
+        /// [held](IdempotencyStore::hold_lease): the owner may finish any moment).
         retry_after: Duration,
     },
     /// A previous attempt may have been sent (it failed after writing, or its owner's lease

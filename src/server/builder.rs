@@ -212,9 +212,11 @@ impl Builder {
     }
 
     /// How long a request may hold its key in flight without renewing it (default 10 s).
-    /// While the handler runs, the layer renews the lease every third of it, so a slow
-    /// handler is never taken for dead; the lease is how soon a key whose process died
-    /// mid-handler reads as in doubt (see [`InDoubtPolicy`]).
+    /// While the handler runs, the layer renews the lease every third of it (or, on a store
+    /// that [holds leases](crate::ledger::IdempotencyStore::hold_lease), such as
+    /// `MemoryStore`, has it held until the request lets go), so a slow handler is never
+    /// taken for dead; the lease is how soon a key whose process died mid-handler reads as
+    /// in doubt (see [`InDoubtPolicy`]).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

@@ -33,7 +33,8 @@
 //! (`409`), and a crash in between would leave in doubt an operation whose answer was
 //! delivered.
 //!
-//! The lease is renewed while the handler runs **and** while its body is read: a large or
+//! The lease is kept (renewed, or held by a store that holds leases) while the handler runs
+//! **and** while its body is read: a large or
 //! slow response is still the owner's work, and a lease that ran out mid-body would let
 //! a duplicate take the key over (its late `complete` then refused as fenced).
 
@@ -228,8 +229,9 @@ where
                             }),
                         }
                     }
-                    // Pending: the renewal timer is polled too, so the lease is renewed on
-                    // this task's wakeups, with no task of its own per request.
+                    // Pending: the renewal is polled too (a timer, unless the store holds the
+                    // lease), so the lease is renewed on this task's wakeups, with no task of
+                    // its own per request.
                     Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
                 },
                 StepProj::Buffering { parts, buffer } => {

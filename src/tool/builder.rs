@@ -146,7 +146,8 @@ impl<C> Builder<C> {
 /// The ledger: how long it holds an operation and what a duplicate does meanwhile.
 impl<C> Builder<C> {
     /// How long an owner may hold an operation without renewing it (default 10 s; live
-    /// owners renew every third of it).
+    /// owners renew every third of it, or have it held by a store that
+    /// [holds leases](crate::ledger::IdempotencyStore::hold_lease), such as `MemoryStore`).
     ///
     /// See the [builder docs](Self) for an example.
     pub fn lease(mut self, lease: Duration) -> Self {

@@ -148,16 +148,17 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
+        // A lease the store holds for this guard is let go first, whatever follows: it then
+        // ends a lease from now, as a renewed one would have, even if the settle below
+        // fails or never finishes. (Settled, nothing is held; handed on, the next guard
+        // holds or renews it anew.)
+        self.let_go();
         if self.done {
-            // Settled (nothing is held any more), or handed on unsettled: the next guard
-            // holds or renews it anew.
-            self.let_go();
             return;
         }
         // Without a runtime (a runtime shutting down), the lease expiring is the fallback:
         // the record then reads as in doubt all the same.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.let_go();
             return;
         };
         // Nothing sent yet (the owner went away between its claim and its call): release,
@@ -171,22 +172,10 @@ impl Drop for LeaseGuard {
         };
         let settle = self.pending.take().unwrap_or(unsettled);
         let (ledger, key, token) = (self.ledger.clone(), self.key, self.token);
-        // A held lease stays held until the settle is done, and is let go if the settle
-        // fails or never finishes (its task dropped with a runtime shutting down).
-        let unless_settled = LetGoUnlessSettled {
-            armed: self.held.swap(false, Relaxed),
-            ledger: ledger.clone(),
-            key,
-            token,
-        };
         let mut settling = Box::pin(async move {
-            let mut unless_settled = unless_settled;
             let deadline = Instant::now() + ledger.lease;
-            match ledger.apply(key, token, &settle, deadline, None).await {
-                Ok(()) => unless_settled.armed = false,
-                Err(err) => {
-                    tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
-                }
+            if let Err(err) = ledger.apply(key, token, &settle, deadline, None).await {
+                tracing::warn!(%err, ?settle, "could not settle a dropped lease; it will expire into doubt");
             }
         });
         // A store that answers at once (`MemoryStore`) settles here and now, so the very next
@@ -199,24 +188,5 @@ impl Drop for LeaseGuard {
             }
         }
         runtime.spawn(settling);
-    }
-}
-
-/// Lets go of a held lease when dropped armed: what a dropped guard's settle leaves behind if
-/// it fails or never finishes, so that the lease then ends a lease later instead of being
-/// held for good.
-struct LetGoUnlessSettled {
-    armed: bool,
-    ledger: Ledger,
-    key: LedgerKey,
-    token: LeaseToken,
-}
-
-impl Drop for LetGoUnlessSettled {
-    fn drop(&mut self) {
-        if self.armed {
-            let lease = self.ledger.lease;
-            self.ledger.store.let_go(self.key, self.token, lease);
-        }
     }
 }

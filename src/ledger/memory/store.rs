@@ -48,8 +48,8 @@ use crate::ledger::{
 /// needs its lease renewed (no timer, no store call). An owner that goes away settles its
 /// record as it goes; one that goes without settling (handed on, or dropped outside any
 /// runtime) lets go, and its lease ends a lease later, into doubt. A leaked owner (a future
-/// forgotten rather than dropped) holds its operation busy for as long as the process
-/// lives: fail closed.
+/// forgotten rather than dropped) holds its operation busy until the record's retention
+/// ends: fail closed.
 ///
 /// Leases and retention are checked against [`tokio::time::Instant`] on every access (so
 /// they follow a paused test clock). Records past their retention are dropped when next

@@ -75,6 +75,17 @@ enum Step {
         by: Writer,
         key: u8,
     },
+    /// `by` asks the store to hold its lease on `key` (a store that holds leases says yes
+    /// to the owning token).
+    Hold {
+        by: Writer,
+        key: u8,
+    },
+    /// `by` lets go of its held lease on `key`.
+    LetGo {
+        by: Writer,
+        key: u8,
+    },
     /// An operator forgets `key`'s record as the model shows it now, or as a stale look
     /// showed it (one attempt earlier), forcing a live lease or not.
     Forget {
@@ -118,11 +129,18 @@ struct Plan {
     past_retention: Option<Duration>,
     /// How many `PastLease` waits a case may make (the rest are dropped).
     max_past_lease: usize,
+    /// Whether the store holds leases (`hold_lease`).
+    holds: bool,
 }
 
 impl Plan {
     fn model(&self) -> Model {
-        Model::new(self.lease, self.retention)
+        let model = Model::new(self.lease, self.retention);
+        if self.holds {
+            model.holding()
+        } else {
+            model
+        }
     }
 
     /// The model ops `steps` stand for. Each owner keeps, per key, the token it sent last
@@ -174,6 +192,14 @@ impl Plan {
                     token: writer(&model, &held, &sent, by, key, &mut new_token),
                 },
                 Step::Renew { by, key } => Op::Renew {
+                    key: Key(key),
+                    token: writer(&model, &held, &sent, by, key, &mut new_token),
+                },
+                Step::Hold { by, key } => Op::Hold {
+                    key: Key(key),
+                    token: writer(&model, &held, &sent, by, key, &mut new_token),
+                },
+                Step::LetGo { by, key } => Op::LetGo {
                     key: Key(key),
                     token: writer(&model, &held, &sent, by, key, &mut new_token),
                 },
@@ -291,7 +317,9 @@ fn steps(max_len: usize, retention_waits: bool) -> impl Strategy<Value = Vec<Ste
         .prop_map(|(by, key, outcome)| Step::Complete { by, key, outcome });
     let abandon = (by.clone(), key.clone()).prop_map(|(by, key)| Step::Abandon { by, key });
     let mark = (by.clone(), key.clone()).prop_map(|(by, key)| Step::MarkInDoubt { by, key });
-    let renew = (by, key.clone()).prop_map(|(by, key)| Step::Renew { by, key });
+    let renew = (by.clone(), key.clone()).prop_map(|(by, key)| Step::Renew { by, key });
+    let hold = (by.clone(), key.clone()).prop_map(|(by, key)| Step::Hold { by, key });
+    let let_go = (by, key.clone()).prop_map(|(by, key)| Step::LetGo { by, key });
     let forget = (key, prop::bool::weighted(0.3), any::<bool>())
         .prop_map(|(key, stale, force)| Step::Forget { key, stale, force });
     let wait = prop_oneof![
@@ -307,6 +335,8 @@ fn steps(max_len: usize, retention_waits: bool) -> impl Strategy<Value = Vec<Ste
         2 => abandon,
         2 => mark,
         2 => renew,
+        2 => hold,
+        1 => let_go,
         1 => forget,
         3 => wait,
         1 => crash,
@@ -378,11 +408,12 @@ const MEMORY: Plan = Plan {
     past_lease: Duration::from_secs(15),
     past_retention: Some(Duration::from_secs(61)),
     max_past_lease: usize::MAX,
+    holds: true,
 };
 
 #[test]
 fn memory_store_follows_the_model() {
-    run_property("MemoryStore", 64, steps(48, true), MEMORY, |ops| {
+    run_property("MemoryStore", 256, steps(48, true), MEMORY, |ops| {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -409,6 +440,7 @@ const REAL_TIME: Plan = Plan {
     past_lease: Duration::from_millis(450),
     past_retention: None,
     max_past_lease: 2,
+    holds: false,
 };
 
 /// How far real time may run ahead of the model's before a case's timing is unreliable: a

@@ -189,6 +189,14 @@ impl World {
                     .await;
                 name_write(written)
             }
+            Op::Hold { key, token } => {
+                let held = store.hold_lease(self.key(key), self.token(token), model.lease);
+                Ok(if held { Answer::Held } else { Answer::NotHeld })
+            }
+            Op::LetGo { key, token } => {
+                store.let_go(self.key(key), self.token(token), model.lease);
+                Ok(Answer::Ok)
+            }
         }
     }
 

@@ -53,7 +53,17 @@
 //! after this release (every token released on the key stays marked till then): a late
 //! `begin` of the released caller must not claim the key (rule 0).
 //! - `mark_in_doubt` → in doubt, retention `max(retention, now + retention)`.
-//! - `renew` → lease `now + lease`.
+//! - `renew` → lease `now + lease`, no longer held.
+//!
+//! A model of a store that [holds leases](crate::ledger::IdempotencyStore::hold_lease)
+//! ([`Model::holding`]) also answers `hold_lease` and `let_go`; in any other model both
+//! change nothing (`hold_lease` answers [`Answer::NotHeld`]):
+//! - `hold_lease` by the token of an in-flight record → held: its lease is a whole lease
+//!   from every look (rules 5 and 6 and `forget` see it live, with the lease left)
+//!   [`Answer::Held`]; by any other token → [`Answer::NotHeld`], nothing changes.
+//! - `let_go` by the token of a held record → no longer held, lease `now + lease`; anything
+//!   else changes nothing. Answered [`Answer::Ok`].
+//! - a resume (rule 6) makes the new claim unheld.
 //!
 //! `forget(key, kind, fingerprint, attempts, force)` is not fenced by a token but by what
 //! the operator saw: absent → [`Answer::Absent`]; a record in another state kind, with
@@ -205,6 +215,20 @@ pub enum Op {
         /// The writer's token.
         token: Token,
     },
+    /// [`IdempotencyStore::hold_lease`].
+    Hold {
+        /// The record.
+        key: Key,
+        /// The owner's token.
+        token: Token,
+    },
+    /// [`IdempotencyStore::let_go`].
+    LetGo {
+        /// The record.
+        key: Key,
+        /// The owner's token.
+        token: Token,
+    },
     /// [`IdempotencyStore::forget`], expecting the record as an operator saw it.
     Forget {
         /// The record.
@@ -252,8 +276,12 @@ pub enum Answer {
         /// The payload on record.
         stored: Fp,
     },
-    /// A write that was applied, or time that passed.
+    /// A write that was applied, or time that passed (and every `let_go`).
     Ok,
+    /// `hold_lease` answered `true`: the store holds the lease.
+    Held,
+    /// `hold_lease` answered `false`.
+    NotHeld,
     /// A write refused as [fenced](StoreError::is_fenced), having changed nothing.
     Fenced,
     /// [`Forget::Forgotten`]: the record was removed.
@@ -282,6 +310,8 @@ pub enum State {
         /// Ownership came from a resume: an earlier attempt may have been sent, so the
         /// record can never be released.
         resumed: bool,
+        /// The owner holds the lease until it lets go (a whole lease from every look).
+        held: bool,
     },
     /// An attempt may have been sent; the next claim resumes.
     InDoubt,
@@ -321,6 +351,8 @@ pub struct Record {
 pub struct Model {
     lease: Duration,
     retention: Duration,
+    /// Whether the store holds leases (`hold_lease` can answer `true`).
+    holds: bool,
     now: Duration,
     records: BTreeMap<Key, Record>,
     /// Keys without a record released under some tokens, until a time: see rule 0.

@@ -8,10 +8,31 @@ impl Model {
         Self {
             lease,
             retention,
+            holds: false,
             now: Duration::ZERO,
             records: BTreeMap::new(),
             released: BTreeMap::new(),
         }
+    }
+
+    /// The model of a store that [holds leases](crate::ledger::IdempotencyStore::hold_lease)
+    /// (as `MemoryStore` does).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::testing::model::{Answer, Fp, Key, Model, Op, Token};
+    ///
+    /// let lease = Duration::from_secs(10);
+    /// let mut model = Model::new(lease, Duration::from_secs(600)).holding();
+    /// let begin = |token| Op::Begin { key: Key(0), fingerprint: Fp(0), token, take_over: true };
+    /// model.apply(&begin(Token(1)));
+    /// assert_eq!(model.apply(&Op::Hold { key: Key(0), token: Token(1) }), Answer::Held);
+    /// model.apply(&Op::Advance(lease * 3));
+    /// assert_eq!(model.apply(&begin(Token(2))), Answer::Busy { retry_after: lease });
+    /// ```
+    pub fn holding(mut self) -> Self {
+        self.holds = true;
+        self
     }
 
     /// The lease every `begin` and `renew` asks for.
@@ -103,10 +124,36 @@ impl Model {
                     return Answer::Fenced;
                 };
                 if let State::InFlight {
-                    lease_until: lease, ..
+                    lease_until: lease,
+                    held,
+                    ..
                 } = &mut record.state
                 {
                     *lease = lease_until;
+                    *held = false;
+                }
+                Answer::Ok
+            }
+            Op::Hold { key, token } => {
+                let holds = self.holds;
+                match self.owned(key, token).map(|record| &mut record.state) {
+                    Some(State::InFlight { held, .. }) if holds => {
+                        *held = true;
+                        Answer::Held
+                    }
+                    _ => Answer::NotHeld,
+                }
+            }
+            Op::LetGo { key, token } => {
+                let lease_until = self.now + self.lease;
+                if let Some(State::InFlight {
+                    lease_until: lease,
+                    held: held @ true,
+                    ..
+                }) = self.owned(key, token).map(|record| &mut record.state)
+                {
+                    *lease = lease_until;
+                    *held = false;
                 }
                 Answer::Ok
             }
@@ -130,6 +177,7 @@ impl Model {
                         token,
                         lease_until: now + lease,
                         resumed: false,
+                        held: false,
                     },
                     retain_until: now + self.retention,
                     attempts: 1,
@@ -158,6 +206,7 @@ impl Model {
                     Answer::Acquired { token }
                 }
             }
+            State::InFlight { held: true, .. } => Answer::Busy { retry_after: lease },
             State::InFlight { lease_until, .. } if lease_until > now => Answer::Busy {
                 retry_after: lease_until - now,
             },
@@ -167,6 +216,7 @@ impl Model {
                     token,
                     lease_until: now + lease,
                     resumed: true,
+                    held: false,
                 };
                 record.attempts += 1;
                 Answer::Resume {
@@ -198,6 +248,9 @@ impl Model {
             return Answer::Changed;
         }
         match record.state {
+            State::InFlight { held: true, .. } if !force => Answer::Live {
+                lease_left: self.lease,
+            },
             State::InFlight { lease_until, .. } if lease_until > self.now && !force => {
                 Answer::Live {
                     lease_left: lease_until - self.now,

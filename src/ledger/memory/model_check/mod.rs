@@ -161,6 +161,17 @@ fn run(store: &MemoryStore, lease: Duration, op: &Op) -> Answer {
             lease_token(token),
             lease,
         ))),
+        Op::Hold { key, token } => {
+            if store.hold_lease(ledger_key(key), lease_token(token), lease) {
+                Answer::Held
+            } else {
+                Answer::NotHeld
+            }
+        }
+        Op::LetGo { key, token } => {
+            store.let_go(ledger_key(key), lease_token(token), lease);
+            Answer::Ok
+        }
         Op::Advance(_) => unreachable!("time does not move in these scenarios"),
         // An operator's forget is checked by the conformance suite and the model-based
         // tests; no scenario here races one.
@@ -283,7 +294,7 @@ fn assert_linearizable(
     threads: &[Vec<(Op, Answer)>],
     after: &[(Op, Answer)],
 ) {
-    let mut model = Model::new(lease, LONG);
+    let mut model = Model::new(lease, LONG).holding();
     assert!(
         agree_in_order(&mut model, before),
         "the setup disagrees with the model: {before:?}"

@@ -22,8 +22,8 @@
 //! 4. **Acquired**: send, keeping the lease while the call is under way (so a slow call is
 //!    never taken for a dead owner's): renewed every third of it, or held until the owner
 //!    lets go by a store in this process (`MemoryStore`, see
-//!    [`hold_lease`](crate::ledger::IdempotencyStore::hold_lease)). A response is recorded (up to 1 MiB; a larger one
-//!    reaches the caller whole and is kept as a tombstone). A response saying the operation
+//!    [`hold_lease`](crate::ledger::IdempotencyStore::hold_lease)). A response is recorded
+//!    (up to 1 MiB; a larger one reaches the caller whole and is kept as a tombstone). A response saying the operation
 //!    never started ([`ReleaseOn`]: `401`, `407`, `408`, `429`, the server face's refusals
 //!    that say nothing ran) releases it, so the next run sends it once the token is
 //!    refreshed or the limit waited out. A response meaning "try again" (`5xx`, and a `409`

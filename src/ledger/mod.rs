@@ -47,8 +47,9 @@
 //! - **A live owner keeps its lease.** An owner still working calls [`renew`] (fenced), so a
 //!   lease can be short (a dead owner's operation is resumable within seconds) without a
 //!   slow live owner ever being overtaken. A store in the owner's own process may instead
-//!   [hold the lease](IdempotencyStore::hold_lease) until the owner [lets go](IdempotencyStore::let_go)
-//!   of it: the owner is there to say when it leaves, so nothing needs renewing.
+//!   [hold the lease](IdempotencyStore::hold_lease) until the owner
+//!   [lets go](IdempotencyStore::let_go) of it: the owner is there to say when it leaves,
+//!   so nothing needs renewing.
 //! - **The frozen request is stored at `begin`**, before any byte is sent, so a caller that
 //!   crashes and comes back resends the original bytes.
 //! - **"May have been sent" is sticky.** `abandon` releases an operation only if no attempt

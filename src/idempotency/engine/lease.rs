@@ -1,11 +1,10 @@
 //! The lease guard: an owned lease, settled exactly once, or settled on drop.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::task::Context;
 
 use tokio::time::Instant;
-
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::ledger::{LeaseToken, LedgerKey, Outcome, StoreError};
 

@@ -51,13 +51,15 @@ pin_project! {
     /// poll it with its lease's guard whenever the work holding that lease is pending.
     ///
     /// Nothing happens before its first poll, so work that is ready at once never starts a
-    /// timer. At the first poll, a store that [holds leases](crate::ledger::IdempotencyStore::hold_lease)
-    /// (`MemoryStore`) is asked to hold this one until its guard lets go of it: then there is
-    /// nothing to renew, and no timer is ever made. A renewal refused as fenced (the operation was taken over) stops it: later
-    /// writes under the lost lease will be refused, never applied. A renewal that fails
-    /// otherwise (the store is away, or its answer was lost) is tried again soon, the pause
-    /// doubling up to a tenth of the lease, not a third of a lease later: two such misses
-    /// in a row would let the lease run out under its live owner while the store was back.
+    /// timer. At the first poll, a store that
+    /// [holds leases](crate::ledger::IdempotencyStore::hold_lease) (`MemoryStore`) is asked
+    /// to hold this one until its guard lets go of it: then there is nothing to renew, and
+    /// no timer is ever made. A renewal refused as fenced (the operation was taken over)
+    /// stops it: later writes under the lost lease will be refused, never applied. A renewal
+    /// that fails otherwise (the store is away, or its answer was lost) is tried again soon,
+    /// the pause doubling up to a tenth of the lease, not a third of a lease later: two such
+    /// misses in a row would let the lease run out under its live owner while the store was
+    /// back.
     pub(crate) struct Renewal {
         #[pin]
         sleep: Option<tokio::time::Sleep>,

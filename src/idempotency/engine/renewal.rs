@@ -336,91 +336,110 @@ mod tests {
         }
     }
 
+    /// A key claimed on a [`CountedMemory`], and the ledger its guards hold it through.
+    struct Claimed {
+        counted: Arc<CountedMemory>,
+        ledger: Ledger,
+        lease: Duration,
+        key: LedgerKey,
+        token: LeaseToken,
+    }
+
+    impl Claimed {
+        async fn new(name: &str) -> Self {
+            let counted = Arc::new(CountedMemory::default());
+            let store: Arc<dyn IdempotencyStore> = counted.clone();
+            let lease = Duration::from_millis(300);
+            let ledger = Ledger::new(store, lease, lease * 100, lease);
+            let key = LedgerKey::server("", name);
+            let mut claimed = Self {
+                counted,
+                ledger,
+                lease,
+                key,
+                token: LeaseToken::generate(),
+            };
+            let Begin::Acquired { token } = claimed.next_caller().await else {
+                panic!("a fresh key is acquired");
+            };
+            claimed.token = token;
+            claimed
+        }
+
+        /// What a caller with a token of its own is answered for the key.
+        async fn next_caller(&self) -> Begin {
+            let fingerprint = crate::fingerprint::Fingerprint::of(&http::Method::POST, "/", b"");
+            let request = BeginRequest::new(self.key, fingerprint, self.lease, self.lease * 100);
+            self.counted.begin(request).await.unwrap()
+        }
+
+        /// A guard of `token`'s lease, renewing (or holding) while its work waits for
+        /// `time`; the work is dropped, the guard handed back.
+        async fn held_for(&self, token: LeaseToken, time: Duration) -> LeaseGuard {
+            let guard = self.ledger.hold(self.key, token);
+            let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
+            run_for(&mut work, time).await;
+            drop(work);
+            guard
+        }
+
+        /// Busy until a lease from now, then resumed: what a lease let go of now reads as.
+        async fn runs_out_a_lease_from_now(&self) -> LeaseToken {
+            tokio::time::advance(self.lease - Duration::from_millis(1)).await;
+            assert!(matches!(self.next_caller().await, Begin::Busy { .. }));
+            tokio::time::advance(Duration::from_millis(2)).await;
+            match self.next_caller().await {
+                Begin::Resume { token, .. } => token,
+                other => panic!("expected Resume a lease after it was let go, got {other:?}"),
+            }
+        }
+    }
+
     /// A guard dropped unsettled lets go of its held lease before it settles: a settle that
     /// must wait (a store that does not answer at once), and may never finish, leaves the
     /// lease to end a lease later, as a renewed one would, not held until its retention ends.
     #[tokio::test(start_paused = true)]
     async fn a_held_lease_dropped_unsettled_is_let_go_even_if_its_settle_never_finishes() {
-        let counted = Arc::new(CountedMemory::default());
-        let store: Arc<dyn IdempotencyStore> = counted.clone();
-        let lease = Duration::from_millis(300);
-        let ledger = Ledger::new(store.clone(), lease, lease * 100, lease);
-        let key = LedgerKey::server("", "stuck");
-        let request = || {
-            let fingerprint = crate::fingerprint::Fingerprint::of(&http::Method::POST, "/", b"");
-            BeginRequest::new(key, fingerprint, lease, lease * 100)
-        };
-        let Begin::Acquired { token } = store.begin(request()).await.unwrap() else {
-            panic!("a fresh key is acquired");
-        };
-        let guard = ledger.hold(key, token);
-        let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
-        run_for(&mut work, lease * 5).await;
-        drop(work);
-        counted.stuck_settles.store(true, SeqCst);
+        let claimed = Claimed::new("stuck").await;
+        let guard = claimed.held_for(claimed.token, claimed.lease * 5).await;
+        claimed.counted.stuck_settles.store(true, SeqCst);
         drop(guard);
-        assert_eq!(counted.lettings_go.load(SeqCst), 1, "let go as it went");
-        tokio::time::advance(lease - Duration::from_millis(1)).await;
-        assert!(matches!(
-            store.begin(request()).await.unwrap(),
-            Begin::Busy { .. }
-        ));
-        tokio::time::advance(Duration::from_millis(2)).await;
-        assert!(
-            matches!(store.begin(request()).await.unwrap(), Begin::Resume { .. }),
-            "a lease after it was let go, its settle still under way, the next caller resumes"
+        assert_eq!(
+            claimed.counted.lettings_go.load(SeqCst),
+            1,
+            "let go as it went"
         );
-        assert_eq!(counted.renewals.load(SeqCst), 0);
+        // Its settle still under way, the next caller resumes a lease later.
+        claimed.runs_out_a_lease_from_now().await;
+        assert_eq!(claimed.counted.renewals.load(SeqCst), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_store_that_holds_the_lease_is_never_asked_to_renew_and_is_let_go() {
-        let counted = Arc::new(CountedMemory::default());
-        let store: Arc<dyn IdempotencyStore> = counted.clone();
-        let lease = Duration::from_millis(300);
-        let ledger = Ledger::new(store.clone(), lease, lease * 100, lease);
-        let key = LedgerKey::server("", "slow");
-        let request = || {
-            let fingerprint = crate::fingerprint::Fingerprint::of(&http::Method::POST, "/", b"");
-            BeginRequest::new(key, fingerprint, lease, lease * 100)
-        };
-        let Begin::Acquired { token } = store.begin(request()).await.unwrap() else {
-            panic!("a fresh key is acquired");
-        };
-        let guard = ledger.hold(key, token);
-        let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
-        run_for(&mut work, lease * 10).await;
-        assert_eq!(counted.renewals.load(SeqCst), 0, "held, never renewed");
+        let claimed = Claimed::new("slow").await;
+        let guard = claimed.held_for(claimed.token, claimed.lease * 10).await;
+        assert_eq!(
+            claimed.counted.renewals.load(SeqCst),
+            0,
+            "held, never renewed"
+        );
         assert!(
-            matches!(store.begin(request()).await.unwrap(), Begin::Busy { .. }),
+            matches!(claimed.next_caller().await, Begin::Busy { .. }),
             "ten leases on, the live owner still holds it"
         );
         // The owner goes away: its guard settles the record as it goes (its request may
         // have left), so the next caller resumes at once.
-        drop(work);
         drop(guard);
-        let Begin::Resume { token, .. } = store.begin(request()).await.unwrap() else {
+        let Begin::Resume { token, .. } = claimed.next_caller().await else {
             panic!("a settled-in-doubt operation resumes at once");
         };
 
         // Handed on unsettled, a held lease is let go: it ends a lease later, unless the
         // next guard holds it again.
-        let guard = ledger.hold(key, token);
-        let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
-        run_for(&mut work, lease * 3).await;
-        drop(work);
+        let guard = claimed.held_for(token, claimed.lease * 3).await;
         let _ = guard.hand_on();
-        tokio::time::advance(lease - Duration::from_millis(1)).await;
-        assert!(matches!(
-            store.begin(request()).await.unwrap(),
-            Begin::Busy { .. }
-        ));
-        tokio::time::advance(Duration::from_millis(2)).await;
-        assert!(matches!(
-            store.begin(request()).await.unwrap(),
-            Begin::Resume { .. }
-        ));
-        assert_eq!(counted.renewals.load(SeqCst), 0);
+        claimed.runs_out_a_lease_from_now().await;
+        assert_eq!(claimed.counted.renewals.load(SeqCst), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1992,3 +1992,57 @@ async fn the_transport_gets_the_callers_extensions_on_every_attempt() {
         }
     }
 }
+
+/// The default store holds a lease until its owner lets go: an owner whose future is not
+/// polled for many leases (a task busy elsewhere, a `select!` that stopped driving it) is
+/// still the owner. A duplicate meanwhile is told busy; it does not resume and resend, and
+/// the stalled owner's call, once driven again, is the one effect. (A lease kept by a
+/// timer renews only when its owner is polled: stalled like this, it ran out under a live
+/// owner and the duplicate took the operation over.)
+#[tokio::test(start_paused = true)]
+async fn a_stalled_owner_on_the_default_store_is_never_overtaken() {
+    let lease = Duration::from_millis(300);
+    let provider = SideEffectService::new().with_faults([Fault::Latency(lease * 20)]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = provider.clone().serve(listener).await.unwrap();
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let stack = IdempotencyLayer::client_builder(MemoryStore::new())
+        .lease(lease)
+        .busy_policy(BusyPolicy::Fail)
+        .build_stack()
+        .unwrap();
+    let client = ServiceBuilder::new().layer(stack).service(http);
+    let charge = || {
+        let mut req = Request::post(server.uri("/charges"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(br#"{"amount":1999}"#)))
+            .unwrap();
+        req.extensions_mut().insert(op());
+        req
+    };
+
+    // Drive the owner until its request is with the provider, then stop polling it.
+    let mut owner = Box::pin(client.clone().oneshot(charge()));
+    while provider.attempts().is_empty() {
+        let polled = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(owner.as_mut(), cx))
+        });
+        assert!(polled.await.is_pending(), "the provider is slow");
+        tokio::task::yield_now().await;
+    }
+    tokio::time::advance(lease * 10).await;
+
+    let duplicate = client.clone().oneshot(charge()).await;
+    assert!(
+        duplicate.as_ref().is_err_and(|err| err.is_busy()),
+        "ten leases on, the stalled owner still holds the operation: {duplicate:?}"
+    );
+    assert_eq!(provider.attempts().len(), 1, "nothing was resent");
+
+    let charged = owner.await.expect("the owner's call, driven again");
+    assert_eq!(charged.status(), StatusCode::CREATED);
+    let again = client.oneshot(charge()).await.unwrap();
+    assert_eq!(source(&again), ResponseSource::Replayed);
+    assert_eq!(provider.effects(), 1);
+}

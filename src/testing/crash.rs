@@ -1,6 +1,6 @@
 //! The leases a simulated crash lets go of ([`crash_after`](super::crash_after)).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey};
@@ -30,10 +30,14 @@ impl Domain {
     /// theirs was dropped, so every lease held for them is let go (one already settled is
     /// not held any more, and is left as it is).
     pub(crate) fn crash(&self) {
-        let held = std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner));
-        for (store, key, token, lease) in held {
+        for (store, key, token, lease) in std::mem::take(&mut *self.held()) {
             store.let_go(key, token, lease);
         }
+    }
+
+    /// The leases noted, even if a thread panicked holding the list (a push is whole).
+    fn held(&self) -> MutexGuard<'_, Vec<Held>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -44,11 +48,5 @@ pub(crate) fn enlist(
     token: LeaseToken,
     lease: Duration,
 ) {
-    let _ = HELD.try_with(|domain| {
-        domain
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((Arc::clone(store), key, token, lease));
-    });
+    let _ = HELD.try_with(|domain| domain.held().push((Arc::clone(store), key, token, lease)));
 }

@@ -443,6 +443,24 @@ async fn a_held_lease_never_runs_out_and_is_never_forgotten_unforced() {
     assert!(matches!(next_caller(&store, key).await, Begin::Replay(_)));
 }
 
+/// A lease of zero (which the layers refuse, but a caller of the store may ask for) is
+/// held like any other: a live owner is never overtaken.
+#[tokio::test(start_paused = true)]
+async fn a_held_lease_of_zero_is_still_held() {
+    let store = MemoryStore::new();
+    let key = key(44, 0);
+    let token = acquire(&store, begin_request(key, 0)).await;
+    assert!(store.hold_lease(key, token, Duration::ZERO));
+    tokio::time::advance(LEASE * 2).await;
+    assert!(matches!(next_caller(&store, key).await, Begin::Busy { .. }));
+    // Let go, a zero lease is over at once.
+    store.let_go(key, token, Duration::ZERO);
+    assert!(matches!(
+        next_caller(&store, key).await,
+        Begin::Resume { .. }
+    ));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_let_go_runs_out_a_lease_later() {
     let store = MemoryStore::new();

@@ -106,9 +106,12 @@ pub(super) fn lease_end(lease_until: Stamp, held: bool, now: Stamp) -> Stamp {
     }
 }
 
-/// A lease's length as a held lease keeps it (see [`State::InFlight`]).
+/// A lease's length as a held lease keeps it (see [`State::InFlight`]): at least a
+/// nanosecond, so that a held lease never shows as over, whatever length it was given (a
+/// lease of zero, which only a caller of the store itself can ask for, would otherwise end
+/// the moment it is held and let a second caller take over a live owner).
 pub(super) fn held_length(lease: Duration) -> Stamp {
-    Stamp(u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX))
+    Stamp(u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX).max(1))
 }
 
 impl State {

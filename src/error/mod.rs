@@ -201,13 +201,7 @@ impl Error {
     /// # let _ = should_shed_load;
     /// ```
     pub fn is_ledger_full(&self) -> bool {
-        matches!(self.inner.kind, Kind::Store)
-            && self
-                .inner
-                .source
-                .as_ref()
-                .and_then(|source| source.downcast_ref::<StoreError>())
-                .is_some_and(StoreError::is_full)
+        self.store_error().is_some_and(StoreError::is_full)
     }
 
     /// The inner service failed; see [`Error::phase`] for whether the request may have left.
@@ -220,8 +214,9 @@ impl Error {
         matches!(self.inner.kind, Kind::AttemptTimeout)
     }
 
-    /// The operation completed before, but its response was over the recording cap, so only a
-    /// tombstone was kept: it cannot be replayed, and it is not run again either.
+    /// The operation completed before, but only a tombstone of it was kept (its response was
+    /// over the recording cap, or the ledger had no room for it when it completed): it cannot
+    /// be replayed, and it is not run again either.
     pub fn is_replay_unavailable(&self) -> bool {
         matches!(self.inner.kind, Kind::ReplayUnavailable)
     }
@@ -331,11 +326,24 @@ impl Error {
         }
     }
 
-    /// How long the current owner's lease still runs, when [`is_busy`](Error::is_busy).
+    /// How long to wait before trying again, when the answer is known: the current owner's
+    /// lease left, when [`is_busy`](Error::is_busy); when room frees up, when
+    /// [`is_ledger_full`](Error::is_ledger_full) and the store knows
+    /// ([`StoreError::retry_after`]).
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// async fn back_off(err: &Error) {
+    ///     if let Some(wait) = err.retry_after() {
+    ///         tokio::time::sleep(wait).await;
+    ///     }
+    /// }
+    /// # let _ = back_off;
+    /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         match self.inner.kind {
             Kind::Busy { retry_after } => Some(retry_after),
-            _ => None,
+            _ => self.store_error().and_then(StoreError::retry_after),
         }
     }
 
@@ -408,16 +416,59 @@ impl fmt::Display for Error {
                 f,
                 "the operation is in flight elsewhere; retry after {retry_after:?}"
             ),
-            Kind::Store => f.write_str("the idempotency ledger failed"),
+            Kind::Store => self.fmt_store(f),
             Kind::Inner { phase } => write!(f, "the inner service failed ({phase})"),
             Kind::AttemptTimeout => f.write_str("the attempt timed out; the request may have been sent"),
             Kind::ReplayUnavailable => f.write_str(
-                "the operation completed before but its response was too large to record; it is not run again",
+                "the operation completed before, but its response was not kept (over the \
+                 recording cap, or no room in the ledger when it completed); it is not run again",
             ),
             Kind::InDoubt => f.write_str(
                 "an earlier attempt may have reached a server that ignores idempotency keys; not sending it again",
             ),
             Kind::ResponseBody => f.write_str("reading the response body failed"),
+        }
+    }
+}
+
+impl Error {
+    /// A ledger failure, in words a caller can act on. Every path that makes one fails
+    /// before the operation starts; the [`StoreError`] stays the source.
+    fn fmt_store(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(store) = self.store_error() else {
+            return f.write_str("the idempotency ledger failed; the operation was not started");
+        };
+        if store.is_full() {
+            f.write_str("the idempotency ledger is full of records it must keep")?;
+            if let Some(room_in) = store.retry_after() {
+                write!(
+                    f,
+                    " (room frees up in {})",
+                    crate::ledger::error::Seconds(room_in)
+                )?;
+            }
+            return f.write_str(
+                "; the operation was not started: retry later, or give the store more room \
+                 (MemoryStore::builder().max_bytes(..))",
+            );
+        }
+        let what = if store.is_unavailable() {
+            "the idempotency ledger is unavailable"
+        } else if store.is_timeout() {
+            "the idempotency ledger did not answer in time"
+        } else if store.is_corrupt() {
+            "an idempotency ledger record could not be read"
+        } else {
+            "the idempotency ledger refused the operation"
+        };
+        write!(f, "{what}; the operation was not started (failing closed)")
+    }
+
+    /// The ledger's own error, when this is a [`Kind::Store`] failure.
+    fn store_error(&self) -> Option<&StoreError> {
+        match self.inner.kind {
+            Kind::Store => self.inner.source.as_ref()?.downcast_ref::<StoreError>(),
+            _ => None,
         }
     }
 }
@@ -434,6 +485,55 @@ impl std::error::Error for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every line of `err`'s chain, as a `main` returning it or a reporter prints them.
+    fn chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+        std::iter::successors(Some(err), |err| err.source())
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_full_ledger_says_so_when_room_frees_up_and_what_to_do() {
+        let err = Error::store(StoreError::full_until(Duration::from_millis(32_400)));
+        let message = err.to_string();
+        assert_eq!(
+            message,
+            "the idempotency ledger is full of records it must keep (room frees up in 33 s); \
+             the operation was not started: retry later, or give the store more room \
+             (MemoryStore::builder().max_bytes(..))"
+        );
+        assert!(err.is_ledger_full());
+        assert_eq!(err.retry_after(), Some(Duration::from_millis(32_400)));
+        // The store's own error follows once, and nothing below it repeats it.
+        let lines = chain(&err);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[1].starts_with("the ledger is full"), "{lines:?}");
+    }
+
+    #[test]
+    fn a_ledger_failure_says_what_failed_and_that_nothing_started() {
+        let unavailable = Error::store(StoreError::unavailable("connection refused"));
+        assert_eq!(
+            unavailable.to_string(),
+            "the idempotency ledger is unavailable; the operation was not started (failing closed)"
+        );
+        assert_eq!(unavailable.retry_after(), None);
+        assert_eq!(
+            chain(&unavailable)[1],
+            "the ledger is unavailable: connection refused"
+        );
+        let timeout = Error::store(StoreError::timeout());
+        assert!(timeout
+            .to_string()
+            .starts_with("the idempotency ledger did not answer in time;"));
+        assert!(!timeout.is_ledger_full());
+        let soon = Error::store(StoreError::full_until(Duration::from_millis(250)));
+        assert!(
+            soon.to_string().contains("(room frees up in 250 ms)"),
+            "{soon}"
+        );
+    }
 
     #[test]
     fn the_debug_form_carries_the_message_a_main_would_print() {

@@ -18,6 +18,8 @@ use crate::BoxError;
 pub struct StoreError {
     kind: StoreErrorKind,
     source: Option<BoxError>,
+    /// When a full store expects room again, if it knows.
+    room_in: Option<Duration>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +37,7 @@ impl StoreError {
         Self {
             kind: StoreErrorKind::Unavailable,
             source: Some(source.into()),
+            room_in: None,
         }
     }
 
@@ -43,6 +46,7 @@ impl StoreError {
         Self {
             kind: StoreErrorKind::Timeout,
             source: None,
+            room_in: None,
         }
     }
 
@@ -52,6 +56,7 @@ impl StoreError {
         Self {
             kind: StoreErrorKind::Fenced,
             source: None,
+            room_in: None,
         }
     }
 
@@ -60,6 +65,7 @@ impl StoreError {
         Self {
             kind: StoreErrorKind::Corrupt,
             source: Some(source.into()),
+            room_in: None,
         }
     }
 
@@ -74,6 +80,7 @@ impl StoreError {
         Self {
             kind: StoreErrorKind::Full,
             source: None,
+            room_in: None,
         }
     }
 
@@ -91,7 +98,8 @@ impl StoreError {
     pub fn full_until(retry_after: Duration) -> Self {
         Self {
             kind: StoreErrorKind::Full,
-            source: Some(Box::new(RoomFreesIn(retry_after))),
+            source: None,
+            room_in: Some(retry_after),
         }
     }
 
@@ -103,8 +111,7 @@ impl StoreError {
     /// When a [full](Self::is_full) store expects room for a new claim, if it knows
     /// ([`full_until`](Self::full_until)).
     pub fn retry_after(&self) -> Option<Duration> {
-        let room = self.source.as_deref()?.downcast_ref::<RoomFreesIn>()?;
-        Some(room.0)
+        self.room_in
     }
 
     /// See [`StoreError::unavailable`].
@@ -133,6 +140,7 @@ impl fmt::Debug for StoreError {
         f.debug_struct("StoreError")
             .field("kind", &self.kind)
             .field("source", &self.source)
+            .field("room_in", &self.room_in)
             .finish()
     }
 }
@@ -150,25 +158,28 @@ impl fmt::Display for StoreError {
                 "the ledger is full of records it must keep; refusing new operations"
             }
         };
+        f.write_str(what)?;
+        if let Some(room_in) = self.room_in {
+            write!(f, " (room frees up in {})", Seconds(room_in))?;
+        }
         match &self.source {
-            Some(source) => write!(f, "{what}: {source}"),
-            None => f.write_str(what),
+            Some(source) => write!(f, ": {source}"),
+            None => Ok(()),
         }
     }
 }
 
-/// How long until a full store has room again (the source of a
-/// [`full_until`](StoreError::full_until) error).
-#[derive(Debug)]
-struct RoomFreesIn(Duration);
+/// A duration as a person reads it in a message: whole seconds, or milliseconds under one.
+pub(crate) struct Seconds(pub(crate) Duration);
 
-impl fmt::Display for RoomFreesIn {
+impl fmt::Display for Seconds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "room frees up in {:?}", self.0)
+        match self.0.as_secs() {
+            0 => write!(f, "{} ms", self.0.as_millis()),
+            secs => write!(f, "{} s", secs + u64::from(self.0.subsec_nanos() > 0)),
+        }
     }
 }
-
-impl std::error::Error for RoomFreesIn {}
 
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {

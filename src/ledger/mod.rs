@@ -90,7 +90,7 @@
 //! round trip) returns `StoreFuture::new(async move { ... })`, one small allocation per
 //! ledger call, noise next to the round trip.
 
-mod error;
+pub(crate) mod error;
 mod forget;
 mod future;
 mod memory;

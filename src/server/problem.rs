@@ -77,8 +77,9 @@
 //!
 //! # response-not-recorded
 //!
-//! **410.** The request with this key was handled, but its response was larger than the
-//! layer's recording cap, so only a tombstone was kept. The first caller received the
+//! **410.** The request with this key was handled, but only a tombstone of it was kept:
+//! its response was larger than the layer's recording cap, or the ledger had no room for
+//! it when it completed (a `MemoryStore` at its budget). The first caller received the
 //! whole response; it cannot be replayed and the request is **not** run again. The member
 //! `original_status` holds the status the first caller received. 410 rather than a 5xx
 //! because the condition is permanent: retrying cannot help, and a 4xx stops clients'
@@ -185,7 +186,7 @@ problem_types! {
     IN_FLIGHT = "in-flight";
     /// 422: the key was first used with a different request ([docs](self#payload-mismatch)).
     PAYLOAD_MISMATCH = "payload-mismatch";
-    /// 410: handled, but the response was too large to record ([docs](self#response-not-recorded)).
+    /// 410: handled, but the response was not recorded ([docs](self#response-not-recorded)).
     RESPONSE_NOT_RECORDED = "response-not-recorded";
     /// 500: an earlier attempt started and never finished ([docs](self#outcome-unknown)).
     OUTCOME_UNKNOWN = "outcome-unknown";
@@ -369,8 +370,8 @@ pub(crate) fn response_not_recorded<T>(original: StatusCode) -> Response<Respons
     problem(
         StatusCode::GONE,
         RESPONSE_NOT_RECORDED,
-        "Response too large to replay",
-        "the request with this Idempotency-Key was handled, but its response was too large to record; it is not run again"
+        "Response not recorded",
+        "the request with this Idempotency-Key was handled, but its response was not kept (over the recording cap, or no room in the ledger when it completed); it is not run again"
             .to_owned(),
         member("original_status", original.as_u16()),
     )

@@ -984,6 +984,13 @@ async fn a_provider_outage_cannot_grow_the_client_ledger_past_its_budget() {
             }
             Err(err) => {
                 assert!(err.is_ledger_full(), "{err:?}");
+                // What a caller printing the error reads: the cause, and that nothing ran.
+                let message = err.to_string();
+                assert!(
+                    message.starts_with("the idempotency ledger is full")
+                        && message.contains("the operation was not started"),
+                    "{message}"
+                );
                 assert_eq!(
                     calls.load(Ordering::SeqCst),
                     calls_before,

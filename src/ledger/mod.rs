@@ -117,7 +117,7 @@ pub use postgres::store::PostgresStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::transaction::PostgresTransaction;
 pub(crate) use record::DigestState;
-pub(crate) use record::{entries_size, entry_size, BlockWriter, HeaderBlock};
+pub(crate) use record::{entries_size, BlockWriter, HeaderBlock, REQUEST_DIGEST_SIZE};
 pub use record::{FieldDigests, LeaseToken, LedgerKey, Outcome, StoredResponse};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -17,7 +17,7 @@ use crate::key::{hex, update_length_prefixed, IdempotencyKey};
 use crate::FrozenRequest;
 use codec::{corrupt, version_code, version_from_code, Reader, Writer, ENCODING_VERSION};
 pub use fields::FieldDigests;
-pub(crate) use headers::{entries_size, entry_size, BlockWriter, HeaderBlock};
+pub(crate) use headers::{entries_size, BlockWriter, HeaderBlock, REQUEST_DIGEST_SIZE};
 
 /// The key of a ledger record: 32 bytes, already scoped.
 ///

@@ -13,7 +13,9 @@ use super::problem;
 use super::report::outcome;
 use crate::digest::{BodyDigest, IDEMPOTENT_REQUEST_DIGEST};
 use crate::idempotency::body::{Buffered, ResponseBody};
-use crate::ledger::{entries_size, entry_size, BlockWriter, HeaderBlock, Outcome, StoredResponse};
+use crate::ledger::{
+    entries_size, BlockWriter, HeaderBlock, Outcome, StoredResponse, REQUEST_DIGEST_SIZE,
+};
 
 /// `Idempotent-Replayed: true` marks a response replayed from the ledger: the handler was
 /// not called for this request.
@@ -80,22 +82,25 @@ impl ServerFace {
     /// The headers to record of a response: the allowed ones, in order, then the request's
     /// `digest` field. Written into one buffer of exactly their size; a replay adds its
     /// `Idempotent-Replayed: true` (see [`replayed_headers`](Self::replayed_headers)).
-    pub(super) fn recorded_headers(&self, response: &HeaderMap, digest: &[u8]) -> HeaderBlock {
-        let digest_name = IDEMPOTENT_REQUEST_DIGEST.as_str().as_bytes();
+    pub(super) fn recorded_headers(
+        &self,
+        response: &HeaderMap,
+        digest: &BodyDigest,
+    ) -> HeaderBlock {
         // The builder keeps every `NEVER_REPLAYED` name out of the allow-list, so a digest
         // header the handler set is dropped here and the only one recorded is the request's,
-        // pushed last.
+        // pushed last, as its 32 bytes (rendered when a replay reads it).
         let kept = || {
             response
                 .iter()
                 .filter(|(name, _)| self.replay_headers.contains(name))
         };
-        let size = entries_size(kept()) + entry_size(digest_name.len(), digest.len());
+        let size = entries_size(kept()) + REQUEST_DIGEST_SIZE;
         let mut block = BlockWriter::with_capacity(size);
         for (name, value) in kept() {
             block.push(name, value);
         }
-        block.push_checked(digest_name, digest, false);
+        block.push_request_digest(digest);
         block.finish()
     }
 
@@ -173,7 +178,7 @@ pub(super) fn recording<ResBody>(
     match buffered {
         Buffered::Whole(bytes) => {
             // Replays say which request they answer (see `crate::digest`).
-            let headers = server.recorded_headers(&parts.headers, &digest.field());
+            let headers = server.recorded_headers(&parts.headers, digest);
             // The record is made from the very bytes the first caller is sent (a `Bytes`
             // clone is a reference count; a small body is then copied into the record's
             // own buffer), so every replay is byte for byte what the first caller got.
@@ -216,7 +221,7 @@ mod tests {
     #[test]
     fn only_allow_listed_headers_are_recorded() {
         let service = tower_layer::Layer::layer(&IdempotencyLayer::server(MemoryStore::new()), ());
-        let digest = b"sha-256=:AAAA:";
+        let digest = &BodyDigest::of(b"{}");
         // A handler's own digest header is never recorded: the record's is the request's.
         let handlers = HeaderValue::from_static("sha-256=:from-the-handler:");
         let mut headers = HeaderMap::new();
@@ -239,7 +244,7 @@ mod tests {
         assert_eq!(kept.len(), 4);
         assert!(kept.get(header::SET_COOKIE).is_none());
         assert_eq!(kept.get_all(header::LINK).iter().count(), 2);
-        assert_eq!(kept[&IDEMPOTENT_REQUEST_DIGEST], "sha-256=:AAAA:");
+        assert_eq!(kept[&IDEMPOTENT_REQUEST_DIGEST], digest.header_value());
         assert!(
             kept.get(&IDEMPOTENT_REPLAYED).is_none(),
             "each replay adds it"
@@ -262,7 +267,7 @@ mod tests {
     #[test]
     fn a_replay_carries_the_allowed_headers_the_digest_and_the_replay_mark() {
         let service = tower_layer::Layer::layer(&IdempotencyLayer::server(MemoryStore::new()), ());
-        let digest = HeaderValue::from_static("sha-256=:AAAA:");
+        let digest = BodyDigest::of(b"{}");
         let mut response = HeaderMap::new();
         response.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         response.append(header::LINK, HeaderValue::from_static("</a>; rel=a"));
@@ -271,12 +276,12 @@ mod tests {
             header::SET_COOKIE,
             HeaderValue::from_static("session=secret"),
         );
-        let block = service.face.recorded_headers(&response, digest.as_bytes());
+        let block = service.face.recorded_headers(&response, &digest);
         let stored =
             StoredResponse::of_block(StatusCode::OK, Version::HTTP_11, block, Bytes::new());
         let mut expected = response.clone();
         expected.remove(header::SET_COOKIE);
-        expected.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.clone());
+        expected.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.header_value());
         expected.insert(
             IDEMPOTENT_REPLAYED.clone(),
             HeaderValue::from_static("true"),

@@ -37,6 +37,10 @@ const SENSITIVE: u8 = 1;
 /// digest's 32 bytes, with no name.
 const REQUEST_DIGEST: u8 = 2;
 
+/// Bytes a request digest held short takes in a block
+/// ([`BlockWriter::push_request_digest`]).
+pub(crate) const REQUEST_DIGEST_SIZE: usize = ENTRY_OVERHEAD + 32;
+
 /// `sha-256=:` and `:` around the 44 base64 digits of a SHA-256.
 const DIGEST_FIELD: (&[u8], usize, &[u8]) = (b"sha-256=:", 44, b":");
 
@@ -179,7 +183,7 @@ impl HeaderBlock {
                     sha256_of_field(&self.bytes[entry.value.clone()])?,
                 ))
             });
-        let short = ENTRY_OVERHEAD + 32;
+        let short = REQUEST_DIGEST_SIZE;
         let size = match &digest {
             Some((held, ..)) => entries.len() - held.len() + short,
             None => entries.len(),
@@ -311,6 +315,17 @@ impl BlockWriter {
         for (name, value) in headers {
             self.push(name, value);
         }
+    }
+
+    /// Add `Idempotent-Request-Digest: sha-256=:<base64>:` for `digest`, held as its 32
+    /// bytes (see [`REQUEST_DIGEST`]; [`REQUEST_DIGEST_SIZE`] bytes): what
+    /// [`HeaderBlock::followed_by`] would make of the rendered field, without rendering it
+    /// to decode it again.
+    pub(crate) fn push_request_digest(&mut self, digest: &BodyDigest) {
+        self.bytes
+            .extend_from_slice(&[REQUEST_DIGEST, 0, 0, 0, 0, 0, 32]);
+        self.bytes.extend_from_slice(digest.as_bytes());
+        self.len += 1;
     }
 
     /// Add a header whose name and value the caller knows to be valid.

@@ -202,9 +202,12 @@ impl Builder {
 /// happens when the ledger itself is away.
 impl Builder {
     /// How long an owner may hold an operation in flight without renewing it (default
-    /// 10 s). A live owner renews its lease every third of it while an attempt is under way,
-    /// so the lease never has to cover a slow call: it is how soon after an owner **died**
-    /// (a crashed orchestrator) the next run of the operation may resume it.
+    /// 10 s). A live owner keeps its lease while an attempt is under way (the default
+    /// `MemoryStore` holds it until the owner lets go; other stores are renewed every third
+    /// of it), so the lease never has to cover a slow call: it is how soon after an owner
+    /// **died** (a crashed orchestrator) the next run of the operation may resume it. An
+    /// owner that is neither dead nor running (its future leaked) keeps it busy on
+    /// `MemoryStore` until the record's retention ends.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.operation.lease = lease;
         self

@@ -225,9 +225,16 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// the record (it was taken over, or settled) is answered `false`; the owner's renewal
     /// then finds it fenced.
     ///
+    /// The record's retention bounds a hold as it bounds everything in the record: once it
+    /// ends the record is gone, held or not, and the next caller claims the key anew (a
+    /// resumed operation keeps the retention of its first claim). Leases are seconds and
+    /// retentions hours at the defaults.
+    ///
     /// Implement both this and [`let_go`](Self::let_go), or neither: a store that holds
     /// without letting go would keep every lease an owner left unsettled until its
-    /// retention ends. `let_go` may be called while a panic unwinds: it must not panic.
+    /// retention ends. `let_go` may be called while a panic unwinds: it must not panic. A
+    /// store of your own that wraps another forwards both to keep the inner store's hold;
+    /// one that forwards neither is renewed on a timer, as any store that does not hold.
     ///
     /// ```
     /// use std::time::Duration;

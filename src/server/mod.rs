@@ -115,7 +115,7 @@
 //!   A panic caught by tower-http's `CatchPanicLayer` *inside* this layer is such a `5xx`.
 //! - **In doubt.** A key whose handler started and never finished cannot be "resent" by a
 //!   server: the handler panicked with nothing catching it, was cancelled, its response body
-//!   failed, or its process died (its lease, renewed while the handler runs, then runs out:
+//!   failed, or its process died (its lease, kept while the handler runs, then runs out:
 //!   10 s by default). By default ([`InDoubtPolicy::OutcomeUnknown`](crate::InDoubtPolicy::OutcomeUnknown), **at most once**) every later
 //!   request with the key gets `500` [`outcome-unknown`](problem::OUTCOME_UNKNOWN): the
 //!   layer cannot know whether the effect happened, and running it again is the double

@@ -13,11 +13,24 @@ tokio::task_local! {
 /// A lease a store holds for an owner of the operation: what letting go of it takes.
 type Held = (Arc<dyn IdempotencyStore>, LedgerKey, LeaseToken, Duration);
 
-/// The leases held while one operation ran.
+/// The leases held while one operation ran, and the domain of the `crash_after` around
+/// it, if there is one: a lease is noted in every enclosing domain, so a crash of an outer
+/// operation lets go of what the operations inside it held.
 #[derive(Clone, Default)]
-pub(crate) struct Domain(Arc<Mutex<Vec<Held>>>);
+pub(crate) struct Domain {
+    held: Arc<Mutex<Vec<Held>>>,
+    outer: Option<Box<Domain>>,
+}
 
 impl Domain {
+    /// A domain for an operation run inside the current one, if any.
+    pub(crate) fn nested() -> Self {
+        Self {
+            held: Arc::default(),
+            outer: HELD.try_with(|outer| Box::new(outer.clone())).ok(),
+        }
+    }
+
     /// Run `operation` in this domain.
     pub(crate) fn scope<F: std::future::Future>(
         &self,
@@ -30,14 +43,25 @@ impl Domain {
     /// theirs was dropped, so every lease held for them is let go (one already settled is
     /// not held any more, and is left as it is).
     pub(crate) fn crash(&self) {
-        for (store, key, token, lease) in std::mem::take(&mut *self.held()) {
+        // Taken out first: a store's `let_go` runs without the list locked.
+        let held = std::mem::take(&mut *self.held());
+        for (store, key, token, lease) in held {
             store.let_go(key, token, lease);
+        }
+    }
+
+    /// Note `lease` here and in every enclosing domain.
+    fn note(&self, lease: &Held) {
+        let mut domain = Some(self);
+        while let Some(this) = domain {
+            this.held().push(lease.clone());
+            domain = this.outer.as_deref();
         }
     }
 
     /// The leases noted, even if a thread panicked holding the list (a push is whole).
     fn held(&self) -> MutexGuard<'_, Vec<Held>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -48,5 +72,5 @@ pub(crate) fn enlist(
     token: LeaseToken,
     lease: Duration,
 ) {
-    let _ = HELD.try_with(|domain| domain.held().push((Arc::clone(store), key, token, lease)));
+    let _ = HELD.try_with(|domain| domain.note(&(Arc::clone(store), key, token, lease)));
 }

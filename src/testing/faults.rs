@@ -193,7 +193,11 @@ where
 /// store in this process held for the operation's owners
 /// ([`MemoryStore`](crate::ledger::MemoryStore), see
 /// [`hold_lease`](crate::ledger::IdempotencyStore::hold_lease)) is let go at the crash, as
-/// it would be with the process, so it runs out a lease later there too.
+/// it would be with the process, so it runs out a lease later there too; so are those of
+/// a `crash_after` nested inside it.
+///
+/// The operation is owned (`'static`): a crashed process polls nothing of it again, and a
+/// borrowed future would outlive the "crash" with its owner still able to run.
 ///
 /// `None` when it "crashed". Use it to test crash-and-resume without a second process.
 ///
@@ -209,8 +213,19 @@ where
 /// assert_eq!(crashed, None);
 /// # }
 /// ```
-pub async fn crash_after<F: Future>(operation: F, after: Duration) -> Option<F::Output> {
-    let held = super::crash::Domain::default();
+///
+/// A borrowed future is refused: it would still be there to poll after the "crash".
+///
+/// ```compile_fail
+/// # use std::time::Duration;
+/// # use tower_idempotency::testing::crash_after;
+/// # async fn borrowed() {
+/// let mut operation = Box::pin(tokio::time::sleep(Duration::from_secs(5)));
+/// crash_after(operation.as_mut(), Duration::from_secs(1)).await;
+/// # }
+/// ```
+pub async fn crash_after<F: Future + 'static>(operation: F, after: Duration) -> Option<F::Output> {
+    let held = super::crash::Domain::nested();
     let mut operation = Box::pin(held.scope(operation));
     tokio::select! {
         output = &mut operation => Some(output),

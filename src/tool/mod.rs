@@ -6,10 +6,11 @@
 //! as the HTTP client face:
 //!
 //! - the key is derived from `(scope, task_id, step_id)` of the orchestrator's
-//!   [`OperationId`](crate::OperationId); the ledger is consulted before the call, the outcome recorded and
-//!   replayed; a busy operation is waited for, a live owner renews its lease, records are
-//!   protected from eviction for the retry window, and an unavailable ledger fails closed
-//!   (the tool is not called);
+//!   [`OperationId`](crate::OperationId); the ledger is consulted before the call, the
+//!   outcome recorded and replayed; a busy operation is waited for, a live owner keeps its
+//!   lease (held by the default store, renewed on the others), records are protected from
+//!   eviction for the retry window, and an unavailable ledger fails closed (the tool is not
+//!   called);
 //! - the arguments are **frozen** at first sight of the operation (canonical JSON, stored
 //!   with the claim) and every retry, every resume after a crash, calls the tool with the
 //!   thawed frozen arguments, never regenerated ones (a new operation's first attempt takes

@@ -461,6 +461,34 @@ async fn a_held_lease_of_zero_is_still_held() {
     ));
 }
 
+/// The reference model agrees: a held lease of zero is busy, with a nanosecond left.
+#[tokio::test(start_paused = true)]
+async fn a_held_lease_of_zero_agrees_with_the_model() {
+    use tower_idempotency::testing::model::{check, Fp, Key, Model, Op, Token};
+    let begin = |token| Op::Begin {
+        key: Key(0),
+        fingerprint: Fp(0),
+        token,
+        take_over: true,
+    };
+    let ops = [
+        begin(Token(1)),
+        Op::Hold {
+            key: Key(0),
+            token: Token(1),
+        },
+        Op::Advance(LEASE * 2),
+        begin(Token(2)),
+        Op::LetGo {
+            key: Key(0),
+            token: Token(1),
+        },
+        begin(Token(2)),
+    ];
+    let model = Model::new(Duration::ZERO, Duration::from_secs(3600)).holding();
+    check(&MemoryStore::new(), model, &ops, tokio::time::advance).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_let_go_runs_out_a_lease_later() {
     let store = MemoryStore::new();

@@ -8,8 +8,9 @@ use std::time::Duration;
 use crate::ledger::{BeginRequest, IdempotencyStore, LedgerKey, StoreError};
 
 /// The default lease: how long an owner may hold an operation in flight without renewing
-/// it. Live owners renew (every third of the lease), so the lease only bounds how long a
-/// **dead** owner's operation stays busy before the next caller may resume it.
+/// it. Live owners keep it (a store in their process holds it until they let go; others
+/// are renewed every third of the lease), so the lease only bounds how long a **dead**
+/// owner's operation stays busy before the next caller may resume it.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// The default retention of ledger records.
 pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);

@@ -442,6 +442,23 @@ mod tests {
         assert_eq!(claimed.counted.renewals.load(SeqCst), 0);
     }
 
+    /// A crash lets go of what the operations inside it held, however deeply their own
+    /// `crash_after` nests them: the next caller resumes a lease later.
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_lets_go_of_the_leases_held_inside_a_nested_crash_after() {
+        let claimed = Claimed::new("nested").await;
+        let (ledger, key, token) = (claimed.ledger.clone(), claimed.key, claimed.token);
+        let operation = async move {
+            let guard = ledger.hold(key, token);
+            guard.renewing(std::future::pending::<()>()).await;
+        };
+        let inner = crate::testing::crash_after(operation, Duration::from_secs(3600));
+        let crashed = crate::testing::crash_after(inner, Duration::from_millis(5)).await;
+        assert!(crashed.is_none());
+        assert_eq!(claimed.counted.lettings_go.load(SeqCst), 1);
+        claimed.runs_out_a_lease_from_now().await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn work_ready_at_once_never_starts_a_timer() {
         let store = Arc::new(Renewals::default());

@@ -49,7 +49,9 @@ use crate::ledger::{
 /// record as it goes; one that goes without settling (handed on, or dropped outside any
 /// runtime) lets go, and its lease ends a lease later, into doubt. A leaked owner (a future
 /// forgotten rather than dropped) holds its operation busy until the record's retention
-/// ends: fail closed.
+/// ends: fail closed. Retention bounds a live owner too: past it the record is gone and the
+/// key is claimed anew. A store of your own wrapping this one forwards both `hold_lease`
+/// and `let_go` to keep the hold (forwarding neither, its owners renew on a timer).
 ///
 /// Leases and retention are checked against [`tokio::time::Instant`] on every access (so
 /// they follow a paused test clock). Records past their retention are dropped when next

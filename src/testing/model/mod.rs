@@ -59,8 +59,9 @@
 //! ([`Model::holding`]) also answers `hold_lease` and `let_go`; in any other model both
 //! change nothing (`hold_lease` answers [`Answer::NotHeld`]):
 //! - `hold_lease` by the token of an in-flight record → held: its lease is a whole lease
-//!   from every look (rules 5 and 6 and `forget` see it live, with the lease left)
-//!   [`Answer::Held`]; by any other token → [`Answer::NotHeld`], nothing changes.
+//!   from every look (rules 5 and 6 and `forget` see it live, with the lease left, at least
+//!   a nanosecond: a held lease of zero never reads as over) [`Answer::Held`]; by any other
+//!   token → [`Answer::NotHeld`], nothing changes.
 //! - `let_go` by the token of a held record → no longer held, lease `now + lease`; anything
 //!   else changes nothing. Answered [`Answer::Ok`].
 //! - a resume (rule 6) makes the new claim unheld.

@@ -206,7 +206,9 @@ impl Model {
                     Answer::Acquired { token }
                 }
             }
-            State::InFlight { held: true, .. } => Answer::Busy { retry_after: lease },
+            State::InFlight { held: true, .. } => Answer::Busy {
+                retry_after: held_lease(lease),
+            },
             State::InFlight { lease_until, .. } if lease_until > now => Answer::Busy {
                 retry_after: lease_until - now,
             },
@@ -249,7 +251,7 @@ impl Model {
         }
         match record.state {
             State::InFlight { held: true, .. } if !force => Answer::Live {
-                lease_left: self.lease,
+                lease_left: held_lease(self.lease),
             },
             State::InFlight { lease_until, .. } if lease_until > self.now && !force => {
                 Answer::Live {
@@ -305,4 +307,10 @@ impl Model {
             self.records.remove(&key);
         }
     }
+}
+
+/// The lease left of a held lease at every look: the whole lease, and never none (a held
+/// lease of zero shows a nanosecond, so that it never reads as over).
+fn held_lease(lease: Duration) -> Duration {
+    lease.max(Duration::from_nanos(1))
 }

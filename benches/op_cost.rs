@@ -29,6 +29,7 @@
 //! | `stack_floor` | `client_floor` over the hand-written `tower::retry` of `tower_retry_clone` |
 //! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
 //! | `server_fresh` / `server_replay` | server `IdempotencyLayer` over the handler, a new key per call / always the same key |
+//! | `server_bare_digest` / `server_fresh_digest` / `server_replay_digest` | `server_bare`, `server_fresh` and `server_replay` with each request carrying its body's `Content-Digest`, as the client stack sends every keyed request (checked against the body by the layer) |
 //! | `server_refused` | server `IdempotencyLayer` (default protected window) over a 16 MiB store full of protected records: a new key per call, each refused `503 ledger-full` |
 //! | `store_begin_complete_{1k,100k,1m}` | `begin` + `complete` of a new operation in a `MemoryStore` at that many live records |
 //! | `store_replay_{1k,100k,1m}` | `begin` of a completed operation picked at random in such a store |
@@ -117,6 +118,9 @@ const VARIANTS: &[&str] = &[
     "server_fresh",
     "server_replay",
     "server_refused",
+    "server_bare_digest",
+    "server_fresh_digest",
+    "server_replay_digest",
     "store_begin_complete_1k",
     "store_begin_complete_100k",
     "store_begin_complete_1m",
@@ -822,19 +826,29 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 let fresh_key = || t.fresh_key();
                 service_variant(handler(), None, Plan::Plain, fresh_key, fresh_key, n).await
             }
-            "server_fresh" | "server_replay" => {
+            "server_fresh" | "server_replay" | "server_fresh_digest" | "server_replay_digest" => {
                 let store = MemoryStore::new();
                 let svc = ServiceBuilder::new()
                     .layer(common::server_layer(store.clone()))
                     .service(handler());
-                let plan = if variant == "server_fresh" {
+                let plan = if variant.starts_with("server_fresh") {
                     Plan::Fresh
                 } else {
                     Plan::Replay
                 };
-                let fresh_key = || t.fresh_key();
-                let fixed_key = || t.fixed_key();
-                service_variant(svc, Some(&store), plan, fresh_key, fixed_key, n).await
+                if variant.ends_with("_digest") {
+                    let fresh_key = || t.fresh_key_with_digest();
+                    let fixed_key = || t.fixed_key_with_digest();
+                    service_variant(svc, Some(&store), plan, fresh_key, fixed_key, n).await
+                } else {
+                    let fresh_key = || t.fresh_key();
+                    let fixed_key = || t.fixed_key();
+                    service_variant(svc, Some(&store), plan, fresh_key, fixed_key, n).await
+                }
+            }
+            "server_bare_digest" => {
+                let fresh_key = || t.fresh_key_with_digest();
+                service_variant(handler(), None, Plan::Plain, fresh_key, fresh_key, n).await
             }
             "server_refused" => {
                 // The default protected window: nothing the fill records may be evicted.

@@ -68,7 +68,8 @@ baseline_of() {
     tool_bare) echo - ;;
     tool_*) echo tool_bare ;;
     frozen_retry* | tower_retry_clone*) echo bare ;;
-    server_bare) echo - ;;
+    server_bare | server_bare_digest) echo - ;;
+    server_*_digest) echo server_bare_digest ;;
     server_*) echo server_bare ;;
     *) echo - ;;
     esac

@@ -311,6 +311,25 @@ impl Template {
         req
     }
 
+    /// [`fresh_key`](Self::fresh_key) carrying the body's `Content-Digest`, as the client
+    /// stack sends every keyed request.
+    pub fn fresh_key_with_digest(&self) -> Request<Full<Bytes>> {
+        self.with_digest(self.fresh_key())
+    }
+
+    /// [`fixed_key`](Self::fixed_key) carrying the body's `Content-Digest`.
+    pub fn fixed_key_with_digest(&self) -> Request<Full<Bytes>> {
+        self.with_digest(self.fixed_key())
+    }
+
+    fn with_digest(&self, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+        req.headers_mut().insert(
+            "content-digest",
+            tower_idempotency::digest::BodyDigest::of(&self.body).header_value(),
+        );
+        req
+    }
+
     pub fn fixed_key(&self) -> Request<Full<Bytes>> {
         let mut req = self.request();
         req.headers_mut()

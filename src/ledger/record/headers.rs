@@ -20,8 +20,6 @@ use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 
-use base64::Engine as _;
-
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -40,9 +38,6 @@ const REQUEST_DIGEST: u8 = 2;
 /// Bytes a request digest held short takes in a block
 /// ([`BlockWriter::push_request_digest`]).
 pub(crate) const REQUEST_DIGEST_SIZE: usize = ENTRY_OVERHEAD + 32;
-
-/// `sha-256=:` and `:` around the 44 base64 digits of a SHA-256.
-const DIGEST_FIELD: (&[u8], usize, &[u8]) = (b"sha-256=:", 44, b":");
 
 /// The most entries a map is sized for up front: a block may hold far more values than a
 /// `HeaderMap` may be presized for (it bounds distinct names, not values).
@@ -180,7 +175,7 @@ impl HeaderBlock {
                 Some((
                     held,
                     flags,
-                    sha256_of_field(&self.bytes[entry.value.clone()])?,
+                    crate::digest::sha256_of_field(&self.bytes[entry.value.clone()])?,
                 ))
             });
         let short = REQUEST_DIGEST_SIZE;
@@ -383,23 +378,6 @@ impl DistinctNames {
     pub(crate) fn admit(&mut self, name: &HeaderName) -> bool {
         self.0.try_append(name, ()).is_ok()
     }
-}
-
-/// The 32 bytes of a `sha-256=:<base64>:` field, if `value` is one, written as
-/// [`BodyDigest::field`] writes it (so that rendering them again gives `value` back: the
-/// decoding is strict, so one digest has one spelling).
-fn sha256_of_field(value: &[u8]) -> Option<[u8; 32]> {
-    let (prefix, digits, suffix) = DIGEST_FIELD;
-    let base64 = value
-        .strip_prefix(prefix)?
-        .strip_suffix(suffix)
-        .filter(|base64| base64.len() == digits)?;
-    let mut digest = [0u8; 33];
-    // Strict: padding required and no stray bits, so one digest has one spelling.
-    let len = base64::engine::general_purpose::STANDARD
-        .decode_slice(base64, &mut digest)
-        .ok()?;
-    digest[..len].try_into().ok()
 }
 
 /// Bytes an entry of a name and a value of these lengths takes in a block.

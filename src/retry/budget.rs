@@ -139,10 +139,17 @@ impl Windowed {
         let committed = self.writer.swap(0, Ordering::SeqCst);
         self.slots[generation.index].store(committed, Ordering::SeqCst);
         let mut index = (generation.index + 1) % SLOTS;
-        while elapsed > self.slot {
+        // One slot cleared per slot's time that passed, as tower's does, but never more than
+        // them all: past a whole window every slot is cleared already, and a clock that
+        // moved on by months (an idle process, a paused test clock) would otherwise spin
+        // here once per slot's time, under the lock. Where the index lands then does not
+        // matter: every slot is empty.
+        let mut cleared = 0;
+        while elapsed > self.slot && cleared < SLOTS {
             self.slots[index].store(0, Ordering::SeqCst);
             elapsed -= self.slot;
             index = (index + 1) % SLOTS;
+            cleared += 1;
         }
         generation.index = index;
         generation.time = now;
@@ -195,6 +202,8 @@ mod tests {
             4 => Just(Step::Call),
             3 => Just(Step::Retry),
             1 => (0u64..3_000).prop_map(|ms| Step::Wait(Duration::from_millis(ms))),
+            // Past a whole window or many: every slot cleared.
+            1 => (10_000u64..600_000).prop_map(|ms| Step::Wait(Duration::from_millis(ms))),
         ]
     }
 
@@ -235,6 +244,20 @@ mod tests {
                 Ok(())
             })?;
         }
+    }
+
+    /// A clock that moved on by ages (an idle process, a paused test clock advanced to a
+    /// far timer) costs one pass over the slots, not one step per slot's time: this test
+    /// would spin for hours otherwise.
+    #[tokio::test(start_paused = true)]
+    async fn a_clock_ages_ahead_clears_the_window_at_once() {
+        let budget = Windowed::new(Duration::from_secs(10), 10, 0.2);
+        for _ in 0..500 {
+            budget.deposit_at(Instant::now());
+        }
+        tokio::time::advance(Duration::from_secs(10_000 * 365 * 24 * 3600)).await;
+        // The calls of ages ago are gone: the floor alone is left.
+        assert_eq!(retries_allowed(&budget, 200), 100);
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,7 +16,7 @@ type Held = (Arc<dyn IdempotencyStore>, LedgerKey, LeaseToken, Duration);
 /// The leases held while one operation ran, and the domain of the `crash_after` around
 /// it, if there is one: a lease is noted in every enclosing domain, so a crash of an outer
 /// operation lets go of what the operations inside it held.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Domain {
     held: Arc<Mutex<Vec<Held>>>,
     outer: Option<Box<Domain>>,

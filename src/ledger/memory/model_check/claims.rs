@@ -42,25 +42,15 @@ fn a_lapsed_owner_races_a_take_over() {
         for resumed in [false, true] {
             let name = format!("a_lapsed_owner_races_a_take_over({settle:?}, resumed: {resumed})");
             explore(&name, None, move || {
-                let store = MemoryStore::new();
-                let mut setup = Caller::new(&store, EXPIRED);
-                if resumed {
-                    setup.begin(Key(0), Token(0));
-                }
-                assert!(owns(&setup.begin(Key(0), Token(1))));
-                let lapsed = spawn(Caller::new(&store, EXPIRED), move |caller| {
+                let setup = move |caller: &mut Caller| {
+                    if resumed {
+                        caller.begin(Key(0), Token(0));
+                    }
+                    assert!(owns(&caller.begin(Key(0), Token(1))));
+                };
+                race_a_rival(setup, move |caller| {
                     caller.settle(settle, Key(0), Token(1), OutcomeId(1));
                 });
-                let rival = spawn(Caller::new(&store, EXPIRED), |caller| {
-                    if owns(&caller.begin(Key(0), Token(2))) {
-                        caller.settle(Settle::Complete, Key(0), Token(2), OutcomeId(2));
-                    }
-                });
-                let threads = join(vec![lapsed, rival]);
-                let mut reader = Caller::new(&store, EXPIRED);
-                reader.probe(Key(0), Token(9));
-                assert_linearizable(EXPIRED, &setup.history, &threads, &reader.history);
-                assert_books_balance(&store);
             });
         }
     }

@@ -17,7 +17,7 @@ fn a_hold_races_a_take_over() {
     ] {
         let name = format!("a_hold_races_a_take_over({settle:?})");
         explore(&name, None, move || {
-            let threads = race_a_rival(false, move |caller| {
+            let threads = race_a_rival(claim(false), move |caller| {
                 caller.call(hold());
                 caller.settle(settle, Key(0), Token(1), OutcomeId(1));
             });
@@ -38,7 +38,7 @@ fn a_let_go_races_a_take_over() {
     for settle in [Settle::Complete, Settle::Abandon, Settle::MarkInDoubt] {
         let name = format!("a_let_go_races_a_take_over({settle:?})");
         explore(&name, None, move || {
-            race_a_rival(true, move |caller| {
+            race_a_rival(claim(true), move |caller| {
                 caller.call(Op::LetGo {
                     key: Key(0),
                     token: Token(1),
@@ -49,40 +49,22 @@ fn a_let_go_races_a_take_over() {
     }
 }
 
+/// The setup: `Token(1)` claims `Key(0)`, and holds it if `held`.
+fn claim(held: bool) -> impl FnOnce(&mut Caller) {
+    move |caller| {
+        assert!(owns(&caller.begin(Key(0), Token(1))));
+        if held {
+            assert_eq!(caller.call(hold()), Answer::Held);
+        }
+    }
+}
+
 /// The owner's hold of `Key(0)` under `Token(1)`.
 fn hold() -> Op {
     Op::Hold {
         key: Key(0),
         token: Token(1),
     }
-}
-
-/// `Token(1)` claims `Key(0)` under a lease of zero (and holds it, if `held`), then runs
-/// `owner` while a rival claims the key and completes it if it owns it; a final read, and
-/// the answers checked against the model in some order of the two threads' calls, which
-/// it returns (the owner's first).
-fn race_a_rival(
-    held: bool,
-    owner: impl FnOnce(&mut Caller) + Send + 'static,
-) -> Vec<Vec<(Op, Answer)>> {
-    let store = MemoryStore::new();
-    let mut setup = Caller::new(&store, EXPIRED);
-    assert!(owns(&setup.begin(Key(0), Token(1))));
-    if held {
-        assert_eq!(setup.call(hold()), Answer::Held);
-    }
-    let owner = spawn(Caller::new(&store, EXPIRED), owner);
-    let rival = spawn(Caller::new(&store, EXPIRED), |caller| {
-        if owns(&caller.begin(Key(0), Token(2))) {
-            caller.settle(Settle::Complete, Key(0), Token(2), OutcomeId(2));
-        }
-    });
-    let threads = join(vec![owner, rival]);
-    let mut reader = Caller::new(&store, EXPIRED);
-    reader.probe(Key(0), Token(9));
-    assert_linearizable(EXPIRED, &setup.history, &threads, &reader.history);
-    assert_books_balance(&store);
-    threads
 }
 
 /// A waiter that found a held operation busy is woken when its owner settles, whether the

@@ -383,6 +383,31 @@ fn assert_books_balance(store: &MemoryStore) {
     );
 }
 
+/// On a store where every lease is [`EXPIRED`]: `setup` makes its calls (on `Key(0)`), then
+/// `owner` runs while a rival claims `Key(0)` under `Token(2)` and completes it if it owns
+/// it; a final read, and the answers checked against the model in some order of the two
+/// threads' calls, which it returns (the owner's first).
+fn race_a_rival(
+    setup: impl FnOnce(&mut Caller),
+    owner: impl FnOnce(&mut Caller) + Send + 'static,
+) -> Vec<Vec<(Op, Answer)>> {
+    let store = MemoryStore::new();
+    let mut before = Caller::new(&store, EXPIRED);
+    setup(&mut before);
+    let owner = spawn(Caller::new(&store, EXPIRED), owner);
+    let rival = spawn(Caller::new(&store, EXPIRED), |caller| {
+        if owns(&caller.begin(Key(0), Token(2))) {
+            caller.settle(Settle::Complete, Key(0), Token(2), OutcomeId(2));
+        }
+    });
+    let threads = join(vec![owner, rival]);
+    let mut reader = Caller::new(&store, EXPIRED);
+    reader.probe(Key(0), Token(9));
+    assert_linearizable(EXPIRED, &before.history, &threads, &reader.history);
+    assert_books_balance(&store);
+    threads
+}
+
 /// A waker loom can see: woken, it releases the waiting thread; a waiter never woken is a
 /// deadlock loom reports. Cloning and dropping it touch nothing of loom's, since tokio's
 /// watch channel clones and drops wakers under its own (`std`) locks.

@@ -55,6 +55,9 @@ pin_project! {
         // Set when the request is sent.
         link: Option<M::Link>,
         source: ResponseSource,
+        // The frozen request, when the store keeps a completed request's field digests:
+        // they are gathered from it for the record, outside the store.
+        request: Option<FrozenRequest>,
         #[pin]
         renewal: Renewal,
         #[pin]
@@ -138,12 +141,14 @@ where
         // while nothing was sent, and marks it in doubt once the inner service was called:
         // the request may be on the wire.
         let lease = client.ledger.hold_unsent(key, token);
+        let request = client.ledger.keeps_request_fields.then(|| frozen.clone());
         Self {
             client,
             track: Some(track),
             lease: Some(lease),
             link: None,
             source,
+            request,
             renewal: Renewal::new(),
             step: ExchangeStep::Readying {
                 inner: Some(inner),
@@ -256,7 +261,16 @@ where
                         retryable: *retryable,
                         read_problem: *read_problem,
                     };
-                    match record(this.client, (track, *sent), lease, (parts, read), buffered) {
+                    let request = this.request.take();
+                    let answer = (parts, read);
+                    match record(
+                        this.client,
+                        (track, *sent),
+                        lease,
+                        answer,
+                        buffered,
+                        request,
+                    ) {
                         Ok(response) => {
                             this.step.set(ExchangeStep::Done);
                             let track = this.track.take().expect("given back once");

@@ -6,10 +6,11 @@ use std::pin::Pin;
 
 use http::Response;
 
+use crate::frozen::FrozenRequest;
 use crate::idempotency::body::{Buffered, ResponseBody};
 use crate::idempotency::decision::{Decision, Track};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Settling};
-use crate::ledger::{HeaderBlock, Outcome, StoredResponse};
+use crate::ledger::{FieldDigests, Gathered, Outcome, RequestFields, StoredResponse};
 use crate::phase::classify;
 use crate::{BoxError, Error};
 
@@ -111,6 +112,7 @@ pub(super) fn record<ResB: Send + 'static>(
     lease: LeaseGuard,
     (parts, read): (http::response::Parts, Read),
     buffered: Result<Buffered<ResB>, BoxError>,
+    request: Option<FrozenRequest>,
 ) -> Result<Response<ResponseBody<ResB>>, Finishing<ResB>> {
     let buffered = match buffered {
         Ok(buffered) => buffered,
@@ -138,9 +140,26 @@ pub(super) fn record<ResB: Send + 'static>(
     }
     let (outcome, body) = match buffered {
         Buffered::Whole(bytes) => {
-            // The record gets its own exact-size copy (see `HeaderBlock::with_body`).
-            let recorded = HeaderBlock::with_body(&parts.headers, &bytes);
-            let stored = StoredResponse::of_block_with_body(parts.status, parts.version, recorded);
+            // The record gets its own exact-size copy (see `HeaderBlock::with_body`), and
+            // the request's field digests after it when the store keeps them.
+            let gathered = request
+                .as_ref()
+                .map(|request| (request, FieldDigests::gather(request.body())));
+            let fields = match &gathered {
+                Some((request, Some(fields))) if lighter(fields, request) => {
+                    RequestFields::Entries(fields.entries())
+                }
+                Some((_, None)) => RequestFields::NoFields,
+                // Not gathered, or too close to call: the store weighs them itself.
+                _ => RequestFields::Ungathered,
+            };
+            let stored = StoredResponse::with_request_fields(
+                parts.status,
+                parts.version,
+                &parts.headers,
+                &bytes,
+                fields,
+            );
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }
         Buffered::Overflow(prefix, rest) if read.retryable => {
@@ -171,6 +190,13 @@ pub(super) fn record<ResB: Send + 'static>(
             Ok(Response::from_parts(parts, body))
         })),
     }
+}
+
+/// Whether `fields` surely weigh less than `request`, as a store keeping them asks (they
+/// always do but for bodies of many tiny fields): less than its body alone, which is cheaper
+/// to weigh than the whole request.
+fn lighter(fields: &Gathered, request: &FrozenRequest) -> bool {
+    FieldDigests::weight_of(fields.entries().len()) <= request.body().len()
 }
 
 /// Say so when the outcome could not be recorded.

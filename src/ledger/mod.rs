@@ -119,6 +119,7 @@ pub use postgres::transaction::PostgresTransaction;
 pub(crate) use record::DigestState;
 pub(crate) use record::{entries_size, BlockWriter, HeaderBlock, REQUEST_DIGEST_SIZE};
 pub use record::{FieldDigests, LeaseToken, LedgerKey, Outcome, StoredResponse};
+pub(crate) use record::{Gathered, RequestFields};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::builder::RedisStoreBuilder;
@@ -299,6 +300,25 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// ```
     fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
         let _ = (key, token, lease);
+    }
+
+    /// Whether this store keeps, of a completed operation, the digests of its request's
+    /// top-level JSON fields ([`FieldDigests`]), to name the fields a later request changed
+    /// ([`Begin::DriftFields`]). For such a store the client face gathers them itself,
+    /// outside the store, and hands them in with the outcome, in the record's own buffer:
+    /// the store then neither scans the request's body while it holds its lock nor makes an
+    /// allocation for them. [`MemoryStore`] answers `true`; the default, `false`, spares
+    /// every other store the work.
+    ///
+    /// A wrapper that forwards its calls to a store answers as the store does.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
+    ///
+    /// assert!(MemoryStore::new().keeps_request_fields());
+    /// ```
+    fn keeps_request_fields(&self) -> bool {
+        false
     }
 
     /// A read-only look at the record of `key`, for tests and operators: `None` when there is
@@ -501,6 +521,10 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 
     fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
         (**self).let_go(key, token, lease)
+    }
+
+    fn keeps_request_fields(&self) -> bool {
+        (**self).keeps_request_fields()
     }
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {

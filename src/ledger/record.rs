@@ -17,6 +17,7 @@ use crate::key::{hex, update_length_prefixed, IdempotencyKey};
 use crate::FrozenRequest;
 use codec::{corrupt, version_code, version_from_code, Reader, Writer, ENCODING_VERSION};
 pub use fields::FieldDigests;
+pub(crate) use fields::Gathered;
 pub(crate) use headers::{entries_size, BlockWriter, HeaderBlock, REQUEST_DIGEST_SIZE};
 
 /// The key of a ledger record: 32 bytes, already scoped.
@@ -337,6 +338,33 @@ struct Stored {
     headers: HeaderBlock,
     /// `None`: the body is held after the headers, in their block.
     body: Option<Bytes>,
+    /// What the block holds after the body ([`HeaderBlock::tail`]).
+    tail: Tail,
+}
+
+/// What a recorded response's block holds after its body.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tail {
+    /// Nothing was gathered of the request: the store keeps what it will of it.
+    Ungathered,
+    /// The request's field digests were gathered, and there are none to keep (its body is
+    /// no JSON object, or they would outweigh the request).
+    NoFields,
+    /// The request's field digests ([`FieldDigests`]' entries) are the tail.
+    Fields,
+}
+
+/// What a recorded response holds of the field digests of the request it answered
+/// ([`FieldDigests`]): gathered by the face that recorded it, outside the store, and held in
+/// the record's own buffer ([`StoredResponse::with_request_fields`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RequestFields<'a> {
+    /// None gathered: a store that keeps field digests makes them itself.
+    Ungathered,
+    /// Gathered, and none to keep.
+    NoFields,
+    /// Gathered: the digests' entries.
+    Entries(&'a [u8]),
 }
 
 impl StoredResponse {
@@ -367,6 +395,7 @@ impl StoredResponse {
             version,
             headers,
             body: Some(body),
+            tail: Tail::Ungathered,
         }))
     }
 
@@ -382,7 +411,48 @@ impl StoredResponse {
             version,
             headers: headers_and_body,
             body: None,
+            tail: Tail::Ungathered,
         }))
+    }
+
+    /// A client's record of a response: its headers and a copy of its body in one buffer
+    /// ([`HeaderBlock::with_body`]), and after them the field digests of the request it
+    /// answered, gathered by the caller: a store that keeps them
+    /// ([`IdempotencyStore::keeps_request_fields`](crate::ledger::IdempotencyStore::keeps_request_fields))
+    /// then neither scans the request's body under its lock nor allocates for them.
+    pub(crate) fn with_request_fields(
+        status: StatusCode,
+        version: Version,
+        headers: &HeaderMap,
+        body: &[u8],
+        fields: RequestFields<'_>,
+    ) -> Self {
+        let (tail, entries): (_, &[u8]) = match fields {
+            RequestFields::Ungathered => (Tail::Ungathered, &[]),
+            RequestFields::NoFields => (Tail::NoFields, &[]),
+            // Entries over 4 GiB (a body of billions of fields) are left to the store.
+            RequestFields::Entries(entries) if u32::try_from(entries.len()).is_err() => {
+                (Tail::Ungathered, &[])
+            }
+            RequestFields::Entries(entries) => (Tail::Fields, entries),
+        };
+        Self(Arc::new(Stored {
+            status,
+            version,
+            headers: HeaderBlock::with_body_and_tail(headers, body, entries),
+            body: None,
+            tail,
+        }))
+    }
+
+    /// The field digests of the request this response answered, as its recorder gathered
+    /// them ([`with_request_fields`](Self::with_request_fields)).
+    pub(crate) fn request_fields(&self) -> RequestFields<'_> {
+        match self.0.tail {
+            Tail::Ungathered => RequestFields::Ungathered,
+            Tail::NoFields => RequestFields::NoFields,
+            Tail::Fields => RequestFields::Entries(self.0.headers.tail()),
+        }
     }
 
     /// The recorded status.
@@ -424,8 +494,9 @@ impl StoredResponse {
         }
     }
 
-    /// Bytes held in memory, for weighing caches: the record itself, its header buffer, its
-    /// body, and what the allocator adds to those allocations.
+    /// Bytes held in memory, for weighing caches: the record itself, its header buffer (and
+    /// the request's field digests in it, when gathered), its body, and what the allocator
+    /// adds to those allocations.
     pub fn weight(&self) -> usize {
         std::mem::size_of::<Stored>()
             + self.0.headers.weight()

@@ -81,6 +81,10 @@ pub(crate) struct LedgerState {
     shared: Shared,
     /// How many requests may wait for busy operations at once, if bounded.
     pub(crate) waiters: Option<WaiterLimit>,
+    /// The store keeps a completed request's field digests, which a face recording an
+    /// outcome then gathers for it
+    /// ([`IdempotencyStore::keeps_request_fields`](crate::ledger::IdempotencyStore::keeps_request_fields)).
+    pub(crate) keeps_request_fields: bool,
 }
 
 impl std::ops::Deref for Ledger {
@@ -156,6 +160,7 @@ impl Ledger {
         // that no setting a builder accepted can overflow an `Instant` or a store's TTL.
         let (lease, retention) = (lease.min(LONGEST), retention.min(LONGEST));
         Self(Arc::new(LedgerState {
+            keeps_request_fields: store.keeps_request_fields(),
             store,
             lease,
             retention,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::{lease_end, Kept, Record, Stamp, State};
+use super::record::{lease_end, Record, Stamp, State};
 use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::Ordering;
@@ -159,14 +159,14 @@ impl MemoryStore {
         now: Stamp,
     ) -> Begin {
         if record.fingerprint != request.fingerprint {
-            return match &record.kept {
-                Kept::Fields(fields) => Begin::DriftFields {
+            return match record.field_digests() {
+                Some(fields) => Begin::DriftFields {
                     stored: record.fingerprint,
-                    fields: fields.clone(),
+                    fields,
                 },
-                kept => Begin::Drift {
+                None => Begin::Drift {
                     stored: record.fingerprint,
-                    frozen: kept.frozen(),
+                    frozen: record.kept.frozen(),
                 },
             };
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
     BeginRequest, FieldDigests, LeaseToken, LedgerKey, Outcome, RecordState, RecordView,
+    RequestFields,
 };
 use crate::FrozenRequest;
 
@@ -236,6 +237,22 @@ impl Record {
         outcome_weight.saturating_sub(TOMBSTONE_RESERVE)
     }
 
+    /// The digests of the top-level fields of this completed record's request, wherever
+    /// they are kept (see [`Kept`]).
+    pub(super) fn field_digests(&self) -> Option<FieldDigests> {
+        match (&self.kept, &self.state) {
+            (Kept::Fields(fields), _) => Some(fields.clone()),
+            (Kept::InOutcome, State::Completed { outcome, .. }) => match outcome {
+                Outcome::Response(response) => match response.request_fields() {
+                    RequestFields::Entries(entries) => Some(FieldDigests::from_entries(entries)),
+                    _ => None,
+                },
+                Outcome::Tombstone { .. } => None,
+            },
+            _ => None,
+        }
+    }
+
     /// The record as [`inspect`](crate::ledger::IdempotencyStore::inspect) shows it at
     /// `now`.
     pub(super) fn view(&self, now: Stamp) -> RecordView {
@@ -282,6 +299,11 @@ pub(super) enum Kept {
     /// Once it is completed, nothing will be resent: the digests of its body's top-level
     /// JSON fields, to name the fields a later request changed.
     Fields(FieldDigests),
+    /// Once it is completed, as [`Fields`](Self::Fields), the digests held in the recorded
+    /// response's own buffer, where the face that recorded it put them
+    /// ([`StoredResponse::request_fields`](crate::ledger::StoredResponse)): weighed with
+    /// the response.
+    InOutcome,
     /// Nothing (a request made without one, a body that is no JSON object, a tombstone).
     Nothing,
 }
@@ -298,21 +320,36 @@ impl Kept {
         match self {
             Self::Frozen(frozen) => frozen.weight() as u64,
             Self::Fields(fields) => fields.weight() as u64,
-            Self::Nothing => 0,
+            Self::InOutcome | Self::Nothing => 0,
         }
     }
 
-    /// What a completed record keeps of this (which weighs `weight`): the field digests of
-    /// a frozen request, if its body is a JSON object and they weigh less than the request
-    /// (they always do but for bodies of many tiny fields, which then name no fields in a
-    /// drift report).
-    pub(super) fn completed(&self, weight: u64) -> Self {
+    /// What a completed record keeps of this (which weighs `weight`) once `outcome` is
+    /// recorded: the field digests of a frozen request, if its body is a JSON object and
+    /// they weigh less than the request (they always do but for bodies of many tiny fields,
+    /// which then name no fields in a drift report). Those the outcome carries are kept
+    /// where they are; others are made here.
+    pub(super) fn completed(&self, weight: u64, outcome: &Outcome) -> Self {
         let Self::Frozen(frozen) = self else {
             return Self::Nothing;
         };
-        FieldDigests::of(frozen.body())
-            .filter(|fields| fields.weight() as u64 <= weight)
-            .map_or(Self::Nothing, Self::Fields)
+        let made = || {
+            FieldDigests::of(frozen.body())
+                .filter(|fields| fields.weight() as u64 <= weight)
+                .map_or(Self::Nothing, Self::Fields)
+        };
+        let Outcome::Response(response) = outcome else {
+            return made();
+        };
+        match response.request_fields() {
+            RequestFields::Entries(entries)
+                if FieldDigests::weight_of(entries.len()) as u64 <= weight =>
+            {
+                Self::InOutcome
+            }
+            RequestFields::Entries(_) | RequestFields::NoFields => Self::Nothing,
+            RequestFields::Ungathered => made(),
+        }
     }
 }
 

@@ -120,7 +120,7 @@ impl MemoryStore {
         // so a panic leaves the record, the budget and the eviction order as they were.
         let protect_until = at + Duration::from_nanos(record.protected).min(retention);
         let retain_until = at + retention;
-        let kept = record.kept.completed(record.open_kept_weight());
+        let kept = record.kept.completed(record.open_kept_weight(), &outcome);
         let weight = record.completed_weight(outcome_weight, &kept);
         if !self.reweigh(record.weight, weight) {
             return Err((outcome, weight - record.weight));

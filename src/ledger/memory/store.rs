@@ -291,6 +291,10 @@ impl IdempotencyStore for MemoryStore {
         });
     }
 
+    fn keeps_request_fields(&self) -> bool {
+        true
+    }
+
     // An operator forgetting one record (see `ledger::forget`). The record is judged and
     // removed under its shard's lock, so nothing can move it in between; removal is the
     // same as a retention's end (budget, gauges and eviction order follow), and it wakes

@@ -47,23 +47,35 @@ impl FieldDigests {
     /// The digests of `body`'s top-level fields, if it is a JSON object (`None` if not, or if
     /// a field name is over 64 KiB).
     pub fn of(body: &[u8]) -> Option<Self> {
-        // In the body's order (sorted when compared, a cold path): one pass, one buffer.
         let mut out = Gather::new();
-        scan_object(body, |name, value, plain| {
-            let len = u16::try_from(name.len()).ok()?;
-            let digest = match plain {
-                Some(digest) => digest,
-                None => value_digest(value)?,
-            };
-            out.push(len, &name, digest);
-            Some(())
-        })?;
+        gather_into(body, &mut out)?;
         Some(Self(out.finish()))
+    }
+
+    /// The digests of `body`'s top-level fields (as [`of`](Self::of)), gathered where they
+    /// are made and not yet held anywhere: a face that records an outcome writes them into
+    /// the record's own buffer ([`from_entries`](Self::from_entries) reads them back).
+    /// Inlined, so that the gathered entries are written where the caller keeps them.
+    #[inline]
+    pub(crate) fn gather(body: &[u8]) -> Option<Gathered> {
+        let mut out = Gathered(Gather::new());
+        gather_into(body, &mut out.0)?;
+        Some(out)
+    }
+
+    /// The digests whose entries ([`Gathered::entries`]) are `entries`.
+    pub(crate) fn from_entries(entries: &[u8]) -> Self {
+        Self(Box::from(entries))
     }
 
     /// Bytes held, for weighing: the entries and the allocation they are in.
     pub(crate) fn weight(&self) -> usize {
-        std::mem::size_of::<Self>() + self.0.len() + 16
+        Self::weight_of(self.0.len())
+    }
+
+    /// What digests whose entries take `len` bytes weigh, held on their own.
+    pub(crate) fn weight_of(len: usize) -> usize {
+        std::mem::size_of::<Self>() + len + 16
     }
 
     /// The top-level fields added, removed or changed in `body` against these, sorted; `None`
@@ -119,6 +131,32 @@ impl FieldDigests {
     }
 }
 
+/// The entries of `body`'s top-level fields, into `out`; `None` if `body` is no JSON object
+/// (or a name is over 64 KiB).
+fn gather_into(body: &[u8], out: &mut Gather) -> Option<()> {
+    // In the body's order (sorted when compared, a cold path): one pass, one buffer.
+    scan_object(body, |name, value, plain| {
+        let len = u16::try_from(name.len()).ok()?;
+        let digest = match plain {
+            Some(digest) => digest,
+            None => value_digest(value)?,
+        };
+        out.push(len, &name, digest);
+        Some(())
+    })
+}
+
+/// A body's field digests as [`FieldDigests::gather`] found them: their entries, on the
+/// stack unless there are many.
+pub(crate) struct Gathered(Gather);
+
+impl Gathered {
+    /// The entries, in [`FieldDigests`]' layout.
+    pub(crate) fn entries(&self) -> &[u8] {
+        self.0.entries()
+    }
+}
+
 /// Bytes [`Gather`] holds before it spills to the heap: the entries of a dozen short fields.
 const GATHERED: usize = 256;
 
@@ -157,6 +195,14 @@ impl Gather {
         self.spilled.extend_from_slice(&len.to_be_bytes());
         self.spilled.extend_from_slice(name);
         self.spilled.extend_from_slice(&digest.to_le_bytes());
+    }
+
+    fn entries(&self) -> &[u8] {
+        if self.spilled.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.spilled
+        }
     }
 
     fn finish(self) -> Box<[u8]> {

@@ -50,6 +50,9 @@ pub(crate) struct HeaderBlock {
     /// The entries, then the body recorded with them ([`with_body`](Self::with_body)).
     bytes: Bytes,
     len: u32,
+    /// Bytes after the body: on a client's record, its request's field digests, gathered
+    /// before the record was handed to the store ([`with_body_and_tail`](Self::with_body_and_tail)).
+    tail: u32,
     /// Where the entries end and the body begins.
     end: usize,
 }
@@ -82,20 +85,38 @@ impl HeaderBlock {
     /// here: the first slice of a `Bytes` made from a `Vec` allocates its shared handle,
     /// which a record that is never replayed (most are not) then never needs.
     pub(crate) fn with_body(headers: &HeaderMap, body: &[u8]) -> Self {
-        let mut block = BlockWriter::with_capacity(entries_size(headers.iter()) + body.len());
+        Self::with_body_and_tail(headers, body, &[])
+    }
+
+    /// [`with_body`](Self::with_body), and `tail` after the body, in the same buffer
+    /// ([`tail`](Self::tail)): what a record keeps besides the response (its request's
+    /// field digests) costs no allocation of its own. `tail` must be under 4 GiB.
+    pub(crate) fn with_body_and_tail(headers: &HeaderMap, body: &[u8], tail: &[u8]) -> Self {
+        let size = entries_size(headers.iter()) + body.len() + tail.len();
+        let mut block = BlockWriter::with_capacity(size);
         block.push_all(headers);
-        block.finish_with_body(body)
+        block.finish_with_body(body, tail)
     }
 
     /// The body held after the entries: empty unless the block was made
     /// [`with_body`](Self::with_body). Shares the block's buffer.
     pub(crate) fn body(&self) -> Bytes {
-        self.bytes.slice(self.end..)
+        self.bytes.slice(self.end..self.body_end())
     }
 
     /// The body held after the entries, as it is held.
     pub(crate) fn body_bytes(&self) -> &[u8] {
-        &self.bytes[self.end..]
+        &self.bytes[self.end..self.body_end()]
+    }
+
+    /// What is held after the body ([`with_body_and_tail`](Self::with_body_and_tail)):
+    /// empty unless the block was made so.
+    pub(crate) fn tail(&self) -> &[u8] {
+        &self.bytes[self.body_end()..]
+    }
+
+    fn body_end(&self) -> usize {
+        self.bytes.len() - self.tail as usize
     }
 
     /// How many headers the block holds.
@@ -103,7 +124,7 @@ impl HeaderBlock {
         self.len as usize
     }
 
-    /// Bytes held: the entries and the body after them.
+    /// Bytes held: the entries, the body and the tail after them.
     pub(crate) fn weight(&self) -> usize {
         self.bytes.len()
     }
@@ -198,6 +219,7 @@ impl HeaderBlock {
         Self {
             bytes: Bytes::from(bytes),
             len: self.len,
+            tail: 0,
             end: size,
         }
     }
@@ -238,7 +260,7 @@ impl HeaderBlock {
         for (name, value) in pairs {
             block.push_checked(name.as_str().as_bytes(), value, false);
         }
-        block.finish_with_body(body)
+        block.finish_with_body(body, &[])
     }
 }
 
@@ -339,12 +361,15 @@ impl BlockWriter {
         self.len += 1;
     }
 
-    /// The block written, `body` after its entries (see [`HeaderBlock::with_body`]).
-    fn finish_with_body(mut self, body: &[u8]) -> HeaderBlock {
+    /// The block written, `body` and then `tail` after its entries (see
+    /// [`HeaderBlock::with_body_and_tail`]).
+    fn finish_with_body(mut self, body: &[u8], tail: &[u8]) -> HeaderBlock {
         let end = self.bytes.len();
         self.bytes.extend_from_slice(body);
+        self.bytes.extend_from_slice(tail);
         let mut block = self.finish();
         block.end = end;
+        block.tail = u32::try_from(tail.len()).expect("a record's tail is under 4 GiB");
         block
     }
 
@@ -355,6 +380,7 @@ impl BlockWriter {
         HeaderBlock {
             bytes: Bytes::from(self.bytes),
             len: self.len,
+            tail: 0,
             end,
         }
     }

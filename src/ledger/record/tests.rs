@@ -85,3 +85,57 @@ fn ledger_key_derivations_are_domain_separated() {
         LedgerKey::client_header("", "", "https", "a.exampl", "ek")
     );
 }
+
+#[test]
+fn request_fields_ride_after_the_body_and_stay_out_of_the_response() {
+    let request = br#"{"order_id":"o_1","summary":"first","total_cents":100}"#;
+    let gathered = FieldDigests::gather(request).unwrap();
+    let mut headers = HeaderMap::new();
+    headers.append("content-type", HeaderValue::from_static("application/json"));
+    let body = br#"{"id":"ch_1"}"#;
+    let stored = StoredResponse::with_request_fields(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        &headers,
+        body,
+        RequestFields::Entries(gathered.entries()),
+    );
+    let plain = StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        &headers,
+        Bytes::from_static(body),
+    );
+
+    // The response reads as it would without them: body, headers, encoding.
+    assert_eq!(stored.body().as_ref(), body);
+    assert_eq!(stored.body_bytes(), body);
+    assert_eq!(stored.headers(), headers);
+    let encoded = Outcome::Response(stored.clone()).encode();
+    assert_eq!(encoded, Outcome::Response(plain.clone()).encode());
+    // They weigh what they hold, in the same buffer.
+    assert_eq!(
+        stored.weight(),
+        plain.weight() + gathered.entries().len(),
+        "the digests cost their bytes and no allocation of their own"
+    );
+
+    // Read back, they are the digests the store would make itself.
+    let RequestFields::Entries(entries) = stored.request_fields() else {
+        panic!("gathered fields are held");
+    };
+    assert_eq!(
+        FieldDigests::from_entries(entries),
+        FieldDigests::of(request).unwrap()
+    );
+    assert_eq!(plain.request_fields(), RequestFields::Ungathered);
+    let none = StoredResponse::with_request_fields(
+        StatusCode::OK,
+        Version::HTTP_11,
+        &headers,
+        body,
+        RequestFields::NoFields,
+    );
+    assert_eq!(none.request_fields(), RequestFields::NoFields);
+    assert_eq!(none.weight(), plain.weight());
+}

@@ -10,7 +10,7 @@ use crate::frozen::FrozenRequest;
 use crate::idempotency::body::{Buffered, ResponseBody};
 use crate::idempotency::decision::{Decision, Track};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Settling};
-use crate::ledger::{FieldDigests, Gathered, Outcome, RequestFields, StoredResponse};
+use crate::ledger::{GatheredFields, Outcome, StoredResponse};
 use crate::phase::classify;
 use crate::{BoxError, Error};
 
@@ -142,23 +142,13 @@ pub(super) fn record<ResB: Send + 'static>(
         Buffered::Whole(bytes) => {
             // The record gets its own exact-size copy (see `HeaderBlock::with_body`), and
             // the request's field digests after it when the store keeps them.
-            let gathered = request
-                .as_ref()
-                .map(|request| (request, FieldDigests::gather(request.body())));
-            let fields = match &gathered {
-                Some((request, Some(fields))) if lighter(fields, request) => {
-                    RequestFields::Entries(fields.entries())
-                }
-                Some((_, None)) => RequestFields::NoFields,
-                // Not gathered, or too close to call: the store weighs them itself.
-                _ => RequestFields::Ungathered,
-            };
+            let gathered = GatheredFields::of(request.as_ref());
             let stored = StoredResponse::with_request_fields(
                 parts.status,
                 parts.version,
                 &parts.headers,
                 &bytes,
-                fields,
+                gathered.fields(),
             );
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }
@@ -190,13 +180,6 @@ pub(super) fn record<ResB: Send + 'static>(
             Ok(Response::from_parts(parts, body))
         })),
     }
-}
-
-/// Whether `fields` surely weigh less than `request`, as a store keeping them asks (they
-/// always do but for bodies of many tiny fields): less than its body alone, which is cheaper
-/// to weigh than the whole request.
-fn lighter(fields: &Gathered, request: &FrozenRequest) -> bool {
-    FieldDigests::weight_of(fields.entries().len()) <= request.body().len()
 }
 
 /// Say so when the outcome could not be recorded.

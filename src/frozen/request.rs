@@ -352,7 +352,13 @@ impl FrozenRequest {
         let uri_len = uri.scheme_str().map_or(0, str::len)
             + uri.authority().map_or(0, |a| a.as_str().len())
             + path_and_query(uri).len();
-        std::mem::size_of::<Frozen>() + uri_len + headers_weight(self.headers()) + self.0.body.len()
+        self.least_weight() + uri_len + headers_weight(self.headers())
+    }
+
+    /// At most its [`weight`](Self::weight), without weighing its head (which reads its
+    /// headers): what the request weighs at least.
+    pub(crate) fn least_weight(&self) -> usize {
+        std::mem::size_of::<Frozen>() + self.0.body.len()
     }
 }
 

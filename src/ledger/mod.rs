@@ -119,7 +119,7 @@ pub use postgres::transaction::PostgresTransaction;
 pub(crate) use record::DigestState;
 pub(crate) use record::{entries_size, BlockWriter, HeaderBlock, REQUEST_DIGEST_SIZE};
 pub use record::{FieldDigests, LeaseToken, LedgerKey, Outcome, StoredResponse};
-pub(crate) use record::{Gathered, RequestFields};
+pub(crate) use record::{GatheredFields, RequestFields};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::builder::RedisStoreBuilder;

@@ -17,7 +17,7 @@ use crate::key::{hex, update_length_prefixed, IdempotencyKey};
 use crate::FrozenRequest;
 use codec::{corrupt, version_code, version_from_code, Reader, Writer, ENCODING_VERSION};
 pub use fields::FieldDigests;
-pub(crate) use fields::Gathered;
+use fields::Gathered;
 pub(crate) use headers::{entries_size, BlockWriter, HeaderBlock, REQUEST_DIGEST_SIZE};
 
 /// The key of a ledger record: 32 bytes, already scoped.
@@ -293,7 +293,7 @@ impl Outcome {
                 let headers = input.header_pairs()?;
                 // The body after the headers, in the block's one buffer, as a client's
                 // record holds it.
-                let recorded = HeaderBlock::of_checked_pairs(&headers, input.bytes()?);
+                let recorded = HeaderBlock::of_checked_pairs(&headers, input.bytes()?, &[]);
                 Self::Response(StoredResponse::of_block_with_body(
                     status, version, recorded,
                 ))
@@ -352,6 +352,58 @@ enum Tail {
     NoFields,
     /// The request's field digests ([`FieldDigests`]' entries) are the tail.
     Fields,
+}
+
+/// The field digests a face gathers of the request it records an outcome for, held until
+/// the record is made ([`fields`](Self::fields)).
+pub(crate) struct GatheredFields {
+    held: Held,
+    /// Written in place: the entries are on the stack, and a move of them a copy.
+    gathered: Gathered,
+}
+
+#[derive(Clone, Copy)]
+enum Held {
+    Ungathered,
+    NoFields,
+    Entries,
+}
+
+impl GatheredFields {
+    /// The digests of `request`'s fields, when the store keeps them (`None`: it does not).
+    /// Digests that may outweigh the request, which the store would not keep, are left to
+    /// it to weigh (it makes them again): they always weigh less but for bodies of many
+    /// tiny fields.
+    #[inline]
+    pub(crate) fn of(request: Option<&FrozenRequest>) -> Self {
+        let mut fields = Self {
+            held: Held::Ungathered,
+            gathered: Gathered::new(),
+        };
+        if let Some(request) = request {
+            fields.held = if !fields.gathered.of_body(request.body()) {
+                Held::NoFields
+            } else if FieldDigests::weight_of(fields.gathered.entries().len())
+                > request.least_weight()
+            {
+                // Past what the request weighs at least (cheaper to know than what it
+                // weighs), the store decides.
+                Held::Ungathered
+            } else {
+                Held::Entries
+            };
+        }
+        fields
+    }
+
+    /// What the record holds of them.
+    pub(crate) fn fields(&self) -> RequestFields<'_> {
+        match self.held {
+            Held::Ungathered => RequestFields::Ungathered,
+            Held::NoFields => RequestFields::NoFields,
+            Held::Entries => RequestFields::Entries(self.gathered.entries()),
+        }
+    }
 }
 
 /// What a recorded response holds of the field digests of the request it answered
@@ -427,6 +479,22 @@ impl StoredResponse {
         body: &[u8],
         fields: RequestFields<'_>,
     ) -> Self {
+        Self::of_block_with_fields(
+            status,
+            version,
+            |tail| HeaderBlock::with_body_and_tail(headers, body, tail),
+            fields,
+        )
+    }
+
+    /// [`with_request_fields`](Self::with_request_fields) for a block made by `block`,
+    /// handed the tail to hold after the body.
+    pub(crate) fn of_block_with_fields(
+        status: StatusCode,
+        version: Version,
+        block: impl FnOnce(&[u8]) -> HeaderBlock,
+        fields: RequestFields<'_>,
+    ) -> Self {
         let (tail, entries): (_, &[u8]) = match fields {
             RequestFields::Ungathered => (Tail::Ungathered, &[]),
             RequestFields::NoFields => (Tail::NoFields, &[]),
@@ -439,7 +507,7 @@ impl StoredResponse {
         Self(Arc::new(Stored {
             status,
             version,
-            headers: HeaderBlock::with_body_and_tail(headers, body, entries),
+            headers: block(entries),
             body: None,
             tail,
         }))

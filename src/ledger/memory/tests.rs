@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::MemoryStore;
 use crate::ledger::{
-    Begin, BeginRequest, FieldDigests, IdempotencyStore, LedgerKey, Outcome, RequestFields,
+    Begin, BeginRequest, GatheredFields, IdempotencyStore, LedgerKey, Outcome, RequestFields,
     StoredResponse,
 };
 use crate::FrozenRequest;
@@ -41,18 +41,16 @@ enum Recorder {
 }
 
 fn outcome(recorder: Recorder, request: &FrozenRequest) -> Outcome {
-    let gathered = FieldDigests::gather(request.body());
-    let fields = match (recorder, &gathered) {
-        (Recorder::LeavesToStore, _) => RequestFields::Ungathered,
-        (Recorder::Gathers, Some(fields)) => RequestFields::Entries(fields.entries()),
-        (Recorder::Gathers, None) => RequestFields::NoFields,
-    };
+    let gathered = GatheredFields::of(match recorder {
+        Recorder::Gathers => Some(request),
+        Recorder::LeavesToStore => None,
+    });
     Outcome::Response(StoredResponse::with_request_fields(
         StatusCode::CREATED,
         Version::HTTP_11,
         &HeaderMap::new(),
         br#"{"id":"ch_1"}"#,
-        fields,
+        gathered.fields(),
     ))
 }
 
@@ -126,6 +124,12 @@ proptest! {
         }
         let first = frozen(first_body);
         let again = frozen(serde_json::to_vec(&again).unwrap());
+        // The face's path is the one taken: an object's digests ride in the record.
+        let gathered_fields = GatheredFields::of(Some(&first));
+        prop_assert_eq!(
+            matches!(gathered_fields.fields(), RequestFields::Entries(_)),
+            first_is_json
+        );
         let rt = runtime();
         let (gathered, gathered_weight) =
             rt.block_on(drift_after(Recorder::Gathers, &first, &again));

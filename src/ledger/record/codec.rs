@@ -133,7 +133,7 @@ impl<'a> Reader<'a> {
     /// A header map: read as a block, which checks names, values and how many distinct
     /// names there are (a forged record is refused, not a panic in its reader).
     pub(super) fn headers(&mut self) -> Result<HeaderMap, StoreError> {
-        Ok(HeaderBlock::of_checked_pairs(&self.header_pairs()?, &[]).to_map())
+        Ok(HeaderBlock::of_checked_pairs(&self.header_pairs()?, &[], &[]).to_map())
     }
     /// Headers as names and checked values, ready for [`HeaderBlock::of_checked_pairs`].
     pub(super) fn header_pairs(&mut self) -> Result<Vec<(HeaderName, &'a [u8])>, StoreError> {

@@ -52,17 +52,6 @@ impl FieldDigests {
         Some(Self(out.finish()))
     }
 
-    /// The digests of `body`'s top-level fields (as [`of`](Self::of)), gathered where they
-    /// are made and not yet held anywhere: a face that records an outcome writes them into
-    /// the record's own buffer ([`from_entries`](Self::from_entries) reads them back).
-    /// Inlined, so that the gathered entries are written where the caller keeps them.
-    #[inline]
-    pub(crate) fn gather(body: &[u8]) -> Option<Gathered> {
-        let mut out = Gathered(Gather::new());
-        gather_into(body, &mut out.0)?;
-        Some(out)
-    }
-
     /// The digests whose entries ([`Gathered::entries`]) are `entries`.
     pub(crate) fn from_entries(entries: &[u8]) -> Self {
         Self(Box::from(entries))
@@ -146,11 +135,25 @@ fn gather_into(body: &[u8], out: &mut Gather) -> Option<()> {
     })
 }
 
-/// A body's field digests as [`FieldDigests::gather`] found them: their entries, on the
-/// stack unless there are many.
+/// A body's field digests gathered where they are made and not yet held anywhere: their
+/// entries, on the stack unless there are many. A face that records an outcome writes them
+/// into the record's own buffer ([`FieldDigests::from_entries`] reads them back).
 pub(crate) struct Gathered(Gather);
 
 impl Gathered {
+    /// None yet.
+    #[inline]
+    pub(crate) fn new() -> Self {
+        Self(Gather::new())
+    }
+
+    /// Gather the digests of `body`'s top-level fields, in place; `false` if `body` is no
+    /// JSON object (what was gathered is then no answer).
+    #[inline]
+    pub(crate) fn of_body(&mut self, body: &[u8]) -> bool {
+        gather_into(body, &mut self.0).is_some()
+    }
+
     /// The entries, in [`FieldDigests`]' layout.
     pub(crate) fn entries(&self) -> &[u8] {
         self.0.entries()

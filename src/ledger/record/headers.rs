@@ -250,17 +250,22 @@ impl HeaderBlock {
     /// [`is_valid_value`]) and the distinct names counted by the reader (see
     /// [`DistinctNames`]); sensitivity is not stored. `body` is held after them (as
     /// [`with_body`](Self::with_body) does), or empty.
-    pub(crate) fn of_checked_pairs(pairs: &[(HeaderName, &[u8])], body: &[u8]) -> Self {
+    /// `tail` is held after the body ([`with_body_and_tail`](Self::with_body_and_tail)).
+    pub(crate) fn of_checked_pairs(
+        pairs: &[(HeaderName, &[u8])],
+        body: &[u8],
+        tail: &[u8],
+    ) -> Self {
         let size: usize = pairs
             .iter()
             .map(|(name, value)| entry_size(name.as_str().len(), value.len()))
             .sum();
-        let mut block = BlockWriter::with_capacity(size + body.len());
+        let mut block = BlockWriter::with_capacity(size + body.len() + tail.len());
         // Not `push`: the values are bytes read from the store, checked, not `HeaderValue`s.
         for (name, value) in pairs {
             block.push_checked(name.as_str().as_bytes(), value, false);
         }
-        block.finish_with_body(body, &[])
+        block.finish_with_body(body, tail)
     }
 }
 
@@ -363,6 +368,7 @@ impl BlockWriter {
 
     /// The block written, `body` and then `tail` after its entries (see
     /// [`HeaderBlock::with_body_and_tail`]).
+    #[inline]
     fn finish_with_body(mut self, body: &[u8], tail: &[u8]) -> HeaderBlock {
         let end = self.bytes.len();
         self.bytes.extend_from_slice(body);

@@ -89,7 +89,17 @@ fn ledger_key_derivations_are_domain_separated() {
 #[test]
 fn request_fields_ride_after_the_body_and_stay_out_of_the_response() {
     let request = br#"{"order_id":"o_1","summary":"first","total_cents":100}"#;
-    let gathered = FieldDigests::gather(request).unwrap();
+    let frozen = FrozenRequest::from_parts(
+        Method::POST,
+        "http://orders.local/orders".parse().unwrap(),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        Bytes::from_static(request),
+    );
+    let gathered = GatheredFields::of(Some(&frozen));
+    let RequestFields::Entries(entries) = gathered.fields() else {
+        panic!("a JSON object's fields are gathered");
+    };
     let mut headers = HeaderMap::new();
     headers.append("content-type", HeaderValue::from_static("application/json"));
     let body = br#"{"id":"ch_1"}"#;
@@ -98,7 +108,7 @@ fn request_fields_ride_after_the_body_and_stay_out_of_the_response() {
         Version::HTTP_11,
         &headers,
         body,
-        RequestFields::Entries(gathered.entries()),
+        gathered.fields(),
     );
     let plain = StoredResponse::new(
         StatusCode::CREATED,
@@ -116,7 +126,7 @@ fn request_fields_ride_after_the_body_and_stay_out_of_the_response() {
     // They weigh what they hold, in the same buffer.
     assert_eq!(
         stored.weight(),
-        plain.weight() + gathered.entries().len(),
+        plain.weight() + entries.len(),
         "the digests cost their bytes and no allocation of their own"
     );
 

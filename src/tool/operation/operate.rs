@@ -21,8 +21,8 @@ use crate::IdempotencyKey;
 use crate::{DriftPolicy, Error, OperationId};
 
 use super::{
-    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, Frozen, Invoke,
-    Retries, FINAL_ANSWER,
+    arguments_for_fields, discarded_from, drift_error, json_or_text, record, recorded, replay,
+    settle, Frozen, Invoke, Retries, FINAL_ANSWER,
 };
 
 /// One side-effect operation's identity, and the face it runs on.
@@ -245,7 +245,8 @@ impl<C> Operation<'_, C> {
             let attempt = lease.renewing(attempt(face, tool.invoke(call))).await;
             let error = match attempt {
                 Ok(Ok(response)) => {
-                    return record(lease, response, digest, source, discarded).await;
+                    let digests = (digest, arguments_for_fields(face, first));
+                    return record(lease, response, digests, source, discarded).await;
                 }
                 Ok(Err(error)) => error,
                 Err(timed_out) => {
@@ -264,7 +265,8 @@ impl<C> Operation<'_, C> {
             let retry = match &verdict.kind {
                 VerdictKind::Final(answer) => {
                     let answer = FinalAnswer::new(answer.clone());
-                    let outcome = recorded(FINAL_ANSWER, answer.value(), digest, face);
+                    let digests = (digest, arguments_for_fields(face, first));
+                    let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the final answer").await;
                     return Err(ToolError::Final(answer));
                 }
@@ -329,13 +331,15 @@ impl<C> Operation<'_, C> {
                 let (parts, body) = found.into_parts();
                 if !parts.status.is_success() {
                     let answer = FinalAnswer::new(json_or_text(&body));
-                    let outcome = recorded(FINAL_ANSWER, answer.value(), digest, face);
+                    let digests = (digest, arguments_for_fields(face, &first));
+                    let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the reconciled answer").await;
                     return Err(ToolError::Final(answer));
                 }
                 match serde_json::from_slice::<R>(&body) {
                     Ok(response) => {
-                        record(lease, response, digest, ToolSource::Reconciled, discarded).await
+                        let digests = (digest, arguments_for_fields(face, &first));
+                        record(lease, response, digests, ToolSource::Reconciled, discarded).await
                     }
                     Err(err) => {
                         settle(lease.mark_in_doubt(), "leave in doubt").await;

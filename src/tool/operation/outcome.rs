@@ -12,7 +12,7 @@ use crate::error::Drift;
 use crate::fingerprint::canonical;
 use crate::idempotency::engine::InPlace;
 use crate::idempotency::LeaseGuard;
-use crate::ledger::{HeaderBlock, Outcome, StoredResponse};
+use crate::ledger::{GatheredFields, HeaderBlock, Outcome, StoredResponse};
 use crate::tool::face::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
 use crate::FrozenRequest;
@@ -25,13 +25,13 @@ use super::{Frozen, ARGUMENTS_DIGEST, FINAL_ANSWER};
 pub(super) async fn record<R: Serialize, E>(
     lease: LeaseGuard,
     response: R,
-    digest: BodyDigest,
+    (digest, arguments): (BodyDigest, Option<&FrozenRequest>),
     source: ToolSource,
     discarded: Option<Discarded>,
 ) -> Result<ToolOutput<R>, ToolError<E>> {
     let outcome = with_buffer(|body| {
         serde_json::to_writer(&mut *body, &response)?;
-        Ok(stored(StatusCode::OK, body, &digest))
+        Ok(stored(StatusCode::OK, body, &digest, arguments))
     });
     let outcome = match outcome {
         Ok(outcome) => outcome,
@@ -78,14 +78,23 @@ fn with_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 }
 
 /// An outcome with `status` and `body`, remembering the digest of the arguments it was
-/// made with: the header and the body in one buffer of exactly their size, as the HTTP
-/// client face records a response.
-pub(super) fn stored(status: StatusCode, body: &[u8], digest: &BodyDigest) -> Outcome {
-    let block = HeaderBlock::of_checked_pairs(&[(ARGUMENTS_DIGEST, &digest.field()[..])], body);
-    Outcome::Response(StoredResponse::of_block_with_body(
+/// made with: the header, the body and the field digests of `arguments` (the frozen
+/// arguments, when the store keeps them: see [`arguments_for_fields`]) in one buffer
+/// of exactly their size, as the HTTP client face records a response.
+pub(super) fn stored(
+    status: StatusCode,
+    body: &[u8],
+    digest: &BodyDigest,
+    arguments: Option<&FrozenRequest>,
+) -> Outcome {
+    let pairs = [(ARGUMENTS_DIGEST, &digest.field()[..])];
+    // Gathered here, not handed in: its buffer would otherwise ride in the call's future.
+    let gathered = GatheredFields::of(arguments);
+    Outcome::Response(StoredResponse::of_block_with_fields(
         status,
         Version::HTTP_11,
-        block,
+        |tail| HeaderBlock::of_checked_pairs(&pairs, body, tail),
+        gathered.fields(),
     ))
 }
 
@@ -93,14 +102,23 @@ pub(super) fn stored(status: StatusCode, body: &[u8], digest: &BodyDigest) -> Ou
 pub(super) fn recorded<C>(
     status: StatusCode,
     value: &serde_json::Value,
-    digest: BodyDigest,
+    (digest, arguments): (BodyDigest, Option<&FrozenRequest>),
     face: &ToolFace<C>,
 ) -> Outcome {
     let body = value.to_string();
     if body.len() > face.response_limit {
         return Outcome::Tombstone { status };
     }
-    stored(status, body.as_bytes(), &digest)
+    stored(status, body.as_bytes(), &digest, arguments)
+}
+
+/// The arguments `first`, whose field digests the record of their outcome holds, when the
+/// face's store keeps them (see [`GatheredFields`]).
+pub(super) fn arguments_for_fields<'a, C>(
+    face: &ToolFace<C>,
+    first: &'a FrozenRequest,
+) -> Option<&'a FrozenRequest> {
+    face.ledger.keeps_request_fields.then_some(first)
 }
 
 /// Wait for a settle; a failure is logged (the lease then expires into doubt, which is

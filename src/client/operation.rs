@@ -341,7 +341,8 @@ where
         }
         Ok(Begin::Replay(outcome)) => {
             keyed.track.decided(Decision::Replayed);
-            Some(reported(client, &keyed.track, started, replay(outcome)))
+            let answer = replay(outcome, keyed.extensions);
+            Some(reported(client, &keyed.track, started, answer))
         }
         answered => {
             let client = client.clone();

@@ -162,7 +162,7 @@ where
                     )
                     .await
                 }
-                Begin::Replay(outcome) => replay(outcome),
+                Begin::Replay(outcome) => replay(outcome, extensions),
                 Begin::Busy { retry_after } => Err(Error::busy(retry_after)),
                 Begin::Drift {
                     stored,
@@ -204,7 +204,7 @@ where
             )
             .await
         }
-        Begin::Replay(outcome) => replay(outcome),
+        Begin::Replay(outcome) => replay(outcome, extensions),
         Begin::Busy { retry_after } => Err(Error::busy(retry_after)),
         Begin::Drift {
             stored,
@@ -271,14 +271,26 @@ fn drift_fields_error(
     Error::from_drift(drift)
 }
 
-pub(super) fn replay<T>(outcome: Outcome) -> Result<Response<ResponseBody<T>>, Error> {
+/// The answer a recorded outcome replays: its response, or a tombstone's error.
+///
+/// The replayed response carries [`ResponseSource::Replayed`] and nothing else of
+/// `request`'s extensions: their map, emptied, holds it, so that marking a replay
+/// allocates no map of its own (a request under the client face always carries one: its
+/// `OperationId` is in it).
+pub(super) fn replay<T>(
+    outcome: Outcome,
+    request: Extensions,
+) -> Result<Response<ResponseBody<T>>, Error> {
     match outcome {
         Outcome::Response(stored) => {
             let mut response = Response::new(ResponseBody::buffered(stored.body()));
             *response.status_mut() = stored.status();
             *response.version_mut() = stored.version();
             *response.headers_mut() = stored.headers();
-            response.extensions_mut().insert(ResponseSource::Replayed);
+            let extensions = response.extensions_mut();
+            *extensions = request;
+            extensions.clear();
+            extensions.insert(ResponseSource::Replayed);
             Ok(response)
         }
         Outcome::Tombstone { .. } => Err(Error::replay_unavailable()),

@@ -161,6 +161,31 @@ async fn a_completed_operation_replays_without_calling_the_provider() {
 }
 
 #[tokio::test]
+async fn a_replay_carries_its_mark_and_none_of_the_requests_extensions() {
+    #[derive(Clone, Debug, PartialEq)]
+    struct CallerNote(&'static str);
+
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let svc = stack(&store, &provider);
+    let noted = || {
+        let mut req = post(ORIGINAL);
+        req.extensions_mut().insert(CallerNote("request only"));
+        req
+    };
+    svc.clone().oneshot(noted()).await.unwrap();
+
+    let again = svc.clone().oneshot(noted()).await.unwrap();
+    assert_eq!(ResponseSource::of(&again), ResponseSource::Replayed);
+    // The replay is answered in the request's (emptied) extension map: what the request
+    // carried stays with the request.
+    assert!(again.extensions().get::<CallerNote>().is_none());
+    assert!(again.extensions().get::<OperationId>().is_none());
+    assert_eq!(again.extensions().len(), 1);
+    assert_eq!(provider.calls(), 1);
+}
+
+#[tokio::test]
 async fn the_derived_key_travels_as_an_sf_string() {
     let provider = SideEffectService::new();
     let svc = stack(&Arc::new(MemoryStore::new()), &provider);

@@ -451,6 +451,31 @@ impl StoredResponse {
         }))
     }
 
+    /// Record a response whose headers `write` puts into a block, `entries` bytes of them
+    /// ([`entries_size`]): a small body is written after them in the same buffer, made at
+    /// its full size at once (see [`FOLDED_BODY`]), a larger one held as it came.
+    pub(crate) fn written(
+        status: StatusCode,
+        version: Version,
+        entries: usize,
+        write: impl FnOnce(&mut BlockWriter),
+        body: Bytes,
+    ) -> Self {
+        let folded = body.len() <= FOLDED_BODY;
+        let mut block = BlockWriter::with_capacity(entries + if folded { body.len() } else { 0 });
+        write(&mut block);
+        if folded {
+            return Self::of_block_with_body(status, version, block.finish_with_body(&body, &[]));
+        }
+        Self(Arc::new(Stored {
+            status,
+            version,
+            headers: block.finish(),
+            body: Some(body),
+            tail: Tail::Ungathered,
+        }))
+    }
+
     /// Record a response whose body is held after its headers, in their block
     /// ([`HeaderBlock::with_body`]).
     pub(crate) fn of_block_with_body(

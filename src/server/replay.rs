@@ -5,17 +5,16 @@
 //! stored; and again on every replay, because the record may have been written by another
 //! replica with a wider list, or by an earlier release.
 
+use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Response};
+use http::{HeaderMap, Response, StatusCode, Version};
 
 use super::face::ServerFace;
 use super::problem;
 use super::report::outcome;
 use crate::digest::{BodyDigest, IDEMPOTENT_REQUEST_DIGEST};
 use crate::idempotency::body::{Buffered, ResponseBody};
-use crate::ledger::{
-    entries_size, BlockWriter, HeaderBlock, Outcome, StoredResponse, REQUEST_DIGEST_SIZE,
-};
+use crate::ledger::{entries_size, BlockWriter, Outcome, StoredResponse, REQUEST_DIGEST_SIZE};
 
 /// `Idempotent-Replayed: true` marks a response replayed from the ledger: the handler was
 /// not called for this request.
@@ -79,14 +78,17 @@ impl ServerFace {
             .find(|allowed| allowed.as_str().as_bytes() == name)
     }
 
-    /// The headers to record of a response: the allowed ones, in order, then the request's
-    /// `digest` field. Written into one buffer of exactly their size; a replay adds its
+    /// The record of a response: its status and version, the headers to record (the allowed
+    /// ones, in order, then the request's `digest` field) and its body, written into one
+    /// buffer of exactly their size (a large body is held as it came); a replay adds its
     /// `Idempotent-Replayed: true` (see [`replayed_headers`](Self::replayed_headers)).
-    pub(super) fn recorded_headers(
+    pub(super) fn recorded(
         &self,
+        (status, version): (StatusCode, Version),
         response: &HeaderMap,
         digest: &BodyDigest,
-    ) -> HeaderBlock {
+        body: Bytes,
+    ) -> StoredResponse {
         // The builder keeps every `NEVER_REPLAYED` name out of the allow-list, so a digest
         // header the handler set is dropped here and the only one recorded is the request's,
         // pushed last, as its 32 bytes (rendered when a replay reads it).
@@ -96,12 +98,13 @@ impl ServerFace {
                 .filter(|(name, _)| self.replay_headers.contains(name))
         };
         let size = entries_size(kept()) + REQUEST_DIGEST_SIZE;
-        let mut block = BlockWriter::with_capacity(size);
-        for (name, value) in kept() {
-            block.push(name, value);
-        }
-        block.push_request_digest(digest);
-        block.finish()
+        let write = |block: &mut BlockWriter| {
+            for (name, value) in kept() {
+                block.push(name, value);
+            }
+            block.push_request_digest(digest);
+        };
+        StoredResponse::written(status, version, size, write, body)
     }
 
     /// The headers a replay of `stored` carries: the allowed ones, the request's digest
@@ -178,11 +181,11 @@ pub(super) fn recording<ResBody>(
     match buffered {
         Buffered::Whole(bytes) => {
             // Replays say which request they answer (see `crate::digest`).
-            let headers = server.recorded_headers(&parts.headers, digest);
             // The record is made from the very bytes the first caller is sent (a `Bytes`
             // clone is a reference count; a small body is then copied into the record's
             // own buffer), so every replay is byte for byte what the first caller got.
-            let stored = StoredResponse::of_block(status, parts.version, headers, bytes.clone());
+            let head = (status, parts.version);
+            let stored = server.recorded(head, &parts.headers, digest, bytes.clone());
             (
                 Outcome::Response(stored),
                 ResponseBody::buffered(bytes),
@@ -205,13 +208,14 @@ pub(super) fn recording<ResBody>(
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use http::header::{self, HeaderValue};
-    use http::{StatusCode, Version};
 
     use super::*;
     use crate::ledger::MemoryStore;
     use crate::IdempotencyLayer;
+
+    /// The status and version the tests record.
+    const HEAD: (StatusCode, Version) = (StatusCode::OK, Version::HTTP_11);
 
     fn replayed(face: &ServerFace, recorded: HeaderMap) -> HeaderMap {
         let stored = StoredResponse::new(StatusCode::OK, Version::HTTP_11, recorded, Bytes::new());
@@ -239,8 +243,8 @@ mod tests {
         with_handlers.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), handlers);
         let kept = service
             .face
-            .recorded_headers(&with_handlers, digest)
-            .to_map();
+            .recorded(HEAD, &with_handlers, digest, Bytes::new())
+            .headers();
         assert_eq!(kept.len(), 4);
         assert!(kept.get(header::SET_COOKIE).is_none());
         assert_eq!(kept.get_all(header::LINK).iter().count(), 2);
@@ -252,7 +256,10 @@ mod tests {
 
         // Every header allowed: kept whole, every value of every name in its order.
         headers.remove(header::SET_COOKIE);
-        let mut kept = service.face.recorded_headers(&headers, digest).to_map();
+        let mut kept = service
+            .face
+            .recorded(HEAD, &headers, digest, Bytes::new())
+            .headers();
         kept.remove(&IDEMPOTENT_REQUEST_DIGEST);
         assert_eq!(kept, headers);
         let order = |map: &HeaderMap| {
@@ -276,9 +283,9 @@ mod tests {
             header::SET_COOKIE,
             HeaderValue::from_static("session=secret"),
         );
-        let block = service.face.recorded_headers(&response, &digest);
-        let stored =
-            StoredResponse::of_block(StatusCode::OK, Version::HTTP_11, block, Bytes::new());
+        let stored = service
+            .face
+            .recorded(HEAD, &response, &digest, Bytes::new());
         let mut expected = response.clone();
         expected.remove(header::SET_COOKIE);
         expected.insert(IDEMPOTENT_REQUEST_DIGEST.clone(), digest.header_value());

@@ -369,7 +369,7 @@ impl BlockWriter {
     /// The block written, `body` and then `tail` after its entries (see
     /// [`HeaderBlock::with_body_and_tail`]).
     #[inline]
-    fn finish_with_body(mut self, body: &[u8], tail: &[u8]) -> HeaderBlock {
+    pub(crate) fn finish_with_body(mut self, body: &[u8], tail: &[u8]) -> HeaderBlock {
         let end = self.bytes.len();
         self.bytes.extend_from_slice(body);
         self.bytes.extend_from_slice(tail);

@@ -149,3 +149,42 @@ fn request_fields_ride_after_the_body_and_stay_out_of_the_response() {
     assert_eq!(none.request_fields(), RequestFields::NoFields);
     assert_eq!(none.weight(), plain.weight());
 }
+
+#[test]
+fn a_response_written_in_place_is_the_record_of_its_block() {
+    let mut headers = HeaderMap::new();
+    headers.append("content-type", HeaderValue::from_static("application/json"));
+    headers.append("link", HeaderValue::from_static("</a>; rel=a"));
+    headers.append("link", HeaderValue::from_static("</b>; rel=b"));
+    let digest = crate::digest::BodyDigest::of(b"{}");
+    let write = |block: &mut BlockWriter| {
+        for (name, value) in &headers {
+            block.push(name, value);
+        }
+        block.push_request_digest(&digest);
+    };
+    let size = entries_size(headers.iter()) + REQUEST_DIGEST_SIZE;
+    // Folded (up to 1 KiB) and held apart (past it), around the bound.
+    for len in [0, 13, 1024, 1025, 4096] {
+        let body = Bytes::from(vec![b'x'; len]);
+        let written = StoredResponse::written(
+            StatusCode::CREATED,
+            Version::HTTP_2,
+            size,
+            write,
+            body.clone(),
+        );
+        let mut block = BlockWriter::with_capacity(size);
+        write(&mut block);
+        let of_block =
+            StoredResponse::of_block(StatusCode::CREATED, Version::HTTP_2, block.finish(), body);
+        assert_eq!(written.headers(), of_block.headers(), "{len}");
+        assert_eq!(written.body(), of_block.body(), "{len}");
+        assert_eq!(written.weight(), of_block.weight(), "{len}");
+        assert_eq!(
+            Outcome::Response(written).encode(),
+            Outcome::Response(of_block).encode(),
+            "{len}"
+        );
+    }
+}

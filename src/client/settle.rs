@@ -148,7 +148,7 @@ pub(super) fn record<ResB: Send + 'static>(
                 parts.version,
                 &parts.headers,
                 &bytes,
-                gathered.fields(),
+                &gathered,
             );
             (Outcome::Response(stored), ResponseBody::buffered(bytes))
         }

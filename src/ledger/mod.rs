@@ -304,8 +304,9 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
 
     /// Whether this store keeps, of a completed operation, the digests of its request's
     /// top-level JSON fields ([`FieldDigests`]), to name the fields a later request changed
-    /// ([`Begin::DriftFields`]). For such a store the client face gathers them itself,
-    /// outside the store, and hands them in with the outcome, in the record's own buffer:
+    /// ([`Begin::DriftFields`]). For such a store the client and tool faces gather them
+    /// themselves, outside the store, and hand them in with the outcome, in the record's own
+    /// buffer:
     /// the store then neither scans the request's body while it holds its lock nor makes an
     /// allocation for them. [`MemoryStore`] answers `true`; the default, `false`, spares
     /// every other store the work.
@@ -316,6 +317,8 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
     ///
     /// assert!(MemoryStore::new().keeps_request_fields());
+    /// // Shared, as layers share one store, it still does.
+    /// assert!(std::sync::Arc::new(MemoryStore::new()).keeps_request_fields());
     /// ```
     fn keeps_request_fields(&self) -> bool {
         false

@@ -342,7 +342,8 @@ struct Stored {
     tail: Tail,
 }
 
-/// What a recorded response's block holds after its body.
+/// What a recorded response's block holds after its body, and what a face gathered for it
+/// ([`GatheredFields`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Tail {
     /// Nothing was gathered of the request: the store keeps what it will of it.
@@ -354,19 +355,24 @@ enum Tail {
     Fields,
 }
 
+impl Tail {
+    /// What a record holds of its request's fields, `entries` being the digests when there
+    /// are some.
+    fn fields(self, entries: &[u8]) -> RequestFields<'_> {
+        match self {
+            Tail::Ungathered => RequestFields::Ungathered,
+            Tail::NoFields => RequestFields::NoFields,
+            Tail::Fields => RequestFields::Entries(entries),
+        }
+    }
+}
+
 /// The field digests a face gathers of the request it records an outcome for, held until
 /// the record is made ([`fields`](Self::fields)).
 pub(crate) struct GatheredFields {
-    held: Held,
+    held: Tail,
     /// Written in place: the entries are on the stack, and a move of them a copy.
     gathered: Gathered,
-}
-
-#[derive(Clone, Copy)]
-enum Held {
-    Ungathered,
-    NoFields,
-    Entries,
 }
 
 impl GatheredFields {
@@ -377,32 +383,29 @@ impl GatheredFields {
     #[inline]
     pub(crate) fn of(request: Option<&FrozenRequest>) -> Self {
         let mut fields = Self {
-            held: Held::Ungathered,
+            held: Tail::Ungathered,
             gathered: Gathered::new(),
         };
         if let Some(request) = request {
             fields.held = if !fields.gathered.of_body(request.body()) {
-                Held::NoFields
+                Tail::NoFields
             } else if FieldDigests::weight_of(fields.gathered.entries().len())
                 > request.least_weight()
             {
                 // Past what the request weighs at least (cheaper to know than what it
                 // weighs), the store decides.
-                Held::Ungathered
+                Tail::Ungathered
             } else {
-                Held::Entries
+                Tail::Fields
             };
         }
         fields
     }
 
-    /// What the record holds of them.
+    /// What the record will hold of them.
+    #[cfg(test)]
     pub(crate) fn fields(&self) -> RequestFields<'_> {
-        match self.held {
-            Held::Ungathered => RequestFields::Ungathered,
-            Held::NoFields => RequestFields::NoFields,
-            Held::Entries => RequestFields::Entries(self.gathered.entries()),
-        }
+        self.held.fields(self.gathered.entries())
     }
 }
 
@@ -502,7 +505,7 @@ impl StoredResponse {
         version: Version,
         headers: &HeaderMap,
         body: &[u8],
-        fields: RequestFields<'_>,
+        fields: &GatheredFields,
     ) -> Self {
         Self::of_block_with_fields(
             status,
@@ -518,16 +521,14 @@ impl StoredResponse {
         status: StatusCode,
         version: Version,
         block: impl FnOnce(&[u8]) -> HeaderBlock,
-        fields: RequestFields<'_>,
+        fields: &GatheredFields,
     ) -> Self {
-        let (tail, entries): (_, &[u8]) = match fields {
-            RequestFields::Ungathered => (Tail::Ungathered, &[]),
-            RequestFields::NoFields => (Tail::NoFields, &[]),
+        let entries = fields.gathered.entries();
+        let (tail, entries): (_, &[u8]) = match fields.held {
             // Entries over 4 GiB (a body of billions of fields) are left to the store.
-            RequestFields::Entries(entries) if u32::try_from(entries.len()).is_err() => {
-                (Tail::Ungathered, &[])
-            }
-            RequestFields::Entries(entries) => (Tail::Fields, entries),
+            Tail::Fields if u32::try_from(entries.len()).is_ok() => (Tail::Fields, entries),
+            Tail::Fields => (Tail::Ungathered, &[]),
+            held => (held, &[]),
         };
         Self(Arc::new(Stored {
             status,
@@ -541,11 +542,7 @@ impl StoredResponse {
     /// The field digests of the request this response answered, as its recorder gathered
     /// them ([`with_request_fields`](Self::with_request_fields)).
     pub(crate) fn request_fields(&self) -> RequestFields<'_> {
-        match self.0.tail {
-            Tail::Ungathered => RequestFields::Ungathered,
-            Tail::NoFields => RequestFields::NoFields,
-            Tail::Fields => RequestFields::Entries(self.0.headers.tail()),
-        }
+        self.0.tail.fields(self.0.headers.tail())
     }
 
     /// The recorded status.

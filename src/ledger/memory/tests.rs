@@ -50,7 +50,7 @@ fn outcome(recorder: Recorder, request: &FrozenRequest) -> Outcome {
         Version::HTTP_11,
         &HeaderMap::new(),
         br#"{"id":"ch_1"}"#,
-        gathered.fields(),
+        &gathered,
     ))
 }
 

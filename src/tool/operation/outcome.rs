@@ -94,7 +94,7 @@ pub(super) fn stored(
         status,
         Version::HTTP_11,
         |tail| HeaderBlock::of_checked_pairs(&pairs, body, tail),
-        gathered.fields(),
+        &gathered,
     ))
 }
 

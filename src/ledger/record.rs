@@ -431,11 +431,25 @@ impl StoredResponse {
         headers: impl Borrow<HeaderMap>,
         body: Bytes,
     ) -> Self {
-        Self::of_block(status, version, HeaderBlock::of(headers.borrow()), body)
+        let headers = headers.borrow();
+        if body.len() <= FOLDED_BODY {
+            // Headers and body written once, into one buffer of their size.
+            let block = HeaderBlock::of_followed_by(headers, &body);
+            return Self::of_block_with_body(status, version, block);
+        }
+        Self(Arc::new(Stored {
+            status,
+            version,
+            headers: HeaderBlock::of(headers),
+            body: Some(body),
+            tail: Tail::Ungathered,
+        }))
     }
 
-    /// Record a response whose headers are already in a block. A small body is copied in
-    /// after them (see [`FOLDED_BODY`]).
+    /// Record a response whose headers are already in a block, a small body copied in
+    /// after them (see [`FOLDED_BODY`]): the reference [`new`](Self::new) and
+    /// [`written`](Self::written) are held to, which write the same record once.
+    #[cfg(test)]
     pub(crate) fn of_block(
         status: StatusCode,
         version: Version,

@@ -11,7 +11,7 @@
 //! Every block is checked when it is made (names and values valid, lengths in bounds), so
 //! reading one cannot fail.
 //!
-//! One entry is held shorter in a record ([`HeaderBlock::followed_by`]):
+//! One entry is held shorter in a record ([`HeaderBlock::of_followed_by`]):
 //! `Idempotent-Request-Digest: sha-256=:<base64>:`, which every server record carries, is
 //! held as its 32 digest bytes under flag bit 1 with no name (39 bytes instead of 86), and
 //! rendered again when read.
@@ -98,6 +98,26 @@ impl HeaderBlock {
         block.finish_with_body(body, tail)
     }
 
+    /// Every header of `headers`, in order, and a copy of `body` after them, written once
+    /// into one exact-size buffer, with the first `Idempotent-Request-Digest` held short
+    /// when its value is in the one spelling [`BodyDigest::field`] renders (see
+    /// [`REQUEST_DIGEST`]): what a record keeps of a response with a small body. Any other
+    /// spelling is kept as written, because a replay must carry the bytes that were
+    /// recorded, and rendering it again would not.
+    pub(crate) fn of_followed_by(headers: &HeaderMap, body: &[u8]) -> Self {
+        let (size, short) = record_size(headers);
+        let mut block = BlockWriter::with_capacity(size + body.len());
+        for (at, (name, value)) in headers.iter().enumerate() {
+            match &short {
+                Some(short) if short.at == at => {
+                    block.push_short_digest(&short.digest, value.is_sensitive());
+                }
+                _ => block.push(name, value),
+            }
+        }
+        block.finish_with_body(body, &[])
+    }
+
     /// The body held after the entries: empty unless the block was made
     /// [`with_body`](Self::with_body). Shares the block's buffer.
     pub(crate) fn body(&self) -> Bytes {
@@ -179,7 +199,10 @@ impl HeaderBlock {
     }
 
     /// This block's entries followed by `body`, in one exact-size buffer of their own, with
-    /// the first request digest held short (see [`REQUEST_DIGEST`]): what a record keeps.
+    /// the first request digest held short (see [`REQUEST_DIGEST`]): the reference
+    /// [`of_followed_by`](Self::of_followed_by) is held to, which writes the same bytes once
+    /// rather than a block and then a copy of it.
+    #[cfg(test)]
     pub(crate) fn followed_by(&self, body: &[u8]) -> Self {
         let entries = &self.bytes[..self.end];
         // Where the digest's entry is, and its 32 bytes. Only a value in the one spelling
@@ -341,12 +364,18 @@ impl BlockWriter {
 
     /// Add `Idempotent-Request-Digest: sha-256=:<base64>:` for `digest`, held as its 32
     /// bytes (see [`REQUEST_DIGEST`]; [`REQUEST_DIGEST_SIZE`] bytes): what
-    /// [`HeaderBlock::followed_by`] would make of the rendered field, without rendering it
+    /// [`HeaderBlock::of_followed_by`] makes of the rendered field, without rendering it
     /// to decode it again.
     pub(crate) fn push_request_digest(&mut self, digest: &BodyDigest) {
-        self.bytes
-            .extend_from_slice(&[REQUEST_DIGEST, 0, 0, 0, 0, 0, 32]);
-        self.bytes.extend_from_slice(digest.as_bytes());
+        self.push_short_digest(digest.as_bytes(), false);
+    }
+
+    /// Add a request digest held as its 32 bytes (see [`REQUEST_DIGEST`]): no name (the
+    /// flag names it), the digest as the value.
+    fn push_short_digest(&mut self, digest: &[u8; 32], sensitive: bool) {
+        let flags = REQUEST_DIGEST | if sensitive { SENSITIVE } else { 0 };
+        self.bytes.extend_from_slice(&[flags, 0, 0, 0, 0, 0, 32]);
+        self.bytes.extend_from_slice(digest);
         self.len += 1;
     }
 
@@ -410,6 +439,35 @@ impl DistinctNames {
     pub(crate) fn admit(&mut self, name: &HeaderName) -> bool {
         self.0.try_append(name, ()).is_ok()
     }
+}
+
+/// The first request digest of a map, held short in a record: where it is among the map's
+/// entries, and its 32 bytes.
+struct ShortDigest {
+    at: usize,
+    digest: [u8; 32],
+}
+
+/// Bytes `headers` take in a record's block ([`HeaderBlock::of_followed_by`]), and the
+/// request digest held short there, if one is: found while sizing, so that the block is
+/// written once, at its size.
+fn record_size(headers: &HeaderMap) -> (usize, Option<ShortDigest>) {
+    let mut size = 0;
+    let mut short = None;
+    let mut seen = false;
+    for (at, (name, value)) in headers.iter().enumerate() {
+        if !seen && *name == IDEMPOTENT_REQUEST_DIGEST {
+            // Only the first: as a replay renders it, the others are kept as written.
+            seen = true;
+            if let Some(digest) = crate::digest::sha256_of_field(value.as_bytes()) {
+                short = Some(ShortDigest { at, digest });
+                size += REQUEST_DIGEST_SIZE;
+                continue;
+            }
+        }
+        size += entry_size(name.as_str().len(), value.len());
+    }
+    (size, short)
 }
 
 /// Bytes an entry of a name and a value of these lengths takes in a block.

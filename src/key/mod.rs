@@ -39,7 +39,9 @@ pub(crate) mod header;
 pub(crate) mod operation;
 
 pub(crate) use derived::IdempotencyKey;
-pub(crate) use derived::{hex, shared_header_value, update_length_prefixed};
+pub(crate) use derived::{
+    hex, length_prefixed_sha256, shared_header_value, update_length_prefixed,
+};
 pub(crate) use header::{HeaderKey, InvalidKey};
 pub(crate) use operation::OperationId;
 

@@ -10,10 +10,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Uri, Version};
-use sha2::{Digest, Sha256};
 
 use super::StoreError;
-use crate::key::{hex, update_length_prefixed, IdempotencyKey};
+use crate::key::{hex, length_prefixed_sha256, IdempotencyKey};
 use crate::FrozenRequest;
 use codec::{corrupt, version_code, version_from_code, Reader, Writer, ENCODING_VERSION};
 pub use fields::FieldDigests;
@@ -109,12 +108,7 @@ impl LedgerKey {
         // The tag keeps the derivations (and each one's versions) apart; the length prefixes
         // keep the fields apart, so ("ab", "c") and ("a", "bc") never meet. Changing either
         // changes every key of that derivation: records made before are no longer found.
-        let mut hasher = Sha256::new();
-        hasher.update(tag);
-        for field in fields {
-            update_length_prefixed(&mut hasher, field);
-        }
-        Self(hasher.finalize().into())
+        Self(length_prefixed_sha256(tag, fields))
     }
 
     /// Wrap raw bytes.

@@ -66,10 +66,10 @@ impl MemoryStore {
         // No room: evict what may be evicted, then try again.
         let needed = record.weight;
         drop(shard);
-        if self.make_room(needed, now) {
+        if self.make_room(needed, now, at) {
             let mut shard = lock(self.shard(&request.key));
             // Released while this claim made room: refused as it would have been at first.
-            if self.refuses_released(&shard, &request, self.stamp(now)) {
+            if self.refuses_released(&shard, &request, at) {
                 return Err(StoreError::fenced());
             }
             match shard.records.entry(request.key) {

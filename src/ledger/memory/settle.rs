@@ -42,7 +42,17 @@ impl MemoryStore {
         now: Instant,
         settle: impl FnOnce(&Self, &mut Record, Instant, Stamp) -> T,
     ) -> Result<T, StoreError> {
-        let at = self.stamp(now);
+        self.settle_record_at(key, token, (now, self.stamp(now)), settle)
+    }
+
+    /// [`settle_record`](Self::settle_record) at `now`, made a stamp (`at`) by the caller.
+    pub(super) fn settle_record_at<T>(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        (now, at): (Instant, Stamp),
+        settle: impl FnOnce(&Self, &mut Record, Instant, Stamp) -> T,
+    ) -> Result<T, StoreError> {
         let mut shard = lock(self.shard(&key));
         match shard.records.get_mut(&key) {
             Some(record) if record.is_owned(token, at) => Ok(settle(self, record, now, at)),
@@ -58,6 +68,7 @@ impl MemoryStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
+        let at = self.stamp(now);
         let weight = outcome.weight() as u64;
         // The outcome takes the place of the reserve its claim kept, which in a store at
         // its cap (the steady state of a long-running process) needs room the claim did
@@ -74,12 +85,12 @@ impl MemoryStore {
         // must not sweep every shard on every completion for room nobody asked for yet.
         let headroom = self.inner.last_claim.load(Ordering::Relaxed);
         if !self.has_room(growth + headroom) {
-            room = self.evict_until(growth + headroom, now, Sweep::Never)
+            room = self.evict_until(growth + headroom, now, at, Sweep::Never)
                 || self.has_room(growth)
-                || self.make_room(growth, now);
+                || self.make_room(growth, now, at);
         }
         if room {
-            let left_out = self.settle_record(key, token, now, |store, open, _, at| {
+            let left_out = self.settle_record_at(key, token, (now, at), |store, open, _, at| {
                 store.complete_in_place(open, key, (outcome, weight), retention, at)
             })?;
             let Err((left, needed)) = left_out else {
@@ -87,7 +98,8 @@ impl MemoryStore {
             };
             // Other claims took the room meanwhile: evict once more.
             outcome = left;
-            room = self.make_room(needed, Instant::now());
+            let now = Instant::now();
+            room = self.make_room(needed, now, self.stamp(now));
         }
         // No room for the whole outcome: settle for less.
         let now = Instant::now();

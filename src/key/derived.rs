@@ -130,18 +130,18 @@ pub(crate) fn update_length_prefixed(hasher: &mut Sha256, bytes: &[u8]) {
 }
 
 /// The SHA-256 of `tag` and then each of `fields` behind its length
-/// ([`update_length_prefixed`]): how every key and scope is derived.
+/// ([`update_length_prefixed`]): how operation keys and record keys are derived.
 ///
-/// A short message (every key the layers derive on their way) is laid out on the stack
+/// A short message (a typical key: an operation's, a server's record key) is laid out on the stack
 /// and hashed in one call: each of the hasher's `update`s copies into its block buffer
 /// and keeps its counts, which for a key's five or seven small pieces costs more than
 /// laying them out once. A longer one is fed piece by piece. The bytes hashed are the
 /// same either way.
 pub(crate) fn length_prefixed_sha256(tag: &[u8], fields: &[&[u8]]) -> [u8; 32] {
     const ON_STACK: usize = 256;
-    let len = fields
-        .iter()
-        .fold(tag.len(), |len, field| len.saturating_add(8 + field.len()));
+    let len = fields.iter().fold(tag.len(), |len, field| {
+        len.saturating_add(size_of::<u64>() + field.len())
+    });
     if len > ON_STACK {
         let mut hasher = Sha256::new();
         hasher.update(tag);
@@ -232,10 +232,10 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Laid out on the stack or fed piece by piece, around the bound between the two,
-        /// a derivation hashes the same bytes as the documented encoding.
+        /// Laid out on the stack or fed piece by piece, on either side of the bound between
+        /// the two, a derivation hashes the same bytes as the documented encoding.
         #[test]
-        fn a_short_message_hashes_as_the_encoding_does(
+        fn a_derivation_hashes_the_encoding_either_side_of_the_bound(
             tag in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
             fields in proptest::collection::vec(
                 proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120),
@@ -256,6 +256,21 @@ mod tests {
             proptest::prop_assert_eq!(derived, expected);
             let fed: [u8; 32] = hasher.finalize().into();
             proptest::prop_assert_eq!(derived, fed);
+        }
+    }
+
+    /// Messages of exactly the bound and one byte past it (a tag and one field).
+    #[test]
+    fn a_derivation_at_the_bound_hashes_the_encoding() {
+        for len in [255, 256, 257] {
+            let tag = b"tag";
+            let field = vec![b'f'; len - tag.len() - size_of::<u64>()];
+            let mut encoded = tag.to_vec();
+            encoded.extend_from_slice(&(field.len() as u64).to_be_bytes());
+            encoded.extend_from_slice(&field);
+            assert_eq!(encoded.len(), len);
+            let expected: [u8; 32] = Sha256::digest(&encoded).into();
+            assert_eq!(length_prefixed_sha256(tag, &[&field]), expected, "{len}");
         }
     }
 

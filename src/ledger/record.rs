@@ -431,13 +431,7 @@ impl StoredResponse {
             let block = HeaderBlock::of_followed_by(headers, &body);
             return Self::of_block_with_body(status, version, block);
         }
-        Self(Arc::new(Stored {
-            status,
-            version,
-            headers: HeaderBlock::of(headers),
-            body: Some(body),
-            tail: Tail::Ungathered,
-        }))
+        Self::held_apart(status, version, HeaderBlock::of(headers), body)
     }
 
     /// Record a response whose headers are already in a block, a small body copied in
@@ -453,13 +447,7 @@ impl StoredResponse {
         if body.len() <= FOLDED_BODY && headers.body_bytes().is_empty() {
             return Self::of_block_with_body(status, version, headers.followed_by(&body));
         }
-        Self(Arc::new(Stored {
-            status,
-            version,
-            headers,
-            body: Some(body),
-            tail: Tail::Ungathered,
-        }))
+        Self::held_apart(status, version, headers, body)
     }
 
     /// Record a response whose headers `write` puts into a block, `entries` bytes of them
@@ -478,10 +466,16 @@ impl StoredResponse {
         if folded {
             return Self::of_block_with_body(status, version, block.finish_with_body(&body, &[]));
         }
+        Self::held_apart(status, version, block.finish(), body)
+    }
+
+    /// Record a response whose body (over [`FOLDED_BODY`]) is held apart from its headers'
+    /// block, as it came.
+    fn held_apart(status: StatusCode, version: Version, headers: HeaderBlock, body: Bytes) -> Self {
         Self(Arc::new(Stored {
             status,
             version,
-            headers: block.finish(),
+            headers,
             body: Some(body),
             tail: Tail::Ungathered,
         }))

@@ -139,8 +139,8 @@ impl MemoryStore {
     /// retention met on the way) until `needed` bytes are free; `false` if they cannot be.
     ///
     /// Takes no shard lock while holding the eviction index's, and is called with no shard
-    /// lock held, so locks are only ever taken shard first. `at` is `now` as a stamp: the
-    /// caller has made it already (a clock subtraction saved per eviction).
+    /// lock held, so locks are only ever taken shard first. `at` must be `now` as a stamp
+    /// (`self.stamp(now)`): every caller has made it already.
     pub(super) fn make_room(&self, needed: u64, now: Instant, at: Stamp) -> bool {
         self.evict_until(needed, now, at, Sweep::IfNeeded)
     }
@@ -148,6 +148,7 @@ impl MemoryStore {
     /// [`make_room`](Self::make_room), sweeping for open records past their retention only
     /// under [`Sweep::IfNeeded`].
     pub(super) fn evict_until(&self, needed: u64, now: Instant, at: Stamp, sweep: Sweep) -> bool {
+        debug_assert_eq!(at, self.stamp(now), "`at` is `now` as a stamp");
         if needed > self.inner.max_bytes {
             // No eviction makes room for more than the whole budget: evict nothing for it.
             return false;

@@ -42,17 +42,20 @@ impl MemoryStore {
         now: Instant,
         settle: impl FnOnce(&Self, &mut Record, Instant, Stamp) -> T,
     ) -> Result<T, StoreError> {
-        self.settle_record_at(key, token, (now, self.stamp(now)), settle)
+        self.settle_record_at(key, token, now, self.stamp(now), settle)
     }
 
-    /// [`settle_record`](Self::settle_record) at `now`, made a stamp (`at`) by the caller.
+    /// [`settle_record`](Self::settle_record) for a caller that has made `now`'s stamp
+    /// already: `at` must be `self.stamp(now)`.
     pub(super) fn settle_record_at<T>(
         &self,
         key: LedgerKey,
         token: LeaseToken,
-        (now, at): (Instant, Stamp),
+        now: Instant,
+        at: Stamp,
         settle: impl FnOnce(&Self, &mut Record, Instant, Stamp) -> T,
     ) -> Result<T, StoreError> {
+        debug_assert_eq!(at, self.stamp(now), "`at` is `now` as a stamp");
         let mut shard = lock(self.shard(&key));
         match shard.records.get_mut(&key) {
             Some(record) if record.is_owned(token, at) => Ok(settle(self, record, now, at)),
@@ -90,7 +93,7 @@ impl MemoryStore {
                 || self.make_room(growth, now, at);
         }
         if room {
-            let left_out = self.settle_record_at(key, token, (now, at), |store, open, _, at| {
+            let left_out = self.settle_record_at(key, token, now, at, |store, open, _, at| {
                 store.complete_in_place(open, key, (outcome, weight), retention, at)
             })?;
             let Err((left, needed)) = left_out else {

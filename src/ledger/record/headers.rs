@@ -105,11 +105,11 @@ impl HeaderBlock {
     /// spelling is kept as written, because a replay must carry the bytes that were
     /// recorded, and rendering it again would not.
     pub(crate) fn of_followed_by(headers: &HeaderMap, body: &[u8]) -> Self {
-        let (size, short) = record_size(headers);
+        let (size, short) = record_layout(headers);
         let mut block = BlockWriter::with_capacity(size + body.len());
         for (at, (name, value)) in headers.iter().enumerate() {
             match &short {
-                Some(short) if short.at == at => {
+                Some(short) if short.index == at => {
                     block.push_short_digest(&short.digest, value.is_sensitive());
                 }
                 _ => block.push(name, value),
@@ -441,26 +441,26 @@ impl DistinctNames {
     }
 }
 
-/// The first request digest of a map, held short in a record: where it is among the map's
+/// The first request digest of a map, held short in a record: its index among the map's
 /// entries, and its 32 bytes.
 struct ShortDigest {
-    at: usize,
+    index: usize,
     digest: [u8; 32],
 }
 
-/// Bytes `headers` take in a record's block ([`HeaderBlock::of_followed_by`]), and the
-/// request digest held short there, if one is: found while sizing, so that the block is
-/// written once, at its size.
-fn record_size(headers: &HeaderMap) -> (usize, Option<ShortDigest>) {
+/// How `headers` are laid out in a record's block ([`HeaderBlock::of_followed_by`]): the
+/// bytes they take, and the request digest held short there, if one is. Both are found in
+/// one pass, so that the block is written once, at its size.
+fn record_layout(headers: &HeaderMap) -> (usize, Option<ShortDigest>) {
     let mut size = 0;
     let mut short = None;
     let mut seen = false;
-    for (at, (name, value)) in headers.iter().enumerate() {
+    for (index, (name, value)) in headers.iter().enumerate() {
         if !seen && *name == IDEMPOTENT_REQUEST_DIGEST {
             // Only the first: as a replay renders it, the others are kept as written.
             seen = true;
             if let Some(digest) = crate::digest::sha256_of_field(value.as_bytes()) {
-                short = Some(ShortDigest { at, digest });
+                short = Some(ShortDigest { index, digest });
                 size += REQUEST_DIGEST_SIZE;
                 continue;
             }

@@ -61,13 +61,13 @@ pin_project! {
         #[pin]
         renewal: Renewal,
         #[pin]
-        step: ExchangeStep<S, ResB>,
+        step: ExchangeStep<S, ResB, M::Call>,
     }
 }
 
 pin_project! {
     #[project = ExchangeStepProj]
-    enum ExchangeStep<S, ResB>
+    enum ExchangeStep<S, ResB, C>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
     {
@@ -77,7 +77,7 @@ pin_project! {
             frozen: Option<FrozenRequest>,
             extensions: Option<Extensions>,
         },
-        Calling { #[pin] call: S::Future },
+        Calling { #[pin] call: C },
         Buffering {
             parts: Option<http::response::Parts>,
             buffer: BufferUpTo<ResB>,
@@ -297,14 +297,14 @@ where
 /// leaves it in doubt, so a later run resends the frozen bytes rather than replaying a
 /// 503; any other is read to be recorded (the lease goes back in `held`). A problem
 /// response is read first in either case, to see whether its type says nothing ran.
-fn answered<ResB, S>(
+fn answered<ResB, S, C>(
     client: &ClientFace,
     (track, sent): (&Track, bool),
     lease: LeaseGuard,
     response: Response<ResB>,
     source: ResponseSource,
     held: &mut Option<LeaseGuard>,
-) -> ExchangeStep<S, ResB>
+) -> ExchangeStep<S, ResB, C>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,

@@ -13,6 +13,8 @@
 //!
 //! [`FrozenRetryLayer`]: crate::FrozenRetryLayer
 
+use std::future::Future;
+
 use bytes::Bytes;
 use http::{Extensions, Request, Response};
 use http_body_util::Full;
@@ -20,7 +22,7 @@ use tower_service::Service;
 
 use super::face::ClientFace;
 use crate::frozen::{FrozenRequest, Handoff};
-use crate::retry::FrozenRetry;
+use crate::retry::{FrozenAttempts, FrozenRetry};
 use crate::OperationId;
 
 /// How an exchange sends its frozen request through the inner service `S` (see the module
@@ -32,19 +34,22 @@ where
     /// What the exchange keeps of the sending, to ask once the call is over.
     type Link: Send;
 
+    /// The call under way: `inner`'s future, or what stands for it.
+    type Call: Future<Output = Result<Response<ResB>, S::Error>>;
+
     /// Call `inner`, ready, with `frozen` and the caller's `extensions`.
     fn send(
         client: &ClientFace,
         inner: S,
         frozen: FrozenRequest,
         extensions: Extensions,
-    ) -> (S::Future, Self::Link);
+    ) -> (Self::Call, Self::Link);
 
     /// Once `call` is over: whether an attempt before its last one may have reached the
     /// server. The last one speaks for itself (its answer came from the server; its
     /// failure carries its phase), so an answer that says nothing started releases an
     /// operation unless an earlier attempt may have left.
-    fn may_have_left(client: &ClientFace, link: &Self::Link, call: &S::Future) -> bool;
+    fn may_have_left(client: &ClientFace, link: &Self::Link, call: &Self::Call) -> bool;
 }
 
 /// Through any service, as a request rebuilt from the frozen one (see the module docs).
@@ -55,6 +60,7 @@ where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
 {
     type Link = Handoff;
+    type Call = S::Future;
 
     #[inline(always)]
     fn send(
@@ -77,19 +83,20 @@ where
 
 /// Straight into the attempts of the [`FrozenRetry`] a stack built as one wraps (see the
 /// module docs). Its retry policy is the one the client layer was built with, so there is
-/// no retry window to check.
+/// no retry window to check. The call is the retry layer's attempts alone
+/// ([`FrozenAttempts`]), without room for a request to read and freeze.
 pub(crate) enum Fused {}
 
 impl<T, ResB> Sending<FrozenRetry<T>, ResB> for Fused
 where
-    FrozenRetry<T>: Service<
-        Request<Full<Bytes>>,
-        Response = Response<ResB>,
-        Future = crate::retry::ResponseFuture<T, Full<Bytes>>,
+    FrozenRetry<T>: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
+    FrozenAttempts<T>: Future<
+        Output = Result<Response<ResB>, <FrozenRetry<T> as Service<Request<Full<Bytes>>>>::Error>,
     >,
     T: Service<Request<Full<Bytes>>>,
 {
     type Link = ();
+    type Call = FrozenAttempts<T>;
 
     #[inline(always)]
     fn send(
@@ -97,17 +104,13 @@ where
         inner: FrozenRetry<T>,
         frozen: FrozenRequest,
         mut extensions: Extensions,
-    ) -> (crate::retry::ResponseFuture<T, Full<Bytes>>, ()) {
+    ) -> (FrozenAttempts<T>, ()) {
         without_operation_id(&mut extensions);
         let key_ignored = !client.provider_deduplicates;
         (inner.send_frozen(frozen, extensions, key_ignored), ())
     }
 
-    fn may_have_left(
-        _: &ClientFace,
-        _: &(),
-        call: &crate::retry::ResponseFuture<T, Full<Bytes>>,
-    ) -> bool {
+    fn may_have_left(_: &ClientFace, _: &(), call: &FrozenAttempts<T>) -> bool {
         call.earlier_may_have_left()
     }
 }

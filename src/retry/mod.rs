@@ -76,6 +76,7 @@ mod service;
 
 pub use attempts::Attempts;
 pub use backoff::retry_after;
+pub(crate) use future::FrozenAttempts;
 pub use future::ResponseFuture;
 pub(crate) use layer::FrozenRetryLayer;
 pub use policy::{

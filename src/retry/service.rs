@@ -10,7 +10,7 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use super::call::Call;
-use super::future::{ResponseFuture, State};
+use super::future::{Attempting, FrozenAttempts, ResponseFuture, State};
 use super::policy::RetryPolicy;
 use super::FrozenRetryLayer;
 use crate::frozen::{CollectRequest, FrozenRequest};
@@ -69,12 +69,12 @@ impl<S> FrozenRetry<S> {
         frozen: FrozenRequest,
         extensions: Extensions,
         key_ignored: bool,
-    ) -> ResponseFuture<S, Full<Bytes>>
+    ) -> FrozenAttempts<S>
     where
         S: Service<Request<Full<Bytes>>>,
     {
         let call = Call::handed(frozen, extensions, !key_ignored, &self.policy);
-        ResponseFuture {
+        Attempting {
             state: State::Readying { first: None },
             inner: self.inner,
             policy: self.policy,
@@ -109,11 +109,6 @@ where
             Ok(collect) => State::Freezing { collect },
             Err(error) => State::Refused { error: Some(error) },
         };
-        ResponseFuture {
-            state,
-            inner,
-            policy: self.policy.clone(),
-            call: None,
-        }
+        ResponseFuture::new(state, inner, self.policy.clone())
     }
 }

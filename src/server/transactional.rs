@@ -24,7 +24,10 @@
 //! dropping it, and the key is free again: correct, because the rollback proves nothing
 //! of the handler's writes took effect.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -116,19 +119,44 @@ where
     // this function may commit it, and only together with the record.
     request.extensions_mut().insert(transaction.handle());
     let mut inner = inner;
-    let handling = inner.call(request);
-    // A panic unwinding through here, or a cancelled request, drops `transaction`: it
-    // rolls back, and the key is free again. As in the engine's mode, a client that goes
-    // away does not cancel the handler (the layer's future finishes in the background):
-    // its transaction still commits with its record, and the client's retry replays it.
-    match handling.await {
-        Ok(response) => Ok(commit(&server, key, &digest, token, transaction, response).await),
-        Err(err) => {
+    // A cancelled request drops `transaction`: it rolls back, and the key is free again.
+    // As in the engine's mode, a client that goes away does not cancel the handler (the
+    // layer's future finishes in the background): its transaction still commits with its
+    // record, and the client's retry replays it.
+    match unwinding_caught(inner.call(request)).await {
+        Ok(Ok(response)) => Ok(commit(&server, key, &digest, token, transaction, response).await),
+        Ok(Err(err)) => {
             settled("rolled-back");
             transaction.rollback().await;
             Err(err)
         }
+        // A panicking handler: rolled back before the panic goes on to whatever answers
+        // it (a `CatchPanicLayer`'s `500`), so that a retry sent at once finds the key
+        // free. Dropped as the panic unwound, the transaction would roll back in a task
+        // of its own, and a retry could still find it open: `409`, in flight.
+        Err(panic) => {
+            settled("rolled-back");
+            transaction.rollback().await;
+            std::panic::resume_unwind(panic)
+        }
     }
+}
+
+/// `handling`'s output, or the panic it raised. The future is dropped before this
+/// returns (and with it whatever the handler held, its handle on the transaction
+/// included), and never polled again after a panic.
+async fn unwinding_caught<F: Future>(
+    handling: F,
+) -> Result<F::Output, Box<dyn std::any::Any + Send>> {
+    let mut handling = std::pin::pin!(handling);
+    std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| handling.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
+    .await
 }
 
 async fn commit<ResBody>(

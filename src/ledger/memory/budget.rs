@@ -73,7 +73,7 @@ impl MemoryStore {
             self.inner
                 .completed_bytes
                 .fetch_sub(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).remove((self.instant(protect_until), seq));
+            lock(&self.inner.evictable).remove((protect_until, seq));
         }
     }
 
@@ -94,7 +94,7 @@ impl MemoryStore {
             self.inner
                 .completed_bytes
                 .fetch_add(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).insert((self.instant(protect_until), seq), key);
+            lock(&self.inner.evictable).insert((protect_until, seq), key);
         }
         let (weight, scope) = (record.weight, record.scope);
         self.scoped(scope, 0, weight);
@@ -106,7 +106,7 @@ impl MemoryStore {
                     self.inner
                         .completed_bytes
                         .fetch_sub(old.weight, Ordering::Relaxed);
-                    lock(&self.inner.evictable).remove((self.instant(protect_until), seq));
+                    lock(&self.inner.evictable).remove((protect_until, seq));
                 }
             }
             None => self.inner.gauges.added(weight),
@@ -162,7 +162,7 @@ impl MemoryStore {
             // (below, under the shard's lock). Were it taken out first, a caller preempted
             // between the two would hide from every other caller the room it is about to
             // make, and they would refuse for want of it.
-            let front = lock(&self.inner.evictable).first_ended_by(now);
+            let front = lock(&self.inner.evictable).first_ended_by(at);
             let Some((place, key)) = front else {
                 if swept {
                     return false;

@@ -10,13 +10,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use tokio::time::Instant;
-
+use super::record::Stamp;
 use crate::ledger::LedgerKey;
 
-/// Where a record stands in the order: the end of its protected window, then its sequence
-/// number (unique per record).
-pub(super) type Place = (Instant, u64);
+/// Where a record stands in the order: the end of its protected window, as the record
+/// holds it (no conversion to an `Instant` on the way in or out), then its sequence number
+/// (unique per record).
+pub(super) type Place = (Stamp, u64);
 
 /// How far from the back of the deque a record may land and still be put there; further
 /// in, moving the entries behind it would cost more than the tree.
@@ -76,7 +76,7 @@ impl EvictionIndex {
     /// only once the record has left its shard, so that a caller looking for room meanwhile
     /// still sees that some is being made, and waits for it on the shard's lock instead of
     /// finding the order empty and refusing.
-    pub(super) fn first_ended_by(&self, now: Instant) -> Option<(Place, LedgerKey)> {
+    pub(super) fn first_ended_by(&self, now: Stamp) -> Option<(Place, LedgerKey)> {
         let deque = self.sorted.front();
         let tree = self.overflow.first_key_value();
         let (place, key) = match (deque, tree) {
@@ -90,14 +90,14 @@ impl EvictionIndex {
 
     /// The first record in the order, if its window ended by `now`: taken out.
     #[cfg(test)]
-    pub(super) fn pop_ended_by(&mut self, now: Instant) -> Option<(LedgerKey, u64)> {
+    pub(super) fn pop_ended_by(&mut self, now: Stamp) -> Option<(LedgerKey, u64)> {
         let (place, key) = self.first_ended_by(now)?;
         self.remove(place);
         Some((key, place.1))
     }
 
     /// When the first record in the order leaves its protected window.
-    pub(super) fn first_end(&self) -> Option<Instant> {
+    pub(super) fn first_end(&self) -> Option<Stamp> {
         let deque = self.sorted.front().map(|(place, _)| place.0);
         let tree = self.overflow.first_key_value().map(|(place, _)| place.0);
         match (deque, tree) {
@@ -108,7 +108,7 @@ impl EvictionIndex {
 
     /// How many records the order holds, and how many of them left their protected window
     /// by `now`: a binary search in the deque, a walk of the (small) tree's ended front.
-    pub(super) fn ended_by(&self, now: Instant) -> (usize, usize) {
+    pub(super) fn ended_by(&self, now: Stamp) -> (usize, usize) {
         let held = self.sorted.len() + self.overflow.len();
         let in_deque = self.sorted.partition_point(|(place, _)| place.0 <= now);
         let in_tree = self
@@ -136,8 +136,6 @@ impl EvictionIndex {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use proptest::prelude::*;
 
     use super::*;
@@ -166,8 +164,7 @@ mod tests {
         /// order, whatever mix of in-order and out-of-order inserts and removals.
         #[test]
         fn pops_in_the_order_of_a_search_tree(ops in proptest::collection::vec(op(), 0..400)) {
-            let start = Instant::now();
-            let at = |ms: u16| start + Duration::from_millis(u64::from(ms));
+            let at = |ms: u16| Stamp(u64::from(ms) * 1_000_000);
             let mut index = EvictionIndex::default();
             let mut model: BTreeMap<Place, LedgerKey> = BTreeMap::new();
             let mut clock = 0u16;
@@ -205,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_drained_deque_gives_its_room_back() {
-        let start = Instant::now();
+        let start = Stamp(0);
         let mut index = EvictionIndex::default();
         for seq in 0..100_000u64 {
             index.insert((start, seq), LedgerKey::server("", &seq.to_string()));
@@ -223,11 +220,10 @@ mod tests {
 
     #[test]
     fn records_in_order_never_reach_the_tree() {
-        let start = Instant::now();
         let mut index = EvictionIndex::default();
         for seq in 0..10_000u64 {
             let key = LedgerKey::server("", &seq.to_string());
-            index.insert((start + Duration::from_millis(seq / 3), seq), key);
+            index.insert((Stamp(seq / 3 * 1_000_000), seq), key);
         }
         assert!(index.overflow.is_empty());
         assert_eq!(index.sorted.len(), 10_000);

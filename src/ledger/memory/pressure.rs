@@ -27,7 +27,7 @@ impl MemoryStore {
         // open to completed, which only makes this estimate err towards protected.
         let completed = self.inner.completed_bytes.load(Ordering::Relaxed);
         let used = self.inner.used.load(Ordering::Relaxed);
-        let (held, ended) = lock(&self.inner.evictable).ended_by(now);
+        let (held, ended) = lock(&self.inner.evictable).ended_by(self.stamp(now));
         let open = used.saturating_sub(completed);
         let inside = if held == 0 {
             0
@@ -124,7 +124,9 @@ impl MemoryStore {
         // its share, nothing else would ever see the pressure pass.
         self.check_pressure(now, self.micros(now));
         let refused = self.inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
-        let first_end = lock(&self.inner.evictable).first_end();
+        let first_end = lock(&self.inner.evictable)
+            .first_end()
+            .map(|end| self.instant(end));
         if self.may_warn(&self.inner.warned_refusal, self.micros(now)) {
             tracing::warn!(
                 max_bytes = self.inner.max_bytes,

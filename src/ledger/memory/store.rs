@@ -336,7 +336,7 @@ impl MemoryStore {
         Stamp(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
-    /// A record's `stamp` as an instant (for the eviction order).
+    /// A record's `stamp` as an instant (for when a refusal says room frees up).
     pub(super) fn instant(&self, stamp: Stamp) -> Instant {
         self.inner.epoch + Duration::from_nanos(stamp.0)
     }

@@ -22,6 +22,7 @@
 //! | `tower_retry_clone_full` | `tower_retry_clone`'s policy straight over the `Full<Bytes>` requests, no buffering: the least a retry can do, and only for a body that is already cloneable bytes |
 //! | `frozen_retry` | `FrozenRetryLayer` (default policy) |
 //! | `frozen_retry_no_budget` | `FrozenRetryLayer`, the default policy without its retry budget (which `tower_retry_clone`'s policy does not keep either) |
+//! | `stack_read` | the client stack as the README builds it (`build_stack()`, its store empty) handed `bare`'s requests as `GET`s: a read, outside the ledger (frozen for its retries, never claimed) |
 //! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
 //! | `stack_fresh` / `stack_replay` | the client stack as the README builds it (`client_builder(..).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), the same two ways |
 //! | `stack_by_hand_fresh` | `IdempotencyLayer` over `FrozenRetryLayer` stacked with `ServiceBuilder` (the frozen request handed on through the extensions), a new `OperationId` per call |
@@ -104,6 +105,7 @@ const VARIANTS: &[&str] = &[
     "tower_retry_clone_full",
     "frozen_retry",
     "frozen_retry_no_budget",
+    "stack_read",
     "client_fresh",
     "client_replay",
     "stack_fresh",
@@ -730,6 +732,11 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
     let fresh_op = || t.fresh_operation();
     let fixed_op = || t.fixed_operation();
     let plain = || t.request();
+    let read = || {
+        let mut req = t.request();
+        *req.method_mut() = http::Method::GET;
+        req
+    };
     rt.block_on(async {
         match variant {
             "bare" => service_variant(Noop, None, Plan::Plain, plain, plain, n).await,
@@ -762,6 +769,12 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     .layer(FrozenRetryLayer::new(policy))
                     .service(Noop);
                 service_variant(svc, None, Plan::Plain, plain, plain, n).await
+            }
+            "stack_read" => {
+                let svc = ServiceBuilder::new()
+                    .layer(common::client_stack(MemoryStore::new()))
+                    .service(Noop);
+                service_variant(svc, None, Plan::Plain, read, read, n).await
             }
             "client_fresh" | "client_replay" => {
                 let store = MemoryStore::new();

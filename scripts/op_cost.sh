@@ -64,6 +64,7 @@ baseline_of() {
     case $1 in
     bare_op_waiting) echo - ;;
     *_waiting) echo bare_op_waiting ;;
+    stack_read) echo bare ;;
     client_* | stack_*) echo bare_op ;;
     tool_bare) echo - ;;
     tool_*) echo tool_bare ;;

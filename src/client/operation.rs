@@ -38,8 +38,6 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
 use pin_project_lite::pin_project;
-use tower::util::Oneshot;
-use tower::ServiceExt;
 use tower_service::Service;
 
 use super::exchange::{Answer, Exchange, Keyed};
@@ -94,7 +92,7 @@ pin_project! {
         // Outside the ledger; the frozen request when it is an unprotected side effect.
         PassingThrough {
             #[pin]
-            call: Oneshot<S, Request<Full<Bytes>>>,
+            call: M::Pass,
             unprotected: Option<FrozenRequest>,
         },
         Exchanging { #[pin] exchange: Exchange<S, ResB, M> },
@@ -192,7 +190,7 @@ where
                         let (frozen, extensions) = FrozenRequest::of_collected(parts, body, adding);
                         match key {
                             None => Next::Step(Step::PassingThrough {
-                                call: inner.oneshot(frozen.to_request_with(extensions)),
+                                call: M::pass(inner, &frozen, extensions),
                                 unprotected: side_effect.then_some(frozen),
                             }),
                             Some((key, wire)) => {

@@ -18,6 +18,8 @@ use std::future::Future;
 use bytes::Bytes;
 use http::{Extensions, Request, Response};
 use http_body_util::Full;
+use tower::util::Oneshot;
+use tower::ServiceExt;
 use tower_service::Service;
 
 use super::face::ClientFace;
@@ -45,6 +47,14 @@ where
         extensions: Extensions,
     ) -> (Self::Call, Self::Link);
 
+    /// The call of a request outside the ledger (a read, or a side effect let through
+    /// unprotected): `inner`'s future, or what stands for it.
+    type Pass: Future<Output = Result<Response<ResB>, S::Error>>;
+
+    /// Send `frozen` with the caller's `extensions` through `inner` (not yet driven to
+    /// readiness), outside the ledger.
+    fn pass(inner: S, frozen: &FrozenRequest, extensions: Extensions) -> Self::Pass;
+
     /// Once `call` is over: whether an attempt before its last one may have reached the
     /// server. The last one speaks for itself (its answer came from the server; its
     /// failure carries its phase), so an answer that says nothing started releases an
@@ -61,6 +71,7 @@ where
 {
     type Link = Handoff;
     type Call = S::Future;
+    type Pass = Oneshot<S, Request<Full<Bytes>>>;
 
     #[inline(always)]
     fn send(
@@ -75,6 +86,10 @@ where
         (inner.call(request), handoff)
     }
 
+    fn pass(inner: S, frozen: &FrozenRequest, extensions: Extensions) -> Self::Pass {
+        inner.oneshot(frozen.to_request_with(extensions))
+    }
+
     fn may_have_left(client: &ClientFace, handoff: &Handoff, _: &S::Future) -> bool {
         client.check_real_retry_window(handoff);
         handoff.may_have_been_sent()
@@ -84,7 +99,8 @@ where
 /// Straight into the attempts of the [`FrozenRetry`] a stack built as one wraps (see the
 /// module docs). Its retry policy is the one the client layer was built with, so there is
 /// no retry window to check. The call is the retry layer's attempts alone
-/// ([`FrozenAttempts`]), without room for a request to read and freeze.
+/// ([`FrozenAttempts`]), without room for a request to read and freeze; so is a request
+/// outside the ledger, which the retry layer would otherwise read and freeze a second time.
 pub(crate) enum Fused {}
 
 impl<T, ResB> Sending<FrozenRetry<T>, ResB> for Fused
@@ -97,6 +113,7 @@ where
 {
     type Link = ();
     type Call = FrozenAttempts<T>;
+    type Pass = FrozenAttempts<T>;
 
     #[inline(always)]
     fn send(
@@ -108,6 +125,12 @@ where
         without_operation_id(&mut extensions);
         let key_ignored = !client.provider_deduplicates;
         (inner.send_frozen(frozen, extensions, key_ignored), ())
+    }
+
+    #[inline(always)]
+    fn pass(inner: FrozenRetry<T>, frozen: &FrozenRequest, extensions: Extensions) -> Self::Pass {
+        // Nothing here carries a key: a server that ignores keys makes no difference.
+        inner.send_frozen(frozen.clone(), extensions, false)
     }
 
     fn may_have_left(_: &ClientFace, _: &(), call: &FrozenAttempts<T>) -> bool {

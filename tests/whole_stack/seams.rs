@@ -27,7 +27,7 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_idempotency::client::ReleaseOn;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
@@ -2052,4 +2052,67 @@ async fn a_stalled_owner_on_the_default_store_is_never_overtaken() {
     let again = client.oneshot(charge()).await.unwrap();
     assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(provider.effects(), 1);
+}
+
+/// Outside the ledger, through a stack built as one: a read and a side effect let through
+/// unprotected (`require_key(false)`) reach the stack's retry layer frozen once, are
+/// retried with those bytes exactly, touch no record, and the side effect is marked
+/// unprotected.
+#[tokio::test(start_paused = true)]
+async fn a_stack_built_as_one_retries_what_it_lets_through_with_the_bytes_it_froze() {
+    let store = MemoryStore::new();
+    let provider = SideEffectService::new().with_faults([
+        // The read's first attempt, answered "try again".
+        Fault::ServerError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            commit: false,
+        },
+        // The unprotected side effect's first attempt, refused before a byte left.
+        Fault::RefuseBeforeSend,
+    ]);
+    let client = IdempotencyLayer::client_builder(store.clone())
+        .require_key(false)
+        .retry_policy(fast_policy(Duration::from_secs(1)))
+        .build_stack()
+        .unwrap()
+        .layer(provider.clone());
+
+    let read = Request::get("http://inventory.local/stock?sku=SKU-4471")
+        .header("x-trace", "t-1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let res = client.clone().oneshot(read).await.unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let attempts = provider.attempts();
+    assert_eq!(attempts.len(), 2, "the 503 was retried");
+    assert_eq!(attempts[0].method(), Method::GET);
+    assert_eq!(attempts[1].uri(), attempts[0].uri());
+    assert_eq!(attempts[1].headers(), attempts[0].headers());
+    assert_eq!(attempts[1].body(), attempts[0].body());
+
+    let unkeyed = Request::post("http://payments.local/charges")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(br#"{"amount":1999}"#)))
+        .unwrap();
+    let before = provider.effects_without_key();
+    let res = client.oneshot(unkeyed).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(source(&res), ResponseSource::Unprotected);
+    let attempts = provider.attempts();
+    assert_eq!(
+        attempts.len(),
+        3,
+        "the refused attempt never arrived; its retry did"
+    );
+    assert_eq!(
+        attempts[2].body(),
+        &Bytes::from_static(br#"{"amount":1999}"#)
+    );
+    assert_eq!(provider.effects_without_key(), before + 1, "charged once");
+    store.run_pending_tasks().await;
+    assert_eq!(
+        store.entry_count(),
+        0,
+        "nothing outside the ledger is recorded"
+    );
 }

@@ -238,6 +238,64 @@ async fn a_panicking_handler_rolls_back_and_the_retry_runs_again() {
     assert_eq!(notes(&store, "panicky").await, ROUNDS);
 }
 
+/// A handler that panics while a query of its own (one it spawned, through a clone of its
+/// transaction) still holds the connection: its transaction could not be rolled back as the
+/// panic unwound, so it stayed open, holding the key, until that query ended. The layer
+/// waits for the connection and rolls back before the panic goes on to the `500`: the
+/// retry sent the moment the `500` arrives runs the handler again rather than finding the
+/// key in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_panicking_with_a_query_under_way_is_rolled_back_before_its_500() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = database(pg.url()).await;
+    let schema = store.schema().to_owned();
+    let layer = unscoped_layer(&store);
+    let panics = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let app = Router::new()
+        .route(
+            "/notes",
+            post({
+                let panics = panics.clone();
+                move |tx: PostgresTransaction| async move {
+                    write_note(&tx, &schema, "busy").await;
+                    if panics.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                        let held = tx.clone();
+                        let (locked, connection_held) = tokio::sync::oneshot::channel();
+                        tokio::spawn(async move {
+                            let client = held.client().await.expect("the transaction");
+                            let _ = locked.send(());
+                            let _ = client.execute("SELECT pg_sleep(0.5)", &[]).await;
+                        });
+                        connection_held
+                            .await
+                            .expect("the query holds the connection");
+                        panic!("the handler fails while its own query is under way");
+                    }
+                    StatusCode::CREATED
+                }
+            }),
+        )
+        .route_layer(layer)
+        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let addr = serve(app).await;
+    let first = post_with_key(addr, "/notes", "busy").await;
+    assert_eq!(first.status(), 500);
+    let retry = post_with_key(addr, "/notes", "busy").await;
+    assert_eq!(
+        retry.status(),
+        201,
+        "the key is free the moment the 500 is out"
+    );
+    assert!(!replayed(&retry));
+    assert_eq!(
+        notes(&store, "busy").await,
+        1,
+        "the panicked write rolled back"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_wait_policy_a_duplicate_waits_for_the_commit_and_replays_it() {
     let Some(pg) = postgres_support::postgres_url().await else {

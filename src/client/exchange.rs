@@ -141,7 +141,7 @@ where
         // while nothing was sent, and marks it in doubt once the inner service was called:
         // the request may be on the wire.
         let lease = client.ledger.hold_unsent(key, token);
-        let request = client.ledger.keeps_request_fields.then(|| frozen.clone());
+        let request = client.ledger.request_for_fields(&frozen).cloned();
         Self {
             client,
             track: Some(track),

@@ -43,6 +43,8 @@ pub(crate) mod request;
 
 pub(crate) use collect::{check_declared_length, check_length, declared_length, CollectRequest};
 pub(crate) use handoff::{hand_over, Handed, Handoff, RetriedOutside};
+#[cfg(test)]
+pub(crate) use request::test_post;
 pub(crate) use request::{Adding, FrozenRequest};
 
 /// The default limit on a request body that may be frozen: 1 MiB.

@@ -459,6 +459,19 @@ pub(crate) fn path_and_query(uri: &Uri) -> &str {
     uri.path_and_query().map_or("/", |pq| pq.as_str())
 }
 
+/// A `POST` of `body` to an orders API with no headers, frozen: the request the unit tests
+/// record outcomes for.
+#[cfg(test)]
+pub(crate) fn test_post(body: impl Into<Bytes>) -> FrozenRequest {
+    FrozenRequest::from_parts(
+        Method::POST,
+        Uri::from_static("http://orders.local/orders"),
+        Version::HTTP_11,
+        HeaderMap::new(),
+        body.into(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,9 +82,8 @@ pub(crate) struct LedgerState {
     /// How many requests may wait for busy operations at once, if bounded.
     pub(crate) waiters: Option<WaiterLimit>,
     /// The store keeps a completed request's field digests, which a face recording an
-    /// outcome then gathers for it
-    /// ([`IdempotencyStore::keeps_request_fields`](crate::ledger::IdempotencyStore::keeps_request_fields)).
-    pub(crate) keeps_request_fields: bool,
+    /// outcome then gathers for it ([`request_for_fields`](Self::request_for_fields)).
+    keeps_request_fields: bool,
 }
 
 impl std::ops::Deref for Ledger {
@@ -120,6 +119,18 @@ impl fmt::Debug for Ledger {
 /// A store error after which the store may or may not have applied the call.
 fn is_ambiguous(err: &StoreError) -> bool {
     err.is_timeout() || err.is_unavailable()
+}
+
+impl LedgerState {
+    /// `request`, when a face recording its outcome is to gather its field digests for the
+    /// record: the store keeps them
+    /// ([`IdempotencyStore::keeps_request_fields`](crate::ledger::IdempotencyStore::keeps_request_fields)).
+    pub(crate) fn request_for_fields<'a>(
+        &self,
+        request: &'a crate::FrozenRequest,
+    ) -> Option<&'a crate::FrozenRequest> {
+        self.keeps_request_fields.then_some(request)
+    }
 }
 
 impl Ledger {

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderMap, Method, StatusCode, Version};
+use http::{HeaderMap, StatusCode, Version};
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
 use super::MemoryStore;
+use crate::frozen::test_post;
 use crate::ledger::{
     Begin, BeginRequest, GatheredFields, IdempotencyStore, LedgerKey, Outcome, RequestFields,
     StoredResponse,
@@ -17,16 +17,6 @@ use crate::FrozenRequest;
 
 const LEASE: Duration = Duration::from_secs(10);
 const RETENTION: Duration = Duration::from_secs(3600);
-
-fn frozen(body: Vec<u8>) -> FrozenRequest {
-    FrozenRequest::from_parts(
-        Method::POST,
-        "http://orders.local/orders".parse().unwrap(),
-        Version::HTTP_11,
-        HeaderMap::new(),
-        Bytes::from(body),
-    )
-}
 
 fn begin(key: LedgerKey, request: &FrozenRequest) -> BeginRequest {
     BeginRequest::new(key, request.fingerprint(), LEASE, RETENTION).with_frozen(request.clone())
@@ -122,8 +112,8 @@ proptest! {
         for (name, value) in changes {
             again.insert(name, Value::from(value));
         }
-        let first = frozen(first_body);
-        let again = frozen(serde_json::to_vec(&again).unwrap());
+        let first = test_post(first_body);
+        let again = test_post(serde_json::to_vec(&again).unwrap());
         // The face's path is the one taken: an object's digests ride in the record.
         let gathered_fields = GatheredFields::of(Some(&first));
         prop_assert_eq!(
@@ -151,8 +141,8 @@ async fn digests_heavier_than_the_request_are_not_kept() {
         .map(|n| format!("\"{}\":1", char::from(b'a' + (n % 26) as u8)))
         .collect::<Vec<_>>()
         .join(",");
-    let request = frozen(format!("{{{body}}}").into_bytes());
-    let again = frozen(br#"{"a":2}"#.to_vec());
+    let request = test_post(format!("{{{body}}}").into_bytes());
+    let again = test_post(&br#"{"a":2}"#[..]);
     for recorder in [Recorder::Gathers, Recorder::LeavesToStore] {
         let (answer, _) = drift_after(recorder, &request, &again).await;
         assert!(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::frozen::test_post;
 use http::HeaderValue;
 
 #[test]
@@ -86,21 +87,10 @@ fn ledger_key_derivations_are_domain_separated() {
     );
 }
 
-/// A `POST` of `body`, frozen.
-fn frozen_post(body: &'static [u8]) -> FrozenRequest {
-    FrozenRequest::from_parts(
-        Method::POST,
-        "http://orders.local/orders".parse().unwrap(),
-        Version::HTTP_11,
-        HeaderMap::new(),
-        Bytes::from_static(body),
-    )
-}
-
 #[test]
 fn request_fields_ride_after_the_body_and_stay_out_of_the_response() {
     let request = br#"{"order_id":"o_1","summary":"first","total_cents":100}"#;
-    let gathered = GatheredFields::of(Some(&frozen_post(request)));
+    let gathered = GatheredFields::of(Some(&test_post(&request[..])));
     let RequestFields::Entries(entries) = gathered.fields() else {
         panic!("a JSON object's fields are gathered");
     };
@@ -143,7 +133,7 @@ fn request_fields_ride_after_the_body_and_stay_out_of_the_response() {
         FieldDigests::of(request).unwrap()
     );
     assert_eq!(plain.request_fields(), RequestFields::Ungathered);
-    let no_object = GatheredFields::of(Some(&frozen_post(b"[1]")));
+    let no_object = GatheredFields::of(Some(&test_post(&b"[1]"[..])));
     let none = StoredResponse::with_request_fields(
         StatusCode::OK,
         Version::HTTP_11,

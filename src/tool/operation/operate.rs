@@ -21,8 +21,8 @@ use crate::IdempotencyKey;
 use crate::{DriftPolicy, Error, OperationId};
 
 use super::{
-    arguments_for_fields, discarded_from, drift_error, json_or_text, record, recorded, replay,
-    settle, Frozen, Invoke, Retries, FINAL_ANSWER,
+    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, Frozen, Invoke,
+    Retries, FINAL_ANSWER,
 };
 
 /// One side-effect operation's identity, and the face it runs on.
@@ -245,7 +245,7 @@ impl<C> Operation<'_, C> {
             let attempt = lease.renewing(attempt(face, tool.invoke(call))).await;
             let error = match attempt {
                 Ok(Ok(response)) => {
-                    let digests = (digest, arguments_for_fields(face, first));
+                    let digests = (digest, face.ledger.request_for_fields(first));
                     return record(lease, response, digests, source, discarded).await;
                 }
                 Ok(Err(error)) => error,
@@ -265,7 +265,7 @@ impl<C> Operation<'_, C> {
             let retry = match &verdict.kind {
                 VerdictKind::Final(answer) => {
                     let answer = FinalAnswer::new(answer.clone());
-                    let digests = (digest, arguments_for_fields(face, first));
+                    let digests = (digest, face.ledger.request_for_fields(first));
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the final answer").await;
                     return Err(ToolError::Final(answer));
@@ -331,14 +331,14 @@ impl<C> Operation<'_, C> {
                 let (parts, body) = found.into_parts();
                 if !parts.status.is_success() {
                     let answer = FinalAnswer::new(json_or_text(&body));
-                    let digests = (digest, arguments_for_fields(face, &first));
+                    let digests = (digest, face.ledger.request_for_fields(&first));
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the reconciled answer").await;
                     return Err(ToolError::Final(answer));
                 }
                 match serde_json::from_slice::<R>(&body) {
                     Ok(response) => {
-                        let digests = (digest, arguments_for_fields(face, &first));
+                        let digests = (digest, face.ledger.request_for_fields(&first));
                         record(lease, response, digests, ToolSource::Reconciled, discarded).await
                     }
                     Err(err) => {

@@ -79,7 +79,7 @@ fn with_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 
 /// An outcome with `status` and `body`, remembering the digest of the arguments it was
 /// made with: the header, the body and the field digests of `arguments` (the frozen
-/// arguments, when the store keeps them: see [`arguments_for_fields`]) in one buffer
+/// arguments, when the store keeps them: see [`GatheredFields`]) in one buffer
 /// of exactly their size, as the HTTP client face records a response.
 pub(super) fn stored(
     status: StatusCode,
@@ -110,15 +110,6 @@ pub(super) fn recorded<C>(
         return Outcome::Tombstone { status };
     }
     stored(status, body.as_bytes(), &digest, arguments)
-}
-
-/// The arguments `first`, whose field digests the record of their outcome holds, when the
-/// face's store keeps them (see [`GatheredFields`]).
-pub(super) fn arguments_for_fields<'a, C>(
-    face: &ToolFace<C>,
-    first: &'a FrozenRequest,
-) -> Option<&'a FrozenRequest> {
-    face.ledger.keeps_request_fields.then_some(first)
 }
 
 /// Wait for a settle; a failure is logged (the lease then expires into doubt, which is

@@ -30,6 +30,7 @@
 //! | `stack_floor` | `client_floor` over the hand-written `tower::retry` of `tower_retry_clone` |
 //! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
 //! | `server_fresh` / `server_replay` | server `IdempotencyLayer` over the handler, a new key per call / always the same key |
+//! | `server_fresh_defaults` | a new key per call through the server layer with every setting at its default but `unscoped()` (the bench's requests carry no `Authorization`) and the store below its cap: nothing evicted, nothing shortened |
 //! | `server_bare_digest` / `server_fresh_digest` / `server_replay_digest` | `server_bare`, `server_fresh` and `server_replay` with each request carrying its body's `Content-Digest`, as the client stack sends every keyed request (checked against the body by the layer) |
 //! | `server_refused` | server `IdempotencyLayer` (default protected window) over a 16 MiB store full of protected records: a new key per call, each refused `503 ledger-full` |
 //! | `store_begin_complete_{1k,100k,1m}` | `begin` + `complete` of a new operation in a `MemoryStore` at that many live records |
@@ -120,6 +121,7 @@ const VARIANTS: &[&str] = &[
     "server_fresh",
     "server_replay",
     "server_refused",
+    "server_fresh_defaults",
     "server_bare_digest",
     "server_fresh_digest",
     "server_replay_digest",
@@ -684,6 +686,22 @@ fn clone_retry<S: Clone>(inner: S) -> tower::retry::Retry<CloneAttempts, S> {
         .service(inner)
 }
 
+/// The server layer over the bench handler with every setting at its default but
+/// `unscoped()` (the bench's requests carry no `Authorization`), over `store`.
+fn server_at_defaults(
+    store: &MemoryStore,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<impl Body<Data = Bytes, Error: std::fmt::Debug>>,
+    Error: std::fmt::Debug,
+> {
+    let layer = IdempotencyLayer::server_builder(store.clone())
+        .unscoped()
+        .build()
+        .expect("the defaults are valid");
+    ServiceBuilder::new().layer(layer).service(handler())
+}
+
 /// A new operation per call through the stack as `build_stack()` makes it with every
 /// setting at its default, over `transport`.
 async fn stack_at_defaults<S>(
@@ -859,6 +877,12 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     service_variant(svc, Some(&store), plan, fresh_key, fixed_key, n).await
                 }
             }
+            "server_fresh_defaults" => {
+                let store = MemoryStore::new();
+                let fresh_key = || t.fresh_key();
+                let (svc, plan) = (server_at_defaults(&store), Plan::FreshAtDefaults);
+                service_variant(svc, Some(&store), plan, fresh_key, fresh_key, n).await
+            }
             "server_bare_digest" => {
                 let fresh_key = || t.fresh_key_with_digest();
                 service_variant(handler(), None, Plan::Plain, fresh_key, fresh_key, n).await
@@ -866,11 +890,7 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
             "server_refused" => {
                 // The default protected window: nothing the fill records may be evicted.
                 let store = MemoryStore::builder().max_bytes(16 << 20).build();
-                let layer = IdempotencyLayer::server_builder(store.clone())
-                    .unscoped()
-                    .build()
-                    .expect("valid settings");
-                let svc = ServiceBuilder::new().layer(layer).service(handler());
+                let svc = server_at_defaults(&store);
                 let fresh_key = || t.fresh_key();
                 service_variant(svc, Some(&store), Plan::Refused, fresh_key, fresh_key, n).await
             }

@@ -160,14 +160,31 @@ async fn a_completed_operation_replays_without_calling_the_provider() {
     assert_eq!(provider.effects_for_key(&key_hex()), 1);
 }
 
+/// Stacked by hand and built as one (`build_stack()`, as the README builds it).
 #[tokio::test]
 async fn a_replay_carries_its_mark_and_none_of_the_requests_extensions() {
+    let provider = SideEffectService::new();
+    let by_hand = stack(&Arc::new(MemoryStore::new()), &provider);
+    replay_carries_only_its_mark(by_hand, &provider).await;
+
+    let provider = SideEffectService::new();
+    let built = tower::Layer::layer(
+        &IdempotencyLayer::client_builder(MemoryStore::new())
+            .build_stack()
+            .unwrap(),
+        provider.clone(),
+    );
+    replay_carries_only_its_mark(built, &provider).await;
+}
+
+async fn replay_carries_only_its_mark<S, B>(svc: S, provider: &SideEffectService)
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
     #[derive(Clone, Debug, PartialEq)]
     struct CallerNote(&'static str);
 
-    let store = Arc::new(MemoryStore::new());
-    let provider = SideEffectService::new();
-    let svc = stack(&store, &provider);
     let noted = || {
         let mut req = post(ORIGINAL);
         req.extensions_mut().insert(CallerNote("request only"));

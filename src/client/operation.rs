@@ -124,16 +124,18 @@ where
         } else {
             Ok(None)
         };
-        let step = match key.and_then(|key| {
-            check_declared_length(&parts.headers, &body, client.body_limit)?;
-            Ok((key, CollectRequest::checked(parts, body, client.body_limit)))
-        }) {
-            Ok((key, collect)) => Step::Freezing {
-                collect,
+        // Each part is moved once, into the step: no `Result` of them in between.
+        let refused = match &key {
+            Ok(_) => check_declared_length(&parts.headers, &body, client.body_limit).err(),
+            Err(_) => None,
+        };
+        let step = match (key, refused) {
+            (Err(error), _) | (Ok(_), Some(error)) => Step::Refused { error: Some(error) },
+            (Ok(key), None) => Step::Freezing {
+                collect: CollectRequest::checked(parts, body, client.body_limit),
                 key,
                 side_effect,
             },
-            Err(error) => Step::Refused { error: Some(error) },
         };
         Self {
             inner: Some(inner),

@@ -55,16 +55,10 @@ pin_project_lite::pin_project! {
 }
 
 impl<B: Body> CollectRequest<B> {
-    /// Start reading `req`'s body; refused at once when it says it is over `limit`.
-    pub(crate) fn new(req: Request<B>, limit: usize) -> Result<Self, Error> {
-        let (parts, body) = req.into_parts();
-        check_declared_length(&parts.headers, &body, limit)?;
-        Ok(Self::checked(parts, body, limit))
-    }
-
     /// Start reading the body of a request already taken apart, once
     /// [`check_declared_length`] let it through. Infallible, so that a caller can build it
     /// straight into the future that holds it.
+    #[inline(always)]
     pub(crate) fn checked(parts: http::request::Parts, body: B, limit: usize) -> Self {
         Self {
             collected: Collected::new(&body, limit),

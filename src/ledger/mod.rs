@@ -589,6 +589,7 @@ pub struct BeginRequest {
 impl BeginRequest {
     /// A request under a fresh token, without a frozen request (see
     /// [`BeginRequest::with_frozen`]), protected for its whole retention.
+    #[inline]
     pub fn new(
         key: LedgerKey,
         fingerprint: Fingerprint,
@@ -612,18 +613,21 @@ impl BeginRequest {
     }
 
     /// Keep `frozen` with the record, so a resumed operation resends these bytes.
+    #[inline]
     pub fn with_frozen(mut self, frozen: FrozenRequest) -> Self {
         self.frozen = Some(frozen);
         self
     }
 
     /// Own the operation under `token` (e.g. one kept across a crash).
+    #[inline]
     pub fn with_token(mut self, token: LeaseToken) -> Self {
         self.token = token;
         self
     }
 
     /// The record's protected window (default: its whole retention).
+    #[inline]
     pub fn with_protected_window(mut self, protected: Duration) -> Self {
         self.protected = protected.min(self.retention);
         self
@@ -655,6 +659,7 @@ impl BeginRequest {
     }
 
     /// Make this `begin` a probe: it never takes an in-doubt operation over.
+    #[inline]
     pub fn probe(mut self) -> Self {
         self.take_over = false;
         self

@@ -39,6 +39,7 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<Full<Bytes>>>,
 {
+    #[inline(always)]
     pub(super) fn new(
         state: State<S::Future, CollectRequest<B>, Head>,
         inner: S,

@@ -13,7 +13,7 @@ use super::call::Call;
 use super::future::{Attempting, FrozenAttempts, ResponseFuture, State};
 use super::policy::RetryPolicy;
 use super::FrozenRetryLayer;
-use crate::frozen::{CollectRequest, FrozenRequest};
+use crate::frozen::{check_declared_length, CollectRequest, FrozenRequest};
 use crate::phase::FailurePhase;
 use crate::{BoxError, Error};
 
@@ -105,8 +105,13 @@ where
         // Take the instance that was driven to readiness; leave a clone in its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let state = match CollectRequest::new(req, self.policy.body_limit) {
-            Ok(collect) => State::Freezing { collect },
+        // The head and body are moved once, into the state: no `Result` of them between.
+        let (parts, body) = req.into_parts();
+        let limit = self.policy.body_limit;
+        let state = match check_declared_length(&parts.headers, &body, limit) {
+            Ok(()) => State::Freezing {
+                collect: CollectRequest::checked(parts, body, limit),
+            },
             Err(error) => State::Refused { error: Some(error) },
         };
         ResponseFuture::new(state, inner, self.policy.clone())

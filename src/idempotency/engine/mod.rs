@@ -187,6 +187,7 @@ impl Ledger {
         (self.lease / RETRIES_PER_LEASE).clamp(FIRST_STORE_RETRY, MAX_STORE_RETRY)
     }
 
+    #[inline]
     pub(crate) fn request(
         &self,
         key: LedgerKey,

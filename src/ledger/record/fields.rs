@@ -248,6 +248,7 @@ fn last_of_each(mut fields: Vec<(Cow<'_, [u8]>, u64)>) -> Vec<(Cow<'_, [u8]>, u6
 
 /// A name as written between its quotes, unescaped; `None` if it is no valid string.
 /// `escaped`: the name holds a backslash (as its scan found).
+#[inline]
 fn field_name(raw: &[u8], escaped: bool) -> Option<Cow<'_, [u8]>> {
     if escaped {
         return Some(Cow::Owned(unescaped(raw)?.into_bytes()));
@@ -387,8 +388,8 @@ fn scan_object<'a>(
         if body.get(at) != Some(&b'"') {
             return None;
         }
-        let (name_end, name_plain) = plain_string(body, at + 1)?;
-        let name = field_name(&body[at + 1..name_end], name_plain.is_none())?;
+        let (name_end, name_escaped) = string_close(body, at + 1)?;
+        let name = field_name(&body[at + 1..name_end], name_escaped)?;
         at = skip_space(body, name_end + 1);
         if body.get(at) != Some(&b':') {
             return None;
@@ -420,13 +421,13 @@ fn skip_space(body: &[u8], mut at: usize) -> usize {
 /// Where the value starting at `start` ends (exclusive).
 fn value_end(body: &[u8], start: usize) -> Option<usize> {
     match *body.get(start)? {
-        b'"' => Some(plain_string(body, start + 1)?.0 + 1),
+        b'"' => Some(string_close(body, start + 1)?.0 + 1),
         b'{' | b'[' => {
             let mut depth = 0usize;
             let mut at = start;
             loop {
                 match *body.get(at)? {
-                    b'"' => at = plain_string(body, at + 1)?.0,
+                    b'"' => at = string_close(body, at + 1)?.0,
                     b'{' | b'[' => depth += 1,
                     b'}' | b']' => {
                         depth -= 1;
@@ -452,18 +453,47 @@ fn value_end(body: &[u8], start: usize) -> Option<usize> {
 
 /// The string whose contents start at `from`: the index of its closing quote and, if it
 /// holds no escape (a plain string, the common value), the digest of its contents (a string
-/// value is most of a body). Its end is found by `memchr`, which compares 16 or 32 bytes at
-/// once with the vector instructions the machine has; then the contents are digested
-/// ([`digest`]).
+/// value is most of a body).
 fn plain_string(body: &[u8], from: usize) -> Option<(usize, Option<u64>)> {
-    let contents = body.get(from..)?;
-    let first = memchr::memchr2(b'"', b'\\', contents)?;
-    let end = from + first;
-    if contents[first] == b'\\' {
-        return Some((string_end(body, end)?, None));
+    let (end, escaped) = string_close(body, from)?;
+    if escaped {
+        return Some((end, None));
     }
     // As `value_digest` digests the same string written with escapes.
-    Some((end, Some(digest(STRING_SEED, &contents[..first]))))
+    Some((end, Some(digest(STRING_SEED, &body[from..end]))))
+}
+
+/// The string whose contents start at `from`: the index of its closing quote, and whether
+/// it holds an escape. Names, and the strings inside a nested value, need no digest.
+#[inline]
+fn string_close(body: &[u8], from: usize) -> Option<(usize, bool)> {
+    let first = from + quote_or_backslash(body.get(from..)?)?;
+    if body[first] == b'\\' {
+        return Some((string_end(body, first)?, true));
+    }
+    Some((first, false))
+}
+
+/// Bytes read eight at a time for a `"` or a `\` before `memchr` takes over: most strings
+/// (names, ids, amounts) end within them, and `memchr`, which compares 16 or 32 bytes at
+/// once with the vector instructions the machine has, costs more to set up than they take
+/// to read.
+const SHORT_STRING: usize = 32;
+
+/// The first `"` or `\` in `bytes`.
+#[inline]
+fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while at + 8 <= bytes.len() && at < SHORT_STRING {
+        let word = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"));
+        // The lowest mark of each is exact (see `crate::swar`), so the lowest of both is.
+        let marks = bytes_equal(word, b'"') | bytes_equal(word, b'\\');
+        if marks != 0 {
+            return Some(at + marks.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    memchr::memchr2(b'"', b'\\', &bytes[at..]).map(|found| at + found)
 }
 
 /// The index of the quote that closes a string, looked for from `from` (inside it).

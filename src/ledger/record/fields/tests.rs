@@ -138,6 +138,19 @@ proptest! {
         }
     }
 
+    /// Words of eight, then `memchr`: the same first `"` or `\\` as a byte at a time, in
+    /// strings mostly of letters, whatever falls where.
+    #[test]
+    fn finds_the_first_quote_or_backslash(
+        bytes in proptest::collection::vec(
+            prop_oneof![8 => b'a'..=b'z', 1 => Just(b'"'), 1 => Just(b'\\'), 1 => any::<u8>()],
+            0..80,
+        )
+    ) {
+        let naive = bytes.iter().position(|b| *b == b'"' || *b == b'\\');
+        prop_assert_eq!(quote_or_backslash(&bytes), naive);
+    }
+
     #[test]
     fn finds_the_first_quote(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
         prop_assert_eq!(find_quote(&bytes), bytes.iter().position(|b| *b == b'"'));
@@ -178,4 +191,35 @@ fn many_fields_are_all_kept() {
         fields.changed_fields(&body(usize::MAX)).unwrap(),
         Vec::<String>::new()
     );
+}
+
+/// Every byte of a value is read, wherever it falls against the blocks, the words and the
+/// last word padded with zeros: a value of any length up to four blocks and a half digests
+/// apart from itself with any one byte changed, from itself one byte longer, and from the
+/// same bytes as the other kind of value.
+#[test]
+fn every_byte_and_the_length_count() {
+    let mut seen = std::collections::HashSet::new();
+    for len in 0..=144 {
+        let value: Vec<u8> = (0..len).map(|n| b'a' + (n % 26) as u8).collect();
+        let as_string = digest(STRING_SEED, &value);
+        assert!(seen.insert(as_string), "length {len}: a digest seen before");
+        assert_ne!(as_string, digest(VALUE_SEED, &value), "length {len}");
+        for at in 0..len {
+            let mut changed = value.clone();
+            changed[at] ^= 0x01;
+            assert_ne!(
+                as_string,
+                digest(STRING_SEED, &changed),
+                "length {len}, byte {at}"
+            );
+        }
+        let mut longer = value.clone();
+        longer.push(0);
+        assert_ne!(
+            as_string,
+            digest(STRING_SEED, &longer),
+            "length {len}, a zero added"
+        );
+    }
 }

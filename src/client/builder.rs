@@ -47,7 +47,7 @@ use super::stack::ClientStack;
 /// | [payload drift](Builder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded); under a caller's own key: refused |
 /// | [defining fields](Builder::defining_fields) | the whole request |
 /// | **Operations in doubt** | |
-/// | [provider deduplicates](Builder::provider_deduplicates) on `Idempotency-Key` | yes: in-doubt operations are resent |
+/// | [provider deduplicates](Builder::provider_deduplicates) on `Idempotency-Key` | assumed: in-doubt operations are resent, and the first such resend logs a warning until you say so |
 /// | [reconciler](Builder::reconcile) | none (asked within 10 s when set) |
 ///
 /// ```
@@ -78,7 +78,8 @@ pub struct Builder {
     /// Unset: the default here, the retry policy's own in `build_stack`.
     body_limit: Option<usize>,
     fail_open: bool,
-    provider_deduplicates: bool,
+    /// `None` until told: `true` is assumed, and a resend that relies on it is reported.
+    provider_deduplicates: Option<bool>,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     reconcile_when_deduplicating: bool,
     on_outcome: Option<OutcomeHook>,
@@ -96,7 +97,7 @@ impl Builder {
             defining_fields: None,
             body_limit: None,
             fail_open: false,
-            provider_deduplicates: true,
+            provider_deduplicates: None,
             phase_classifier: None,
             reconcile_when_deduplicating: false,
             on_outcome: None,
@@ -380,7 +381,7 @@ impl Builder {
 /// is asked before one that would not be.
 impl Builder {
     /// Whether the server deduplicates on `Idempotency-Key` (default `true`, as payment
-    /// providers do).
+    /// providers do, assumed until said).
     ///
     /// Resending an operation whose first attempt may have arrived is only safe when the
     /// server recognises the key. Set this to `false` for a server that ignores keys: the
@@ -390,8 +391,14 @@ impl Builder {
     /// operation happened (and records its answer, or sends the frozen bytes it says never
     /// arrived); without one, it fails with an [in-doubt error](crate::Error::is_in_doubt)
     /// for you to reconcile. At most once, rather than exactly once, unless reconciled.
+    ///
+    /// Left unsaid, `true` is assumed, and the first time the layer relies on it (an
+    /// operation sent again after an attempt that may have arrived) it logs a warning that
+    /// names this setting: against a server that ignores keys, such as your own handler
+    /// without the server face, that resend is a second effect. Say `true` to confirm
+    /// and silence it.
     pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
-        self.provider_deduplicates = deduplicates;
+        self.provider_deduplicates = Some(deduplicates);
         self
     }
 
@@ -487,7 +494,8 @@ impl Builder {
             body_limit: self.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
             response_limit: self.operation.response_limit,
             fail_open: self.fail_open,
-            provider_deduplicates: self.provider_deduplicates,
+            provider_deduplicates: self.provider_deduplicates.unwrap_or(true),
+            deduplication_assumed: self.provider_deduplicates.is_none(),
             phase_classifier: self.phase_classifier,
             reconciler: self.operation.reconciler,
             reconcile_timeout: self.operation.reconcile_timeout,
@@ -496,6 +504,7 @@ impl Builder {
             warned_window: std::sync::atomic::AtomicBool::new(false),
             warned_unprotected: std::sync::atomic::AtomicBool::new(false),
             warned_order: std::sync::atomic::AtomicBool::new(false),
+            warned_assumed_deduplication: std::sync::atomic::AtomicBool::new(false),
             on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(client))

@@ -193,6 +193,7 @@ where
             // Resend what was first frozen, never the request just handed to us.
             let original = stored.unwrap_or(to_send);
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
+            client.resent_after_doubt();
             exchange::<S, ResBody, M>(
                 inner,
                 client,
@@ -395,6 +396,14 @@ fn marked_discarded<T>(
 ) -> Result<Response<T>, Error> {
     match (answer, discarded) {
         (Ok(mut response), Some(drift)) => {
+            // Where a caller that reads no extension (or one that reused an operation's
+            // identity for another payload by mistake) can see it: in the log.
+            tracing::info!(
+                %drift,
+                "a regenerated request joined its operation: answered for the bytes first \
+                 frozen, its own discarded (PayloadDiscarded on the response; \
+                 DriftPolicy::Reject or defining_fields(..) refuse a change that matters)"
+            );
             response
                 .extensions_mut()
                 .insert(PayloadDiscarded::new(drift));

@@ -418,13 +418,16 @@ impl fmt::Display for Error {
             ),
             Kind::Store => self.fmt_store(f),
             Kind::Inner { phase } => write!(f, "the inner service failed ({phase})"),
-            Kind::AttemptTimeout => f.write_str("the attempt timed out; the request may have been sent"),
+            Kind::AttemptTimeout => {
+                f.write_str("the attempt timed out; the request may have been sent")
+            }
             Kind::ReplayUnavailable => f.write_str(
                 "the operation completed before, but its response was not kept (over the \
                  recording cap, or no room in the ledger when it completed); it is not run again",
             ),
             Kind::InDoubt => f.write_str(
-                "an earlier attempt may have reached a server that ignores idempotency keys; not sending it again",
+                "an earlier attempt may have reached a provider that ignores idempotency keys; \
+                 not sending it again: reconcile it (a reconciler on the layer, or by hand)",
             ),
             Kind::ResponseBody => f.write_str("reading the response body failed"),
         }

@@ -27,8 +27,12 @@ use http::{Extensions, Response};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResponseSource {
-    /// Sent once and answered: a new operation, or a request that is no side effect. Such
-    /// a response carries no mark.
+    /// Sent by this call and answered: a new operation, or a request that is no side
+    /// effect. Such a response carries no mark. "Sent" counts the operation, not its
+    /// attempts: a retry layer inside may have sent it more than once (then the response
+    /// carries [`Attempts`](crate::retry::Attempts)), which is one effect where the
+    /// provider deduplicates on the key (see
+    /// [`provider_deduplicates`](crate::client::Builder::provider_deduplicates)).
     Sent,
     /// The operation was in doubt; its stored frozen bytes were sent again.
     Resent,

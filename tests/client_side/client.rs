@@ -486,10 +486,12 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
 
 /// The second incident, as an orchestrator lives it: the step's call committed and answered
 /// `500`, the orchestrator re-ran the step, the model regenerated the call. By default the
-/// step finishes with the bytes first frozen, and the caller is told what it discarded.
+/// step finishes with the bytes first frozen, and the caller is told what it discarded: on
+/// the response, and in the log (for a caller that reads no extension).
 #[tokio::test(start_paused = true)]
 async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_what_was_discarded()
 {
+    let (logs, _default) = crate::support::capture::events(tracing::Level::INFO);
     let store = Arc::new(MemoryStore::new());
     let provider = SideEffectService::new().with_faults([Fault::ServerError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -530,6 +532,16 @@ async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_w
     );
     assert_eq!(provider.effects(), 1);
     assert_eq!(provider.calls(), 2);
+    let told: Vec<_> = logs
+        .text()
+        .lines()
+        .filter(|line| line.contains("a regenerated request joined its operation"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(told.len(), 2, "resent and replayed: {}", logs.text());
+    assert!(told
+        .iter()
+        .all(|line| line.contains("fulfillment_intent_id")));
 }
 
 /// A caller's own `Idempotency-Key` reused for another payload is the caller's mistake:
@@ -1007,4 +1019,69 @@ async fn the_body_is_read_once_per_operation_with_both_layers_stacked() {
         .attempts()
         .iter()
         .all(|a| a.body().as_ref() == b"{\"order_id\":\"order_42\"}"));
+}
+
+/// A stack that was not told whether its provider deduplicates on `Idempotency-Key`
+/// assumes it does, and resends after a timeout. Against a provider that ignores keys
+/// (here: a plain service behind no server layer) that is a second effect, and the layer
+/// says so, once, naming the choice. Told either way, it says nothing: told `true`, the
+/// provider deduplicates and the effect happens once; told `false`, nothing that may have
+/// arrived is sent again.
+#[tokio::test(start_paused = true)]
+async fn a_resend_relying_on_assumed_deduplication_is_reported_once() {
+    use crate::support::capture;
+
+    let (logs, _default) = capture::warnings();
+    let warning = "one effect only if the provider deduplicates on Idempotency-Key";
+    // A stack as `build_stack()` makes it, each attempt given a second, over `provider`.
+    let stack = |told: Option<bool>, provider: &SideEffectService| {
+        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new());
+        if let Some(deduplicates) = told {
+            builder = builder.provider_deduplicates(deduplicates);
+        }
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let layer = builder.retry_policy(policy).build_stack().unwrap();
+        ServiceBuilder::new().layer(layer).service(provider.clone())
+    };
+    let charge = |task: &str| {
+        let mut req = post(ORIGINAL);
+        req.extensions_mut()
+            .insert(OperationId::new(task, "charge"));
+        req
+    };
+
+    // Not told: two charges at a provider that ignores keys, and the warning, once.
+    let ignores_keys = SideEffectService::builder().honour_keys(false).build();
+    let assumed = stack(None, &ignores_keys);
+    for task in ["t1", "t2"] {
+        ignores_keys.push_fault(Fault::CommitThenTimeout);
+        let response = assumed.clone().oneshot(charge(task)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+    assert_eq!(ignores_keys.effects(), 4, "the resends were second effects");
+    assert_eq!(logs.text().matches(warning).count(), 1, "{}", logs.text());
+
+    // Told it deduplicates: no warning (and one effect per operation).
+    logs.clear();
+    let honours = SideEffectService::new();
+    honours.push_fault(Fault::CommitThenTimeout);
+    stack(Some(true), &honours)
+        .oneshot(charge("t3"))
+        .await
+        .unwrap();
+    assert_eq!(honours.effects(), 1);
+
+    // Told it does not: nothing resent, the doubt reported as an error, no warning.
+    let ignores_keys = SideEffectService::builder().honour_keys(false).build();
+    ignores_keys.push_fault(Fault::CommitThenTimeout);
+    let err = stack(Some(false), &ignores_keys)
+        .oneshot(charge("t4"))
+        .await
+        .unwrap_err();
+    assert!(err.is_in_doubt(), "{err}");
+    assert_eq!(ignores_keys.effects(), 1);
+    assert!(!logs.text().contains(warning), "{}", logs.text());
 }

@@ -182,6 +182,9 @@ where
 {
     /// The ledger's part of a request whose body `collect` reads, under its key (as sent,
     /// and as the ledger knows it); `digest_sent` says whether it carries a `Content-Digest`.
+    /// Inlined (as the two that hold it are), so that it is built where the layer's future
+    /// holds it, not copied there through each of them.
+    #[inline(always)]
     pub(super) fn new(
         inner: S,
         server: Arc<ServerFace>,
@@ -298,6 +301,7 @@ where
     Admitted(Admitted<Answer<ResB, S::Error>, Handling<S, B, ResB>>),
 }
 
+#[inline(always)]
 fn done<S, B, ResB, T>(mut step: Pin<&mut Step<S, B, ResB>>, admitted: T) -> Poll<T>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
@@ -318,7 +322,9 @@ fn refused_digest<T>(err: &DigestError) -> Response<ResponseBody<T>> {
 }
 
 /// The body is read: check it against its `Content-Digest`, then claim the key, in place
-/// when the store answers at once, else by a boxed future.
+/// when the store answers at once, else by a boxed future. Inlined into its one caller, so
+/// that the request's head is moved into the claimant once.
+#[inline(always)]
 fn claim<S, B, ResB>(
     server: &Arc<ServerFace>,
     inner: &mut Option<S>,
@@ -531,6 +537,7 @@ fn handler_request<B>(mut parts: Parts, key: HeaderKey, body: Bytes) -> Request<
 }
 
 /// Answer `response` without the handler, telling the hook.
+#[inline(always)]
 fn answered_by<S, B, ResB>(
     report: Report,
     response: Response<ResponseBody<ResB>>,

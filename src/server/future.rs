@@ -62,6 +62,7 @@ where
         }
     }
 
+    #[inline(always)]
     pub(super) fn keyed(keyed: Keyed<S, B, ResB>) -> Self {
         Self {
             kind: FutureKind::Keyed { keyed },

@@ -72,45 +72,47 @@ where
             outcome = tracing::field::Empty,
             settled = tracing::field::Empty,
         );
-        let admit = {
-            let _entered = span.enter();
-            let (parts, body) = req.into_parts();
-            let (ledger_key, scope_id) = {
-                // The scope stays in this block: it may name a tenant, and neither logs nor
-                // the ledger ever see it, only the hashes it goes into (the second, short,
-                // gives the scope its share of a store's budget).
-                let Some(scope) = server.scope.of(&parts) else {
-                    outcome("scope-missing");
-                    return ResponseFuture::answer(problem::scope_missing());
-                };
-                (
-                    LedgerKey::server_of(&scope, key.as_bytes()),
-                    scope_id(&scope),
-                )
+        let entered = span.enter();
+        let (parts, body) = req.into_parts();
+        let (ledger_key, scope_id) = {
+            // The scope stays in this block: it may name a tenant, and neither logs nor the
+            // ledger ever see it, only the hashes it goes into (the second, short, gives the
+            // scope its share of a store's budget).
+            let Some(scope) = server.scope.of(&parts) else {
+                outcome("scope-missing");
+                return ResponseFuture::answer(problem::scope_missing());
             };
-            // Read and limit the body before any lease is taken: a refused body leaves the
-            // key unused.
-            if let Err(err) = check_length(head.declared_length, &body, server.body_limit) {
-                return ResponseFuture::answer(admit::refused_body(server, &err));
-            }
-            let collect = CollectRequest::checked(parts, body, server.body_limit);
-            let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
-            // The instance `poll_ready` readied goes with this request, and a fresh clone
-            // stays behind for the next `poll_ready`: the handler is called later, from
-            // another future, and tower only promises readiness for the instance polled.
-            let clone = self.inner.clone();
-            let inner = std::mem::replace(&mut self.inner, clone);
-            let digest_sent = head.content_digest;
+            (
+                LedgerKey::server_of(&scope, key.as_bytes()),
+                scope_id(&scope),
+            )
+        };
+        // Read and limit the body before any lease is taken: a refused body leaves the key
+        // unused.
+        if let Err(err) = check_length(head.declared_length, &body, server.body_limit) {
+            return ResponseFuture::answer(admit::refused_body(server, &err));
+        }
+        drop(entered);
+        let started = server.on_outcome.is_some().then(tokio::time::Instant::now);
+        // The instance `poll_ready` readied goes with this request, and a fresh clone
+        // stays behind for the next `poll_ready`: the handler is called later, from
+        // another future, and tower only promises readiness for the instance polled.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let detach = !self.face.cancel_on_disconnect;
+        // Built in one expression, its parts moved once: the future is the largest thing
+        // a request makes here, and each move of a part of it is a copy.
+        ResponseFuture::keyed(Keyed::new(
             Admit::new(
                 inner,
                 self.face.clone(),
                 (key, ledger_key, scope_id),
-                digest_sent,
-                collect,
+                head.content_digest,
+                CollectRequest::checked(parts, body, self.face.body_limit),
                 started,
-            )
-        };
-        let detach = !self.face.cancel_on_disconnect;
-        ResponseFuture::keyed(Keyed::new(admit, span, detach))
+            ),
+            span,
+            detach,
+        ))
     }
 }

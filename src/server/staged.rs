@@ -73,6 +73,7 @@ where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
     B: Body,
 {
+    #[inline(always)]
     pub(super) fn new(admit: Admit<S, B, ResB>, span: RequestSpan, detach: bool) -> Self {
         Self {
             stage: Stage::Admit { admit },

@@ -116,33 +116,63 @@ where
         req: Request<B>,
         started: Option<tokio::time::Instant>,
     ) -> Self {
-        let side_effect = EffectClass::of_request(&req).is_side_effect();
         let (parts, body) = req.into_parts();
+        let admission = Admission::of(&client, &parts, &body);
+        Self::held(inner, client, (parts, body), admission, started)
+    }
+
+    /// The operation of a request taken apart, once [`Admission::of`] has looked at it.
+    /// One expression, so that the head and body are moved once, into the step, and the
+    /// operation is built where its caller holds it.
+    #[inline(always)]
+    pub(crate) fn held(
+        inner: S,
+        client: Arc<ClientFace>,
+        (parts, body): (http::request::Parts, B),
+        admission: Admission,
+        started: Option<tokio::time::Instant>,
+    ) -> Self {
+        Self {
+            inner: Some(inner),
+            step: match admission.key {
+                Ok(key) => Step::Freezing {
+                    collect: CollectRequest::checked(parts, body, client.body_limit),
+                    key,
+                    side_effect: admission.side_effect,
+                },
+                Err(error) => Step::Refused { error: Some(error) },
+            },
+            client,
+            started,
+        }
+    }
+}
+
+/// What the client face makes of a request before it holds it: whether it is a side
+/// effect, and its key, or why it is refused (a missing or malformed key, a body that says
+/// it is over the limit). Small, so that it can be made inside the request's span (its
+/// warnings belong there) while the request's head stays where it is.
+pub(crate) struct Admission {
+    side_effect: bool,
+    key: Result<Option<(LedgerKey, WireKey)>, Error>,
+}
+
+impl Admission {
+    /// Look at a request's head and body.
+    #[inline(always)]
+    pub(crate) fn of<B: Body>(client: &ClientFace, parts: &http::request::Parts, body: &B) -> Self {
+        let side_effect = EffectClass::resolve(&parts.method, &parts.extensions).is_side_effect();
         let key = if side_effect {
             client.check_layer_order(&parts.extensions);
-            identify(&client, &parts)
+            identify(client, parts)
         } else {
             Ok(None)
         };
-        // Each part is moved once, into the step: no `Result` of them in between.
-        let refused = match &key {
-            Ok(_) => check_declared_length(&parts.headers, &body, client.body_limit).err(),
-            Err(_) => None,
-        };
-        let step = match (key, refused) {
-            (Err(error), _) | (Ok(_), Some(error)) => Step::Refused { error: Some(error) },
-            (Ok(key), None) => Step::Freezing {
-                collect: CollectRequest::checked(parts, body, client.body_limit),
-                key,
-                side_effect,
-            },
-        };
-        Self {
-            inner: Some(inner),
-            client,
-            started,
-            step,
-        }
+        let key = key.and_then(|key| {
+            check_declared_length(&parts.headers, body, client.body_limit)?;
+            Ok(key)
+        });
+        Self { side_effect, key }
     }
 }
 

@@ -18,7 +18,7 @@ use crate::{BoxError, Error};
 use super::face::ClientFace;
 use super::failure::into_error;
 use super::future::ResponseFuture;
-use super::operation::Operation;
+use super::operation::{Admission, Operation};
 use super::send::{Handed, Sending};
 impl<S, B, ResBody> Service<Request<B>> for Idempotency<S, ClientFace>
 where
@@ -42,8 +42,12 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let (operation, span) = start(ready_instance(&mut self.inner), &self.face, req);
-        ResponseFuture { operation, span }
+        start(
+            ready_instance(&mut self.inner),
+            &self.face,
+            req,
+            |operation, span| ResponseFuture { operation, span },
+        )
     }
 }
 
@@ -54,13 +58,17 @@ pub(super) fn ready_instance<S: Clone>(service: &mut S) -> S {
 }
 
 /// One operation of `req` on `inner`, sent as `M` says, made inside its own span (which it
-/// is then polled in), and timed when the outcome hook wants it.
+/// is then polled in), and timed when the outcome hook wants it; `held` makes the future
+/// that holds the operation and its span. The request is looked at inside the span, and the
+/// future built after, in one expression: built where its caller holds it, rather than
+/// built here and copied out (it is the largest thing an operation makes).
 #[inline(always)]
-pub(super) fn start<S, B, ResB, M>(
+pub(super) fn start<S, B, ResB, M, F>(
     inner: S,
     client: &Arc<ClientFace>,
     req: Request<B>,
-) -> (Operation<'static, S, B, ResB, M>, RequestSpan)
+    held: impl FnOnce(Operation<'static, S, B, ResB, M>, RequestSpan) -> F,
+) -> F
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResB>>,
     M: Sending<S, ResB>,
@@ -68,11 +76,15 @@ where
 {
     let span = request_span!(face = "client", key = tracing::field::Empty);
     let started = client.on_outcome.is_some().then(tokio::time::Instant::now);
-    let operation = {
+    let (parts, body) = req.into_parts();
+    let admission = {
         let _entered = span.enter();
-        Operation::new(inner, client.clone(), req, started)
+        Admission::of(client, &parts, &body)
     };
-    (operation, span)
+    held(
+        Operation::held(inner, client.clone(), (parts, body), admission, started),
+        span,
+    )
 }
 
 /// One logical operation through the client face. `inner` need not be `'static` or

@@ -145,7 +145,11 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let (operation, span) = start(ready_instance(&mut self.retry), &self.client, req);
-        StackFuture { operation, span }
+        start(
+            ready_instance(&mut self.retry),
+            &self.client,
+            req,
+            |operation, span| StackFuture { operation, span },
+        )
     }
 }

@@ -1064,6 +1064,27 @@ async fn a_resend_relying_on_assumed_deduplication_is_reported_once() {
     assert_eq!(ignores_keys.effects(), 4, "the resends were second effects");
     assert_eq!(logs.text().matches(warning).count(), 1, "{}", logs.text());
 
+    // The same stacked by hand (the retry layer reports through the hand-off): once more,
+    // once, for this layer.
+    let ignores_keys = SideEffectService::builder().honour_keys(false).build();
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let by_hand = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .retry_policy(policy.clone())
+                .build()
+                .unwrap(),
+        )
+        .layer(FrozenRetryLayer::new(policy))
+        .service(ignores_keys.clone());
+    ignores_keys.push_fault(Fault::CommitThenTimeout);
+    by_hand.oneshot(charge("t5")).await.unwrap();
+    assert_eq!(ignores_keys.effects(), 2);
+    assert_eq!(logs.text().matches(warning).count(), 2, "{}", logs.text());
+
     // Told it deduplicates: no warning (and one effect per operation).
     logs.clear();
     let honours = SideEffectService::new();

@@ -426,8 +426,9 @@ impl fmt::Display for Error {
                  recording cap, or no room in the ledger when it completed); it is not run again",
             ),
             Kind::InDoubt => f.write_str(
-                "an earlier attempt may have reached a provider that ignores idempotency keys; \
-                 not sending it again: reconcile it (a reconciler on the layer, or by hand)",
+                "an earlier attempt may have reached the provider, and sending it again could \
+                 run it twice: not sending it again; reconcile it (a reconciler on the layer, \
+                 or by hand)",
             ),
             Kind::ResponseBody => f.write_str("reading the response body failed"),
         }

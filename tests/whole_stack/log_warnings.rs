@@ -99,15 +99,24 @@ async fn a_resend_relying_on_assumed_deduplication_is_reported_once() {
         ServiceBuilder::new().layer(layer).service(provider.clone())
     };
 
-    // Not told: two charges at a provider that ignores keys, and the warning, once.
+    // Not told: healthy calls say nothing; then two charges at a provider that ignores
+    // keys, and the warning, once.
     let ignores_keys = SideEffectService::builder().honour_keys(false).build();
     let assumed = stack(None, &ignores_keys);
+    for task in ["t0", "t00"] {
+        assumed.clone().oneshot(charge(task)).await.unwrap();
+    }
+    assert!(logs.text().is_empty(), "{}", logs.text());
     for task in ["t1", "t2"] {
         ignores_keys.push_fault(Fault::CommitThenTimeout);
         let response = assumed.clone().oneshot(charge(task)).await.unwrap();
         assert_eq!(response.status(), http::StatusCode::CREATED);
     }
-    assert_eq!(ignores_keys.effects(), 4, "the resends were second effects");
+    assert_eq!(
+        ignores_keys.effects(),
+        2 + 4,
+        "the resends were second effects"
+    );
     assert_eq!(logs.text().matches(warning).count(), 1, "{}", logs.text());
 
     // The same stacked by hand: once more, once, for this layer.

@@ -200,6 +200,30 @@ impl<F, B, E> Execute<F, B, E> {
     }
 }
 
+/// Poll the handler. If it panics, its lease is settled here, before the panic goes on
+/// to whatever answers it (a `CatchPanicLayer`'s `500` outside this layer): dropped as the
+/// panic unwound, the guard could only hand its settle to a task of its own, and a retry
+/// sent the moment that `500` arrived could still find the key in flight (`409`) rather
+/// than in doubt. Caught, the guard is dropped outside the unwinding, so a store that
+/// answers at once (`MemoryStore`) has the key in doubt before the panic resumes. The
+/// handler is never polled again after a panic.
+#[inline(always)]
+fn polled_or_settled<F: Future>(
+    handling: Pin<&mut F>,
+    lease: &mut Option<LeaseGuard>,
+    cx: &mut Context<'_>,
+) -> Poll<F::Output> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handling.poll(cx))) {
+        Ok(polled) => polled,
+        Err(panic) => {
+            settled("in-doubt");
+            // Unsettled, the guard marks the key in doubt as it drops (see `LeaseGuard`).
+            drop(lease.take());
+            std::panic::resume_unwind(panic)
+        }
+    }
+}
+
 impl<F, B, E> Future for Execute<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
@@ -213,7 +237,8 @@ where
         let mut this = self.project();
         loop {
             let next = match this.step.as_mut().project() {
-                StepProj::Calling { handling } => match handling.poll(cx) {
+                StepProj::Calling { handling } => match polled_or_settled(handling, this.lease, cx)
+                {
                     Poll::Ready(Ok(response)) => answered(this.server, this.lease, response),
                     Poll::Ready(Err(err)) => {
                         // No response: the handler's fate is unknown. Settled in a boxed

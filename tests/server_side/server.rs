@@ -443,14 +443,14 @@ struct Fixture {
 impl Fixture {
     /// `Router::layer`, as most users would add it.
     async fn start(configure: impl FnOnce(server::Builder) -> server::Builder) -> Self {
-        Self::start_with(configure, |routes, layer| routes.layer(layer)).await
+        Self::start_with(configure, |routes, layer, _| routes.layer(layer)).await
     }
 
     /// tower-http's `CatchPanicLayer` inside ours: a panic reaches us as a 500.
     async fn start_catching_panics(
         configure: impl FnOnce(server::Builder) -> server::Builder,
     ) -> Self {
-        Self::start_with(configure, |routes, layer| {
+        Self::start_with(configure, |routes, layer, _| {
             routes.layer(CatchPanicLayer::new()).layer(layer)
         })
         .await
@@ -458,14 +458,18 @@ impl Fixture {
 
     async fn start_with(
         configure: impl FnOnce(server::Builder) -> server::Builder,
-        assemble: impl FnOnce(Router, IdempotencyLayer<tower_idempotency::server::ServerFace>) -> Router,
+        assemble: impl FnOnce(
+            Router,
+            IdempotencyLayer<tower_idempotency::server::ServerFace>,
+            &CountingStore,
+        ) -> Router,
     ) -> Self {
         let ledger = CountingStore::new();
         let probe = Probe::new();
         let layer = configure(IdempotencyLayer::server_builder(ledger.clone()))
             .build()
             .unwrap();
-        let app = assemble(routes(probe.clone()), layer).layer(
+        let app = assemble(routes(probe.clone()), layer, &ledger).layer(
             axum::middleware::from_fn_with_state(probe.clone(), notice_dropped_requests),
         );
         let addr = serve(app).await;
@@ -1355,6 +1359,54 @@ async fn a_panic_caught_inside_is_a_recorded_500_not_a_stuck_key() {
         "recorded like any 5xx (the default policy)"
     );
     assert_eq!(app.probe.runs().started, 1);
+}
+
+/// tower-http's `CatchPanicLayer` outside ours, around the whole router: the `500` it makes
+/// of a panic is made after the key is in doubt (its handler sees the ledger's count of
+/// keys marked so far), so a retry sent the moment it arrives is answered
+/// `outcome-unknown`, never `409` as if the handler were still running.
+#[tokio::test]
+async fn a_panic_caught_outside_the_layer_is_in_doubt_before_its_500() {
+    // What the ledger had marked in doubt when each `500` was made.
+    let marked_by_then = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = marked_by_then.clone();
+    let app = Fixture::start_with(
+        |b| b,
+        move |routes, layer, ledger| {
+            let ledger = ledger.clone();
+            let on_panic = move |_: Box<dyn std::any::Any + Send>| {
+                seen.lock().unwrap().push(ledger.calls().mark_in_doubt);
+                let mut response = Response::new(Full::new(Bytes::from_static(b"caught")));
+                *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                response
+            };
+            routes.layer(layer).layer(CatchPanicLayer::custom(on_panic))
+        },
+    )
+    .await;
+    for n in 0..12 {
+        let key = format!("k{n}");
+        let first = app
+            .send(app.keyed("/panic", &key).body(full("{}")).unwrap())
+            .await;
+        assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let retry = app
+            .send(app.keyed("/panic", &key).body(full("{}")).unwrap())
+            .await;
+        assert_eq!(
+            (retry.status, retry.problem()),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                problem::OUTCOME_UNKNOWN.to_owned()
+            ),
+            "key {key}"
+        );
+    }
+    assert_eq!(app.probe.runs().started, 12, "at most once each");
+    assert_eq!(
+        *marked_by_then.lock().unwrap(),
+        (1..=12).collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test]

@@ -213,7 +213,7 @@ fn polled_or_settled<F: Future>(
     lease: &mut Option<LeaseGuard>,
     cx: &mut Context<'_>,
 ) -> Poll<F::Output> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handling.poll(cx))) {
+    match poll_catching_unwind(handling, cx) {
         Ok(polled) => polled,
         Err(panic) => {
             settled("in-doubt");
@@ -222,6 +222,17 @@ fn polled_or_settled<F: Future>(
             std::panic::resume_unwind(panic)
         }
     }
+}
+
+/// One poll of a handler's future, or the panic it raised: for a mode to settle what the
+/// handler held (its lease, its transaction) before the panic goes on. A future that
+/// panicked must not be polled again.
+#[inline(always)]
+pub(super) fn poll_catching_unwind<F: Future>(
+    handling: Pin<&mut F>,
+    cx: &mut Context<'_>,
+) -> Result<Poll<F::Output>, Box<dyn std::any::Any + Send>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handling.poll(cx)))
 }
 
 impl<F, B, E> Future for Execute<F, B, E>

@@ -108,7 +108,7 @@ where
                 self.face.clone(),
                 (key, ledger_key, scope_id),
                 head.content_digest,
-                CollectRequest::checked(parts, body, self.face.body_limit),
+                CollectRequest::checked(parts, body, server.body_limit),
                 started,
             ),
             span,

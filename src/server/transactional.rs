@@ -25,7 +25,6 @@
 //! of the handler's writes took effect.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -37,6 +36,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::RequestBody;
+use super::execute::poll_catching_unwind;
 use super::face::ServerFace;
 use super::problem;
 use super::replay::recording;
@@ -149,12 +149,9 @@ async fn unwinding_caught<F: Future>(
     handling: F,
 ) -> Result<F::Output, Box<dyn std::any::Any + Send>> {
     let mut handling = std::pin::pin!(handling);
-    std::future::poll_fn(|cx| {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| handling.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
+    std::future::poll_fn(|cx| match poll_catching_unwind(handling.as_mut(), cx) {
+        Ok(polled) => polled.map(Ok),
+        Err(panic) => Poll::Ready(Err(panic)),
     })
     .await
 }

@@ -55,6 +55,19 @@ async fn write_note(tx: &PostgresTransaction, schema: &str, key: &str) {
 }
 
 /// The transactional server layer over `store`, its keys unscoped.
+/// `/notes` answered by `handler` under the transactional layer (unscoped), inside
+/// tower-http's `CatchPanicLayer`: a panicking handler is a `500` to its client.
+fn panicking_notes<H, T>(store: &PostgresStore, handler: H) -> Router
+where
+    H: axum::handler::Handler<T, ()>,
+    T: 'static,
+{
+    Router::new()
+        .route("/notes", post(handler))
+        .route_layer(unscoped_layer(store))
+        .layer(tower_http::catch_panic::CatchPanicLayer::new())
+}
+
 fn unscoped_layer(store: &PostgresStore) -> IdempotencyLayer<ServerFace> {
     IdempotencyLayer::transactional_server_builder(store.clone())
         .unscoped()
@@ -190,25 +203,18 @@ async fn a_panicking_handler_rolls_back_and_the_retry_runs_again() {
     };
     let store = database(pg.url()).await;
     let schema = store.schema().to_owned();
-    let layer = unscoped_layer(&store);
     let panics = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let app = Router::new()
-        .route(
-            "/notes",
-            post({
-                let panics = panics.clone();
-                move |tx: PostgresTransaction| async move {
-                    write_note(&tx, &schema, "panicky").await;
-                    if panics.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                        panic!("the handler fails after its write");
-                    }
-                    StatusCode::CREATED
-                }
-            }),
-        )
-        .route_layer(layer)
-        .layer(tower_http::catch_panic::CatchPanicLayer::new());
-    let addr = serve(app).await;
+    let addr = serve(panicking_notes(&store, {
+        let panics = panics.clone();
+        move |tx: PostgresTransaction| async move {
+            write_note(&tx, &schema, "panicky").await;
+            if panics.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                panic!("the handler fails after its write");
+            }
+            StatusCode::CREATED
+        }
+    }))
+    .await;
     // Each retry is sent the moment the `500` arrives: the rollback must be done by then,
     // or the retry finds the key's transaction still open (`409`, in flight). Several
     // keys, so that a rollback left to finish on its own would lose the race at least
@@ -251,34 +257,27 @@ async fn a_handler_panicking_with_a_query_under_way_is_rolled_back_before_its_50
     };
     let store = database(pg.url()).await;
     let schema = store.schema().to_owned();
-    let layer = unscoped_layer(&store);
     let panics = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let app = Router::new()
-        .route(
-            "/notes",
-            post({
-                let panics = panics.clone();
-                move |tx: PostgresTransaction| async move {
-                    write_note(&tx, &schema, "busy").await;
-                    if panics.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                        let held = tx.clone();
-                        let (locked, connection_held) = tokio::sync::oneshot::channel();
-                        tokio::spawn(async move {
-                            let client = held.client().await.expect("the transaction");
-                            let _ = locked.send(());
-                            let _ = client.execute("SELECT pg_sleep(0.5)", &[]).await;
-                        });
-                        connection_held
-                            .await
-                            .expect("the query holds the connection");
-                        panic!("the handler fails while its own query is under way");
-                    }
-                    StatusCode::CREATED
-                }
-            }),
-        )
-        .route_layer(layer)
-        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let app = panicking_notes(&store, {
+        let panics = panics.clone();
+        move |tx: PostgresTransaction| async move {
+            write_note(&tx, &schema, "busy").await;
+            if panics.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                let held = tx.clone();
+                let (locked, connection_held) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move {
+                    let client = held.client().await.expect("the transaction");
+                    let _ = locked.send(());
+                    let _ = client.execute("SELECT pg_sleep(0.5)", &[]).await;
+                });
+                connection_held
+                    .await
+                    .expect("the query holds the connection");
+                panic!("the handler fails while its own query is under way");
+            }
+            StatusCode::CREATED
+        }
+    });
     let addr = serve(app).await;
     let first = post_with_key(addr, "/notes", "busy").await;
     assert_eq!(first.status(), 500);

@@ -183,9 +183,26 @@ impl fmt::Display for Fingerprint {
 }
 
 impl Fingerprint {
-    /// The fingerprint of a request to `uri` as the client sends it: absolute when it has a
-    /// scheme and an authority, else its path and query.
-    pub(crate) fn of_request(method: &Method, uri: &http::Uri, body: &BodyDigest) -> Self {
+    /// The fingerprint of a request to `uri` as a client sends it, its body's SHA-256
+    /// already known: the target is the absolute URI when `uri` has a scheme and an
+    /// authority, else its path and query (see the [module docs](crate::fingerprint)). This
+    /// is the fingerprint the client face claims its operations with, so a layer of one's
+    /// own built on the crate's parts compares equal with it.
+    ///
+    /// ```
+    /// use tower_idempotency::digest::BodyDigest;
+    /// use tower_idempotency::fingerprint::{Fingerprint, RequestPart};
+    ///
+    /// let digest = BodyDigest::of(b"{}");
+    /// let post = http::Method::POST;
+    /// let sent = Fingerprint::of_sent(&post, &"https://pay.example/charges".parse().unwrap(), &digest);
+    /// let same = Fingerprint::from_digest(&post, "https://pay.example/charges", &digest);
+    /// assert_eq!(sent, same);
+    /// // Another host is another target, even for the same path.
+    /// let other = Fingerprint::of_sent(&post, &"https://other.example/charges".parse().unwrap(), &digest);
+    /// assert_eq!(sent.differing_parts(&other).collect::<Vec<_>>(), [RequestPart::Target]);
+    /// ```
+    pub fn of_sent(method: &Method, uri: &http::Uri, body: &BodyDigest) -> Self {
         let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
         // `http://h?q` and `http://h/?q` are one resource (an empty path is `/`, RFC 9110
         // §4.2.3), and a URI decoded from its text form always has the `/`.
@@ -316,7 +333,7 @@ mod tests {
         ));
         expected.extend_from_slice(&Sha256::digest(b"{}")[..16]);
         assert_eq!(
-            Fingerprint::of_request(&Method::POST, &absolute, &BodyDigest::of(b"{}")).as_bytes(),
+            Fingerprint::of_sent(&Method::POST, &absolute, &BodyDigest::of(b"{}")).as_bytes(),
             &expected[..]
         );
     }

@@ -26,7 +26,8 @@ use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, OperationId};
 ///
 /// For one operation it derives the key from the request's `OperationId` and puts it on
 /// the request, reads and hashes the body and sends its `Content-Digest`, freezes the
-/// request and claims the operation with it (kept for a resume), sends a request rebuilt
+/// request and claims the operation with it (kept for a resume; fingerprinted as the layer
+/// fingerprints it, the absolute URI its target), sends a request rebuilt
 /// from the frozen one, reads the answer, records it and hands it back; or, for an
 /// operation already recorded, builds the answer from the record. Nothing else: no
 /// response marking (`ResponseSource`), no lease guard or renewal, no hand-off to a retry
@@ -77,8 +78,7 @@ where
         let (key_value, digest_value) = key.header_values_with(&digest);
         parts.headers.insert(&IDEMPOTENCY_KEY, key_value);
         parts.headers.insert(&CONTENT_DIGEST, digest_value);
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let fingerprint = Fingerprint::from_digest(&parts.method, target, &digest);
+        let fingerprint = Fingerprint::of_sent(&parts.method, &parts.uri, &digest);
         let frozen =
             FrozenRequest::from_parts(parts.method, parts.uri, parts.version, parts.headers, body);
         let ledger_key = LedgerKey::for_operation(key);

@@ -227,7 +227,7 @@ impl FrozenRequest {
                 let sha256 = BodyDigest::of(&body);
                 let hashes = Hashes::Made {
                     digest: sha256,
-                    fingerprint: Fingerprint::of_request(&parts.method, &parts.uri, &sha256),
+                    fingerprint: Fingerprint::of_sent(&parts.method, &parts.uri, &sha256),
                 };
                 let headers = Headers::Pending {
                     added: OnceLock::new(),
@@ -340,7 +340,7 @@ impl FrozenRequest {
             Hashes::Made { fingerprint, .. } => *fingerprint,
             Hashes::OnFirstUse { fingerprint, .. } => *fingerprint.get_or_init(|| {
                 let frozen = &*self.0;
-                Fingerprint::of_request(&frozen.method, &frozen.uri, &self.body_digest())
+                Fingerprint::of_sent(&frozen.method, &frozen.uri, &self.body_digest())
             }),
         }
     }
@@ -507,7 +507,7 @@ mod tests {
         };
         assert!(added.get().is_none());
         let uri: Uri = "http://pay.local/charges".parse().unwrap();
-        let fingerprint = Fingerprint::of_request(&Method::POST, &uri, &BodyDigest::of(BODY));
+        let fingerprint = Fingerprint::of_sent(&Method::POST, &uri, &BodyDigest::of(BODY));
         assert_eq!(frozen.fingerprint(), fingerprint);
 
         // The first read (a claim weighing it, a send, an encoding) adds both.

@@ -8,5 +8,6 @@ mod support;
 mod tool_side {
     mod face;
     mod randomized;
+    mod seams;
     mod stores;
 }

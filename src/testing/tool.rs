@@ -31,7 +31,10 @@ pub enum ToolFault {
     /// SDK's own timeout fired after the provider committed. The first incident.
     CommitThenTimeout,
     /// Fail with a [refused](ToolDoubleError::Refused) error, no effect made: a connect
-    /// error, a validation error before anything was sent.
+    /// error, a rate limit in front of the provider, a validation error before anything
+    /// was sent. The call never reaches the provider, so a
+    /// [deduplicating](ToolDouble::deduplicating) one refuses it too, even for a key it
+    /// has seen.
     FailBefore,
     /// Fail with a [declined](ToolDoubleError::Declined) error, no effect made: the
     /// provider's final answer ("card declined").
@@ -128,6 +131,8 @@ struct State {
     faults: Mutex<VecDeque<ToolFault>>,
     /// Per operation: the arguments of each effect made for it.
     effects: Mutex<HashMap<OperationId, Vec<Value>>>,
+    /// Per operation: the arguments of each call made for it, effect or not.
+    called: Mutex<HashMap<OperationId, Vec<Value>>>,
     /// Per key, when deduplicating: the receipt first answered.
     receipts: Mutex<HashMap<String, Value>>,
     deduplicates: bool,
@@ -264,6 +269,32 @@ impl ToolDouble {
             .unwrap_or_default()
     }
 
+    /// The arguments of every call made for `operation`, in order, whether it made an
+    /// effect or not (a refusal, a fault before the effect, a deduplicated repeat): what
+    /// shows that every retry and resume sent the arguments first frozen.
+    ///
+    /// ```
+    /// use tower::ServiceExt;
+    /// use tower_idempotency::testing::{ToolDouble, ToolFault};
+    /// use tower_idempotency::{tool::ToolCall, OperationId};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let sdk = ToolDouble::new().with_faults([ToolFault::FailBefore]);
+    /// let op = OperationId::new("t", "s");
+    /// assert!(sdk.clone().oneshot(ToolCall::new(op.clone(), 7)).await.is_err());
+    /// sdk.clone().oneshot(ToolCall::new(op.clone(), 8)).await.unwrap();
+    /// assert_eq!(sdk.calls_of(&op), [serde_json::json!(7), serde_json::json!(8)]);
+    /// assert_eq!(sdk.arguments_of(&op), [serde_json::json!(8)]);
+    /// # }
+    /// ```
+    pub fn calls_of(&self, operation: &OperationId) -> Vec<Value> {
+        locked(&self.state.called)
+            .get(operation)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Every operation with the number of effects made for it.
     ///
     /// ```
@@ -330,10 +361,19 @@ impl<A: Serialize> Service<ToolCall<A>> for ToolDouble {
         let arguments = serde_json::to_value(call.arguments()).unwrap_or(Value::Null);
         let key = call.key().map(|key| key.to_hex());
         let operation = call.operation().clone();
+        locked(&self.state.called)
+            .entry(operation.clone())
+            .or_default()
+            .push(arguments.clone());
         let double = self.clone();
         Box::pin(async move {
+            // Refused before it reaches the provider (a connect error, a rate limit in
+            // front of it): no provider, deduplicating or not, sees this call.
+            if let Some(ToolFault::FailBefore) = fault {
+                return Err(ToolDoubleError::Refused);
+            }
             // A deduplicating provider answers a key it has seen with its first receipt,
-            // whatever this call would have done.
+            // whatever else this call would have done.
             if let Some(first) = double.first_receipt(key.as_deref()) {
                 return Ok(first);
             }

@@ -121,6 +121,11 @@ impl<C> Builder<C> {
     /// frozen arguments and marks the output ([`ToolOutput::discarded`](super::ToolOutput::discarded));
     /// [`Reject`](DriftPolicy::Reject) refuses with a drift error.
     ///
+    /// Only the arguments may differ: a record under the same `OperationId` made by another
+    /// tool (the name is part of the fingerprint) or by an HTTP call is refused with a drift
+    /// error naming the target, whatever the policy, so one tool never answers with
+    /// another's outcome nor is called with its arguments.
+    ///
     /// See the [builder docs](Self) for an example.
     pub fn drift_policy(mut self, policy: DriftPolicy) -> Self {
         self.drift = policy;

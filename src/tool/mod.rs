@@ -19,12 +19,17 @@
 //!   by default, and its output says what was discarded ([`ToolOutput::discarded`]);
 //!   [`DriftPolicy::Reject`](crate::DriftPolicy::Reject) refuses it instead;
 //!   [`defining_fields`](Builder::defining_fields) limits the fingerprint to
-//!   the fields that define the operation;
+//!   the fields that define the operation; a record of another tool under the same
+//!   `OperationId` is refused, never answered nor resent;
 //! - the key reaches the tool ([`ToolCall::key`]) for a provider that deduplicates on it;
 //!   whether it does is a choice the builder requires ([`ProviderKeys`]);
-//! - a tool error is classified by phase ([`Verdict`]): before the effect (released), may
-//!   have happened (in doubt: resumed with the frozen arguments, or reconciled), or a final
-//!   answer (recorded and replayed, as "card declined");
+//! - a tool error is classified by phase ([`Verdict`]): before the effect (released, unless
+//!   an earlier attempt of the call may have happened), may have happened (in doubt:
+//!   resumed with the frozen arguments, or reconciled), or a final answer (recorded and
+//!   replayed, as "card declined"); the tool's readiness is awaited before an attempt
+//!   counts as sent;
+//! - a response over the [cap](Builder::response_limit) is returned and kept as a
+//!   tombstone, which a replay cannot answer;
 //! - [`idempotent_call`] is the same for code that is not a tower service.
 //!
 //! # Why these types

@@ -1,10 +1,12 @@
 //! Whole-stack randomized faults through the tool face, as `randomized.rs` does for HTTP:
-//! random tool faults (commit then time out, fail before, decline, panic, hang), crashes
+//! random tool faults (commit then time out, fail before, decline, panic, hang; one per
+//! attempt), crashes
 //! (a run abandoned without a destructor) and resumes, regenerated arguments on every run,
 //! two tenants sharing one ledger and the same task ids, a deduplicating provider and a
 //! key-less one (reconciled). Invariant: the double counts at most one effect per
 //! operation at every step, exactly one once a clean run finishes it, made with the
-//! arguments the output reports, and a replay equals the first answer.
+//! arguments the output reports, every call after it with those arguments, and a replay
+//! equals the first answer.
 //!
 //! Over `MemoryStore` on tokio's paused clock; over `RedisStore` in real time, every
 //! duration ten times shorter, since Redis judges leases by its own clock.
@@ -31,19 +33,28 @@ use tower_idempotency::OperationId;
 
 #[derive(Clone, Debug)]
 enum Run {
-    Fault(ToolFault),
+    /// The faults of the run's attempts, in order (a retry meets the second).
+    Faults(Vec<ToolFault>),
     Crash(u64),
     Clean,
+}
+
+fn fault() -> impl Strategy<Value = ToolFault> {
+    prop_oneof![
+        Just(ToolFault::CommitThenTimeout),
+        Just(ToolFault::FailBefore),
+        Just(ToolFault::Decline),
+        any::<bool>().prop_map(|after_commit| ToolFault::Panic { after_commit }),
+        any::<bool>().prop_map(|after_commit| ToolFault::Hang { after_commit }),
+    ]
 }
 
 fn run() -> impl Strategy<Value = Run> {
     prop_oneof![
         Just(Run::Clean),
-        Just(Run::Fault(ToolFault::CommitThenTimeout)),
-        Just(Run::Fault(ToolFault::FailBefore)),
-        Just(Run::Fault(ToolFault::Decline)),
-        any::<bool>().prop_map(|after_commit| Run::Fault(ToolFault::Panic { after_commit })),
-        any::<bool>().prop_map(|after_commit| Run::Fault(ToolFault::Hang { after_commit })),
+        // One fault, or one per attempt: a provider that commits then times out, then
+        // refuses the retry, is a seam of its own.
+        prop::collection::vec(fault(), 1..3).prop_map(Run::Faults),
         (0_u64..1500).prop_map(Run::Crash),
     ]
 }
@@ -152,8 +163,10 @@ async fn one_run(
     let tool = tenant.layer.layer(tenant.sdk.clone());
     let call = ToolCall::new(op.clone(), args);
     match run {
-        Run::Fault(fault) => {
-            tenant.sdk.push_fault(fault.clone());
+        Run::Faults(faults) => {
+            for fault in faults {
+                tenant.sdk.push_fault(fault.clone());
+            }
             // Panics surface as a join error; hangs end with the attempt timeout.
             let joined = tokio::spawn(tool.oneshot(call)).await;
             // A fault left unused (the call never reached the tool) is not carried over.
@@ -162,6 +175,25 @@ async fn one_run(
         }
         Run::Crash(after) => crash_after(tool.oneshot(call), pace.ms(*after)).await,
         Run::Clean => Some(tool.oneshot(call).await),
+    }
+}
+
+/// Once a call of `op` made its effect, every later call of it carries the arguments that
+/// effect was made with: a retry or a resume resends the frozen arguments, and an operation
+/// that may have happened is never released to be claimed anew with regenerated ones.
+/// (Calls before it may carry others: a run whose every attempt was refused before the
+/// effect releases the operation, and the next run freezes its own.)
+fn assert_frozen_once_effective(sdk: &ToolDouble, op: &OperationId, run: &Run) {
+    let Some(made) = sdk.arguments_of(op).into_iter().next() else {
+        return;
+    };
+    let calls = sdk.calls_of(op);
+    let first = calls.iter().position(|called| *called == made).unwrap();
+    for called in &calls[first..] {
+        assert_eq!(
+            called, &made,
+            "{op:?} called with other arguments than its effect's after {run:?}"
+        );
     }
 }
 
@@ -209,6 +241,7 @@ async fn check(
                     tenant.sdk.effects_of(&op) <= 1,
                     "two effects for {op:?} after {run:?}"
                 );
+                assert_frozen_once_effective(&tenant.sdk, &op, run);
                 // Past any lease a crashed owner held.
                 tokio::time::sleep(pace.ms(2000)).await;
             }

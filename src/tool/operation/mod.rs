@@ -35,6 +35,15 @@ const FINAL_ANSWER: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
 /// A tool the operation calls: a tower service, or a closure (see
 /// [`idempotent_call`](super::idempotent_call)).
 pub(crate) trait Invoke<A, R, E> {
+    /// Wait until the tool can take a call. Nothing is sent while it waits, so a caller
+    /// that gives up here, or an error here (a shed load, a closed pool), leaves nothing
+    /// that may have happened. A closure is always ready.
+    fn ready(&mut self) -> impl Future<Output = Result<(), E>> + Send {
+        // An async block, not `future::ready`: it holds no `E`, so it is `Send` whatever `E`.
+        async { Ok(()) }
+    }
+
+    /// Call the tool, once [`ready`](Self::ready).
     fn invoke(&mut self, call: ToolCall<A>) -> impl Future<Output = Result<R, E>> + Send;
 }
 
@@ -48,8 +57,12 @@ where
     A: Send,
     E: Send,
 {
+    async fn ready(&mut self) -> Result<(), E> {
+        self.0.ready().await.map(|_| ())
+    }
+
     async fn invoke(&mut self, call: ToolCall<A>) -> Result<R, E> {
-        self.0.ready().await?.call(call).await
+        self.0.call(call).await
     }
 }
 
@@ -94,7 +107,7 @@ where
 {
     let output = |response| ToolOutput::new(response, ToolSource::PassedThrough, None);
     if face.retry.max_attempts <= 1 {
-        return match attempt(face, tool.invoke(call)).await {
+        return match attempt(face, ready_and_invoke(tool, call)).await {
             Ok(Ok(response)) => Ok(output(response)),
             Ok(Err(error)) => Err(failed(face, error)),
             Err(timed_out) => Err(ToolError::Idempotency(timed_out)),
@@ -117,7 +130,7 @@ where
                 }
             }
         };
-        match attempt(face, tool.invoke(call)).await {
+        match attempt(face, ready_and_invoke(tool, call)).await {
             Ok(Ok(response)) => return Ok(output(response)),
             Ok(Err(error)) => {
                 let verdict = face.classifier.classify(&error);
@@ -136,6 +149,16 @@ where
         }
         retries.wait().await;
     }
+}
+
+/// One attempt outside the ledger: readiness and the call, which nothing there needs to
+/// tell apart (running it again is safe either way).
+async fn ready_and_invoke<A, R, E, T: Invoke<A, R, E>>(
+    tool: &mut T,
+    call: ToolCall<A>,
+) -> Result<R, E> {
+    tool.ready().await?;
+    tool.invoke(call).await
 }
 
 /// A pass-through tool's error: its final answer, or the error itself.

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::digest::BodyDigest;
 use crate::error::Drift;
-use crate::fingerprint::canonical;
+use crate::fingerprint::{canonical, Fingerprint, RequestPart};
 use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
 use crate::ledger::{Begin, LeaseToken, LedgerKey};
 use crate::tool::face::ToolFace;
@@ -60,7 +60,7 @@ impl<C> Operation<'_, C> {
         let mut discarded = None;
         let answer = match answer {
             Begin::Drift { stored, frozen } => {
-                if face.drift == DriftPolicy::Reject {
+                if face.drift == DriftPolicy::Reject || another_call(stored, &ours) {
                     return Err(drift_error(stored, frozen.as_ref(), &ours));
                 }
                 discarded =
@@ -87,7 +87,7 @@ impl<C> Operation<'_, C> {
                         changed.clone(),
                     )))
                 };
-                if face.drift == DriftPolicy::Reject {
+                if face.drift == DriftPolicy::Reject || another_call(stored, &ours) {
                     return Err(refused());
                 }
                 discarded = Some(Discarded::new(changed.clone()));
@@ -227,7 +227,26 @@ impl<C> Operation<'_, C> {
         // Until `sending`, a drop (the caller gave up) releases the operation.
         let mut lease = face.ledger.hold_unsent(self.ledger_key, token);
         let mut retries = Retries::new(face);
+        // Whether an attempt of this exchange may have happened. Sticky: a later attempt
+        // refused before the effect proves nothing about an earlier one, so the operation
+        // is then left in doubt, never released to be claimed anew with other arguments.
+        let mut may_have_happened = false;
         loop {
+            // Readiness first, within the attempt's timeout: nothing is sent while the tool
+            // is not ready, so its error or its timeout is a failure before the effect.
+            let not_ready = match lease.renewing(attempt(face, tool.ready())).await {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(ToolError::Tool(error)),
+                Err(timed_out) => Some(ToolError::Idempotency(timed_out)),
+            };
+            if let Some(error) = not_ready {
+                if retries.next(None).is_some() {
+                    lease.renewing(retries.wait()).await;
+                    continue;
+                }
+                settle_failed(lease, may_have_happened).await;
+                return Err(error);
+            }
             let thawed = match handed.take() {
                 Some(handed) => Ok(handed),
                 None => serde_json::from_slice(first.body()),
@@ -235,7 +254,7 @@ impl<C> Operation<'_, C> {
             let arguments: A = match thawed {
                 Ok(arguments) => arguments,
                 Err(err) => {
-                    settle(lease.abandon(), "release").await;
+                    settle_failed(lease, may_have_happened).await;
                     return Err(ToolError::Arguments(err));
                 }
             };
@@ -246,11 +265,12 @@ impl<C> Operation<'_, C> {
             let error = match attempt {
                 Ok(Ok(response)) => {
                     let digests = (digest, face.ledger.request_for_fields(first));
-                    return record(lease, response, digests, source, discarded).await;
+                    return record(lease, response, digests, source, discarded, face).await;
                 }
                 Ok(Err(error)) => error,
                 Err(timed_out) => {
                     // The attempt timed out: it may have happened.
+                    may_have_happened = true;
                     let retry =
                         face.provider == ProviderKeys::Deduplicates && retries.next(None).is_some();
                     if retry {
@@ -272,6 +292,7 @@ impl<C> Operation<'_, C> {
                 }
                 VerdictKind::BeforeEffect => retries.next(verdict.retry_after).is_some(),
                 VerdictKind::MayHaveHappened => {
+                    may_have_happened = true;
                     face.provider == ProviderKeys::Deduplicates
                         && retries.next(verdict.retry_after).is_some()
                 }
@@ -280,12 +301,7 @@ impl<C> Operation<'_, C> {
                 lease.renewing(retries.wait()).await;
                 continue;
             }
-            match verdict.kind {
-                // Released; the store keeps it in doubt if an earlier attempt may have
-                // happened ("may have happened" is sticky).
-                VerdictKind::BeforeEffect => settle(lease.abandon(), "release").await,
-                _ => settle(lease.mark_in_doubt(), "leave in doubt").await,
-            }
+            settle_failed(lease, may_have_happened).await;
             return Err(ToolError::Tool(error));
         }
     }
@@ -339,7 +355,15 @@ impl<C> Operation<'_, C> {
                 match serde_json::from_slice::<R>(&body) {
                     Ok(response) => {
                         let digests = (digest, face.ledger.request_for_fields(&first));
-                        record(lease, response, digests, ToolSource::Reconciled, discarded).await
+                        record(
+                            lease,
+                            response,
+                            digests,
+                            ToolSource::Reconciled,
+                            discarded,
+                            face,
+                        )
+                        .await
                     }
                     Err(err) => {
                         settle(lease.mark_in_doubt(), "leave in doubt").await;
@@ -368,6 +392,17 @@ impl<C> Operation<'_, C> {
     }
 }
 
+/// Whether the record under our key, fingerprinted `stored`, is another call than ours:
+/// another tool's (the tool's name is the fingerprint's target), or an HTTP call's, made
+/// under the same `OperationId`. Only arguments may be regenerated: going on with another
+/// tool's frozen arguments, or answering with its outcome, would be a wrong call or a
+/// wrong answer, so that is refused whatever the drift policy, as the client face does.
+fn another_call(stored: Fingerprint, ours: &Frozen) -> bool {
+    stored
+        .differing_parts(&ours.fingerprint)
+        .any(|part| part != RequestPart::Body)
+}
+
 /// One attempt, bounded by the policy's attempt timeout if it has one.
 pub(super) async fn attempt<C, T: Future>(face: &ToolFace<C>, call: T) -> Result<T::Output, Error> {
     match face.retry.attempt_timeout {
@@ -375,5 +410,16 @@ pub(super) async fn attempt<C, T: Future>(face: &ToolFace<C>, call: T) -> Result
             .await
             .map_err(|_| Error::attempt_timeout()),
         None => Ok(call.await),
+    }
+}
+
+/// Settle an exchange that failed without an answer: released when none of its attempts
+/// may have happened (a resumed operation stays in doubt all the same: the store keeps
+/// what an earlier run may have done), in doubt otherwise.
+async fn settle_failed(lease: crate::idempotency::LeaseGuard, may_have_happened: bool) {
+    if may_have_happened {
+        settle(lease.mark_in_doubt(), "leave in doubt").await;
+    } else {
+        settle(lease.abandon(), "release").await;
     }
 }

@@ -22,16 +22,18 @@ use super::{Frozen, ARGUMENTS_DIGEST, FINAL_ANSWER};
 
 /// Record `response` as the operation's outcome (a tombstone past the face's cap) and
 /// return it.
-pub(super) async fn record<R: Serialize, E>(
+pub(super) async fn record<R: Serialize, E, C>(
     lease: LeaseGuard,
     response: R,
     (digest, arguments): (BodyDigest, Option<&FrozenRequest>),
     source: ToolSource,
     discarded: Option<Discarded>,
+    face: &ToolFace<C>,
 ) -> Result<ToolOutput<R>, ToolError<E>> {
     let outcome = with_buffer(|body| {
         serde_json::to_writer(&mut *body, &response)?;
-        Ok(stored(StatusCode::OK, body, &digest, arguments))
+        Ok(tombstone_over_cap(StatusCode::OK, body, face)
+            .unwrap_or_else(|| stored(StatusCode::OK, body, &digest, arguments)))
     });
     let outcome = match outcome {
         Ok(outcome) => outcome,
@@ -106,10 +108,22 @@ pub(super) fn recorded<C>(
     face: &ToolFace<C>,
 ) -> Outcome {
     let body = value.to_string();
-    if body.len() > face.response_limit {
-        return Outcome::Tombstone { status };
+    tombstone_over_cap(status, body.as_bytes(), face)
+        .unwrap_or_else(|| stored(status, body.as_bytes(), &digest, arguments))
+}
+
+/// A tombstone for a `body` over the face's response cap: the answer is returned to its
+/// caller, and a replay cannot answer it.
+fn tombstone_over_cap<C>(status: StatusCode, body: &[u8], face: &ToolFace<C>) -> Option<Outcome> {
+    if body.len() <= face.response_limit {
+        return None;
     }
-    stored(status, body.as_bytes(), &digest, arguments)
+    tracing::info!(
+        limit = face.response_limit,
+        len = body.len(),
+        "tool response over the recording cap; keeping a tombstone"
+    );
+    Some(Outcome::Tombstone { status })
 }
 
 /// Wait for a settle; a failure is logged (the lease then expires into doubt, which is

@@ -232,20 +232,17 @@ impl<C> Operation<'_, C> {
         // is then left in doubt, never released to be claimed anew with other arguments.
         let mut may_have_happened = false;
         loop {
-            // Readiness first, within the attempt's timeout: nothing is sent while the tool
-            // is not ready, so its error or its timeout is a failure before the effect.
-            let not_ready = match lease.renewing(attempt(face, tool.ready())).await {
-                Ok(Ok(())) => None,
-                Ok(Err(error)) => Some(ToolError::Tool(error)),
-                Err(timed_out) => Some(ToolError::Idempotency(timed_out)),
-            };
-            if let Some(error) = not_ready {
+            // Readiness first: nothing is sent while the tool is not ready, so its error is
+            // a failure before the effect. Not bounded by the attempt timeout, which is the
+            // call's, as the client face's retry layer waits for its transport: a caller's
+            // own deadline ends the wait, and releases the operation if nothing was sent.
+            if let Err(error) = lease.renewing(tool.ready()).await {
                 if retries.next(None).is_some() {
                     lease.renewing(retries.wait()).await;
                     continue;
                 }
                 settle_failed(lease, may_have_happened).await;
-                return Err(error);
+                return Err(ToolError::Tool(error));
             }
             let thawed = match handed.take() {
                 Some(handed) => Ok(handed),

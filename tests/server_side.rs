@@ -11,6 +11,7 @@ mod server_side {
     mod in_flight_wait;
     mod key_syntax;
     mod postgres_server;
+    mod refusals;
     mod server;
     mod wire;
 }

@@ -41,7 +41,7 @@ use super::stack::ClientStack;
 /// | [ledger unavailable](Builder::fail_open) | fail closed (nothing is sent) |
 /// | **Attempts** | |
 /// | [retry policy](Builder::retry_policy) (stacked by `build_stack`; its window checked by both) | [`RetryPolicy::default`]: a 30 s window |
-/// | [answers released](Builder::release_on), not recorded | `401`, `407`, `408`, `429`, the server face's refusals that say nothing ran |
+/// | [answers released](Builder::release_on), not recorded | `401`, `407`, `429`, the server face's refusals that say nothing ran |
 /// | [request body limit](Builder::body_limit) | 1 MiB |
 /// | **Regenerated calls** | |
 /// | [payload drift](Builder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded); under a caller's own key: refused |
@@ -283,11 +283,11 @@ impl Builder {
     }
 
     /// Which answers say the operation never started (default [`ReleaseOn::default`]:
-    /// `401`, `407`, `408`, `429`, and this crate's server-face refusals that say nothing
-    /// ran). Such an answer reaches the caller, but the operation is **released** rather
-    /// than recorded, so the next run sends it again — after the token was refreshed, the
-    /// rate limit waited out, the credentials fixed — instead of being answered with the
-    /// refusal for the whole retention. An operation an earlier attempt may have sent is
+    /// `401`, `407`, `429`, and this crate's server-face refusals that say nothing ran; not
+    /// `408`, see [`ReleaseOn`]). Such an answer reaches the caller, but the operation is
+    /// **released** rather than recorded, so the next run sends it again — after the token
+    /// was refreshed, the rate limit waited out, the credentials fixed — instead of being
+    /// answered with the refusal for the whole retention. An operation an earlier attempt may have sent is
     /// never released: it stays in doubt. [`ReleaseOn::nothing`] records every answer.
     ///
     /// ```

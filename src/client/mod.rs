@@ -24,12 +24,12 @@
 //!    lets go by a store in this process (`MemoryStore`, see
 //!    [`hold_lease`](crate::ledger::IdempotencyStore::hold_lease)). A response is recorded
 //!    (up to 1 MiB; a larger one reaches the caller whole and is kept as a tombstone). A response saying the operation
-//!    never started ([`ReleaseOn`]: `401`, `407`, `408`, `429`, the server face's refusals
+//!    never started ([`ReleaseOn`]: `401`, `407`, `429`, the server face's refusals
 //!    that say nothing ran) releases it, so the next run sends it once the token is
-//!    refreshed or the limit waited out. A response meaning "try again" (`5xx`, and a `409`
-//!    with `Retry-After`: "still in progress") leaves the operation *in doubt*, so a later
-//!    run resends rather than replaying the failure; any other `409` ("already exists") is
-//!    a final answer, recorded like a `201`. An error
+//!    refreshed or the limit waited out. A response meaning "try again" (`5xx`, a `408`,
+//!    and a `409` with `Retry-After`: "still in progress") leaves the operation *in
+//!    doubt*, so a later run resends rather than replaying the failure; any other `409`
+//!    ("already exists") is a final answer, recorded like a `201`. An error
 //!    releases the operation only when **no** attempt of it may have been sent: "may have
 //!    been sent" is sticky across the retries inside, so attempts refused at connect after
 //!    one that reached the server leave the operation in doubt. A recording lost to a

@@ -19,8 +19,8 @@ use crate::server::problem;
 /// Which answers say the operation never started (see
 /// [`client::Builder::release_on`](crate::client::Builder::release_on)).
 ///
-/// The default releases on `401`, `407` (authentication failed), `408`, `429` (the request
-/// was not taken), and on problem responses (`application/problem+json`, RFC 9457) whose
+/// The default releases on `401`, `407` (authentication failed), `429` (the request was not
+/// taken), and on problem responses (`application/problem+json`, RFC 9457) whose
 /// `type` is one of this crate's server face's refusals that say nothing ran:
 /// [`KEY_MISSING`](problem::KEY_MISSING), [`KEY_INVALID`](problem::KEY_INVALID),
 /// [`SCOPE_MISSING`](problem::SCOPE_MISSING), [`PAYLOAD_MISMATCH`](problem::PAYLOAD_MISMATCH),
@@ -30,6 +30,13 @@ use crate::server::problem;
 /// [`LEDGER_UNAVAILABLE`](problem::LEDGER_UNAVAILABLE) and
 /// [`LEDGER_FULL`](problem::LEDGER_FULL). Add your provider's own refusals by status or by
 /// problem type.
+///
+/// Not `408`, though RFC 9110 defines it as a request the server did not wait to receive:
+/// servers send it once the handler has started, too (tower-http's `TimeoutLayer`, axum's
+/// `HandleErrorLayer` around a timeout), and the handler may then have acted. A `408` is
+/// "try again", so it leaves the operation in doubt: resent with its key, reconciled, or
+/// refused as in doubt when the provider ignores keys. Add it with
+/// [`status`](Self::status) for a provider whose `408` always means nothing ran.
 ///
 /// ```
 /// use http::StatusCode;
@@ -68,7 +75,6 @@ impl Default for ReleaseOn {
             statuses: vec![
                 StatusCode::UNAUTHORIZED,
                 StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-                StatusCode::REQUEST_TIMEOUT,
                 StatusCode::TOO_MANY_REQUESTS,
             ],
             problem_types: NOTHING_RAN.iter().map(|t| (*t).to_owned()).collect(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::request::Parts;
-use http::Method;
+use http::{Method, StatusCode};
 
 use super::face::ServerFace;
 use super::policy::{InDoubtPolicy, ServerErrorPolicy};
@@ -52,6 +52,7 @@ const RESPONSE_LIMIT: usize = 1024 * 1024;
 /// | [recorded response cap](Builder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
 /// | [replayed headers](Builder::replay_headers) | `Content-Type`, `Location`, `ETag` and the other headers that describe the representation |
 /// | [handler `5xx`](Builder::server_error_policy) | [`ServerErrorPolicy::Record`] |
+/// | [answers released](Builder::release_statuses), not recorded | `406`, `412`, `415`, `428`, `429`, `431`: refused before processing |
 /// | [in-doubt key](Builder::in_doubt_policy) | [`InDoubtPolicy::OutcomeUnknown`] |
 /// | [ledger unavailable](Builder::fail_open) | fail closed (`503`) |
 /// | [client goes away](Builder::cancel_on_disconnect) | the handler runs to completion |
@@ -87,6 +88,7 @@ pub struct Builder {
     response_limit: usize,
     replay_headers: Vec<HeaderName>,
     server_errors: ServerErrorPolicy,
+    released: Vec<StatusCode>,
     in_doubt: InDoubtPolicy,
     fail_open: bool,
     cancel_on_disconnect: bool,
@@ -95,6 +97,18 @@ pub struct Builder {
     #[cfg(feature = "postgres")]
     transactional: Option<crate::ledger::PostgresStore>,
 }
+
+/// The answers released by default (see [`Builder::release_statuses`]): each refuses a
+/// request before processing it, for what it said in headers the fingerprint leaves out
+/// (`Accept`, preconditions, `Content-Type`, their size) or for the server's load.
+const RELEASED_BY_DEFAULT: [StatusCode; 6] = [
+    StatusCode::NOT_ACCEPTABLE,
+    StatusCode::PRECONDITION_FAILED,
+    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    StatusCode::PRECONDITION_REQUIRED,
+    StatusCode::TOO_MANY_REQUESTS,
+    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+];
 
 impl fmt::Debug for Builder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -124,6 +138,7 @@ impl Builder {
             response_limit: RESPONSE_LIMIT,
             replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
             server_errors: ServerErrorPolicy::Record,
+            released: RELEASED_BY_DEFAULT.to_vec(),
             in_doubt: InDoubtPolicy::OutcomeUnknown,
             fail_open: false,
             cancel_on_disconnect: false,
@@ -250,8 +265,9 @@ impl Builder {
     /// notify ([`MemoryStore`](crate::ledger::MemoryStore) does, in-process), else it polls
     /// the store with a backoff (5 ms doubling to 250 ms; [`RedisStore`](crate::ledger::redis)
     /// polls). It also wakes when the first request ends without an outcome: its key
-    /// released (a `5xx` under [`ServerErrorPolicy::Release`], and the waiter runs the
-    /// handler as the key's next owner) or in doubt (the waiter gets what
+    /// released (a `5xx` under [`ServerErrorPolicy::Release`], an answer of
+    /// [`release_statuses`](Self::release_statuses); the waiter runs the handler as the
+    /// key's next owner) or in doubt (the waiter gets what
     /// [`InDoubtPolicy`] says). At most [`max_waiters`](Self::max_waiters) requests wait at
     /// once; beyond, `409` at once.
     ///
@@ -336,6 +352,43 @@ impl Builder {
     /// See [`ServerErrorPolicy`] (default [`Record`](ServerErrorPolicy::Record)).
     pub fn server_error_policy(mut self, policy: ServerErrorPolicy) -> Self {
         self.server_errors = policy;
+        self
+    }
+
+    /// The answers that say the request was refused before it was processed: released, not
+    /// recorded, so the same key with the same bytes runs once the caller has fixed what
+    /// was refused. Default: `406`, `412`, `415`, `428`, `429` and `431`: each refuses a
+    /// request for what its headers said (`Accept`, a precondition, `Content-Type`, their
+    /// size), which the fingerprint leaves out, or for the server's load. Recorded, an
+    /// extractor's `415` (axum's `Json` without `Content-Type: application/json`) or an
+    /// inner rate limiter's `429` would be replayed to the corrected request for the whole
+    /// retention, and the handler would never run. Any other answer is the key's outcome
+    /// (a `400` or `422` too: the same bytes get the same answer).
+    ///
+    /// A handler that answers one of these after acting must not be released: take the
+    /// status out (`release_statuses([])` records every answer). In the transactional mode
+    /// a released answer rolls the handler's transaction back.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// // The defaults, and `403`: this API's authorization refuses before anything runs.
+    /// let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+    ///     .release_statuses([
+    ///         StatusCode::FORBIDDEN,
+    ///         StatusCode::NOT_ACCEPTABLE,
+    ///         StatusCode::PRECONDITION_FAILED,
+    ///         StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    ///         StatusCode::PRECONDITION_REQUIRED,
+    ///         StatusCode::TOO_MANY_REQUESTS,
+    ///         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+    ///     ])
+    ///     .build();
+    /// assert!(layer.is_ok());
+    /// ```
+    pub fn release_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.released = statuses.into_iter().collect();
         self
     }
 
@@ -469,6 +522,7 @@ impl Builder {
             response_limit: self.response_limit,
             replay_headers: self.replay_headers,
             server_errors: self.server_errors,
+            released: self.released,
             in_doubt: self.in_doubt,
             fail_open: self.fail_open,
             cancel_on_disconnect: self.cancel_on_disconnect,

@@ -9,7 +9,7 @@
 //!
 //! This request owns the key from the moment [`handle`] is called until the lease is
 //! settled by exactly one of: recording the response (`complete`), releasing the key
-//! (`abandon`, for a `5xx` under [`ServerErrorPolicy::Release`]), or leaving it in doubt
+//! (`abandon`, for an answer the face releases: see [`ServerFace::releases`]), or leaving it in doubt
 //! (`mark_in_doubt`). The [`LeaseGuard`] is what makes "exactly one" hold whatever
 //! happens: each settle consumes it, and dropping it unsettled (a panic, a cancelled
 //! future) marks the key in doubt in the background. No path can forget the key in
@@ -51,7 +51,6 @@ use tower_service::Service;
 
 use super::body::RequestBody;
 use super::face::ServerFace;
-use super::policy::ServerErrorPolicy;
 use super::problem;
 use super::replay::recording;
 use super::report::{settled, Report};
@@ -308,8 +307,9 @@ async fn mark_in_doubt(lease: LeaseGuard) {
     }
 }
 
-/// The handler answered: release the key for a `5xx` under [`ServerErrorPolicy::Release`],
-/// or read the body to record it.
+/// The handler answered: release the key for an answer the face releases (a `5xx` under
+/// [`ServerErrorPolicy::Release`](crate::ServerErrorPolicy::Release), a refusal before
+/// processing: see [`ServerFace::releases`]), or read the body to record it.
 fn answered<F, B, E>(
     server: &ServerFace,
     lease: &mut Option<LeaseGuard>,
@@ -319,15 +319,15 @@ where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     E: Send + 'static,
 {
-    if response.status().is_server_error() && server.server_errors == ServerErrorPolicy::Release {
-        // Released before the `5xx` is returned, for the reason a record is written first:
+    if server.releases(response.status()) {
+        // Released before the answer is returned, for the reason a record is written first:
         // the client's retry must find the key free, not still held by this request.
         settled("released");
         let lease = lease.take().expect("held while the handler runs");
         return Step::Finishing {
             future: Box::pin(async move {
                 if let Err(err) = lease.abandon().await {
-                    tracing::warn!(%err, "could not release the key after a 5xx");
+                    tracing::warn!(%err, "could not release the key after a released answer");
                 }
                 Ok(response.map(ResponseBody::inner))
             }),

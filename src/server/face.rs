@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::request::Parts;
-use http::{Method, Request};
+use http::{Method, Request, StatusCode};
 
 use super::policy::{InDoubtPolicy, ServerErrorPolicy};
 use crate::effect::EffectClass;
@@ -29,6 +29,8 @@ pub struct ServerFace {
     pub(super) response_limit: usize,
     pub(super) replay_headers: Vec<HeaderName>,
     pub(super) server_errors: ServerErrorPolicy,
+    /// Answers that say the request was refused before it was processed.
+    pub(super) released: Vec<StatusCode>,
     pub(super) in_doubt: InDoubtPolicy,
     pub(super) fail_open: bool,
     pub(super) cancel_on_disconnect: bool,
@@ -50,6 +52,7 @@ impl fmt::Debug for ServerFace {
             .field("response_limit", &self.response_limit)
             .field("replay_headers", &self.replay_headers)
             .field("server_errors", &self.server_errors)
+            .field("released", &self.released)
             .field("in_doubt", &self.in_doubt)
             .field("fail_open", &self.fail_open)
             .field("cancel_on_disconnect", &self.cancel_on_disconnect)
@@ -68,6 +71,14 @@ impl ServerFace {
             Some(class) => class.is_side_effect(),
             None => self.methods.contains(req.method()),
         }
+    }
+
+    /// Whether the handler's answer `status` releases the key rather than being recorded:
+    /// a `5xx` under [`ServerErrorPolicy::Release`], or an answer that says the request was
+    /// refused before it was processed ([`release_statuses`](crate::server::Builder::release_statuses)).
+    pub(super) fn releases(&self, status: StatusCode) -> bool {
+        (status.is_server_error() && self.server_errors == ServerErrorPolicy::Release)
+            || self.released.contains(&status)
     }
 }
 

@@ -113,6 +113,11 @@
 //!   and only it knows. [`ServerErrorPolicy::Release`](crate::ServerErrorPolicy::Release) releases the key instead, so a retry
 //!   runs the handler again; choose it when your `5xx` reliably means "nothing happened".
 //!   A panic caught by tower-http's `CatchPanicLayer` *inside* this layer is such a `5xx`.
+//! - **A refusal before processing** (`406`, `412`, `415`, `428`, `429`, `431` by default:
+//!   [`release_statuses`](crate::server::Builder::release_statuses)) releases the key: the
+//!   request was refused for what its headers said, which the fingerprint leaves out, or
+//!   for the server's load, so the same key and bytes, sent again once fixed, run. An
+//!   axum extractor's `415` (`Json` without `Content-Type: application/json`) is one.
 //! - **In doubt.** A key whose handler started and never finished cannot be "resent" by a
 //!   server: the handler panicked with nothing catching it, was cancelled, its response body
 //!   failed, or its process died (its lease, kept while the handler runs, then runs out:

@@ -169,8 +169,10 @@ where
     ResBody::Error: Into<BoxError>,
 {
     // A `5xx` rolls back whatever the `ServerErrorPolicy`: unlike the engine's mode, the
-    // rollback *proves* that nothing happened, so the retry may run the handler again.
-    if response.status().is_server_error() || transaction.is_rollback_only() {
+    // rollback *proves* that nothing happened, so the retry may run the handler again. An
+    // answer that says the request was refused before processing rolls back too.
+    let status = response.status();
+    if status.is_server_error() || server.releases(status) || transaction.is_rollback_only() {
         settled("rolled-back");
         transaction.rollback().await;
         return response.map(ResponseBody::inner);

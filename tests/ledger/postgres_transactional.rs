@@ -7,6 +7,8 @@
 use crate::support::postgres as postgres_support;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -149,6 +151,47 @@ async fn a_rollback_request_leaves_no_write_and_no_record() {
         );
     }
     assert_eq!(notes(&store, "rolled").await, 0);
+}
+
+/// An answer that says the request was refused before processing (here a `415`, as axum's
+/// `Json` extractor answers) rolls the transaction back and releases the key: whatever the
+/// handler wrote is undone, and the same key runs once the caller has fixed its request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_processing_rolls_back_and_releases_the_key() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = database(pg.url()).await;
+    let schema = store.schema().to_owned();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |tx: PostgresTransaction| async move {
+            write_note(&tx, &schema, "refused").await;
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            } else {
+                StatusCode::CREATED
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/notes", post(handler))
+        .route_layer(unscoped_layer(&store));
+    let addr = serve(app).await;
+    let refused = post_with_key(addr, "/notes", "refused").await;
+    assert_eq!(refused.status(), 415);
+    assert_eq!(
+        notes(&store, "refused").await,
+        0,
+        "the refusal's write was kept"
+    );
+    let created = post_with_key(addr, "/notes", "refused").await;
+    assert_eq!(created.status(), 201);
+    assert!(!replayed(&created), "the 415 was recorded");
+    let replay = post_with_key(addr, "/notes", "refused").await;
+    assert!(replayed(&replay));
+    assert_eq!(notes(&store, "refused").await, 1);
 }
 
 /// A rolled-back request (its handler asked for it, or answered `5xx`) is answered only once

@@ -1718,13 +1718,13 @@ where
     )
 }
 
-/// An orchestrator's call gets `401` (its token was stale), `407`, `408` or `429`: the
+/// An orchestrator's call gets `401` (its token was stale), `407` or `429`: the
 /// answer reaches it, but the operation is released, so the same `OperationId` runs once
 /// the token is refreshed (rather than replaying the `401` for 24 h, or refusing the step
 /// as in doubt when the provider does not deduplicate).
 #[tokio::test(start_paused = true)]
 async fn an_answer_that_says_nothing_started_releases_the_operation() {
-    for refusal in [401, 407, 408, 429].map(|s| StatusCode::from_u16(s).unwrap()) {
+    for refusal in [401, 407, 429].map(|s| StatusCode::from_u16(s).unwrap()) {
         let charges = Arc::new(AtomicUsize::new(0));
         let client = ServiceBuilder::new()
             .layer(
@@ -1752,12 +1752,69 @@ async fn an_answer_that_says_nothing_started_releases_the_operation() {
     opted_out_records_the_refusal().await;
 }
 
+/// A `408` is sent once the handler has started as often as for a request the server did
+/// not wait to receive: axum's `HandleErrorLayer` around a `timeout` (as its docs show)
+/// and tower-http's `TimeoutLayer` answer it while the handler may have charged. The client
+/// face leaves the operation in doubt: against a provider that ignores keys, the step run
+/// again is refused as in doubt rather than charged a second time.
+#[tokio::test(start_paused = true)]
+async fn a_408_from_a_server_side_timeout_leaves_the_operation_in_doubt() {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let charges = charges.clone();
+        move || async move {
+            charges.fetch_add(1, Ordering::SeqCst);
+            // The charge is made; the rest of the handler outlasts the timeout.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            StatusCode::CREATED
+        }
+    };
+    let provider = Router::new().route("/orders", route_post(handler)).layer(
+        ServiceBuilder::new()
+            .layer(axum::error_handling::HandleErrorLayer::new(
+                |_: tower::BoxError| async { StatusCode::REQUEST_TIMEOUT },
+            ))
+            .timeout(Duration::from_secs(1)),
+    );
+    let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
+    let builder = || {
+        IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(false)
+            .retry_policy(policy.clone())
+    };
+    let built = builder().build_stack().unwrap().layer(provider.clone());
+    refused_as_in_doubt_after_a_408(built).await;
+    let by_hand = ServiceBuilder::new()
+        .layer(builder().build().unwrap())
+        .layer(FrozenRetryLayer::new(policy.clone()))
+        .service(provider);
+    refused_as_in_doubt_after_a_408(by_hand).await;
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        2,
+        "once per stack, never twice"
+    );
+}
+
+/// The first run of the operation answered `408`, the second refused as in doubt.
+async fn refused_as_in_doubt_after_a_408<S, B>(client: S)
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::error::Error + 'static,
+{
+    let timed_out = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(timed_out.status(), StatusCode::REQUEST_TIMEOUT);
+    let again = client.oneshot(post(ORIGINAL)).await.err().expect("refused");
+    let err = tower_idempotency::Error::find(&again).expect("our error");
+    assert!(err.is_unreconciled(), "{err}");
+}
+
 /// The same through the client stack, as `build_stack()` builds it and stacked by hand: the
 /// retry layer's one attempt was answered (it reached the server, which said nothing
 /// started), and no attempt before it may have left, so the operation is released too.
 #[tokio::test(start_paused = true)]
 async fn through_the_stack_an_answer_that_says_nothing_started_releases_the_operation() {
-    for refusal in [401, 407, 408, 429].map(|s| StatusCode::from_u16(s).unwrap()) {
+    for refusal in [401, 407, 429].map(|s| StatusCode::from_u16(s).unwrap()) {
         for built in [true, false] {
             let charges = Arc::new(AtomicUsize::new(0));
             let provider = refuses_once(refusal, charges.clone());

@@ -1,0 +1,145 @@
+//! Answers that refuse a request before processing it, for what its headers said or for
+//! the server's load: released, not recorded, so the same key and bytes sent again once
+//! fixed reach the handler. An axum extractor's rejection over loopback TCP, a rate limiter
+//! inside the layer, and the opt-out.
+#![cfg(feature = "axum")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::ServiceExt;
+use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::IdempotencyLayer;
+
+const ORDER: &str = r#"{"order_id":"order-42","amount_cents":1999}"#;
+
+/// A charge handler behind axum's `Json` extractor, counting its runs, with the server
+/// face built by `layer` as a route layer.
+fn charges(
+    layer: IdempotencyLayer<tower_idempotency::server::ServerFace>,
+) -> (Router, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move |Json(_order): Json<serde_json::Value>| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::CREATED, "ch_1")
+        }
+    };
+    let app = Router::new().route("/charges", post(handler).route_layer(layer));
+    (app, runs)
+}
+
+fn charge(uri: &str, content_type: &str) -> Request<Full<Bytes>> {
+    Request::post(uri)
+        .header("authorization", "Bearer sk_alice")
+        .header("idempotency-key", "\"order-42\"")
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from_static(ORDER.as_bytes())))
+        .unwrap()
+}
+
+fn replayed<B>(response: &http::Response<B>) -> bool {
+    response.headers().contains_key("idempotent-replayed")
+}
+
+#[tokio::test]
+async fn an_extractors_rejection_is_released_and_the_corrected_request_runs() {
+    let (app, runs) = charges(IdempotencyLayer::server(MemoryStore::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("http://{}/charges", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+
+    // `Json` refuses a body it is not told is JSON: the handler never runs.
+    let refused = client.request(charge(&uri, "text/plain")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // The caller fixes its header and sends the same key and bytes: it runs, once.
+    let charged = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(charged.status(), StatusCode::CREATED);
+    assert!(!replayed(&charged), "the first request's 415 was replayed");
+    let again = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(replayed(&again));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_rate_limiters_429_inside_the_layer_is_released() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let limited = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            StatusCode::CREATED
+        }
+    };
+    // A limiter between the layer and the handler: the first request is turned away.
+    let limiter = axum::middleware::from_fn(move |req, next: axum::middleware::Next| {
+        let limited = limited.clone();
+        async move {
+            if limited.fetch_add(1, Ordering::SeqCst) == 0 {
+                return StatusCode::TOO_MANY_REQUESTS.into_response();
+            }
+            next.run(req).await
+        }
+    });
+    let app = Router::new().route(
+        "/charges",
+        post(handler)
+            .route_layer(limiter)
+            .route_layer(IdempotencyLayer::server(MemoryStore::new())),
+    );
+    let first = app
+        .clone()
+        .oneshot(charge("/charges", "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::TOO_MANY_REQUESTS);
+    let second = app
+        .clone()
+        .oneshot(charge("/charges", "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::CREATED);
+    assert!(!replayed(&second), "the 429 was replayed");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn with_no_released_statuses_every_answer_is_recorded() {
+    let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+        .release_statuses([])
+        .build()
+        .unwrap();
+    let (app, runs) = charges(layer);
+    let refused = app
+        .clone()
+        .oneshot(charge("/charges", "text/plain"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let again = app
+        .oneshot(charge("/charges", "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(replayed(&again));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

@@ -258,6 +258,61 @@ async fn one_tenant_flooding_a_shared_store_leaves_room_for_the_others() {
     assert_eq!(statuses.last(), Some(&StatusCode::CREATED), "{statuses:?}");
 }
 
+/// Claim and complete `key` in `scope` with a body of `size` bytes, protected for
+/// `window`; `false` if the store refused the claim for room.
+async fn record_in(
+    store: &MemoryStore,
+    scope: &str,
+    n: u32,
+    size: usize,
+    window: Duration,
+) -> bool {
+    let key = LedgerKey::server(scope, &n.to_string());
+    let token = match store.begin(protected(key, window).with_scope(scope)).await {
+        Ok(Begin::Acquired { token }) => token,
+        Err(err) if err.is_full() => return false,
+        other => panic!("expected a claim, got {other:?}"),
+    };
+    let body = Bytes::from(vec![b'y'; size]);
+    let outcome = StoredResponse::new(
+        StatusCode::CREATED,
+        Version::HTTP_11,
+        HeaderMap::new(),
+        body,
+    );
+    store
+        .complete(key, token, Outcome::Response(outcome), RETENTION)
+        .await
+        .unwrap();
+    true
+}
+
+/// The pressure a tenant's share is judged by is the bytes still protected, not a count of
+/// records scaled: one large record past its window beside many small ones inside theirs
+/// is a store with room, and every tenant is served.
+#[tokio::test(start_paused = true)]
+async fn a_large_record_past_its_window_is_not_counted_as_protected() {
+    let (_logs, _default) = capture::warnings();
+    let store = MemoryStore::builder().max_bytes(100_000).build();
+    // Tenant X: one large response, whose protected window then ends.
+    assert!(record_in(&store, "tenant-x", 0, 85_000, Duration::from_secs(10)).await);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    // Tenant Y: small responses, protected; the last claim looks at the pressure.
+    for n in 0..9 {
+        assert!(record_in(&store, "tenant-y", n, 50, WINDOW).await);
+    }
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    assert!(record_in(&store, "tenant-y", 9, 50, WINDOW).await);
+    let protected = store.protected_bytes();
+    assert!(protected < 10_000, "{protected} bytes read as protected");
+    // Tenant X's new operation is served (its old record may be evicted for it).
+    assert!(
+        record_in(&store, "tenant-x", 1, 50, WINDOW).await,
+        "tenant X refused for its share, {protected} of {} bytes protected",
+        store.max_bytes()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_a_scope_a_store_is_shared_first_come() {
     let (_logs, _default) = capture::warnings();

@@ -94,7 +94,7 @@ impl MemoryStore {
             self.inner
                 .completed_bytes
                 .fetch_add(record.weight, Ordering::Relaxed);
-            lock(&self.inner.evictable).insert((protect_until, seq), key);
+            lock(&self.inner.evictable).insert((protect_until, seq), key, record.weight);
         }
         let (weight, scope) = (record.weight, record.scope);
         self.scoped(scope, 0, weight);

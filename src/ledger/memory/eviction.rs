@@ -7,6 +7,11 @@
 //! push where a search tree costs a descent, a node split now and then and a rebalance on
 //! every pop; the rest go to a search tree beside it. The front of the order is the lesser
 //! of the two fronts.
+//!
+//! Each entry keeps the bytes its record weighed when it entered, so the store can tell how
+//! many bytes are still inside their protected window (the pressure a tenant's share is
+//! judged by) by the bytes themselves: a count of records, scaled, reads one large record
+//! past its window beside many small ones inside theirs as a store nearly all protected.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -25,18 +30,30 @@ const NEAR_BACK: usize = 32;
 #[derive(Debug, Default)]
 pub(super) struct EvictionIndex {
     /// In order, with no gaps: every entry here is before every later one.
-    sorted: VecDeque<(Place, LedgerKey)>,
+    sorted: VecDeque<(Place, Entry)>,
     /// The records that arrived out of order.
-    overflow: BTreeMap<Place, LedgerKey>,
+    overflow: BTreeMap<Place, Entry>,
+    /// The bytes of every entry.
+    bytes: u64,
+}
+
+/// A record in the order: its key, and the bytes it weighed when it entered.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    key: LedgerKey,
+    weight: u64,
 }
 
 impl EvictionIndex {
-    pub(super) fn insert(&mut self, place: Place, key: LedgerKey) {
+    /// Put the record `key`, of `weight` bytes, in the order at `place`.
+    pub(super) fn insert(&mut self, place: Place, key: LedgerKey, weight: u64) {
+        let entry = Entry { key, weight };
+        self.bytes += weight;
         let at = self.sorted.len() - self.back_run_after(place);
         if self.sorted.len() - at <= NEAR_BACK {
-            self.sorted.insert(at, (place, key));
+            self.sorted.insert(at, (place, entry));
         } else {
-            self.overflow.insert(place, key);
+            self.overflow.insert(place, entry);
         }
     }
 
@@ -53,20 +70,23 @@ impl EvictionIndex {
 
     pub(super) fn remove(&mut self, place: Place) {
         // Evictions take the front: no search for it.
-        if self
+        let removed = if self
             .sorted
             .front()
             .is_some_and(|(front, _)| *front == place)
         {
-            self.sorted.pop_front();
-            self.give_back_room();
-            return;
-        }
-        if self.overflow.remove(&place).is_some() {
-            return;
-        }
-        if let Ok(at) = self.sorted.binary_search_by(|(entry, _)| entry.cmp(&place)) {
-            self.sorted.remove(at);
+            self.sorted.pop_front().map(|(_, entry)| entry)
+        } else if let Some(entry) = self.overflow.remove(&place) {
+            Some(entry)
+        } else {
+            self.sorted
+                .binary_search_by(|(entry, _)| entry.cmp(&place))
+                .ok()
+                .and_then(|at| self.sorted.remove(at))
+                .map(|(_, entry)| entry)
+        };
+        if let Some(entry) = removed {
+            self.bytes -= entry.weight;
             self.give_back_room();
         }
     }
@@ -80,9 +100,9 @@ impl EvictionIndex {
         let deque = self.sorted.front();
         let tree = self.overflow.first_key_value();
         let (place, key) = match (deque, tree) {
-            (Some((deque, _)), Some((tree, key))) if tree < deque => (*tree, *key),
-            (Some((deque, key)), _) => (*deque, *key),
-            (None, Some((tree, key))) => (*tree, *key),
+            (Some((deque, _)), Some((tree, entry))) if tree < deque => (*tree, entry.key),
+            (Some((deque, entry)), _) => (*deque, entry.key),
+            (None, Some((tree, entry))) => (*tree, entry.key),
             (None, None) => return None,
         };
         (place.0 <= now).then_some((place, key))
@@ -106,17 +126,29 @@ impl EvictionIndex {
         }
     }
 
-    /// How many records the order holds, and how many of them left their protected window
-    /// by `now`: a binary search in the deque, a walk of the (small) tree's ended front.
-    pub(super) fn ended_by(&self, now: Stamp) -> (usize, usize) {
-        let held = self.sorted.len() + self.overflow.len();
-        let in_deque = self.sorted.partition_point(|(place, _)| place.0 <= now);
-        let in_tree = self
+    /// The bytes of the records still inside their protected window at `now`, as they
+    /// weighed when they entered. The deque's entries on the shorter side of `now` are
+    /// summed (found by a binary search), the other side being what is left of the total:
+    /// at a store's steady state one side is a protected window's worth of records, the
+    /// other may be a retention's. The tree is small, and walked.
+    pub(super) fn protected_bytes_after(&self, now: Stamp) -> u64 {
+        let ended = self.sorted.partition_point(|(place, _)| place.0 <= now);
+        let sum = |entries: std::collections::vec_deque::Iter<'_, (Place, Entry)>| {
+            entries.map(|(_, entry)| entry.weight).sum::<u64>()
+        };
+        let in_deque = if ended < self.sorted.len() / 2 {
+            let all: u64 = self.bytes - self.overflow.values().map(|e| e.weight).sum::<u64>();
+            all - sum(self.sorted.range(..ended))
+        } else {
+            sum(self.sorted.range(ended..))
+        };
+        let in_tree: u64 = self
             .overflow
-            .keys()
-            .take_while(|place| place.0 <= now)
-            .count();
-        (held, in_deque + in_tree)
+            .iter()
+            .filter(|(place, _)| place.0 > now)
+            .map(|(_, entry)| entry.weight)
+            .sum();
+        in_deque + in_tree
     }
 
     /// A deque that grew for a burst keeps its room; give most of it back once it holds a
@@ -142,8 +174,8 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        /// Insert a record whose window ends this many ms after the start.
-        Insert(u16),
+        /// Insert a record whose window ends this many ms after the start, of this weight.
+        Insert(u16, u32),
         /// Remove the n-th live record (modulo their number).
         Remove(u16),
         /// Pop what ended by this many ms after the start.
@@ -153,7 +185,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             // Mostly in order (a window after a clock that moves on), sometimes not.
-            4 => (0u16..2000).prop_map(Op::Insert),
+            4 => (0u16..2000, 0u32..100_000).prop_map(|(ms, weight)| Op::Insert(ms, weight)),
             1 => any::<u16>().prop_map(Op::Remove),
             2 => (0u16..2000).prop_map(Op::Pop),
         ]
@@ -161,33 +193,41 @@ mod tests {
 
     proptest! {
         /// Against a plain search tree, the reference: the same records pop in the same
-        /// order, whatever mix of in-order and out-of-order inserts and removals.
+        /// order, whatever mix of in-order and out-of-order inserts and removals, and the
+        /// bytes still protected at any time are the sum of their records' weights.
         #[test]
-        fn pops_in_the_order_of_a_search_tree(ops in proptest::collection::vec(op(), 0..400)) {
+        fn pops_in_the_order_of_a_search_tree(
+            ops in proptest::collection::vec(op(), 0..400),
+            looks in proptest::collection::vec(0u16..2100, 8),
+        ) {
             let at = |ms: u16| Stamp(u64::from(ms) * 1_000_000);
             let mut index = EvictionIndex::default();
             let mut model: BTreeMap<Place, LedgerKey> = BTreeMap::new();
+            let mut weights: BTreeMap<Place, u64> = BTreeMap::new();
             let mut clock = 0u16;
             for (seq, op) in (0u64..).zip(ops) {
                 match op {
-                    Op::Insert(ms) => {
+                    Op::Insert(ms, weight) => {
                         // The clock moves on; most windows end after everything before.
                         clock = clock.saturating_add(1);
                         let end = if ms % 5 == 0 { ms } else { clock.saturating_add(ms % 50) };
                         let key = LedgerKey::server("", &seq.to_string());
-                        index.insert((at(end), seq), key);
+                        index.insert((at(end), seq), key, u64::from(weight));
                         model.insert((at(end), seq), key);
+                        weights.insert((at(end), seq), u64::from(weight));
                     }
                     Op::Remove(n) => {
                         if let Some(place) = model.keys().nth(usize::from(n) % model.len().max(1)).copied() {
                             index.remove(place);
                             model.remove(&place);
+                            weights.remove(&place);
                         }
                     }
                     Op::Pop(ms) => {
                         let now = at(ms);
                         let expected = match model.first_key_value() {
                             Some((place, _)) if place.0 <= now => {
+                                weights.pop_first();
                                 model.pop_first().map(|((_, seq), key)| (key, seq))
                             }
                             _ => None,
@@ -196,6 +236,15 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(index.len(), model.len());
+                for look in &looks {
+                    let now = at(*look);
+                    let protected: u64 = weights
+                        .iter()
+                        .filter(|(place, _)| place.0 > now)
+                        .map(|(_, weight)| weight)
+                        .sum();
+                    prop_assert_eq!(index.protected_bytes_after(now), protected);
+                }
             }
         }
     }
@@ -205,7 +254,7 @@ mod tests {
         let start = Stamp(0);
         let mut index = EvictionIndex::default();
         for seq in 0..100_000u64 {
-            index.insert((start, seq), LedgerKey::server("", &seq.to_string()));
+            index.insert((start, seq), LedgerKey::server("", &seq.to_string()), 1);
         }
         let grown = index.sorted.capacity();
         while index.sorted.len() > 10 {
@@ -223,7 +272,7 @@ mod tests {
         let mut index = EvictionIndex::default();
         for seq in 0..10_000u64 {
             let key = LedgerKey::server("", &seq.to_string());
-            index.insert((Stamp(seq / 3 * 1_000_000), seq), key);
+            index.insert((Stamp(seq / 3 * 1_000_000), seq), key, 1);
         }
         assert!(index.overflow.is_empty());
         assert_eq!(index.sorted.len(), 10_000);

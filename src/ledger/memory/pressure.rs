@@ -22,18 +22,14 @@ pub(super) const PRESSURE_CHECK_EVERY_US: u64 = 1_000_000;
 pub(super) const WARN_EVERY_US: u64 = 30_000_000;
 
 impl MemoryStore {
+    /// The bytes of open records and of completed ones inside their protected window.
     pub(super) fn protected_bytes_at(&self, now: Instant) -> u64 {
         // Read the completed bytes first: a record completing meanwhile moves bytes from
-        // open to completed, which only makes this estimate err towards protected.
+        // open to completed, which only makes this err towards protected.
         let completed = self.inner.completed_bytes.load(Ordering::Relaxed);
         let used = self.inner.used.load(Ordering::Relaxed);
-        let (held, ended) = lock(&self.inner.evictable).ended_by(self.stamp(now));
+        let inside = lock(&self.inner.evictable).protected_bytes_after(self.stamp(now));
         let open = used.saturating_sub(completed);
-        let inside = if held == 0 {
-            0
-        } else {
-            (u128::from(completed) * (held - ended) as u128 / held as u128) as u64
-        };
         (open + inside).min(used)
     }
 

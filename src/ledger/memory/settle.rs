@@ -147,7 +147,7 @@ impl MemoryStore {
             .fetch_add(weight, Ordering::Relaxed);
         let seq = self.seq();
         // An open record is not in the eviction order: only its completion enters it.
-        lock(&self.inner.evictable).insert((protect_until, seq), key);
+        lock(&self.inner.evictable).insert((protect_until, seq), key, weight);
         record.state = State::Completed {
             outcome,
             protect_until,

@@ -134,8 +134,8 @@ impl MemoryStore {
     }
 
     /// The bytes of the records the store may not evict now (open ones, and completed ones
-    /// inside their protected window): what a new claim cannot make room from. Estimated
-    /// for the completed records, from their count and their mean weight.
+    /// inside their protected window): what a new claim cannot make room from. Completed
+    /// records count the bytes they weighed when they completed.
     ///
     /// When it passes 80 % of the budget the store warns (at most every 30 s) with the rate
     /// of new operations it can sustain, and with feature `metrics` it is reported, as a

@@ -11,6 +11,17 @@
 //! a connection, a reset, a body error) may have been sent and leaves it in doubt. No
 //! `classify_phase` is needed.
 //!
+//! # Redirects
+//!
+//! A `reqwest::Client` follows up to ten redirects by default, and the layers then see the
+//! last hop's answer or failure, not their request's. An answer got by following a redirect
+//! is never taken to say the operation never started (a redirect's `401` or `429` does not
+//! release it); but a failure on a later hop looks like one on the first, and reqwest gives
+//! it the first hop's URL: a connect error there reads as "before the request was written"
+//! and releases an operation that ran. **Build the client with
+//! `.redirect(reqwest::redirect::Policy::none())`**: a redirect is then the answer, recorded
+//! as the operation's outcome. The layers warn once when a client follows one.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -102,6 +113,23 @@ pub type ReqwestClientStack = crate::client::StackService<ReqwestService>;
 pub type ReqwestFuture =
     Pin<Box<dyn Future<Output = Result<http::Response<::reqwest::Body>, BoxError>> + Send>>;
 
+/// Mark a response reqwest got by following a redirect (see the [module
+/// docs](self#redirects)): the client face never takes its status for its request's. Says
+/// so once, at `WARN`: such a client's failures on a redirect's hop cannot be told from
+/// failures before the request was sent.
+pub(crate) fn followed_a_redirect(extensions: &mut http::Extensions) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    extensions.insert(crate::client::AnsweredAfterRedirect);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "reqwest followed a redirect of a request the idempotency layer sent: build the \
+             reqwest::Client with .redirect(reqwest::redirect::Policy::none()), or a failure \
+             on a redirect's hop (a receipt page that refuses connections) reads as a failure \
+             before the operation was sent, and releases an operation that ran"
+        );
+    }
+}
+
 impl Service<http::Request<Full<Bytes>>> for ReqwestService {
     type Response = http::Response<::reqwest::Body>;
     type Error = BoxError;
@@ -119,8 +147,14 @@ impl Service<http::Request<Full<Bytes>>> for ReqwestService {
             // A frozen body is one buffer: collecting it is a move, not a copy.
             let body = body.collect().await?.to_bytes();
             let req = ::reqwest::Request::try_from(http::Request::from_parts(parts, body))?;
+            let sent = req.url().clone();
             let response = client.execute(req).await?;
-            Ok(http::Response::from(response))
+            let redirected = *response.url() != sent;
+            let mut response = http::Response::from(response);
+            if redirected {
+                followed_a_redirect(response.extensions_mut());
+            }
+            Ok(response)
         })
     }
 }

@@ -11,6 +11,8 @@
 //! as drift: see [`DriftPolicy`](crate::DriftPolicy)). It drives the
 //! same engine as [`IdempotencyLayer`](crate::IdempotencyLayer), around
 //! `next.run(req, extensions)`: the rest of the chain (and reqwest) sends the frozen bytes.
+//! Build the `reqwest::Client` under the chain without redirects, for the reason
+//! [`crate::reqwest`'s docs](crate::reqwest#redirects) give.
 //!
 //! # Retries: put `reqwest-retry` before it, never after it
 //!
@@ -300,13 +302,19 @@ impl<'a> Service<http::Request<Full<Bytes>>> for RestOfChain<'a> {
             let body = body.collect().await?.to_bytes();
             let mut req = reqwest::Request::try_from(http::Request::from_parts(parts, body))?;
             *req.timeout_mut() = timeout;
+            let sent = req.url().clone();
             let response = next
                 .run(req, &mut extensions)
                 .await
                 .map_err(|err| Box::new(FromRestOfChain(err)) as BoxError)?;
             let url = response.url().clone();
+            let redirected = url != sent;
             let mut response = http::Response::from(response);
             with_url(response.extensions_mut(), url);
+            if redirected {
+                // Followed by the client at the end of the chain (see `crate::reqwest`).
+                crate::reqwest::followed_a_redirect(response.extensions_mut());
+            }
             Ok(response)
         })
     }

@@ -11,6 +11,7 @@ mod client_side {
     mod outcome_hook;
     mod randomized;
     mod reconcile;
+    mod redirects;
     mod reqwest;
     mod reqwest_middleware;
     mod retry;

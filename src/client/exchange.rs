@@ -314,7 +314,14 @@ where
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,
 {
     let status = response.status();
-    if client.release_on.releases_status(status) {
+    // Looked at only for an answer that would release: a redirect's answer never does.
+    let after_redirect = |response: &Response<ResB>| {
+        response
+            .extensions()
+            .get::<super::release::AnsweredAfterRedirect>()
+            .is_some()
+    };
+    if client.release_on.releases_status(status) && !after_redirect(&response) {
         let settling = release_not_started(track, sent, lease);
         let mut response = response.map(ResponseBody::inner);
         source.mark(response.extensions_mut());
@@ -326,7 +333,8 @@ where
     // a business `409` ("already exists") included, is its final outcome.
     let retryable =
         is_retryable_status(status) || is_in_progress_answer(status, response.headers());
-    let read_problem = client.release_on.reads_problem(status, response.headers());
+    let read_problem =
+        client.release_on.reads_problem(status, response.headers()) && !after_redirect(&response);
     if retryable && !read_problem {
         track.decided(Decision::InDoubt);
         let mut response = response.map(ResponseBody::inner);

@@ -155,6 +155,8 @@ pub use builder::Builder;
 pub use face::ClientFace;
 // The tool face caps recorded outputs as this face caps responses.
 pub use future::{ResponseFuture, StackFuture};
+#[cfg(feature = "reqwest")]
+pub(crate) use release::AnsweredAfterRedirect;
 pub use release::ReleaseOn;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::run;

@@ -55,6 +55,13 @@ pub struct ReleaseOn {
     problem_types: Vec<String>,
 }
 
+/// Put on a response a transport got by following a redirect (reqwest does by default): its
+/// status and body are the redirect's request's, and the operation's own request was
+/// answered before it, so nothing in them says the operation never started.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+pub(crate) struct AnsweredAfterRedirect;
+
 /// This crate's server-face problem types that say the handler never ran.
 const NOTHING_RAN: [&str; 10] = [
     problem::KEY_MISSING,

@@ -59,7 +59,13 @@
 //! inside is not seen). An [`OperationId`](crate::OperationId) names one operation
 //! wherever it is sent and whatever credential it travels with (a token refreshed between
 //! a call and its resume is the same operation): sent to another target it is a drift,
-//! never a replay of the first target's answer.
+//! never a replay of the first target's answer. A resume sends the frozen request as it
+//! was frozen, its credential included, because a server that scopes keys by credential
+//! (this crate's server face does, by `Authorization`, unless given a scope function)
+//! finds the operation only under that one: a provider that has revoked it answers `401`
+//! and the operation stays in doubt, to reconcile ([`Builder::reconcile`]). A server that
+//! scopes keys by the principal rather than the token (a scope function that reads it)
+//! lets tokens expire between an operation's runs.
 //!
 //! # Reconciling in-doubt operations
 //!

@@ -34,11 +34,12 @@ pub(super) fn identify(
             .of(parts)
             .ok_or_else(Error::missing_scope)?;
         let uri = &parts.uri;
+        let scheme = uri.scheme_str().unwrap_or("");
         let ledger_key = LedgerKey::client_header_of(
             &client.scope,
             &principal,
-            uri.scheme_str().unwrap_or(""),
-            uri.authority().map_or("", |a| a.as_str()),
+            &scheme.to_ascii_lowercase(),
+            &origin_authority(scheme, uri.authority()),
             key.as_bytes(),
         );
         return Ok(Some((ledger_key, WireKey::Header(key))));
@@ -47,4 +48,67 @@ pub(super) fn identify(
         return Err(Error::missing_key());
     }
     Ok(None)
+}
+
+/// The authority a caller's key is kept under, as one origin spells it whichever way it
+/// was written: the host in lower case (RFC 3986 §3.2.2: hosts are case-insensitive) and
+/// the scheme's default port left out (§6.2.3), so `https://PAY.example` and
+/// `https://pay.example:443` are one target, as they are one server.
+fn origin_authority<'a>(
+    scheme: &str,
+    authority: Option<&'a http::uri::Authority>,
+) -> std::borrow::Cow<'a, str> {
+    let Some(authority) = authority else {
+        return "".into();
+    };
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    let port = authority
+        .port_u16()
+        .filter(|port| Some(*port) != default_port);
+    let host = authority.host();
+    let as_written = authority.as_str();
+    let userinfo = &as_written[..as_written.rfind('@').map_or(0, |at| at + 1)];
+    let plain = port.is_none() == authority.port().is_none()
+        && !host.bytes().any(|byte| byte.is_ascii_uppercase());
+    if plain {
+        return as_written.into();
+    }
+    let host = host.to_ascii_lowercase();
+    match port {
+        Some(port) => format!("{userinfo}{host}:{port}").into(),
+        None => format!("{userinfo}{host}").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::origin_authority;
+
+    fn origin(uri: &str) -> String {
+        let uri: http::Uri = uri.parse().unwrap();
+        origin_authority(uri.scheme_str().unwrap_or(""), uri.authority()).into_owned()
+    }
+
+    #[test]
+    fn one_origin_however_it_is_spelled() {
+        for spelled in [
+            "https://pay.example/charges",
+            "https://PAY.Example/charges",
+            "https://pay.example:443/charges",
+            "HTTPS://pay.EXAMPLE:443/charges",
+        ] {
+            assert_eq!(origin(spelled), "pay.example", "{spelled}");
+        }
+        assert_eq!(origin("http://pay.example:80/"), "pay.example");
+        // Another port is another server; so is another scheme's default.
+        assert_eq!(origin("https://pay.example:8443/"), "pay.example:8443");
+        assert_eq!(origin("http://pay.example:443/"), "pay.example:443");
+        assert_eq!(origin("https://[::1]:443/"), "[::1]");
+        assert_eq!(origin("https://user@Pay.example/"), "user@pay.example");
+        assert_eq!(origin("/charges"), "");
+    }
 }

@@ -258,6 +258,34 @@ async fn a_callers_own_key_is_sent_unchanged_and_deduplicates() {
     );
 }
 
+/// A caller's key is kept under its target's origin however the URI spells it: a host in
+/// another case, or the scheme's default port written out, is the same server, so the
+/// second request is never a new operation (a provider that ignores keys would charge
+/// twice). It is the first one's, and the spelling that differs is refused as drift.
+#[tokio::test]
+async fn a_callers_own_key_is_one_operation_however_the_host_is_spelled() {
+    for other in ["http://MAIL.local/send", "http://mail.local:80/send"] {
+        let provider = SideEffectService::new();
+        let svc = stack(&Arc::new(MemoryStore::new()), &provider);
+        let send = |uri: &str| {
+            Request::post(uri)
+                .header("authorization", "Bearer sk_test")
+                .header("idempotency-key", "welcome-mail-7")
+                .body(Full::new(Bytes::from_static(b"hello")))
+                .unwrap()
+        };
+        svc.clone()
+            .oneshot(send("http://mail.local/send"))
+            .await
+            .unwrap();
+        let again = svc.clone().oneshot(send(other)).await;
+        if let Err(err) = &again {
+            assert!(err.is_drift(), "{other}: {err}");
+        }
+        assert_eq!(provider.calls(), 1, "{other}: a second operation");
+    }
+}
+
 /// A request may carry an `OperationId` and a key of its caller's own: the caller's key
 /// wins, sent as it came (with the caller's own `Content-Digest`), and names the
 /// operation; a malformed or repeated one is refused, whatever the `OperationId` says.

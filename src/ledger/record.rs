@@ -58,7 +58,8 @@ impl LedgerKey {
     /// The record key of a caller-supplied `Idempotency-Key` on the client side, sent for
     /// `principal` (by default a hash of the request's `Authorization` header: see
     /// [`client::Builder::caller_key_scope`](crate::client::Builder::caller_key_scope))
-    /// to the target `scheme://authority`.
+    /// to the target `scheme://authority`, as the client face spells them: the scheme and
+    /// host in lower case, the scheme's default port left out.
     pub fn client_header(
         scope: &str,
         principal: &str,

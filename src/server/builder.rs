@@ -363,7 +363,7 @@ impl Builder {
     /// extractor's `415` (axum's `Json` without `Content-Type: application/json`) or an
     /// inner rate limiter's `429` would be replayed to the corrected request for the whole
     /// retention, and the handler would never run. Any other answer is the key's outcome
-    /// (a `400` or `422` too: the same bytes get the same answer).
+    /// (a `400` or `422` too: the same bytes get the same answer), and a `2xx` always is.
     ///
     /// A handler that answers one of these after acting must not be released: take the
     /// status out (`release_statuses([])` records every answer). In the transactional mode

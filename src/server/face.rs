@@ -76,9 +76,11 @@ impl ServerFace {
     /// Whether the handler's answer `status` releases the key rather than being recorded:
     /// a `5xx` under [`ServerErrorPolicy::Release`], or an answer that says the request was
     /// refused before it was processed ([`release_statuses`](crate::server::Builder::release_statuses)).
+    #[inline]
     pub(super) fn releases(&self, status: StatusCode) -> bool {
+        // A success is an outcome whatever the list says, and is judged in two compares.
         (status.is_server_error() && self.server_errors == ServerErrorPolicy::Release)
-            || self.released.contains(&status)
+            || (!status.is_success() && self.released.contains(&status))
     }
 }
 

@@ -18,9 +18,12 @@
 //! is never taken to say the operation never started (a redirect's `401` or `429` does not
 //! release it); but a failure on a later hop looks like one on the first, and reqwest gives
 //! it the first hop's URL: a connect error there reads as "before the request was written"
-//! and releases an operation that ran. **Build the client with
+//! and releases an operation that ran. **The client must be built with
 //! `.redirect(reqwest::redirect::Policy::none())`**: a redirect is then the answer, recorded
-//! as the operation's outcome. The layers warn once when a client follows one.
+//! as the operation's outcome. The layers warn once when they see a client follow one, but
+//! they see it only by the answer's URL, so a redirect back to the URL sent (a
+//! `303 Location` to the same path) goes unseen, and a middleware after ours that rewrites
+//! the URL makes every answer look redirected (none then releases the operation).
 //!
 //! # Example
 //!

@@ -51,9 +51,10 @@ pub(super) fn identify(
 }
 
 /// The authority a caller's key is kept under, as one origin spells it whichever way it
-/// was written: the host in lower case (RFC 3986 §3.2.2: hosts are case-insensitive) and
-/// the scheme's default port left out (§6.2.3), so `https://PAY.example` and
-/// `https://pay.example:443` are one target, as they are one server.
+/// was written (RFC 3986 §6.2.2–6.2.3): the host in lower case, the port as a number and
+/// left out when it is the scheme's default or empty, no user information (an origin has
+/// none). So `https://PAY.example`, `https://pay.example:443` and `https://u@pay.example:`
+/// are one target, as they are one server.
 fn origin_authority<'a>(
     scheme: &str,
     authority: Option<&'a http::uri::Authority>,
@@ -70,17 +71,17 @@ fn origin_authority<'a>(
         .port_u16()
         .filter(|port| Some(*port) != default_port);
     let host = authority.host();
-    let as_written = authority.as_str();
-    let userinfo = &as_written[..as_written.rfind('@').map_or(0, |at| at + 1)];
-    let plain = port.is_none() == authority.port().is_none()
-        && !host.bytes().any(|byte| byte.is_ascii_uppercase());
-    if plain {
-        return as_written.into();
+    // Written as it would be rebuilt: no copy.
+    if port.is_none()
+        && authority.as_str() == host
+        && !host.bytes().any(|byte| byte.is_ascii_uppercase())
+    {
+        return host.into();
     }
     let host = host.to_ascii_lowercase();
     match port {
-        Some(port) => format!("{userinfo}{host}:{port}").into(),
-        None => format!("{userinfo}{host}").into(),
+        Some(port) => format!("{host}:{port}").into(),
+        None => host.into(),
     }
 }
 
@@ -108,7 +109,9 @@ mod tests {
         assert_eq!(origin("https://pay.example:8443/"), "pay.example:8443");
         assert_eq!(origin("http://pay.example:443/"), "pay.example:443");
         assert_eq!(origin("https://[::1]:443/"), "[::1]");
-        assert_eq!(origin("https://user@Pay.example/"), "user@pay.example");
+        assert_eq!(origin("https://user@Pay.example/"), "pay.example");
+        assert_eq!(origin("https://pay.example:/"), "pay.example");
+        assert_eq!(origin("https://pay.example:08443/"), "pay.example:8443");
         assert_eq!(origin("/charges"), "");
     }
 }

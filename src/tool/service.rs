@@ -61,8 +61,9 @@ where
     /// Always ready: the tool's own readiness is awaited inside the call, before each
     /// attempt (an operation may call it more than once), and before the attempt counts
     /// as sent: a caller that gives up while the tool is not ready, or a readiness error
-    /// (a shed load), leaves nothing in doubt. The attempt timeout bounds the call, not
-    /// the wait: give the caller a deadline, or the tool a timeout of its own, to bound it.
+    /// (a shed load), leaves nothing in doubt. For a side effect the attempt timeout bounds
+    /// the call, not the wait: give the caller a deadline, or the tool a timeout of its own,
+    /// to bound it. (A read or an idempotent write, outside the ledger, has both bounded.)
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }

@@ -330,3 +330,34 @@ async fn a_response_over_the_cap_is_returned_and_kept_as_a_tombstone() {
     );
     assert_eq!((sdk.calls(), sdk.effects()), (1, 1));
 }
+
+/// The first attempt is refused before the effect, the retry waits on the tool's readiness,
+/// and the caller gives up there: nothing took effect, so the operation is released, not
+/// left in doubt (a key-less provider's operation could then never run).
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_gives_up_on_a_retry_after_a_refusal_leaves_nothing_in_doubt() {
+    let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .retry_policy(attempts(2))
+        .classify(ToolDouble::classifier())
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new().with_faults([ToolFault::FailBefore]);
+    let gate = Gate::new(sdk.clone(), Readiness::Ready);
+    let tool = layer.layer(gate.clone());
+    let first = tokio::spawn(tool.clone().oneshot(ToolCall::new(op(), charge("first"))));
+    while sdk.calls() == 0 {
+        tokio::task::yield_now().await;
+    }
+    gate.set(Readiness::Waiting);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    assert_eq!(sdk.effects(), 0);
+
+    gate.set(Readiness::Ready);
+    let out = tool
+        .oneshot(ToolCall::new(op(), charge("first")))
+        .await
+        .unwrap();
+    assert_eq!((out.source(), sdk.effects()), (ToolSource::Called, 1));
+}

@@ -91,6 +91,14 @@ impl LeaseGuard {
         self.sent = true;
     }
 
+    /// Between attempts: whether what was sent so far may have taken effect. An attempt
+    /// proven refused before the effect leaves nothing, so a drop while the next one waits
+    /// (its backoff, its readiness) releases the operation; one that may have happened
+    /// keeps a drop leaving it in doubt.
+    pub(crate) fn between_attempts(&mut self, may_have_happened: bool) {
+        self.sent = may_have_happened;
+    }
+
     /// A lease the store holds for this guard, let go of: it ends a lease from now. The
     /// store is asked only if it holds one (never on the settled path: a settle ends it).
     fn let_go(&self) {

@@ -238,6 +238,7 @@ impl<C> Operation<'_, C> {
             // own deadline ends the wait, and releases the operation if nothing was sent.
             if let Err(error) = lease.renewing(tool.ready()).await {
                 if retries.next(None).is_some() {
+                    lease.between_attempts(may_have_happened);
                     lease.renewing(retries.wait()).await;
                     continue;
                 }
@@ -295,6 +296,7 @@ impl<C> Operation<'_, C> {
                 }
             };
             if retry {
+                lease.between_attempts(may_have_happened);
                 lease.renewing(retries.wait()).await;
                 continue;
             }

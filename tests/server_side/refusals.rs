@@ -143,3 +143,24 @@ async fn with_no_released_statuses_every_answer_is_recorded() {
     assert!(replayed(&again));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_success_is_recorded_whatever_the_released_statuses_say() {
+    let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+        .release_statuses([StatusCode::CREATED])
+        .build()
+        .unwrap();
+    let (app, runs) = charges(layer);
+    let first = app
+        .clone()
+        .oneshot(charge("/charges", "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let again = app
+        .oneshot(charge("/charges", "application/json"))
+        .await
+        .unwrap();
+    assert!(replayed(&again), "a success was released");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -26,6 +26,18 @@ fn charge(summary: &str) -> Value {
     json!({"order_id": "o-7", "cents": 1999, "summary": summary})
 }
 
+/// One call of the operation [`op`] with `arguments`, through `tool`.
+async fn call<S>(
+    tool: &S,
+    arguments: Value,
+) -> Result<ToolOutput<Value>, ToolError<ToolDoubleError>>
+where
+    S: Service<ToolCall<Value>, Response = ToolOutput<Value>, Error = ToolError<ToolDoubleError>>
+        + Clone,
+{
+    tool.clone().oneshot(ToolCall::new(op(), arguments)).await
+}
+
 fn attempts(max: u32) -> RetryPolicy {
     RetryPolicy::builder()
         .max_attempts(max)
@@ -66,11 +78,7 @@ async fn a_retry_refused_before_the_effect_leaves_an_earlier_attempt_in_doubt() 
     let sdk = ToolDouble::deduplicating()
         .with_faults([ToolFault::CommitThenTimeout, ToolFault::FailBefore]);
     let tool = layer.layer(sdk.clone());
-    let failed = tool
-        .clone()
-        .oneshot(ToolCall::new(op(), charge("first")))
-        .await
-        .unwrap_err();
+    let failed = call(&tool, charge("first")).await.unwrap_err();
     assert!(
         matches!(failed, ToolError::Tool(ToolDoubleError::Refused)),
         "{failed:?}"
@@ -78,10 +86,7 @@ async fn a_retry_refused_before_the_effect_leaves_an_earlier_attempt_in_doubt() 
 
     // The agent runs the step again and the model words it anew: the operation is
     // resumed with the arguments first frozen, never claimed anew with these.
-    let resumed = tool
-        .oneshot(ToolCall::new(op(), charge("regenerated")))
-        .await
-        .unwrap();
+    let resumed = call(&tool, charge("regenerated")).await.unwrap();
     assert_resumed_with_the_first(&resumed, &sdk);
 }
 
@@ -95,25 +100,21 @@ async fn another_tools_completed_outcome_is_refused_not_answered() {
         .build()
         .unwrap();
     let (refunds, charges) = (ToolDouble::new(), ToolDouble::new());
-    refund
-        .layer(refunds.clone())
-        .oneshot(ToolCall::new(
-            op(),
-            json!({"order_id": "o-1", "cents": 500}),
-        ))
-        .await
-        .unwrap();
+    call(
+        &refund.layer(refunds.clone()),
+        json!({"order_id": "o-1", "cents": 500}),
+    )
+    .await
+    .unwrap();
 
     // The same step's id reused for another tool: not the refund's receipt as the
     // charge's success, whatever the drift policy.
-    let refused = charge_layer
-        .layer(charges.clone())
-        .oneshot(ToolCall::new(
-            op(),
-            json!({"order_id": "o-2", "cents": 700}),
-        ))
-        .await
-        .unwrap_err();
+    let refused = call(
+        &charge_layer.layer(charges.clone()),
+        json!({"order_id": "o-2", "cents": 700}),
+    )
+    .await
+    .unwrap_err();
     let drift = refused.idempotency_error().and_then(|err| err.drift());
     let parts: Vec<_> = drift.expect("a drift error").differing_parts().collect();
     assert!(parts.contains(&RequestPart::Target), "{parts:?}");
@@ -133,23 +134,19 @@ async fn another_tools_frozen_arguments_are_never_sent_to_this_tool() {
     };
     let refunds = ToolDouble::deduplicating().with_faults([ToolFault::CommitThenTimeout]);
     let charges = ToolDouble::deduplicating();
-    let in_doubt = layer("refund")
-        .layer(refunds.clone())
-        .oneshot(ToolCall::new(
-            op(),
-            json!({"order_id": "o-1", "cents": 500}),
-        ))
-        .await;
+    let in_doubt = call(
+        &layer("refund").layer(refunds.clone()),
+        json!({"order_id": "o-1", "cents": 500}),
+    )
+    .await;
     assert!(in_doubt.is_err());
 
-    let refused = layer("charge")
-        .layer(charges.clone())
-        .oneshot(ToolCall::new(
-            op(),
-            json!({"order_id": "o-2", "cents": 700}),
-        ))
-        .await
-        .unwrap_err();
+    let refused = call(
+        &layer("charge").layer(charges.clone()),
+        json!({"order_id": "o-2", "cents": 700}),
+    )
+    .await
+    .unwrap_err();
     assert!(
         refused.idempotency_error().unwrap().is_drift(),
         "{refused:?}"
@@ -160,14 +157,12 @@ async fn another_tools_frozen_arguments_are_never_sent_to_this_tool() {
         "the refund's arguments went to the charge tool"
     );
     // The refund's own retry still finds its operation in doubt and resumes it.
-    let resumed = layer("refund")
-        .layer(refunds.clone())
-        .oneshot(ToolCall::new(
-            op(),
-            json!({"order_id": "o-1", "cents": 500}),
-        ))
-        .await
-        .unwrap();
+    let resumed = call(
+        &layer("refund").layer(refunds.clone()),
+        json!({"order_id": "o-1", "cents": 500}),
+    )
+    .await
+    .unwrap();
     assert_eq!(resumed.source(), ToolSource::Resumed);
     assert_eq!(refunds.effects(), 1);
 }
@@ -230,20 +225,13 @@ async fn a_caller_that_gives_up_while_the_tool_is_not_ready_leaves_nothing_in_do
     let sdk = ToolDouble::new();
     let gate = Gate::new(sdk.clone(), Readiness::Waiting);
     let tool = layer.layer(gate.clone());
-    let gave_up = tokio::time::timeout(
-        Duration::from_secs(1),
-        tool.clone().oneshot(ToolCall::new(op(), charge("first"))),
-    )
-    .await;
+    let gave_up = tokio::time::timeout(Duration::from_secs(1), call(&tool, charge("first"))).await;
     assert!(gave_up.is_err());
     assert_eq!(sdk.calls(), 0);
 
     // Nothing was sent: the operation is free to run, and runs once.
     gate.set(Readiness::Ready);
-    let out = tool
-        .oneshot(ToolCall::new(op(), charge("first")))
-        .await
-        .unwrap();
+    let out = call(&tool, charge("first")).await.unwrap();
     assert_eq!(out.source(), ToolSource::Called);
     assert_eq!(sdk.effects(), 1);
 }
@@ -257,11 +245,7 @@ async fn a_readiness_error_is_before_the_effect() {
     let sdk = ToolDouble::new();
     let gate = Gate::new(sdk.clone(), Readiness::Shed);
     let tool = layer.layer(gate.clone());
-    let shed = tool
-        .clone()
-        .oneshot(ToolCall::new(op(), charge("first")))
-        .await
-        .unwrap_err();
+    let shed = call(&tool, charge("first")).await.unwrap_err();
     assert!(
         matches!(shed, ToolError::Tool(ToolDoubleError::Refused)),
         "{shed:?}"
@@ -269,10 +253,7 @@ async fn a_readiness_error_is_before_the_effect() {
 
     // Released, not in doubt: a key-less provider's operation may run.
     gate.set(Readiness::Ready);
-    let out = tool
-        .oneshot(ToolCall::new(op(), charge("first")))
-        .await
-        .unwrap();
+    let out = call(&tool, charge("first")).await.unwrap();
     assert_eq!(
         (out.source(), sdk.calls(), sdk.effects()),
         (ToolSource::Called, 1, 1)
@@ -286,7 +267,10 @@ async fn a_readiness_error_after_an_attempt_that_may_have_happened_leaves_it_in_
     let gate = Gate::new(sdk.clone(), Readiness::Ready);
     let tool = layer.layer(gate.clone());
     // The first attempt commits and times out; the retry's pool then sheds it.
-    let first = tokio::spawn(tool.clone().oneshot(ToolCall::new(op(), charge("first"))));
+    let first = tokio::spawn({
+        let tool = tool.clone();
+        async move { call(&tool, charge("first")).await }
+    });
     while sdk.calls() == 0 {
         tokio::task::yield_now().await;
     }
@@ -294,10 +278,7 @@ async fn a_readiness_error_after_an_attempt_that_may_have_happened_leaves_it_in_
     assert!(first.await.unwrap().is_err());
 
     gate.set(Readiness::Ready);
-    let resumed = tool
-        .oneshot(ToolCall::new(op(), charge("regenerated")))
-        .await
-        .unwrap();
+    let resumed = call(&tool, charge("regenerated")).await.unwrap();
     assert_resumed_with_the_first(&resumed, &sdk);
 }
 
@@ -311,11 +292,7 @@ async fn a_response_over_the_cap_is_returned_and_kept_as_a_tombstone() {
     let tool = layer.layer(sdk.clone());
     // The double's receipt repeats the arguments: well over the cap.
     let big = json!({"rows": "x".repeat(4096)});
-    let out = tool
-        .clone()
-        .oneshot(ToolCall::new(op(), big.clone()))
-        .await
-        .unwrap();
+    let out = call(&tool, big.clone()).await.unwrap();
     assert_eq!(
         out.value()["arguments"],
         big,
@@ -323,7 +300,7 @@ async fn a_response_over_the_cap_is_returned_and_kept_as_a_tombstone() {
     );
 
     // The record is a tombstone: a replay cannot answer, and the tool is not run again.
-    let again = tool.oneshot(ToolCall::new(op(), big)).await.unwrap_err();
+    let again = call(&tool, big).await.unwrap_err();
     assert!(
         again.idempotency_error().unwrap().is_replay_unavailable(),
         "{again:?}"
@@ -344,7 +321,10 @@ async fn a_caller_that_gives_up_on_a_retry_after_a_refusal_leaves_nothing_in_dou
     let sdk = ToolDouble::new().with_faults([ToolFault::FailBefore]);
     let gate = Gate::new(sdk.clone(), Readiness::Ready);
     let tool = layer.layer(gate.clone());
-    let first = tokio::spawn(tool.clone().oneshot(ToolCall::new(op(), charge("first"))));
+    let first = tokio::spawn({
+        let tool = tool.clone();
+        async move { call(&tool, charge("first")).await }
+    });
     while sdk.calls() == 0 {
         tokio::task::yield_now().await;
     }
@@ -355,9 +335,6 @@ async fn a_caller_that_gives_up_on_a_retry_after_a_refusal_leaves_nothing_in_dou
     assert_eq!(sdk.effects(), 0);
 
     gate.set(Readiness::Ready);
-    let out = tool
-        .oneshot(ToolCall::new(op(), charge("first")))
-        .await
-        .unwrap();
+    let out = call(&tool, charge("first")).await.unwrap();
     assert_eq!((out.source(), sdk.effects()), (ToolSource::Called, 1));
 }

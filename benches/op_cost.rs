@@ -37,6 +37,7 @@
 //! | `store_replay_{1k,100k,1m}` | `begin` of a completed operation picked at random in such a store |
 //! | `moka_begin_complete_{1k,100k,1m}` / `moka_replay_{1k,100k,1m}` | the same against `benches/common/moka_ledger.rs`, the best moka-backed ledger (the yardstick `MemoryStore` is measured against) |
 //! | `sha256_1kib` | one SHA-256 of the 1 KiB body (`sha2`), to price SHA separately |
+//! | `field_digests_1kib` | the field digests `MemoryStore` keeps of the 1 KiB body (`FieldDigests::of`), the largest part of a record's cost |
 //! | `tool_bare` | a no-op tool (`Service<ToolCall<_>>`) called with typed arguments (four fields, ~1 KiB as JSON, built per call) and a new `OperationId`: the tool face's baseline |
 //! | `client_fresh_defaults` / `stack_fresh_defaults` | a new operation per call through the layer (`IdempotencyLayer::client(MemoryStore::new())`) / the stack (`client_builder(MemoryStore::new()).build_stack()`) with **every setting at its default** and the store below its cap, as a user's runs: nothing evicted, nothing shortened |
 //! | `tool_fresh_defaults` | the same through the tool face (`ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored).build()`) |
@@ -91,7 +92,7 @@ use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
 use tower::retry::RetryLayer;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::ledger::{MemoryStore, Outcome};
+use tower_idempotency::ledger::{FieldDigests, MemoryStore, Outcome};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer, ToolSource};
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
@@ -138,6 +139,7 @@ const VARIANTS: &[&str] = &[
     "moka_replay_100k",
     "moka_replay_1m",
     "sha256_1kib",
+    "field_digests_1kib",
     "tool_bare",
     "tool_fresh",
     "tool_replay",
@@ -624,6 +626,18 @@ fn sha256_1kib(n: u64) -> Counts {
     window.close()
 }
 
+fn field_digests_1kib(n: u64) -> Counts {
+    let body = json_body(BODY_LEN);
+    for _ in 0..1_000 {
+        black_box(FieldDigests::of(black_box(&body[..])));
+    }
+    let window = Window::open();
+    for _ in 0..n {
+        black_box(FieldDigests::of(black_box(&body[..])));
+    }
+    window.close()
+}
+
 // --- The floor: the least a client layer does ------------------------------------------
 
 /// `client_floor`, `client_floor_replay`, `stack_floor`: the floor over `inner`, its store
@@ -895,6 +909,7 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                 service_variant(svc, Some(&store), Plan::Refused, fresh_key, fresh_key, n).await
             }
             "sha256_1kib" => (sha256_1kib(n), None),
+            "field_digests_1kib" => (field_digests_1kib(n), None),
             "tool_bare" | "tool_fresh" | "tool_replay" | "tool_fresh_defaults" => {
                 tool_variant(variant, n).await
             }

@@ -11,7 +11,7 @@ use crate::idempotency::body::{Buffered, ResponseBody};
 use crate::idempotency::decision::{Decision, Track};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Settling};
 use crate::ledger::{GatheredFields, Outcome, StoredResponse};
-use crate::phase::classify;
+use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
 
 use super::face::ClientFace;
@@ -49,7 +49,12 @@ pub(super) fn failed<ResB: Send + 'static>(
     lease: LeaseGuard,
     error: BoxError,
 ) -> Finishing<ResB> {
-    let phase = classify(&*error, client.phase_classifier.as_deref());
+    let phase = if Error::find(&*error).is_some_and(Error::refused_before_sending) {
+        // A layer of ours inside refused the request before any attempt.
+        FailurePhase::PreWrite
+    } else {
+        classify(&*error, client.phase_classifier.as_deref())
+    };
     // Sticky: an earlier attempt inside (reported by the retry layer) may have left even
     // when the last one was refused before writing.
     let settling = if phase.may_have_been_sent() || sent {

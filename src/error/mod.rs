@@ -347,6 +347,21 @@ impl Error {
         }
     }
 
+    /// Whether this refuses the request for what it is (its key, its body) before any of it
+    /// was sent. A layer outside that gets it from a layer of ours inside (a
+    /// [`FrozenRetryLayer`](crate::FrozenRetryLayer) with a smaller body limit, say) knows
+    /// that nothing left.
+    pub(crate) fn refused_before_sending(&self) -> bool {
+        matches!(
+            self.inner.kind,
+            Kind::MissingKey
+                | Kind::MissingScope
+                | Kind::InvalidKey(_)
+                | Kind::BodyTooLarge { .. }
+                | Kind::Body
+        )
+    }
+
     /// Whether the failed request may have left the process.
     ///
     /// `Some(PreWrite)`: proven never sent. `Some(_)` otherwise for failures of the inner

@@ -43,7 +43,7 @@ use super::replay::recording;
 use super::report::{outcome, settled};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, ResponseBody};
-use crate::idempotency::engine::BusyPolicy;
+use crate::idempotency::engine::{BusyPolicy, LONGEST};
 use crate::ledger::postgres::{CommitError, OpenTransaction};
 use crate::ledger::{Begin, BeginRequest, LeaseToken, LedgerKey, PostgresStore, StoreError};
 use crate::BoxError;
@@ -65,7 +65,7 @@ pub(super) async fn claim(
     begin: &BeginRequest,
 ) -> Result<(Begin, Option<OpenTransaction>), StoreError> {
     let give_up_at = match server.busy {
-        BusyPolicy::Wait(limit) => Instant::now() + limit,
+        BusyPolicy::Wait(limit) => Instant::now() + limit.min(LONGEST),
         BusyPolicy::Fail => Instant::now(),
     };
     let mut pause = FIRST_BUSY_POLL;

@@ -426,6 +426,37 @@ async fn an_oversized_body_fails_before_anything_is_sent_or_recorded() {
     assert_eq!(live_records(&store).await, 0);
 }
 
+/// Stacked by hand with the limit raised on the client layer only: the retry layer inside
+/// refuses the body with its own (smaller) limit before any attempt. Nothing left, so the
+/// operation is released, not left in doubt: the corrected call goes through, even for a
+/// provider that would run an in-doubt operation again.
+#[tokio::test]
+async fn a_body_refused_by_the_retry_layer_inside_releases_the_operation() {
+    let store = Arc::new(MemoryStore::new());
+    let provider = SideEffectService::new();
+    let layer = |store: &Arc<MemoryStore>| {
+        IdempotencyLayer::client_builder(store.clone())
+            .body_limit(4 << 20)
+            .provider_deduplicates(false)
+            .build()
+            .unwrap()
+    };
+    let svc = ServiceBuilder::new()
+        .layer(layer(&store))
+        .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+        .service(provider.clone());
+    let mut oversized = post(ORIGINAL);
+    *oversized.body_mut() = Full::new(Bytes::from(vec![b' '; 2 << 20]));
+    let err = svc.clone().oneshot(oversized).await.unwrap_err();
+    assert!(err.is_body_too_large(), "{err}");
+    assert_eq!(provider.calls(), 0);
+    assert_eq!(live_records(&store).await, 0, "released, not in doubt");
+
+    let response = svc.oneshot(post(ORIGINAL)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(provider.effects(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn drift_is_rejected_naming_the_fields_that_changed() {
     let store = Arc::new(MemoryStore::new());

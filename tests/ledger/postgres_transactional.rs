@@ -657,3 +657,47 @@ async fn a_commit_whose_answer_is_lost_is_commit_unknown_and_the_retry_replays()
     assert_eq!(retry.text().await.expect("body"), "noted lost");
     assert_eq!(notes(&store, "lost").await, 1);
 }
+
+/// `BusyPolicy::Wait(Duration::MAX)` ("wait as long as it takes") is documented on
+/// `server::Builder::retention` as accepted and saturated to ~139 years, like every other
+/// duration of the ledger ("busy wait" named among them), and the engine's mode does so. In
+/// the transactional mode every keyed request must still be served: the first one, with
+/// nothing in flight, is expected to run the handler and get its `201`.
+#[tokio::test]
+async fn a_busy_wait_of_duration_max_is_saturated_in_the_transactional_mode() {
+    use tower::ServiceExt;
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = database(pg.url()).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .unscoped()
+        .busy_policy(BusyPolicy::Wait(Duration::MAX))
+        .build()
+        .expect("a busy wait of Duration::MAX is accepted");
+    let app = Router::new()
+        .route(
+            "/notes",
+            post(move || {
+                let runs = counted.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, "noted")
+                }
+            }),
+        )
+        .route_layer(layer);
+    let request = axum::http::Request::post("/notes")
+        .header("idempotency-key", "\"review16-max-wait\"")
+        .body(axum::body::Body::from("{}"))
+        .unwrap();
+    // Spawned so that a panic inside the layer is seen as a failed join, not a crash.
+    let answer = tokio::spawn(app.oneshot(request)).await;
+    let response = answer
+        .expect("the layer must not panic on a saturated busy wait")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

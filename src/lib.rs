@@ -37,15 +37,15 @@
 //! # use std::time::Duration;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), tower_idempotency::Error> {
+//! # async fn main() -> Result<(), tower::BoxError> {
 //! // A payments provider that charges, then never answers the first time.
 //! let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
 //!
+//! // The retry policy goes to both layers: the outer one sizes its lease by it.
+//! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client(MemoryStore::new()))
-//!     .layer(FrozenRetryLayer::new(
-//!         RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build().unwrap(),
-//!     ))
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(policy.clone()).build()?)
+//!     .layer(FrozenRetryLayer::new(policy))
 //!     .service(provider.clone());
 //!
 //! let mut charge = Request::post("http://payments.local/charges")

@@ -43,7 +43,10 @@
 //! let client = ServiceBuilder::new()
 //!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(policy.clone()).build()?)
 //!     .layer(FrozenRetryLayer::new(policy))
-//!     .service(ReqwestService::new(reqwest::Client::new()));
+//!     .service(ReqwestService::new(
+//!         // A redirect must come back as the answer, never be followed (see above).
+//!         reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?,
+//!     ));
 //!
 //! let mut charge = http::Request::post("https://payments.example/v1/charges")
 //!     .header("content-type", "application/json")
@@ -72,7 +75,11 @@ use crate::BoxError;
 /// ```
 /// use tower_idempotency::reqwest::ReqwestService;
 ///
-/// let service = ReqwestService::new(reqwest::Client::new());
+/// let client = reqwest::Client::builder()
+///     .redirect(reqwest::redirect::Policy::none())
+///     .build()
+///     .unwrap();
+/// let service = ReqwestService::new(client);
 /// assert!(format!("{service:?}").contains("ReqwestService"));
 /// ```
 #[derive(Clone)]
@@ -107,7 +114,11 @@ impl fmt::Debug for ReqwestService {
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
 /// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
-/// let client: ReqwestClientStack = stack.layer(ReqwestService::new(reqwest::Client::new()));
+/// let no_redirects = reqwest::Client::builder()
+///     .redirect(reqwest::redirect::Policy::none())
+///     .build()
+///     .unwrap();
+/// let client: ReqwestClientStack = stack.layer(ReqwestService::new(no_redirects));
 /// # let _ = client;
 /// ```
 pub type ReqwestClientStack = crate::client::StackService<ReqwestService>;

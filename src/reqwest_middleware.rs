@@ -70,7 +70,10 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = ClientBuilder::new(reqwest::Client::new())
+//! let no_redirects = reqwest::Client::builder()
+//!     .redirect(reqwest::redirect::Policy::none())
+//!     .build()?;
+//! let client = ClientBuilder::new(no_redirects)
 //!     .with(IdempotencyMiddleware::new(IdempotencyLayer::client(MemoryStore::new())))
 //!     .build();
 //!
@@ -116,7 +119,11 @@ use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 ///     .scope("billing-agent")
 ///     .build()
 ///     .unwrap();
-/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+/// let no_redirects = reqwest::Client::builder()
+///     .redirect(reqwest::redirect::Policy::none())
+///     .build()
+///     .unwrap();
+/// let client = reqwest_middleware::ClientBuilder::new(no_redirects)
 ///     .with(IdempotencyMiddleware::new(layer))
 ///     .build();
 /// # let _ = client;

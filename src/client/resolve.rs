@@ -397,8 +397,10 @@ fn marked_discarded<T>(
     match (answer, discarded) {
         (Ok(mut response), Some(drift)) => {
             // Where a caller that reads no extension (or one that reused an operation's
-            // identity for another payload by mistake) can see it: in the log.
-            tracing::info!(
+            // identity for another payload by mistake: another order, another tenant under
+            // the same task ids) can see it: in the log, as a warning, since the caller's
+            // arguments did not take effect.
+            tracing::warn!(
                 %drift,
                 "a regenerated request joined its operation: answered for the bytes first \
                  frozen, its own discarded (PayloadDiscarded on the response; \

@@ -600,7 +600,7 @@ async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_w
     assert_eq!(told.len(), 2, "resent and replayed: {}", logs.text());
     assert!(told
         .iter()
-        .all(|line| line.contains("fulfillment_intent_id")));
+        .all(|line| line.contains("fulfillment_intent_id") && line.contains("WARN")));
 }
 
 /// A caller's own `Idempotency-Key` reused for another payload is the caller's mistake:

@@ -67,7 +67,7 @@ impl<C> Operation<'_, C> {
                     Some(Discarded::new(frozen.as_ref().and_then(|first| {
                         canonical::changed_fields(first.body(), ours.body())
                     })));
-                tracing::info!(key = %self.ledger_key.to_hex(), "regenerated tool arguments; continuing with the ones first frozen");
+                tracing::warn!(key = %self.ledger_key.to_hex(), "regenerated tool arguments; continuing with the ones first frozen, these discarded");
                 fingerprint = stored;
                 let mut again = ledger.request(self.ledger_key, stored);
                 if let Some(first) = frozen {

@@ -164,6 +164,15 @@ pub(super) fn replay<R: DeserializeOwned, E>(
                 .find(|entry| entry.name == ARGUMENTS_DIGEST.as_str().as_bytes())
                 .is_some_and(|first| block.value_bytes(&first)[..] != ours.digest.field());
             let discarded = discarded.or_else(|| differs.then(|| Discarded::new(None)));
+            if discarded.is_some() {
+                // A caller that reads no marker (or that reused an operation's identity for
+                // other arguments by mistake) sees it here: its arguments took no effect.
+                tracing::warn!(
+                    "tool arguments differ from those the operation was first called with; \
+                     replaying its recorded output, these discarded (Discarded on the output; \
+                     DriftPolicy::Reject refuses them)"
+                );
+            }
             Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
         }
         FINAL_ANSWER => Err(ToolError::Final(FinalAnswer::new(json_or_text(body)))),

@@ -615,25 +615,26 @@ async fn moka_replay(live: u64, n: u64) -> Counts {
 }
 
 fn sha256_1kib(n: u64) -> Counts {
-    let body = json_body(BODY_LEN);
-    for _ in 0..1_000 {
-        black_box(Sha256::digest(black_box(&body[..])));
-    }
-    let window = Window::open();
-    for _ in 0..n {
-        black_box(Sha256::digest(black_box(&body[..])));
-    }
-    window.close()
+    on_the_body(n, |body| {
+        black_box(Sha256::digest(body));
+    })
 }
 
 fn field_digests_1kib(n: u64) -> Counts {
+    on_the_body(n, |body| {
+        black_box(FieldDigests::of(body));
+    })
+}
+
+/// `work` on the 1 KiB body, warmed up, then counted `n` times.
+fn on_the_body(n: u64, work: impl Fn(&[u8])) -> Counts {
     let body = json_body(BODY_LEN);
     for _ in 0..1_000 {
-        black_box(FieldDigests::of(black_box(&body[..])));
+        work(black_box(&body[..]));
     }
     let window = Window::open();
     for _ in 0..n {
-        black_box(FieldDigests::of(black_box(&body[..])));
+        work(black_box(&body[..]));
     }
     window.close()
 }

@@ -690,7 +690,7 @@ async fn a_busy_wait_of_duration_max_is_saturated_in_the_transactional_mode() {
         )
         .route_layer(layer);
     let request = axum::http::Request::post("/notes")
-        .header("idempotency-key", "\"review16-max-wait\"")
+        .header("idempotency-key", "\"max-wait\"")
         .body(axum::body::Body::from("{}"))
         .unwrap();
     // Spawned so that a panic inside the layer is seen as a failed join, not a crash.

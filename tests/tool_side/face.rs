@@ -358,3 +358,78 @@ fn the_builder_refuses_bad_names_and_pointers() {
     );
     assert!(PayloadFields::new(["order_id"]).is_err());
 }
+
+/// A call whose arguments are discarded is told in the log as a warning, once, whichever way
+/// the difference is found: the field digests of a completed operation, the frozen arguments
+/// of an operation in doubt it resumes, or the arguments' digest on a replay whose defining
+/// fields agree.
+#[tokio::test]
+async fn each_call_whose_arguments_are_discarded_warns_once() {
+    let (logs, _default) = crate::support::capture::warnings();
+    let warned = || {
+        logs.text()
+            .lines()
+            .filter(|line| line.contains("WARN") && line.contains("these discarded"))
+            .count()
+    };
+    let completed = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .build()
+        .unwrap()
+        .layer(ToolDouble::new());
+    completed
+        .clone()
+        .oneshot(ToolCall::new(op(), charge("a", "fi_1")))
+        .await
+        .unwrap();
+    assert_eq!(warned(), 0, "the first call discards nothing");
+    let again = completed
+        .oneshot(ToolCall::new(op(), charge("b", "fi_2")))
+        .await
+        .unwrap();
+    assert!(again.discarded().is_some());
+    assert_eq!(warned(), 1, "a completed operation: {}", logs.text());
+
+    let defining = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+        .defining_fields(PayloadFields::new(["/order_id", "/cents"]).unwrap())
+        .build()
+        .unwrap()
+        .layer(ToolDouble::new());
+    defining
+        .clone()
+        .oneshot(ToolCall::new(op(), charge("a", "fi_1")))
+        .await
+        .unwrap();
+    let replayed = defining
+        .oneshot(ToolCall::new(op(), charge("b", "fi_2")))
+        .await
+        .unwrap();
+    assert!(replayed.discarded().is_some());
+    assert_eq!(warned(), 2, "same defining fields: {}", logs.text());
+
+    let in_doubt = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Deduplicates)
+        .retry_policy(RetryPolicy::builder().max_attempts(1).build().unwrap())
+        .build()
+        .unwrap();
+    let first: Result<_, ToolError<&str>> =
+        idempotent_call(&in_doubt, op(), charge("a", "fi_1"), |_: Value, _| async {
+            Err::<Value, _>("timed out")
+        })
+        .await;
+    assert!(first.is_err());
+    let resumed = idempotent_call(
+        &in_doubt,
+        op(),
+        charge("b", "fi_2"),
+        |args: Value, _| async move { Ok::<_, &str>(args) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(resumed.source(), ToolSource::Resumed);
+    assert!(resumed.discarded().is_some());
+    assert_eq!(
+        warned(),
+        3,
+        "an operation in doubt, resumed: {}",
+        logs.text()
+    );
+}

@@ -754,6 +754,20 @@ fn problem_type(body: &str) -> String {
     value["type"].as_str().unwrap_or_default().to_owned()
 }
 
+/// What makes the nested test below pass is the `axum` feature (`OriginalUri`): without it,
+/// `/accounts/2/charges` reads as `/accounts/1/charges` and is answered with account 1's
+/// record. A server layer built from a plain `tower-idempotency = "0.1"` must have it, so
+/// it is among the default features.
+#[test]
+fn the_feature_that_reads_the_nested_path_is_on_by_default() {
+    let manifest = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+    let default = manifest
+        .lines()
+        .find(|line| line.starts_with("default = ["))
+        .expect("a default feature set");
+    assert!(default.contains("\"axum\""), "{default}");
+}
+
 /// Defect 2, over loopback TCP: behind `Router::nest`, the layer sees `/charges` for every
 /// account; it must judge `/accounts/1/charges` and `/accounts/2/charges` apart.
 #[tokio::test]

@@ -23,7 +23,9 @@ mod retries;
 
 use arguments::Frozen;
 use operate::{attempt, Operation};
-use outcome::{discarded_from, drift_error, json_or_text, record, recorded, replay, settle};
+use outcome::{
+    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, warn_discarded,
+};
 use retries::Retries;
 
 /// The header a recorded outcome keeps the digest of the arguments it was made with in,

@@ -21,8 +21,8 @@ use crate::IdempotencyKey;
 use crate::{DriftPolicy, Error, OperationId};
 
 use super::{
-    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, Frozen, Invoke,
-    Retries, FINAL_ANSWER,
+    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, warn_discarded,
+    Frozen, Invoke, Retries, FINAL_ANSWER,
 };
 
 /// One side-effect operation's identity, and the face it runs on.
@@ -67,7 +67,7 @@ impl<C> Operation<'_, C> {
                     Some(Discarded::new(frozen.as_ref().and_then(|first| {
                         canonical::changed_fields(first.body(), ours.body())
                     })));
-                tracing::warn!(key = %self.ledger_key.to_hex(), "regenerated tool arguments; continuing with the ones first frozen, these discarded");
+                warn_discarded(self.ledger_key);
                 fingerprint = stored;
                 let mut again = ledger.request(self.ledger_key, stored);
                 if let Some(first) = frozen {
@@ -91,6 +91,7 @@ impl<C> Operation<'_, C> {
                     return Err(refused());
                 }
                 discarded = Some(Discarded::new(changed.clone()));
+                warn_discarded(self.ledger_key);
                 // A completed operation whose store kept only its fields' digests: its
                 // recorded outcome is what the first arguments gave. Asked as a probe.
                 let probe = ledger.request(self.ledger_key, stored).probe();
@@ -163,7 +164,9 @@ impl<C> Operation<'_, C> {
                         let digest = ours.digest_of(&to_send);
                         Box::pin(self.reconcile(tool, token, (to_send, digest), discarded)).await
                     }
-                    Ok(Begin::Replay(outcome)) => replay(outcome, &ours, discarded),
+                    Ok(Begin::Replay(outcome)) => {
+                        replay(outcome, (&ours, self.ledger_key), discarded)
+                    }
                     Ok(Begin::Busy { retry_after }) => {
                         Err(ToolError::Idempotency(Error::busy(retry_after)))
                     }
@@ -173,7 +176,7 @@ impl<C> Operation<'_, C> {
             }
             // The provider would run it again: left in doubt, untouched, to reconcile.
             Begin::InDoubt => Err(ToolError::Idempotency(Error::in_doubt())),
-            Begin::Replay(outcome) => replay(outcome, &ours, discarded),
+            Begin::Replay(outcome) => replay(outcome, (&ours, self.ledger_key), discarded),
             Begin::Busy { retry_after } => Err(ToolError::Idempotency(Error::busy(retry_after))),
             Begin::Drift { stored, frozen } => Err(drift_error(stored, frozen.as_ref(), &ours)),
             Begin::DriftFields { stored, fields } => Err(ToolError::Idempotency(

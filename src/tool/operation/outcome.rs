@@ -12,7 +12,7 @@ use crate::error::Drift;
 use crate::fingerprint::canonical;
 use crate::idempotency::engine::InPlace;
 use crate::idempotency::LeaseGuard;
-use crate::ledger::{GatheredFields, HeaderBlock, Outcome, StoredResponse};
+use crate::ledger::{GatheredFields, HeaderBlock, LedgerKey, Outcome, StoredResponse};
 use crate::tool::face::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
 use crate::FrozenRequest;
@@ -145,7 +145,7 @@ fn settled(result: Result<(), crate::ledger::StoreError>, what: &str) {
 /// A recorded outcome, as the face answers it.
 pub(super) fn replay<R: DeserializeOwned, E>(
     outcome: Outcome,
-    ours: &Frozen,
+    (ours, key): (&Frozen, LedgerKey),
     discarded: Option<Discarded>,
 ) -> Result<ToolOutput<R>, ToolError<E>> {
     let Outcome::Response(stored) = outcome else {
@@ -163,22 +163,30 @@ pub(super) fn replay<R: DeserializeOwned, E>(
                 .entries()
                 .find(|entry| entry.name == ARGUMENTS_DIGEST.as_str().as_bytes())
                 .is_some_and(|first| block.value_bytes(&first)[..] != ours.digest.field());
-            let discarded = discarded.or_else(|| differs.then(|| Discarded::new(None)));
-            if discarded.is_some() {
-                // A caller that reads no marker (or that reused an operation's identity for
-                // other arguments by mistake) sees it here: its arguments took no effect.
-                tracing::warn!(
-                    "tool arguments differ from those the operation was first called with; \
-                     replaying its recorded output, these discarded (Discarded on the output; \
-                     DriftPolicy::Reject refuses them)"
-                );
-            }
+            // Told once a call: a drift found by the ledger was told when it was found.
+            let discarded = discarded.or_else(|| {
+                differs.then(|| {
+                    warn_discarded(key);
+                    Discarded::new(None)
+                })
+            });
             Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
         }
         FINAL_ANSWER => Err(ToolError::Final(FinalAnswer::new(json_or_text(body)))),
         // Another face's record under the same key (an HTTP call of this operation).
         _ => Err(ToolError::Idempotency(Error::replay_unavailable())),
     }
+}
+
+/// Where a caller that reads no [`Discarded`] marker (or that reused an operation's identity
+/// for other arguments by mistake: another order, another tenant under the same task ids)
+/// sees it: its arguments took no effect. Once a call, where the difference is found.
+pub(super) fn warn_discarded(key: LedgerKey) {
+    tracing::warn!(
+        key = %key.to_hex(),
+        "regenerated tool arguments; going on with the ones first frozen, these discarded \
+         (Discarded on the output; DriftPolicy::Reject refuses them)"
+    );
 }
 
 /// A discarded marker when the arguments first frozen differ from ours.

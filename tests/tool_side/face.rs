@@ -317,8 +317,9 @@ async fn the_key_reaches_the_tool_and_is_the_derived_one() {
     assert_eq!(out.value()["key"], op().key("tenant-a").to_hex());
 }
 
-#[tokio::test]
-async fn the_function_form_uses_the_frozen_arguments_on_a_resume() {
+/// A layer of one attempt a call, `op()` left in doubt on it: its first call (of
+/// `charge("a", "fi_1")`, through the function form) timed out.
+async fn in_doubt_after_a_timeout() -> ToolLayer {
     let layer = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Deduplicates)
         .retry_policy(RetryPolicy::builder().max_attempts(1).build().unwrap())
         .build()
@@ -329,6 +330,12 @@ async fn the_function_form_uses_the_frozen_arguments_on_a_resume() {
         })
         .await;
     assert!(matches!(first, Err(ToolError::Tool("timed out"))));
+    layer
+}
+
+#[tokio::test]
+async fn the_function_form_uses_the_frozen_arguments_on_a_resume() {
+    let layer = in_doubt_after_a_timeout().await;
     let resumed = idempotent_call(
         &layer,
         op(),
@@ -406,16 +413,7 @@ async fn each_call_whose_arguments_are_discarded_warns_once() {
     assert!(replayed.discarded().is_some());
     assert_eq!(warned(), 2, "same defining fields: {}", logs.text());
 
-    let in_doubt = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Deduplicates)
-        .retry_policy(RetryPolicy::builder().max_attempts(1).build().unwrap())
-        .build()
-        .unwrap();
-    let first: Result<_, ToolError<&str>> =
-        idempotent_call(&in_doubt, op(), charge("a", "fi_1"), |_: Value, _| async {
-            Err::<Value, _>("timed out")
-        })
-        .await;
-    assert!(first.is_err());
+    let in_doubt = in_doubt_after_a_timeout().await;
     let resumed = idempotent_call(
         &in_doubt,
         op(),

@@ -67,6 +67,36 @@
 //! scopes keys by the principal rather than the token (a scope function that reads it)
 //! lets tokens expire between an operation's runs.
 //!
+//! # Before production
+//!
+//! The defaults keep every promise above; these settings depend on your provider and your
+//! stack, and only you can give them:
+//!
+//! - **The store lives as long as the process**: build it once and clone it into every
+//!   layer. A store made per call remembers nothing, so a re-run step is sent again.
+//! - **Say whether the provider deduplicates** on `Idempotency-Key`
+//!   ([`Builder::provider_deduplicates`]). Until you do, `true` is assumed, and an
+//!   operation whose first attempt may have charged is resent; against a provider that
+//!   ignores keys, that resend is a second charge. The first such resend logs a warning.
+//! - **Give the retry policy to both layers** ([`Builder::retry_policy`]; `build_stack`
+//!   does it for you): the ledger's lease and protected window are sized by the retry
+//!   window. A retry layer stacked outside this one, or a longer policy inside than the
+//!   one this layer was given, logs a warning.
+//! - **Bound each attempt.** The default retry policy sets no per-attempt timeout, and
+//!   neither does hyper-util's client: a provider that hangs holds the call until you set
+//!   [`RetryPolicyBuilder::attempt_timeout`](crate::retry::RetryPolicyBuilder::attempt_timeout).
+//! - **With `reqwest`, turn redirects off** (`redirect(reqwest::redirect::Policy::none())`):
+//!   a failure on a followed redirect's hop reads as "never sent" and would release an
+//!   operation that charged. The `reqwest` adapters' docs say more.
+//! - **With `reqwest-middleware`, put `reqwest-retry` before the middleware**, so it retries
+//!   whole operations; [`Error::find`](crate::Error::find) reaches this crate's error
+//!   through its wrappers.
+//! - **For agents**, say which fields define an operation ([`Builder::defining_fields`]) and
+//!   whether another value of them is refused ([`DriftPolicy::Reject`](crate::DriftPolicy::Reject)):
+//!   by default a regenerated call, and an identity reused for another order by mistake,
+//!   finishes with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded)
+//!   and logged as a warning.
+//!
 //! # Reconciling in-doubt operations
 //!
 //! [`Builder::reconcile`] takes a [`Reconcile`](crate::idempotency::Reconcile), asked before an in-doubt operation

@@ -106,6 +106,11 @@
 //! put authentication **outside** this layer and derive the scope from the principal it
 //! found, as the example does. [`Builder::unscoped`](crate::server::Builder::unscoped) opts into one scope for all.
 //!
+//! Scopes separate the callers of one service, not services: two services sharing a store
+//! (or a Redis key prefix) see each other's keys when a caller sends both the same key
+//! under the same credential, or when they are unscoped. Give each service a store, or a
+//! prefix, of its own.
+//!
 //! # Handler failures, cancellation and expired leases
 //!
 //! - **A `5xx` from the handler** is recorded and replayed by default

@@ -66,9 +66,29 @@ use crate::ledger::{
 /// store. Several stores in one process add up in the same series, and a dropped store
 /// takes its share out.
 ///
-/// Size the budget for your rate times the protected window. Use `RedisStore` (feature
-/// `redis`) when several processes share operations or an orchestrator must resume after
-/// a crash.
+/// # Sizing
+///
+/// Size the budget for your rate of new operations times the protected window times a
+/// record's weight: what the default budget sustains is budget ÷ bytes ÷ window. The
+/// layers' default windows are the lease + 1 min on the server face (70 s) and the retry
+/// window + the lease on the client face (40 s), long enough for a client's 30 s of
+/// retries. Typical completed records at the defaults (`BENCHMARKS.md` has the runs):
+///
+/// | completed record | bytes | window | the default 192 MiB sustains |
+/// |---|---|---|---|
+/// | server, ~50-byte response | 578 | 70 s | ~4,900 new operations a second (one scope ~4,000: shares start at 80 %) |
+/// | client, 1 KiB JSON request | 574 | 40 s | ~8,700 new operations a second |
+///
+/// Past what it sustains, the store fails closed: a new operation is refused before it
+/// starts ([`Error::is_ledger_full`](crate::Error::is_ledger_full), with
+/// [`retry_after`](crate::Error::retry_after) saying when room frees up; `503 ledger-full`
+/// on the server face), and nothing runs twice. A longer window does not make a resume
+/// after a crash possible: the records die with the process. Use `RedisStore` (feature
+/// `redis`) or `PostgresStore` (feature `postgres`) when several processes share
+/// operations or an orchestrator must resume after a crash.
+///
+/// The store is its own map rather than a cache such as moka because a cache may evict a
+/// record inside its protected window, and an operation forgotten there runs twice.
 ///
 /// # Example
 ///

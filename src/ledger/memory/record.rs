@@ -24,7 +24,7 @@ pub(super) const TOMBSTONE_RESERVE: u64 = 16;
 /// A point in a record's life, in nanoseconds since its store's epoch: 8 bytes where an
 /// `Instant` takes 16, and a record holds four. Adding a duration saturates: a retention of
 /// more than five centuries is kept as long as the process lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Stamp(pub(super) u64);
 
 impl Stamp {

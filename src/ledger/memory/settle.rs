@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::budget::Sweep;
-use super::record::{outcome_status, Kept, Record, Stamp, State};
+use super::record::{outcome_status, Record, Stamp, State};
 use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::{MutexGuard, Ordering};
@@ -233,7 +233,6 @@ impl MemoryStore {
                 }
             }
         }
-        done.kept = Kept::Nothing;
         if let State::Completed { outcome, .. } = &mut done.state {
             *outcome = Outcome::Tombstone {
                 status: outcome_status(outcome),

@@ -15,4 +15,5 @@ mod client_side {
     mod reqwest;
     mod reqwest_middleware;
     mod retry;
+    mod store_parity;
 }

@@ -726,7 +726,8 @@ pub enum Begin {
     /// The record holds a different fingerprint, and of the request first sent only the
     /// digests of its top-level JSON fields: a completed operation, in a store that keeps no
     /// more of a request nobody will resend ([`MemoryStore`]). Answered as
-    /// [`Drift`](Self::Drift) is; the fields name what changed.
+    /// [`Drift`](Self::Drift) with the first request is; the fields name what changed (none,
+    /// when the first body was no JSON object: [`FieldDigests::changed_fields`] is `None`).
     DriftFields {
         /// The fingerprint on record.
         stored: Fingerprint,

@@ -6,7 +6,7 @@ use super::eviction::EvictionIndex;
 use super::record::SCOPE_BUCKETS;
 use super::shared::{Gauges, Inner, Shard, SHARDS};
 use super::store::MemoryStore;
-use super::sync::{Arc, AtomicBool, AtomicU64, Mutex};
+use super::sync::{Arc, AtomicU64, Mutex};
 
 /// The default byte budget of a [`MemoryStore`]: 192 MiB. With the layers' default protected
 /// windows it keeps up with ~5,000 new server operations a second (~570 bytes a record with
@@ -50,15 +50,28 @@ impl MemoryStoreBuilder {
     }
 
     /// The share of the budget one scope (a tenant, a principal: [`BeginRequest::scope`](crate::ledger::BeginRequest::scope))
-    /// may hold once protected records pass 80 % of the budget (default 0.25): from then
-    /// on a new claim of a scope over its share is refused, and the rest of the budget goes
-    /// to the scopes under theirs, so one tenant's flood cannot turn every other tenant's
-    /// requests into refusals. Below the mark, and for claims without a scope (the client
-    /// face, an [unscoped](crate::server::Builder::unscoped) server), nothing
-    /// changes. `1.0` turns shares off.
+    /// may hold once protected records (open ones, and completed ones inside their
+    /// protected window) reach 80 % of the budget (default 0.25). From then on, judged on
+    /// the bytes held at that moment:
+    ///
+    /// - a new claim that would take its scope past its share is refused (a
+    ///   [full](crate::ledger::StoreError::is_full) error: the layers answer 503 and send
+    ///   nothing);
+    /// - a completion whose outcome would take its scope past its share is still recorded
+    ///   as done, as a tombstone (its status, not its body: never run again, but a replay
+    ///   answers [`replay_unavailable`](crate::Error::is_replay_unavailable)), in the room
+    ///   its claim already held. An effect that happened is never forgotten; its bytes are
+    ///   what a scope past its share gives up, since a tenant's open operations, each small
+    ///   as a claim, could otherwise fill the store as they complete.
+    ///
+    /// So one tenant's flood cannot turn every other tenant's requests into refusals: the
+    /// rest of the budget goes to the scopes under their share. Below the mark nothing is
+    /// capped (a lone tenant may fill the store up to it), and claims without a scope (the
+    /// client face, an [unscoped](crate::server::Builder::unscoped) server) are never
+    /// judged. `1.0` turns shares off.
     ///
     /// The cost: a store with one scope (a service called by one principal) refuses it
-    /// once its protected records pass the mark, not when the budget is full.
+    /// once its protected records reach the mark, not when the budget is full.
     ///
     /// ```
     /// use tower_idempotency::ledger::MemoryStore;
@@ -93,7 +106,6 @@ impl MemoryStoreBuilder {
                 last_window_us: AtomicU64::new(0),
                 scope_bytes: (0..SCOPE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
                 scope_share: (self.max_bytes as f64 * self.scope_share) as u64,
-                pressed: AtomicBool::new(false),
                 settled: (0..SHARDS)
                     .map(|_| tokio::sync::watch::Sender::new(0))
                     .collect(),

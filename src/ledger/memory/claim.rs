@@ -29,7 +29,7 @@ impl MemoryStore {
                 let expired = entry.remove();
                 self.forget(&expired);
                 let record = Record::claim(&request, at);
-                if self.over_share(record.scope, record.weight) {
+                if self.over_share(record.scope, record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));
                 }
@@ -48,7 +48,7 @@ impl MemoryStore {
                 // Absent: a new claim, if the budget has room for it and its scope is not
                 // over its share of a store under pressure.
                 let record = Record::claim(&request, at);
-                if self.over_share(record.scope, record.weight) {
+                if self.over_share(record.scope, record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));
                 }

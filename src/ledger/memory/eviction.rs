@@ -12,6 +12,10 @@
 //! many bytes are still inside their protected window (the pressure a tenant's share is
 //! judged by) by the bytes themselves: a count of records, scaled, reads one large record
 //! past its window beside many small ones inside theirs as a store nearly all protected.
+//! That reading is taken on every claim or completion that would take a scope past its
+//! share, so it must stay cheap at a million records: the index keeps the bytes of the
+//! deque's entries whose window ended by the latest look, and a new look only adds those
+//! that ended since (a binary search, then the new ones), never sums the deque again.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -33,8 +37,14 @@ pub(super) struct EvictionIndex {
     sorted: VecDeque<(Place, Entry)>,
     /// The records that arrived out of order.
     overflow: BTreeMap<Place, Entry>,
-    /// The bytes of every entry.
-    bytes: u64,
+    /// The bytes of every entry of `sorted`.
+    sorted_bytes: u64,
+    /// The latest time the protected bytes were looked at (see
+    /// [`protected_bytes_after`](Self::protected_bytes_after)).
+    ended_by: Stamp,
+    /// The bytes of the entries of `sorted` whose window ended by `ended_by`: kept by every
+    /// insert and removal, so that a look only adds the entries that ended since the last.
+    ended_bytes: u64,
 }
 
 /// A record in the order: its key, and the bytes it weighed when it entered.
@@ -48,10 +58,10 @@ impl EvictionIndex {
     /// Put the record `key`, of `weight` bytes, in the order at `place`.
     pub(super) fn insert(&mut self, place: Place, key: LedgerKey, weight: u64) {
         let entry = Entry { key, weight };
-        self.bytes += weight;
         let at = self.sorted.len() - self.back_run_after(place);
         if self.sorted.len() - at <= NEAR_BACK {
             self.sorted.insert(at, (place, entry));
+            self.count_in_deque(place, weight);
         } else {
             self.overflow.insert(place, entry);
         }
@@ -70,14 +80,14 @@ impl EvictionIndex {
 
     pub(super) fn remove(&mut self, place: Place) {
         // Evictions take the front: no search for it.
-        let removed = if self
+        let from_deque = if self
             .sorted
             .front()
             .is_some_and(|(front, _)| *front == place)
         {
             self.sorted.pop_front().map(|(_, entry)| entry)
-        } else if let Some(entry) = self.overflow.remove(&place) {
-            Some(entry)
+        } else if self.overflow.remove(&place).is_some() {
+            None
         } else {
             self.sorted
                 .binary_search_by(|(entry, _)| entry.cmp(&place))
@@ -85,9 +95,25 @@ impl EvictionIndex {
                 .and_then(|at| self.sorted.remove(at))
                 .map(|(_, entry)| entry)
         };
-        if let Some(entry) = removed {
-            self.bytes -= entry.weight;
+        if let Some(entry) = from_deque {
+            self.uncount_in_deque(place, entry.weight);
             self.give_back_room();
+        }
+    }
+
+    /// An entry of `weight` bytes at `place` entered the deque.
+    fn count_in_deque(&mut self, place: Place, weight: u64) {
+        self.sorted_bytes += weight;
+        if place.0 <= self.ended_by {
+            self.ended_bytes += weight;
+        }
+    }
+
+    /// An entry of `weight` bytes at `place` left the deque.
+    fn uncount_in_deque(&mut self, place: Place, weight: u64) {
+        self.sorted_bytes -= weight;
+        if place.0 <= self.ended_by {
+            self.ended_bytes -= weight;
         }
     }
 
@@ -127,28 +153,40 @@ impl EvictionIndex {
     }
 
     /// The bytes of the records still inside their protected window at `now`, as they
-    /// weighed when they entered. The deque's entries on the shorter side of `now` are
-    /// summed (found by a binary search), the other side being what is left of the total:
-    /// at a store's steady state one side is a protected window's worth of records, the
-    /// other may be a retention's. The tree is small, and walked.
-    pub(super) fn protected_bytes_after(&self, now: Stamp) -> u64 {
-        let ended = self.sorted.partition_point(|(place, _)| place.0 <= now);
-        let sum = |entries: std::collections::vec_deque::Iter<'_, (Place, Entry)>| {
-            entries.map(|(_, entry)| entry.weight).sum::<u64>()
-        };
-        let in_deque = if ended < self.sorted.len() / 2 {
-            let all: u64 = self.bytes - self.overflow.values().map(|e| e.weight).sum::<u64>();
-            all - sum(self.sorted.range(..ended))
-        } else {
-            sum(self.sorted.range(ended..))
-        };
+    /// weighed when they entered.
+    ///
+    /// For the deque, the bytes whose window ended are kept from the latest look
+    /// (`ended_by`): a later look adds the entries that ended since (found by a binary
+    /// search), so at a store's steady state a look costs a search and the few records
+    /// that left their window meanwhile. A look from a moment before the latest (callers
+    /// race to the lock) takes back the few that ended in between. The tree is small, and
+    /// walked.
+    pub(super) fn protected_bytes_after(&mut self, now: Stamp) -> u64 {
+        if now > self.ended_by {
+            self.ended_bytes += self.deque_bytes_ending_in(self.ended_by, now);
+            self.ended_by = now;
+        }
+        let ended = self.ended_bytes - self.deque_bytes_ending_in(now, self.ended_by);
         let in_tree: u64 = self
             .overflow
             .iter()
             .filter(|(place, _)| place.0 > now)
             .map(|(_, entry)| entry.weight)
             .sum();
-        in_deque + in_tree
+        self.sorted_bytes - ended + in_tree
+    }
+
+    /// The bytes of the deque's entries whose window ends after `after`, by `by`.
+    fn deque_bytes_ending_in(&self, after: Stamp, by: Stamp) -> u64 {
+        if by <= after {
+            return 0;
+        }
+        let first = self.sorted.partition_point(|(place, _)| place.0 <= after);
+        self.sorted
+            .range(first..)
+            .take_while(|(place, _)| place.0 <= by)
+            .map(|(_, entry)| entry.weight)
+            .sum()
     }
 
     /// A deque that grew for a burst keeps its room; give most of it back once it holds a

@@ -41,9 +41,14 @@
 //!   to agree with a map at one instant, only never to exceed the budget, which each
 //!   reservation checks by itself. The per-scope counts and `completed_bytes` follow the
 //!   same reservations.
-//! - **`pressed`, `next_pressure_check`, `warned_*`, `last_claim`, `last_window_us`,
-//!   `open_expiry_floor`** are hints: a stale read delays a warning, a fair-share check or a
-//!   sweep by one look, and never changes what a record says. `next_pressure_check` is
+//! - **`scope_bytes`**, each scope's bytes, follow the same reservations; a claim or a
+//!   completion judged against its scope's share reads them, and the protected bytes, at
+//!   that moment (under the record's shard lock, then the eviction order's). Two of one
+//!   scope racing may both pass by the weight of the other: a share is held to within the
+//!   records in flight at one instant, not to the byte.
+//! - **`next_pressure_check`, `warned_*`, `last_claim`, `last_window_us`,
+//!   `open_expiry_floor`** are hints: a stale read delays a warning or a sweep by one
+//!   look, and never changes what a record says. `next_pressure_check` is
 //!   advanced by a compare-and-swap, so one caller per second does the look.
 //! - **The settle notifications** (`Inner::settled`, a watch channel per shard) are sent
 //!   after the shard lock is released. A waiter subscribes *before* its `begin` takes that

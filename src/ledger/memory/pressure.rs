@@ -1,10 +1,18 @@
 //! Pressure: how much of the budget is protected, the warnings before refusals, the refusals
 //! themselves, and each scope's fair share once the store is under pressure.
+//!
+//! A scope's share is judged on a current reading, by every claim and every completion
+//! that would take the scope past it: a flag refreshed now and then lets one tenant fill
+//! the whole budget between two looks. The reading costs nothing on the common path: a
+//! scope within its share, or a store whose bytes held (protected or not) are below the
+//! mark, is let through on one or two atomic loads; only a scope past its share in a full
+//! store looks at the protected bytes themselves.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::record::Stamp;
 use super::shared::lock;
 use super::store::MemoryStore;
 use super::sync::{AtomicU64, Ordering};
@@ -14,8 +22,8 @@ use crate::ledger::StoreError;
 /// protected window) may hold before the store warns that it is nearing refusals.
 pub(super) const HIGH_WATER_PERCENT: u64 = 80;
 
-/// How often, at most, a claim looks at how much of the budget is protected (in µs since the
-/// store's epoch): a binary search in the eviction order, under its lock.
+/// How often, at most, a claim reports how much of the budget is protected (the gauge, the
+/// warning), in µs. The shares never wait for it: they read the pressure when they judge.
 pub(super) const PRESSURE_CHECK_EVERY_US: u64 = 1_000_000;
 
 /// How often, at most, the store warns of pressure, and of refusals (µs).
@@ -24,13 +32,34 @@ pub(super) const WARN_EVERY_US: u64 = 30_000_000;
 impl MemoryStore {
     /// The bytes of open records and of completed ones inside their protected window.
     pub(super) fn protected_bytes_at(&self, now: Instant) -> u64 {
+        self.protected_bytes_by(self.stamp(now))
+    }
+
+    /// [`protected_bytes_at`](Self::protected_bytes_at) a stamp.
+    pub(super) fn protected_bytes_by(&self, at: Stamp) -> u64 {
         // Read the completed bytes first: a record completing meanwhile moves bytes from
         // open to completed, which only makes this err towards protected.
         let completed = self.inner.completed_bytes.load(Ordering::Relaxed);
         let used = self.inner.used.load(Ordering::Relaxed);
-        let inside = lock(&self.inner.evictable).protected_bytes_after(self.stamp(now));
+        let inside = lock(&self.inner.evictable).protected_bytes_after(at);
         let open = used.saturating_sub(completed);
         (open + inside).min(used)
+    }
+
+    /// Whether protected bytes, with `adding` more, reach the high-water mark at `at`.
+    fn pressed_with(&self, adding: u64, at: Stamp) -> bool {
+        let mark = self.high_water_mark();
+        // Protected bytes are some of the bytes held: below the mark by those, no look at
+        // the eviction order is needed (a store that is not full never takes its lock).
+        if self.inner.used.load(Ordering::Relaxed) + adding < mark {
+            return false;
+        }
+        self.protected_bytes_by(at) + adding >= mark
+    }
+
+    /// [`HIGH_WATER_PERCENT`] of the budget, in bytes.
+    fn high_water_mark(&self) -> u64 {
+        (u128::from(self.inner.max_bytes) * u128::from(HIGH_WATER_PERCENT) / 100) as u64
     }
 
     /// A record of scope bucket `scope` went from `old` to `new` bytes.
@@ -46,13 +75,20 @@ impl MemoryStore {
         }
     }
 
-    /// Whether a new claim of `weight` bytes in scope bucket `scope` is over its share while
-    /// the store is under pressure (then it is refused, leaving the room to other scopes).
-    pub(super) fn over_share(&self, scope: u16, weight: u64) -> bool {
+    /// Whether `adding` bytes in scope bucket `scope` (a new claim's, or what a completion
+    /// adds to its claim) take the scope past its share while protected records, with
+    /// them, reach the mark at `at`: read now, not at the last look.
+    ///
+    /// A claim over its share is refused, leaving the room to other scopes; a completion
+    /// over its share keeps the fact that it is done, not its outcome's bytes (see
+    /// `complete_now`): either way one scope never takes more of a store under pressure
+    /// than it held when the pressure began.
+    pub(super) fn over_share(&self, scope: u16, adding: u64, at: Stamp) -> bool {
         scope != 0
-            && self.inner.pressed.load(Ordering::Relaxed)
-            && self.inner.scope_bytes[usize::from(scope)].load(Ordering::Relaxed) + weight
+            && adding > 0
+            && self.inner.scope_bytes[usize::from(scope)].load(Ordering::Relaxed) + adding
                 > self.inner.scope_share
+            && self.pressed_with(adding, at)
     }
 
     /// Whether to warn now, at most once every [`WARN_EVERY_US`] per kind of warning.
@@ -66,7 +102,8 @@ impl MemoryStore {
     }
 
     /// At most once a second (the first claim to find it due): how much of the budget is
-    /// protected, into the gauge, and a warning past the high-water mark.
+    /// protected, into the gauge, and a warning past the high-water mark. The shares do not
+    /// depend on it (see [`over_share`](Self::over_share)).
     /// `at`: `now` in the store's microseconds.
     pub(super) fn check_pressure(&self, now: Instant, at: u64) {
         let due = self.inner.next_pressure_check.load(Ordering::Relaxed);
@@ -87,8 +124,7 @@ impl MemoryStore {
         let max = self.inner.max_bytes.max(1);
         let protected = self.protected_bytes_at(now);
         self.inner.gauges.protected(protected as f64 / max as f64);
-        let pressed = protected * 100 >= max * HIGH_WATER_PERCENT;
-        self.inner.pressed.store(pressed, Ordering::Relaxed);
+        let pressed = protected >= self.high_water_mark();
         if !pressed || !self.may_warn(&self.inner.warned_pressure, at) {
             return;
         }
@@ -116,8 +152,8 @@ impl MemoryStore {
     /// Refuse a claim for room: count it, warn (at most every 30 s) and say when room
     /// frees up, from the front of the eviction order alone (no sweep, no shard lock).
     pub(super) fn refuse(&self, now: Instant) -> StoreError {
-        // Refused claims look at the pressure too (when due): were every claim refused for
-        // its share, nothing else would ever see the pressure pass.
+        // Refused claims report the pressure too (when due): were every claim refused, the
+        // gauge would otherwise stay where it was when the refusals began.
         self.check_pressure(now, self.micros(now));
         let refused = self.inner.refused.fetch_add(1, Ordering::Relaxed) + 1;
         let first_end = lock(&self.inner.evictable)

@@ -24,7 +24,7 @@ pub(super) const TOMBSTONE_RESERVE: u64 = 16;
 /// A point in a record's life, in nanoseconds since its store's epoch: 8 bytes where an
 /// `Instant` takes 16, and a record holds four. Adding a duration saturates: a retention of
 /// more than five centuries is kept as long as the process lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Stamp(pub(super) u64);
 
 impl Stamp {
@@ -180,7 +180,8 @@ impl Record {
         record
     }
 
-    /// This (open) record, completed with `outcome`, keeping nothing of its request.
+    /// This (open) record, completed with `outcome`, keeping nothing of its request but
+    /// that there was one (see [`Kept::Unnamed`]): for a tombstone.
     pub(super) fn completed(
         &self,
         outcome: Outcome,
@@ -188,9 +189,13 @@ impl Record {
         now: Stamp,
         seq: u64,
     ) -> Self {
+        let kept = match self.kept {
+            Kept::Frozen(_) => Kept::Unnamed,
+            _ => Kept::Nothing,
+        };
         let mut done = Self {
             fingerprint: self.fingerprint,
-            kept: Kept::Nothing,
+            kept,
             state: State::Completed {
                 outcome,
                 protect_until: now + Duration::from_nanos(self.protected).min(retention),
@@ -238,10 +243,12 @@ impl Record {
     }
 
     /// The digests of the top-level fields of this completed record's request, wherever
-    /// they are kept (see [`Kept`]).
+    /// they are kept (see [`Kept`]); [unnamed](FieldDigests::unnamed) ones for a request
+    /// whose fields cannot be named.
     pub(super) fn field_digests(&self) -> Option<FieldDigests> {
         match (&self.kept, &self.state) {
             (Kept::Fields(fields), _) => Some(fields.clone()),
+            (Kept::Unnamed, _) => Some(FieldDigests::unnamed()),
             (Kept::InOutcome, State::Completed { outcome, .. }) => match outcome {
                 Outcome::Response(response) => match response.request_fields() {
                     RequestFields::Entries(entries) => Some(FieldDigests::from_entries(entries)),
@@ -304,7 +311,14 @@ pub(super) enum Kept {
     /// ([`StoredResponse::request_fields`](crate::ledger::StoredResponse)): weighed with
     /// the response.
     InOutcome,
-    /// Nothing (a request made without one, a body that is no JSON object, a tombstone).
+    /// Once it is completed, that it was made with a request whose fields cannot be named
+    /// (a body that is no JSON object, digests that would outweigh it, a tombstone's):
+    /// nothing but the fact, which weighs nothing. A regenerated request is then told it
+    /// drifted from a request the face may continue with (by the fingerprints, as when a
+    /// store keeps the whole request: [`Begin::DriftFields`](crate::ledger::Begin) with
+    /// [unnamed](FieldDigests::unnamed) digests), not from none.
+    Unnamed,
+    /// Nothing (a request made without one: the server face's).
     Nothing,
 }
 
@@ -320,15 +334,15 @@ impl Kept {
         match self {
             Self::Frozen(frozen) => frozen.weight() as u64,
             Self::Fields(fields) => fields.weight() as u64,
-            Self::InOutcome | Self::Nothing => 0,
+            Self::InOutcome | Self::Unnamed | Self::Nothing => 0,
         }
     }
 
     /// What a completed record keeps of this (which weighs `weight`) once `outcome` is
     /// recorded: the field digests of a frozen request, if its body is a JSON object and
-    /// they weigh less than the request (they always do but for bodies of many tiny fields,
-    /// which then name no fields in a drift report). Those the outcome carries are kept
-    /// where they are; others are made here.
+    /// they weigh less than the request (they always do but for bodies of many tiny fields);
+    /// else [`Unnamed`](Self::Unnamed), never nothing: a record that had a request keeps
+    /// the fact. Digests the outcome carries are kept where they are; others are made here.
     pub(super) fn completed(&self, weight: u64, outcome: &Outcome) -> Self {
         let Self::Frozen(frozen) = self else {
             return Self::Nothing;
@@ -336,7 +350,7 @@ impl Kept {
         let made = || {
             FieldDigests::of(frozen.body())
                 .filter(|fields| fields.weight() as u64 <= weight)
-                .map_or(Self::Nothing, Self::Fields)
+                .map_or(Self::Unnamed, Self::Fields)
         };
         let Outcome::Response(response) = outcome else {
             return made();
@@ -347,7 +361,7 @@ impl Kept {
             {
                 Self::InOutcome
             }
-            RequestFields::Entries(_) | RequestFields::NoFields => Self::Nothing,
+            RequestFields::Entries(_) | RequestFields::NoFields => Self::Unnamed,
             RequestFields::Ungathered => made(),
         }
     }

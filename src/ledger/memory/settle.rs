@@ -5,11 +5,26 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::budget::Sweep;
-use super::record::{outcome_status, Kept, Record, Stamp, State};
+use super::record::{outcome_status, Record, Stamp, State};
 use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::{MutexGuard, Ordering};
 use crate::ledger::{LeaseToken, LedgerKey, Outcome, StoreError};
+
+/// Why [`complete_in_place`](MemoryStore::complete_in_place) left an outcome out.
+pub(super) enum Unkept {
+    /// The budget has no room for it: the outcome, and the bytes missing.
+    NoRoom(Outcome, u64),
+    /// Its scope would pass its share of a store under pressure.
+    OverShare(Outcome),
+}
+
+/// Why a completion kept a tombstone instead of its outcome.
+#[derive(Clone, Copy)]
+pub(super) enum Tombstoned {
+    NoRoom,
+    OverShare,
+}
 
 impl MemoryStore {
     /// The shard of `key`, locked, when `token`'s lease holds its record at `now` (for a
@@ -96,33 +111,57 @@ impl MemoryStore {
             let left_out = self.settle_record_at(key, token, now, at, |store, open, _, at| {
                 store.complete_in_place(open, key, (outcome, weight), retention, at)
             })?;
-            let Err((left, needed)) = left_out else {
-                return Ok(());
-            };
-            // Other claims took the room meanwhile: evict once more.
-            outcome = left;
-            let now = Instant::now();
-            room = self.make_room(needed, now, self.stamp(now));
+            match left_out {
+                Ok(()) => return Ok(()),
+                Err(Unkept::OverShare(left)) => {
+                    return self.complete_past_share(key, token, left, retention);
+                }
+                Err(Unkept::NoRoom(left, needed)) => {
+                    // Other claims took the room meanwhile: evict once more.
+                    outcome = left;
+                    let now = Instant::now();
+                    room = self.make_room(needed, now, self.stamp(now));
+                }
+            }
         }
         // No room for the whole outcome: settle for less.
         let now = Instant::now();
         let mut shard = self.owned_shard(&key, token, now)?;
         let open = shard.records.get_mut(&key).expect("owned");
-        let outcome = if room {
+        let (outcome, why) = if room {
             match self.complete_in_place(open, key, (outcome, weight), retention, self.stamp(now)) {
                 Ok(()) => return Ok(()),
-                Err((outcome, _)) => outcome,
+                Err(Unkept::NoRoom(outcome, _)) => (outcome, Tombstoned::NoRoom),
+                Err(Unkept::OverShare(outcome)) => (outcome, Tombstoned::OverShare),
             }
         } else {
-            outcome
+            (outcome, Tombstoned::NoRoom)
         };
         let whole = open.completed(outcome, retention, self.stamp(now), self.seq());
-        self.complete_as_tombstone(&mut shard, key, Box::new(whole));
+        self.complete_as_tombstone(&mut shard, key, Box::new(whole), why);
+        Ok(())
+    }
+
+    /// Complete `key` as a tombstone: its outcome would take its scope past its share of a
+    /// store under pressure.
+    fn complete_past_share(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut shard = self.owned_shard(&key, token, now)?;
+        let open = shard.records.get_mut(&key).expect("owned");
+        let done = open.completed(outcome, retention, self.stamp(now), self.seq());
+        self.complete_as_tombstone(&mut shard, key, Box::new(done), Tombstoned::OverShare);
         Ok(())
     }
 
     /// Complete the open `record` of `key` with `outcome` where it stands, if the budget
-    /// has room for the outcome's bytes; else hand the outcome back with the bytes missing.
+    /// has room for the outcome's bytes and its scope may take them; else hand the outcome
+    /// back, saying why.
     pub(super) fn complete_in_place(
         &self,
         record: &mut Record,
@@ -130,15 +169,21 @@ impl MemoryStore {
         (outcome, outcome_weight): (Outcome, u64),
         retention: Duration,
         at: Stamp,
-    ) -> Result<(), (Outcome, u64)> {
+    ) -> Result<(), Unkept> {
         // What can fail (an instant out of range panics) comes before anything is written,
         // so a panic leaves the record, the budget and the eviction order as they were.
         let protect_until = at + Duration::from_nanos(record.protected).min(retention);
         let retain_until = at + retention;
         let kept = record.kept.completed(record.open_kept_weight(), &outcome);
         let weight = record.completed_weight(outcome_weight, &kept);
+        // Judged before the bytes are taken, on the reading of this moment: were the
+        // completion judged only by the claims after it, a scope's open operations could
+        // fill the store as they complete, however small their claims were.
+        if self.over_share(record.scope, weight.saturating_sub(record.weight), at) {
+            return Err(Unkept::OverShare(outcome));
+        }
         if !self.reweigh(record.weight, weight) {
-            return Err((outcome, weight - record.weight));
+            return Err(Unkept::NoRoom(outcome, weight - record.weight));
         }
         self.inner.gauges.reweighed(record.weight, weight);
         self.scoped(record.scope, record.weight, weight);
@@ -166,13 +211,28 @@ impl MemoryStore {
         shard: &mut Shard,
         key: LedgerKey,
         mut done: Box<Record>,
+        why: Tombstoned,
     ) {
-        tracing::warn!(
-            max_bytes = self.inner.max_bytes,
-            "the memory ledger has no room for an outcome; keeping a tombstone (the operation \
-             is done, but cannot be replayed)"
-        );
-        done.kept = Kept::Nothing;
+        match why {
+            Tombstoned::NoRoom => tracing::warn!(
+                max_bytes = self.inner.max_bytes,
+                "the memory ledger has no room for an outcome; keeping a tombstone (the \
+                 operation is done, but cannot be replayed)"
+            ),
+            // A flood completes many at once: warned of as refusals are, every 30 s.
+            Tombstoned::OverShare => {
+                let at = self.micros(Instant::now());
+                if self.may_warn(&self.inner.warned_refusal, at) {
+                    tracing::warn!(
+                        max_bytes = self.inner.max_bytes,
+                        scope_share = self.inner.scope_share,
+                        "the memory ledger's protected records are past the high-water mark \
+                         and an outcome would take its scope past its share; keeping a \
+                         tombstone (the operation is done, but cannot be replayed)"
+                    );
+                }
+            }
+        }
         if let State::Completed { outcome, .. } = &mut done.state {
             *outcome = Outcome::Tombstone {
                 status: outcome_status(outcome),

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::eviction::EvictionIndex;
 use super::record::Record;
 use super::released::Released;
-use super::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
+use super::sync::{AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 use crate::ledger::{DigestState, LedgerKey};
 
 /// Shards of the record map: enough that unrelated keys rarely share a lock on a many-core
@@ -49,11 +49,8 @@ pub(super) struct Inner {
     /// Bytes held by each scope's records (see [`SCOPE_BUCKETS`](super::record::SCOPE_BUCKETS)).
     pub(super) scope_bytes: Box<[AtomicU64]>,
     /// What one scope may hold (see `MemoryStoreBuilder::scope_share`) once protected
-    /// records pass the high-water mark.
+    /// records reach the high-water mark.
     pub(super) scope_share: u64,
-    /// Whether protected records held past the high-water mark at the last look: a hint,
-    /// set by the pressure check and read by each claim's fair-share check.
-    pub(super) pressed: AtomicBool,
     /// The protected window of the latest claim, in µs: the window the sustainable rate
     /// in a warning is worked out for.
     pub(super) last_window_us: AtomicU64,

@@ -18,7 +18,9 @@ use crate::ledger::{
 /// against one byte budget, [`max_bytes`](super::MemoryStoreBuilder::max_bytes) (192 MiB by
 /// default): its key, its bookkeeping, its frozen request while the operation is open (once
 /// it is completed, only a digest of each top-level JSON field of its body, enough to name
-/// what a later request changed: [`Begin::DriftFields`]) and its recorded response.
+/// what a later request changed: [`Begin::DriftFields`]; of a body that is no JSON object,
+/// only the fact that there was one) and its recorded response. A regenerated request is
+/// judged as on a store that keeps the whole request: the same answer from every store.
 /// [`weighted_size`](MemoryStore::weighted_size) is that count, exactly, at every moment.
 ///
 /// The budget is kept without ever forgetting an operation that may still be retried:

@@ -9,16 +9,10 @@
 //! `LockResult`.
 
 #[cfg(not(all(test, tower_idempotency_loom)))]
-pub(super) use std::sync::{
-    atomic::{AtomicBool, AtomicU64},
-    Mutex, MutexGuard,
-};
+pub(super) use std::sync::{atomic::AtomicU64, Mutex, MutexGuard};
 
 #[cfg(all(test, tower_idempotency_loom))]
-pub(super) use loom::sync::{
-    atomic::{AtomicBool, AtomicU64},
-    Mutex, MutexGuard,
-};
+pub(super) use loom::sync::{atomic::AtomicU64, Mutex, MutexGuard};
 
 pub(super) use std::sync::atomic::Ordering;
 pub(super) use std::sync::{Arc, PoisonError};

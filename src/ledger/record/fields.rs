@@ -43,6 +43,9 @@ pub struct FieldDigests(Box<[u8]>);
 // worst leave a changed field unnamed; it can never make a replay or a run.
 const DIGEST_LEN: usize = 8;
 
+/// The buffer of [`FieldDigests::unnamed`]: shorter than any entry.
+const UNNAMED: u8 = 0xff;
+
 impl FieldDigests {
     /// The digests of `body`'s top-level fields, if it is a JSON object (`None` if not, or if
     /// a field name is over 64 KiB).
@@ -57,6 +60,21 @@ impl FieldDigests {
         Self(Box::from(entries))
     }
 
+    /// The digests of a request whose fields cannot be named (its body is no JSON object,
+    /// or digests of its fields would outweigh it): no field to compare, and none named.
+    /// What a store that keeps digests answers for such a request once completed, so that
+    /// a regenerated request drifts from it as from a store that kept the request whole
+    /// (the faces judge by the fingerprints), never as from a record that kept nothing.
+    pub(crate) fn unnamed() -> Self {
+        // One byte: every buffer of entries is empty or holds an entry's 10 bytes at least.
+        Self(Box::new([UNNAMED]))
+    }
+
+    /// Whether these are [`unnamed`](Self::unnamed).
+    fn is_unnamed(&self) -> bool {
+        self.0[..] == [UNNAMED]
+    }
+
     /// Bytes held, for weighing: the entries and the allocation they are in.
     pub(crate) fn weight(&self) -> usize {
         Self::weight_of(self.0.len())
@@ -68,8 +86,12 @@ impl FieldDigests {
     }
 
     /// The top-level fields added, removed or changed in `body` against these, sorted; `None`
-    /// when `body` is not a JSON object.
+    /// when `body` is not a JSON object, or the first request's fields could not be named
+    /// (its body was none).
     pub fn changed_fields(&self, body: &[u8]) -> Option<Vec<String>> {
+        if self.is_unnamed() {
+            return None;
+        }
         let new = fields(body)?;
         let old = last_of_each(
             self.entries()

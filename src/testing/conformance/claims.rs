@@ -110,6 +110,41 @@ pub async fn drift_in_every_state(store: &dyn IdempotencyStore) {
     }
 }
 
+/// A completed operation whose body is no JSON object (a form, bytes) still answers a
+/// regenerated request with a request to judge it by: the one first frozen
+/// ([`Begin::Drift`] with it), or field digests ([`Begin::DriftFields`], naming no field).
+/// A drift from no request at all is refused by every face, where the same operation on
+/// another store would continue with the bytes first frozen and replay its outcome.
+pub async fn completed_drift_keeps_a_request_to_judge_by(store: &dyn IdempotencyStore) {
+    let original = frozen("amount=5&note=first+try");
+    let regenerated = frozen("amount=5&note=second+try");
+    let key = fresh_key();
+    let token = acquire(store, request(key, &original)).await;
+    store
+        .complete(key, token, response("x"), RETENTION)
+        .await
+        .expect("complete");
+    let name = "completed_drift_keeps_a_request_to_judge_by";
+    match store
+        .begin(request(key, &regenerated))
+        .await
+        .expect("begin")
+    {
+        Begin::Drift {
+            stored,
+            frozen: Some(frozen),
+        } => {
+            assert_eq!(stored, original.fingerprint(), "{name}");
+            assert_eq!(frozen.body(), original.body(), "{name}");
+        }
+        Begin::DriftFields { stored, fields } => {
+            assert_eq!(stored, original.fingerprint(), "{name}");
+            assert_eq!(fields.changed_fields(regenerated.body()), None, "{name}");
+        }
+        other => panic!("{name}: expected a drift from the first request, got {other:?}"),
+    }
+}
+
 /// A tombstone replays as a tombstone with its status.
 pub async fn tombstones_replay_as_tombstones(store: &dyn IdempotencyStore) {
     let key = fresh_key();

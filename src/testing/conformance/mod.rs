@@ -41,8 +41,8 @@ mod lifecycle;
 
 pub use claims::{
     a_repeated_begin_recognises_its_own_claim, acquire_complete_replay, busy_while_in_flight,
-    concurrent_begin_has_one_owner, drift_in_every_state, replay_is_byte_identical,
-    tombstones_replay_as_tombstones,
+    completed_drift_keeps_a_request_to_judge_by, concurrent_begin_has_one_owner,
+    drift_in_every_state, replay_is_byte_identical, tombstones_replay_as_tombstones,
 };
 pub use fencing::{
     a_held_lease_lasts_until_let_go, a_release_outlasts_a_late_claim,
@@ -95,6 +95,7 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     concurrent_begin_has_one_owner(store.clone()).await;
     busy_while_in_flight(&*store).await;
     drift_in_every_state(&*store).await;
+    completed_drift_keeps_a_request_to_judge_by(&*store).await;
     stale_owner_writes_are_fenced(&*store).await;
     in_doubt_resumes_with_stored_bytes(&*store).await;
     expired_lease_resumes_and_fences_old_owner(&*store, &clock).await;

@@ -7,6 +7,7 @@ mod support;
 
 mod client_side {
     mod client;
+    mod drift;
     mod fault_matrix;
     mod outcome_hook;
     mod randomized;

@@ -8,6 +8,7 @@ mod support;
 mod tool_side {
     mod face;
     mod randomized;
+    mod read_back;
     mod seams;
     mod stores;
 }

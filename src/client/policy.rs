@@ -29,6 +29,11 @@ pub enum DriftPolicy {
     /// Continue the operation with the bytes first frozen, never the new ones: resend them
     /// if in doubt, replay the outcome if completed. The response carries a
     /// [`PayloadDiscarded`] naming what the discarded payload changed.
+    ///
+    /// Only a regenerated **body** is discarded: a request whose method or target changed
+    /// (an operation first sent to `/charges` coming back for `/refunds`) is refused with a
+    /// drift error naming the changed part, nothing sent, under this policy as under
+    /// [`Reject`](Self::Reject).
     ResendFrozen,
 }
 

@@ -321,19 +321,24 @@ where
 
 impl ClientFace {
     /// Whether a drift from `stored` to `new` of an operation keyed `wire` continues with
-    /// the bytes first frozen: as the [policy](Builder::drift_policy) says when set;
-    /// else for a regenerated body under an `OperationId` (its method and target unchanged:
-    /// an operation sent elsewhere is refused, never answered with another target's
-    /// outcome), and never under a caller's own key.
+    /// the bytes first frozen. Only a regenerated **body** ever does: a changed method or
+    /// target is another request (a refund is not the charge first sent), and going on
+    /// would answer it with another target's outcome or resend another target's bytes,
+    /// whatever the policy. A regenerated body continues as the
+    /// [policy](super::Builder::drift_policy) says when set; else under an `OperationId`,
+    /// and never under a caller's own key.
     fn resends_frozen_on_drift(
         &self,
         wire: Option<&WireKey>,
         stored: crate::fingerprint::Fingerprint,
         new: crate::fingerprint::Fingerprint,
     ) -> bool {
+        if !only_the_body_differs(stored, new) {
+            return false;
+        }
         match (self.drift, wire) {
             (Some(policy), _) => policy == DriftPolicy::ResendFrozen,
-            (None, Some(WireKey::Derived(_))) => only_the_body_differs(stored, new),
+            (None, Some(WireKey::Derived(_))) => true,
             (None, _) => false,
         }
     }

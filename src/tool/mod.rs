@@ -12,9 +12,10 @@
 //!   eviction for the retry window, and an unavailable ledger fails closed (the tool is not
 //!   called);
 //! - the arguments are **frozen** at first sight of the operation (canonical JSON, stored
-//!   with the claim) and every retry, every resume after a crash, calls the tool with the
-//!   thawed frozen arguments, never regenerated ones (a new operation's first attempt takes
-//!   the arguments the frozen bytes were just made from, sparing a thaw);
+//!   with the claim) and every attempt, every resume after a crash, calls the tool with the
+//!   thawed frozen arguments, never regenerated ones; a new operation's frozen arguments
+//!   are read back and frozen again before its first call, and arguments that do not
+//!   read back as themselves are refused with nothing called ([`NotReadBack`]);
 //! - a regenerated call (the model rewrote its `summary`) goes on with the frozen arguments
 //!   by default, and its output says what was discarded ([`ToolOutput::discarded`]);
 //!   [`DriftPolicy::Reject`](crate::DriftPolicy::Reject) refuses it instead;
@@ -89,12 +90,14 @@ mod face;
 mod function;
 mod layer;
 mod operation;
+mod read_back;
 mod service;
 mod types;
 
 pub use builder::Builder;
 pub use function::idempotent_call;
 pub use layer::ToolLayer;
+pub use read_back::NotReadBack;
 pub use service::{ToolFuture, ToolService};
 pub use types::{
     applied, frozen_arguments, ClassifyToolError, Discarded, FinalAnswer, MayHaveHappened,

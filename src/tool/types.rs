@@ -539,6 +539,11 @@ pub enum ToolError<E> {
     /// The arguments could not be frozen (serialized) or thawed (deserialized): the tool
     /// was not called.
     Arguments(serde_json::Error),
+    /// The arguments froze to JSON that does not read back as them (a float that is not
+    /// finite, a `HashSet`): refused before the first call, the tool not called and the
+    /// operation released, since no retry or resume could call it with them. See
+    /// [`NotReadBack`](super::NotReadBack) for an example.
+    NotReadBack(super::NotReadBack),
     /// The tool's response could not be serialized for the ledger (the tool ran; the
     /// operation is left in doubt) or a recorded one deserialized.
     Response(serde_json::Error),
@@ -584,6 +589,7 @@ impl<E: fmt::Display> fmt::Display for ToolError<E> {
                 f,
                 "the tool's arguments could not be frozen or thawed: {error}"
             ),
+            Self::NotReadBack(refused) => refused.fmt(f),
             Self::Response(error) => write!(
                 f,
                 "the tool's response could not be recorded or replayed: {error}"
@@ -599,6 +605,7 @@ impl<E: std::error::Error + 'static> std::error::Error for ToolError<E> {
             Self::Final(_) => None,
             Self::Idempotency(error) => Some(error),
             Self::Arguments(error) | Self::Response(error) => Some(error),
+            Self::NotReadBack(refused) => Some(refused),
         }
     }
 }

@@ -1,11 +1,13 @@
 //! A call's arguments, frozen once: their canonical bytes, fingerprint and digest.
 
 use http::{HeaderMap, Method, Version};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::digest::BodyDigest;
 use crate::fingerprint::{canonical, Fingerprint};
 use crate::tool::face::ToolFace;
+use crate::tool::NotReadBack;
 use crate::FrozenRequest;
 
 /// A call's arguments, frozen: the canonical bytes as the ledger stores them, and the
@@ -48,6 +50,21 @@ impl Frozen {
             fingerprint,
             digest,
         })
+    }
+
+    /// The arguments as every attempt and every resume will call the tool with them: the
+    /// frozen bytes read back. Refused when they do not freeze again to the same bytes:
+    /// what a resume would call the tool with is not what was frozen (or cannot be read
+    /// at all), and an operation that no resume can finish must not be started.
+    pub(super) fn read_back<A: Serialize + DeserializeOwned>(&self) -> Result<A, NotReadBack> {
+        let body = self.body();
+        let thawed: A =
+            serde_json::from_slice(body).map_err(|err| NotReadBack::unreadable(body, err))?;
+        match canonical::to_bytes(&thawed) {
+            Ok(again) if again == body => Ok(thawed),
+            Ok(again) => Err(NotReadBack::changed(body, &again)),
+            Err(err) => Err(NotReadBack::unreadable(body, err)),
+        }
     }
 
     pub(super) fn body(&self) -> &[u8] {

@@ -92,7 +92,7 @@ where
         key,
         ledger_key: LedgerKey::for_operation(key),
     };
-    operation.operate(ours, call.into_arguments(), tool).await
+    operation.operate(ours, tool).await
 }
 
 /// Reads and idempotent writes: called outside the ledger, with the key, retried by the

@@ -34,16 +34,15 @@ pub(super) struct Operation<'a, C> {
 }
 
 impl<C> Operation<'_, C> {
-    /// `handed`: the arguments handed in, whose frozen form is `ours`.
+    /// `ours`: the arguments handed in, frozen.
     pub(super) async fn operate<A, R, E, T>(
         &self,
         ours: Frozen,
-        handed: A,
         tool: &mut T,
     ) -> Result<ToolOutput<R>, ToolError<E>>
     where
         C: ClassifyToolError<E>,
-        A: DeserializeOwned + Send,
+        A: Serialize + DeserializeOwned + Send,
         R: Serialize + DeserializeOwned,
         T: Invoke<A, R, E>,
     {
@@ -114,17 +113,30 @@ impl<C> Operation<'_, C> {
         match answer {
             Begin::Acquired { token } => {
                 let digest = ours.digest_of(&to_send);
-                // A new operation going on with the arguments just frozen: its first
-                // attempt takes them as handed in (they are what the frozen bytes were
-                // made from); every retry, and every resume, thaws the frozen bytes.
-                let handed = ours.is(&to_send).then_some(handed);
+                // A new operation going on with the arguments just frozen: read back
+                // before its first attempt, which takes them as read (as every retry and
+                // every resume will), never as handed in. Refused, nothing called, when
+                // they do not read back as frozen: no resume could finish the operation.
+                let read = if ours.is(&to_send) {
+                    match ours.read_back::<A>() {
+                        Ok(arguments) => Some(arguments),
+                        Err(refused) => {
+                            tracing::warn!(%refused, "refusing a tool call before it runs");
+                            let released = ledger.hold_unsent(self.ledger_key, token).abandon();
+                            settle(released, "release").await;
+                            return Err(ToolError::NotReadBack(refused));
+                        }
+                    }
+                } else {
+                    None
+                };
                 self.exchange(
                     tool,
                     token,
                     (&to_send, digest),
                     ToolSource::Called,
                     discarded,
-                    handed,
+                    read,
                 )
                 .await
             }
@@ -210,7 +222,8 @@ impl<C> Operation<'_, C> {
     }
 
     /// Call the tool with `first` (thawed) as the operation's owner under `token`, retrying
-    /// by the face's policy, and settle the lease by what happened.
+    /// by the face's policy, and settle the lease by what happened. `read`: `first`
+    /// already read back, for the first attempt.
     async fn exchange<A, R, E, T>(
         &self,
         tool: &mut T,
@@ -218,7 +231,7 @@ impl<C> Operation<'_, C> {
         (first, digest): (&FrozenRequest, BodyDigest),
         source: ToolSource,
         discarded: Option<Discarded>,
-        mut handed: Option<A>,
+        mut read: Option<A>,
     ) -> Result<ToolOutput<R>, ToolError<E>>
     where
         C: ClassifyToolError<E>,
@@ -248,8 +261,8 @@ impl<C> Operation<'_, C> {
                 settle_failed(lease, may_have_happened).await;
                 return Err(ToolError::Tool(error));
             }
-            let thawed = match handed.take() {
-                Some(handed) => Ok(handed),
+            let thawed = match read.take() {
+                Some(read) => Ok(read),
                 None => serde_json::from_slice(first.body()),
             };
             let arguments: A = match thawed {

@@ -8,6 +8,7 @@ mod support;
 mod client_side {
     mod client;
     mod fault_matrix;
+    mod key_header;
     mod outcome_hook;
     mod randomized;
     mod reconcile;

@@ -9,6 +9,7 @@ mod client_side {
     mod client;
     mod drift;
     mod fault_matrix;
+    mod key_header;
     mod outcome_hook;
     mod randomized;
     mod reconcile;

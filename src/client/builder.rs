@@ -10,6 +10,7 @@ use crate::idempotency::engine::BusyPolicy;
 use crate::idempotency::hold::OperationSettings;
 use crate::idempotency::reconcile::Reconcile;
 use crate::idempotency::scope::Scope;
+use crate::key::KeyHeader;
 use crate::ledger::IdempotencyStore;
 use crate::phase::ClassifyPhase;
 use crate::retry::{FrozenRetryLayer, RetryPolicy};
@@ -32,6 +33,7 @@ use super::stack::ClientStack;
 /// | [scope](Builder::scope) (mixed into every key) | `""` |
 /// | [a caller's own key](Builder::caller_key_scope) | scoped by its `Authorization` header, refused without one |
 /// | [key required](Builder::require_key) on side effects | yes: a side effect without an `OperationId` or key fails, nothing sent |
+/// | [key header](Builder::key_header) (name and form) | [`KeyHeader::ietf`]: `Idempotency-Key: "<key>"` |
 /// | **The ledger** | |
 /// | [lease](Builder::lease) (renewed by a live owner) | 10 s |
 /// | [retention](Builder::retention) | 24 h |
@@ -78,6 +80,7 @@ pub struct Builder {
     /// Unset: the default here, the retry policy's own in `build_stack`.
     body_limit: Option<usize>,
     fail_open: bool,
+    key_header: KeyHeader,
     /// `None` until told: `true` is assumed, and a resend that relies on it is reported.
     provider_deduplicates: Option<bool>,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
@@ -97,6 +100,7 @@ impl Builder {
             defining_fields: None,
             body_limit: None,
             fail_open: false,
+            key_header: KeyHeader::ietf(),
             provider_deduplicates: None,
             phase_classifier: None,
             reconcile_when_deduplicating: false,
@@ -195,6 +199,34 @@ impl Builder {
     /// ```
     pub fn require_key(mut self, require: bool) -> Self {
         self.require_key = require;
+        self
+    }
+
+    /// The header the provider reads the key from, and the form of its value (default
+    /// [`KeyHeader::ietf`]: `Idempotency-Key: "<key>"`, the IETF draft's sf-string).
+    ///
+    /// A key derived from an [`OperationId`](crate::OperationId) is sent under this header
+    /// in this form, and a caller's own key is read from it. The same setting reaches what
+    /// reads the key back: the [`FrozenRetryLayer`] of [`build_stack`](Self::build_stack)
+    /// (a request carrying the key is safe to resend), and the [reconciler](Self::reconcile)
+    /// (given the value [exactly as it was sent](crate::idempotency::InDoubtOperation::sent_key)).
+    /// A `FrozenRetryLayer` you stack yourself learns it from this layer; used alone, it
+    /// takes it from [`RetryPolicyBuilder::key_header`](crate::retry::RetryPolicyBuilder::key_header).
+    ///
+    /// ```
+    /// use tower_idempotency::key::KeyHeader;
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// // PayPal reads `PayPal-Request-Id: <key>`.
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::paypal())
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn key_header(mut self, header: KeyHeader) -> Self {
+        self.key_header = header;
         self
     }
 }
@@ -494,6 +526,7 @@ impl Builder {
             body_limit: self.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
             response_limit: self.operation.response_limit,
             fail_open: self.fail_open,
+            key_header: self.key_header,
             provider_deduplicates: self.provider_deduplicates.unwrap_or(true),
             deduplication_assumed: self.provider_deduplicates.is_none(),
             phase_classifier: self.phase_classifier,
@@ -532,6 +565,8 @@ impl Builder {
     /// ```
     pub fn build_stack(self) -> Result<ClientStack, ConfigError> {
         let mut policy = self.operation.retry.clone();
+        // The retry layer tells a keyed request by the header this layer sends.
+        policy.key_header = self.key_header.clone();
         if let Some(limit) = self.body_limit {
             policy.body_limit = limit;
         }

@@ -12,6 +12,7 @@ use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::engine::{BusyPolicy, Ledger};
 use crate::idempotency::reconcile::Reconcile;
 use crate::idempotency::scope::Scope;
+use crate::key::KeyHeader;
 use crate::phase::ClassifyPhase;
 
 use super::policy::DriftPolicy;
@@ -32,6 +33,8 @@ pub struct ClientFace {
     pub(super) body_limit: usize,
     pub(super) response_limit: usize,
     pub(super) fail_open: bool,
+    /// The header the key travels under, and its form.
+    pub(crate) key_header: KeyHeader,
     pub(super) provider_deduplicates: bool,
     /// The builder was not told whether the provider deduplicates: `provider_deduplicates`
     /// is the default's `true`, assumed.

@@ -1,13 +1,15 @@
 //! Which ledger record a request belongs to.
 
 use crate::idempotency::decision::WireKey;
-use crate::key::{HeaderKey, OperationId};
+use crate::key::OperationId;
 use crate::ledger::LedgerKey;
 use crate::Error;
 
 use super::face::ClientFace;
 /// Which ledger record a request belongs to. A derived key's header is added when the
 /// request is frozen, with its `Content-Digest` (see [`Adding`](crate::frozen::Adding)).
+/// A caller's own key is read from the header the provider reads it from
+/// ([`KeyHeader`](crate::key::KeyHeader)), in either form.
 ///
 /// A caller's own `Idempotency-Key` names an operation **at its target**: the same key sent
 /// to two hosts is two operations, and one's record never answers the other. An
@@ -19,7 +21,7 @@ pub(super) fn identify(
     parts: &http::request::Parts,
 ) -> Result<Option<(LedgerKey, WireKey)>, Error> {
     // A key the caller sent wins over one derived from an `OperationId`.
-    let sent = HeaderKey::from_headers(&parts.headers);
+    let sent = client.key_header.read(&parts.headers);
     if matches!(sent, Ok(None)) {
         if let Some(op) = parts.extensions.get::<OperationId>() {
             let key = op.key(&client.scope);

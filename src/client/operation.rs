@@ -215,7 +215,7 @@ where
                         let adding = match &key {
                             None => Adding::Nothing,
                             Some((_, WireKey::Derived(key))) => Adding::Digest {
-                                derived_key: Some(key),
+                                derived_key: Some((key, &this.client.key_header)),
                             },
                             Some(_) => Adding::Digest { derived_key: None },
                         };

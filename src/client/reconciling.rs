@@ -55,7 +55,8 @@ where
         Some(WireKey::Header(key)) => key.as_str().to_owned(),
         None => String::new(),
     };
-    let operation = InDoubtOperation::new(original.clone(), wire_key, attempts);
+    let operation = InDoubtOperation::new(original.clone(), wire_key, attempts)
+        .with_key_header(client.key_header.clone());
     let verdict = lease
         .renewing(reconcile::ask(
             reconciler,

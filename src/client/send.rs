@@ -80,7 +80,11 @@ where
         frozen: FrozenRequest,
         mut extensions: Extensions,
     ) -> (S::Future, Handoff) {
-        let handoff = Handoff::new(frozen, !client.provider_deduplicates);
+        let handoff = Handoff::new(
+            frozen,
+            !client.provider_deduplicates,
+            client.key_header.clone(),
+        );
         extensions.insert(handoff.clone());
         let request = handoff.frozen().to_request_with(extensions);
         (inner.call(request), handoff)
@@ -124,13 +128,17 @@ where
     ) -> (FrozenAttempts<T>, ()) {
         without_operation_id(&mut extensions);
         let key_ignored = !client.provider_deduplicates;
-        (inner.send_frozen(frozen, extensions, key_ignored), ())
+        let key_header = Some(client.key_header.clone());
+        (
+            inner.send_frozen(frozen, extensions, (key_ignored, key_header)),
+            (),
+        )
     }
 
     #[inline(always)]
     fn pass(inner: FrozenRetry<T>, frozen: &FrozenRequest, extensions: Extensions) -> Self::Pass {
         // Nothing here carries a key: a server that ignores keys makes no difference.
-        inner.send_frozen(frozen.clone(), extensions, false)
+        inner.send_frozen(frozen.clone(), extensions, (false, None))
     }
 
     fn may_have_left(_: &ClientFace, _: &(), call: &FrozenAttempts<T>) -> bool {

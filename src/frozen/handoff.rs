@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http::Extensions;
 
 use super::request::FrozenRequest;
+use crate::key::KeyHeader;
 
 /// What the client [`IdempotencyLayer`](crate::IdempotencyLayer) leaves in a request's
 /// extensions for the [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside it, and what the
@@ -26,16 +27,19 @@ pub(super) struct HandoffState {
     /// The server ignores `Idempotency-Key`: a keyed side effect is then no safer to resend
     /// than an unkeyed one.
     key_ignored: bool,
+    /// The header the key travels under: how the retry layer tells a keyed request.
+    key_header: KeyHeader,
     sent: std::sync::atomic::AtomicBool,
     /// The retry window of the retry layer inside, in ms, once it reported it (0: none).
     retry_window_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Handoff {
-    pub(crate) fn new(frozen: FrozenRequest, key_ignored: bool) -> Self {
+    pub(crate) fn new(frozen: FrozenRequest, key_ignored: bool, key_header: KeyHeader) -> Self {
         Self(Arc::new(HandoffState {
             frozen,
             key_ignored,
+            key_header,
             sent: std::sync::atomic::AtomicBool::new(false),
             retry_window_ms: std::sync::atomic::AtomicU64::new(0),
         }))
@@ -48,6 +52,11 @@ impl Handoff {
 
     pub(crate) fn key_ignored(&self) -> bool {
         self.0.key_ignored
+    }
+
+    /// The header the idempotency layer sends the key under.
+    pub(crate) fn key_header(&self) -> &KeyHeader {
+        &self.0.key_header
     }
 
     /// An attempt of this operation that may have reached the server is followed by

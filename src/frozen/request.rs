@@ -12,7 +12,7 @@ use http_body_util::Full;
 use super::collect::collect_request;
 use crate::digest::{BodyDigest, CONTENT_DIGEST};
 use crate::fingerprint::Fingerprint;
-use crate::key::IDEMPOTENCY_KEY;
+use crate::key::{KeyForm, KeyHeader};
 use crate::Error;
 use crate::IdempotencyKey;
 
@@ -46,7 +46,8 @@ enum Headers {
         added: OnceLock<HeaderMap>,
         /// The caller's headers, taken out on the first read.
         caller: Mutex<Option<HeaderMap>>,
-        derived_key: Option<IdempotencyKey>,
+        /// The key derived from an `OperationId`, and the header it travels under.
+        derived_key: Option<(IdempotencyKey, KeyHeader)>,
     },
 }
 
@@ -68,7 +69,8 @@ impl Frozen {
                     .hashes
                     .digest()
                     .expect("a request with pending headers had its digest made at freezing");
-                add_key_and_digest(&mut headers, derived_key.as_ref(), &digest);
+                let derived_key = derived_key.as_ref().map(|(key, header)| (key, header));
+                add_key_and_digest(&mut headers, derived_key, &digest);
                 headers
             }),
         }
@@ -129,25 +131,29 @@ pub(crate) enum Adding<'a> {
     /// Nothing: the request is frozen as it came.
     Nothing,
     /// `Content-Digest` of the body (unless the caller sent one, which is kept as sent),
-    /// and the `Idempotency-Key` of a key derived from an `OperationId`, if any (its place
-    /// was found empty): the two values then share one allocation.
+    /// and a key derived from an `OperationId`, if any, under its header in its form (its
+    /// place was found empty): for the IETF form, the two values then share one
+    /// allocation.
     Digest {
-        derived_key: Option<&'a IdempotencyKey>,
+        derived_key: Option<(&'a IdempotencyKey, &'a KeyHeader)>,
     },
 }
 
-/// Add `Idempotency-Key: derived_key` (if any) and `Content-Digest: sha256` unless the
-/// caller sent a digest (one lookup finds it or makes its place).
+/// Add the derived key's header (if any) and `Content-Digest: sha256` unless the caller
+/// sent a digest (one lookup finds it or makes its place).
 #[inline(always)]
 fn add_key_and_digest(
     headers: &mut HeaderMap,
-    derived_key: Option<&IdempotencyKey>,
+    derived_key: Option<(&IdempotencyKey, &KeyHeader)>,
     sha256: &BodyDigest,
 ) {
     match derived_key {
-        Some(key) => {
-            let (key, digest) = key.header_values_with(sha256);
-            headers.insert(&IDEMPOTENCY_KEY, key);
+        Some((key, header)) => {
+            let (key, digest) = match header.form() {
+                KeyForm::SfString => key.header_values_with(sha256),
+                _ => (header.derived_value(key), sha256.header_value()),
+            };
+            headers.insert(header.name(), key);
             if let Entry::Vacant(place) = headers.entry(&CONTENT_DIGEST) {
                 place.insert(digest);
             }
@@ -232,7 +238,7 @@ impl FrozenRequest {
                 let headers = Headers::Pending {
                     added: OnceLock::new(),
                     caller: Mutex::new(Some(parts.headers)),
-                    derived_key: derived_key.copied(),
+                    derived_key: derived_key.map(|(key, header)| (*key, header.clone())),
                 };
                 (headers, hashes)
             }
@@ -475,6 +481,7 @@ pub(crate) fn test_post(body: impl Into<Bytes>) -> FrozenRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::IDEMPOTENCY_KEY;
 
     fn keyed_parts(digest: Option<&'static str>) -> http::request::Parts {
         let mut builder =
@@ -490,8 +497,9 @@ mod tests {
     /// A request frozen as the client face freezes one keyed by an `OperationId`.
     fn keyed_frozen() -> (IdempotencyKey, FrozenRequest) {
         let key = IdempotencyKey::derive("", "task-7", "charge");
+        let header = KeyHeader::ietf();
         let adding = Adding::Digest {
-            derived_key: Some(&key),
+            derived_key: Some((&key, &header)),
         };
         let (frozen, _) =
             FrozenRequest::of_collected(keyed_parts(None), Bytes::from_static(BODY), adding);

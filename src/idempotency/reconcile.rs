@@ -4,6 +4,7 @@
 //! The public items are re-exported from [`idempotency`](crate::idempotency); see
 //! [`Reconcile`] for how the client layer uses a reconciler.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,6 +17,7 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_service::Service;
 
+use crate::key::KeyHeader;
 use crate::BoxError;
 use crate::FrozenRequest;
 
@@ -39,22 +41,75 @@ pub(crate) const DEFAULT_RECONCILE_TIMEOUT: std::time::Duration =
 /// );
 /// let op = InDoubtOperation::new(frozen, "order-42-charge", Some(1));
 /// assert_eq!(op.key(), "order-42-charge");
+/// // What a provider reading the IETF draft's header received, quotes and all.
+/// assert_eq!(op.sent_key(), "\"order-42-charge\"");
 /// assert_eq!(op.payload_field("order_id").as_deref(), Some("order-42"));
 /// ```
 #[derive(Clone, Debug)]
 pub struct InDoubtOperation {
     frozen: FrozenRequest,
     key: Arc<str>,
+    key_header: KeyHeader,
     attempts: Option<u32>,
 }
 
 impl InDoubtOperation {
-    /// An operation whose request was frozen as `frozen` and travels under `key`.
+    /// An operation whose request was frozen as `frozen` and travels under `key` (its
+    /// characters, unquoted), in the IETF draft's header and form unless
+    /// [`with_key_header`](Self::with_key_header) says otherwise.
     pub fn new(frozen: FrozenRequest, key: impl Into<Arc<str>>, attempts: Option<u32>) -> Self {
         Self {
             frozen,
             key: key.into(),
+            key_header: KeyHeader::ietf(),
             attempts,
+        }
+    }
+
+    /// The header the key travelled under, and its form (the client layer's
+    /// [`key_header`](crate::client::Builder::key_header)).
+    ///
+    /// ```
+    /// # use tower_idempotency::idempotency::InDoubtOperation;
+    /// # use tower_idempotency::{key::KeyHeader, FrozenRequest};
+    /// # let frozen = FrozenRequest::from_parts(http::Method::POST, "/charges".parse().unwrap(),
+    /// #     http::Version::HTTP_11, http::HeaderMap::new(), bytes::Bytes::new());
+    /// let op = InDoubtOperation::new(frozen, "order-42", None).with_key_header(KeyHeader::stripe());
+    /// assert_eq!(op.sent_key(), "order-42");
+    /// ```
+    pub fn with_key_header(mut self, header: KeyHeader) -> Self {
+        self.key_header = header;
+        self
+    }
+
+    /// The header the key travelled under, and its form.
+    pub fn key_header(&self) -> &KeyHeader {
+        &self.key_header
+    }
+
+    /// The key's header value exactly as it was sent: the frozen request's value under
+    /// [`key_header`](Self::key_header) (`"<key>"` in the IETF draft's sf-string form,
+    /// `<key>` bare), or, when the frozen request does not carry it, the key spelled in
+    /// that form. Look the operation up by this: a provider that keeps the header as it
+    /// arrives has stored exactly these characters, quotes included.
+    pub fn sent_key(&self) -> Cow<'_, str> {
+        let sent = self
+            .key_header
+            .sent_value(self.frozen.headers())
+            .and_then(|value| value.to_str().ok());
+        if let Some(sent) = sent {
+            return Cow::Borrowed(sent);
+        }
+        match self.key_header.spell(&self.key) {
+            Ok(spelled) => Cow::Owned(
+                spelled
+                    .to_str()
+                    .expect("a spelled key is visible ASCII")
+                    .to_owned(),
+            ),
+            // A key no header can carry was never sent in one: its characters are all
+            // there is.
+            Err(_) => Cow::Borrowed(&self.key),
         }
     }
 
@@ -63,8 +118,10 @@ impl InDoubtOperation {
         &self.frozen
     }
 
-    /// The `Idempotency-Key` the request travelled under, unquoted (for a key derived from
-    /// an [`OperationId`](crate::OperationId), its 64 hex digits).
+    /// The key's characters, unquoted (for a key derived from an
+    /// [`OperationId`](crate::OperationId), its 64 hex digits). This is not always what the
+    /// provider received: in the IETF draft's form the header carried it quoted. To look
+    /// the operation up at a provider, use [`sent_key`](Self::sent_key).
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -279,7 +336,7 @@ impl<S> LookupReconciler<S> {
     /// use tower_idempotency::testing::SideEffectService;
     ///
     /// let lookup = LookupReconciler::new(SideEffectService::new(), |op| {
-    ///     let uri = format!("http://payments.local/effects?idempotency_key={}", op.key());
+    ///     let uri = format!("http://payments.local/effects?idempotency_key={}", op.sent_key());
     ///     Ok(http::Request::get(uri).body(Default::default())?)
     /// });
     /// # let _ = lookup;
@@ -296,7 +353,11 @@ impl<S> LookupReconciler<S> {
     }
 
     /// `GET <path>?<param>=<key>` at the frozen request's scheme and authority: the
-    /// operation looked up by its `Idempotency-Key`.
+    /// operation looked up by its key **as it was sent**
+    /// ([`InDoubtOperation::sent_key`]): quoted when the key travelled as an sf-string
+    /// (the IETF draft's form, the default), bare when it travelled as a token
+    /// ([`KeyHeader::stripe`] and the other token presets), as a provider that keeps the
+    /// header as it arrives has stored it.
     ///
     /// ```
     /// use tower_idempotency::idempotency::LookupReconciler;
@@ -308,7 +369,7 @@ impl<S> LookupReconciler<S> {
     pub fn by_key(service: S, path: &str, param: &str) -> Self {
         let (path, param) = (path.to_owned(), param.to_owned());
         Self::new(service, move |op| {
-            lookup_at(op.frozen(), &path, &param, op.key())
+            lookup_at(op.frozen(), &path, &param, &op.sent_key())
         })
     }
 

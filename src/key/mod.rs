@@ -16,8 +16,10 @@
 //! Every field is prefixed with its length in bytes as a big-endian `u64`, so no two
 //! different triples encode to the same bytes: `("ab", "c")` and `("a", "bc")` differ.
 //! The leading version tag lets a future derivation coexist with this one. The key is
-//! shown as 64 lowercase hex digits and sent as an RFC 8941 sf-string:
-//! `Idempotency-Key: "<hex>"`.
+//! shown as 64 lowercase hex digits and sent, by default, as an RFC 8941 sf-string:
+//! `Idempotency-Key: "<hex>"`. A provider that names or spells the key otherwise
+//! (`Idempotency-Key: <hex>` for Stripe, `PayPal-Request-Id: <hex>`) is described by a
+//! [`KeyHeader`].
 //!
 //! # Example
 //!
@@ -37,6 +39,7 @@ pub(crate) mod derived;
 mod grammar;
 pub(crate) mod header;
 pub(crate) mod operation;
+mod wire;
 
 pub(crate) use derived::IdempotencyKey;
 pub(crate) use derived::{
@@ -44,6 +47,7 @@ pub(crate) use derived::{
 };
 pub(crate) use header::{HeaderKey, InvalidKey};
 pub(crate) use operation::OperationId;
+pub use wire::{KeyForm, KeyHeader};
 
 /// The `Idempotency-Key` header name (draft-ietf-httpapi-idempotency-key-header).
 pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

@@ -12,6 +12,7 @@ use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use crate::effect::EffectClass;
 use crate::frozen::{FrozenRequest, Handoff, RetriedOutside};
+use crate::key::KeyHeader;
 use crate::phase::FailurePhase;
 use crate::OperationId;
 use crate::{BoxError, Error};
@@ -25,6 +26,9 @@ pub(super) struct Call {
     effect: EffectClass,
     handoff: Option<Handoff>,
     key_honoured: bool,
+    /// The header a key travels under, as the idempotency layer outside sends it; `None`:
+    /// the policy's (the retry layer used alone).
+    key_header: Option<KeyHeader>,
     /// How far any attempt so far may have got: once one may have been sent, the call may
     /// have been, whatever later attempts did.
     furthest: FailurePhase,
@@ -53,7 +57,8 @@ impl Call {
             handoff.report_retry_window(policy.retry_window());
         }
         let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
-        let mut call = Self::handed(frozen, extensions, key_honoured, policy);
+        let key_header = handoff.as_ref().map(|handoff| handoff.key_header().clone());
+        let mut call = Self::handed(frozen, extensions, key_honoured, key_header, policy);
         if handoff.is_none()
             && call.effect.is_side_effect()
             && call.extensions.get::<OperationId>().is_some()
@@ -73,6 +78,7 @@ impl Call {
         frozen: FrozenRequest,
         extensions: Extensions,
         key_honoured: bool,
+        key_header: Option<KeyHeader>,
         policy: &RetryPolicy,
     ) -> Self {
         let effect = EffectClass::resolve(frozen.method(), &extensions);
@@ -87,6 +93,7 @@ impl Call {
             effect,
             handoff: None,
             key_honoured,
+            key_header,
             furthest: FailurePhase::PreWrite,
             earlier: FailurePhase::PreWrite,
             started,
@@ -133,12 +140,13 @@ impl Call {
         self.earlier = self.furthest;
         self.furthest = self.furthest.strongest(reached);
         let attempt = self.attempt;
+        let key_header = self.key_header.as_ref().unwrap_or(&policy.key_header);
         let delay = match result {
             Attempted::Answered(response) => {
                 let ctx = context(
                     &self.frozen,
                     self.effect,
-                    self.key_honoured,
+                    (self.key_honoured, key_header),
                     attempt,
                     AttemptResult::Response {
                         status: response.status(),
@@ -158,7 +166,7 @@ impl Call {
                 let ctx = context(
                     &self.frozen,
                     self.effect,
-                    self.key_honoured,
+                    (self.key_honoured, key_header),
                     attempt,
                     AttemptResult::Error {
                         phase: failure.phase,
@@ -238,7 +246,7 @@ impl Failure {
 pub(super) fn context<'a>(
     request: &'a FrozenRequest,
     effect: EffectClass,
-    key_honoured: bool,
+    (key_honoured, key_header): (bool, &'a KeyHeader),
     attempt: u32,
     result: AttemptResult<'a>,
 ) -> RetryContext<'a> {
@@ -246,6 +254,7 @@ pub(super) fn context<'a>(
         request,
         effect,
         key_honoured,
+        key_header,
         attempt,
         result,
     }

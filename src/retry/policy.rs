@@ -12,7 +12,7 @@ use super::budget::{RetryBudget, Windowed};
 
 use crate::effect::EffectClass;
 use crate::frozen::{FrozenRequest, DEFAULT_BODY_LIMIT};
-use crate::key::IDEMPOTENCY_KEY;
+use crate::key::KeyHeader;
 use crate::phase::{ClassifyPhase, FailurePhase};
 
 /// The default number of attempts (the first one included).
@@ -59,16 +59,25 @@ pub struct RetryContext<'a> {
     /// Whether the server is known to deduplicate on `Idempotency-Key` (`false` when the
     /// client [`IdempotencyLayer`](crate::IdempotencyLayer) was told it does not).
     pub key_honoured: bool,
+    /// The header a keyed request carries its key under (the client
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer)'s
+    /// [`key_header`](crate::client::Builder::key_header) when one hands the request on,
+    /// else the policy's [`key_header`](RetryPolicyBuilder::key_header)).
+    pub key_header: &'a KeyHeader,
     /// How it ended.
     pub result: AttemptResult<'a>,
 }
 
 impl RetryContext<'_> {
-    /// Whether resending is harmless: a read or idempotent write, or a request carrying an
-    /// `Idempotency-Key` the server can deduplicate on.
+    /// Whether resending is harmless: a read or idempotent write, or a request carrying a
+    /// key (under [`key_header`](Self::key_header)) the server can deduplicate on.
     pub fn is_retry_safe(&self) -> bool {
-        !self.effect.is_side_effect()
-            || (self.key_honoured && self.request.headers().contains_key(&IDEMPOTENCY_KEY))
+        !self.effect.is_side_effect() || (self.key_honoured && self.is_keyed())
+    }
+
+    /// Whether the request carries a key under [`key_header`](Self::key_header).
+    pub fn is_keyed(&self) -> bool {
+        self.key_header.is_carried_by(self.request.headers())
     }
 }
 
@@ -126,7 +135,7 @@ pub struct DefaultClassifier;
 /// The IETF draft's answer to a key whose first request is still being processed: `409`
 /// with `Retry-After`. Only a keyed request can receive it, and it asks to come back.
 fn is_in_progress(status: StatusCode, headers: &HeaderMap, ctx: &RetryContext<'_>) -> bool {
-    is_in_progress_answer(status, headers) && ctx.request.headers().contains_key(&IDEMPOTENCY_KEY)
+    is_in_progress_answer(status, headers) && ctx.is_keyed()
 }
 
 /// A `409` that says "the first request with this key is still in progress, come back":
@@ -201,6 +210,7 @@ pub struct RetryPolicy {
     pub(crate) classifier: Arc<dyn ClassifyRetry>,
     pub(crate) phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     pub(crate) body_limit: usize,
+    pub(crate) key_header: KeyHeader,
 }
 
 impl Default for RetryPolicy {
@@ -224,6 +234,7 @@ impl RetryPolicy {
             classifier: Arc::new(DefaultClassifier),
             phase_classifier: None,
             body_limit: DEFAULT_BODY_LIMIT,
+            key_header: KeyHeader::ietf(),
         }
     }
 
@@ -281,6 +292,7 @@ pub struct RetryPolicyBuilder {
     classifier: Arc<dyn ClassifyRetry>,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     body_limit: usize,
+    key_header: KeyHeader,
 }
 
 impl RetryPolicyBuilder {
@@ -343,6 +355,26 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// The header that makes a side-effecting request safe to resend when it carries a key
+    /// (default [`KeyHeader::ietf`], `Idempotency-Key`), for a `FrozenRetryLayer` used
+    /// alone in front of a provider that reads its key elsewhere (`PayPal-Request-Id`).
+    /// Under a client [`IdempotencyLayer`](crate::IdempotencyLayer), the layer's own
+    /// [`key_header`](crate::client::Builder::key_header) is used instead.
+    ///
+    /// ```
+    /// use tower_idempotency::key::KeyHeader;
+    /// use tower_idempotency::retry::RetryPolicy;
+    /// use tower_idempotency::FrozenRetryLayer;
+    ///
+    /// let policy = RetryPolicy::builder().key_header(KeyHeader::paypal()).build().unwrap();
+    /// let layer = FrozenRetryLayer::new(policy);
+    /// # let _ = layer;
+    /// ```
+    pub fn key_header(mut self, header: KeyHeader) -> Self {
+        self.key_header = header;
+        self
+    }
+
     /// Check the settings and build the policy.
     pub fn build(self) -> Result<RetryPolicy, crate::ConfigError> {
         use crate::ConfigError;
@@ -367,6 +399,7 @@ impl RetryPolicyBuilder {
             classifier: self.classifier,
             phase_classifier: self.phase_classifier,
             body_limit: self.body_limit,
+            key_header: self.key_header,
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The retry service: each call frozen once, then sent until the policy stops it.
 
+use crate::key::KeyHeader;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -62,18 +63,19 @@ impl<S> FrozenRetry<S> {
     /// All attempts of `frozen`, handed over by the client layer of a stack built as one
     /// ([`ClientStack`](crate::client::ClientStack)): no request to read and freeze again,
     /// no hand-off through the extensions. `self` is the instance the caller drove to
-    /// readiness; `key_ignored` says the server ignores `Idempotency-Key`.
+    /// readiness; `key_ignored` says the server ignores its key, `key_header` is where the
+    /// client layer puts it (`None`: the policy's).
     #[inline(always)]
     pub(crate) fn send_frozen(
         self,
         frozen: FrozenRequest,
         extensions: Extensions,
-        key_ignored: bool,
+        (key_ignored, key_header): (bool, Option<KeyHeader>),
     ) -> FrozenAttempts<S>
     where
         S: Service<Request<Full<Bytes>>>,
     {
-        let call = Call::handed(frozen, extensions, !key_ignored, &self.policy);
+        let call = Call::handed(frozen, extensions, !key_ignored, key_header, &self.policy);
         Attempting {
             state: State::Readying { first: None },
             inner: self.inner,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::fault::Fault;
 use super::service::SideEffectService;
 use super::state::{Shared, State};
+use crate::key::KeyHeader;
 
 /// Configures a [`SideEffectService`].
 ///
@@ -24,6 +25,7 @@ use super::state::{Shared, State};
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct SideEffectServiceBuilder {
     honour_keys: bool,
+    key_header: KeyHeader,
     latency: Duration,
     faults: Vec<Fault>,
 }
@@ -32,6 +34,7 @@ impl Default for SideEffectServiceBuilder {
     fn default() -> Self {
         Self {
             honour_keys: true,
+            key_header: KeyHeader::ietf(),
             latency: Duration::ZERO,
             faults: Vec::new(),
         }
@@ -45,6 +48,25 @@ impl SideEffectServiceBuilder {
     /// provider's, keeps effects to one.
     pub fn honour_keys(mut self, honour: bool) -> Self {
         self.honour_keys = honour;
+        self
+    }
+
+    /// The header the provider reads the key from (default [`KeyHeader::ietf`],
+    /// `Idempotency-Key`). It deduplicates on the key's characters (an sf-string and a
+    /// bare token alike), and stores the header's value with the effect **as it was
+    /// sent**, as real providers keep theirs: a lookup must name it so, quotes included.
+    /// Effects are counted by the key's characters
+    /// ([`effects_for_key`](SideEffectService::effects_for_key)).
+    ///
+    /// ```
+    /// use tower_idempotency::key::KeyHeader;
+    /// use tower_idempotency::testing::SideEffectService;
+    ///
+    /// let paypal = SideEffectService::builder().key_header(KeyHeader::paypal()).build();
+    /// # let _ = paypal;
+    /// ```
+    pub fn key_header(mut self, header: KeyHeader) -> Self {
+        self.key_header = header;
         self
     }
 
@@ -67,6 +89,7 @@ impl SideEffectServiceBuilder {
         SideEffectService {
             shared: Arc::new(Shared {
                 honour_keys: self.honour_keys,
+                key_header: self.key_header,
                 latency: self.latency,
                 state: Mutex::new(State {
                     faults: self.faults.into(),

@@ -80,8 +80,10 @@ use crate::BoxError;
 /// 1. The call takes the next queued fault. [`Fault::RefuseBeforeSend`] fails it at once.
 /// 2. The whole body is read and the request recorded in the
 ///    [`attempts`](SideEffectService::attempts) log.
-/// 3. With key honouring on (the default, like a payment provider), a request with a key is
-///    checked against earlier ones with the same key:
+/// 3. With key honouring on (the default, like a payment provider), a request with a key
+///    (under its [key header](super::SideEffectServiceBuilder::key_header), `Idempotency-Key` by
+///    default; an sf-string and a bare token are the same key) is checked against earlier
+///    ones with the same key:
 ///
 ///    | earlier request with this key | answer | effect |
 ///    |---|---|---|
@@ -101,8 +103,9 @@ use crate::BoxError;
 /// # Looking an effect up
 ///
 /// `GET /effects?idempotency_key=<key>` ([`LOOKUP_PATH`](super::LOOKUP_PATH)) asks the provider whether it
-/// committed an effect under `<key>` — whether or not it honours keys, as a provider that
-/// ignores `Idempotency-Key` for deduplication may still store it with the charge. Found:
+/// committed an effect under `<key>`, the key header's value **as it was sent** (quotes
+/// included for an sf-string) — whether or not it honours keys, as a provider that
+/// ignores the key for deduplication may still store it with the charge. Found:
 /// `200` with the first such commit's body; not found: `404`. This is what a
 /// [reconciler](crate::idempotency::LookupReconciler) asks about an in-doubt operation. A
 /// lookup is a call (it counts in [`calls`](SideEffectService::calls) and in
@@ -205,7 +208,7 @@ impl SideEffectService {
         self.lock().effects
     }
 
-    /// Effects committed for `key` (the `Idempotency-Key` without quotes), or for requests
+    /// Effects committed for `key` (the key's characters, without quotes), or for requests
     /// without a key when `None`.
     pub fn effects_for(&self, key: Option<&str>) -> usize {
         match key {
@@ -214,8 +217,9 @@ impl SideEffectService {
         }
     }
 
-    /// Effects committed for `key`: the `Idempotency-Key` header's value without quotes
-    /// (for a key this crate derived, [`IdempotencyKey::to_hex`](crate::IdempotencyKey::to_hex)).
+    /// Effects committed for `key`: the key's characters, whichever form the header was
+    /// written in (for a key this crate derived,
+    /// [`IdempotencyKey::to_hex`](crate::IdempotencyKey::to_hex)).
     pub fn effects_for_key(&self, key: &str) -> usize {
         self.lock().effects_by_key.get(key).copied().unwrap_or(0)
     }

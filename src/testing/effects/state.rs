@@ -14,13 +14,15 @@ use http_body_util::Full;
 use super::captured::CapturedRequest;
 use super::fault::Fault;
 use super::responses::{created, effect_body, injected_error, json_error, json_response};
-use crate::HeaderKey;
+use crate::key::KeyHeader;
 // The mark payment providers (and the IETF draft's examples) put on a replayed answer:
 // the one the server face writes.
 use crate::server::IDEMPOTENT_REPLAYED;
 
 pub(super) struct Shared {
     pub(super) honour_keys: bool,
+    /// Where the provider reads the key.
+    pub(super) key_header: KeyHeader,
     pub(super) latency: Duration,
     // A std mutex: every critical section is short and synchronous, and it is never held
     // across an await (the futures below take it, act, and release it before any sleep).
@@ -37,10 +39,13 @@ pub(super) struct State {
     pub(super) effects: usize,
     pub(super) effects_by_key: HashMap<String, usize>,
     pub(super) effects_without_key: usize,
-    /// The body of the first commit under each key, honoured or not: what a lookup finds.
+    /// The body of the first commit under each key as it was sent (quotes and all, as a
+    /// provider that stores the header it received keeps it), honoured or not: what a
+    /// lookup finds.
     pub(super) committed_by_key: HashMap<String, Bytes>,
     pub(super) lookups: usize,
-    /// What the provider remembers per key when it honours keys.
+    /// What the provider remembers per key (its characters, as the IETF draft reads an
+    /// sf-string and a bare token alike) when it honours keys.
     pub(super) keys: HashMap<String, KeyRecord>,
 }
 
@@ -84,7 +89,17 @@ impl Shared {
         body: Bytes,
         body_sha256: [u8; 32],
     ) -> (u64, Decision) {
-        let key = HeaderKey::from_headers(&parts.headers);
+        let key = self.key_header.read(&parts.headers).map(|key| {
+            key.map(|key| SentKey {
+                sent: self
+                    .key_header
+                    .sent_value(&parts.headers)
+                    .and_then(|value| value.to_str().ok())
+                    .expect("a key that parsed was sent as visible ASCII")
+                    .to_owned(),
+                chars: key.as_str().to_owned(),
+            })
+        });
         let mut state = self.lock();
         state.attempts.push(CapturedRequest {
             method: parts.method,
@@ -96,11 +111,11 @@ impl Shared {
                 .as_ref()
                 .ok()
                 .and_then(Option::as_ref)
-                .map(|key| key.as_str().to_owned()),
+                .map(|key| key.chars.clone()),
         });
         let generation = state.generation;
-        let commit = |key: Option<HeaderKey>, claimed| Decision::Commit {
-            key: key.map(|key| key.as_str().to_owned()),
+        let commit = |key: Option<SentKey>, claimed| Decision::Commit {
+            key,
             claimed,
             body_sha256,
         };
@@ -115,7 +130,7 @@ impl Shared {
                 &invalid.to_string(),
             )),
             Ok(None) => commit(None, false),
-            Ok(Some(key)) => match state.keys.entry(key.as_str().to_owned()) {
+            Ok(Some(key)) => match state.keys.entry(key.chars.clone()) {
                 Entry::Vacant(vacant) => {
                     vacant.insert(KeyRecord::InProgress);
                     commit(Some(key), true)
@@ -154,6 +169,14 @@ impl Shared {
     }
 }
 
+/// A request's key: its characters (what the provider deduplicates on and counts effects
+/// by, however it was spelled) and the header's value as it was sent (what it stores with
+/// the effect, and what a lookup must name).
+pub(super) struct SentKey {
+    pub(super) chars: String,
+    pub(super) sent: String,
+}
+
 /// What the provider decided for one call, before its latency and fault play out.
 pub(super) enum Decision {
     /// An answer without an effect: a replay, a `409`, a `422` or a `400`.
@@ -161,7 +184,7 @@ pub(super) enum Decision {
     /// Perform the effect. `claimed` when this call holds the key's `InProgress` record and
     /// must complete or release it.
     Commit {
-        key: Option<String>,
+        key: Option<SentKey>,
         claimed: bool,
         body_sha256: [u8; 32],
     },
@@ -220,7 +243,7 @@ impl Work {
                     if current && claimed {
                         // Nothing happened, so the key is free again: a retry runs normally.
                         if let Some(key) = &key {
-                            state.keys.remove(key);
+                            state.keys.remove(&key.chars);
                         }
                     }
                     None
@@ -241,29 +264,30 @@ impl Work {
 pub(super) fn commit_effect(
     state: &mut State,
     current: bool,
-    key: Option<String>,
+    key: Option<SentKey>,
     claimed: bool,
     body_sha256: [u8; 32],
 ) -> Bytes {
     let effect_id = state.effects + 1;
-    let body = effect_body(effect_id, key.as_deref(), &body_sha256);
+    let chars = key.as_ref().map(|key| key.chars.as_str());
+    let body = effect_body(effect_id, chars, &body_sha256);
     if !current {
         return body;
     }
     state.effects = effect_id;
     match key {
-        Some(key) => {
-            *state.effects_by_key.entry(key.clone()).or_default() += 1;
+        Some(SentKey { chars, sent }) => {
+            *state.effects_by_key.entry(chars.clone()).or_default() += 1;
             state
                 .committed_by_key
-                .entry(key.clone())
+                .entry(sent.clone())
                 .or_insert_with(|| body.clone());
             if claimed {
                 let record = KeyRecord::Committed {
                     body_sha256,
                     response_body: body.clone(),
                 };
-                state.keys.insert(key, record);
+                state.keys.insert(chars, record);
             }
         }
         None => state.effects_without_key += 1,

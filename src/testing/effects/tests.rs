@@ -448,3 +448,26 @@ fn clones_share_state_and_the_service_is_send_and_sync() {
     svc.clone().push_fault(Fault::RefuseBeforeSend);
     assert_eq!(svc.pending_faults().len(), 1);
 }
+
+/// Like a provider that stores the header it received, the double keeps the key as sent
+/// with the effect: a lookup finds it only by those characters, quotes included.
+#[tokio::test]
+async fn keys_are_kept_as_sent() {
+    let svc = SideEffectService::new();
+    let lookup = |key: &str| {
+        let key = key.replace('"', "%22");
+        Request::get(format!(
+            "http://payments.local{}?idempotency_key={key}",
+            super::LOOKUP_PATH
+        ))
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+    };
+    send(&svc, post(Some("k"), "a")).await.unwrap();
+    assert_eq!(
+        send(&svc, lookup("k")).await.unwrap().0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(send(&svc, lookup("\"k\"")).await.unwrap().0, StatusCode::OK);
+    assert_eq!(svc.effects_for_key("k"), 1);
+}

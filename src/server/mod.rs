@@ -114,10 +114,33 @@
 //!   runs the handler again; choose it when your `5xx` reliably means "nothing happened".
 //!   A panic caught by tower-http's `CatchPanicLayer` *inside* this layer is such a `5xx`.
 //! - **A refusal before processing** (`406`, `412`, `415`, `428`, `429`, `431` by default:
-//!   [`release_statuses`](crate::server::Builder::release_statuses)) releases the key: the
-//!   request was refused for what its headers said, which the fingerprint leaves out, or
-//!   for the server's load, so the same key and bytes, sent again once fixed, run. An
-//!   axum extractor's `415` (`Json` without `Content-Type: application/json`) is one.
+//!   [`release_statuses`](crate::server::Builder::release_statuses), and a `503` with
+//!   `Retry-After`) releases the key: the request was refused for what its headers said,
+//!   which the fingerprint leaves out, or for the server's load, so the same key and bytes,
+//!   sent again once fixed, run. An axum extractor's `415` (`Json` without
+//!   `Content-Type: application/json`) is one; a handler shedding load with `503` and
+//!   `Retry-After` is another.
+//! - **Any answer the handler marks "nothing happened"** with [`NotProcessed`] (a response
+//!   extension; in axum, `Extension(NotProcessed)` among the response's parts) releases the
+//!   key whatever its status: the handler knows it turned the request away before its
+//!   effect, as when a dependency it checks first is down.
+//!
+//!   ```
+//!   use axum::http::StatusCode;
+//!   use axum::response::{IntoResponse, Response};
+//!   use axum::Extension;
+//!   use tower_idempotency::server::NotProcessed;
+//!
+//!   async fn charge() -> Response {
+//!       let inventory_reachable = false;
+//!       if !inventory_reachable {
+//!           // Checked before charging anyone: a retry with the key must run again.
+//!           return (StatusCode::BAD_GATEWAY, Extension(NotProcessed)).into_response();
+//!       }
+//!       (StatusCode::CREATED, "ch_1").into_response()
+//!   }
+//!   # let _ = charge;
+//!   ```
 //! - **In doubt.** A key whose handler started and never finished cannot be "resent" by a
 //!   server: the handler panicked with nothing catching it, was cancelled, its response body
 //!   failed, or its process died (its lease, kept while the handler runs, then runs out:
@@ -148,7 +171,8 @@
 //! A replay has the recorded status and body (byte for byte) and only the headers of an
 //! allow-list (by default `Content-Type`, `Content-Encoding`,
 //! `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`,
-//! `Cache-Control`, `Vary`, `Link`), configurable with [`Builder::replay_headers`](crate::server::Builder::replay_headers).
+//! `Cache-Control`, `Vary`, `Link`, and `Retry-After`, so a replayed answer says when to
+//! come back as the first one did), configurable with [`Builder::replay_headers`](crate::server::Builder::replay_headers).
 //! Other headers are not even stored. `Set-Cookie`, `WWW-Authenticate`, `Authorization`,
 //! `Date`, `Content-Length` and hop-by-hop headers can never be replayed: the builder
 //! refuses them. Place layers that vary the response per caller (compression, CORS) and
@@ -205,6 +229,7 @@ pub use body::RequestBody;
 pub use builder::{Builder, ServerLayer};
 pub use face::ServerFace;
 pub use future::ResponseFuture;
+pub use policy::NotProcessed;
 pub use replay::IDEMPOTENT_REPLAYED;
 
 /// The server layer's service around `S` (an axum handler or router, a hyper service).

@@ -154,7 +154,9 @@ impl Builder {
     /// unused one (no `409`, no `422`, no replay).
     ///
     /// **Without a scope function**, the scope is a hash of the `Authorization` header, so
-    /// every credential gets its own keys with no configuration, and a keyed request
+    /// every credential gets its own keys with no configuration (its auth-scheme compared
+    /// case-insensitively and whatever the spaces after it, as HTTP compares it; its
+    /// credentials exactly), and a keyed request
     /// **without** `Authorization` is refused with `400`
     /// [`scope-missing`](super::problem::SCOPE_MISSING): there is no silent shared scope in which
     /// one anonymous caller, sending another's key and body, would be served the other's

@@ -96,15 +96,77 @@
 //! tenant or principal. One scope can never read, block or probe another's keys: a foreign
 //! key behaves exactly like an unused one (no `409`, no `422`, no replay).
 //!
-//! **Without a scope function**, the scope is a hash of the `Authorization` header: every
-//! credential gets its own keys, with no configuration, and nothing leaks between API
+//! **Without a scope function**, the scope is a hash of the `Authorization` header, read as
+//! HTTP reads it (the auth-scheme's case and the spaces after it do not matter:
+//! `bearer tok` and `Bearer tok` are one caller; the credentials are compared exactly):
+//! every credential gets its own keys, with no configuration, and nothing leaks between API
 //! clients. A keyed request **without** `Authorization` is refused with `400`
 //! [`scope-missing`](problem::SCOPE_MISSING): there is no silent shared scope in which one
 //! cookie-session caller, sending another's key and body, would be served the other's
 //! recorded response. Callers that authenticate otherwise (cookies, mTLS, API keys in other
 //! headers), or whose tokens rotate between a request and its retry, need a scope function:
 //! put authentication **outside** this layer and derive the scope from the principal it
-//! found, as the example does. [`Builder::unscoped`](crate::server::Builder::unscoped) opts into one scope for all.
+//! found, as below. [`Builder::unscoped`](crate::server::Builder::unscoped) opts into one scope for all.
+//!
+//! **Scope by the principal**, which is what a real service should do: a credential is not
+//! a caller. A client whose token is refreshed between a request and its retry is the same
+//! caller, and must get the replay, not a second charge. The authentication layer outside
+//! puts the principal it established into the request's extensions; the scope function
+//! reads it:
+//!
+//! ```
+//! use axum::body::Body;
+//! use axum::extract::Request;
+//! use axum::http::StatusCode;
+//! use axum::middleware::{from_fn, Next};
+//! use axum::response::{IntoResponse, Response};
+//! use axum::routing::post;
+//! use axum::Router;
+//! use tower::ServiceExt;
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+//!
+//! /// Who the caller is, as the authentication layer established it.
+//! #[derive(Clone)]
+//! struct Principal(String);
+//!
+//! /// Authentication: a token to its account, or `401` before anything else runs.
+//! async fn authenticate(mut request: Request, next: Next) -> Response {
+//!     let token = request.headers().get("authorization").and_then(|v| v.to_str().ok());
+//!     let account = match token {
+//!         // Stands for your token check: both tokens are alice's, the second a refresh.
+//!         Some("Bearer alice-token-1" | "Bearer alice-token-2") => "acct_alice",
+//!         _ => return StatusCode::UNAUTHORIZED.into_response(),
+//!     };
+//!     request.extensions_mut().insert(Principal(account.to_owned()));
+//!     next.run(request).await
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let idempotency = IdempotencyLayer::server_builder(MemoryStore::new())
+//!     // Never empty: `authenticate`, outside this layer, refuses a request without one.
+//!     .scope(|head| head.extensions.get::<Principal>().map(|p| p.0.clone()).unwrap_or_default())
+//!     .build()
+//!     .unwrap();
+//! let charge = post(|| async { (StatusCode::CREATED, "ch_1") })
+//!     .route_layer(idempotency) // inside: sees the principal
+//!     .route_layer(from_fn(authenticate)); // outside: runs first
+//! let app = Router::new().route("/charges", charge);
+//!
+//! let charge_with = |token: &str| {
+//!     Request::post("/charges")
+//!         .header("authorization", token)
+//!         .header("idempotency-key", "\"order-42\"")
+//!         .body(Body::from(r#"{"amount_cents":1999}"#))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(charge_with("Bearer alice-token-1")).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! // The token was refreshed before the retry: the same caller, so the same key's replay.
+//! let retry = app.oneshot(charge_with("Bearer alice-token-2")).await.unwrap();
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! # }
+//! ```
 //!
 //! # Handler failures, cancellation and expired leases
 //!

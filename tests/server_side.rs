@@ -12,6 +12,7 @@ mod server_side {
     mod key_syntax;
     mod postgres_server;
     mod refusals;
+    mod scoping;
     mod server;
     mod wire;
 }

@@ -50,9 +50,9 @@ const RESPONSE_LIMIT: usize = 1024 * 1024;
 /// | [waiters](Builder::max_waiters) under [`BusyPolicy::Wait`] | at most 256 at once, then `409` |
 /// | [request body limit](Builder::body_limit) | 1 MiB (`413`) |
 /// | [recorded response cap](Builder::response_limit) | 1 MiB (larger: sent whole, kept as a tombstone) |
-/// | [replayed headers](Builder::replay_headers) | `Content-Type`, `Location`, `ETag` and the other headers that describe the representation |
-/// | [handler `5xx`](Builder::server_error_policy) | [`ServerErrorPolicy::Record`] |
-/// | [answers released](Builder::release_statuses), not recorded | `406`, `412`, `415`, `428`, `429`, `431`: refused before processing |
+/// | [replayed headers](Builder::replay_headers) | `Content-Type`, `Location`, `ETag` and the other headers that describe the representation, and `Retry-After` |
+/// | [handler `5xx`](Builder::server_error_policy) | [`ServerErrorPolicy::Record`]; a `503` with `Retry-After` is released |
+/// | [answers released](Builder::release_statuses), not recorded | `406`, `412`, `415`, `428`, `429`, `431`: refused before processing; and any answer marked [`NotProcessed`](super::NotProcessed) |
 /// | [in-doubt key](Builder::in_doubt_policy) | [`InDoubtPolicy::OutcomeUnknown`] |
 /// | [ledger unavailable](Builder::fail_open) | fail closed (`503`) |
 /// | [client goes away](Builder::cancel_on_disconnect) | the handler runs to completion |
@@ -154,7 +154,9 @@ impl Builder {
     /// unused one (no `409`, no `422`, no replay).
     ///
     /// **Without a scope function**, the scope is a hash of the `Authorization` header, so
-    /// every credential gets its own keys with no configuration, and a keyed request
+    /// every credential gets its own keys with no configuration (its auth-scheme compared
+    /// case-insensitively and whatever the spaces after it, as HTTP compares it; its
+    /// credentials exactly), and a keyed request
     /// **without** `Authorization` is refused with `400`
     /// [`scope-missing`](super::problem::SCOPE_MISSING): there is no silent shared scope in which
     /// one anonymous caller, sending another's key and body, would be served the other's
@@ -318,9 +320,12 @@ impl Builder {
     ///
     /// By default: `Content-Type`, `Content-Encoding`, `Content-Language`,
     /// `Content-Location`, `Location`, `ETag`, `Last-Modified`, `Cache-Control`, `Vary`,
-    /// `Link`. They describe the representation and where it lives, and stay true when
-    /// replayed. Left out on purpose: `Retry-After` and `Expires` (relative to the first
-    /// response's time, stale on replay) and `Content-Length` (recomputed from the body).
+    /// `Link`, which describe the representation and where it lives and stay true when
+    /// replayed, and `Retry-After` (**a changed default**: earlier versions left it out, so a replay lost it): a replayed `202`,
+    /// `3xx` or `5xx` keeps the `Retry-After` it was recorded with, since it is part of what
+    /// the answer tells its caller. Left out on purpose: `Expires` (a date the first
+    /// response computed) and `Content-Length` (recomputed from the body). A list of your
+    /// own replaces the defaults: name `Retry-After` in it to keep it.
     ///
     /// Headers that must never be replayed are refused at build time: `Set-Cookie`,
     /// `WWW-Authenticate`, `Proxy-Authenticate`, `Authentication-Info`, `Authorization`,
@@ -368,6 +373,11 @@ impl Builder {
     /// A handler that answers one of these after acting must not be released: take the
     /// status out (`release_statuses([])` records every answer). In the transactional mode
     /// a released answer rolls the handler's transaction back.
+    ///
+    /// Besides this list, two answers are always released: a `503` with `Retry-After` (a
+    /// refusal for load, like a `429`; recorded, it would be replayed for the whole retention
+    /// and the key would be stuck), and any answer the handler marked
+    /// [`NotProcessed`](super::NotProcessed), whatever its status.
     ///
     /// ```
     /// use http::StatusCode;

@@ -307,9 +307,10 @@ async fn mark_in_doubt(lease: LeaseGuard) {
     }
 }
 
-/// The handler answered: release the key for an answer the face releases (a `5xx` under
-/// [`ServerErrorPolicy::Release`](crate::ServerErrorPolicy::Release), a refusal before
-/// processing: see [`ServerFace::releases`]), or read the body to record it.
+/// The handler answered: release the key for an answer the face releases (one marked
+/// [`NotProcessed`](super::NotProcessed), a refusal before processing, a `5xx` under
+/// [`ServerErrorPolicy::Release`](crate::ServerErrorPolicy::Release): see
+/// [`ServerFace::releases`]), or read the body to record it.
 fn answered<F, B, E>(
     server: &ServerFace,
     lease: &mut Option<LeaseGuard>,
@@ -319,7 +320,7 @@ where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     E: Send + 'static,
 {
-    if server.releases(response.status()) {
+    if server.releases(&response) {
         // Released before the answer is returned, for the reason a record is written first:
         // the client's retry must find the key free, not still held by this request.
         settled("released");

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::request::Parts;
-use http::{Method, Request, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 
-use super::policy::{InDoubtPolicy, ServerErrorPolicy};
+use super::policy::{InDoubtPolicy, NotProcessed, ServerErrorPolicy};
 use crate::effect::EffectClass;
 use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::engine::{BusyPolicy, Ledger};
@@ -73,15 +73,38 @@ impl ServerFace {
         }
     }
 
-    /// Whether the handler's answer `status` releases the key rather than being recorded:
-    /// a `5xx` under [`ServerErrorPolicy::Release`], or an answer that says the request was
-    /// refused before it was processed ([`release_statuses`](crate::server::Builder::release_statuses)).
+    /// Whether the handler's answer releases the key rather than being recorded: an answer
+    /// the handler marked [`NotProcessed`], a `503` with `Retry-After` (a refusal for load,
+    /// like a `429`), a `5xx` under [`ServerErrorPolicy::Release`], or an answer that says
+    /// the request was refused before it was processed
+    /// ([`release_statuses`](crate::server::Builder::release_statuses)).
     #[inline]
-    pub(super) fn releases(&self, status: StatusCode) -> bool {
-        // A success is an outcome whatever the list says, and is judged in two compares.
-        (status.is_server_error() && self.server_errors == ServerErrorPolicy::Release)
+    pub(super) fn releases<B>(&self, response: &Response<B>) -> bool {
+        let status = response.status();
+        // A success is an outcome whatever the list says, and is judged in two compares
+        // (and one look at the extensions, empty unless something put one there).
+        is_marked_not_processed(response)
+            || (status.is_server_error() && self.server_errors == ServerErrorPolicy::Release)
             || (!status.is_success() && self.released.contains(&status))
+            || is_shed_for_load(response)
     }
+}
+
+/// The handler said it did nothing (see [`NotProcessed`]).
+#[inline]
+fn is_marked_not_processed<B>(response: &Response<B>) -> bool {
+    response.extensions().get::<NotProcessed>().is_some()
+}
+
+/// A `503` that says when to come back refuses the request for the server's load, before
+/// processing it (RFC 9110, 15.6.4), as a `429` does: recorded, it would be replayed for
+/// the whole retention, without its point (the `Retry-After`), and the key would be stuck.
+/// A `503` without one may come from a handler that failed after its effect, and follows
+/// the [`ServerErrorPolicy`].
+#[inline]
+fn is_shed_for_load<B>(response: &Response<B>) -> bool {
+    response.status() == StatusCode::SERVICE_UNAVAILABLE
+        && response.headers().contains_key(http::header::RETRY_AFTER)
 }
 
 impl IdempotencyLayer<ServerFace> {

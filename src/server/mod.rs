@@ -96,15 +96,77 @@
 //! tenant or principal. One scope can never read, block or probe another's keys: a foreign
 //! key behaves exactly like an unused one (no `409`, no `422`, no replay).
 //!
-//! **Without a scope function**, the scope is a hash of the `Authorization` header: every
-//! credential gets its own keys, with no configuration, and nothing leaks between API
+//! **Without a scope function**, the scope is a hash of the `Authorization` header, read as
+//! HTTP reads it (the auth-scheme's case and the spaces after it do not matter:
+//! `bearer tok` and `Bearer tok` are one caller; the credentials are compared exactly):
+//! every credential gets its own keys, with no configuration, and nothing leaks between API
 //! clients. A keyed request **without** `Authorization` is refused with `400`
 //! [`scope-missing`](problem::SCOPE_MISSING): there is no silent shared scope in which one
 //! cookie-session caller, sending another's key and body, would be served the other's
 //! recorded response. Callers that authenticate otherwise (cookies, mTLS, API keys in other
 //! headers), or whose tokens rotate between a request and its retry, need a scope function:
 //! put authentication **outside** this layer and derive the scope from the principal it
-//! found, as the example does. [`Builder::unscoped`](crate::server::Builder::unscoped) opts into one scope for all.
+//! found, as below. [`Builder::unscoped`](crate::server::Builder::unscoped) opts into one scope for all.
+//!
+//! **Scope by the principal**, which is what a real service should do: a credential is not
+//! a caller. A client whose token is refreshed between a request and its retry is the same
+//! caller, and must get the replay, not a second charge. The authentication layer outside
+//! puts the principal it established into the request's extensions; the scope function
+//! reads it:
+//!
+//! ```
+//! use axum::body::Body;
+//! use axum::extract::Request;
+//! use axum::http::StatusCode;
+//! use axum::middleware::{from_fn, Next};
+//! use axum::response::{IntoResponse, Response};
+//! use axum::routing::post;
+//! use axum::Router;
+//! use tower::ServiceExt;
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+//!
+//! /// Who the caller is, as the authentication layer established it.
+//! #[derive(Clone)]
+//! struct Principal(String);
+//!
+//! /// Authentication: a token to its account, or `401` before anything else runs.
+//! async fn authenticate(mut request: Request, next: Next) -> Response {
+//!     let token = request.headers().get("authorization").and_then(|v| v.to_str().ok());
+//!     let account = match token {
+//!         // Stands for your token check: both tokens are alice's, the second a refresh.
+//!         Some("Bearer alice-token-1" | "Bearer alice-token-2") => "acct_alice",
+//!         _ => return StatusCode::UNAUTHORIZED.into_response(),
+//!     };
+//!     request.extensions_mut().insert(Principal(account.to_owned()));
+//!     next.run(request).await
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let idempotency = IdempotencyLayer::server_builder(MemoryStore::new())
+//!     // Never empty: `authenticate`, outside this layer, refuses a request without one.
+//!     .scope(|head| head.extensions.get::<Principal>().map(|p| p.0.clone()).unwrap_or_default())
+//!     .build()
+//!     .unwrap();
+//! let charge = post(|| async { (StatusCode::CREATED, "ch_1") })
+//!     .route_layer(idempotency) // inside: sees the principal
+//!     .route_layer(from_fn(authenticate)); // outside: runs first
+//! let app = Router::new().route("/charges", charge);
+//!
+//! let charge_with = |token: &str| {
+//!     Request::post("/charges")
+//!         .header("authorization", token)
+//!         .header("idempotency-key", "\"order-42\"")
+//!         .body(Body::from(r#"{"amount_cents":1999}"#))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(charge_with("Bearer alice-token-1")).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! // The token was refreshed before the retry: the same caller, so the same key's replay.
+//! let retry = app.oneshot(charge_with("Bearer alice-token-2")).await.unwrap();
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! # }
+//! ```
 //!
 //! Scopes separate the callers of one service, not services: two services sharing a store
 //! (or a Redis key prefix) see each other's keys when a caller sends both the same key
@@ -119,10 +181,33 @@
 //!   runs the handler again; choose it when your `5xx` reliably means "nothing happened".
 //!   A panic caught by tower-http's `CatchPanicLayer` *inside* this layer is such a `5xx`.
 //! - **A refusal before processing** (`406`, `412`, `415`, `428`, `429`, `431` by default:
-//!   [`release_statuses`](crate::server::Builder::release_statuses)) releases the key: the
-//!   request was refused for what its headers said, which the fingerprint leaves out, or
-//!   for the server's load, so the same key and bytes, sent again once fixed, run. An
-//!   axum extractor's `415` (`Json` without `Content-Type: application/json`) is one.
+//!   [`release_statuses`](crate::server::Builder::release_statuses), and a `503` with
+//!   `Retry-After`) releases the key: the request was refused for what its headers said,
+//!   which the fingerprint leaves out, or for the server's load, so the same key and bytes,
+//!   sent again once fixed, run. An axum extractor's `415` (`Json` without
+//!   `Content-Type: application/json`) is one; a handler shedding load with `503` and
+//!   `Retry-After` is another.
+//! - **Any answer the handler marks "nothing happened"** with [`NotProcessed`] (a response
+//!   extension; in axum, `Extension(NotProcessed)` among the response's parts) releases the
+//!   key whatever its status: the handler knows it turned the request away before its
+//!   effect, as when a dependency it checks first is down.
+//!
+//!   ```
+//!   use axum::http::StatusCode;
+//!   use axum::response::{IntoResponse, Response};
+//!   use axum::Extension;
+//!   use tower_idempotency::server::NotProcessed;
+//!
+//!   async fn charge() -> Response {
+//!       let inventory_reachable = false;
+//!       if !inventory_reachable {
+//!           // Checked before charging anyone: a retry with the key must run again.
+//!           return (StatusCode::BAD_GATEWAY, Extension(NotProcessed)).into_response();
+//!       }
+//!       (StatusCode::CREATED, "ch_1").into_response()
+//!   }
+//!   # let _ = charge;
+//!   ```
 //! - **In doubt.** A key whose handler started and never finished cannot be "resent" by a
 //!   server: the handler panicked with nothing catching it, was cancelled, its response body
 //!   failed, or its process died (its lease, kept while the handler runs, then runs out:
@@ -153,7 +238,8 @@
 //! A replay has the recorded status and body (byte for byte) and only the headers of an
 //! allow-list (by default `Content-Type`, `Content-Encoding`,
 //! `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified`,
-//! `Cache-Control`, `Vary`, `Link`), configurable with [`Builder::replay_headers`](crate::server::Builder::replay_headers).
+//! `Cache-Control`, `Vary`, `Link`, and `Retry-After`, so a replayed answer says when to
+//! come back as the first one did), configurable with [`Builder::replay_headers`](crate::server::Builder::replay_headers).
 //! Other headers are not even stored. `Set-Cookie`, `WWW-Authenticate`, `Authorization`,
 //! `Date`, `Content-Length` and hop-by-hop headers can never be replayed: the builder
 //! refuses them. Place layers that vary the response per caller (compression, CORS) and
@@ -210,6 +296,7 @@ pub use body::RequestBody;
 pub use builder::{Builder, ServerLayer};
 pub use face::ServerFace;
 pub use future::ResponseFuture;
+pub use policy::NotProcessed;
 pub use replay::IDEMPOTENT_REPLAYED;
 
 /// The server layer's service around `S` (an axum handler or router, a hyper service).

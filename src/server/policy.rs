@@ -59,3 +59,55 @@ pub enum InDoubtPolicy {
     /// carry the key (it is in the request's extensions as a [`HeaderKey`](crate::HeaderKey)).
     RunAgain,
 }
+
+/// A handler's word that its answer comes **before** any effect: the layer releases the
+/// key instead of recording the answer, so the next request with the key runs the handler.
+///
+/// Insert it into a response's extensions (with axum, return `Extension(NotProcessed)` as
+/// one of the response's parts) when the handler turned the request away before doing
+/// anything: a dependency it checks first was down, a quota was spent, the request was
+/// shed under load. Any status may carry it, a `2xx` too. Without it, only the
+/// [`release_statuses`](crate::server::Builder::release_statuses), a `503` with
+/// `Retry-After` and (under [`ServerErrorPolicy::Release`]) a `5xx` are released; every
+/// other answer is the key's outcome, replayed for the whole retention.
+///
+/// Mark only an answer given before the effect: a marked answer given after it lets a
+/// retry run the effect a second time. In the transactional mode a marked answer rolls the
+/// handler's transaction back.
+///
+/// ```
+/// use axum::http::{Request, StatusCode};
+/// use axum::response::{IntoResponse, Response};
+/// use axum::{body::Body, routing::post, Extension, Router};
+/// use tower::ServiceExt;
+/// use tower_idempotency::server::NotProcessed;
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+///
+/// async fn charge() -> Response {
+///     let fraud_check_reachable = false;
+///     if !fraud_check_reachable {
+///         // Checked before charging: nothing happened, so the retry must run again.
+///         return (StatusCode::BAD_GATEWAY, Extension(NotProcessed), "try again").into_response();
+///     }
+///     (StatusCode::CREATED, "ch_1").into_response()
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = IdempotencyLayer::server(MemoryStore::new());
+/// let app = Router::new().route("/charges", post(charge).route_layer(layer));
+/// let request = || {
+///     Request::post("/charges")
+///         .header("authorization", "Bearer sk_alice")
+///         .header("idempotency-key", "\"order-42\"")
+///         .body(Body::from("{}"))
+///         .unwrap()
+/// };
+/// let first = app.clone().oneshot(request()).await.unwrap();
+/// let retry = app.oneshot(request()).await.unwrap();
+/// assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+/// assert!(!retry.headers().contains_key("idempotent-replayed")); // the handler ran again
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NotProcessed;

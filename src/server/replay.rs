@@ -25,8 +25,10 @@ pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent
 ///
 /// They describe the representation and where it lives, and stay true when replayed:
 /// `Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Location`, `Location`,
-/// `ETag`, `Last-Modified`, `Cache-Control`, `Vary`, `Link`. Left out on purpose:
-/// `Retry-After` and `Expires` (relative to the first response's time, stale on replay),
+/// `ETag`, `Last-Modified`, `Cache-Control`, `Vary`, `Link`; and `Retry-After`, part of
+/// what an answer means (a `202` saying when to look again, a `3xx` or a recorded `5xx`
+/// saying when to come back): a replay without it would tell the caller less than the
+/// first answer did. Left out on purpose: `Expires` (a date the first response computed),
 /// `Content-Length` (recomputed from the body), and everything that must never be replayed
 /// (see [`Builder::replay_headers`]).
 pub(super) const DEFAULT_REPLAY_HEADERS: &[HeaderName] = &[
@@ -40,6 +42,7 @@ pub(super) const DEFAULT_REPLAY_HEADERS: &[HeaderName] = &[
     header::CACHE_CONTROL,
     header::VARY,
     header::LINK,
+    header::RETRY_AFTER,
 ];
 
 /// Headers never recorded nor replayed, whatever the configuration: credentials and

@@ -170,9 +170,12 @@ where
 {
     // A `5xx` rolls back whatever the `ServerErrorPolicy`: unlike the engine's mode, the
     // rollback *proves* that nothing happened, so the retry may run the handler again. An
-    // answer that says the request was refused before processing rolls back too.
-    let status = response.status();
-    if status.is_server_error() || server.releases(status) || transaction.is_rollback_only() {
+    // answer that says the request was refused before processing, or that the handler
+    // marked `NotProcessed`, rolls back too.
+    if response.status().is_server_error()
+        || server.releases(&response)
+        || transaction.is_rollback_only()
+    {
         settled("rolled-back");
         transaction.rollback().await;
         return response.map(ResponseBody::inner);

@@ -164,3 +164,141 @@ async fn a_success_is_recorded_whatever_the_released_statuses_say() {
     assert!(replayed(&again), "a success was released");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A server of `handler` behind the default server face, over loopback TCP; its URI.
+async fn serve(handler: axum::routing::MethodRouter) -> String {
+    let app = Router::new().route(
+        "/charges",
+        handler.route_layer(IdempotencyLayer::server(MemoryStore::new())),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("http://{}/charges", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    uri
+}
+
+#[tokio::test]
+async fn an_overloaded_handlers_503_with_retry_after_is_released_and_the_retry_runs() {
+    let (calls, effects) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let handler = {
+        let (calls, effects) = (calls.clone(), effects.clone());
+        post(move || async move {
+            // The first call is shed before anything happens; the next one charges.
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [("retry-after", "2")],
+                    "busy",
+                )
+                    .into_response();
+            }
+            effects.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::CREATED, "ch_1").into_response()
+        })
+    };
+    let uri = serve(handler).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+
+    let shed = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shed.headers()["retry-after"], "2");
+    let charged = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(
+        charged.status(),
+        StatusCode::CREATED,
+        "the 503 was replayed"
+    );
+    assert!(!replayed(&charged));
+    let again = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert!(replayed(&again));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_answer_marked_not_processed_is_released_whatever_its_status() {
+    use tower_idempotency::server::NotProcessed;
+
+    let (calls, effects) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let handler = {
+        let (calls, effects) = (calls.clone(), effects.clone());
+        post(move || async move {
+            // A dependency was down before anything was written: the handler says so.
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                return (
+                    StatusCode::BAD_GATEWAY,
+                    axum::Extension(NotProcessed),
+                    "ledger of accounts unreachable",
+                )
+                    .into_response();
+            }
+            effects.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::CREATED, "ch_1").into_response()
+        })
+    };
+    let uri = serve(handler).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+
+    let refused = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_GATEWAY);
+    let charged = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(
+        charged.status(),
+        StatusCode::CREATED,
+        "the 502 was replayed"
+    );
+    let again = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert!(replayed(&again));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_replayed_answer_keeps_the_retry_after_it_was_recorded_with() {
+    let effects = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let effects = effects.clone();
+        // Accepted for processing: the caller is told when to look again.
+        post(move || async move {
+            effects.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::ACCEPTED, [("retry-after", "2")], "queued")
+        })
+    };
+    let uri = serve(handler).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+
+    let first = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let again = client
+        .request(charge(&uri, "application/json"))
+        .await
+        .unwrap();
+    assert!(replayed(&again));
+    assert_eq!(again.status(), StatusCode::ACCEPTED);
+    assert_eq!(
+        again.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"2"[..])
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}

@@ -9,8 +9,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::codec::{
-    begin_params, busy_behind_a_transaction, decode_begin, decode_inspect, millis, outcome_status,
-    token_bytes,
+    begin_params, busy_behind_a_transaction, decode_begin, decode_inspect, generation_column,
+    millis, outcome_status, token_bytes,
 };
 use super::errors::{classify, from_pg, from_pool, PgFailure};
 use crate::ledger::{
@@ -93,7 +93,8 @@ impl Statements {
             renew: format!("SELECT {schema}.renew_op($1, $2, $3)"),
             inspect: format!(
                 "SELECT r_state, r_fp, r_attempts, r_age_ms, r_lease_left_ms, \
-                 r_retention_left_ms, r_sent, r_status FROM {schema}.inspect_op($1)"
+                 r_retention_left_ms, r_sent, r_status, r_generation \
+                 FROM {schema}.inspect_op($1)"
             ),
             sweep: format!("SELECT {schema}.sweep_op($1)"),
         }
@@ -370,7 +371,9 @@ impl IdempotencyStore for PostgresStore {
 }
 
 // An operator forgetting one record (see `ledger::forget`): one conditional `DELETE`, its
-// own statement rather than a schema function, so the schema version stays as it is.
+// own statement rather than a schema function. The generation is compared as
+// `generation_of` derives it (schema version 3), so a row an earlier version wrote is
+// judged by the generation `inspect_op` showed for it.
 impl PostgresStore {
     /// Delete the record of `key` if it is still as `expected`. The `DELETE` re-checks its
     /// conditions on the row it locks (a concurrent transition makes it wait, then judge
@@ -385,12 +388,14 @@ impl PostgresStore {
         let sql = format!(
             "DELETE FROM {schema}.records \
              WHERE key = $1 AND retain_until > clock_timestamp() \
+               AND {schema}.generation_of(generation, created_at) = $6 \
                AND state = $2 AND fingerprint = $3 AND attempts = $4 \
                AND (state <> 'in_flight' OR $5 OR lease_until <= clock_timestamp()) \
              RETURNING state",
             schema = self.inner.schema
         );
         let attempts = i32::try_from(expected.attempts).unwrap_or(i32::MAX);
+        let generation = generation_column(expected.generation);
         let deleted = self
             .bounded(async {
                 let client = self.inner.pool.get().await.map_err(from_pool)?;
@@ -404,6 +409,7 @@ impl PostgresStore {
                             &expected.fingerprint.as_bytes().as_slice(),
                             &attempts,
                             &expected.force,
+                            &generation,
                         ],
                     )
                     .await

@@ -1,4 +1,6 @@
--- Version 3 of the ledger schema: each life of a key has its own generation.
+-- Version 3 of the ledger schema: each life of a key has its own generation, and the
+-- transactional mode's claim replays a finished operation without the key's lock
+-- (claim_op, at the end).
 --
 -- A key's record is created by a claim and leaves (forgotten, released, past its retention);
 -- the next claim creates it again. The two lives can match in everything an operator's look
@@ -182,4 +184,50 @@ LANGUAGE sql AS $$
            t.sent, t.status, {schema}.generation_of(t.generation, t.created_at)
       FROM {schema}.records t, (SELECT clock_timestamp() AS now) c
      WHERE t.key = p_key AND t.retain_until > c.now AND t.state <> 'released'
+$$;
+
+-- claim_op: the transactional server mode's claim, the first statement of the request's
+-- transaction (see transaction.rs). The transaction holds the key's advisory lock from its
+-- claim to its end, and ends for a replay only when the layer's `ROLLBACK` reaches the
+-- server, which may be after the next duplicate's claim. So a completed record is answered
+-- from a plain read first, without the lock: a finished operation is replayed (or its
+-- drift told) whoever holds the lock, and a replay's transaction holds no lock to keep the
+-- next duplicate out. Only when the record is not completed is the lock taken, without
+-- waiting: held by another transaction, no row (the caller answers busy); else begin_op,
+-- under it.
+--
+-- The read answers only what it may: a completed record is committed, and no transition
+-- ever takes it back to open (only a forget, a sweep or a new claim past its retention
+-- replaces it), so the answer stays true however the lock is held.
+CREATE FUNCTION {schema}.claim_op(
+    p_key bytea, p_fp bytea, p_token bytea, p_lease_ms bigint, p_retention_ms bigint,
+    p_take_over boolean, p_frozen bytea, p_lock bigint,
+    OUT r_answer text, OUT r_wait_ms bigint, OUT r_fp bytea, OUT r_frozen bytea,
+    OUT r_outcome bytea)
+RETURNS SETOF record
+LANGUAGE plpgsql AS $$
+DECLARE
+    rec record;
+BEGIN
+    SELECT t.fingerprint, t.frozen, t.outcome INTO rec
+      FROM {schema}.records t
+     WHERE t.key = p_key AND t.state = 'completed' AND t.retain_until > clock_timestamp();
+    IF FOUND THEN
+        IF rec.fingerprint = p_fp THEN
+            r_answer := 'replay';
+            r_outcome := rec.outcome;
+        ELSE
+            r_answer := 'drift';
+            r_fp := rec.fingerprint;
+            r_frozen := rec.frozen;
+        END IF;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(p_lock) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM {schema}.begin_op(p_key, p_fp, p_token, p_lease_ms,
+                                                  p_retention_ms, p_take_over, p_frozen);
+END
 $$;

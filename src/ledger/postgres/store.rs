@@ -60,10 +60,10 @@ pub(super) struct Inner {
 /// The SQL of every call, with the schema filled in once.
 pub(super) struct Statements {
     pub(super) begin: String,
-    /// `begin` in the transactional mode: run only under the key's advisory lock, taken
-    /// without waiting (the `InitPlan`'s one-time filter is checked before `begin_op` is
-    /// called: no lock, no row, and no wait), and lifting the store's bounds for the
-    /// handler's statements once it has answered.
+    /// `begin` in the transactional mode (`claim_op`): a completed record answered from a
+    /// plain read, without the key's lock; anything else only under the key's advisory
+    /// lock, taken without waiting (another transaction's: no row, and no wait); lifting
+    /// the store's bounds for the handler's statements once it has answered.
     pub(super) claim: String,
     pub(super) complete: String,
     pub(super) abandon: String,
@@ -84,8 +84,7 @@ impl Statements {
                 "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome, \
                  set_config('statement_timeout', '0', true), \
                  set_config('lock_timeout', '0', true) \
-                 FROM {schema}.begin_op($1, $2, $3, $4, $5, $6, $7) \
-                 WHERE (SELECT pg_try_advisory_xact_lock($8))"
+                 FROM {schema}.claim_op($1, $2, $3, $4, $5, $6, $7, $8)"
             ),
             complete: format!("SELECT {schema}.complete_op($1, $2, $3, $4, $5, $6)"),
             abandon: format!("SELECT {schema}.abandon_op($1, $2, $3)"),

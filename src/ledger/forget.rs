@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use super::{IdempotencyStore, LedgerKey, RecordState, RecordView, StoreError};
+use super::{Generation, IdempotencyStore, LedgerKey, RecordState, RecordView, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::OperationId;
 
@@ -58,19 +58,24 @@ impl RecordKind {
 /// What an operator saw of a record: [`IdempotencyStore::forget`] removes it only if it is
 /// still so.
 ///
-/// A record is still as seen when its state kind, its fingerprint and its attempts (each
-/// claim and resume counts one) are unchanged: every transition of a record changes its
-/// kind or its attempts, except a renewal of its lease. So a look taken before the
-/// operation was resumed, completed or marked in doubt never removes it. An operation in
+/// A record is still as seen when it is the same life of its key (its [`Generation`]) and
+/// its state kind, its fingerprint and its attempts (each claim and resume counts one) are
+/// unchanged: every transition of a record changes its kind or its attempts, except a
+/// renewal of its lease, and a record created again after the one seen left (forgotten,
+/// released, evicted, past its retention) is another life, however alike it looks. So a
+/// look taken before the operation was resumed, completed or marked in doubt, or at an
+/// earlier life of the key, never removes it. An operation in
 /// flight under a lease that still runs is never forgotten either, however it was seen,
 /// unless [forced](Self::force): its owner is alive and working.
 ///
 /// ```
-/// use tower_idempotency::ledger::{Expected, RecordKind};
+/// use tower_idempotency::ledger::{Expected, Generation, RecordKind};
 /// # use tower_idempotency::fingerprint::Fingerprint;
 /// # let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
-/// // Usually taken from a look: `Expected::of(&view)`. Or spelled out:
-/// let expected = Expected::new(RecordKind::InFlight, fp, 1).force();
+/// # let generation = Generation::from_u64(7);
+/// // Usually taken from a look: `Expected::of(&view)`. Or spelled out, with the
+/// // generation the look showed:
+/// let expected = Expected::new(RecordKind::InFlight, fp, 1, generation).force();
 /// assert!(expected.force);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +87,8 @@ pub struct Expected {
     pub fingerprint: Fingerprint,
     /// Its attempts when seen.
     pub attempts: u32,
+    /// The life of the key it was seen in.
+    pub generation: Generation,
     /// Remove an operation in flight even while its owner's lease runs: the owner's later
     /// writes are then refused as fenced, and the next request runs the operation again,
     /// perhaps while the owner still does.
@@ -89,19 +96,31 @@ pub struct Expected {
 }
 
 impl Expected {
-    /// A record in state `kind`, with `fingerprint` and `attempts`; not forced.
-    pub fn new(kind: RecordKind, fingerprint: Fingerprint, attempts: u32) -> Self {
+    /// A record of life `generation`, in state `kind`, with `fingerprint` and `attempts`;
+    /// not forced.
+    pub fn new(
+        kind: RecordKind,
+        fingerprint: Fingerprint,
+        attempts: u32,
+        generation: Generation,
+    ) -> Self {
         Self {
             kind,
             fingerprint,
             attempts,
+            generation,
             force: false,
         }
     }
 
     /// The record as `view` shows it; not forced.
     pub fn of(view: &RecordView) -> Self {
-        Self::new(RecordKind::of(&view.state), view.fingerprint, view.attempts)
+        Self::new(
+            RecordKind::of(&view.state),
+            view.fingerprint,
+            view.attempts,
+            view.generation,
+        )
     }
 
     /// Forget it even while an owner's lease runs (see [`force`](Self#structfield.force)).
@@ -115,10 +134,11 @@ impl Expected {
     /// remove it under one lock or in one transaction.
     ///
     /// ```
-    /// use tower_idempotency::ledger::{Expected, Forget, RecordKind};
+    /// use tower_idempotency::ledger::{Expected, Forget, Generation, RecordKind};
     /// # use tower_idempotency::fingerprint::Fingerprint;
     /// # let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
-    /// assert_eq!(Expected::new(RecordKind::InDoubt, fp, 2).judge(None), Forget::Absent);
+    /// let expected = Expected::new(RecordKind::InDoubt, fp, 2, Generation::from_u64(7));
+    /// assert_eq!(expected.judge(None), Forget::Absent);
     /// ```
     pub fn judge(&self, current: Option<&RecordView>) -> Forget {
         let Some(current) = current else {
@@ -126,8 +146,11 @@ impl Expected {
         };
         // Identity before liveness: a record that moved on is `Changed` even when its lease
         // runs, because the operator's look no longer describes it, forced or not. `force`
-        // only ever overrides a live lease on the very record that was seen.
-        if RecordKind::of(&current.state) != self.kind
+        // only ever overrides a live lease on the very record that was seen. The generation
+        // first: another life of the key can match in everything else (the same request,
+        // completed on its first attempt), and forgetting it would run the operation again.
+        if current.generation != self.generation
+            || RecordKind::of(&current.state) != self.kind
             || current.fingerprint != self.fingerprint
             || current.attempts != self.attempts
         {
@@ -207,6 +230,7 @@ pub(crate) fn report(
                 key = %key.to_hex(),
                 state,
                 attempts = expected.attempts,
+                generation = %expected.generation,
                 forced = expected.force,
                 "a ledger record was forgotten on purpose: the next request with its key runs \
                  the operation again"
@@ -219,6 +243,7 @@ pub(crate) fn report(
                 key = %key.to_hex(),
                 state,
                 attempts = expected.attempts,
+                generation = %expected.generation,
                 result = refused.as_str(),
                 "a ledger record was not forgotten: it is not as expected"
             );
@@ -281,7 +306,8 @@ enum Keys {
 /// operation left in doubt that an operator has since checked by hand. Waiting out its
 /// retention (24 h by default) is the only other way out. [`IdempotencyStore::forget`]
 /// removes it at once, **only if it is still as the operator saw it** ([`Expected`], taken
-/// from [`inspect`](IdempotencyStore::inspect)'s [`RecordView`]): same state, same
+/// from [`inspect`](IdempotencyStore::inspect)'s [`RecordView`]): the same life of its key
+/// (its [`Generation`]: never a record created again since), same state, same
 /// fingerprint, same number of attempts, and, for an operation in flight, a lease that ran
 /// out (a live owner's lease is never taken from it unless the operator
 /// [forces](Expected::force) it). Anything else is answered with what stood in the way, and

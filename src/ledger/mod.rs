@@ -74,8 +74,9 @@
 //! A record that should not be there (a recorded `401` the caller can never get past, an
 //! operation in doubt that an operator reconciled by hand) need not wait out its retention:
 //! [`IdempotencyStore::forget`] removes it, but only if it is still as an
-//! [`inspect`](IdempotencyStore::inspect) showed it ([`Expected`]), and never from under a
-//! live owner unless forced. [`Records`], from a built layer's `records()`, finds a record
+//! [`inspect`](IdempotencyStore::inspect) showed it ([`Expected`]): the same life of its
+//! key (its [`Generation`]), in the same state, and never from under a live owner unless
+//! forced. [`Records`], from a built layer's `records()`, finds a record
 //! by the keys that layer derives (an [`OperationId`](crate::OperationId), or a request
 //! head). See [`Records`].
 //!
@@ -93,6 +94,7 @@
 pub(crate) mod error;
 mod forget;
 mod future;
+mod generation;
 mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -106,6 +108,7 @@ pub use error::StoreError;
 pub(crate) use forget::report as report_forget;
 pub use forget::{Expected, Forget, RecordKind, Records};
 pub use future::StoreFuture;
+pub use generation::Generation;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -326,6 +329,8 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
 
     /// A read-only look at the record of `key`, for tests and operators: `None` when there is
     /// none (or it is past its retention). Changes nothing, not even an eviction order.
+    /// A store of your own answers it with [`RecordView::new`], and shows each life of a key
+    /// its own [`Generation`]: [`forget`](Self::forget) is judged by it.
     ///
     /// The default answers an [unavailable](StoreError::is_unavailable) error: a store that
     /// cannot be inspected says so.
@@ -377,8 +382,9 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Remove the record of `key` on an operator's word, **only if it is still as
-    /// `expected`** (the state, fingerprint and attempts an [`inspect`](Self::inspect)
-    /// showed; see [`Expected`]), in one atomic step: a record that moved on since is
+    /// `expected`** (the generation, state, fingerprint and attempts an
+    /// [`inspect`](Self::inspect) showed; see [`Expected`]), in one atomic step: a record
+    /// that moved on since, or was created again (another [`Generation`]), is
     /// answered [`Forget::Changed`], an operation in flight under a live lease
     /// [`Forget::Live`] unless [forced](Expected::force), and neither is touched. A
     /// forgotten record is gone at once, whatever its state: the next `begin` of its key is
@@ -450,10 +456,54 @@ pub struct RecordView {
     pub fingerprint: Fingerprint,
     /// How many times ownership was handed out: the first claim and each resume.
     pub attempts: u32,
+    /// Which life of its key this record is: unchanged through the record's transitions,
+    /// new when the key's record is created again (see [`Generation`]).
+    pub generation: Generation,
     /// How long ago the operation was first claimed.
     pub age: Duration,
     /// How long the record is still kept.
     pub retention_left: Duration,
+}
+
+impl RecordView {
+    /// A view of a record, for a store's [`inspect`](IdempotencyStore::inspect): in
+    /// `state`, with the request's `fingerprint`, `attempts` ownerships handed out, of life
+    /// `generation`, first claimed `age` ago and kept for `retention_left` more.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Expected, Generation, RecordKind, RecordState, RecordView};
+    /// # use tower_idempotency::fingerprint::Fingerprint;
+    /// # let fingerprint = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    ///
+    /// let view = RecordView::new(
+    ///     RecordState::Completed { status: http::StatusCode::CREATED },
+    ///     fingerprint,
+    ///     1,
+    ///     Generation::from_u64(7),
+    ///     Duration::from_secs(3),
+    ///     Duration::from_secs(86_397),
+    /// );
+    /// assert_eq!(Expected::of(&view).generation, Generation::from_u64(7));
+    /// assert_eq!(Expected::of(&view).kind, RecordKind::Completed);
+    /// ```
+    pub fn new(
+        state: RecordState,
+        fingerprint: Fingerprint,
+        attempts: u32,
+        generation: Generation,
+        age: Duration,
+        retention_left: Duration,
+    ) -> Self {
+        Self {
+            state,
+            fingerprint,
+            attempts,
+            generation,
+            age,
+            retention_left,
+        }
+    }
 }
 
 /// The state shown by a [`RecordView`].

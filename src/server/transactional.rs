@@ -17,7 +17,9 @@
 //! exactly as long as the transaction is open and frees on commit, rollback, or a lost
 //! connection. A concurrent claim takes the same lock without waiting and, finding it
 //! taken, answers busy; that is the only mutual exclusion, and it lives in the database,
-//! so it holds across processes.
+//! so it holds across processes. A finished operation's record is read before the lock is
+//! asked for, so its duplicates replay it and take no lock: a replay is never answered
+//! busy because an earlier duplicate's transaction has not yet ended.
 //!
 //! Dropping an [`OpenTransaction`] rolls it back. Every path that must not commit (an
 //! error, a `5xx`, a rollback request, a failed body, a panic, a cancelled future) ends by

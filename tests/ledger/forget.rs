@@ -155,12 +155,77 @@ async fn an_operation_is_forgotten_by_operation_id_and_a_stale_look_is_refused()
     assert_eq!(provider.calls(), 2, "the forgotten operation ran afresh");
 }
 
+/// A look only ever forgets the record it saw. An operator looks at a recorded `401` to
+/// release it; meanwhile the record passes its retention, the caller's retry runs the
+/// handler again and `201` is recorded: the same request, completed on its first attempt,
+/// so alike in everything but its life. The operator's forget, made from the old look, is
+/// refused, and the next retry replays the `201` instead of charging a third time.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_look_at_an_earlier_life_of_the_key_never_forgets_the_next() {
+    const RETENTION: std::time::Duration = std::time::Duration::from_secs(120);
+    let charges = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let charges = charges.clone();
+        move || async move {
+            match charges.fetch_add(1, Ordering::SeqCst) {
+                0 => (StatusCode::UNAUTHORIZED, "token expired"),
+                _ => (StatusCode::CREATED, "charged"),
+            }
+        }
+    };
+    let layer = IdempotencyLayer::server_builder(MemoryStore::new())
+        .retention(RETENTION)
+        .build()
+        .unwrap();
+    let app = Router::new().route("/charges", post(handler).route_layer(layer.clone()));
+    let send = || app.clone().oneshot(charge("order-18"));
+
+    assert_eq!(send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let records = layer.records();
+    let (head, _) = charge("order-18").into_parts();
+    let key = records.request_key(&head).expect("keyed and scoped");
+    let seen = records
+        .inspect(key)
+        .await
+        .unwrap()
+        .expect("the recorded 401");
+
+    // The 401 leaves (past its retention); the retry charges and records a 201.
+    tokio::time::advance(RETENTION + std::time::Duration::from_secs(1)).await;
+    assert_eq!(send().await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(charges.load(Ordering::SeqCst), 2);
+    let now = records
+        .inspect(key)
+        .await
+        .unwrap()
+        .expect("the recorded 201");
+    assert_eq!(
+        now.state,
+        RecordState::Completed {
+            status: StatusCode::CREATED
+        }
+    );
+
+    assert_eq!(
+        records.forget(key, Expected::of(&seen)).await.unwrap(),
+        Forget::Changed,
+        "a look at the 401 forgot the 201"
+    );
+    let replayed = send().await.unwrap();
+    assert_eq!(replayed.status(), StatusCode::CREATED);
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        2,
+        "the retry after the forget charged again"
+    );
+}
+
 /// With feature `metrics`, each forget is counted by store, expected state and result.
 #[cfg(feature = "metrics")]
 #[test]
 fn forgets_are_counted() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_idempotency::ledger::{IdempotencyStore, LedgerKey, RecordKind};
+    use tower_idempotency::ledger::{Generation, IdempotencyStore, LedgerKey, RecordKind};
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -173,7 +238,7 @@ fn forgets_are_counted() {
             let store = MemoryStore::new();
             let fp =
                 tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/x", b"{}");
-            let expected = Expected::new(RecordKind::InDoubt, fp, 1);
+            let expected = Expected::new(RecordKind::InDoubt, fp, 1, Generation::random());
             let answer = store.forget(LedgerKey::from_bytes([1; 32]), expected).await;
             assert_eq!(answer.unwrap(), Forget::Absent);
         })

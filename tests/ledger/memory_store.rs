@@ -433,7 +433,8 @@ async fn a_held_lease_never_runs_out_and_is_never_forgotten_unforced() {
     tokio::time::advance(LEASE * 10).await;
     assert_eq!(busy_for(&store, key).await, LEASE);
     assert_eq!(lease_left(&store, key).await, LEASE);
-    let expected = Expected::new(RecordKind::InFlight, fingerprint(0), 1);
+    let seen = store.inspect(key).await.unwrap().expect("the held claim");
+    let expected = Expected::new(RecordKind::InFlight, fingerprint(0), 1, seen.generation);
     let refused = store.forget(key, expected).await.unwrap();
     assert_eq!(refused, Forget::Live { lease_left: LEASE });
 

@@ -87,10 +87,13 @@ enum Step {
         key: u8,
     },
     /// An operator forgets `key`'s record as the model shows it now, or as a stale look
-    /// showed it (one attempt earlier), forcing a live lease or not.
+    /// showed it (one attempt earlier), or as a look at the key's record before this one
+    /// showed it (`earlier_life`: alike in all but its generation), forcing a live lease or
+    /// not.
     Forget {
         key: u8,
         stale: bool,
+        earlier_life: bool,
         force: bool,
     },
     /// Time passes.
@@ -203,9 +206,15 @@ impl Plan {
                     key: Key(key),
                     token: writer(&model, &held, &sent, by, key, &mut new_token),
                 },
-                Step::Forget { key, stale, force } => {
-                    let (kind, fingerprint, attempts) = match model.record(Key(key)) {
+                Step::Forget {
+                    key,
+                    stale,
+                    earlier_life,
+                    force,
+                } => {
+                    let (life, kind, fingerprint, attempts) = match model.record(Key(key)) {
                         Some(record) => (
+                            record.life - u32::from(earlier_life),
                             match record.state {
                                 State::InFlight { .. } => RecordKind::InFlight,
                                 State::InDoubt => RecordKind::InDoubt,
@@ -214,10 +223,11 @@ impl Plan {
                             record.fingerprint,
                             record.attempts,
                         ),
-                        None => (RecordKind::InFlight, Fp(key * 2), 1),
+                        None => (1, RecordKind::InFlight, Fp(key * 2), 1),
                     };
                     Op::Forget {
                         key: Key(key),
+                        life,
                         kind,
                         fingerprint,
                         attempts: if stale {
@@ -320,8 +330,18 @@ fn steps(max_len: usize, retention_waits: bool) -> impl Strategy<Value = Vec<Ste
     let renew = (by.clone(), key.clone()).prop_map(|(by, key)| Step::Renew { by, key });
     let hold = (by.clone(), key.clone()).prop_map(|(by, key)| Step::Hold { by, key });
     let let_go = (by, key.clone()).prop_map(|(by, key)| Step::LetGo { by, key });
-    let forget = (key, prop::bool::weighted(0.3), any::<bool>())
-        .prop_map(|(key, stale, force)| Step::Forget { key, stale, force });
+    let forget = (
+        key,
+        prop::bool::weighted(0.3),
+        prop::bool::weighted(0.3),
+        any::<bool>(),
+    )
+        .prop_map(|(key, stale, earlier_life, force)| Step::Forget {
+            key,
+            stale,
+            earlier_life,
+            force,
+        });
     let wait = prop_oneof![
         3 => Just(Wait::WithinLease),
         3 => Just(Wait::PastLease),

@@ -11,8 +11,10 @@ use crate::support::postgres as postgres_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower_idempotency::ledger::postgres::SCHEMA_VERSION;
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LedgerKey, Outcome, PostgresStore, StoredResponse,
+    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, Outcome, PostgresStore,
+    StoredResponse,
 };
 use tower_idempotency::testing::conformance::{
     inspection_follows_the_record, run_all, sample_fingerprint, Clock,
@@ -68,11 +70,17 @@ async fn migrate_is_idempotent_concurrent_and_refuses_a_newer_schema() {
         })
         .collect();
     for migration in migrations {
-        assert_eq!(migration.await.expect("task").expect("migrate"), 2);
+        assert_eq!(
+            migration.await.expect("task").expect("migrate"),
+            SCHEMA_VERSION
+        );
     }
-    assert_eq!(first.schema_version().await.expect("version"), Some(2));
+    assert_eq!(
+        first.schema_version().await.expect("version"),
+        Some(SCHEMA_VERSION)
+    );
     let second = connect().await.expect("connect");
-    assert_eq!(second.migrate().await.expect("again"), 2);
+    assert_eq!(second.migrate().await.expect("again"), SCHEMA_VERSION);
 
     // A schema from a later release is refused, never misread.
     let client = first.pool().get().await.expect("a connection");
@@ -233,8 +241,9 @@ async fn a_stopped_database_fails_closed_and_the_store_recovers() {
     ));
 }
 
-/// A database a version-1 release made, with records in it, is brought to version 2 by
-/// `migrate`: its records answer as they did, and the released-token marker works on it.
+/// A database a version-1 release made, with records in it, is brought to this release's
+/// version by `migrate`: its records answer as they did, and the released-token marker
+/// works on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_one_schema_with_records_migrates_to_version_two() {
     let Some(pg) = postgres_support::postgres_url().await else {
@@ -296,7 +305,7 @@ async fn a_version_one_schema_with_records_migrates_to_version_two() {
     claim(&open_claim).await;
     assert_eq!(store.schema_version().await.expect("version"), Some(1));
 
-    assert_eq!(store.migrate().await.expect("migrate"), 2);
+    assert_eq!(store.migrate().await.expect("migrate"), SCHEMA_VERSION);
     store
         .complete(
             done,
@@ -325,5 +334,128 @@ async fn a_version_one_schema_with_records_migrates_to_version_two() {
     assert!(matches!(
         store.begin(request(open)).await.expect("begin"),
         Begin::Acquired { .. }
+    ));
+}
+
+/// A database at version 2, with records in it, is brought to version 3 by `migrate`, and
+/// its records get a generation without the table being rewritten: derived from when each
+/// was created, kept through the record's transitions, and told from the generation of the
+/// record the key gets next. A look at a version-2 record forgets it; that look never
+/// forgets the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_two_schema_with_records_migrates_and_its_records_keep_their_lives() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let schema = postgres_support::fresh_schema();
+    let store = PostgresStore::builder(pg.url())
+        .schema(schema.clone())
+        .connect()
+        .await
+        .expect("connect");
+    let client = store.pool().get().await.expect("a connection");
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.schema_version (
+                 singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+                 version integer NOT NULL);
+             INSERT INTO {schema}.schema_version (version) VALUES (2);
+             {}
+             {}",
+            include_str!("../../src/ledger/postgres/schema_v1.sql").replace("{schema}", &schema),
+            include_str!("../../src/ledger/postgres/schema_v2.sql").replace("{schema}", &schema)
+        ))
+        .await
+        .expect("a version-2 schema");
+    let retention = Duration::from_secs(600);
+    let request = |key| {
+        BeginRequest::new(
+            key,
+            sample_fingerprint(),
+            Duration::from_secs(30),
+            retention,
+        )
+    };
+    // Claimed by version 2's `begin_op`: one to complete after the upgrade, one completed.
+    let (open, done) = (
+        LedgerKey::from_bytes([31; 32]),
+        LedgerKey::from_bytes([32; 32]),
+    );
+    let (open_claim, done_claim) = (request(open), request(done));
+    for claim in [&open_claim, &done_claim] {
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT r_answer FROM {schema}.begin_op($1, $2, $3, 30000, 600000, true, NULL)"
+                ),
+                &[
+                    &claim.key.as_bytes().to_vec(),
+                    &claim.fingerprint.as_bytes().to_vec(),
+                    &claim.token.as_u128().to_be_bytes().to_vec(),
+                ],
+            )
+            .await
+            .expect("a version-2 claim");
+        assert_eq!(row.get::<_, &str>(0), "acquired");
+    }
+    store
+        .complete(done, done_claim.token, ok_outcome(), retention)
+        .await
+        .expect("a version-2 completion");
+
+    assert_eq!(store.migrate().await.expect("migrate"), 3);
+    let look = |key| {
+        let store = store.clone();
+        async move {
+            store
+                .inspect(key)
+                .await
+                .expect("inspect")
+                .expect("a record")
+        }
+    };
+    // An earlier version's record keeps one generation through its transitions.
+    let before = look(open).await.generation;
+    store
+        .complete(open, open_claim.token, ok_outcome(), retention)
+        .await
+        .expect("the version-2 claim completes after the upgrade");
+    assert_eq!(look(open).await.generation, before);
+    assert_eq!(
+        look(open).await.generation,
+        before,
+        "looking changes nothing"
+    );
+
+    // Forgotten as seen, claimed and completed again: another life, and the old look is
+    // refused.
+    let seen = look(done).await;
+    assert_eq!(
+        store
+            .forget(done, Expected::of(&seen))
+            .await
+            .expect("forget"),
+        Forget::Forgotten
+    );
+    let again = request(done);
+    let Begin::Acquired { token } = store.begin(again.clone()).await.expect("begin") else {
+        panic!("expected Acquired")
+    };
+    store
+        .complete(done, token, ok_outcome(), retention)
+        .await
+        .expect("complete");
+    assert_ne!(look(done).await.generation, seen.generation);
+    assert_eq!(
+        store
+            .forget(done, Expected::of(&seen))
+            .await
+            .expect("forget"),
+        Forget::Changed
+    );
+    assert!(matches!(
+        store.begin(again).await.expect("begin"),
+        Begin::Replay(_)
     ));
 }

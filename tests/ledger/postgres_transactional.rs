@@ -431,6 +431,83 @@ async fn serve_notes(
     serve(app).await
 }
 
+/// A finished operation is replayed, always. Thirty duplicates of a finished request, sent
+/// one after the other over real TCP, alternately to two layer instances (two replicas,
+/// each with its own pool) over one database, are each answered the recorded `201` as a
+/// replay: a replay neither waits for nor is refused by the key's lock, whose release a
+/// previous duplicate's `ROLLBACK` may still have on its way. The handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_duplicates_of_a_finished_request_are_all_replays() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = database(pg.url()).await;
+    let schema = store.schema().to_owned();
+    let replica = PostgresStore::builder(pg.url())
+        .schema(schema.clone())
+        .connect()
+        .await
+        .expect("connect a second store");
+    let instances = [
+        serve_notes(schema.clone(), Duration::ZERO, unscoped_layer(&store)).await,
+        serve_notes(schema, Duration::ZERO, unscoped_layer(&replica)).await,
+    ];
+    let client = reqwest::Client::new();
+    let send = |addr: SocketAddr| {
+        client
+            .post(format!("http://{addr}/notes"))
+            .header("idempotency-key", "\"finished\"")
+            .body("{}")
+            .send()
+    };
+    let first = send(instances[0]).await.expect("an answer");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(!replayed(&first));
+
+    let mut answers = Vec::new();
+    for duplicate in 0..30 {
+        let response = send(instances[duplicate % 2]).await.expect("an answer");
+        answers.push((response.status(), replayed(&response)));
+    }
+    let replays = answers
+        .iter()
+        .filter(|answer| **answer == (StatusCode::CREATED, true))
+        .count();
+    assert_eq!(replays, 30, "not every duplicate was a replay: {answers:?}");
+    assert_eq!(notes(&store, "finished").await, 1, "the handler ran again");
+
+    // A replay round: finished operations, each sent to both instances at once.
+    let keys: Vec<String> = (0..8).map(|op| format!("round-{op}")).collect();
+    for key in &keys {
+        let response = post_with_key(instances[0], "/notes", key).await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+    let mut round = tokio::task::JoinSet::new();
+    for key in &keys {
+        for addr in instances {
+            let request = client
+                .post(format!("http://{addr}/notes"))
+                .header("idempotency-key", format!("\"{key}\""))
+                .body("{}")
+                .send();
+            round.spawn(async move {
+                let response = request.await.expect("an answer");
+                (response.status(), replayed(&response))
+            });
+        }
+    }
+    let answers = round.join_all().await;
+    assert!(
+        answers
+            .iter()
+            .all(|answer| *answer == (StatusCode::CREATED, true)),
+        "a finished operation was not replayed in the round: {answers:?}"
+    );
+    for key in &keys {
+        assert_eq!(notes(&store, key).await, 1, "{key} ran again");
+    }
+}
+
 async fn problem_type(response: reqwest::Response) -> String {
     let body = response.bytes().await.expect("a problem body");
     let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");

@@ -18,8 +18,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Version};
 use redis::aio::MultiplexedConnection;
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RedisStore, StoreError,
-    StoredResponse,
+    Begin, BeginRequest, Expected, Forget, Generation, IdempotencyStore, LeaseToken, LedgerKey,
+    Outcome, RedisStore, StoreError, StoredResponse,
 };
 use tower_idempotency::FrozenRequest;
 
@@ -543,6 +543,83 @@ async fn records_of_an_unknown_version_are_corrupt_not_misread() {
         .is_corrupt());
 }
 
+/// A record the previous release wrote has no `gen`: it is read, its generation is its
+/// `created_ms`, a look at it forgets it, and a look at it never forgets the record the key
+/// gets next.
+#[tokio::test]
+async fn a_record_without_a_generation_reads_as_its_creation_time() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    let mut admin = admin(redis.url()).await;
+    let req = frozen("{\"amount\":9}");
+    let created_ms = 1_765_000_000_123_u64;
+    // The fields the previous release's `begin` and `complete` wrote: no `gen`.
+    let key = fresh_key();
+    let redis_key = store.redis_key(&key);
+    let fields = [
+        ("v", b"1".to_vec()),
+        ("fp", req.fingerprint().to_hex().into_bytes()),
+        ("state", b"completed".to_vec()),
+        ("sent", b"0".to_vec()),
+        (
+            "retention_ms",
+            RETENTION.as_millis().to_string().into_bytes(),
+        ),
+        ("created_ms", created_ms.to_string().into_bytes()),
+        ("attempts", b"1".to_vec()),
+        ("outcome", response("earlier release").encode()),
+    ];
+    let () = redis::cmd("HSET")
+        .arg(&redis_key)
+        .arg(&fields)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let () = redis::cmd("PEXPIRE")
+        .arg(&redis_key)
+        .arg(RETENTION.as_millis() as u64)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_replay(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        b"earlier release",
+    );
+    let seen = store
+        .inspect(key)
+        .await
+        .unwrap()
+        .expect("the earlier record");
+    assert_eq!(seen.generation, Generation::from_u64(created_ms));
+    assert_eq!(
+        store.forget(key, Expected::of(&seen)).await.unwrap(),
+        Forget::Forgotten
+    );
+
+    // Forgotten, claimed and completed again by this release: another life.
+    let Begin::Acquired { token } = store.begin(request(key, &req, LEASE)).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store
+        .complete(key, token, response("this release"), RETENTION)
+        .await
+        .unwrap();
+    assert_ne!(
+        store.inspect(key).await.unwrap().unwrap().generation,
+        seen.generation
+    );
+    assert_eq!(
+        store.forget(key, Expected::of(&seen)).await.unwrap(),
+        Forget::Changed
+    );
+    assert_replay(
+        store.begin(request(key, &req, LEASE)).await.unwrap(),
+        b"this release",
+    );
+}
+
 #[tokio::test]
 async fn records_have_the_documented_layout_and_the_lease_is_not_the_ttl() {
     let Some(redis) = redis_url().await else {
@@ -572,6 +649,8 @@ async fn records_have_the_documented_layout_and_the_lease_is_not_the_ttl() {
     assert_eq!(text("sent"), "0");
     assert_eq!(text("attempts"), "1");
     assert_eq!(text("retention_ms"), RETENTION.as_millis().to_string());
+    let generation = store.inspect(key).await.unwrap().unwrap().generation;
+    assert_eq!(text("gen"), generation.to_string());
     assert_eq!(
         FrozenRequest::decode(&fields["frozen"]).unwrap().body(),
         req.body()
@@ -605,6 +684,11 @@ async fn records_have_the_documented_layout_and_the_lease_is_not_the_ttl() {
     assert_eq!(fields["state"], b"completed");
     assert_eq!(fields["sent"], b"1");
     assert_eq!(fields["attempts"], b"2");
+    assert_eq!(
+        fields["gen"],
+        generation.to_string().as_bytes(),
+        "one life, one generation"
+    );
     assert!(!fields.contains_key("token") && !fields.contains_key("lease_until_ms"));
     assert!(matches!(
         Outcome::decode(&fields["outcome"]).unwrap(),

@@ -28,7 +28,7 @@ impl MemoryStore {
                 // Past its retention: gone, and claimed anew.
                 let expired = entry.remove();
                 self.forget(&expired);
-                let record = Record::claim(&request, at);
+                let record = Record::claim(&request, at, self.seq());
                 if self.over_share(record.scope, record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -47,7 +47,7 @@ impl MemoryStore {
             Entry::Vacant(entry) => {
                 // Absent: a new claim, if the budget has room for it and its scope is not
                 // over its share of a store under pressure.
-                let record = Record::claim(&request, at);
+                let record = Record::claim(&request, at, self.seq());
                 if self.over_share(record.scope, record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));

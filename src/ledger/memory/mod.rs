@@ -30,7 +30,7 @@
 //!   records. A record and its entry change together under the record's shard lock, which
 //!   may take the eviction lock inside it; eviction looks at the order's front under the
 //!   eviction lock alone, releases it, then takes the front record's shard lock and checks
-//!   that the entry still names that life of the key (its `seq`). So locks are only ever
+//!   that the entry still names that life of the key (its generation). So locks are only ever
 //!   taken shard first, then eviction order: no two callers can wait on each other.
 //!
 //! # The atomics, and why relaxed ordering is enough

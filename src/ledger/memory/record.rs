@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    BeginRequest, FieldDigests, LeaseToken, LedgerKey, Outcome, RecordState, RecordView,
-    RequestFields,
+    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, Outcome, RecordState,
+    RecordView, RequestFields,
 };
 use crate::FrozenRequest;
 
@@ -63,6 +63,11 @@ pub(super) struct Record {
     pub(super) weight: u64,
     /// When the operation was first claimed.
     pub(super) created: Stamp,
+    /// Which life of its key this is: the store's sequence number at the claim that
+    /// created it, kept through every transition (an operator's look names it, so a look
+    /// at an earlier life never forgets this one). Unique in the store, so it also tells
+    /// completed records apart in the eviction index.
+    pub(super) generation: u64,
     /// Ownership handed out: the first claim and each resume.
     pub(super) attempts: u32,
     /// The bucket of the scope's bytes this record counts in (`0`: no scope).
@@ -90,9 +95,6 @@ pub(super) enum State {
     Completed {
         outcome: Outcome,
         protect_until: Stamp,
-        /// Tells this life of the key from a later one in the eviction index, which only
-        /// completed records enter.
-        seq: u64,
     },
 }
 
@@ -143,12 +145,11 @@ impl From<HeldToken> for LeaseToken {
 
 impl Record {
     /// Where a completed record stands in the eviction index: the end of its protection
-    /// and its life's sequence number. Open records are not in it.
+    /// and its generation (which tells this life of the key from a later one). Open
+    /// records are not in it.
     pub(super) fn eviction_place(&self) -> Option<(Stamp, u64)> {
         match self.state {
-            State::Completed {
-                protect_until, seq, ..
-            } => Some((protect_until, seq)),
+            State::Completed { protect_until, .. } => Some((protect_until, self.generation)),
             _ => None,
         }
     }
@@ -159,7 +160,9 @@ impl Record {
         self.retain_until > now && self.state.is_owned_by(token)
     }
 
-    pub(super) fn claim(request: &BeginRequest, now: Stamp) -> Box<Self> {
+    /// A new life of `request`'s key, claimed at `now`: its `generation` is the store's
+    /// next sequence number.
+    pub(super) fn claim(request: &BeginRequest, now: Stamp, generation: u64) -> Box<Self> {
         let mut record = Box::new(Self {
             fingerprint: request.fingerprint,
             kept: request.frozen.clone().map_or(Kept::Nothing, Kept::Frozen),
@@ -173,6 +176,7 @@ impl Record {
             protected: u64::try_from(request.protected_window().as_nanos()).unwrap_or(u64::MAX),
             weight: 0,
             created: now,
+            generation,
             attempts: 1,
             scope: scope_bucket(request.scope),
         });
@@ -182,13 +186,7 @@ impl Record {
 
     /// This (open) record, completed with `outcome`, keeping nothing of its request but
     /// that there was one (see [`Kept::Unnamed`]): for a tombstone.
-    pub(super) fn completed(
-        &self,
-        outcome: Outcome,
-        retention: Duration,
-        now: Stamp,
-        seq: u64,
-    ) -> Self {
+    pub(super) fn completed(&self, outcome: Outcome, retention: Duration, now: Stamp) -> Self {
         let kept = match self.kept {
             Kept::Frozen(_) => Kept::Unnamed,
             _ => Kept::Nothing,
@@ -199,12 +197,12 @@ impl Record {
             state: State::Completed {
                 outcome,
                 protect_until: now + Duration::from_nanos(self.protected).min(retention),
-                seq,
             },
             retain_until: now + retention,
             protected: self.protected,
             weight: 0,
             created: self.created,
+            generation: self.generation,
             attempts: self.attempts,
             scope: self.scope,
         };
@@ -278,13 +276,14 @@ impl Record {
                 status: outcome_status(outcome),
             },
         };
-        RecordView {
+        RecordView::new(
             state,
-            fingerprint: self.fingerprint,
-            attempts: self.attempts,
-            age: now.since(self.created),
-            retention_left: self.retain_until.since(now),
-        }
+            self.fingerprint,
+            self.attempts,
+            Generation::from_u64(self.generation),
+            now.since(self.created),
+            self.retain_until.since(now),
+        )
     }
 
     pub(super) fn measure(&self) -> u64 {

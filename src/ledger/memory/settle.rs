@@ -137,7 +137,7 @@ impl MemoryStore {
         } else {
             (outcome, Tombstoned::NoRoom)
         };
-        let whole = open.completed(outcome, retention, self.stamp(now), self.seq());
+        let whole = open.completed(outcome, retention, self.stamp(now));
         self.complete_as_tombstone(&mut shard, key, Box::new(whole), why);
         Ok(())
     }
@@ -154,7 +154,7 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = self.owned_shard(&key, token, now)?;
         let open = shard.records.get_mut(&key).expect("owned");
-        let done = open.completed(outcome, retention, self.stamp(now), self.seq());
+        let done = open.completed(outcome, retention, self.stamp(now));
         self.complete_as_tombstone(&mut shard, key, Box::new(done), Tombstoned::OverShare);
         Ok(())
     }
@@ -190,13 +190,11 @@ impl MemoryStore {
         self.inner
             .completed_bytes
             .fetch_add(weight, Ordering::Relaxed);
-        let seq = self.seq();
         // An open record is not in the eviction order: only its completion enters it.
-        lock(&self.inner.evictable).insert((protect_until, seq), key, weight);
+        lock(&self.inner.evictable).insert((protect_until, record.generation), key, weight);
         record.state = State::Completed {
             outcome,
             protect_until,
-            seq,
         };
         record.retain_until = retain_until;
         record.weight = weight;

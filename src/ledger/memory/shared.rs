@@ -25,7 +25,8 @@ pub(super) struct Inner {
     /// Completed records by the end of their protected window: the eviction order. Taken
     /// inside a shard's lock, never the other way around.
     pub(super) evictable: Mutex<EvictionIndex>,
-    /// Hands out the sequence numbers that tell two lives of one key apart.
+    /// Hands out the sequence numbers that tell two lives of one key apart: each claim's
+    /// record takes the next as its generation.
     pub(super) next_seq: AtomicU64,
     /// The weight of the latest new claim (at most a sixteenth of the budget): the room a
     /// completion that evicts anyway leaves for the next one (see `complete_now`).

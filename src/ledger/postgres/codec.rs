@@ -8,7 +8,7 @@ use tokio_postgres::Row;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    Begin, BeginRequest, LeaseToken, Outcome, RecordState, RecordView, StoreError,
+    Begin, BeginRequest, Generation, LeaseToken, Outcome, RecordState, RecordView, StoreError,
 };
 use crate::FrozenRequest;
 
@@ -120,13 +120,20 @@ pub(super) fn decode_inspect(row: &Row) -> Result<RecordView, StoreError> {
             )))
         }
     };
-    Ok(RecordView {
+    Ok(RecordView::new(
         state,
-        fingerprint: fingerprint(row.get(1))?,
-        attempts: u32::try_from(row.get::<_, i32>(2)).unwrap_or(0),
-        age: ms(3),
-        retention_left: ms(5),
-    })
+        fingerprint(row.get(1))?,
+        u32::try_from(row.get::<_, i32>(2)).unwrap_or(0),
+        Generation::from_u64(row.get::<_, i64>(8) as u64),
+        ms(3),
+        ms(5),
+    ))
+}
+
+/// A generation as its `bigint` column holds it: the same 64 bits (the database's counter
+/// never reaches the sign bit; a generation another store made may, and then matches no row).
+pub(super) fn generation_column(generation: Generation) -> i64 {
+    generation.as_u64() as i64
 }
 
 fn optional_frozen(bytes: Option<&[u8]>) -> Result<Option<FrozenRequest>, StoreError> {

@@ -91,6 +91,11 @@
 //! - a handler that fails (a `5xx`, an error, a panic) or asks for a rollback
 //!   ([`PostgresTransaction::set_rollback_only`](super::PostgresTransaction::set_rollback_only)) leaves no record and none of its writes.
 //!
+//! A finished operation is always replayed: the claim reads a completed record before it
+//! takes any lock, so a duplicate of a finished request is answered its replay whatever
+//! transaction still holds the key's lock (the `ROLLBACK` that ends a replay's own
+//! transaction is sent after its answer), and a replay takes no lock.
+//!
 //! While the transaction is open, its claim is an uncommitted row, and the transaction
 //! holds the key's advisory lock (`pg_try_advisory_xact_lock`, taken by the claim without
 //! waiting). A duplicate request finds the lock taken at once and is busy: answered `409`

@@ -8,10 +8,14 @@ use super::PostgresStore;
 use crate::ledger::StoreError;
 
 /// The schema version this release creates and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Each version's migration, applied in order; `{schema}` is the store's schema.
-const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql"), include_str!("schema_v2.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("schema_v1.sql"),
+    include_str!("schema_v2.sql"),
+    include_str!("schema_v3.sql"),
+];
 
 impl PostgresStore {
     /// Create the ledger's schema, or bring it up to this release's version

@@ -9,8 +9,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::codec::{
-    begin_params, busy_behind_a_transaction, decode_begin, decode_inspect, millis, outcome_status,
-    token_bytes,
+    begin_params, busy_behind_a_transaction, decode_begin, decode_inspect, generation_column,
+    millis, outcome_status, token_bytes,
 };
 use super::errors::{classify, from_pg, from_pool, PgFailure};
 use crate::ledger::{
@@ -60,10 +60,10 @@ pub(super) struct Inner {
 /// The SQL of every call, with the schema filled in once.
 pub(super) struct Statements {
     pub(super) begin: String,
-    /// `begin` in the transactional mode: run only under the key's advisory lock, taken
-    /// without waiting (the `InitPlan`'s one-time filter is checked before `begin_op` is
-    /// called: no lock, no row, and no wait), and lifting the store's bounds for the
-    /// handler's statements once it has answered.
+    /// `begin` in the transactional mode (`claim_op`): a completed record answered from a
+    /// plain read, without the key's lock; anything else only under the key's advisory
+    /// lock, taken without waiting (another transaction's: no row, and no wait); lifting
+    /// the store's bounds for the handler's statements once it has answered.
     pub(super) claim: String,
     pub(super) complete: String,
     pub(super) abandon: String,
@@ -84,8 +84,7 @@ impl Statements {
                 "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome, \
                  set_config('statement_timeout', '0', true), \
                  set_config('lock_timeout', '0', true) \
-                 FROM {schema}.begin_op($1, $2, $3, $4, $5, $6, $7) \
-                 WHERE (SELECT pg_try_advisory_xact_lock($8))"
+                 FROM {schema}.claim_op($1, $2, $3, $4, $5, $6, $7, $8)"
             ),
             complete: format!("SELECT {schema}.complete_op($1, $2, $3, $4, $5, $6)"),
             abandon: format!("SELECT {schema}.abandon_op($1, $2, $3)"),
@@ -93,7 +92,8 @@ impl Statements {
             renew: format!("SELECT {schema}.renew_op($1, $2, $3)"),
             inspect: format!(
                 "SELECT r_state, r_fp, r_attempts, r_age_ms, r_lease_left_ms, \
-                 r_retention_left_ms, r_sent, r_status FROM {schema}.inspect_op($1)"
+                 r_retention_left_ms, r_sent, r_status, r_generation \
+                 FROM {schema}.inspect_op($1)"
             ),
             sweep: format!("SELECT {schema}.sweep_op($1)"),
         }
@@ -370,7 +370,9 @@ impl IdempotencyStore for PostgresStore {
 }
 
 // An operator forgetting one record (see `ledger::forget`): one conditional `DELETE`, its
-// own statement rather than a schema function, so the schema version stays as it is.
+// own statement rather than a schema function. The generation is compared as
+// `generation_of` derives it (schema version 3), so a row an earlier version wrote is
+// judged by the generation `inspect_op` showed for it.
 impl PostgresStore {
     /// Delete the record of `key` if it is still as `expected`. The `DELETE` re-checks its
     /// conditions on the row it locks (a concurrent transition makes it wait, then judge
@@ -385,12 +387,14 @@ impl PostgresStore {
         let sql = format!(
             "DELETE FROM {schema}.records \
              WHERE key = $1 AND retain_until > clock_timestamp() \
+               AND {schema}.generation_of(generation, created_at) = $6 \
                AND state = $2 AND fingerprint = $3 AND attempts = $4 \
                AND (state <> 'in_flight' OR $5 OR lease_until <= clock_timestamp()) \
              RETURNING state",
             schema = self.inner.schema
         );
         let attempts = i32::try_from(expected.attempts).unwrap_or(i32::MAX);
+        let generation = generation_column(expected.generation);
         let deleted = self
             .bounded(async {
                 let client = self.inner.pool.get().await.map_err(from_pool)?;
@@ -404,6 +408,7 @@ impl PostgresStore {
                             &expected.fingerprint.as_bytes().as_slice(),
                             &attempts,
                             &expected.force,
+                            &generation,
                         ],
                     )
                     .await

@@ -203,8 +203,13 @@ impl PostgresStore {
     /// claim travel together, in one round trip, and the claim also lifts the store's
     /// bounds for the handler's own statements.
     ///
-    /// The claim never waits for another open transaction holding the key: it first takes
-    /// the key's transaction-scoped advisory lock without waiting, and when another
+    /// A finished operation is answered first, from a plain read of its completed record,
+    /// without the key's lock: a replay neither waits for nor is refused by a lock that
+    /// an earlier request's transaction still holds (a replay's own transaction, whose
+    /// `ROLLBACK` is sent from the background after its answer), and holds none itself.
+    ///
+    /// Otherwise the claim never waits for another open transaction holding the key: it
+    /// takes the key's transaction-scoped advisory lock without waiting, and when another
     /// request's transaction holds it, `begin_op` is not run at all and the answer is busy.
     /// Waiting on the row lock instead would hold a pooled connection per waiting
     /// duplicate, and a wait cut off by `lock_timeout` leaves an error in PostgreSQL's

@@ -6,12 +6,14 @@
 -- ARGV[3]  the lease in ms
 -- ARGV[4]  the retention in ms (the key's PX TTL)
 -- ARGV[5]  '1' to take an in-doubt operation over (resume), '0' for a probe that changes nothing
--- ARGV[6]  the encoded frozen request (absent on the server side)
+-- ARGV[6]  a fresh generation (16 hex), made by the client: used only if the record is created
+-- ARGV[7]  the encoded frozen request (absent on the server side)
 local key = KEYS[1]
 local fp, token = ARGV[1], ARGV[2]
 local lease_ms, retention_ms = tonumber(ARGV[3]), ARGV[4]
 local take_over = ARGV[5] == '1'
-local frozen = ARGV[6]
+local generation = ARGV[6]
+local frozen = ARGV[7]
 
 -- The frozen request and the outcome can be large: read them only when the answer needs them.
 local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent',
@@ -35,9 +37,10 @@ end
 if r[1] == false then
   -- Absent (never seen, released, or past its retention). The lease is a field, not the
   -- key's TTL: when it runs out the record must still be there, in doubt, never absent.
+  -- A new life of the key: its generation is kept, unchanged, until the record leaves.
   local fields = {'v', VERSION, 'fp', fp, 'state', 'in_flight', 'token', token,
                   'lease_until_ms', now + lease_ms, 'sent', '0', 'retention_ms', retention_ms,
-                  'created_ms', now, 'attempts', 1}
+                  'created_ms', now, 'attempts', 1, 'gen', generation}
   if frozen then
     fields[#fields + 1] = 'frozen'
     fields[#fields + 1] = frozen

@@ -6,7 +6,7 @@ use std::time::Duration;
 use ::redis::Value;
 
 use crate::fingerprint::Fingerprint;
-use crate::ledger::{Begin, LeaseToken, Outcome, StoreError};
+use crate::ledger::{Begin, Generation, LeaseToken, Outcome, StoreError};
 use crate::FrozenRequest;
 
 /// Lua numbers are doubles and `PEXPIRE` rejects times that overflow when added to the
@@ -87,6 +87,10 @@ pub(super) fn decode_inspect(
         _ => Err(unexpected(reply)),
     };
     let ms = |i: usize| int(i).map(Duration::from_millis);
+    let generation = match text(9)? {
+        b"" => legacy_generation(int(10)?),
+        hex => parse_generation(hex)?,
+    };
     let state = match text(1)? {
         b"in_flight" => RecordState::InFlight {
             lease_left: ms(5)?,
@@ -99,13 +103,38 @@ pub(super) fn decode_inspect(
         },
         _ => return Err(StoreError::corrupt("unknown record state")),
     };
-    Ok(Some(RecordView {
+    Ok(Some(RecordView::new(
         state,
-        fingerprint: parse_fingerprint(text(2)?)?,
-        attempts: u32::try_from(int(3)?).unwrap_or(u32::MAX),
-        age: ms(4)?,
-        retention_left: ms(6)?,
-    }))
+        parse_fingerprint(text(2)?)?,
+        u32::try_from(int(3)?).unwrap_or(u32::MAX),
+        generation,
+        ms(4)?,
+        ms(6)?,
+    )))
+}
+
+/// The generation of a record an earlier release wrote, which has no `gen` field: its
+/// `created_ms`, the one value that was already its own for its whole life (forget.lua
+/// derives it the same way). Two such lives of one key share it only if created in the same
+/// millisecond, which only processes of that earlier release can still do; a record this
+/// release creates always has a random `gen`.
+fn legacy_generation(created_ms: u64) -> Generation {
+    Generation::from_u64(created_ms)
+}
+
+/// Generations travel as 16 hex digits: compared as plain strings in Lua, whose numbers
+/// are doubles and would round a 64-bit value.
+pub(super) fn generation_hex(generation: Generation) -> String {
+    format!("{:016x}", generation.as_u64())
+}
+
+fn parse_generation(hex: &[u8]) -> Result<Generation, StoreError> {
+    std::str::from_utf8(hex)
+        .ok()
+        .filter(|hex| hex.len() == 16)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .map(Generation::from_u64)
+        .ok_or_else(|| StoreError::corrupt("stored generation is not 16 hex digits"))
 }
 
 /// The reply's tag, with `corrupt` replies already turned into errors.
@@ -190,6 +219,17 @@ mod tests {
         assert_eq!(millis(Duration::ZERO, 0), 0);
         assert_eq!(millis(Duration::from_micros(1500), 1), 1);
         assert_eq!(millis(Duration::MAX, 1), 1 << 42);
+    }
+
+    #[test]
+    fn generations_round_trip_through_hex() {
+        let generation = Generation::from_u64(u64::MAX - 5);
+        assert_eq!(
+            parse_generation(generation_hex(generation).as_bytes()).unwrap(),
+            generation
+        );
+        assert_eq!(generation_hex(Generation::from_u64(1)), "0000000000000001");
+        assert!(parse_generation(b"12").unwrap_err().is_corrupt());
     }
 
     #[test]

@@ -83,6 +83,7 @@
 //! | `retention_ms` | the retention last asked for (for operators: no script reads it back) |
 //! | `created_ms` | when the operation was first claimed, Redis time |
 //! | `attempts` | how many times ownership was handed out (the first claim and each resume) |
+//! | `gen` | the record's [`Generation`](super::Generation), 16 hex digits: drawn at random by the claim that creates it, never changed after (a record an earlier release wrote has none: its generation is its `created_ms`) |
 //! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |
 //! | `outcome` | the recorded outcome, [`Outcome::encode`](super::Outcome::encode) (only when `completed`) |
 //!
@@ -97,12 +98,14 @@
 //! The key's TTL (`PTTL`) is the retention: set by the first claim, by a completion and by
 //! an in-doubt mark (never shortened); a resume, an abandon, a renewal and a probe leave it
 //! as it is, so retrying an in-doubt key never keeps it alive. A later release
-//! reads version-1 records; this release refuses a record with an unknown version (or one that
+//! reads version-1 records; `gen` was added within version 1, since an earlier release keeps
+//! any field it does not know and an earlier release's record reads without it. This release
+//! refuses a record with an unknown version (or one that
 //! is not a hash written by it) as [corrupt](super::StoreError::is_corrupt) rather than
 //! misread it.
 //!
 //! An operator's [`forget`](super::IdempotencyStore::forget) deletes the key, in a script
-//! that first checks `state`, `fp`, `attempts` and, while in flight, `lease_until_ms`
+//! that first checks `gen`, `state`, `fp`, `attempts` and, while in flight, `lease_until_ms`
 //! against what the operator saw (see [`Records`](super::Records)).
 //!
 //! # Durability

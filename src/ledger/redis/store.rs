@@ -8,13 +8,14 @@ use ::redis::{Client, Value};
 
 use super::builder::{RedisStoreBuilder, Target};
 use super::codec::{
-    decode_begin, decode_forget, decode_inspect, millis, tag, token_hex, unexpected,
+    decode_begin, decode_forget, decode_inspect, generation_hex, millis, tag, token_hex, unexpected,
 };
 use super::connection::{Connection, ScriptCall};
 use super::errors::from_redis;
 use super::scripts::{ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, MARK_IN_DOUBT, RENEW};
 use crate::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError, StoreFuture,
+    Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
+    StoreFuture,
 };
 
 /// The distributed ledger on Redis. See the [module docs](super) for how it works, the record
@@ -180,7 +181,10 @@ impl IdempotencyStore for RedisStore {
                 .arg(token_hex(token))
                 .arg(millis(request.lease, 0))
                 .arg(millis(request.retention, 1))
-                .arg(if request.take_over { "1" } else { "0" });
+                .arg(if request.take_over { "1" } else { "0" })
+                // Drawn here, not in the script (Redis has no good randomness to offer
+                // scripts): kept only by the ask that creates the record.
+                .arg(generation_hex(Generation::random()));
             // Sent on every client-side ask, stored only by the ask that creates the record:
             // a resume or a retried `begin` never replaces the bytes first frozen.
             if let Some(frozen) = &request.frozen {
@@ -262,7 +266,9 @@ impl IdempotencyStore for RedisStore {
             call.arg(expected.kind.as_str())
                 .arg(expected.fingerprint.to_hex())
                 .arg(expected.attempts)
-                .arg(if expected.force { "1" } else { "0" });
+                .arg(if expected.force { "1" } else { "0" })
+                .arg(generation_hex(expected.generation))
+                .arg(expected.generation.as_u64());
             let answer = match self.invoke(&call).await {
                 Ok(reply) => decode_forget(&reply),
                 Err(err) => Err(err),

@@ -21,7 +21,12 @@ pub async fn forgetting_is_fenced(store: &dyn IdempotencyStore, clock: &Clock) {
         |key| BeginRequest::new(key, req.fingerprint(), LIVE, RETENTION).with_frozen(req.clone());
 
     let key = fresh_key();
-    let expected = Expected::new(RecordKind::Completed, req.fingerprint(), 1);
+    let expected = Expected::new(
+        RecordKind::Completed,
+        req.fingerprint(),
+        1,
+        Generation::random(),
+    );
     assert_eq!(
         forget(key, expected).await,
         Forget::Absent,
@@ -134,6 +139,106 @@ pub async fn forgetting_is_fenced(store: &dyn IdempotencyStore, clock: &Clock) {
     acquire(store, request(key, &req)).await;
 }
 
+/// A look only ever forgets the life of the key it saw. Each life has its own
+/// [`Generation`], unchanged through claim, in doubt, resume and completion; a key whose
+/// record was forgotten, or passed its retention, and was claimed and completed again
+/// (the same request, on its first attempt: alike in everything else) is another life,
+/// and a look at the earlier one is answered `Changed` and removes nothing: the later
+/// outcome still replays.
+pub async fn a_look_forgets_only_the_life_it_saw(store: &dyn IdempotencyStore, clock: &Clock) {
+    let look = |key| async move {
+        store
+            .inspect(key)
+            .await
+            .expect("inspect")
+            .expect("a_look_forgets_only_the_life_it_saw: a record to look at")
+    };
+    let req = frozen("{\"amount\":19}");
+
+    // One life keeps its generation through every transition.
+    let key = fresh_key();
+    let owner = acquire(store, request(key, &req)).await;
+    let first = look(key).await.generation;
+    store
+        .mark_in_doubt(key, owner, RETENTION)
+        .await
+        .expect("mark");
+    let in_doubt = look(key).await.generation;
+    let (owner, _) = resume(store, request(key, &req)).await;
+    let resumed = look(key).await.generation;
+    store
+        .complete(key, owner, response("401"), RETENTION)
+        .await
+        .expect("complete");
+    let completed = look(key).await;
+    assert_eq!(
+        [in_doubt, resumed, completed.generation],
+        [first; 3],
+        "a_look_forgets_only_the_life_it_saw: a transition changed the generation"
+    );
+
+    // Forgotten by one look, claimed and completed again: an older look is refused.
+    let key = fresh_key();
+    let owner = acquire(store, request(key, &req)).await;
+    store
+        .complete(key, owner, response("401"), RETENTION)
+        .await
+        .expect("complete");
+    let seen = Expected::of(&look(key).await);
+    assert_eq!(
+        store.forget(key, seen).await.expect("forget"),
+        Forget::Forgotten
+    );
+    let owner = acquire(store, request(key, &req)).await;
+    store
+        .complete(key, owner, response("201"), RETENTION)
+        .await
+        .expect("complete");
+    let again = look(key).await;
+    assert_ne!(
+        again.generation, seen.generation,
+        "a_look_forgets_only_the_life_it_saw: a life after a forget kept the generation"
+    );
+    assert_eq!(
+        store.forget(key, seen).await.expect("forget"),
+        Forget::Changed,
+        "a_look_forgets_only_the_life_it_saw: a look at a forgotten life forgot the next"
+    );
+    replays(store, key, &req, b"201").await;
+
+    // Past its retention, claimed and completed again: the same.
+    let key = fresh_key();
+    let retention = Duration::from_secs(1);
+    let short =
+        BeginRequest::new(key, req.fingerprint(), LEASE, retention).with_frozen(req.clone());
+    let owner = acquire(store, short.clone()).await;
+    store
+        .complete(key, owner, response("401"), retention)
+        .await
+        .expect("complete");
+    let seen = Expected::of(&look(key).await);
+    clock.advance(retention + Duration::from_millis(200)).await;
+    let owner = acquire(store, request(key, &req)).await;
+    store
+        .complete(key, owner, response("201"), RETENTION)
+        .await
+        .expect("complete");
+    assert_eq!(
+        store.forget(key, seen).await.expect("forget"),
+        Forget::Changed,
+        "a_look_forgets_only_the_life_it_saw: a look at an expired life forgot the next"
+    );
+    replays(store, key, &req, b"201").await;
+}
+
+/// `key`'s record replays the response whose body is `body`.
+async fn replays(store: &dyn IdempotencyStore, key: LedgerKey, req: &FrozenRequest, body: &[u8]) {
+    match store.begin(request(key, req)).await.expect("begin") {
+        Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), body),
+        other => panic!("expected the replay of {body:?}, got {other:?}"),
+    }
+}
+
 /// A store that [notifies](IdempotencyStore::notify_settled) wakes a listener subscribed
 /// before each settle — `complete`, `abandon`, `mark_in_doubt` — even when the listener
 /// first polls after it. Skipped for stores that cannot notify (waiters poll them).
@@ -233,7 +338,7 @@ pub async fn probes_change_nothing(store: &dyn IdempotencyStore, clock: &Clock) 
 }
 
 /// For stores that implement [`IdempotencyStore::inspect`]: the view follows the record
-/// through every state, and looking changes nothing. Not part of [`run_all`], since
+/// through every state, in one [`Generation`], and looking changes nothing. Not part of [`run_all`], since
 /// inspection is optional.
 pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
     use crate::ledger::RecordState;
@@ -248,6 +353,7 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
         .expect("a record");
     assert_eq!(view.fingerprint, req.fingerprint());
     assert_eq!(view.attempts, 1);
+    let generation = view.generation;
     assert!(view.retention_left > RETENTION / 2, "{view:?}");
     match view.state {
         RecordState::InFlight {
@@ -276,6 +382,7 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
         .expect("inspect")
         .expect("a record");
     assert_eq!(view.attempts, 2, "{view:?}");
+    assert_eq!(view.generation, generation, "{view:?}");
     assert!(matches!(
         view.state,
         RecordState::InFlight {
@@ -298,6 +405,7 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
             status: StatusCode::CREATED
         }
     );
+    assert_eq!(view.generation, generation, "{view:?}");
     // Looking changed nothing: the outcome still replays.
     match store.begin(request(key, &req)).await.expect("begin") {
         Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"done"),

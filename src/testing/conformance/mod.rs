@@ -30,8 +30,8 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
-    RecordKind, StoredResponse,
+    Begin, BeginRequest, Expected, Forget, Generation, IdempotencyStore, LeaseToken, LedgerKey,
+    Outcome, RecordKind, StoredResponse,
 };
 use crate::FrozenRequest;
 
@@ -51,8 +51,8 @@ pub use fencing::{
     stale_owner_writes_are_fenced,
 };
 pub use lifecycle::{
-    forgetting_is_fenced, inspection_follows_the_record, probes_change_nothing,
-    retention_expiry_forgets, settle_notifications_wake_listeners,
+    a_look_forgets_only_the_life_it_saw, forgetting_is_fenced, inspection_follows_the_record,
+    probes_change_nothing, retention_expiry_forgets, settle_notifications_wake_listeners,
 };
 
 /// The lease every check uses.
@@ -111,6 +111,7 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     renewal_is_fenced(&*store).await;
     settle_notifications_wake_listeners(&*store).await;
     forgetting_is_fenced(&*store, &clock).await;
+    a_look_forgets_only_the_life_it_saw(&*store, &clock).await;
 }
 
 fn fresh_key() -> LedgerKey {

@@ -67,8 +67,16 @@ where
     );
     let mut world = World::default();
     for (index, op) in ops.iter().enumerate() {
+        // A forget is judged against the record as it stands before it: which life that is,
+        // the checker must know to name its generation.
+        let life_before = match *op {
+            Op::Forget { key, .. } => model.record(key).map(|record| record.life),
+            _ => None,
+        };
         let expected = model.apply(op);
-        let actual = world.run(store, &model, op, &mut advance).await;
+        let actual = world
+            .run(store, &model, op, life_before, &mut advance)
+            .await;
         // Time left is at most a lease (or what the model says, for a held lease of zero).
         let bound = |expected: &Duration| model.lease.max(*expected);
         let agree = match (&expected, &actual) {
@@ -101,6 +109,8 @@ struct World {
     token_names: HashMap<LeaseToken, Token>,
     requests: HashMap<Fp, FrozenRequest>,
     fingerprints: HashMap<Fingerprint, Fp>,
+    /// The generation the store showed for each life of a key, learnt at its forgets.
+    generations: HashMap<(Key, u32), Generation>,
 }
 
 impl World {
@@ -109,6 +119,7 @@ impl World {
         store: &dyn IdempotencyStore,
         model: &Model,
         op: &Op,
+        life_before: Option<u32>,
         advance: &mut A,
     ) -> Result<Answer, String>
     where
@@ -171,13 +182,24 @@ impl World {
             }
             Op::Forget {
                 key,
+                life,
                 kind,
                 fingerprint,
                 attempts,
                 force,
             } => {
-                let mut expected =
-                    Expected::new(kind, self.request(fingerprint).fingerprint(), attempts);
+                if let Some(current) = life_before {
+                    self.learn_generation(store, key, current).await?;
+                }
+                // A life the store never showed (an earlier one not looked at, a later one)
+                // gets a generation of its own: the store must answer it `Changed`.
+                let generation = self
+                    .generations
+                    .get(&(key, life))
+                    .copied()
+                    .unwrap_or_else(Generation::random);
+                let fingerprint = self.request(fingerprint).fingerprint();
+                let mut expected = Expected::new(kind, fingerprint, attempts, generation);
                 if force {
                     expected = expected.force();
                 }
@@ -204,6 +226,44 @@ impl World {
                 Ok(Answer::Ok)
             }
         }
+    }
+
+    /// Look at `key`'s record, which the model says is its life `life`: the first look at
+    /// a life learns its generation, every later one must show the same (a transition
+    /// never changes it), and no two lives of a key may show one.
+    async fn learn_generation(
+        &mut self,
+        store: &dyn IdempotencyStore,
+        key: Key,
+        life: u32,
+    ) -> Result<(), String> {
+        let view = match store.inspect(self.key(key)).await {
+            Ok(Some(view)) => view,
+            Ok(None) => {
+                return Err(format!(
+                    "no record at inspect, where the model has life {life}"
+                ))
+            }
+            Err(err) => return Err(format!("Err({err}) from inspect")),
+        };
+        let known = *self
+            .generations
+            .entry((key, life))
+            .or_insert(view.generation);
+        if known != view.generation {
+            return Err(format!(
+                "life {life} of the key showed generation {known}, now {}",
+                view.generation
+            ));
+        }
+        let shared = self
+            .generations
+            .iter()
+            .any(|(&(other_key, other), &seen)| other_key == key && other != life && seen == known);
+        if shared {
+            return Err(format!("generation {known} shown by two lives of the key"));
+        }
+        Ok(())
     }
 
     fn key(&mut self, key: Key) -> LedgerKey {

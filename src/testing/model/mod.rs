@@ -66,10 +66,11 @@
 //!   else changes nothing. Answered [`Answer::Ok`].
 //! - a resume (rule 6) makes the new claim unheld.
 //!
-//! `forget(key, kind, fingerprint, attempts, force)` is not fenced by a token but by what
-//! the operator saw: absent → [`Answer::Absent`]; a record in another state kind, with
-//! another fingerprint or another number of attempts (each claim and resume counts one) →
-//! [`Answer::Changed`], nothing changes; in flight with a live lease and not `force` →
+//! `forget(key, life, kind, fingerprint, attempts, force)` is not fenced by a token but by
+//! what the operator saw: absent → [`Answer::Absent`]; a record of another life of the key
+//! (the key's first record is life 1, the record created after it left life 2, …), in
+//! another state kind, with another fingerprint or another number of attempts (each claim
+//! and resume counts one) → [`Answer::Changed`], nothing changes; in flight with a live lease and not `force` →
 //! [`Answer::Live`] with the time the lease still runs, nothing changes; otherwise the
 //! record is removed (absent, whatever its state) → [`Answer::Forgotten`].
 //!
@@ -139,8 +140,8 @@ use http::{HeaderMap, Method, StatusCode, Version};
 use crate::fingerprint::Fingerprint;
 
 use crate::ledger::{
-    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, Outcome,
-    RecordKind, StoreError, StoredResponse,
+    Begin, BeginRequest, Expected, Forget, Generation, IdempotencyStore, LeaseToken, LedgerKey,
+    Outcome, RecordKind, StoreError, StoredResponse,
 };
 
 use crate::FrozenRequest;
@@ -234,6 +235,10 @@ pub enum Op {
     Forget {
         /// The record.
         key: Key,
+        /// The life of the key expected (see [`Record::life`]): the checker forgets with the
+        /// [`Generation`](crate::ledger::Generation) the store showed for that life, or with
+        /// one it never showed.
+        life: u32,
         /// The state kind expected.
         kind: RecordKind,
         /// The payload expected.
@@ -331,6 +336,9 @@ pub struct Record {
     pub retain_until: Duration,
     /// Ownership handed out: the first claim and each resume.
     pub attempts: u32,
+    /// Which record of its key this is: 1 for the key's first, one more for each record
+    /// created after the one before left (forgotten, released, past its retention).
+    pub life: u32,
 }
 
 /// The reference model: the ledger protocol for abstract keys, on a clock it is told to move.
@@ -356,6 +364,8 @@ pub struct Model {
     holds: bool,
     now: Duration,
     records: BTreeMap<Key, Record>,
+    /// How many records each key has had: the last one's [`Record::life`].
+    lives: BTreeMap<Key, u32>,
     /// Keys without a record released under some tokens, until a time: see rule 0.
     released: BTreeMap<Key, Released>,
 }

@@ -11,6 +11,7 @@ impl Model {
             holds: false,
             now: Duration::ZERO,
             records: BTreeMap::new(),
+            lives: BTreeMap::new(),
             released: BTreeMap::new(),
         }
     }
@@ -113,11 +114,12 @@ impl Model {
             }
             Op::Forget {
                 key,
+                life,
                 kind,
                 fingerprint,
                 attempts,
                 force,
-            } => self.forget(key, kind, fingerprint, attempts, force),
+            } => self.forget(key, (life, kind, fingerprint, attempts), force),
             Op::Renew { key, token } => {
                 let lease_until = self.now + self.lease;
                 let Some(record) = self.owned(key, token) else {
@@ -169,6 +171,9 @@ impl Model {
                 return Answer::Fenced;
             }
             self.released.remove(&key);
+            let life = self.lives.entry(key).or_insert(0);
+            *life += 1;
+            let life = *life;
             self.records.insert(
                 key,
                 Record {
@@ -181,6 +186,7 @@ impl Model {
                     },
                     retain_until: now + self.retention,
                     attempts: 1,
+                    life,
                 },
             );
             return Answer::Acquired { token };
@@ -229,12 +235,11 @@ impl Model {
         }
     }
 
+    /// `seen`: the life, state kind, fingerprint and attempts the operator saw.
     fn forget(
         &mut self,
         key: Key,
-        kind: RecordKind,
-        fingerprint: Fp,
-        attempts: u32,
+        (life, kind, fingerprint, attempts): (u32, RecordKind, Fp, u32),
         force: bool,
     ) -> Answer {
         self.forget_if_expired(key);
@@ -246,7 +251,11 @@ impl Model {
             State::InDoubt => RecordKind::InDoubt,
             State::Completed(_) => RecordKind::Completed,
         };
-        if current != kind || record.fingerprint != fingerprint || record.attempts != attempts {
+        if record.life != life
+            || current != kind
+            || record.fingerprint != fingerprint
+            || record.attempts != attempts
+        {
             return Answer::Changed;
         }
         match record.state {

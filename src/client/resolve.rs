@@ -97,7 +97,7 @@ where
         Begin::DriftFields { stored, fields } => {
             let changed = fields.changed_fields(frozen.body());
             if client.resends_frozen_on_drift(track.wire(), stored, frozen.fingerprint())
-                || client.same_operation_by_members(stored, &frozen, changed.as_deref())
+                || client.same_operation_by_members(stored, &frozen, &fields, changed.as_deref())
             {
                 discarded = Some(Drift::with_fields(stored, frozen.fingerprint(), changed));
                 replay_by_fingerprint(client, key, stored, fields).await?
@@ -366,21 +366,34 @@ impl ClientFace {
     }
 
     /// [`same_operation`](Self::same_operation) when the store kept only digests of the
-    /// first body's top-level members: the same unless a changed member holds a defining
-    /// field (a member the digests cannot see into counts as changed).
+    /// first body's fields: the same unless a changed top-level member holds a defining
+    /// field whose value changed, as the digests of the defining fields' values (gathered
+    /// when the operation was recorded) tell. A defining field without a digest of its own
+    /// (recorded by a face judging by other fields) counts as changed when its member did.
     fn same_operation_by_members(
         &self,
         stored: crate::fingerprint::Fingerprint,
         new: &FrozenRequest,
+        digests: &crate::ledger::FieldDigests,
         changed: Option<&[String]>,
     ) -> bool {
-        match (&self.defining_fields, changed) {
-            (Some(fields), Some(changed)) => {
-                only_the_body_differs(stored, new.fingerprint())
-                    && !changed.iter().any(|member| fields.covers_member(member))
-            }
-            _ => false,
+        let (Some(fields), Some(changed)) = (&self.defining_fields, changed) else {
+            return false;
+        };
+        if !only_the_body_differs(stored, new.fingerprint()) {
+            return false;
         }
+        let mut reached = changed
+            .iter()
+            .flat_map(|member| fields.pointers_into(member))
+            .peekable();
+        if reached.peek().is_none() {
+            return true;
+        }
+        let Ok(new) = serde_json::from_slice::<serde_json::Value>(new.body()) else {
+            return false;
+        };
+        reached.all(|pointer| digests.pointer_changed(pointer, &new) == Some(false))
     }
 }
 

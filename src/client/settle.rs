@@ -147,7 +147,8 @@ pub(super) fn record<ResB: Send + 'static>(
         Buffered::Whole(bytes) => {
             // The record gets its own exact-size copy (see `HeaderBlock::with_body`), and
             // the request's field digests after it when the store keeps them.
-            let gathered = GatheredFields::of(request.as_ref());
+            let gathered =
+                GatheredFields::judged_by(request.as_ref(), client.defining_fields.as_ref());
             let stored = StoredResponse::with_request_fields(
                 parts.status,
                 parts.version,

@@ -175,7 +175,13 @@ impl PayloadFields {
     /// assert!(!fields.covers_member("summary"));
     /// ```
     pub fn covers_member(&self, name: &str) -> bool {
-        self.pointers.iter().any(|pointer| {
+        self.pointers_into(name).next().is_some()
+    }
+
+    /// The pointers that reach into the top-level member `name` (or select the whole
+    /// payload).
+    pub(crate) fn pointers_into<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
+        self.pointers().filter(move |pointer| {
             let Some(rest) = pointer.strip_prefix('/') else {
                 return true; // "": the whole payload
             };

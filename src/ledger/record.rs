@@ -379,12 +379,28 @@ impl GatheredFields {
     // written where the caller holds them, not copied there.
     #[inline(always)]
     pub(crate) fn of(request: Option<&FrozenRequest>) -> Self {
+        Self::judged_by(request, None)
+    }
+
+    /// [`of`](Self::of), with the digests of the values at `defining`'s pointers when set:
+    /// what a face that judges drift by those fields needs of a completed request, where a
+    /// digest of a whole top-level field cannot tell a change beside a nested defining
+    /// field from one to it.
+    #[inline(always)]
+    pub(crate) fn judged_by(
+        request: Option<&FrozenRequest>,
+        defining: Option<&crate::fingerprint::PayloadFields>,
+    ) -> Self {
         let mut fields = Self {
             held: Tail::Ungathered,
             gathered: Gathered::new(),
         };
         if let Some(request) = request {
-            fields.held = if !fields.gathered.of_body(request.body()) {
+            let is_object = fields.gathered.of_body(request.body());
+            if let (true, Some(defining)) = (is_object, defining) {
+                fields.gathered.of_pointers(request.body(), defining);
+            }
+            fields.held = if !is_object {
                 Tail::NoFields
             } else if FieldDigests::weight_of(fields.gathered.entries().len())
                 > request.least_weight()

@@ -39,7 +39,8 @@ use crate::ledger::{
 ///   a [full](StoreError::is_full) error and a warning (the layers fail closed: nothing is
 ///   sent), instead of forgetting an operation. Completing an operation never fails for
 ///   room: an outcome that does not fit is kept as a tombstone (status only), in the room
-///   its claim already held.
+///   its claim already held, as is one that would take its scope past its
+///   [share](super::MemoryStoreBuilder::scope_share) of a store under pressure.
 ///
 /// Every transition of a key runs under its shard's lock, from the first read to the last
 /// write, so `begin` is one atomic step: two callers racing on a key never both acquire

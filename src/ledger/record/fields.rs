@@ -46,6 +46,11 @@ const DIGEST_LEN: usize = 8;
 /// The buffer of [`FieldDigests::unnamed`]: shorter than any entry.
 const UNNAMED: u8 = 0xff;
 
+/// The first byte of the name of an entry that digests the value at a JSON pointer rather
+/// than a top-level field ([`Gathered::of_pointers`]): a byte no UTF-8 string starts with,
+/// so no field's name can be mistaken for one.
+const POINTER: u8 = 0xff;
+
 impl FieldDigests {
     /// The digests of `body`'s top-level fields, if it is a JSON object (`None` if not, or if
     /// a field name is over 64 KiB).
@@ -94,7 +99,7 @@ impl FieldDigests {
         }
         let new = fields(body)?;
         let old = last_of_each(
-            self.entries()
+            self.field_entries()
                 .map(|(name, digest)| (Cow::Borrowed(name), digest))
                 .collect(),
         );
@@ -128,6 +133,33 @@ impl FieldDigests {
             changed.push(String::from_utf8_lossy(name).into_owned());
         }
         Some(changed)
+    }
+
+    /// Whether the value at `pointer` differs in `new` from the first request's: `None`
+    /// when it was not gathered (the face that recorded the operation judged by other
+    /// fields, or the store made the digests itself).
+    ///
+    /// How a face that judges drift on [defining fields](crate::fingerprint::PayloadFields)
+    /// sees into a top-level field that changed: the digests of the fields' values at
+    /// their pointers ride with the outcome, as a store that keeps the whole request would
+    /// find them in it.
+    pub(crate) fn pointer_changed(&self, pointer: &str, new: &serde_json::Value) -> Option<bool> {
+        let (_, digest) = self
+            .pointer_entries()
+            .find(|(name, _)| *name == pointer.as_bytes())?;
+        Some(digest != pointer_digest(new.pointer(pointer)))
+    }
+
+    /// The entries of the top-level fields.
+    fn field_entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
+        self.entries()
+            .filter(|(name, _)| name.first() != Some(&POINTER))
+    }
+
+    /// The entries of the values at JSON pointers, by pointer.
+    fn pointer_entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
+        self.entries()
+            .filter_map(|(name, digest)| Some((name.strip_prefix(&[POINTER])?, digest)))
     }
 
     fn entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
@@ -174,6 +206,28 @@ impl Gathered {
     #[inline]
     pub(crate) fn of_body(&mut self, body: &[u8]) -> bool {
         gather_into(body, &mut self.0).is_some()
+    }
+
+    /// Gather, after the top-level fields, the digest of the value at each of `fields`'
+    /// pointers in `body` (a JSON object, as [`of_body`](Self::of_body) found), so that a
+    /// change beside a nested defining field can be told from one to it
+    /// ([`FieldDigests::pointer_changed`]). Parses the body: only for a face that judges
+    /// drift by defining fields.
+    pub(crate) fn of_pointers(&mut self, body: &[u8], fields: &crate::fingerprint::PayloadFields) {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return;
+        };
+        let mut name = Vec::new();
+        for pointer in fields.pointers() {
+            name.clear();
+            name.push(POINTER);
+            name.extend_from_slice(pointer.as_bytes());
+            // A pointer too long to name is left out: judged as changed, never as the same.
+            if let Ok(len) = u16::try_from(name.len()) {
+                self.0
+                    .push(len, &name, pointer_digest(value.pointer(pointer)));
+            }
+        }
     }
 
     /// The entries, in [`FieldDigests`]' layout.
@@ -322,11 +376,25 @@ fn value_digest(value: &[u8]) -> Option<u64> {
     })
 }
 
+/// The digest of the value at a pointer (`None`: absent), canonically encoded, so that
+/// whitespace and member order never count as a change.
+fn pointer_digest(value: Option<&serde_json::Value>) -> u64 {
+    match value {
+        Some(value) => {
+            let mut canonical = Vec::new();
+            crate::fingerprint::canonical::write(value, &mut canonical);
+            digest(VALUE_SEED, &canonical)
+        }
+        // No canonical value is empty: absent differs from every value.
+        None => digest(VALUE_SEED, b""),
+    }
+}
+
 impl fmt::Debug for FieldDigests {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
             .entries(
-                self.entries()
+                self.field_entries()
                     .map(|(name, _)| String::from_utf8_lossy(name).into_owned()),
             )
             .finish()

@@ -120,6 +120,37 @@ proptest! {
         prop_assert_eq!(changed(&old_body, &new_body), parsed(&old_body, &new_body));
     }
 
+    /// The digests gathered at a face's defining pointers tell a change at each of them
+    /// as a comparison of the parsed bodies does (what a store that keeps the whole request
+    /// lets a face find), at any depth; and they name no field of their own.
+    #[test]
+    fn pointer_digests_tell_a_change_as_the_parsed_bodies_do(
+        old in proptest::collection::btree_map("[ab]", json_value(), 0..3),
+        new in proptest::collection::btree_map("[ab]", json_value(), 0..3),
+        keep in any::<bool>(),
+        pointers in proptest::collection::vec("(/[ab01]){1,3}", 1..4),
+    ) {
+        let new = if keep { old.clone() } else { new };
+        let old_body = serde_json::to_vec(&old).unwrap();
+        let new_body = serde_json::to_vec_pretty(&new).unwrap();
+        let fields = crate::fingerprint::PayloadFields::new(pointers).unwrap();
+        let mut gathered = Gathered::new();
+        prop_assert!(gathered.of_body(&old_body));
+        gathered.of_pointers(&old_body, &fields);
+        let digests = FieldDigests::from_entries(gathered.entries());
+        // As a face sees them: parsed from the bytes.
+        let old: Value = serde_json::from_slice(&old_body).unwrap();
+        let new: Value = serde_json::from_slice(&new_body).unwrap();
+        for pointer in fields.pointers() {
+            prop_assert_eq!(
+                digests.pointer_changed(pointer, &new),
+                Some(old.pointer(pointer) != new.pointer(pointer)),
+                "{}", pointer
+            );
+        }
+        prop_assert_eq!(digests.changed_fields(&new_body), parsed(&old_body, &new_body));
+    }
+
     /// Wherever its end falls against the blocks and words it is read in, a string is
     /// found to end at its quote, digested as its contents are, or found escaped.
     #[test]

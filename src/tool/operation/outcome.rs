@@ -12,7 +12,9 @@ use crate::error::Drift;
 use crate::fingerprint::canonical;
 use crate::idempotency::engine::InPlace;
 use crate::idempotency::LeaseGuard;
-use crate::ledger::{GatheredFields, HeaderBlock, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{
+    FieldDigests, GatheredFields, HeaderBlock, LedgerKey, Outcome, RequestFields, StoredResponse,
+};
 use crate::tool::face::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
 use crate::FrozenRequest;
@@ -164,10 +166,12 @@ pub(super) fn replay<R: DeserializeOwned, E>(
                 .find(|entry| entry.name == ARGUMENTS_DIGEST.as_str().as_bytes())
                 .is_some_and(|first| block.value_bytes(&first)[..] != ours.digest.field());
             // Told once a call: a drift found by the ledger was told when it was found.
+            // Named as the client face names them, from the field digests the record
+            // holds of the arguments first frozen, when it holds them.
             let discarded = discarded.or_else(|| {
                 differs.then(|| {
                     warn_discarded(key);
-                    Discarded::new(None)
+                    Discarded::new(changed_since_recorded(&stored, ours))
                 })
             });
             Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
@@ -178,6 +182,17 @@ pub(super) fn replay<R: DeserializeOwned, E>(
     }
 }
 
+/// The top-level fields `ours` changed against the arguments a recorded outcome was made
+/// with, from the field digests the record holds of them; `None` when it holds none.
+fn changed_since_recorded(stored: &StoredResponse, ours: &Frozen) -> Option<Vec<String>> {
+    match stored.request_fields() {
+        RequestFields::Entries(entries) => {
+            FieldDigests::from_entries(entries).changed_fields(ours.body())
+        }
+        _ => None,
+    }
+}
+
 /// Where a caller that reads no [`Discarded`] marker (or that reused an operation's identity
 /// for other arguments by mistake: another order, another tenant under the same task ids)
 /// sees it: its arguments took no effect. Once a call, where the difference is found.
@@ -185,7 +200,8 @@ pub(super) fn warn_discarded(key: LedgerKey) {
     tracing::warn!(
         key = %key.to_hex(),
         "regenerated tool arguments; going on with the ones first frozen, these discarded \
-         (Discarded on the output; DriftPolicy::Reject refuses them)"
+         (Discarded on the output; DriftPolicy::Reject refuses them, and a change to a \
+         defining field is always refused)"
     );
 }
 

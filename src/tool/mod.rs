@@ -43,7 +43,12 @@
 //! JSON because JSON is what models emit and tools take, it is self-describing (changed
 //! fields can be named, fields picked by JSON pointer), and `serde_json` is already a
 //! dependency of the crate. The form is **canonical** (object keys sorted, no whitespace),
-//! so equal arguments are equal bytes. In the ledger, a frozen call is a
+//! so equal arguments are equal bytes. A sequence keeps its order, though, and a
+//! `HashSet` is a sequence to serde: it freezes in its iteration order, which two sets of
+//! the same elements need not share (equal sets, two fingerprints: a drift) and which the
+//! set read back for a retry need not keep (a new operation's first call is then
+//! refused, [`NotReadBack`]). Use a `BTreeSet` (or a sorted `Vec`) for set-valued arguments; a
+//! `HashMap` is safe, a map's keys being sorted. In the ledger, a frozen call is a
 //! [`FrozenRequest`](crate::FrozenRequest) `POST /tools/{name}` whose body is those bytes,
 //! and an outcome a stored response (`200` with the JSON response, `422` with a final
 //! answer): the stores need nothing new, and every store the client face runs on runs

@@ -116,3 +116,44 @@ async fn the_discarded_fields_are_named() {
         assert_eq!(sdk.effects(), 1);
     }
 }
+
+/// The discarded fields are named on a store that keeps no field digests of completed
+/// records too (Redis here): the recorded outcome carries them.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_discarded_fields_are_named_over_redis() {
+    let Some(redis) = crate::support::redis::redis_url().await else {
+        return;
+    };
+    let store = tower_idempotency::ledger::RedisStore::builder(redis.url())
+        .prefix(format!("tool-defining:{:016x}:", fastrand::u64(..)))
+        .connect()
+        .await
+        .expect("connect to Redis");
+    let sdk = ToolDouble::new();
+    let tool = ToolLayer::builder(store, "charge", ProviderKeys::Ignored)
+        .defining_fields(defining())
+        .build()
+        .unwrap()
+        .layer(sdk.clone());
+    tool.clone()
+        .oneshot(ToolCall::new(op(), charge("o-42", "a", "fi_1")))
+        .await
+        .unwrap();
+    let again = tool
+        .clone()
+        .oneshot(ToolCall::new(op(), charge("o-42", "b", "fi_1")))
+        .await
+        .unwrap();
+    assert_eq!(again.source(), ToolSource::Replayed);
+    assert_eq!(
+        again.discarded().expect("told").changed_fields(),
+        Some(&["summary".to_owned()][..])
+    );
+    let refused = tool
+        .oneshot(ToolCall::new(op(), charge("o-43", "a", "fi_1")))
+        .await
+        .expect_err("another order");
+    assert!(refused.idempotency_error().unwrap().is_drift());
+    assert_eq!(sdk.effects(), 1);
+}

@@ -72,7 +72,7 @@ impl FieldDigests {
     pub fn changed_fields(&self, body: &[u8]) -> Option<Vec<String>> {
         let new = fields(body)?;
         let old = last_of_each(
-            self.entries()
+            self.each_entry()
                 .map(|(name, digest)| (Cow::Borrowed(name), digest))
                 .collect(),
         );
@@ -108,11 +108,18 @@ impl FieldDigests {
         Some(changed)
     }
 
-    fn entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
+    /// The entries, as [`from_entries`](Self::from_entries) reads them back.
+    pub(crate) fn entries(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Each entry's name and digest. Entries read back from a record cut short end the
+    /// walk where they stop making sense, never panic.
+    fn each_entry(&self) -> impl Iterator<Item = (&[u8], u64)> {
         let mut rest = &self.0[..];
         std::iter::from_fn(move || {
             let (len, tail) = rest.split_first_chunk::<2>()?;
-            let (name, tail) = tail.split_at(usize::from(u16::from_be_bytes(*len)));
+            let (name, tail) = tail.split_at_checked(usize::from(u16::from_be_bytes(*len)))?;
             let (value, tail) = tail.split_first_chunk::<DIGEST_LEN>()?;
             rest = tail;
             Some((name, u64::from_le_bytes(*value)))
@@ -304,7 +311,7 @@ impl fmt::Debug for FieldDigests {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
             .entries(
-                self.entries()
+                self.each_entry()
                     .map(|(name, _)| String::from_utf8_lossy(name).into_owned()),
             )
             .finish()

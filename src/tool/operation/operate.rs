@@ -278,7 +278,7 @@ impl<C> Operation<'_, C> {
             let attempt = lease.renewing(attempt(face, tool.invoke(call))).await;
             let error = match attempt {
                 Ok(Ok(response)) => {
-                    let digests = (digest, face.ledger.request_for_fields(first));
+                    let digests = (digest, first);
                     return record(lease, response, digests, source, discarded, face).await;
                 }
                 Ok(Err(error)) => error,
@@ -299,7 +299,7 @@ impl<C> Operation<'_, C> {
             let retry = match &verdict.kind {
                 VerdictKind::Final(answer) => {
                     let answer = FinalAnswer::new(answer.clone());
-                    let digests = (digest, face.ledger.request_for_fields(first));
+                    let digests = (digest, first);
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the final answer").await;
                     return Err(ToolError::Final(answer));
@@ -362,14 +362,14 @@ impl<C> Operation<'_, C> {
                 let (parts, body) = found.into_parts();
                 if !parts.status.is_success() {
                     let answer = FinalAnswer::new(json_or_text(&body));
-                    let digests = (digest, face.ledger.request_for_fields(&first));
+                    let digests = (digest, &first);
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the reconciled answer").await;
                     return Err(ToolError::Final(answer));
                 }
                 match serde_json::from_slice::<R>(&body) {
                     Ok(response) => {
-                        let digests = (digest, face.ledger.request_for_fields(&first));
+                        let digests = (digest, &first);
                         record(
                             lease,
                             response,

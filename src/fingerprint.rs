@@ -135,6 +135,18 @@ impl Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// The segment of `part` in hex: for the body, the first bytes of its SHA-256.
+    pub(crate) fn segment_hex(&self, part: RequestPart) -> String {
+        let range = match part {
+            RequestPart::Method => METHOD,
+            RequestPart::Target => TARGET,
+            RequestPart::Body => BODY,
+        };
+        hex(&self.0[range])
+    }
+}
+
 /// A part of a request its [`Fingerprint`] covers.
 ///
 /// ```

@@ -6,6 +6,7 @@
 mod support;
 
 mod tool_side {
+    mod defining_fields;
     mod face;
     mod randomized;
     mod read_back;

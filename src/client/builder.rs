@@ -47,7 +47,7 @@ use super::stack::ClientStack;
 /// | [request body limit](Builder::body_limit) | 1 MiB |
 /// | **Regenerated calls** | |
 /// | [payload drift](Builder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded); under a caller's own key: refused |
-/// | [defining fields](Builder::defining_fields) | the whole request |
+/// | [defining fields](Builder::defining_fields) (a change there: refused, whatever the policy) | none declared: the whole request, judged by the drift policy |
 /// | **Operations in doubt** | |
 /// | [provider deduplicates](Builder::provider_deduplicates) on `Idempotency-Key` | assumed: in-doubt operations are resent, and the first such resend logs a warning until you say so |
 /// | [reconciler](Builder::reconcile) | none (asked within 10 s when set) |
@@ -363,10 +363,13 @@ impl Builder {
     /// [`OperationId`](crate::OperationId) — the orchestrator's step, which a re-run agent
     /// regenerates — a regenerated **body** is resent as first frozen
     /// ([`DriftPolicy::ResendFrozen`]): the step finishes and the response says what was
-    /// discarded ([`PayloadDiscarded`](crate::PayloadDiscarded)); a changed method or target is still refused (an
-    /// operation is never answered with another target's outcome). Under a
+    /// discarded ([`PayloadDiscarded`](crate::PayloadDiscarded)). Under a
     /// caller's own `Idempotency-Key`, [`DriftPolicy::Reject`]: a key reused for another
     /// payload is a caller's mistake, as providers (and the server face's `422`) treat it.
+    ///
+    /// Whatever the policy, a changed method or target is refused (an operation is never
+    /// answered with another target's outcome, nor its bytes resent there), and so is a
+    /// changed [defining field](Self::defining_fields), when some are declared.
     ///
     /// ```
     /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
@@ -382,23 +385,32 @@ impl Builder {
         self
     }
 
-    /// Judge drift on these fields of a JSON payload alone (default: the whole request).
-    /// A regenerated payload that changed only other fields — a reworded `summary`, a
-    /// freshly minted `fulfillment_intent_id` — is the same operation, whatever the
-    /// [drift policy](Self::drift_policy): it continues with the bytes first frozen, marked
-    /// [`PayloadDiscarded`](crate::PayloadDiscarded). A change to a defining field, or to the method or target, is
-    /// drift as before. In the spirit of AWS Powertools' payload validation.
+    /// The fields of a JSON payload that say what the operation **is** (the order, the
+    /// amount, the recipient), which are never discarded. None are declared by default:
+    /// the whole request is judged by the [drift policy](Self::drift_policy), so under an
+    /// `OperationId` a step identity reused for another order is answered with the first
+    /// order's outcome, as a reworded `summary` is.
+    ///
+    /// Declared, they decide, whatever the policy: a payload with a changed defining field
+    /// (or that is not JSON, so that they cannot be read) is refused with a drift error
+    /// naming it, nothing sent, under [`ResendFrozen`](DriftPolicy::ResendFrozen) too; a
+    /// payload that changed only other fields — a reworded `summary`, a freshly minted
+    /// `fulfillment_intent_id` — is the same operation, under
+    /// [`Reject`](DriftPolicy::Reject) too: it continues with the bytes first frozen,
+    /// marked [`PayloadDiscarded`](crate::PayloadDiscarded) naming the discarded fields. A
+    /// change to the method or target is refused as always. In the spirit of AWS
+    /// Powertools' payload validation.
     ///
     /// The bytes sent are still the ones first frozen, whole: the selection decides what
     /// counts as the same operation, never what is sent.
     ///
     /// ```
     /// use tower_idempotency::fingerprint::PayloadFields;
-    /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
-    ///     .drift_policy(DriftPolicy::Reject) // a changed amount is refused…
-    ///     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap()) // …a reworded summary is not
+    ///     // A changed order or amount is refused; a reworded summary is not.
+    ///     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap())
     ///     .build()
     ///     .unwrap();
     /// # let _ = layer;

@@ -43,8 +43,10 @@
 //! 8. **Drift** (same operation, different payload or target): by default, a regenerated
 //!    body under an `OperationId` continues the operation with the bytes first frozen, the
 //!    response marked [`PayloadDiscarded`](crate::PayloadDiscarded) with the changed JSON fields; anything else is
-//!    refused, naming them ([`DriftPolicy`](crate::DriftPolicy), [`Builder::defining_fields`]). Never
-//!    are the new bytes sent.
+//!    refused, naming them ([`DriftPolicy`](crate::DriftPolicy)). A changed method or target, and a
+//!    changed [defining field](Builder::defining_fields) (the order, the amount, the
+//!    recipient: what the operation *is*), are refused under every policy. Never are the
+//!    new bytes sent.
 //! 9. **Full** (a store with a memory budget has no room for a record it may not forget):
 //!    fail with [`Error::is_ledger_full`](crate::Error::is_ledger_full); nothing is sent.
 //!
@@ -133,8 +135,8 @@
 //! use std::sync::Arc;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //! use tower_idempotency::{
-//!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
-//!     ResponseSource,
+//!     fingerprint::PayloadFields, ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer,
+//!     IdempotencyLayer, OperationId, ResponseSource,
 //! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -148,23 +150,33 @@
 //!     }
 //! });
 //!
+//! let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+//!     .provider_deduplicates(true)
+//!     // What the operation is: never discarded, a change there is refused.
+//!     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap())
+//!     .build()
+//!     .unwrap();
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client(MemoryStore::new())) // once per logical operation
+//!     .layer(layer) // once per logical operation
 //!     .layer(FrozenRetryLayer::new(RetryPolicy::default())) // resends the frozen bytes
 //!     .service(provider);
 //!
-//! let charge = || {
+//! let charge = |order: &str| {
+//!     let body = format!(r#"{{"order_id":"{order}","amount_cents":1999}}"#);
 //!     let mut req = Request::post("http://payments.local/charges")
-//!         .body(Full::new(Bytes::from(r#"{"order_id":"order_42","amount_cents":1999}"#)))
+//!         .body(Full::new(Bytes::from(body)))
 //!         .unwrap();
 //!     req.extensions_mut().insert(OperationId::new("task-7", "charge-customer"));
 //!     req
 //! };
 //!
-//! let first = client.clone().oneshot(charge()).await?;
-//! let again = client.clone().oneshot(charge()).await?; // the orchestrator retried the step
+//! let first = client.clone().oneshot(charge("order_42")).await?;
+//! let again = client.clone().oneshot(charge("order_42")).await?; // the orchestrator retried the step
 //! assert_eq!(ResponseSource::of(&first), ResponseSource::Sent);
 //! assert_eq!(ResponseSource::of(&again), ResponseSource::Replayed);
+//! // The step's identity reused for another order: refused, never the first order's receipt.
+//! let other = client.clone().oneshot(charge("order_43")).await.unwrap_err();
+//! assert!(other.is_drift());
 //! assert_eq!(charges.load(Ordering::SeqCst), 1);
 //! # Ok(())
 //! # }

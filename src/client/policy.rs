@@ -24,7 +24,9 @@ use crate::error::Drift;
 pub enum DriftPolicy {
     /// Refuse with a [drift error](crate::Error::is_drift) naming the changed JSON fields;
     /// nothing is sent. The operation stays as it was: only a run with the first payload
-    /// finishes it.
+    /// finishes it. Where [defining fields](super::Builder::defining_fields) are declared,
+    /// only a change to them is refused: other fields are discarded and named, as under
+    /// [`ResendFrozen`](Self::ResendFrozen).
     Reject,
     /// Continue the operation with the bytes first frozen, never the new ones: resend them
     /// if in doubt, replay the outcome if completed. The response carries a
@@ -33,7 +35,8 @@ pub enum DriftPolicy {
     /// Only a regenerated **body** is discarded: a request whose method or target changed
     /// (an operation first sent to `/charges` coming back for `/refunds`) is refused with a
     /// drift error naming the changed part, nothing sent, under this policy as under
-    /// [`Reject`](Self::Reject).
+    /// [`Reject`](Self::Reject); so is a changed
+    /// [defining field](super::Builder::defining_fields).
     ResendFrozen,
 }
 

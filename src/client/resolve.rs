@@ -11,10 +11,10 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use crate::error::Drift;
-use crate::fingerprint::RequestPart;
+use crate::fingerprint::{PayloadFields, RequestPart};
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{decision_of, Decision, Track, WireKey};
-use crate::ledger::{Begin, LedgerKey, Outcome};
+use crate::ledger::{Begin, FieldDigests, LedgerKey, Outcome};
 use crate::FrozenRequest;
 use crate::ResponseSource;
 use crate::{BoxError, Error};
@@ -70,9 +70,7 @@ where
         Begin::Drift {
             stored,
             frozen: Some(original),
-        } if client.resends_frozen_on_drift(track.wire(), stored, frozen.fingerprint())
-            || client.same_operation(stored, &original, &frozen) =>
-        {
+        } if client.continues_with_frozen(track.wire(), stored, &original, &frozen) => {
             tracing::info!(key = %key.to_hex(), "payload drift; continuing with the bytes first frozen");
             discarded = Some(Drift::between(
                 stored,
@@ -96,9 +94,13 @@ where
         }
         Begin::DriftFields { stored, fields } => {
             let changed = fields.changed_fields(frozen.body());
-            if client.resends_frozen_on_drift(track.wire(), stored, frozen.fingerprint())
-                || client.same_operation_by_members(stored, &frozen, &fields, changed.as_deref())
-            {
+            if client.continues_by_members(
+                track.wire(),
+                stored,
+                &frozen,
+                &fields,
+                changed.as_deref(),
+            ) {
                 discarded = Some(Drift::with_fields(stored, frozen.fingerprint(), changed));
                 replay_by_fingerprint(client, key, stored, fields).await?
             } else {
@@ -320,81 +322,102 @@ where
 }
 
 impl ClientFace {
-    /// Whether a drift from `stored` to `new` of an operation keyed `wire` continues with
-    /// the bytes first frozen. Only a regenerated **body** ever does: a changed method or
-    /// target is another request (a refund is not the charge first sent), and going on
-    /// would answer it with another target's outcome or resend another target's bytes,
-    /// whatever the policy. A regenerated body continues as the
-    /// [policy](super::Builder::drift_policy) says when set; else under an `OperationId`,
-    /// and never under a caller's own key.
-    fn resends_frozen_on_drift(
+    /// Whether a drift from the request first frozen (`original`, fingerprinted `stored`)
+    /// to `new` continues the operation with the bytes first frozen.
+    ///
+    /// Only a regenerated **body** ever does: a changed method or target is another
+    /// request (a refund is not the charge first sent), so going on would answer it with
+    /// another target's outcome or resend another target's bytes, whatever the policy.
+    /// Where [defining fields](super::Builder::defining_fields) are declared, they say
+    /// what the operation is and are never discarded: the body continues when none of
+    /// them changed (both bodies JSON), and is refused otherwise, whatever the policy.
+    /// Elsewhere the [policy](super::Builder::drift_policy) decides.
+    fn continues_with_frozen(
         &self,
         wire: Option<&WireKey>,
         stored: crate::fingerprint::Fingerprint,
-        new: crate::fingerprint::Fingerprint,
+        original: &FrozenRequest,
+        new: &FrozenRequest,
     ) -> bool {
-        if !only_the_body_differs(stored, new) {
+        if !only_the_body_differs(stored, new.fingerprint()) {
             return false;
         }
+        match &self.defining_fields {
+            Some(fields) => no_defining_field_changed(fields, original.body(), new.body()),
+            None => self.resends_regenerated_bodies(wire),
+        }
+    }
+
+    /// [`continues_with_frozen`](Self::continues_with_frozen) when the store kept only
+    /// digests of the first body's top-level members (`changed`: the members `new`
+    /// changed, `None` when either body is no JSON object) and of the defining fields'
+    /// values: a changed member that holds a defining field whose value changed, or one the
+    /// digests cannot see into, counts as a defining change.
+    fn continues_by_members(
+        &self,
+        wire: Option<&WireKey>,
+        stored: crate::fingerprint::Fingerprint,
+        new: &FrozenRequest,
+        digests: &FieldDigests,
+        changed: Option<&[String]>,
+    ) -> bool {
+        if !only_the_body_differs(stored, new.fingerprint()) {
+            return false;
+        }
+        match (&self.defining_fields, changed) {
+            (Some(fields), Some(changed)) => {
+                no_defining_value_changed(fields, digests, new.body(), changed)
+            }
+            (Some(_), None) => false,
+            (None, _) => self.resends_regenerated_bodies(wire),
+        }
+    }
+
+    /// Whether a regenerated body of an operation keyed `wire`, with no defining fields
+    /// declared, continues with the bytes first frozen: as the
+    /// [policy](super::Builder::drift_policy) says when set; else under an `OperationId`,
+    /// and never under a caller's own key.
+    fn resends_regenerated_bodies(&self, wire: Option<&WireKey>) -> bool {
         match (self.drift, wire) {
             (Some(policy), _) => policy == DriftPolicy::ResendFrozen,
             (None, Some(WireKey::Derived(_))) => true,
             (None, _) => false,
         }
     }
+}
 
-    /// Whether `new` is the operation first sent as `original` (fingerprinted `stored`)
-    /// once judged on the defining fields: only the body differs, both bodies are JSON, and
-    /// no defining field changed.
-    fn same_operation(
-        &self,
-        stored: crate::fingerprint::Fingerprint,
-        original: &FrozenRequest,
-        new: &FrozenRequest,
-    ) -> bool {
-        let Some(fields) = &self.defining_fields else {
-            return false;
-        };
-        if !only_the_body_differs(stored, new.fingerprint()) {
-            return false;
-        }
-        let parse = |body: &[u8]| serde_json::from_slice::<serde_json::Value>(body).ok();
-        match (parse(original.body()), parse(new.body())) {
-            (Some(old), Some(new)) => fields.changed(&old, &new).is_empty(),
-            _ => false,
-        }
+/// Whether no field of `fields` differs between two JSON bodies; `false` when either is
+/// not JSON (what a defining field holds cannot be told).
+fn no_defining_field_changed(fields: &PayloadFields, original: &[u8], new: &[u8]) -> bool {
+    let parse = |body: &[u8]| serde_json::from_slice::<serde_json::Value>(body).ok();
+    match (parse(original), parse(new)) {
+        (Some(old), Some(new)) => fields.changed(&old, &new).is_empty(),
+        _ => false,
     }
+}
 
-    /// [`same_operation`](Self::same_operation) when the store kept only digests of the
-    /// first body's fields: the same unless a changed top-level member holds a defining
-    /// field whose value changed, as the digests of the defining fields' values (gathered
-    /// when the operation was recorded) tell. A defining field without a digest of its own
-    /// (recorded by a face judging by other fields) counts as changed when its member did.
-    fn same_operation_by_members(
-        &self,
-        stored: crate::fingerprint::Fingerprint,
-        new: &FrozenRequest,
-        digests: &crate::ledger::FieldDigests,
-        changed: Option<&[String]>,
-    ) -> bool {
-        let (Some(fields), Some(changed)) = (&self.defining_fields, changed) else {
-            return false;
-        };
-        if !only_the_body_differs(stored, new.fingerprint()) {
-            return false;
-        }
-        let mut reached = changed
-            .iter()
-            .flat_map(|member| fields.pointers_into(member))
-            .peekable();
-        if reached.peek().is_none() {
-            return true;
-        }
-        let Ok(new) = serde_json::from_slice::<serde_json::Value>(new.body()) else {
-            return false;
-        };
-        reached.all(|pointer| digests.pointer_changed(pointer, &new) == Some(false))
+/// Whether no defining field reached through the top-level members `changed` holds
+/// another value in `new_body` than the first request's, as the digests of the defining
+/// fields' values (gathered when the operation was recorded) tell. A defining field
+/// without a digest of its own (recorded by a face judging by other fields) counts as
+/// changed when its member did.
+fn no_defining_value_changed(
+    fields: &PayloadFields,
+    digests: &FieldDigests,
+    new_body: &[u8],
+    changed: &[String],
+) -> bool {
+    let mut reached = changed
+        .iter()
+        .flat_map(|member| fields.pointers_into(member))
+        .peekable();
+    if reached.peek().is_none() {
+        return true;
     }
+    let Ok(new) = serde_json::from_slice::<serde_json::Value>(new_body) else {
+        return false;
+    };
+    reached.all(|pointer| digests.pointer_changed(pointer, &new) == Some(false))
 }
 
 /// Whether two fingerprints differ in the body alone: the same method and target.
@@ -422,7 +445,7 @@ fn marked_discarded<T>(
                 %drift,
                 "a regenerated request joined its operation: answered for the bytes first \
                  frozen, its own discarded (PayloadDiscarded on the response; \
-                 DriftPolicy::Reject or defining_fields(..) refuse a change that matters)"
+                 DriftPolicy::Reject refuses it; a change to a defining field is always refused)"
             );
             response
                 .extensions_mut()

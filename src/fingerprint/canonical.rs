@@ -6,6 +6,14 @@
 //! equals). Equal values therefore freeze to equal bytes whatever the order a map or a
 //! struct listed its fields in, and whatever whitespace a model put in a JSON string it was
 //! parsed from: field order and formatting never make drift.
+//!
+//! "As `serde_json` writes them" holds for an `f32` too: it freezes as the number its JSON
+//! holds, its shortest decimal that reads back as the same `f32` (`19.9_f32` freezes as
+//! `19.9`, not as the `f64` it widens to, `19.899999618530273`), spelled as that decimal
+//! parsed into a `serde_json::Value` is. So a typed call and the JSON it is written as
+//! (what a model emits, what a resumed run parses) are one operation. A float that is not finite freezes
+//! as `null`, as `serde_json` writes it; the tool face refuses arguments that do not read
+//! back as themselves.
 
 use std::cell::RefCell;
 
@@ -47,13 +55,35 @@ pub(crate) fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, serde_
 }
 
 /// `value` as canonical JSON bytes, and as the JSON value they were written from.
+///
+/// The value is read from the JSON `serde_json` writes for `value`, not made by
+/// `serde_json::to_value`: that one widens an `f32` to the `f64` it stands for, and the
+/// `f32`'s own shortest spelling, the one its JSON carries, would be lost (with
+/// `float_roundtrip`, reading a float back is exact, so nothing else changes).
 pub(crate) fn freeze<T: Serialize + ?Sized>(
     value: &T,
 ) -> Result<(Bytes, Value), serde_json::Error> {
-    let value = serde_json::to_value(value)?;
+    let value: Value = serde_json::from_slice(&serde_json::to_vec(value)?)?;
     let mut out = Vec::with_capacity(64);
     write(&value, &mut out);
     Ok((Bytes::from(out), value))
+}
+
+/// The number serde_json writes for `value`: the `f32`'s shortest decimal that reads back
+/// as it, as the `f64` nearest that decimal (`19.9`, where widening gives
+/// `19.899999618530273`). What a typed call's JSON holds, so the typed call and its JSON
+/// freeze alike. Non-finite stays non-finite (frozen as `null`).
+pub(crate) fn f32_as_written(value: f32) -> f64 {
+    // An `f32` takes at most 16 bytes of JSON (`-1.17549435e-38`): written on the stack.
+    let mut buffer = [0_u8; 32];
+    let mut cursor = std::io::Cursor::new(&mut buffer[..]);
+    let written = serde_json::to_writer(&mut cursor, &value).is_ok();
+    let len = usize::try_from(cursor.position()).unwrap_or(0);
+    let decimal = std::str::from_utf8(&buffer[..len]).ok().filter(|_| written);
+    // `null` (not finite) does not parse: widened, it stays what it was.
+    decimal
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(f64::from(value))
 }
 
 /// Appends `value` to `out` as canonical JSON.
@@ -226,6 +256,67 @@ mod tests {
             let mut ours = Vec::new();
             write_string(text, &mut ours);
             assert_eq!(ours, serde_json::to_vec(text).unwrap(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn an_f32_freezes_as_serde_json_writes_it() {
+        assert_eq!(&to_bytes(&19.9_f32).unwrap()[..], b"19.9");
+        assert_eq!(&freeze(&19.9_f32).unwrap().0[..], b"19.9");
+        assert_eq!(
+            &to_bytes(&[0.1_f32, -0.0, 3.0]).unwrap()[..],
+            b"[0.1,0.0,3.0]"
+        );
+        assert_eq!(
+            to_bytes(&19.9_f32).unwrap(),
+            to_bytes(&serde_json::from_str::<Value>("19.9").unwrap()).unwrap()
+        );
+    }
+
+    #[test]
+    fn an_f32_freezes_as_the_number_its_json_holds() {
+        // serde_json writes this `f32` as `1.4829705e+13`; read into a `Value`, it is
+        // written `14829705000000.0`: the frozen form is the number, spelled once.
+        let json: Value =
+            serde_json::from_slice(&serde_json::to_vec(&1.4829705e13_f32).unwrap()).unwrap();
+        assert_eq!(
+            to_bytes(&1.4829705e13_f32).unwrap(),
+            to_bytes(&json).unwrap()
+        );
+        assert!(f32_as_written(f32::NAN).is_nan());
+        assert_eq!(f32_as_written(-1.175_494_4e-38), -1.175_494_4e-38);
+    }
+
+    /// Arguments with floats of both widths, as code types them.
+    #[derive(Serialize, serde::Deserialize)]
+    struct Floats {
+        wide: f64,
+        narrow: f32,
+        narrows: Vec<f32>,
+    }
+
+    proptest! {
+        /// A typed call and its own JSON (as serde_json writes it, parsed back as a model's
+        /// call or a resumed run's would be) freeze to the same bytes, through the direct
+        /// writer and the `Value` path alike; an `f64` freezes as its `to_value` does too;
+        /// and finite numbers read back from the frozen bytes as themselves.
+        #[test]
+        fn typed_floats_freeze_as_their_json(wide in any::<f64>(), narrow in any::<f32>()) {
+            let typed = Floats { wide, narrow, narrows: vec![narrow, -narrow, narrow / 3.0] };
+            let json: Value = serde_json::from_slice(&serde_json::to_vec(&typed).unwrap()).unwrap();
+            let frozen = to_bytes(&typed).unwrap();
+            prop_assert_eq!(&frozen, &freeze(&typed).unwrap().0);
+            prop_assert_eq!(&frozen, &to_bytes(&json).unwrap());
+            prop_assert_eq!(&frozen, &freeze(&json).unwrap().0);
+            prop_assert_eq!(
+                to_bytes(&wide).unwrap(),
+                freeze(&serde_json::to_value(wide).unwrap()).unwrap().0
+            );
+            if wide.is_finite() && narrow.is_finite() {
+                let back: Floats = serde_json::from_slice(&frozen).unwrap();
+                prop_assert!(back.wide == wide && back.narrow == narrow);
+                prop_assert_eq!(to_bytes(&back).unwrap(), frozen);
+            }
         }
     }
 

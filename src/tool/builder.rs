@@ -23,7 +23,7 @@ use crate::DriftPolicy;
 /// | [class](Self::class) | [`ToolClass::SideEffect`] (through the ledger) |
 /// | scope (mixed into every key) | `""` |
 /// | regenerated arguments | [`DriftPolicy::ResendFrozen`]: the frozen ones are used, the output says what was discarded |
-/// | [defining fields](Self::defining_fields) | all of them |
+/// | [defining fields](Self::defining_fields) (a change there: refused, whatever the policy) | none declared: all the arguments, judged by the drift policy |
 /// | tool errors | [`MayHaveHappened`] (in doubt); see [`classify`](Self::classify) |
 /// | retries | [`RetryPolicy::default`]: 3 attempts within 30 s, full-jitter backoff, a budget |
 /// | lease (renewed by a live owner) | 10 s |
@@ -124,7 +124,9 @@ impl<C> Builder<C> {
     /// Only the arguments may differ: a record under the same `OperationId` made by another
     /// tool (the name is part of the fingerprint) or by an HTTP call is refused with a drift
     /// error naming the target, whatever the policy, so one tool never answers with
-    /// another's outcome nor is called with its arguments.
+    /// another's outcome nor is called with its arguments. A changed
+    /// [defining field](Self::defining_fields), when some are declared, is refused
+    /// whatever the policy too.
     ///
     /// See the [builder docs](Self) for an example.
     pub fn drift_policy(mut self, policy: DriftPolicy) -> Self {
@@ -132,14 +134,24 @@ impl<C> Builder<C> {
         self
     }
 
-    /// Judge drift on these fields of the arguments alone (default: all of them), the
-    /// same setting as the client face's
-    /// [`defining_fields`](crate::client::Builder::defining_fields). A call differing
-    /// only elsewhere (a reworded `summary`, a fresh `fulfillment_intent_id`) is the same
-    /// operation, even under [`Reject`](DriftPolicy::Reject): it runs with the frozen
-    /// arguments and its output says what was discarded. The tool is always called with
-    /// the frozen arguments, whole: the selection decides what counts as the same
-    /// operation, never what the tool receives.
+    /// The fields of the arguments that say what the operation **is** (the order, the
+    /// amount, the recipient), which are never discarded: the same setting as the client
+    /// face's [`defining_fields`](crate::client::Builder::defining_fields). None are
+    /// declared by default: all the arguments are judged by the
+    /// [drift policy](Self::drift_policy), so under the default
+    /// [`ResendFrozen`](DriftPolicy::ResendFrozen) a step identity reused for another order
+    /// is answered with the first order's outcome, as a reworded `summary` is.
+    ///
+    /// Declared, they decide, whatever the policy: a call with a changed defining field is
+    /// refused with a drift error, the tool not called, under `ResendFrozen` too; a call
+    /// differing only elsewhere (a reworded `summary`, a fresh `fulfillment_intent_id`) is
+    /// the same operation, even under [`Reject`](DriftPolicy::Reject): it goes on with the
+    /// frozen arguments and its output names what was discarded
+    /// ([`ToolOutput::discarded`](super::ToolOutput::discarded); the names come from the
+    /// record, so a store that keeps no field digests of completed records reports the
+    /// discard without them). The tool is always called with the frozen arguments, whole:
+    /// the selection decides what counts as the same operation, never what the tool
+    /// receives.
     ///
     /// See the [builder docs](Self) for an example.
     pub fn defining_fields(mut self, fields: PayloadFields) -> Self {

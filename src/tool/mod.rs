@@ -19,9 +19,10 @@
 //! - a regenerated call (the model rewrote its `summary`) goes on with the frozen arguments
 //!   by default, and its output says what was discarded ([`ToolOutput::discarded`]);
 //!   [`DriftPolicy::Reject`](crate::DriftPolicy::Reject) refuses it instead;
-//!   [`defining_fields`](Builder::defining_fields) limits the fingerprint to
-//!   the fields that define the operation; a record of another tool under the same
-//!   `OperationId` is refused, never answered nor resent;
+//!   [`defining_fields`](Builder::defining_fields) names the fields that say what the
+//!   operation is (the order, the amount, the recipient), never discarded: a change there
+//!   is refused under every policy, a change elsewhere goes on and is named; a record of
+//!   another tool under the same `OperationId` is refused, never answered nor resent;
 //! - the key reaches the tool ([`ToolCall::key`]) for a provider that deduplicates on it;
 //!   whether it does is a choice the builder requires ([`ProviderKeys`]);
 //! - a tool error is classified by phase ([`Verdict`]): before the effect (released, unless
@@ -42,7 +43,12 @@
 //! JSON because JSON is what models emit and tools take, it is self-describing (changed
 //! fields can be named, fields picked by JSON pointer), and `serde_json` is already a
 //! dependency of the crate. The form is **canonical** (object keys sorted, no whitespace),
-//! so equal arguments are equal bytes. In the ledger, a frozen call is a
+//! so equal arguments are equal bytes. A sequence keeps its order, though, and a
+//! `HashSet` is a sequence to serde: it freezes in its iteration order, which two sets of
+//! the same elements need not share (equal sets, two fingerprints: a drift) and which the
+//! set read back for a retry need not keep (a new operation's first call is then
+//! refused, [`NotReadBack`]). Use a `BTreeSet` (or a sorted `Vec`) for set-valued arguments; a
+//! `HashMap` is safe, a map's keys being sorted. In the ledger, a frozen call is a
 //! [`FrozenRequest`](crate::FrozenRequest) `POST /tools/{name}` whose body is those bytes,
 //! and an outcome a stored response (`200` with the JSON response, `422` with a final
 //! answer): the stores need nothing new, and every store the client face runs on runs
@@ -53,6 +59,7 @@
 //! ```
 //! use serde::{Deserialize, Serialize};
 //! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_idempotency::fingerprint::PayloadFields;
 //! use tower_idempotency::ledger::MemoryStore;
 //! use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
 //! use tower_idempotency::OperationId;
@@ -64,6 +71,8 @@
 //! # async fn main() {
 //! let layer = ToolLayer::builder(MemoryStore::new(), "charge_customer", ProviderKeys::Ignored)
 //!     .scope("billing-agent")
+//!     // What the operation is: never discarded, a change there is refused.
+//!     .defining_fields(PayloadFields::new(["/order_id", "/cents"]).unwrap())
 //!     .build()
 //!     .unwrap();
 //! // A key-less SDK call: it must run once per operation.
@@ -79,9 +88,14 @@
 //! // The model regenerated the call on a retry: the first outcome is replayed, and the
 //! // caller learns which fields were discarded.
 //! let regenerated = Charge { order_id: "o-42".into(), cents: 1999, summary: "bill the customer".into() };
-//! let again = charge.oneshot(ToolCall::new(op, regenerated)).await.unwrap();
+//! let again = charge.clone().oneshot(ToolCall::new(op.clone(), regenerated)).await.unwrap();
 //! assert_eq!(again.value(), "ch_for_o-42");
 //! assert_eq!(again.discarded().unwrap().changed_fields(), Some(&["summary".to_owned()][..]));
+//!
+//! // The step's identity reused for another order: refused, never the first receipt.
+//! let other = Charge { order_id: "o-43".into(), cents: 1999, summary: "charge o-43".into() };
+//! let refused = charge.oneshot(ToolCall::new(op, other)).await.unwrap_err();
+//! assert!(refused.idempotency_error().unwrap().is_drift());
 //! # }
 //! ```
 

@@ -14,9 +14,10 @@ use crate::fingerprint::canonical;
 /// do not survive the trip would leave an operation that no resume can finish. So a new
 /// operation's frozen arguments are read back and frozen again before its first call,
 /// and the bytes must be the same. The usual causes: a float that is not finite (`NaN`,
-/// `±infinity`: JSON has none, they freeze as `null`), a `HashSet` or `HashMap` (frozen in
-/// its iteration order, which another set of the same elements does not share: use a
-/// `BTreeSet` or `BTreeMap`), or a `Serialize` and `Deserialize` that disagree.
+/// `±infinity`: JSON has none, they freeze as `null`), a `HashSet` of more than one
+/// element (frozen as a JSON array in its iteration order, which the set read back does
+/// not share: use a `BTreeSet`; a map's keys are sorted, so a `HashMap` is safe), or a
+/// `Serialize` and `Deserialize` that disagree.
 ///
 /// ```
 /// use serde::{Deserialize, Serialize};
@@ -126,7 +127,7 @@ impl fmt::Display for NotReadBack {
         }
         f.write_str(
             "; the tool was not called (a float that is not finite freezes as null, a \
-             HashSet or HashMap in its iteration order: use a BTreeSet or BTreeMap)",
+             HashSet in its iteration order: use a BTreeSet)",
         )
     }
 }

@@ -540,7 +540,7 @@ pub enum ToolError<E> {
     /// was not called.
     Arguments(serde_json::Error),
     /// The arguments froze to JSON that does not read back as them (a float that is not
-    /// finite, a `HashSet`): refused before the first call, the tool not called and the
+    /// finite, a `HashSet` in its iteration order): refused before the first call, the tool not called and the
     /// operation released, since no retry or resume could call it with them. See
     /// [`NotReadBack`](super::NotReadBack) for an example.
     NotReadBack(super::NotReadBack),

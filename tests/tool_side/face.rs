@@ -431,3 +431,37 @@ async fn each_call_whose_arguments_are_discarded_warns_once() {
         logs.text()
     );
 }
+
+/// An `f32` argument freezes as the number its JSON holds: a typed call (`19.9_f32`) and
+/// the same call parsed from its JSON are one operation, a replay under `Reject`.
+#[tokio::test]
+async fn an_f32_argument_and_its_json_are_one_operation() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Refund {
+        order_id: String,
+        amount: f32,
+    }
+    let layer = ToolLayer::builder(MemoryStore::new(), "refund", ProviderKeys::Ignored)
+        .drift_policy(DriftPolicy::Reject)
+        .build()
+        .unwrap();
+    let sdk = ToolDouble::new();
+    let typed = Refund {
+        order_id: "o-42".into(),
+        amount: 19.9,
+    };
+    let json: Value = serde_json::from_str(&serde_json::to_string(&typed).unwrap()).unwrap();
+    layer
+        .layer(sdk.clone())
+        .oneshot(ToolCall::new(op(), typed))
+        .await
+        .unwrap();
+    let again = layer
+        .layer(sdk.clone())
+        .oneshot(ToolCall::new(op(), json))
+        .await
+        .expect("the same call, not drift");
+    assert_eq!(again.source(), ToolSource::Replayed);
+    assert!(again.discarded().is_none());
+    assert_eq!(sdk.effects(), 1);
+}

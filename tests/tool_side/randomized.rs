@@ -6,7 +6,8 @@
 //! key-less one (reconciled). Invariant: the double counts at most one effect per
 //! operation at every step, exactly one once a clean run finishes it, made with the
 //! arguments the output reports, every call after it with those arguments, and a replay
-//! equals the first answer.
+//! equals the first answer; with the order declared a defining field, another order under
+//! the operation's identity is refused, nothing called.
 //!
 //! Over `MemoryStore` on tokio's paused clock; over `RedisStore` in real time, every
 //! duration ten times shorter, since Redis judges leases by its own clock.
@@ -98,7 +99,13 @@ impl Pace {
     }
 }
 
-fn tenant(store: &Arc<dyn IdempotencyStore>, scope: &str, kind: Provider, pace: Pace) -> Tenant {
+fn tenant(
+    store: &Arc<dyn IdempotencyStore>,
+    scope: &str,
+    kind: Provider,
+    pace: Pace,
+    defining: bool,
+) -> Tenant {
     let deduplicates = matches!(kind, Provider::Deduplicating);
     let sdk = if deduplicates {
         ToolDouble::deduplicating()
@@ -122,6 +129,12 @@ fn tenant(store: &Arc<dyn IdempotencyStore>, scope: &str, kind: Provider, pace: 
         .lease(pace.ms(1000))
         .retry_policy(policy)
         .classify(ToolDouble::classifier() as Classifier);
+    if defining {
+        builder = builder.defining_fields(
+            tower_idempotency::fingerprint::PayloadFields::new(["/task", "/order_id", "/cents"])
+                .unwrap(),
+        );
+    }
     if matches!(kind, Provider::KeyLessReconciled) {
         // A key-less SDK finishes an in-doubt operation only through its provider's lookup.
         builder = builder.reconcile(move |operation: InDoubtOperation| {
@@ -140,6 +153,13 @@ fn tenant(store: &Arc<dyn IdempotencyStore>, scope: &str, kind: Provider, pace: 
         layer: builder.build().unwrap(),
         sdk,
     }
+}
+
+/// The step's identity reused for another order: another operation's call.
+fn another_order(task: &str) -> Value {
+    let mut call = regenerated(task, 101);
+    call["order_id"] = json!(format!("o-{task}-other"));
+    call
 }
 
 /// The model regenerates the call on every run: a new summary, a new intent id.
@@ -216,14 +236,14 @@ fn on_memory<F: Future<Output = ()>>(case: impl FnOnce(Arc<dyn IdempotencyStore>
 async fn check(
     tasks: usize,
     runs: Vec<Vec<Run>>,
-    a: Provider,
-    b: Provider,
+    (a, b): (Provider, Provider),
+    defining: bool,
     store: Arc<dyn IdempotencyStore>,
     pace: Pace,
 ) {
     let tenants = [
-        tenant(&store, "tenant-a", a, pace),
-        tenant(&store, "tenant-b", b, pace),
+        tenant(&store, "tenant-a", a, pace, defining),
+        tenant(&store, "tenant-b", b, pace, defining),
     ];
     let kinds = [a, b];
     for task in 0..tasks {
@@ -264,6 +284,22 @@ async fn check(
                 }
             };
             let effects = tenant.sdk.effects_of(&op);
+            // Whatever the operation came to, another order under its identity is refused
+            // under the default policy when the order is a defining field: never answered
+            // with this order's outcome, never called.
+            if defining {
+                let calls = tenant.sdk.calls_of(&op).len();
+                let other = one_run(tenant, &op, another_order(&task_id), &Run::Clean, pace).await;
+                assert!(
+                    matches!(&other, Some(Err(ToolError::Idempotency(err))) if err.is_drift()),
+                    "{op:?}: another order was not refused: {other:?}"
+                );
+                assert_eq!(
+                    tenant.sdk.calls_of(&op).len(),
+                    calls,
+                    "{op:?}: nothing called"
+                );
+            }
             match finished {
                 Finished::InDoubt => assert!(effects <= 1),
                 Finished::Answered(out) => {
@@ -300,8 +336,9 @@ proptest! {
         runs in prop::collection::vec(prop::collection::vec(run(), 0..4), 1..4),
         a in provider(),
         b in provider(),
+        defining in any::<bool>(),
     ) {
-        on_memory(|store| check(tasks, runs, a, b, store, Pace { divisor: 1 }));
+        on_memory(|store| check(tasks, runs, (a, b), defining, store, Pace { divisor: 1 }));
     }
 }
 
@@ -315,10 +352,11 @@ proptest! {
         runs in prop::collection::vec(prop::collection::vec(run(), 0..4), 1..3),
         a in provider(),
         b in provider(),
+        defining in any::<bool>(),
     ) {
         // Redis judges leases by its own clock: the same case, ten times faster.
         redis_support::on_redis("tool-randomized", |store| {
-            check(tasks, runs, a, b, store, Pace { divisor: 10 })
+            check(tasks, runs, (a, b), defining, store, Pace { divisor: 10 })
         });
     }
 }

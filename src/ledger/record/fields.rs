@@ -152,21 +152,28 @@ impl FieldDigests {
 
     /// The entries of the top-level fields.
     fn field_entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
-        self.entries()
+        self.each_entry()
             .filter(|(name, _)| name.first() != Some(&POINTER))
     }
 
     /// The entries of the values at JSON pointers, by pointer.
     fn pointer_entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
-        self.entries()
+        self.each_entry()
             .filter_map(|(name, digest)| Some((name.strip_prefix(&[POINTER])?, digest)))
     }
 
-    fn entries(&self) -> impl Iterator<Item = (&[u8], u64)> {
+    /// The entries, as [`from_entries`](Self::from_entries) reads them back.
+    pub(crate) fn entries(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Each entry's name and digest. Entries read back from a record cut short end the
+    /// walk where they stop making sense, never panic.
+    fn each_entry(&self) -> impl Iterator<Item = (&[u8], u64)> {
         let mut rest = &self.0[..];
         std::iter::from_fn(move || {
             let (len, tail) = rest.split_first_chunk::<2>()?;
-            let (name, tail) = tail.split_at(usize::from(u16::from_be_bytes(*len)));
+            let (name, tail) = tail.split_at_checked(usize::from(u16::from_be_bytes(*len)))?;
             let (value, tail) = tail.split_first_chunk::<DIGEST_LEN>()?;
             rest = tail;
             Some((name, u64::from_le_bytes(*value)))

@@ -31,6 +31,12 @@ use retries::Retries;
 /// The header a recorded outcome keeps the digest of the arguments it was made with in,
 /// so a replay can tell the caller its arguments differed from them.
 const ARGUMENTS_DIGEST: HeaderName = HeaderName::from_static("tool-arguments-digest");
+/// The header a recorded outcome keeps the field digests of the arguments it was made
+/// with in ([`FieldDigests`](crate::ledger::FieldDigests)' entries, base64), for a face
+/// with defining fields on a store that keeps no field digests of its own: a later call
+/// whose defining fields agree (a replay, not a drift) is then told which of its other
+/// fields were discarded, on every store.
+const ARGUMENT_FIELDS: HeaderName = HeaderName::from_static("tool-argument-fields");
 /// A final answer's recorded status; a response's is `200`.
 const FINAL_ANSWER: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
 

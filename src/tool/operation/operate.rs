@@ -59,7 +59,7 @@ impl<C> Operation<'_, C> {
         let mut discarded = None;
         let answer = match answer {
             Begin::Drift { stored, frozen } => {
-                if face.drift == DriftPolicy::Reject || another_call(stored, &ours) {
+                if refuses_drift(face, stored, &ours) {
                     return Err(drift_error(stored, frozen.as_ref(), &ours));
                 }
                 discarded =
@@ -86,7 +86,7 @@ impl<C> Operation<'_, C> {
                         changed.clone(),
                     )))
                 };
-                if face.drift == DriftPolicy::Reject || another_call(stored, &ours) {
+                if refuses_drift(face, stored, &ours) {
                     return Err(refused());
                 }
                 discarded = Some(Discarded::new(changed.clone()));
@@ -278,7 +278,7 @@ impl<C> Operation<'_, C> {
             let attempt = lease.renewing(attempt(face, tool.invoke(call))).await;
             let error = match attempt {
                 Ok(Ok(response)) => {
-                    let digests = (digest, face.ledger.request_for_fields(first));
+                    let digests = (digest, first);
                     return record(lease, response, digests, source, discarded, face).await;
                 }
                 Ok(Err(error)) => error,
@@ -299,7 +299,7 @@ impl<C> Operation<'_, C> {
             let retry = match &verdict.kind {
                 VerdictKind::Final(answer) => {
                     let answer = FinalAnswer::new(answer.clone());
-                    let digests = (digest, face.ledger.request_for_fields(first));
+                    let digests = (digest, first);
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the final answer").await;
                     return Err(ToolError::Final(answer));
@@ -362,14 +362,14 @@ impl<C> Operation<'_, C> {
                 let (parts, body) = found.into_parts();
                 if !parts.status.is_success() {
                     let answer = FinalAnswer::new(json_or_text(&body));
-                    let digests = (digest, face.ledger.request_for_fields(&first));
+                    let digests = (digest, &first);
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
                     settle(lease.complete(outcome), "record the reconciled answer").await;
                     return Err(ToolError::Final(answer));
                 }
                 match serde_json::from_slice::<R>(&body) {
                     Ok(response) => {
-                        let digests = (digest, face.ledger.request_for_fields(&first));
+                        let digests = (digest, &first);
                         record(
                             lease,
                             response,
@@ -405,6 +405,16 @@ impl<C> Operation<'_, C> {
             }
         }
     }
+}
+
+/// Whether a drift from the record under our key, fingerprinted `stored`, to `ours` is
+/// refused rather than answered with the arguments first frozen: under
+/// [`DriftPolicy::Reject`]; for another call than ours ([`another_call`]); and whenever
+/// [defining fields](crate::tool::Builder::defining_fields) are declared, since the
+/// fingerprint then covers them alone and a drift means one of them changed: they say
+/// what the operation is, and are never discarded, whatever the policy.
+fn refuses_drift<C>(face: &ToolFace<C>, stored: Fingerprint, ours: &Frozen) -> bool {
+    face.drift == DriftPolicy::Reject || face.fields.is_some() || another_call(stored, ours)
 }
 
 /// Whether the record under our key, fingerprinted `stored`, is another call than ours:

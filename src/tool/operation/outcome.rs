@@ -3,6 +3,8 @@
 use std::cell::RefCell;
 use std::future::Future;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use http::{StatusCode, Version};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -12,20 +14,22 @@ use crate::error::Drift;
 use crate::fingerprint::canonical;
 use crate::idempotency::engine::InPlace;
 use crate::idempotency::LeaseGuard;
-use crate::ledger::{GatheredFields, HeaderBlock, LedgerKey, Outcome, StoredResponse};
+use crate::ledger::{
+    FieldDigests, GatheredFields, HeaderBlock, LedgerKey, Outcome, RequestFields, StoredResponse,
+};
 use crate::tool::face::ToolFace;
 use crate::tool::types::{Discarded, FinalAnswer, ToolError, ToolOutput, ToolSource};
 use crate::FrozenRequest;
 use crate::{fingerprint::Fingerprint, Error};
 
-use super::{Frozen, ARGUMENTS_DIGEST, FINAL_ANSWER};
+use super::{Frozen, ARGUMENTS_DIGEST, ARGUMENT_FIELDS, FINAL_ANSWER};
 
 /// Record `response` as the operation's outcome (a tombstone past the face's cap) and
 /// return it.
 pub(super) async fn record<R: Serialize, E, C>(
     lease: LeaseGuard,
     response: R,
-    (digest, arguments): (BodyDigest, Option<&FrozenRequest>),
+    (digest, first): (BodyDigest, &FrozenRequest),
     source: ToolSource,
     discarded: Option<Discarded>,
     face: &ToolFace<C>,
@@ -33,7 +37,7 @@ pub(super) async fn record<R: Serialize, E, C>(
     let outcome = with_buffer(|body| {
         serde_json::to_writer(&mut *body, &response)?;
         Ok(tombstone_over_cap(StatusCode::OK, body, face)
-            .unwrap_or_else(|| stored(StatusCode::OK, body, &digest, arguments)))
+            .unwrap_or_else(|| stored(StatusCode::OK, body, (&digest, first), face)))
     });
     let outcome = match outcome {
         Ok(outcome) => outcome,
@@ -80,36 +84,59 @@ fn with_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 }
 
 /// An outcome with `status` and `body`, remembering the digest of the arguments it was
-/// made with: the header, the body and the field digests of `arguments` (the frozen
-/// arguments, when the store keeps them: see [`GatheredFields`]) in one buffer
-/// of exactly their size, as the HTTP client face records a response.
-pub(super) fn stored(
+/// made with (`first`, digested `digest`): the header, the body and the field digests of
+/// the arguments (when the store keeps them: see [`GatheredFields`]) in one buffer of
+/// exactly their size, as the HTTP client face records a response.
+pub(super) fn stored<C>(
     status: StatusCode,
     body: &[u8],
-    digest: &BodyDigest,
-    arguments: Option<&FrozenRequest>,
+    (digest, first): (&BodyDigest, &FrozenRequest),
+    face: &ToolFace<C>,
 ) -> Outcome {
-    let pairs = [(ARGUMENTS_DIGEST, &digest.field()[..])];
+    let arguments = face.ledger.request_for_fields(first);
+    let named = named_fields(face, first, arguments.is_some());
+    let digest = digest.field();
+    let both = [
+        (ARGUMENTS_DIGEST, &digest[..]),
+        (ARGUMENT_FIELDS, named.as_deref().unwrap_or_default()),
+    ];
+    let pairs = if named.is_some() {
+        &both[..]
+    } else {
+        &both[..1]
+    };
     // Gathered here, not handed in: its buffer would otherwise ride in the call's future.
     let gathered = GatheredFields::of(arguments);
     Outcome::Response(StoredResponse::of_block_with_fields(
         status,
         Version::HTTP_11,
-        |tail| HeaderBlock::of_checked_pairs(&pairs, body, tail),
+        |tail| HeaderBlock::of_checked_pairs(pairs, body, tail),
         &gathered,
     ))
+}
+
+/// The [`ARGUMENT_FIELDS`] value for arguments `first`: only for a face with defining
+/// fields (without them, other arguments are another fingerprint, a drift that names
+/// them) on a store that keeps no field digests itself (`kept`), and arguments that are a
+/// JSON object.
+fn named_fields<C>(face: &ToolFace<C>, first: &FrozenRequest, kept: bool) -> Option<Vec<u8>> {
+    if face.fields.is_none() || kept {
+        return None;
+    }
+    let digests = FieldDigests::of(first.body())?;
+    Some(BASE64.encode(digests.entries()).into_bytes())
 }
 
 /// [`stored`] for a JSON `value`, a tombstone past the face's response cap.
 pub(super) fn recorded<C>(
     status: StatusCode,
     value: &serde_json::Value,
-    (digest, arguments): (BodyDigest, Option<&FrozenRequest>),
+    (digest, first): (BodyDigest, &FrozenRequest),
     face: &ToolFace<C>,
 ) -> Outcome {
     let body = value.to_string();
     tombstone_over_cap(status, body.as_bytes(), face)
-        .unwrap_or_else(|| stored(status, body.as_bytes(), &digest, arguments))
+        .unwrap_or_else(|| stored(status, body.as_bytes(), (&digest, first), face))
 }
 
 /// A tombstone for a `body` over the face's response cap: the answer is returned to its
@@ -164,10 +191,12 @@ pub(super) fn replay<R: DeserializeOwned, E>(
                 .find(|entry| entry.name == ARGUMENTS_DIGEST.as_str().as_bytes())
                 .is_some_and(|first| block.value_bytes(&first)[..] != ours.digest.field());
             // Told once a call: a drift found by the ledger was told when it was found.
+            // Named as the client face names them, from the field digests the record
+            // holds of the arguments first frozen, when it holds them.
             let discarded = discarded.or_else(|| {
                 differs.then(|| {
                     warn_discarded(key);
-                    Discarded::new(None)
+                    Discarded::new(changed_since_recorded(&stored, ours))
                 })
             });
             Ok(ToolOutput::new(response, ToolSource::Replayed, discarded))
@@ -178,6 +207,21 @@ pub(super) fn replay<R: DeserializeOwned, E>(
     }
 }
 
+/// The top-level fields `ours` changed against the arguments a recorded outcome was made
+/// with, from the field digests the record holds of them (kept by the store, or in
+/// [`ARGUMENT_FIELDS`]); `None` when it holds none.
+fn changed_since_recorded(stored: &StoredResponse, ours: &Frozen) -> Option<Vec<String>> {
+    if let RequestFields::Entries(entries) = stored.request_fields() {
+        return FieldDigests::from_entries(entries).changed_fields(ours.body());
+    }
+    let block = stored.header_block();
+    let named = block
+        .entries()
+        .find(|entry| entry.name == ARGUMENT_FIELDS.as_str().as_bytes())?;
+    let entries = BASE64.decode(&block.value_bytes(&named)[..]).ok()?;
+    FieldDigests::from_entries(&entries).changed_fields(ours.body())
+}
+
 /// Where a caller that reads no [`Discarded`] marker (or that reused an operation's identity
 /// for other arguments by mistake: another order, another tenant under the same task ids)
 /// sees it: its arguments took no effect. Once a call, where the difference is found.
@@ -185,7 +229,8 @@ pub(super) fn warn_discarded(key: LedgerKey) {
     tracing::warn!(
         key = %key.to_hex(),
         "regenerated tool arguments; going on with the ones first frozen, these discarded \
-         (Discarded on the output; DriftPolicy::Reject refuses them)"
+         (Discarded on the output; DriftPolicy::Reject refuses them, and a change to a \
+         defining field is always refused)"
     );
 }
 

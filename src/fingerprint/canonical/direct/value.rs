@@ -5,7 +5,7 @@ use serde::ser::{self, Serialize, Serializer};
 use serde_json::Value;
 
 use super::{Array, GiveUp, Object, Result, Writer};
-use crate::fingerprint::canonical::{write, write_string};
+use crate::fingerprint::canonical::{f32_as_written, write, write_string};
 
 /// The prefix of serde_json's own types (its raw values and arbitrary-precision numbers),
 /// which its `Value` serializer treats specially.
@@ -74,10 +74,10 @@ impl<'w> Serializer for &'w mut Writer {
     }
 
     // Floats as the `Value` path spells them (`-0.0` as `0.0`, non-finite as `null`): the
-    // same code, on a `Value` that costs no allocation.
+    // same code, on a `Value` that costs no allocation. An `f32` as the number its JSON
+    // holds (see `f32_as_written`), never the `f64` it widens to.
     fn serialize_f32(self, v: f32) -> Result {
-        write(&Value::from(v), &mut self.out);
-        Ok(())
+        self.serialize_f64(f32_as_written(v))
     }
 
     fn serialize_f64(self, v: f64) -> Result {

@@ -74,7 +74,9 @@
 //! returns what it found ([`ResponseSource::Reconciled`](crate::ResponseSource::Reconciled)), [`Reconciled::NotApplied`](crate::idempotency::Reconciled::NotApplied) sends
 //! the frozen bytes, [`Reconciled::Unknown`](crate::idempotency::Reconciled::Unknown) (and a reconciler that fails, panics or runs
 //! past its bound) leaves the operation in doubt. [`LookupReconciler`](crate::idempotency::LookupReconciler) builds one from a
-//! lookup request; its docs show a crash after sending resolved this way.
+//! lookup request and a reading of its answer that you give it (a `2xx` alone never means
+//! "applied": a search answers `200` with an empty list); its docs show a crash after
+//! sending resolved this way.
 //!
 //! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
 //! the same whichever path a request takes.

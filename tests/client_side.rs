@@ -9,6 +9,7 @@ mod client_side {
     mod client;
     mod fault_matrix;
     mod key_header;
+    mod key_in_use;
     mod outcome_hook;
     mod randomized;
     mod reconcile;

@@ -703,3 +703,37 @@ fn a_charge_stored_under_the_quoted_key_is_found_on_redis() {
         a_charge_stored_under_the_quoted_key_is_found(store)
     });
 }
+
+/// A fresh schema on a PostgreSQL server of the test's own; `None`: skipped.
+#[cfg(feature = "postgres")]
+async fn on_postgres() -> Option<(
+    crate::support::postgres::PostgresHandle,
+    Arc<dyn IdempotencyStore>,
+)> {
+    let pg = crate::support::postgres::postgres_url().await?;
+    let store = tower_idempotency::ledger::PostgresStore::builder(pg.url())
+        .schema(crate::support::postgres::fresh_schema())
+        .connect()
+        .await
+        .expect("connect to PostgreSQL");
+    store.migrate().await.expect("migrate");
+    Some((pg, Arc::new(store)))
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn an_empty_search_is_not_a_charge_on_postgres() {
+    let Some((_pg, store)) = on_postgres().await else {
+        return;
+    };
+    an_empty_search_is_not_a_charge(store).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_charge_stored_under_the_quoted_key_is_found_on_postgres() {
+    let Some((_pg, store)) = on_postgres().await else {
+        return;
+    };
+    a_charge_stored_under_the_quoted_key_is_found(store).await;
+}

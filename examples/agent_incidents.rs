@@ -610,7 +610,7 @@ async fn crash_and_resume(provider: &Provider, base: &str) -> Row {
 /// orchestrator crashes after its charge left; on resume, resending would charge again.
 /// Ours asks the provider first (`GET /effects?idempotency_key=…`) and records what it says.
 async fn crash_against_a_provider_that_ignores_keys() -> Row {
-    use tower_idempotency::idempotency::LookupReconciler;
+    use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
     use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
 
     let provider = SideEffectService::builder().honour_keys(false).build();
@@ -664,8 +664,13 @@ async fn crash_against_a_provider_that_ignores_keys() -> Row {
             .provider_deduplicates(false);
         let builder = if reconcile {
             builder.reconcile(
-                LookupReconciler::by_key(hyper_client(), LOOKUP_PATH, "idempotency_key")
-                    .applied_status(StatusCode::CREATED),
+                LookupReconciler::by_key(
+                    hyper_client(),
+                    LOOKUP_PATH,
+                    "idempotency_key",
+                    record_or_not_found,
+                )
+                .applied_status(StatusCode::CREATED),
             )
         } else {
             builder

@@ -10,6 +10,7 @@ mod client_side {
     mod drift;
     mod fault_matrix;
     mod key_header;
+    mod key_in_use;
     mod outcome_hook;
     mod randomized;
     mod reconcile;

@@ -453,14 +453,14 @@ impl Builder {
     /// [`Reconcile`] and [`LookupReconciler`](crate::idempotency::LookupReconciler).
     ///
     /// ```
-    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
     /// use tower_idempotency::testing::SideEffectService;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let provider = SideEffectService::builder().honour_keys(false).build();
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(false)
-    ///     .reconcile(LookupReconciler::by_key(provider, "/effects", "idempotency_key"))
+    ///     .reconcile(LookupReconciler::by_key(provider, "/effects", "idempotency_key", record_or_not_found))
     ///     .build()
     ///     .unwrap();
     /// # let _ = layer;

@@ -336,6 +336,13 @@ where
     let read_problem =
         client.release_on.reads_problem(status, response.headers()) && !after_redirect(&response);
     if retryable && !read_problem {
+        if status == http::StatusCode::CONFLICT {
+            // "Still in progress" (its `Retry-After` says so): not an outcome, and not an
+            // answer for the caller to take as final.
+            return ExchangeStep::Finishing {
+                future: super::settle::refused_key_in_use(track, lease, response.headers()),
+            };
+        }
         track.decided(Decision::InDoubt);
         let mut response = response.map(ResponseBody::inner);
         source.mark(response.extensions_mut());

@@ -106,7 +106,29 @@
 //! returns what it found ([`ResponseSource::Reconciled`](crate::ResponseSource::Reconciled)), [`Reconciled::NotApplied`](crate::idempotency::Reconciled::NotApplied) sends
 //! the frozen bytes, [`Reconciled::Unknown`](crate::idempotency::Reconciled::Unknown) (and a reconciler that fails, panics or runs
 //! past its bound) leaves the operation in doubt. [`LookupReconciler`](crate::idempotency::LookupReconciler) builds one from a
-//! lookup request; its docs show a crash after sending resolved this way.
+//! lookup request and a reading of its answer that you give it (a `2xx` alone never means
+//! "applied": a search answers `200` with an empty list); its docs show a crash after
+//! sending resolved this way.
+//!
+//! # A provider's 409
+//!
+//! A `409` to a keyed request means one of two things. "A request with this key is still
+//! being processed" is a refusal, never the operation's outcome: the first request's real
+//! answer is still to come. "Order already exists" is a business answer, and final. They
+//! are told apart by this rule:
+//!
+//! - a `409` with `Retry-After` is the IETF draft's "still in progress";
+//! - a `409` whose body is an RFC 9457 problem with the server face's
+//!   [`IN_FLIGHT`](crate::server::problem::IN_FLIGHT) type (the draft registers no type of
+//!   its own), or Stripe's `{"error":{"type":"idempotency_error"}}`, says the key is in use;
+//! - any other `409` is a business answer: recorded and replayed.
+//!
+//! A refusal is never recorded. The [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside
+//! retries the one it can tell by its head (`Retry-After`) within the retry policy; one it
+//! cannot, or one still refused when the policy is spent, leaves the operation in doubt,
+//! and the caller gets a [key-in-use error](crate::Error::is_key_in_use), which says the
+//! answer is not final (never a bare `409`). Running the step again resends the frozen
+//! bytes, and the provider answers with the first request's outcome, which is recorded.
 //!
 //! Every request reaches the inner service as `Request<Full<Bytes>>`, so the inner stack is
 //! the same whichever path a request takes.
@@ -192,6 +214,7 @@ mod identify;
 mod operation;
 pub(crate) mod policy;
 mod reconciling;
+mod refusal;
 mod release;
 mod resolve;
 mod send;

@@ -107,6 +107,30 @@ pub(super) fn settled_then<ResB: Send + 'static>(
     })
 }
 
+/// A provider refused the request because its key is in use (see
+/// [`refusal`](super::refusal)): the refusal is no outcome, so the operation stays in doubt
+/// (a later run resends the frozen bytes and gets the first request's answer), and the
+/// caller gets a [key-in-use error](Error::is_key_in_use), not a `409` it could take for a
+/// final business answer.
+pub(super) fn refused_key_in_use<ResB: Send + 'static>(
+    track: &Track,
+    lease: LeaseGuard,
+    headers: &http::HeaderMap,
+) -> Finishing<ResB> {
+    track.decided(Decision::InDoubt);
+    let retry_after = crate::retry::retry_after(headers);
+    tracing::info!(
+        ?retry_after,
+        "the provider refused the request: its key is in use; the operation stays in doubt"
+    );
+    Box::pin(async move {
+        if let Err(err) = lease.mark_in_doubt().await {
+            tracing::warn!(%err, "could not settle the operation; it will expire into doubt");
+        }
+        Err(Error::key_in_use(retry_after))
+    })
+}
+
 /// Record the buffered response (or a tombstone) and answer it; a store that awaits, or
 /// whose answer was lost, finishes in a future of its own, as does a lost body. A problem
 /// response whose type says nothing ran releases the operation instead, and a "try again"
@@ -136,6 +160,12 @@ pub(super) fn record<ResB: Send + 'static>(
             let settling = release_not_started(track, sent, lease);
             let response = Response::from_parts(parts, ResponseBody::buffered(bytes.clone()));
             return Err(settled_then(settling, response));
+        }
+        // A `409` is read whole: "key in use" is said by its `Retry-After` or its body.
+        if parts.status == http::StatusCode::CONFLICT
+            && (read.retryable || super::refusal::says_key_in_use(bytes))
+        {
+            return Err(refused_key_in_use(track, lease, &parts.headers));
         }
         if read.retryable {
             track.decided(Decision::InDoubt);

@@ -56,6 +56,7 @@ enum Kind {
     AttemptTimeout,
     ReplayUnavailable,
     InDoubt,
+    KeyInUse { retry_after: Option<Duration> },
     ResponseBody,
 }
 
@@ -133,6 +134,10 @@ impl Error {
 
     pub(crate) fn replay_unavailable() -> Self {
         Self::new(Kind::ReplayUnavailable, None)
+    }
+
+    pub(crate) fn key_in_use(retry_after: Option<Duration>) -> Self {
+        Self::new(Kind::KeyInUse { retry_after }, None)
     }
 
     pub(crate) fn in_doubt() -> Self {
@@ -240,7 +245,9 @@ impl Error {
     /// ```
     pub fn is_in_doubt(&self) -> bool {
         match self.inner.kind {
-            Kind::InDoubt | Kind::AttemptTimeout | Kind::ResponseBody => true,
+            Kind::InDoubt | Kind::AttemptTimeout | Kind::ResponseBody | Kind::KeyInUse { .. } => {
+                true
+            }
             Kind::Inner { phase } => phase.may_have_been_sent(),
             _ => false,
         }
@@ -263,6 +270,26 @@ impl Error {
     /// ```
     pub fn is_unreconciled(&self) -> bool {
         matches!(self.inner.kind, Kind::InDoubt)
+    }
+
+    /// The provider refused the request because a request with its key is still being
+    /// processed (a `409` that says the key is in use: see the
+    /// [client docs](crate::client#a-providers-409)), and the retries inside did not see it
+    /// through. **Not a final answer**: the operation is kept in doubt, never recorded
+    /// with this refusal, and running the step again resends the frozen bytes, which the
+    /// provider then answers with the first request's outcome. Implies
+    /// [`is_in_doubt`](Error::is_in_doubt); [`retry_after`](Error::retry_after) is the
+    /// provider's `Retry-After`, when it sent one.
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn come_back_later(err: &Error) -> Option<std::time::Duration> {
+    ///     err.is_key_in_use().then(|| err.retry_after().unwrap_or_default())
+    /// }
+    /// # let _ = come_back_later;
+    /// ```
+    pub fn is_key_in_use(&self) -> bool {
+        matches!(self.inner.kind, Kind::KeyInUse { .. })
     }
 
     /// Reading the response body failed after the request was sent.
@@ -343,6 +370,7 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self.inner.kind {
             Kind::Busy { retry_after } => Some(retry_after),
+            Kind::KeyInUse { retry_after } => retry_after,
             _ => self.store_error().and_then(StoreError::retry_after),
         }
     }
@@ -444,6 +472,11 @@ impl fmt::Display for Error {
                 "an earlier attempt may have reached the provider, and sending it again could \
                  run it twice: not sending it again; reconcile it (a reconciler on the layer, \
                  or by hand)",
+            ),
+            Kind::KeyInUse { .. } => f.write_str(
+                "the provider is still processing a request with this key (409, key in use): \
+                 not a final answer; the operation stays in doubt and running it again resends \
+                 the frozen request",
             ),
             Kind::ResponseBody => f.write_str("reading the response body failed"),
         }

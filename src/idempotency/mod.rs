@@ -47,4 +47,6 @@ pub(crate) use engine::{LeaseGuard, Ledger};
 pub use layer::Idempotency;
 pub(crate) use layer::IdempotencyLayer;
 pub(crate) use reconcile::ask as ask_reconciler;
-pub use reconcile::{InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled};
+pub use reconcile::{
+    record_or_not_found, InDoubtOperation, LookupReconciler, Reconcile, ReconcileFuture, Reconciled,
+};

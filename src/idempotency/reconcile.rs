@@ -240,12 +240,18 @@ type Classify = dyn Fn(Response<Bytes>) -> Reconciled + Send + Sync;
 
 /// A [`Reconcile`] that looks the operation up at the provider with one request.
 ///
-/// The lookup's answer decides, by default: a `2xx` is [`Applied`](Reconciled::Applied)
-/// with the lookup's response as the stand-in (its status replaced by
-/// [`applied_status`](Self::applied_status) if set), `404` or `410` is
-/// [`NotApplied`](Reconciled::NotApplied), anything else is
-/// [`Unknown`](Reconciled::Unknown); [`classify`](Self::classify) replaces that rule (for a
-/// provider answering `200 []` when it found nothing, say).
+/// What the lookup's answer means is yours to say, and every constructor asks for it: a
+/// classifier of the whole response that reads it as [`Applied`](Reconciled::Applied)
+/// (with the response to record as the operation's outcome),
+/// [`NotApplied`](Reconciled::NotApplied) or [`Unknown`](Reconciled::Unknown). There is
+/// no default, because no status alone tells "found it" from "found nothing": a search
+/// endpoint answers `200 {"data":[]}` when nothing matched, and reading that `200` as
+/// "applied" records a charge that never happened as done and replays the empty list as
+/// its answer. [`record_or_not_found`] is the classifier for a lookup that answers the
+/// operation's own record (`2xx` when it exists, `404` or `410` when it does not); for a
+/// search or list endpoint, read the body.
+///
+/// [`applied_status`](Self::applied_status) replaces the status of what is recorded.
 ///
 /// `service` sends the lookup: a plain HTTP client (not a stack with the idempotency layer:
 /// a lookup is a read).
@@ -261,7 +267,7 @@ type Classify = dyn Fn(Response<Bytes>) -> Reconciled + Send + Sync;
 /// use bytes::Bytes;
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{ServiceBuilder, ServiceExt};
-/// use tower_idempotency::idempotency::LookupReconciler;
+/// use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
 /// use tower_idempotency::ledger::MemoryStore;
 /// use tower_idempotency::testing::{Fault, SideEffectService};
 /// use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
@@ -291,7 +297,8 @@ type Classify = dyn Fn(Response<Bytes>) -> Reconciled + Send + Sync;
 ///         IdempotencyLayer::client_builder(ledger.clone())
 ///             .provider_deduplicates(false)
 ///             .reconcile(
-///                 LookupReconciler::by_key(provider.clone(), "/effects", "idempotency_key")
+///                 // The kit's lookup answers the effect itself, or 404.
+///                 LookupReconciler::by_key(provider.clone(), "/effects", "idempotency_key", record_or_not_found)
 ///                     .applied_status(http::StatusCode::CREATED),
 ///             )
 ///             .build()
@@ -329,26 +336,32 @@ impl<S> fmt::Debug for LookupReconciler<S> {
 }
 
 impl<S> LookupReconciler<S> {
-    /// Look up with the request `build` makes of the operation.
+    /// Look up with the request `build` makes of the operation, and read its answer with
+    /// `classify` (see [`LookupReconciler`]: there is no default reading).
     ///
     /// ```
-    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
     /// use tower_idempotency::testing::SideEffectService;
     ///
-    /// let lookup = LookupReconciler::new(SideEffectService::new(), |op| {
-    ///     let uri = format!("http://payments.local/effects?idempotency_key={}", op.sent_key());
-    ///     Ok(http::Request::get(uri).body(Default::default())?)
-    /// });
+    /// let lookup = LookupReconciler::new(
+    ///     SideEffectService::new(),
+    ///     |op| {
+    ///         let uri = format!("http://payments.local/effects?idempotency_key={}", op.sent_key());
+    ///         Ok(http::Request::get(uri).body(Default::default())?)
+    ///     },
+    ///     record_or_not_found,
+    /// );
     /// # let _ = lookup;
     /// ```
-    pub fn new<F>(service: S, build: F) -> Self
+    pub fn new<F, C>(service: S, build: F, classify: C) -> Self
     where
         F: Fn(&InDoubtOperation) -> Result<Request<Full<Bytes>>, BoxError> + Send + Sync + 'static,
+        C: Fn(Response<Bytes>) -> Reconciled + Send + Sync + 'static,
     {
         Self {
             service,
             build: Arc::new(build),
-            classify: Arc::new(default_classify),
+            classify: Arc::new(classify),
         }
     }
 
@@ -359,40 +372,75 @@ impl<S> LookupReconciler<S> {
     /// ([`KeyHeader::stripe`] and the other token presets), as a provider that keeps the
     /// header as it arrives has stored it.
     ///
+    /// `classify` reads the answer. A provider's search answers `200` with an empty list
+    /// when it found nothing; read the list:
+    ///
     /// ```
-    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use bytes::Bytes;
+    /// use tower_idempotency::idempotency::{LookupReconciler, Reconciled};
     /// use tower_idempotency::testing::SideEffectService;
     ///
-    /// let lookup = LookupReconciler::by_key(SideEffectService::new(), "/charges", "idempotency_key");
-    /// # let _ = lookup;
+    /// let search = LookupReconciler::by_key(
+    ///     SideEffectService::new(),
+    ///     "/charges/search",
+    ///     "idempotency_key",
+    ///     |response: http::Response<Bytes>| {
+    ///         let found: Option<serde_json::Value> = serde_json::from_slice(response.body()).ok();
+    ///         match found.as_ref().and_then(|found| found["data"].as_array()).map(Vec::as_slice) {
+    ///             _ if !response.status().is_success() => Reconciled::Unknown,
+    ///             Some([]) => Reconciled::NotApplied,
+    ///             Some([charge]) => Reconciled::Applied(http::Response::new(charge.to_string().into())),
+    ///             _ => Reconciled::Unknown,
+    ///         }
+    ///     },
+    /// );
+    /// # let _ = search;
     /// ```
-    pub fn by_key(service: S, path: &str, param: &str) -> Self {
+    pub fn by_key<C>(service: S, path: &str, param: &str, classify: C) -> Self
+    where
+        C: Fn(Response<Bytes>) -> Reconciled + Send + Sync + 'static,
+    {
         let (path, param) = (path.to_owned(), param.to_owned());
-        Self::new(service, move |op| {
-            lookup_at(op.frozen(), &path, &param, &op.sent_key())
-        })
+        Self::new(
+            service,
+            move |op| lookup_at(op.frozen(), &path, &param, &op.sent_key()),
+            classify,
+        )
     }
 
     /// `GET <path>?<param>=<value>` at the frozen request's scheme and authority, `value`
     /// being the top-level JSON `field` of the frozen body (`order_id`, say): the operation
-    /// looked up by a reference it carries. A body without the field is
-    /// [`Unknown`](Reconciled::Unknown).
+    /// looked up by a reference it carries, its answer read by `classify`. A body without
+    /// the field is [`Unknown`](Reconciled::Unknown).
     ///
     /// ```
-    /// use tower_idempotency::idempotency::LookupReconciler;
+    /// use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
     /// use tower_idempotency::testing::SideEffectService;
     ///
-    /// let lookup = LookupReconciler::by_payload_field(SideEffectService::new(), "/charges", "order_id", "order_id");
+    /// // `GET /orders/charge?order_id=…` answers the order's charge, or 404.
+    /// let lookup = LookupReconciler::by_payload_field(
+    ///     SideEffectService::new(), "/orders/charge", "order_id", "order_id", record_or_not_found,
+    /// );
     /// # let _ = lookup;
     /// ```
-    pub fn by_payload_field(service: S, path: &str, param: &str, field: &str) -> Self {
+    pub fn by_payload_field<C>(
+        service: S,
+        path: &str,
+        param: &str,
+        field: &str,
+        classify: C,
+    ) -> Self
+    where
+        C: Fn(Response<Bytes>) -> Reconciled + Send + Sync + 'static,
+    {
         let (path, param, field) = (path.to_owned(), param.to_owned(), field.to_owned());
-        Self::new(service, move |op| {
+        let build = move |op: &InDoubtOperation| {
             let value = op
                 .payload_field(&field)
                 .ok_or_else(|| format!("the frozen body has no `{field}` field"))?;
             lookup_at(op.frozen(), &path, &param, &value)
-        })
+        };
+        Self::new(service, build, classify)
     }
 
     /// Answer a found operation with this status instead of the lookup's (`201 Created`
@@ -409,32 +457,32 @@ impl<S> LookupReconciler<S> {
         });
         self
     }
-
-    /// Decide from the lookup's whole response (replacing the default rule above).
-    ///
-    /// ```
-    /// use tower_idempotency::idempotency::{LookupReconciler, Reconciled};
-    /// use tower_idempotency::testing::SideEffectService;
-    ///
-    /// // This provider lists matches: `[]` means it never happened.
-    /// let lookup = LookupReconciler::by_key(SideEffectService::new(), "/charges", "key")
-    ///     .classify(|response| match (response.status().as_u16(), &response.body()[..]) {
-    ///         (200, b"[]") => Reconciled::NotApplied,
-    ///         (200, _) => Reconciled::Applied(response),
-    ///         _ => Reconciled::Unknown,
-    ///     });
-    /// # let _ = lookup;
-    /// ```
-    pub fn classify<F>(mut self, classify: F) -> Self
-    where
-        F: Fn(Response<Bytes>) -> Reconciled + Send + Sync + 'static,
-    {
-        self.classify = Arc::new(classify);
-        self
-    }
 }
 
-fn default_classify(response: Response<Bytes>) -> Reconciled {
+/// The reading of a lookup that answers **the operation's own record**: a `2xx` is
+/// [`Applied`](Reconciled::Applied), the lookup's response recorded as the stand-in for
+/// the operation's answer; `404` or `410` is [`NotApplied`](Reconciled::NotApplied);
+/// anything else is [`Unknown`](Reconciled::Unknown).
+///
+/// Only for an endpoint whose `2xx` means "this operation exists" (`GET /charges/{key}`,
+/// the testing kit's lookup), and whose `404` means it does not (not a mistyped path).
+/// Never for a search or list endpoint: it answers `2xx` with an empty list when nothing
+/// matched, which this would record as done.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tower_idempotency::idempotency::{record_or_not_found, Reconciled};
+///
+/// let answer = |status: u16| {
+///     let mut response = http::Response::new(Bytes::new());
+///     *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+///     record_or_not_found(response)
+/// };
+/// assert!(matches!(answer(200), Reconciled::Applied(_)));
+/// assert!(matches!(answer(404), Reconciled::NotApplied));
+/// assert!(matches!(answer(503), Reconciled::Unknown));
+/// ```
+pub fn record_or_not_found(response: Response<Bytes>) -> Reconciled {
     let status = response.status();
     if status.is_success() {
         Reconciled::Applied(response)
@@ -567,11 +615,11 @@ mod tests {
     }
 
     #[test]
-    fn the_default_rule() {
+    fn a_records_lookup() {
         let with = |status: u16| {
             let mut response = Response::new(Bytes::new());
             *response.status_mut() = StatusCode::from_u16(status).unwrap();
-            default_classify(response)
+            record_or_not_found(response)
         };
         assert!(matches!(with(200), Reconciled::Applied(_)));
         assert!(matches!(with(404), Reconciled::NotApplied));

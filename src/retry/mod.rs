@@ -9,7 +9,9 @@
 //! The pieces are separate, as in tower's `retry`:
 //!
 //! - **what** to retry: a [`ClassifyRetry`]; the [`DefaultClassifier`] never resends a
-//!   side-effecting request without an `Idempotency-Key` once its bytes may have left;
+//!   side-effecting request without a key (under its
+//!   [`KeyHeader`](crate::key::KeyHeader), `Idempotency-Key` by default) once its bytes may
+//!   have left;
 //! - **when**: full-jitter exponential backoff on tower's `ExponentialBackoff` schedule, or
 //!   the server's `Retry-After`;
 //! - **how much**: at most 5 attempts, a maximum elapsed time, and

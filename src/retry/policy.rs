@@ -120,10 +120,14 @@ pub trait ClassifyRetry: Send + Sync + fmt::Debug + 'static {
 /// - A `408`, `429`, `500`, `502`, `503` or `504`, a `409` with `Retry-After` to a keyed
 ///   request (the IETF draft's "still in progress"), or a failure after the request may have
 ///   left (timeout, reset, unknown), is retried **only when the request is retry-safe**:
-///   a read or idempotent write, or a request carrying an `Idempotency-Key`. A
+///   a read or idempotent write, or a request carrying a key under the
+///   [key header](RetryContext::key_header) (`Idempotency-Key` unless configured). A
 ///   side-effecting request without a key is never resent once its bytes may have left.
 /// - Everything else (`2xx`, `3xx`, `400`, `401`, `403`, `404`, `422`, a `409` without
-///   `Retry-After`…) is final.
+///   `Retry-After`…) is final to the retry layer, which judges an attempt by its head. (A
+///   `409` whose body says the key is in use is still no outcome to the client
+///   [`IdempotencyLayer`](crate::IdempotencyLayer): see the
+///   [client docs](crate::client#a-providers-409).)
 ///
 /// ```
 /// use tower_idempotency::retry::{DefaultClassifier, ClassifyRetry};

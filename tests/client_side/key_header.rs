@@ -12,7 +12,7 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::idempotency::LookupReconciler;
+use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
 use tower_idempotency::key::{KeyForm, KeyHeader};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
@@ -170,8 +170,13 @@ async fn a_reconciler_looks_up_the_key_in_the_presets_form() {
                 .provider_deduplicates(false)
                 .key_header(header.clone())
                 .reconcile(
-                    LookupReconciler::by_key(hyper_client(), LOOKUP_PATH, "idempotency_key")
-                        .applied_status(StatusCode::CREATED),
+                    LookupReconciler::by_key(
+                        hyper_client(),
+                        LOOKUP_PATH,
+                        "idempotency_key",
+                        record_or_not_found,
+                    )
+                    .applied_status(StatusCode::CREATED),
                 )
                 .build()
                 .unwrap(),

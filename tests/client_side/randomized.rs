@@ -68,6 +68,8 @@ enum Behaviour {
     CommitThen503,
     Unavailable,
     Refused,
+    /// `409` "key in use" without `Retry-After`: told by its body alone.
+    KeyInUse,
     Slow(u64),
 }
 
@@ -85,6 +87,7 @@ impl Behaviour {
                 commit: false,
             },
             Self::Refused => Fault::RefuseBeforeSend,
+            Self::KeyInUse => Fault::KeyInUse,
             Self::Slow(ms) => Fault::Latency(Duration::from_millis(*ms)),
         }
     }
@@ -97,6 +100,7 @@ fn behaviour() -> impl Strategy<Value = Behaviour> {
         2 => Just(Behaviour::CommitThen503),
         2 => Just(Behaviour::Unavailable),
         2 => Just(Behaviour::Refused),
+        2 => Just(Behaviour::KeyInUse),
         1 => (50u64..600).prop_map(Behaviour::Slow),
     ]
 }

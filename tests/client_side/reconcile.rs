@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::idempotency::{
-    Decision, InDoubtOperation, LookupReconciler, Reconcile, Reconciled,
+    record_or_not_found, Decision, InDoubtOperation, LookupReconciler, Reconcile, Reconciled,
 };
 use tower_idempotency::ledger::{IdempotencyStore, LedgerKey, MemoryStore, RecordState};
 use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
@@ -47,8 +47,14 @@ fn naive_provider() -> SideEffectService {
 }
 
 fn by_key(provider: &SideEffectService) -> LookupReconciler<SideEffectService> {
-    LookupReconciler::by_key(provider.clone(), LOOKUP_PATH, "idempotency_key")
-        .applied_status(StatusCode::CREATED)
+    // The kit's lookup answers the effect itself, or 404.
+    LookupReconciler::by_key(
+        provider.clone(),
+        LOOKUP_PATH,
+        "idempotency_key",
+        record_or_not_found,
+    )
+    .applied_status(StatusCode::CREATED)
 }
 
 /// The orchestrator's first run: `fault` hits the charge, and the orchestrator gives up
@@ -367,6 +373,7 @@ async fn a_reference_in_the_payload_finds_the_operation_too() {
         LOOKUP_PATH,
         "idempotency_key",
         "order_id",
+        record_or_not_found,
     );
     let response = resume(&ledger, &provider, lookup).await.unwrap();
     assert_eq!(ResponseSource::of(&response), ResponseSource::Reconciled);
@@ -412,8 +419,13 @@ async fn over_loopback_a_crash_after_sending_resolves_to_the_real_response() {
             IdempotencyLayer::client_builder(ledger.clone())
                 .provider_deduplicates(false)
                 .reconcile(
-                    LookupReconciler::by_key(hyper_client(), LOOKUP_PATH, "idempotency_key")
-                        .applied_status(StatusCode::CREATED),
+                    LookupReconciler::by_key(
+                        hyper_client(),
+                        LOOKUP_PATH,
+                        "idempotency_key",
+                        record_or_not_found,
+                    )
+                    .applied_status(StatusCode::CREATED),
                 )
                 .build()
                 .unwrap(),
@@ -456,6 +468,7 @@ async fn over_loopback_a_crash_after_sending_resolves_to_the_real_response() {
                     hyper_client(),
                     LOOKUP_PATH,
                     "idempotency_key",
+                    record_or_not_found,
                 ))
                 .build()
                 .unwrap(),
@@ -504,4 +517,223 @@ async fn a_reconciled_outcome_keeps_no_transport_buffer_alive() {
         "the body pins the read buffer"
     );
     assert_eq!(effects(&provider), 1);
+}
+
+/// A provider's search endpoint, as many payment APIs have one: `GET /charges/search?
+/// idempotency_key=<key as stored>` answers `200 {"data":[…]}`, an empty list when nothing
+/// matches. Made of the testing kit's lookup, which keeps keys as sent.
+fn search_endpoint(
+    provider: &SideEffectService,
+) -> tower::util::BoxCloneSyncService<Request<Full<Bytes>>, http::Response<Full<Bytes>>, BoxError> {
+    let provider = provider.clone();
+    tower::util::BoxCloneSyncService::new(tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let provider = provider.clone();
+        async move {
+            let query = req.uri().query().unwrap_or_default().to_owned();
+            let lookup = Request::get(format!("http://payments.local{LOOKUP_PATH}?{query}"))
+                .body(Full::new(Bytes::new()))?;
+            let found = provider.oneshot(lookup).await?;
+            let data = match found.status() {
+                StatusCode::OK => {
+                    let body = found.into_body().collect().await?.to_bytes();
+                    format!("[{}]", String::from_utf8(body.to_vec())?)
+                }
+                _ => "[]".to_owned(),
+            };
+            let body = Full::new(Bytes::from(format!("{{\"data\":{data}}}")));
+            Ok::<_, BoxError>(http::Response::new(body))
+        }
+    }))
+}
+
+/// How the search's answer reads: an empty list is "never happened", one charge is the
+/// charge (recorded as its `201`), anything else cannot be told.
+fn search_result(response: http::Response<Bytes>) -> Reconciled {
+    if !response.status().is_success() {
+        return Reconciled::Unknown;
+    }
+    let found: Option<serde_json::Value> = serde_json::from_slice(response.body()).ok();
+    match found
+        .as_ref()
+        .and_then(|found| found["data"].as_array())
+        .map(Vec::as_slice)
+    {
+        Some([]) => Reconciled::NotApplied,
+        Some([charge]) => Reconciled::Applied(
+            http::Response::builder()
+                .status(StatusCode::CREATED)
+                .header("content-type", "application/json")
+                .body(Bytes::from(charge.to_string()))
+                .unwrap(),
+        ),
+        _ => Reconciled::Unknown,
+    }
+}
+
+/// The first run of `op` against `provider` on `ledger`: `fault` hits the charge, and the
+/// orchestrator gives up after 300 ms.
+async fn first_run_on(
+    ledger: impl IdempotencyStore,
+    provider: &SideEffectService,
+    fault: Fault,
+    op: &OperationId,
+) {
+    provider.push_fault(fault);
+    let stack = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(ledger)
+                .provider_deduplicates(false)
+                .lease(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let mut req = charge();
+    req.extensions_mut().insert(op.clone());
+    let _ = tokio::time::timeout(Duration::from_millis(300), stack.oneshot(req)).await;
+}
+
+/// The resumed run of `op`, with `reconciler`, then a replay by a third run.
+async fn resume_on(
+    ledger: impl IdempotencyStore + Clone,
+    provider: &SideEffectService,
+    reconciler: impl Reconcile + Clone,
+    op: &OperationId,
+) -> [(StatusCode, ResponseSource, Bytes); 2] {
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let stack = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(ledger.clone())
+                    .provider_deduplicates(false)
+                    .lease(Duration::from_secs(1))
+                    .busy_policy(tower_idempotency::BusyPolicy::Wait(Duration::from_secs(5)))
+                    .reconcile(reconciler.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        let mut req = charge();
+        req.extensions_mut().insert(op.clone());
+        let response = stack.oneshot(req).await.unwrap();
+        let (status, source) = (response.status(), ResponseSource::of(&response));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        answers.push((status, source, body));
+    }
+    answers.try_into().unwrap()
+}
+
+/// A charge that never happened, left in doubt, and a search that finds nothing: the
+/// charge is made once, and its own `201` is what is recorded and replayed, never the
+/// search's empty list.
+async fn an_empty_search_is_not_a_charge(ledger: impl IdempotencyStore + Clone) {
+    let provider = naive_provider();
+    let op = OperationId::new("task-77", "charge-card");
+    let unavailable = Fault::ServerError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        commit: false,
+    };
+    first_run_on(ledger.clone(), &provider, unavailable, &op).await;
+    assert_eq!(provider.effects(), 0);
+
+    let search = LookupReconciler::by_key(
+        search_endpoint(&provider),
+        "/charges/search",
+        "idempotency_key",
+        search_result,
+    );
+    let [resumed, replayed] = resume_on(ledger, &provider, search, &op).await;
+    assert_eq!(
+        provider.effects_for_operation(&op, ""),
+        1,
+        "charged exactly once"
+    );
+    assert_eq!(resumed.0, StatusCode::CREATED);
+    assert_eq!(resumed.1, ResponseSource::Resent);
+    assert!(resumed.2.starts_with(b"{\"effect_id\":\"eff_1\""));
+    assert_eq!(replayed.0, StatusCode::CREATED, "the charge's own answer");
+    assert_eq!(replayed.1, ResponseSource::Replayed);
+    assert_eq!(replayed.2, resumed.2);
+}
+
+/// A charge that happened, its answer lost, and a provider that stores the key as sent:
+/// the lookup by key finds it (the quoted sf-string the header carried), and nothing is
+/// sent again.
+async fn a_charge_stored_under_the_quoted_key_is_found(ledger: impl IdempotencyStore + Clone) {
+    let provider = naive_provider();
+    let op = OperationId::new("task-78", "charge-card");
+    first_run_on(ledger.clone(), &provider, Fault::CommitThenTimeout, &op).await;
+    assert_eq!(provider.effects(), 1);
+
+    let [resumed, replayed] = resume_on(ledger, &provider, by_key(&provider), &op).await;
+    assert_eq!(
+        provider.effects_for_operation(&op, ""),
+        1,
+        "charged exactly once"
+    );
+    assert_eq!(provider.attempts().len(), 1, "nothing sent again");
+    assert_eq!(resumed.1, ResponseSource::Reconciled);
+    assert_eq!(resumed.0, StatusCode::CREATED);
+    assert_eq!(replayed.1, ResponseSource::Replayed);
+    assert_eq!(replayed.2, resumed.2);
+}
+
+#[tokio::test]
+async fn an_empty_search_is_not_a_charge_on_memory() {
+    an_empty_search_is_not_a_charge(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn a_charge_stored_under_the_quoted_key_is_found_on_memory() {
+    a_charge_stored_under_the_quoted_key_is_found(MemoryStore::new()).await;
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn an_empty_search_is_not_a_charge_on_redis() {
+    crate::support::redis::on_redis("reconcile-search", |store| {
+        an_empty_search_is_not_a_charge(store)
+    });
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn a_charge_stored_under_the_quoted_key_is_found_on_redis() {
+    crate::support::redis::on_redis("reconcile-quoted", |store| {
+        a_charge_stored_under_the_quoted_key_is_found(store)
+    });
+}
+
+/// A fresh schema on a PostgreSQL server of the test's own; `None`: skipped.
+#[cfg(feature = "postgres")]
+async fn on_postgres() -> Option<(
+    crate::support::postgres::PostgresHandle,
+    Arc<dyn IdempotencyStore>,
+)> {
+    let pg = crate::support::postgres::postgres_url().await?;
+    let store = tower_idempotency::ledger::PostgresStore::builder(pg.url())
+        .schema(crate::support::postgres::fresh_schema())
+        .connect()
+        .await
+        .expect("connect to PostgreSQL");
+    store.migrate().await.expect("migrate");
+    Some((pg, Arc::new(store)))
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn an_empty_search_is_not_a_charge_on_postgres() {
+    let Some((_pg, store)) = on_postgres().await else {
+        return;
+    };
+    an_empty_search_is_not_a_charge(store).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_charge_stored_under_the_quoted_key_is_found_on_postgres() {
+    let Some((_pg, store)) = on_postgres().await else {
+        return;
+    };
+    a_charge_stored_under_the_quoted_key_is_found(store).await;
 }

@@ -668,10 +668,16 @@ async fn an_in_progress_409_leaves_the_operation_open() {
         .layer(IdempotencyLayer::client(MemoryStore::new()))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(conflict_provider(Some("1"), calls.clone()));
-    client.clone().oneshot(post(ORIGINAL)).await.unwrap();
+    let err = client.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(
+        err.is_key_in_use() && err.is_in_doubt(),
+        "not a final answer: {err}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 3, "retried inside");
-    let again = client.oneshot(post(ORIGINAL)).await.unwrap();
-    assert_eq!(source(&again), ResponseSource::Resent);
+    // Open, not recorded: the next run resends the frozen bytes rather than replaying.
+    let again = client.oneshot(post(ORIGINAL)).await.unwrap_err();
+    assert!(again.is_key_in_use(), "{again}");
+    assert_eq!(calls.load(Ordering::SeqCst), 6, "resent, not replayed");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -62,6 +62,11 @@ pub enum Fault {
         /// Whether the effect happens before the panic.
         after_commit: bool,
     },
+    /// Refuse the call as a provider still processing another request with its key does:
+    /// `409` with Stripe's error object, `{"error":{"type":"idempotency_error",…}}`, and
+    /// no `Retry-After`, without an effect (a key the call claimed is released, so the next
+    /// call runs normally). Not an outcome: a client must neither record nor replay it.
+    KeyInUse,
     /// Wait this long (with [`tokio::time::sleep`], so a paused test clock works), on top
     /// of the base latency, then answer normally.
     Latency(Duration),

@@ -66,6 +66,17 @@ pub(super) fn injected_error(status: StatusCode) -> Response<Full<Bytes>> {
     )
 }
 
+/// Stripe's answer to a request whose key another request is still using.
+pub(super) fn key_in_use() -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "error": {
+            "type": "idempotency_error",
+            "message": "There is currently another in-progress request using this idempotency key.",
+        }
+    });
+    json_response(StatusCode::CONFLICT, Bytes::from(body.to_string()))
+}
+
 pub(super) fn json_error(status: StatusCode, error: &str, message: &str) -> Response<Full<Bytes>> {
     let body = serde_json::json!({ "error": error, "message": message }).to_string();
     json_response(status, Bytes::from(body))

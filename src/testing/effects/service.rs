@@ -66,6 +66,8 @@ use crate::BoxError;
 ///   times out and retries (the first incident).
 /// - [`Fault::ServerError`] with `commit: true`: a `500` although the write happened.
 /// - [`Fault::RefuseBeforeSend`]: a refused connection, proven to fail before the write.
+/// - [`Fault::KeyInUse`]: a `409` that says another request holds the key (Stripe's
+///   shape), which is no outcome.
 /// - [`Fault::Panic`] and [`Fault::Latency`]: a provider that dies mid-way, or is slow.
 ///
 /// Faults are queued and consumed one per call, in order; a call with no fault queued
@@ -335,6 +337,7 @@ where
                 ))));
             }
             Some(Fault::Latency(latency)) => (latency, Action::Normal),
+            Some(Fault::KeyInUse) => (Duration::ZERO, Action::KeyInUse),
             Some(Fault::CommitThenTimeout) => (Duration::ZERO, Action::Hang),
             Some(Fault::ServerError { status, commit }) => {
                 (Duration::ZERO, Action::ServerError { status, commit })

@@ -13,7 +13,9 @@ use http_body_util::Full;
 
 use super::captured::CapturedRequest;
 use super::fault::Fault;
-use super::responses::{created, effect_body, injected_error, json_error, json_response};
+use super::responses::{
+    created, effect_body, injected_error, json_error, json_response, key_in_use,
+};
 use crate::key::KeyHeader;
 // The mark payment providers (and the IETF draft's examples) put on a replayed answer:
 // the one the server face writes.
@@ -198,6 +200,7 @@ pub(super) enum Action {
     Hang,
     ServerError { status: StatusCode, commit: bool },
     Panic { commit: bool },
+    KeyInUse,
 }
 
 /// How the caller's future ends.
@@ -232,6 +235,7 @@ impl Work {
                 let commit = match self.action {
                     Action::Normal | Action::Hang => true,
                     Action::ServerError { commit, .. } | Action::Panic { commit } => commit,
+                    Action::KeyInUse => false,
                 };
                 let mut state = self.shared.lock();
                 // Work started before a `reset` answers, but leaves the fresh state alone.
@@ -255,6 +259,7 @@ impl Work {
             Action::Hang => Ending::Hang,
             Action::ServerError { status, .. } => Ending::Answer(injected_error(status)),
             Action::Panic { .. } => Ending::Panic,
+            Action::KeyInUse => Ending::Answer(key_in_use()),
         }
     }
 }

@@ -471,3 +471,16 @@ async fn keys_are_kept_as_sent() {
     assert_eq!(send(&svc, lookup("\"k\"")).await.unwrap().0, StatusCode::OK);
     assert_eq!(svc.effects_for_key("k"), 1);
 }
+
+#[tokio::test]
+async fn key_in_use_refuses_without_an_effect_and_releases_the_key() {
+    let svc = SideEffectService::new().with_faults([Fault::KeyInUse]);
+    let (status, headers, body) = send(&svc, post(Some("k"), "a")).await.unwrap();
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(headers.get(RETRY_AFTER).is_none());
+    assert_eq!(json(&body)["error"]["type"], "idempotency_error");
+    assert_eq!(svc.effects(), 0);
+    let (status, _, _) = send(&svc, post(Some("k"), "a")).await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "the key was released");
+    assert_eq!(svc.effects_for_key("k"), 1);
+}

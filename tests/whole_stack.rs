@@ -11,5 +11,6 @@ mod whole_stack {
     mod log_warnings;
     mod metrics;
     mod redis_stack;
+    mod safety_signals;
     mod seams;
 }

@@ -13,7 +13,7 @@ use tower_service::Service;
 use crate::error::Drift;
 use crate::fingerprint::{PayloadFields, RequestPart};
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::decision::{decision_of, Decision, Track, WireKey};
+use crate::idempotency::decision::{decision_of, Decision, Signal, Track, WireKey};
 use crate::ledger::{Begin, FieldDigests, LedgerKey, Outcome};
 use crate::FrozenRequest;
 use crate::ResponseSource;
@@ -48,6 +48,9 @@ where
         Ok(answer) => answer,
         Err(err) if client.fail_open => {
             tracing::warn!(%err, "ledger unavailable; sending without protection (fail-open)");
+            // Not in `tracing` alone: a retry of this operation may be a second effect.
+            track.decided(Decision::Unavailable);
+            track.signal(Signal::FailOpen);
             return pass_through(inner, client, &frozen, extensions).await;
         }
         Err(err) => {
@@ -218,7 +221,7 @@ where
         #[allow(unreachable_patterns)]
         _ => Err(Error::in_doubt()),
     };
-    marked_discarded(answered, discarded)
+    marked_discarded(answered, discarded, track)
 }
 
 /// A completed operation whose store kept only its fields' digests: its outcome is what
@@ -434,6 +437,7 @@ fn only_the_body_differs(
 fn marked_discarded<T>(
     answer: Result<Response<T>, Error>,
     discarded: Option<Drift>,
+    track: &Track,
 ) -> Result<Response<T>, Error> {
     match (answer, discarded) {
         (Ok(mut response), Some(drift)) => {
@@ -447,6 +451,7 @@ fn marked_discarded<T>(
                  frozen, its own discarded (PayloadDiscarded on the response; \
                  DriftPolicy::Reject refuses it; a change to a defining field is always refused)"
             );
+            track.signal(Signal::PayloadDiscarded);
             response
                 .extensions_mut()
                 .insert(PayloadDiscarded::new(drift));

@@ -10,8 +10,13 @@
 //! With feature `metrics`, each decision also counts in `idempotency_decisions_total`
 //! (labels `face`, `decision`).
 //!
-//! A hook set with `on_outcome` on either face's builder gets one [`OutcomeEvent`] per
-//! request that reached the ledger, once its answer is known.
+//! A hook set with `on_outcome` on a face's builder (client, server, tool) gets one
+//! [`OutcomeEvent`] per request that reached the ledger, once its answer is known.
+//!
+//! A warning that an effect may repeat or that a payload was discarded is a [`Signal`]:
+//! besides its `WARN` event, it counts in `idempotency_safety_signals_total` (labels
+//! `face`, `signal`) and the hook sees it in [`OutcomeEvent::signals`], so an application
+//! without a `tracing` subscriber still hears of it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -38,14 +43,17 @@ pub enum Face {
     Client,
     /// The server face, in front of handlers.
     Server,
+    /// The tool face, in front of any tool call ([`tool`](crate::tool)).
+    Tool,
 }
 
 impl Face {
-    /// The name logs and metrics use: `client`, `server`.
+    /// The name logs and metrics use: `client`, `server`, `tool`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Client => "client",
             Self::Server => "server",
+            Self::Tool => "tool",
         }
     }
 }
@@ -132,6 +140,52 @@ impl Decision {
             Self::Unavailable => "unavailable",
             Self::Reconciled => "reconciled",
         }
+    }
+}
+
+/// A safety signal: something happened to a request that means its effect **may repeat**,
+/// or that what its caller sent **was discarded**. Each is a `WARN` event in `tracing`, and
+/// never only that: with feature `metrics` it counts in `idempotency_safety_signals_total`
+/// (labels `face`, `signal`), and the face's `on_outcome` hook sees it in
+/// [`OutcomeEvent::signals`].
+///
+/// ```
+/// use tower_idempotency::idempotency::Signal;
+///
+/// assert_eq!(Signal::FailOpen.as_str(), "fail_open");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Signal {
+    /// The ledger was unavailable and the layer was built to
+    /// [fail open](crate::server::Builder::fail_open): the request was sent (client) or run
+    /// (server) unprotected, and a retry of it may run its effect again.
+    FailOpen,
+    /// A regenerated request joined its operation: it was answered for the payload first
+    /// frozen, and its own payload was discarded (a client's
+    /// [`PayloadDiscarded`](crate::client::PayloadDiscarded), a tool's
+    /// [`Discarded`](crate::tool::Discarded)).
+    PayloadDiscarded,
+}
+
+impl Signal {
+    const ALL: [Self; 2] = [Self::FailOpen, Self::PayloadDiscarded];
+
+    /// The name metrics use: `fail_open`, `payload_discarded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FailOpen => "fail_open",
+            Self::PayloadDiscarded => "payload_discarded",
+        }
+    }
+
+    /// This signal's bit in a [`Track`]'s set.
+    fn bit(self) -> u8 {
+        let index = Self::ALL
+            .iter()
+            .position(|s| *s == self)
+            .expect("every signal is in ALL");
+        1 << index
     }
 }
 
@@ -269,6 +323,7 @@ pub struct OutcomeEvent<'a> {
     key: &'a WireKey,
     status: Option<StatusCode>,
     elapsed: Duration,
+    signals: u8,
 }
 
 impl OutcomeEvent<'_> {
@@ -298,6 +353,50 @@ impl OutcomeEvent<'_> {
     pub fn elapsed(&self) -> Duration {
         self.elapsed
     }
+
+    /// The [safety signals](Signal) raised for the request, each once, in the order of
+    /// [`Signal`]'s variants; none for nearly every request. A hook that alerts on them
+    /// sees what the `WARN` events say, without reading logs.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_idempotency::idempotency::{OutcomeEvent, Signal};
+    /// use tower_idempotency::testing::SideEffectService;
+    /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer, OperationId};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let discarded = Arc::new(Mutex::new(0));
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
+    ///     .drift_policy(DriftPolicy::ResendFrozen)
+    ///     .on_outcome({
+    ///         let discarded = discarded.clone();
+    ///         move |event: &OutcomeEvent<'_>| {
+    ///             if event.signals().any(|signal| signal == Signal::PayloadDiscarded) {
+    ///                 *discarded.lock().unwrap() += 1; // page someone: a payload took no effect
+    ///             }
+    ///         }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let client = ServiceBuilder::new().layer(layer).service(SideEffectService::new());
+    /// let charge = |body: &str| {
+    ///     let mut req = http::Request::post("http://payments.local/charges").body(body.to_owned()).unwrap();
+    ///     req.extensions_mut().insert(OperationId::new("task-7", "charge"));
+    ///     req
+    /// };
+    /// client.clone().oneshot(charge(r#"{"amount":10}"#)).await.unwrap();
+    /// client.oneshot(charge(r#"{"amount":12}"#)).await.unwrap(); // regenerated
+    /// assert_eq!(*discarded.lock().unwrap(), 1);
+    /// # }
+    /// ```
+    pub fn signals(&self) -> impl Iterator<Item = Signal> + '_ {
+        Signal::ALL
+            .into_iter()
+            .filter(|signal| self.signals & signal.bit() != 0)
+    }
 }
 
 /// A user's `on_outcome` hook.
@@ -325,6 +424,8 @@ pub(crate) struct Track {
     wire: Option<WireKey>,
     /// The last decision, as its index in [`Decision::ALL`] plus one; zero for none yet.
     last: AtomicU8,
+    /// The [`Signal`]s raised, one bit each.
+    signals: AtomicU8,
 }
 
 impl Track {
@@ -333,6 +434,7 @@ impl Track {
             face,
             wire,
             last: AtomicU8::new(0),
+            signals: AtomicU8::new(0),
         }
     }
 
@@ -347,13 +449,24 @@ impl Track {
             face: self.face,
             wire: self.wire.clone(),
             last: AtomicU8::new(self.last.load(Ordering::Relaxed)),
+            signals: AtomicU8::new(self.signals.load(Ordering::Relaxed)),
         }
     }
 
-    /// Take the latest decision of `fork`, made after it was forked from this track.
+    /// Take the latest decision of `fork`, made after it was forked from this track, and
+    /// the signals it raised.
     pub(crate) fn follow(&self, fork: &Track) {
         self.last
             .store(fork.last.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.signals
+            .fetch_or(fork.signals.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Count `signal` and keep it for the hook. The `WARN` event is the caller's to write,
+    /// where it knows what to say.
+    pub(crate) fn signal(&self, signal: Signal) {
+        count_signal(self.face, signal);
+        self.signals.fetch_or(signal.bit(), Ordering::Relaxed);
     }
 
     /// Log and count `decision`, and remember it as the request's latest.
@@ -394,8 +507,41 @@ impl Track {
             key,
             status,
             elapsed: started.elapsed(),
+            signals: self.signals.load(Ordering::Relaxed),
         });
     }
+}
+
+/// Count `signal` in `idempotency_safety_signals_total` (feature `metrics`): for a
+/// signal raised where no request's [`Track`] is at hand.
+pub(crate) fn count_signal(face: Face, signal: Signal) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_safety_signals_total",
+        "face" => face.as_str(),
+        "signal" => signal.as_str()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (face, signal);
+}
+
+/// What one request that reached the ledger came to, built by a face that keeps no
+/// [`Track`] (the tool face): its hook is called with it.
+pub(crate) fn report_once(
+    hook: &OutcomeHook,
+    (face, decision, key): (Face, Decision, &WireKey),
+    started: Instant,
+    signals: &[Signal],
+) {
+    (hook.0)(&OutcomeEvent {
+        face,
+        decision,
+        key,
+        status: None,
+        elapsed: started.elapsed(),
+        signals: signals.iter().fold(0, |set, signal| set | signal.bit()),
+    });
 }
 
 /// Record `decision` as one event, at a level that says how much it deserves attention.

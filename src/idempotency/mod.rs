@@ -41,7 +41,7 @@ pub(crate) mod source;
 pub use body::ResponseBody;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use decision::request_span;
-pub use decision::{Decision, Face, OutcomeEvent};
+pub use decision::{Decision, Face, OutcomeEvent, Signal};
 pub(crate) use engine::BusyPolicy;
 pub(crate) use engine::{LeaseGuard, Ledger};
 pub use layer::Idempotency;

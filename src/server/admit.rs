@@ -65,7 +65,7 @@ use crate::digest::{BodyDigest, DigestError};
 use crate::fingerprint::Fingerprint;
 use crate::frozen::CollectRequest;
 use crate::idempotency::body::ResponseBody;
-use crate::idempotency::decision::Decision;
+use crate::idempotency::decision::{Decision, Signal};
 use crate::ledger::{Begin, BeginRequest, LedgerKey, StoreError};
 use crate::BoxError;
 use crate::HeaderKey;
@@ -447,6 +447,9 @@ where
             // because a retry of it may run the handler again.
             outcome("fail-open");
             tracing::warn!(%err, "ledger unavailable; running the handler unprotected (fail-open)");
+            // Not in `tracing` alone: a retry of this request may run the handler again.
+            report.track.decided(Decision::Unavailable);
+            report.track.signal(Signal::FailOpen);
             let inner = inner.take().expect("handed on once");
             let request = handler_request(parts, header_key, body);
             return Next::Step(Step::FailingOpen {

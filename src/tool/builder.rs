@@ -8,7 +8,9 @@ use super::face::ToolFace;
 use super::layer::ToolLayer;
 use super::types::{MayHaveHappened, ProviderKeys, ToolClass};
 use crate::fingerprint::PayloadFields;
+use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::hold::OperationSettings;
+use crate::idempotency::OutcomeEvent;
 use crate::idempotency::{BusyPolicy, Reconcile};
 use crate::ledger::IdempotencyStore;
 use crate::retry::RetryPolicy;
@@ -33,6 +35,7 @@ use crate::DriftPolicy;
 /// | recorded response cap | 1 MiB (larger: returned, kept as a tombstone) |
 /// | ledger unavailable | fail closed (the tool is not called) |
 /// | reconciler of in-doubt operations | none (asked within 10 s when set) |
+/// | [outcome hook](Self::on_outcome) | none |
 ///
 /// ```
 /// use std::time::Duration;
@@ -62,6 +65,7 @@ pub struct Builder<C = MayHaveHappened> {
     drift: DriftPolicy,
     fields: Option<PayloadFields>,
     classifier: C,
+    on_outcome: Option<OutcomeHook>,
 }
 
 impl<C> fmt::Debug for Builder<C> {
@@ -90,6 +94,7 @@ impl Builder {
             drift: DriftPolicy::ResendFrozen,
             fields: None,
             classifier: MayHaveHappened,
+            on_outcome: None,
         }
     }
 }
@@ -274,7 +279,57 @@ impl<C> Builder<C> {
             drift: self.drift,
             fields: self.fields,
             classifier,
+            on_outcome: self.on_outcome,
         }
+    }
+}
+
+/// What the application hears of each call.
+impl<C> Builder<C> {
+    /// Call `hook` once per side-effecting call, when its answer is known, with what it
+    /// came to: the face ([`Face::Tool`](crate::idempotency::Face::Tool)), the decision,
+    /// the key's digest, how long it took and the [safety signals](crate::idempotency::Signal)
+    /// raised (arguments discarded for the ones first frozen). See
+    /// [`OutcomeEvent`]; its [`status`](OutcomeEvent::status) is `None` on this face.
+    ///
+    /// For observability of your own: a signal's `WARN` event in `tracing` reaches only a
+    /// subscriber, the hook reaches your code. Unset, it costs nothing. It runs on the
+    /// caller's task: keep it short and never block in it.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_idempotency::idempotency::{Decision, Signal};
+    /// use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
+    /// use tower_idempotency::{ledger::MemoryStore, OperationId};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let layer = ToolLayer::builder(MemoryStore::new(), "send_email", ProviderKeys::Ignored)
+    ///     .on_outcome({
+    ///         let seen = seen.clone();
+    ///         move |event| seen.lock().unwrap().push((event.decision(), event.signals().collect::<Vec<_>>()))
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let tool = layer.layer(service_fn(|call: ToolCall<serde_json::Value>| async move {
+    ///     Ok::<_, std::io::Error>(call.into_arguments()["to"].clone())
+    /// }));
+    /// let op = OperationId::new("task-9", "notify");
+    /// let first = ToolCall::new(op.clone(), serde_json::json!({"to": "a@example.com"}));
+    /// tool.clone().oneshot(first).await.unwrap();
+    /// let regenerated = ToolCall::new(op, serde_json::json!({"to": "b@example.com"}));
+    /// tool.oneshot(regenerated).await.unwrap();
+    ///
+    /// let seen = seen.lock().unwrap();
+    /// assert_eq!(seen[0], (Decision::Acquired, vec![]));
+    /// assert_eq!(seen[1], (Decision::Replayed, vec![Signal::PayloadDiscarded]));
+    /// # }
+    /// ```
+    pub fn on_outcome(mut self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(OutcomeHook::new(hook));
+        self
     }
 }
 
@@ -361,6 +416,7 @@ impl<C> Builder<C> {
             reconcile_timeout: self.operation.reconcile_timeout,
             retry: Arc::new(self.operation.retry),
             classifier: self.classifier,
+            on_outcome: self.on_outcome,
         };
         Ok(ToolLayer {
             face: Arc::new(face),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::types::{ProviderKeys, ToolClass};
+use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::{BusyPolicy, Ledger, Reconcile};
 use crate::retry::RetryPolicy;
 use crate::DriftPolicy;
@@ -28,6 +29,8 @@ pub(crate) struct ToolFace<C> {
     pub(crate) reconcile_timeout: Duration,
     pub(crate) retry: Arc<RetryPolicy>,
     pub(crate) classifier: C,
+    /// Told what each side-effecting call came to.
+    pub(crate) on_outcome: Option<OutcomeHook>,
 }
 
 impl<C> fmt::Debug for ToolFace<C> {

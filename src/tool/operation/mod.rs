@@ -9,6 +9,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use crate::fingerprint::canonical;
+use crate::idempotency::decision::{count_signal, report_once, Decision, Face, Signal, WireKey};
 use crate::ledger::LedgerKey;
 use crate::tool::face::ToolFace;
 use crate::tool::types::{
@@ -98,7 +99,76 @@ where
         key,
         ledger_key: LedgerKey::for_operation(key),
     };
-    operation.operate(ours, tool).await
+    // The clock is read only for a hook: unset, it costs nothing.
+    let started = face.on_outcome.is_some().then(tokio::time::Instant::now);
+    let answered = operation.operate(ours, tool).await;
+    report(face, (key, started), &answered);
+    answered
+}
+
+/// Count the [`Signal`]s a side-effecting call raised (read from its answer: a
+/// [`Discarded`](crate::tool::Discarded) on the output), and tell the face's hook, if any,
+/// what the call came to: the decision the ledger's part ended on, and those signals.
+fn report<C, R, E>(
+    face: &ToolFace<C>,
+    (key, started): (crate::IdempotencyKey, Option<tokio::time::Instant>),
+    answered: &Result<ToolOutput<R>, ToolError<E>>,
+) where
+    C: ClassifyToolError<E>,
+{
+    let discarded = answered
+        .as_ref()
+        .is_ok_and(|output| output.discarded().is_some());
+    let signals: &[Signal] = if discarded {
+        &[Signal::PayloadDiscarded]
+    } else {
+        &[]
+    };
+    for signal in signals {
+        count_signal(Face::Tool, *signal);
+    }
+    if let (Some(hook), Some(started)) = (&face.on_outcome, started) {
+        let decision = decision_of(face, answered);
+        let wire = WireKey::Derived(key);
+        report_once(hook, (Face::Tool, decision, &wire), started, signals);
+    }
+}
+
+/// The decision a call's answer shows the ledger took last.
+fn decision_of<C, R, E>(
+    face: &ToolFace<C>,
+    answered: &Result<ToolOutput<R>, ToolError<E>>,
+) -> Decision
+where
+    C: ClassifyToolError<E>,
+{
+    match answered {
+        Ok(output) => match output.source() {
+            ToolSource::Resumed => Decision::Resumed,
+            ToolSource::Replayed => Decision::Replayed,
+            ToolSource::Reconciled => Decision::Reconciled,
+            _ => Decision::Acquired,
+        },
+        // A final answer is recorded like a response.
+        Err(ToolError::Final(_)) => Decision::Acquired,
+        // The tool's verdict settled the operation: released before the effect, else
+        // left in doubt (see `ToolError::Tool`).
+        Err(ToolError::Tool(error)) => match face.classifier.classify(error).kind {
+            VerdictKind::BeforeEffect => Decision::Released,
+            VerdictKind::Final(_) => Decision::Acquired,
+            VerdictKind::MayHaveHappened => Decision::InDoubt,
+        },
+        Err(ToolError::Idempotency(err)) if err.is_drift() => Decision::Drift,
+        Err(ToolError::Idempotency(err)) if err.is_busy() => Decision::Busy,
+        Err(ToolError::Idempotency(err)) if err.is_ledger_full() => Decision::Full,
+        Err(ToolError::Idempotency(err)) if err.is_store() => Decision::Unavailable,
+        Err(ToolError::Idempotency(err)) if err.is_replay_unavailable() => Decision::Replayed,
+        // Every other end (a timed-out attempt, a response that could not be recorded, an
+        // operation found in doubt) leaves the operation in doubt; so may frozen arguments
+        // that could not be thawed for a retry, after an attempt that may have happened:
+        // reported as in doubt, the side a hook must not miss.
+        Err(_) => Decision::InDoubt,
+    }
 }
 
 /// Reads and idempotent writes: called outside the ledger, with the key, retried by the

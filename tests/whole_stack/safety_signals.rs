@@ -1,0 +1,204 @@
+//! Safety signals (an effect may repeat, or a payload was discarded) reach every face's
+//! `on_outcome` hook and the `metrics` recorder, not only a `tracing` subscriber.
+#![cfg(all(feature = "metrics", feature = "test-util"))]
+
+use crate::support::{down, orders};
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::routing::post;
+use axum::Router;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower_idempotency::idempotency::{Decision, Face, OutcomeEvent, Signal};
+use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::testing::{SideEffectService, ToolDouble};
+use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
+use tower_idempotency::{DriftPolicy, IdempotencyLayer, OperationId};
+
+/// What a hook saw of one request: its face, decision and signals.
+type Seen = (Face, Decision, Vec<Signal>);
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+fn recording(log: &Log) -> impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static {
+    let log = log.clone();
+    move |event| {
+        let signals = event.signals().collect();
+        log.lock()
+            .unwrap()
+            .push((event.face(), event.decision(), signals));
+    }
+}
+
+/// Run `scenario` (which builds its layers inside, so their metrics land here) with a
+/// recorder of its own; how often each `(face, signal)` was counted.
+fn counted_signals<F: Future<Output = ()>>(scenario: impl FnOnce() -> F) -> Vec<(String, u64)> {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || runtime.block_on(scenario()));
+    let mut counted = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (kind, key) = key.into_parts();
+        if let (MetricKind::Counter, DebugValue::Counter(n)) = (kind, value) {
+            if key.name() == "idempotency_safety_signals_total" {
+                let mut labels: Vec<String> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                counted.push((labels.join(","), n));
+            }
+        }
+    }
+    counted
+}
+
+fn taken(log: &Log) -> Vec<Seen> {
+    std::mem::take(&mut *log.lock().unwrap())
+}
+
+#[test]
+fn a_client_that_fails_open_says_so_to_the_hook_and_the_metrics() {
+    let log = Log::default();
+    let provider = SideEffectService::new();
+    let counted = counted_signals(|| async {
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(down::DownStore)
+                    .provider_deduplicates(true)
+                    .fail_open(true)
+                    .on_outcome(recording(&log))
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        client.oneshot(orders::post("{}")).await.unwrap();
+    });
+    assert_eq!(provider.effects(), 1, "sent unprotected");
+    assert_eq!(
+        taken(&log),
+        [(Face::Client, Decision::Unavailable, vec![Signal::FailOpen])]
+    );
+    assert_eq!(counted, [("face=client,signal=fail_open".to_owned(), 1)]);
+}
+
+#[test]
+fn a_client_payload_discarded_for_the_frozen_one_says_so_to_the_hook_and_the_metrics() {
+    let log = Log::default();
+    let provider = SideEffectService::new();
+    let counted = counted_signals(|| async {
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(MemoryStore::new())
+                    .provider_deduplicates(true)
+                    .drift_policy(DriftPolicy::ResendFrozen)
+                    .on_outcome(recording(&log))
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        client
+            .clone()
+            .oneshot(orders::post(r#"{"amount":10}"#))
+            .await
+            .unwrap();
+        // The caller regenerated its payload: answered for the first, this one discarded.
+        client
+            .oneshot(orders::post(r#"{"amount":12}"#))
+            .await
+            .unwrap();
+    });
+    assert_eq!(provider.effects(), 1);
+    assert_eq!(
+        taken(&log),
+        [
+            (Face::Client, Decision::Acquired, vec![]),
+            (
+                Face::Client,
+                Decision::Replayed,
+                vec![Signal::PayloadDiscarded]
+            ),
+        ]
+    );
+    assert_eq!(
+        counted,
+        [("face=client,signal=payload_discarded".to_owned(), 1)]
+    );
+}
+
+#[test]
+fn a_server_that_fails_open_says_so_to_the_hook_and_the_metrics() {
+    let log = Log::default();
+    let runs = Arc::new(Mutex::new(0));
+    let counted = counted_signals(|| async {
+        let layer = IdempotencyLayer::server_builder(down::DownStore)
+            .fail_open(true)
+            .on_outcome(recording(&log))
+            .build()
+            .unwrap();
+        let handler = {
+            let runs = runs.clone();
+            post(move || async move {
+                *runs.lock().unwrap() += 1;
+                "charged"
+            })
+        };
+        let app = Router::new().route("/charges", handler.route_layer(layer));
+        let request = http::Request::post("/charges")
+            .header("authorization", "Bearer sk_alice")
+            .header("idempotency-key", "\"order-42\"")
+            .body(Body::from("{}"))
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.headers()["idempotency-fail-open"], "true");
+    });
+    assert_eq!(*runs.lock().unwrap(), 1, "run unprotected");
+    assert_eq!(
+        taken(&log),
+        [(Face::Server, Decision::Unavailable, vec![Signal::FailOpen])]
+    );
+    assert_eq!(counted, [("face=server,signal=fail_open".to_owned(), 1)]);
+}
+
+#[test]
+fn the_tool_face_tells_its_hook_and_the_metrics_of_discarded_arguments() {
+    let log = Log::default();
+    let tool = ToolDouble::new();
+    let counted = counted_signals(|| async {
+        let layer = ToolLayer::builder(MemoryStore::new(), "refund", ProviderKeys::Ignored)
+            .on_outcome(recording(&log))
+            .build()
+            .unwrap();
+        let service = layer.layer(tool.clone());
+        let op = OperationId::new("task-3", "refund");
+        let first = ToolCall::new(op.clone(), serde_json::json!({"amount": 10}));
+        service.clone().oneshot(first).await.unwrap();
+        // Regenerated arguments: the first ones stand, these are discarded.
+        let regenerated = ToolCall::new(op, serde_json::json!({"amount": 12}));
+        let output = service.oneshot(regenerated).await.unwrap();
+        assert!(output.discarded().is_some());
+    });
+    assert_eq!(tool.effects(), 1);
+    assert_eq!(
+        taken(&log),
+        [
+            (Face::Tool, Decision::Acquired, vec![]),
+            (
+                Face::Tool,
+                Decision::Replayed,
+                vec![Signal::PayloadDiscarded]
+            ),
+        ]
+    );
+    assert_eq!(
+        counted,
+        [("face=tool,signal=payload_discarded".to_owned(), 1)]
+    );
+}

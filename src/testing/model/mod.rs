@@ -236,8 +236,7 @@ pub enum Op {
         /// The record.
         key: Key,
         /// The life of the key expected (see [`Record::life`]): the checker forgets with the
-        /// [`Generation`](crate::ledger::Generation) the store showed for that life, or with
-        /// one it never showed.
+        /// [`Generation`] the store showed for that life, or with one it never showed.
         life: u32,
         /// The state kind expected.
         kind: RecordKind,

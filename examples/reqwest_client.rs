@@ -65,6 +65,7 @@ async fn main() -> Result<(), BoxError> {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .retry_policy(retry.clone())
                 .build()?,
         )

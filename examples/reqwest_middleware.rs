@@ -66,6 +66,7 @@ async fn main() -> Result<(), BoxError> {
         .retry_bounds(Duration::from_millis(10), Duration::from_millis(100))
         .build_with_max_retries(3);
     let ledger = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         // Records must outlive reqwest-retry's whole schedule (here well under 5 s).
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()

@@ -41,7 +41,7 @@
 //! # async fn main() -> Result<(), tower::BoxError> {
 //! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(policy.clone()).build()?)
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).retry_policy(policy.clone()).build()?)
 //!     .layer(FrozenRetryLayer::new(policy))
 //!     .service(ReqwestService::new(
 //!         // A redirect must come back as the answer, never be followed (see above).
@@ -113,7 +113,7 @@ impl fmt::Debug for ReqwestService {
 /// use tower_idempotency::reqwest::{ReqwestClientStack, ReqwestService};
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
 /// let no_redirects = reqwest::Client::builder()
 ///     .redirect(reqwest::redirect::Policy::none())
 ///     .build()

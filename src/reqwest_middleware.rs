@@ -66,7 +66,7 @@
 //! ```no_run
 //! use reqwest_middleware::ClientBuilder;
 //! use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
-//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId};
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId, ProviderKeys};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -74,7 +74,11 @@
 //!     .redirect(reqwest::redirect::Policy::none())
 //!     .build()?;
 //! let client = ClientBuilder::new(no_redirects)
-//!     .with(IdempotencyMiddleware::new(IdempotencyLayer::client(MemoryStore::new())))
+//!     // A provider that honours `Idempotency-Key`: an operation in doubt may be resent.
+//!     .with(IdempotencyMiddleware::new(IdempotencyLayer::client(
+//!         MemoryStore::new(),
+//!         ProviderKeys::Deduplicates,
+//!     )))
 //!     .build();
 //!
 //! let response = client
@@ -115,7 +119,7 @@ use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 /// use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
 ///     .scope("billing-agent")
 ///     .build()
 ///     .unwrap();

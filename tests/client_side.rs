@@ -9,6 +9,7 @@ mod client_side {
     mod client;
     mod fault_matrix;
     mod outcome_hook;
+    mod provider_keys;
     mod randomized;
     mod reconcile;
     mod redirects;

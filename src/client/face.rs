@@ -33,9 +33,6 @@ pub struct ClientFace {
     pub(super) response_limit: usize,
     pub(super) fail_open: bool,
     pub(super) provider_deduplicates: bool,
-    /// The builder was not told whether the provider deduplicates: `provider_deduplicates`
-    /// is the default's `true`, assumed.
-    pub(super) deduplication_assumed: bool,
     pub(super) phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     pub(super) reconciler: Option<Arc<dyn Reconcile>>,
     pub(super) reconcile_timeout: Duration,
@@ -48,8 +45,6 @@ pub struct ClientFace {
     pub(super) warned_unprotected: std::sync::atomic::AtomicBool,
     /// Whether a retry layer outside this one was already reported.
     pub(super) warned_order: std::sync::atomic::AtomicBool,
-    /// Whether a resend relying on the assumed deduplication was already reported.
-    pub(super) warned_assumed_deduplication: std::sync::atomic::AtomicBool,
     pub(super) on_outcome: Option<OutcomeHook>,
 }
 
@@ -96,27 +91,6 @@ impl ClientFace {
                  IdempotencyLayer::client_builder(..).build_stack()"
             );
         }
-    }
-
-    /// An operation was sent again after an attempt that may have reached the provider (by
-    /// the retry layer inside, or resumed from doubt). That is one effect only if the
-    /// provider deduplicates on `Idempotency-Key`; against one that ignores keys it is a
-    /// second. A layer told either way says nothing; one left at the default, which assumes
-    /// the provider deduplicates, says so once, naming the choice: the case a newcomer
-    /// testing against their own server (which ignores keys) would otherwise find in their
-    /// counts, not in their logs.
-    pub(super) fn resent_after_doubt(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if !self.deduplication_assumed || self.warned_assumed_deduplication.swap(true, Relaxed) {
-            return;
-        }
-        tracing::warn!(
-            "an operation was sent again after an attempt that may have reached the provider: \
-             one effect only if the provider deduplicates on Idempotency-Key, as this layer \
-             assumes when not told; build it with provider_deduplicates(true) to confirm, or \
-             provider_deduplicates(false) for a provider that ignores keys (nothing that may \
-             have arrived is then sent again)"
-        );
     }
 
     /// The builder checked the TTLs against `retry_window`; the retry layer inside reports

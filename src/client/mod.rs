@@ -104,7 +104,7 @@
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //! use tower_idempotency::{
 //!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
-//!     ResponseSource,
+//!     ProviderKeys, ResponseSource,
 //! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -119,7 +119,8 @@
 //! });
 //!
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client(MemoryStore::new())) // once per logical operation
+//!     // Once per logical operation, for a provider that honours `Idempotency-Key`.
+//!     .layer(IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates))
 //!     .layer(FrozenRetryLayer::new(RetryPolicy::default())) // resends the frozen bytes
 //!     .service(provider);
 //!
@@ -174,9 +175,9 @@ use crate::idempotency::IdempotencyLayer;
 /// [`Builder::build`] return it.
 ///
 /// ```
-/// use tower_idempotency::{client::ClientLayer, ledger::MemoryStore, IdempotencyLayer};
+/// use tower_idempotency::{client::ClientLayer, ledger::MemoryStore, IdempotencyLayer, ProviderKeys};
 ///
-/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new());
+/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates);
 /// # let _ = layer;
 /// ```
 pub type ClientLayer = IdempotencyLayer<ClientFace>;
@@ -193,7 +194,7 @@ pub type ClientLayer = IdempotencyLayer<ClientFace>;
 /// use tower_idempotency::client::HyperStack;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
 /// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
 /// let client: HyperStack<HttpConnector> = stack.layer(http);
 /// # let _ = client;

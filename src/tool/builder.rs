@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use super::face::ToolFace;
 use super::layer::ToolLayer;
-use super::types::{MayHaveHappened, ProviderKeys, ToolClass};
+use super::types::{MayHaveHappened, ToolClass};
 use crate::fingerprint::PayloadFields;
 use crate::idempotency::hold::OperationSettings;
 use crate::idempotency::{BusyPolicy, Reconcile};
 use crate::ledger::IdempotencyStore;
+use crate::provider::ProviderKeys;
 use crate::retry::RetryPolicy;
 use crate::ConfigError;
 use crate::DriftPolicy;

@@ -92,11 +92,13 @@ mod operation;
 mod service;
 mod types;
 
+/// The tool face names it here too, beside [`ToolLayer::builder`] which requires it.
+pub use crate::provider::ProviderKeys;
 pub use builder::Builder;
 pub use function::idempotent_call;
 pub use layer::ToolLayer;
 pub use service::{ToolFuture, ToolService};
 pub use types::{
     applied, frozen_arguments, ClassifyToolError, Discarded, FinalAnswer, MayHaveHappened,
-    ProviderKeys, ToolCall, ToolClass, ToolError, ToolOutput, ToolSource, Verdict,
+    ToolCall, ToolClass, ToolError, ToolOutput, ToolSource, Verdict,
 };

@@ -39,7 +39,14 @@
 //! Placed **after** this middleware, `reqwest-retry` would retry inside one ledger visit:
 //! an attempt that may have reached the server followed by one refused at connect would
 //! read as "nothing was sent", and the operation would be released instead of left in
-//! doubt — the next run would send whatever payload it then has.
+//! doubt — the next run would send whatever payload it then has. Against a provider that
+//! ignores keys, its retry after a timeout is a second effect, and the response still
+//! reads [`Sent`](crate::ResponseSource::Sent).
+//!
+//! **This wiring cannot be detected**: the rest of the chain is opaque to a middleware
+//! (`Next` lists no middleware), and `reqwest-retry` duplicates the request with
+//! `Request::try_clone` and hands each copy on with the same extensions, so nothing of
+//! ours sees a second send. Order the chain as above.
 //!
 //! # Finding our error behind `reqwest-retry`
 //!

@@ -8,6 +8,7 @@ mod support;
 mod client_side {
     mod client;
     mod fault_matrix;
+    mod layer_order;
     mod outcome_hook;
     mod provider_keys;
     mod randomized;

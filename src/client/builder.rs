@@ -563,7 +563,6 @@ impl Builder {
             retry_window,
             warned_window: std::sync::atomic::AtomicBool::new(false),
             warned_unprotected: std::sync::atomic::AtomicBool::new(false),
-            warned_order: std::sync::atomic::AtomicBool::new(false),
             on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(client))

@@ -13,6 +13,7 @@ use crate::idempotency::engine::{BusyPolicy, Ledger};
 use crate::idempotency::reconcile::Reconcile;
 use crate::idempotency::scope::Scope;
 use crate::phase::ClassifyPhase;
+use crate::Error;
 
 use super::policy::DriftPolicy;
 use super::release::ReleaseOn;
@@ -43,8 +44,6 @@ pub struct ClientFace {
     pub(super) warned_window: std::sync::atomic::AtomicBool,
     /// Whether an unprotected side effect was already reported.
     pub(super) warned_unprotected: std::sync::atomic::AtomicBool,
-    /// Whether a retry layer outside this one was already reported.
-    pub(super) warned_order: std::sync::atomic::AtomicBool,
     pub(super) on_outcome: Option<OutcomeHook>,
 }
 
@@ -80,16 +79,14 @@ impl ClientFace {
     }
 
     /// A `FrozenRetryLayer` **outside** this layer marks the requests it retries: each of its
-    /// attempts would then consult the ledger on its own, so a retry after a lost answer is
-    /// a replay at best and a busy error at worst. Said once, naming the fix.
-    pub(super) fn check_layer_order(&self, extensions: &Extensions) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if extensions.get::<RetriedOutside>().is_some() && !self.warned_order.swap(true, Relaxed) {
-            tracing::warn!(
-                "FrozenRetryLayer is outside IdempotencyLayer: put the idempotency layer \
-                 outside (first in ServiceBuilder), or build both with \
-                 IdempotencyLayer::client_builder(..).build_stack()"
-            );
+    /// attempts would then consult the ledger on its own, so its retry after an attempt that
+    /// may have arrived is judged by a retry layer that knows nothing of the provider's keys
+    /// or the operation's doubt. Refused before the ledger is consulted, so nothing is sent
+    /// and nothing is recorded; the error names the fix.
+    pub(super) fn check_layer_order(&self, extensions: &Extensions) -> Result<(), Error> {
+        match extensions.get::<RetriedOutside>() {
+            Some(RetriedOutside) => Err(Error::retry_outside()),
+            None => Ok(()),
         }
     }
 

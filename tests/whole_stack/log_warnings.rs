@@ -75,46 +75,6 @@ async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_retry_layer_outside_the_idempotency_layer_is_reported_once() {
-    let (logs, _default) = capture::warnings();
-    let provider = SideEffectService::new();
-    let wrong = ServiceBuilder::new()
-        .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
-        .layer(IdempotencyLayer::client(
-            MemoryStore::new(),
-            ProviderKeys::Deduplicates,
-        ))
-        .service(provider.clone());
-    for step in ["a", "b"] {
-        let mut req = post(ORIGINAL);
-        req.extensions_mut().insert(OperationId::new("t", step));
-        wrong.clone().oneshot(req).await.unwrap();
-    }
-    assert_eq!(
-        logs.text().matches("build_stack").count(),
-        1,
-        "{}",
-        logs.text()
-    );
-
-    // The right order says nothing.
-    logs.clear();
-    let policy = fast_policy(Duration::from_secs(1));
-    let right = ServiceBuilder::new()
-        .layer(
-            IdempotencyLayer::client_builder(MemoryStore::new())
-                .provider_deduplicates(true)
-                .retry_policy(policy.clone())
-                .build()
-                .unwrap(),
-        )
-        .layer(FrozenRetryLayer::new(policy))
-        .service(provider);
-    right.oneshot(post(ORIGINAL)).await.unwrap();
-    assert!(logs.text().is_empty(), "{}", logs.text());
-}
-
-#[tokio::test(start_paused = true)]
 async fn an_unprotected_side_effect_is_marked_and_reported() {
     let (logs, _default) = capture::warnings();
     let provider = SideEffectService::new();

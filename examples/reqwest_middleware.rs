@@ -75,7 +75,11 @@ async fn main() -> Result<(), BoxError> {
                 .unwrap(),
         )
         .build()?;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    // Redirects off: a followed redirect's failure would read as "never sent".
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let client = ClientBuilder::new(no_redirects)
         // Outside: one retrying layer, each of its attempts a visit to the ledger.
         .with(RetryTransientMiddleware::new_with_policy(retries))
         .with(IdempotencyMiddleware::new(ledger))

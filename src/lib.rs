@@ -108,7 +108,7 @@
 //! | `postgres` | no | `PostgresStore`, the durable ledger, and `IdempotencyLayer::transactional_server_builder` (a handler's rows and its recorded outcome in one transaction) |
 //! | `reqwest` | no | [`reqwest::ReqwestService`](crate::reqwest): the layers in front of a `reqwest::Client`, its errors classified by phase |
 //! | `reqwest-middleware` | no | [`reqwest_middleware::IdempotencyMiddleware`](crate::reqwest_middleware): the client face as a `reqwest_middleware::Middleware` |
-//! | `axum` | no | the server face reads axum's `OriginalUri` (behind `Router::nest`) |
+//! | `axum` | yes | the server face reads axum's `OriginalUri` (behind `Router::nest`) |
 //! | `metrics` | no | `idempotency_decisions_total` (labels `face`, `decision`), `idempotency_ledger_call_seconds` (labels `call`, `result`) and `MemoryStore`'s gauges `idempotency_store_bytes` / `idempotency_store_records` (label `store`) through the `metrics` facade |
 //! | `test-util` | no | `SideEffectService`, `ToolDouble` and the conformance suite |
 #![forbid(unsafe_code)]

@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | `client_bare` | hyper-util | bare axum |
 //! | `client_frozen_retry` | `FrozenRetryLayer` over hyper-util | bare axum |
-//! | `client_stack` | the client stack as the README builds it (`client_builder(MemoryStore).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), a new `OperationId` per request | bare axum |
+//! | `client_stack` | the client stack as the README builds it (`client_builder(MemoryStore).provider_deduplicates(true).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), a new `OperationId` per request | bare axum |
 //! | `client_stack_copied` | diagnostic: `IdempotencyLayer` over `FrozenRetryLayer` stacked by hand with a layer in between that copies response bodies out of hyper's read buffer before they are recorded | bare axum |
 //! | `client_floor` | yardstick: the least a client layer keeping the ledger's promise does (`benches/common/floor.rs`, its own `MemoryStore`) over hyper-util, a new `OperationId` per request | bare axum |
 //! | `server_bare` | hyper-util, a new `Idempotency-Key` per request | bare axum |
@@ -30,7 +30,7 @@
 //! (`LOOPBACK_EMPTY_STORES=1` starts them empty instead).
 //!
 //! `LOOPBACK_DEFAULTS=1` measures **every setting at its default** instead, as the README
-//! wires the layers: `IdempotencyLayer::client(MemoryStore::new())` and
+//! wires the layers: `IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates)` and
 //! `IdempotencyLayer::server(MemoryStore::new())` (caller keys scoped by `Authorization`,
 //! which every request of every variant then carries), the stores starting empty. Each
 //! throughput phase then lasts 0.5 s unless `LOOPBACK_SECS` says otherwise, so that a run
@@ -90,6 +90,7 @@ use tokio::runtime::Runtime;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{FrozenRetryLayer, OperationId};
 
 const BODY_LEN: usize = 1024;
@@ -171,7 +172,7 @@ fn client_layer(
     store: impl IdempotencyStore,
 ) -> tower_idempotency::IdempotencyLayer<tower_idempotency::client::ClientFace> {
     if at_defaults() {
-        tower_idempotency::IdempotencyLayer::client(store)
+        tower_idempotency::IdempotencyLayer::client(store, ProviderKeys::Deduplicates)
     } else {
         common::client_layer(store)
     }
@@ -181,6 +182,7 @@ fn client_layer(
 fn client_stack(store: impl IdempotencyStore) -> tower_idempotency::client::ClientStack {
     if at_defaults() {
         tower_idempotency::IdempotencyLayer::client_builder(store)
+            .provider_deduplicates(true)
             .build_stack()
             .expect("the defaults are valid")
     } else {

@@ -358,6 +358,7 @@ async fn ledger() -> Arc<dyn IdempotencyStore> {
 /// after (a SIGKILL), the resumed orchestrator waits seconds, not a minute.
 fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<ClientFace> {
     IdempotencyLayer::client_builder(store)
+        .provider_deduplicates(true)
         .lease(Duration::from_secs(2))
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()

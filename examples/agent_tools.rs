@@ -34,7 +34,10 @@ async fn main() -> Result<(), tower::BoxError> {
         .attempt_timeout(Duration::from_millis(500))
         .build()?;
     let http = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(ledger.clone()))
+        .layer(IdempotencyLayer::client(
+            ledger.clone(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(policy))
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
 

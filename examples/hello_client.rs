@@ -22,6 +22,7 @@ async fn main() -> Result<(), tower::BoxError> {
         .build()?;
     // Once per operation outside, frozen retries inside: one service.
     let client = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .retry_policy(policy)
         .build_stack()?
         .layer(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());

@@ -65,11 +65,13 @@ async fn main() -> Result<(), BoxError> {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .retry_policy(retry.clone())
                 .build()?,
         )
         .layer(FrozenRetryLayer::new(retry))
-        .service(ReqwestService::new(reqwest::Client::new()));
+        // Redirects off: a followed redirect's failure would read as "never sent".
+        .service(ReqwestService::from_builder(reqwest::Client::builder())?);
 
     for run in 1..=2 {
         let mut req = http::Request::post(format!("http://{addr}/charges"))

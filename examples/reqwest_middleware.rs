@@ -66,6 +66,7 @@ async fn main() -> Result<(), BoxError> {
         .retry_bounds(Duration::from_millis(10), Duration::from_millis(100))
         .build_with_max_retries(3);
     let ledger = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         // Records must outlive reqwest-retry's whole schedule (here well under 5 s).
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()
@@ -74,7 +75,11 @@ async fn main() -> Result<(), BoxError> {
                 .unwrap(),
         )
         .build()?;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    // Redirects off: a followed redirect's failure would read as "never sent".
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let client = ClientBuilder::new(no_redirects)
         // Outside: one retrying layer, each of its attempts a visit to the ledger.
         .with(RetryTransientMiddleware::new_with_policy(retries))
         .with(IdempotencyMiddleware::new(ledger))

@@ -16,7 +16,7 @@
 //!
 //! ```text
 //! ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client(store))   // once per logical operation
+//!     .layer(IdempotencyLayer::client(store, ProviderKeys::Deduplicates))   // once per logical operation
 //!     .layer(FrozenRetryLayer::new(policy))     // freezes bytes, resends them on retry
 //!     .service(hyper_util_client)               // or reqwest through an adapter
 //! ```
@@ -44,7 +44,7 @@
 //! // The retry policy goes to both layers: the outer one sizes its lease by it.
 //! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(policy.clone()).build()?)
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).retry_policy(policy.clone()).build()?)
 //!     .layer(FrozenRetryLayer::new(policy))
 //!     .service(provider.clone());
 //!
@@ -131,6 +131,7 @@ pub mod idempotency;
 pub mod key;
 pub mod ledger;
 pub mod phase;
+mod provider;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
@@ -153,6 +154,7 @@ pub use idempotency::source::ResponseSource;
 pub use key::derived::IdempotencyKey;
 pub use key::header::{HeaderKey, InvalidKey};
 pub use key::operation::OperationId;
+pub use provider::ProviderKeys;
 pub use retry::layer::FrozenRetryLayer;
 pub use server::policy::{InDoubtPolicy, ServerErrorPolicy};
 

@@ -20,7 +20,8 @@
 //! it the first hop's URL: a connect error there reads as "before the request was written"
 //! and releases an operation that ran. **The client must be built with
 //! `.redirect(reqwest::redirect::Policy::none())`**: a redirect is then the answer, recorded
-//! as the operation's outcome. The layers warn once when they see a client follow one, but
+//! as the operation's outcome; [`ReqwestService::from_builder`] builds it so. The layers
+//! warn once when they see a client follow one, but
 //! they see it only by the answer's URL, so a redirect back to the URL sent (a
 //! `303 Location` to the same path) goes unseen, and a middleware after ours that rewrites
 //! the URL makes every answer look redirected (none then releases the operation).
@@ -41,12 +42,10 @@
 //! # async fn main() -> Result<(), tower::BoxError> {
 //! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).retry_policy(policy.clone()).build()?)
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).retry_policy(policy.clone()).build()?)
 //!     .layer(FrozenRetryLayer::new(policy))
-//!     .service(ReqwestService::new(
-//!         // A redirect must come back as the answer, never be followed (see above).
-//!         reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?,
-//!     ));
+//!     // Redirects off: a redirect comes back as the answer, never followed (see above).
+//!     .service(ReqwestService::from_builder(reqwest::Client::builder())?);
 //!
 //! let mut charge = http::Request::post("https://payments.example/v1/charges")
 //!     .header("content-type", "application/json")
@@ -72,14 +71,13 @@ use crate::BoxError;
 /// A [`reqwest::Client`] as a `Service<http::Request<Full<Bytes>>>`, the shape the layers
 /// send. See the [module docs](self).
 ///
+/// Build it with [`from_builder`](Self::from_builder), which turns reqwest's redirects off
+/// (see [Redirects](self#redirects)); [`new`](Self::new) takes a client as it was built.
+///
 /// ```
 /// use tower_idempotency::reqwest::ReqwestService;
 ///
-/// let client = reqwest::Client::builder()
-///     .redirect(reqwest::redirect::Policy::none())
-///     .build()
-///     .unwrap();
-/// let service = ReqwestService::new(client);
+/// let service = ReqwestService::from_builder(reqwest::Client::builder()).unwrap();
 /// assert!(format!("{service:?}").contains("ReqwestService"));
 /// ```
 #[derive(Clone)]
@@ -88,7 +86,33 @@ pub struct ReqwestService {
 }
 
 impl ReqwestService {
-    /// Send through `client` (its connection pool, TLS and timeouts are its own).
+    /// Build the client from `builder` **with redirects turned off**, whatever `builder`
+    /// said about them, and send through it: a redirect then comes back as the answer and
+    /// is recorded as the operation's outcome, rather than followed to a hop whose failure
+    /// would read as "never sent" (see [Redirects](self#redirects)). The rest of the
+    /// builder (TLS, timeouts, pool, proxies) is kept.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::reqwest::ReqwestService;
+    ///
+    /// let service = ReqwestService::from_builder(
+    ///     reqwest::Client::builder().connect_timeout(Duration::from_secs(2)),
+    /// )
+    /// .unwrap();
+    /// # let _ = service;
+    /// ```
+    pub fn from_builder(builder: ::reqwest::ClientBuilder) -> Result<Self, ::reqwest::Error> {
+        let client = builder
+            .redirect(::reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Self { client })
+    }
+
+    /// Send through `client` as it was built (its connection pool, TLS and timeouts are
+    /// its own). reqwest follows redirects unless the client was built with
+    /// `.redirect(reqwest::redirect::Policy::none())`: prefer
+    /// [`from_builder`](Self::from_builder), which does that for you.
     pub fn new(client: ::reqwest::Client) -> Self {
         Self { client }
     }
@@ -113,7 +137,7 @@ impl fmt::Debug for ReqwestService {
 /// use tower_idempotency::reqwest::{ReqwestClientStack, ReqwestService};
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
 /// let no_redirects = reqwest::Client::builder()
 ///     .redirect(reqwest::redirect::Policy::none())
 ///     .build()

@@ -39,7 +39,14 @@
 //! Placed **after** this middleware, `reqwest-retry` would retry inside one ledger visit:
 //! an attempt that may have reached the server followed by one refused at connect would
 //! read as "nothing was sent", and the operation would be released instead of left in
-//! doubt — the next run would send whatever payload it then has.
+//! doubt — the next run would send whatever payload it then has. Against a provider that
+//! ignores keys, its retry after a timeout is a second effect, and the response still
+//! reads [`Sent`](crate::ResponseSource::Sent).
+//!
+//! **This wiring cannot be detected**: the rest of the chain is opaque to a middleware
+//! (`Next` lists no middleware), and `reqwest-retry` duplicates the request with
+//! `Request::try_clone` and hands each copy on with the same extensions, so nothing of
+//! ours sees a second send. Order the chain as above.
 //!
 //! # Finding our error behind `reqwest-retry`
 //!
@@ -66,7 +73,7 @@
 //! ```no_run
 //! use reqwest_middleware::ClientBuilder;
 //! use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
-//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId};
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId, ProviderKeys};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -74,7 +81,11 @@
 //!     .redirect(reqwest::redirect::Policy::none())
 //!     .build()?;
 //! let client = ClientBuilder::new(no_redirects)
-//!     .with(IdempotencyMiddleware::new(IdempotencyLayer::client(MemoryStore::new())))
+//!     // A provider that honours `Idempotency-Key`: an operation in doubt may be resent.
+//!     .with(IdempotencyMiddleware::new(IdempotencyLayer::client(
+//!         MemoryStore::new(),
+//!         ProviderKeys::Deduplicates,
+//!     )))
 //!     .build();
 //!
 //! let response = client
@@ -115,7 +126,7 @@ use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 /// use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
 ///     .scope("billing-agent")
 ///     .build()
 ///     .unwrap();

@@ -11,7 +11,9 @@ mod client_side {
     mod fault_matrix;
     mod key_header;
     mod key_in_use;
+    mod layer_order;
     mod outcome_hook;
+    mod provider_keys;
     mod randomized;
     mod reconcile;
     mod redirects;

@@ -17,6 +17,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{IdempotencyLayer, OperationId};
 
 fn op() -> OperationId {
@@ -48,7 +49,10 @@ async fn both_faces_log_each_decision_under_one_key_digest() {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(http);
     let order = || {
         let mut req = Request::post(format!("http://{addr}/orders"))

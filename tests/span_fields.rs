@@ -16,6 +16,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId};
 use tracing::Instrument;
 
@@ -67,7 +68,10 @@ async fn one_request_per_face(server_key: &str, step: &str) {
     assert_eq!(response.status(), StatusCode::CREATED);
 
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::default())
         .service(service_fn(created));
     let caller = caller_span();

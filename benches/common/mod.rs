@@ -216,6 +216,7 @@ fn bench_client_builder(
     store: impl tower_idempotency::ledger::IdempotencyStore,
 ) -> tower_idempotency::client::Builder {
     tower_idempotency::IdempotencyLayer::client_builder(store)
+        .provider_deduplicates(true)
         .lease(BENCH_PROTECTION)
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()

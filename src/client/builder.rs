@@ -16,6 +16,7 @@ use crate::phase::ClassifyPhase;
 use crate::retry::{FrozenRetryLayer, RetryPolicy};
 use crate::ConfigError;
 use crate::IdempotencyLayer;
+use crate::ProviderKeys;
 
 use super::face::ClientFace;
 use super::policy::DriftPolicy;
@@ -26,6 +27,11 @@ use super::stack::ClientStack;
 /// [`IdempotencyLayer`], [`build_stack`](Builder::build_stack) the whole
 /// [`ClientStack`] (the layer over a [`FrozenRetryLayer`]) from the same settings. Both check
 /// the TTLs against the retry window of the [retry policy](Builder::retry_policy).
+///
+/// One setting has no default: whether the provider deduplicates on `Idempotency-Key`
+/// ([`provider_keys`](Builder::provider_keys), or
+/// [`provider_deduplicates`](Builder::provider_deduplicates)). Left out, `build` and
+/// `build_stack` return a [`ConfigError`] that says what each choice means.
 ///
 /// | setting | default |
 /// |---|---|
@@ -49,7 +55,7 @@ use super::stack::ClientStack;
 /// | [payload drift](Builder::drift_policy) | under an `OperationId`: continue with the bytes first frozen, marked [`PayloadDiscarded`](crate::PayloadDiscarded); under a caller's own key: refused |
 /// | [defining fields](Builder::defining_fields) (a change there: refused, whatever the policy) | none declared: the whole request, judged by the drift policy |
 /// | **Operations in doubt** | |
-/// | [provider deduplicates](Builder::provider_deduplicates) on `Idempotency-Key` | assumed: in-doubt operations are resent, and the first such resend logs a warning until you say so |
+/// | [provider deduplicates](Builder::provider_keys) on `Idempotency-Key` | **no default**: required, `build` refuses without it |
 /// | [reconciler](Builder::reconcile) | none (asked within 10 s when set) |
 ///
 /// ```
@@ -57,6 +63,7 @@ use super::stack::ClientStack;
 /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
 ///
 /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+///     .provider_deduplicates(true)
 ///     .scope("billing-agent")
 ///     .require_key(true)
 ///     .drift_policy(DriftPolicy::ResendFrozen)
@@ -81,8 +88,9 @@ pub struct Builder {
     body_limit: Option<usize>,
     fail_open: bool,
     key_header: KeyHeader,
-    /// `None` until told: `true` is assumed, and a resend that relies on it is reported.
-    provider_deduplicates: Option<bool>,
+    /// `None` until told, and `build` refuses it: no default is safe for both kinds of
+    /// provider.
+    provider: Option<ProviderKeys>,
     phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     reconcile_when_deduplicating: bool,
     on_outcome: Option<OutcomeHook>,
@@ -101,7 +109,7 @@ impl Builder {
             body_limit: None,
             fail_open: false,
             key_header: KeyHeader::ietf(),
-            provider_deduplicates: None,
+            provider: None,
             phase_classifier: None,
             reconcile_when_deduplicating: false,
             on_outcome: None,
@@ -140,6 +148,7 @@ impl Builder {
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .caller_key_scope(|parts| {
     ///         parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
     ///     })
@@ -164,6 +173,7 @@ impl Builder {
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .caller_keys_unscoped()
     ///     .build()
     ///     .unwrap();
@@ -192,6 +202,7 @@ impl Builder {
     ///
     /// // Opt out: keyless side effects pass through, unprotected.
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .require_key(false)
     ///     .build()
     ///     .unwrap();
@@ -304,6 +315,7 @@ impl Builder {
     ///
     /// let policy = RetryPolicy::builder().max_elapsed(Duration::from_secs(90)).build().unwrap();
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .retry_policy(policy)
     ///     .build()
     ///     .unwrap();
@@ -328,6 +340,7 @@ impl Builder {
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .release_on(ReleaseOn::default().status(StatusCode::FORBIDDEN))
     ///     .build()
     ///     .unwrap();
@@ -375,6 +388,7 @@ impl Builder {
     /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .drift_policy(DriftPolicy::Reject)
     ///     .build()
     ///     .unwrap();
@@ -409,6 +423,7 @@ impl Builder {
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     // A changed order or amount is refused; a reworded summary is not.
     ///     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap())
     ///     .build()
@@ -424,26 +439,69 @@ impl Builder {
 /// Operations in doubt: whether the provider's deduplication makes a resend safe, and who
 /// is asked before one that would not be.
 impl Builder {
-    /// Whether the server deduplicates on `Idempotency-Key` (default `true`, as payment
-    /// providers do, assumed until said).
+    /// Whether the provider deduplicates on `Idempotency-Key`. **Required**: there is no
+    /// default, since the safe answer differs by provider; without it,
+    /// [`build`](Self::build) and [`build_stack`](Self::build_stack) return a
+    /// [`ConfigError`] (its [`is_choice_missing`](ConfigError::is_choice_missing) is true).
     ///
-    /// Resending an operation whose first attempt may have arrived is only safe when the
-    /// server recognises the key. Set this to `false` for a server that ignores keys: the
-    /// layer then never resends once bytes may have left — the retry layer inside stops
-    /// treating the key as making the request retry-safe, and an operation found in doubt
-    /// is not sent again: with a [reconciler](Self::reconcile) the layer asks it whether the
-    /// operation happened (and records its answer, or sends the frozen bytes it says never
-    /// arrived); without one, it fails with an [in-doubt error](crate::Error::is_in_doubt)
-    /// for you to reconcile. At most once, rather than exactly once, unless reconciled.
+    /// Resending an operation whose first attempt may have arrived is one effect only when
+    /// the provider recognises the key.
     ///
-    /// Left unsaid, `true` is assumed, and the first time the layer relies on it (an
-    /// operation sent again after an attempt that may have arrived) it logs a warning that
-    /// names this setting: against a server that ignores keys, such as your own handler
-    /// without the server face, that resend is a second effect. Say `true` to confirm
-    /// and silence it.
-    pub fn provider_deduplicates(mut self, deduplicates: bool) -> Self {
-        self.provider_deduplicates = Some(deduplicates);
+    /// - [`ProviderKeys::Deduplicates`] (payment providers that honour the IETF header,
+    ///   this crate's server face): an operation in doubt is resent with the same key and
+    ///   the bytes first frozen, and the retry layer inside may retry an attempt that may
+    ///   have arrived. Exactly once, as long as the provider keeps the key.
+    /// - [`ProviderKeys::Ignored`] (a server that ignores the key or reads another header,
+    ///   such as your own handler without the server face): nothing that may have arrived
+    ///   is sent again. The retry layer inside stops treating the key as making the request
+    ///   retry-safe, and an operation found in doubt is not resent: with a
+    ///   [reconciler](Self::reconcile) the layer asks it whether the operation happened
+    ///   (and records its answer, or sends the frozen bytes it says never arrived); without
+    ///   one, it fails with an [in-doubt error](crate::Error::is_in_doubt) for you to
+    ///   reconcile. At most once, rather than exactly once, unless reconciled.
+    ///
+    /// Earlier releases assumed `Deduplicates` when this was left unset.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, ProviderKeys};
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_keys(ProviderKeys::Ignored)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    ///
+    /// // Left out, the build says what each choice means.
+    /// let err = IdempotencyLayer::client_builder(MemoryStore::new()).build().unwrap_err();
+    /// assert!(err.is_choice_missing());
+    /// assert!(err.to_string().contains("ProviderKeys::Deduplicates"));
+    /// assert!(err.to_string().contains("ProviderKeys::Ignored"));
+    /// ```
+    pub fn provider_keys(mut self, provider: ProviderKeys) -> Self {
+        self.provider = Some(provider);
         self
+    }
+
+    /// [`provider_keys`](Self::provider_keys) as a flag: `true` is
+    /// [`ProviderKeys::Deduplicates`], `false` is [`ProviderKeys::Ignored`]. One of the two
+    /// is **required**.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+    ///
+    /// // Your own handler, which does not read `Idempotency-Key`.
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(false)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn provider_deduplicates(self, deduplicates: bool) -> Self {
+        self.provider_keys(if deduplicates {
+            ProviderKeys::Deduplicates
+        } else {
+            ProviderKeys::Ignored
+        })
     }
 
     /// Ask `reconciler` whether an in-doubt operation happened before it would be sent
@@ -503,6 +561,7 @@ impl Builder {
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .on_outcome(|event| eprintln!("{} {}", event.decision().as_str(), event.key_digest()))
     ///     .build()
     ///     .unwrap();
@@ -515,7 +574,8 @@ impl Builder {
 
     /// Check the settings and build the layer.
     ///
-    /// Refuses a zero lease, a retention shorter than the retry window plus the lease (a
+    /// Refuses a builder not told whether the provider deduplicates
+    /// ([`provider_keys`](Self::provider_keys)), a zero lease, a retention shorter than the retry window plus the lease (a
     /// record would vanish while its operation can still retry) and a protected window
     /// shorter than that (a full store could evict an operation still being retried).
     pub fn build(self) -> Result<IdempotencyLayer<ClientFace>, ConfigError> {
@@ -524,6 +584,7 @@ impl Builder {
                 "reconcile_when_deduplicating needs a reconciler (see `reconcile`)",
             ));
         }
+        let provider = self.provider.ok_or_else(provider_keys_missing)?;
         let ledger = self.operation.ledger()?;
         let retry_window = self.operation.retry.retry_window();
         let client = ClientFace {
@@ -539,8 +600,7 @@ impl Builder {
             response_limit: self.operation.response_limit,
             fail_open: self.fail_open,
             key_header: self.key_header,
-            provider_deduplicates: self.provider_deduplicates.unwrap_or(true),
-            deduplication_assumed: self.provider_deduplicates.is_none(),
+            provider_deduplicates: provider == ProviderKeys::Deduplicates,
             phase_classifier: self.phase_classifier,
             reconciler: self.operation.reconciler,
             reconcile_timeout: self.operation.reconcile_timeout,
@@ -548,8 +608,6 @@ impl Builder {
             retry_window,
             warned_window: std::sync::atomic::AtomicBool::new(false),
             warned_unprotected: std::sync::atomic::AtomicBool::new(false),
-            warned_order: std::sync::atomic::AtomicBool::new(false),
-            warned_assumed_deduplication: std::sync::atomic::AtomicBool::new(false),
             on_outcome: self.on_outcome,
         };
         Ok(IdempotencyLayer::from_face(client))
@@ -567,6 +625,7 @@ impl Builder {
     /// use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer};
     ///
     /// let stack = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
     ///     .scope("billing-agent")
     ///     .retry_policy(RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build().unwrap())
     ///     .body_limit(256 * 1024)
@@ -592,17 +651,42 @@ impl Builder {
     }
 }
 
+/// The refusal of a builder not told whether the provider deduplicates: what each choice
+/// means, so the one reading it can choose without the docs.
+fn provider_keys_missing() -> ConfigError {
+    ConfigError::choice_missing(
+        "say whether the provider deduplicates on Idempotency-Key: \
+         provider_keys(ProviderKeys::Deduplicates) (or provider_deduplicates(true)) if it runs \
+         a request at most once per key, and an operation in doubt is then resent with the same \
+         key and the bytes first frozen; provider_keys(ProviderKeys::Ignored) (or \
+         provider_deduplicates(false)) if it ignores the key, and an operation in doubt is then \
+         never resent blind: it is reconciled, or reported as in doubt",
+    )
+}
+
 impl IdempotencyLayer<ClientFace> {
-    /// The client layer with default settings over `store`.
+    /// The client layer over `store`, every other setting at its default, for a provider
+    /// that deduplicates on `Idempotency-Key` or ignores it, as `provider` says (see
+    /// [`ProviderKeys`] and [`Builder::provider_keys`]; there is no default).
     ///
-    /// See the [module docs](crate::client) for the stack it belongs in.
-    pub fn client(store: impl IdempotencyStore) -> Self {
+    /// See the [module docs](crate::client) for the stack it belongs in, and
+    /// [`client_builder`](Self::client_builder) for the other settings.
+    ///
+    /// ```
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, ProviderKeys};
+    ///
+    /// let layer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates);
+    /// # let _ = layer;
+    /// ```
+    pub fn client(store: impl IdempotencyStore, provider: ProviderKeys) -> Self {
         Self::client_builder(store)
+            .provider_keys(provider)
             .build()
-            .expect("the default client settings are valid")
+            .expect("the default client settings are valid once the provider is named")
     }
 
-    /// Configure the client layer over `store`.
+    /// Configure the client layer over `store`. Whether the provider deduplicates
+    /// ([`provider_keys`](Builder::provider_keys)) must be said before it builds.
     pub fn client_builder(store: impl IdempotencyStore) -> Builder {
         Builder::new(Arc::new(store))
     }
@@ -616,7 +700,7 @@ impl IdempotencyLayer<ClientFace> {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
-    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).scope("agent").build().unwrap();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).scope("agent").build().unwrap();
     /// let records = layer.records();
     /// let key = records.operation_key(&OperationId::new("task-7", "charge"));
     /// assert!(records.inspect(key).await?.is_none());

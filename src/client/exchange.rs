@@ -225,10 +225,6 @@ where
                     };
                     let link = this.link.as_ref().expect("set when sent");
                     let sent = M::may_have_left(this.client, link, call.as_ref().get_ref());
-                    if sent {
-                        // An earlier attempt may have left, and a later one was sent.
-                        this.client.resent_after_doubt();
-                    }
                     // Out of `this.lease` before anything is decided: from here the guard
                     // moves with the settling (a boxed future, or back into `held` to read
                     // the body), so exactly one place settles it, and a drop of either

@@ -14,6 +14,7 @@ use crate::idempotency::reconcile::Reconcile;
 use crate::idempotency::scope::Scope;
 use crate::key::KeyHeader;
 use crate::phase::ClassifyPhase;
+use crate::Error;
 
 use super::policy::DriftPolicy;
 use super::release::ReleaseOn;
@@ -36,9 +37,6 @@ pub struct ClientFace {
     /// The header the key travels under, and its form.
     pub(crate) key_header: KeyHeader,
     pub(super) provider_deduplicates: bool,
-    /// The builder was not told whether the provider deduplicates: `provider_deduplicates`
-    /// is the default's `true`, assumed.
-    pub(super) deduplication_assumed: bool,
     pub(super) phase_classifier: Option<Arc<dyn ClassifyPhase>>,
     pub(super) reconciler: Option<Arc<dyn Reconcile>>,
     pub(super) reconcile_timeout: Duration,
@@ -49,10 +47,6 @@ pub struct ClientFace {
     pub(super) warned_window: std::sync::atomic::AtomicBool,
     /// Whether an unprotected side effect was already reported.
     pub(super) warned_unprotected: std::sync::atomic::AtomicBool,
-    /// Whether a retry layer outside this one was already reported.
-    pub(super) warned_order: std::sync::atomic::AtomicBool,
-    /// Whether a resend relying on the assumed deduplication was already reported.
-    pub(super) warned_assumed_deduplication: std::sync::atomic::AtomicBool,
     pub(super) on_outcome: Option<OutcomeHook>,
 }
 
@@ -88,38 +82,15 @@ impl ClientFace {
     }
 
     /// A `FrozenRetryLayer` **outside** this layer marks the requests it retries: each of its
-    /// attempts would then consult the ledger on its own, so a retry after a lost answer is
-    /// a replay at best and a busy error at worst. Said once, naming the fix.
-    pub(super) fn check_layer_order(&self, extensions: &Extensions) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if extensions.get::<RetriedOutside>().is_some() && !self.warned_order.swap(true, Relaxed) {
-            tracing::warn!(
-                "FrozenRetryLayer is outside IdempotencyLayer: put the idempotency layer \
-                 outside (first in ServiceBuilder), or build both with \
-                 IdempotencyLayer::client_builder(..).build_stack()"
-            );
+    /// attempts would then consult the ledger on its own, so its retry after an attempt that
+    /// may have arrived is judged by a retry layer that knows nothing of the provider's keys
+    /// or the operation's doubt. Refused before the ledger is consulted, so nothing is sent
+    /// and nothing is recorded; the error names the fix.
+    pub(super) fn check_layer_order(&self, extensions: &Extensions) -> Result<(), Error> {
+        match extensions.get::<RetriedOutside>() {
+            Some(RetriedOutside) => Err(Error::retry_outside()),
+            None => Ok(()),
         }
-    }
-
-    /// An operation was sent again after an attempt that may have reached the provider (by
-    /// the retry layer inside, or resumed from doubt). That is one effect only if the
-    /// provider deduplicates on `Idempotency-Key`; against one that ignores keys it is a
-    /// second. A layer told either way says nothing; one left at the default, which assumes
-    /// the provider deduplicates, says so once, naming the choice: the case a newcomer
-    /// testing against their own server (which ignores keys) would otherwise find in their
-    /// counts, not in their logs.
-    pub(super) fn resent_after_doubt(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if !self.deduplication_assumed || self.warned_assumed_deduplication.swap(true, Relaxed) {
-            return;
-        }
-        tracing::warn!(
-            "an operation was sent again after an attempt that may have reached the provider: \
-             one effect only if the provider deduplicates on Idempotency-Key, as this layer \
-             assumes when not told; build it with provider_deduplicates(true) to confirm, or \
-             provider_deduplicates(false) for a provider that ignores keys (nothing that may \
-             have arrived is then sent again)"
-        );
     }
 
     /// The builder checked the TTLs against `retry_window`; the retry layer inside reports

@@ -139,6 +139,29 @@
 //! really stacked inside. Stacked by hand the wrong way round (the retry layer outside),
 //! the layers say so once, as a warning naming the fix.
 //!
+//! # Retrying layers: which wirings are refused, which cannot be seen
+//!
+//! One retrying layer belongs under this one: a [`FrozenRetryLayer`](crate::FrozenRetryLayer)
+//! directly inside it (or both built as one with
+//! [`build_stack`](Builder::build_stack)), which keeps "may have been sent" across its
+//! attempts and, against a provider that [ignores keys](crate::ProviderKeys::Ignored),
+//! never resends an attempt that may have arrived.
+//!
+//! - **Refused** (an [`is_retry_outside`](crate::Error::is_retry_outside) error, before the
+//!   ledger is consulted, nothing sent): a `FrozenRetryLayer` **outside** this layer, seen
+//!   on a side effect carrying an [`OperationId`](crate::OperationId).
+//! - **Not detected**, and not to be wired: any other retrying layer inside this one —
+//!   `tower::retry` (its policy clones the request, invisibly to this layer), a second
+//!   `FrozenRetryLayer` under the first, a transport that retries by itself — and a
+//!   `FrozenRetryLayer` outside this one around a request that carries its own
+//!   `Idempotency-Key` rather than an `OperationId`. Against a provider that deduplicates,
+//!   such a retry is one effect; against one that ignores keys, it can be two, and the
+//!   response still reads [`Sent`](crate::ResponseSource::Sent).
+//!
+//! With `reqwest-middleware`, `reqwest-retry` goes **before** the
+//! [`IdempotencyMiddleware`](crate::reqwest_middleware::IdempotencyMiddleware); placed after
+//! it, it cannot be detected (see [that module](crate::reqwest_middleware)).
+//!
 //! # Layout
 //!
 //! [`builder`](Builder) → [`ClientFace`] (the settings, built) → the service
@@ -239,9 +262,9 @@ use crate::idempotency::IdempotencyLayer;
 /// [`Builder::build`] return it.
 ///
 /// ```
-/// use tower_idempotency::{client::ClientLayer, ledger::MemoryStore, IdempotencyLayer};
+/// use tower_idempotency::{client::ClientLayer, ledger::MemoryStore, IdempotencyLayer, ProviderKeys};
 ///
-/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new());
+/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates);
 /// # let _ = layer;
 /// ```
 pub type ClientLayer = IdempotencyLayer<ClientFace>;
@@ -258,7 +281,7 @@ pub type ClientLayer = IdempotencyLayer<ClientFace>;
 /// use tower_idempotency::client::HyperStack;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
 /// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
 /// let client: HyperStack<HttpConnector> = stack.layer(http);
 /// # let _ = client;

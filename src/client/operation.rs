@@ -163,8 +163,9 @@ impl Admission {
     pub(crate) fn of<B: Body>(client: &ClientFace, parts: &http::request::Parts, body: &B) -> Self {
         let side_effect = EffectClass::resolve(&parts.method, &parts.extensions).is_side_effect();
         let key = if side_effect {
-            client.check_layer_order(&parts.extensions);
-            identify(client, parts)
+            client
+                .check_layer_order(&parts.extensions)
+                .and_then(|()| identify(client, parts))
         } else {
             Ok(None)
         };

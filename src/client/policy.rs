@@ -13,7 +13,7 @@ use crate::error::Drift;
 /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
 ///
 /// // Refuse regenerated payloads even under an `OperationId`.
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
 ///     .drift_policy(DriftPolicy::Reject)
 ///     .build()
 ///     .unwrap();
@@ -53,13 +53,13 @@ pub enum DriftPolicy {
 /// use http_body_util::Full;
 /// use tower::{ServiceBuilder, ServiceExt};
 /// use tower_idempotency::testing::SideEffectService;
-/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId, PayloadDiscarded};
+/// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId, PayloadDiscarded, ProviderKeys};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_idempotency::Error> {
 /// let provider = SideEffectService::new();
 /// let client = ServiceBuilder::new()
-///     .layer(IdempotencyLayer::client(MemoryStore::new()))
+///     .layer(IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates))
 ///     .service(provider.clone());
 /// let charge = |summary: &str| {
 ///     let body = format!(r#"{{"order_id":"order_42","amount_cents":1999,"summary":"{summary}"}}"#);

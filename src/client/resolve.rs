@@ -198,7 +198,6 @@ where
             // Resend what was first frozen, never the request just handed to us.
             let original = stored.unwrap_or(to_send);
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
-            client.resent_after_doubt();
             exchange::<S, ResBody, M>(
                 inner,
                 client,

@@ -33,7 +33,7 @@ use crate::{BoxError, Error};
 /// use tower_idempotency::testing::SideEffectService;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
 /// let client = stack.layer(SideEffectService::new());
 /// # let _ = client;
 /// ```
@@ -88,7 +88,7 @@ impl<S> Layer<S> for ClientStack {
 /// use tower_idempotency::testing::SideEffectService;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
 /// let client: StackService<SideEffectService> = stack.layer(SideEffectService::new());
 /// # let _ = client;
 /// ```

@@ -58,6 +58,7 @@ enum Kind {
     InDoubt,
     KeyInUse { retry_after: Option<Duration> },
     ResponseBody,
+    RetryOutside,
 }
 
 impl Error {
@@ -146,6 +147,10 @@ impl Error {
 
     pub(crate) fn response_body(source: BoxError) -> Self {
         Self::new(Kind::ResponseBody, Some(source))
+    }
+
+    pub(crate) fn retry_outside() -> Self {
+        Self::new(Kind::RetryOutside, None)
     }
 
     /// A side-effecting request carried no [`OperationId`](crate::OperationId) and no
@@ -295,6 +300,25 @@ impl Error {
     /// Reading the response body failed after the request was sent.
     pub fn is_response_body(&self) -> bool {
         matches!(self.inner.kind, Kind::ResponseBody)
+    }
+
+    /// A [`FrozenRetryLayer`](crate::FrozenRetryLayer) sits **outside** the client
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) (the two stacked the wrong way
+    /// round), so each of its retries would consult the ledger as a new visit and a retry
+    /// would be judged outside the operation's record. Refused before anything is sent, on
+    /// every request, until the stack is fixed: the idempotency layer outside (first in
+    /// `ServiceBuilder`), or both built as one with
+    /// [`build_stack`](crate::client::Builder::build_stack).
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn the_stack_is_upside_down(err: &Error) -> bool {
+    ///     err.is_retry_outside()
+    /// }
+    /// # let _ = the_stack_is_upside_down;
+    /// ```
+    pub fn is_retry_outside(&self) -> bool {
+        matches!(self.inner.kind, Kind::RetryOutside)
     }
 
     /// Our error inside `err`, however deep: `err` itself, one of its
@@ -479,6 +503,12 @@ impl fmt::Display for Error {
                  the frozen request",
             ),
             Kind::ResponseBody => f.write_str("reading the response body failed"),
+            Kind::RetryOutside => f.write_str(
+                "FrozenRetryLayer is outside IdempotencyLayer, so its retries would bypass the \
+                 operation's record; nothing was sent: put the idempotency layer outside \
+                 (first in ServiceBuilder), or build both with \
+                 IdempotencyLayer::client_builder(..).build_stack()",
+            ),
         }
     }
 }

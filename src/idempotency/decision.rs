@@ -296,7 +296,7 @@ impl RequestSpan {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let seen = Arc::new(Mutex::new(Vec::new()));
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
 ///     .on_outcome({
 ///         let seen = seen.clone();
 ///         move |event: &OutcomeEvent<'_>| {

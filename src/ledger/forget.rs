@@ -333,7 +333,7 @@ enum Keys {
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
 ///     .scope("billing-agent")
 ///     .build()
 ///     .unwrap();
@@ -403,7 +403,7 @@ impl Records {
     /// use tower_idempotency::ledger::{LedgerKey, MemoryStore};
     /// use tower_idempotency::{IdempotencyLayer, OperationId};
     ///
-    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).scope("agent").build().unwrap();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).scope("agent").build().unwrap();
     /// let op = OperationId::new("task-7", "charge");
     /// assert_eq!(layer.records().operation_key(&op), LedgerKey::for_operation(op.key("agent")));
     /// ```

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use super::face::ToolFace;
 use super::layer::ToolLayer;
-use super::types::{MayHaveHappened, ProviderKeys, ToolClass};
+use super::types::{MayHaveHappened, ToolClass};
 use crate::fingerprint::PayloadFields;
 use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::hold::OperationSettings;
 use crate::idempotency::OutcomeEvent;
 use crate::idempotency::{BusyPolicy, Reconcile};
 use crate::ledger::IdempotencyStore;
+use crate::provider::ProviderKeys;
 use crate::retry::RetryPolicy;
 use crate::ConfigError;
 use crate::DriftPolicy;

@@ -5,9 +5,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::types::{ProviderKeys, ToolClass};
+use super::types::ToolClass;
 use crate::idempotency::decision::OutcomeHook;
 use crate::idempotency::{BusyPolicy, Ledger, Reconcile};
+use crate::provider::ProviderKeys;
 use crate::retry::RetryPolicy;
 use crate::DriftPolicy;
 

@@ -108,6 +108,8 @@ mod read_back;
 mod service;
 mod types;
 
+/// The tool face names it here too, beside [`ToolLayer::builder`] which requires it.
+pub use crate::provider::ProviderKeys;
 pub use builder::Builder;
 pub use function::idempotent_call;
 pub use layer::ToolLayer;
@@ -115,5 +117,5 @@ pub use read_back::NotReadBack;
 pub use service::{ToolFuture, ToolService};
 pub use types::{
     applied, frozen_arguments, ClassifyToolError, Discarded, FinalAnswer, MayHaveHappened,
-    ProviderKeys, ToolCall, ToolClass, ToolError, ToolOutput, ToolSource, Verdict,
+    ToolCall, ToolClass, ToolError, ToolOutput, ToolSource, Verdict,
 };

@@ -139,32 +139,6 @@ pub enum ToolClass {
     SideEffect,
 }
 
-/// Whether the tool's provider deduplicates calls on the key it is given: a choice every
-/// [`ToolLayer`](super::ToolLayer) states when it is built, since the safe answer differs.
-///
-/// ```
-/// use tower_idempotency::ledger::MemoryStore;
-/// use tower_idempotency::tool::{ProviderKeys, ToolLayer};
-///
-/// // A payment API that honours `idempotency_key`: an in-doubt call may be made again.
-/// let stripe = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Deduplicates).build();
-/// // An SDK that ignores keys: an in-doubt call is never made again blindly.
-/// let legacy = ToolLayer::builder(MemoryStore::new(), "charge_legacy", ProviderKeys::Ignored).build();
-/// # let _ = (stripe.unwrap(), legacy.unwrap());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ProviderKeys {
-    /// The provider runs a call at most once per key: an operation in doubt (its call may
-    /// have happened) is called again with the frozen arguments and the same key, and an
-    /// attempt that may have happened may be retried.
-    Deduplicates,
-    /// The provider ignores keys: an operation in doubt is never called again; it is
-    /// [reconciled](super::Builder::reconcile) if a reconciler is set, else
-    /// refused as in doubt, and an attempt that may have happened is not retried.
-    Ignored,
-}
-
 /// Where a [`ToolOutput`] came from.
 ///
 /// ```

@@ -20,6 +20,7 @@ use tower_idempotency::ledger::{
 use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::ProviderKeys;
 
 use down::DownStore;
 use tower_idempotency::fingerprint::PayloadFields;
@@ -66,7 +67,10 @@ fn stack_with(layer: IdempotencyLayer<ClientFace>, provider: &SideEffectService)
 }
 
 fn stack(store: &Arc<MemoryStore>, provider: &SideEffectService) -> Stack {
-    stack_with(IdempotencyLayer::client(store.clone()), provider)
+    stack_with(
+        IdempotencyLayer::client(store.clone(), ProviderKeys::Deduplicates),
+        provider,
+    )
 }
 
 async fn body_of<B: http_body::Body>(response: Response<B>) -> Bytes
@@ -170,6 +174,7 @@ async fn a_replay_carries_its_mark_and_none_of_the_requests_extensions() {
     let provider = SideEffectService::new();
     let built = tower::Layer::layer(
         &IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
             .build_stack()
             .unwrap(),
         provider.clone(),
@@ -373,6 +378,7 @@ async fn a_keyless_side_effect_is_refused_unless_keys_are_made_optional() {
 
     let lenient = stack_with(
         IdempotencyLayer::client_builder(store.clone())
+            .provider_deduplicates(true)
             .require_key(false)
             .build()
             .unwrap(),
@@ -415,6 +421,7 @@ async fn an_oversized_body_fails_before_anything_is_sent_or_recorded() {
     let provider = SideEffectService::new();
     let svc = stack_with(
         IdempotencyLayer::client_builder(store.clone())
+            .provider_deduplicates(true)
             .body_limit(16)
             .build()
             .unwrap(),
@@ -466,6 +473,7 @@ async fn drift_is_rejected_naming_the_fields_that_changed() {
         commit: true,
     }]);
     let layer = IdempotencyLayer::client_builder(store.clone())
+        .provider_deduplicates(true)
         .drift_policy(DriftPolicy::Reject)
         .build()
         .unwrap();
@@ -517,6 +525,7 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
     assert_eq!(first.status(), StatusCode::CREATED);
 
     let reject = IdempotencyLayer::client_builder(store.clone())
+        .provider_deduplicates(true)
         .drift_policy(DriftPolicy::Reject)
         .build()
         .unwrap();
@@ -531,6 +540,7 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
     );
 
     let resend_frozen = IdempotencyLayer::client_builder(store.clone())
+        .provider_deduplicates(true)
         .drift_policy(DriftPolicy::ResendFrozen)
         .build()
         .unwrap();
@@ -558,7 +568,10 @@ async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_w
     }]);
     let one_shot = RetryPolicy::builder().max_attempts(1).build().unwrap();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(IdempotencyLayer::client(
+            store.clone(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(one_shot))
         .service(provider.clone());
     let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
@@ -647,6 +660,7 @@ async fn with_defining_fields_only_a_defining_change_is_drift() {
         let svc = ServiceBuilder::new()
             .layer(
                 IdempotencyLayer::client_builder(store.clone())
+                    .provider_deduplicates(true)
                     .drift_policy(DriftPolicy::Reject)
                     .defining_fields(defining())
                     .build()
@@ -696,7 +710,10 @@ async fn the_failure_that_put_the_operation_in_doubt_is_in_doubt() {
         .build()
         .unwrap();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(IdempotencyLayer::client(
+            store.clone(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(one_shot))
         .service(provider.clone());
     let err = svc.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
@@ -725,6 +742,7 @@ async fn drift_under_resend_frozen_sends_the_original_bytes() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(store.clone())
+                .provider_deduplicates(true)
                 .drift_policy(DriftPolicy::ResendFrozen)
                 .build()
                 .unwrap(),
@@ -757,6 +775,7 @@ async fn a_crashed_client_is_resumed_with_the_frozen_bytes() {
     // A fresh stack; the agent re-ran and produced a different payload.
     let after_restart = stack_with(
         IdempotencyLayer::client_builder(store.clone())
+            .provider_deduplicates(true)
             .drift_policy(DriftPolicy::ResendFrozen)
             .build()
             .unwrap(),
@@ -807,6 +826,7 @@ async fn an_expired_lease_resumes_with_the_stored_request_and_fences_the_dead_ow
     let provider = SideEffectService::new();
     let svc = stack_with(
         IdempotencyLayer::client_builder(store.clone())
+            .provider_deduplicates(true)
             .busy_policy(BusyPolicy::Fail)
             .build()
             .unwrap(),
@@ -870,7 +890,10 @@ async fn an_oversized_response_reaches_its_caller_whole_and_is_never_run_again()
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(provider);
     let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
     assert_eq!(
@@ -886,7 +909,10 @@ async fn an_oversized_response_reaches_its_caller_whole_and_is_never_run_again()
 #[tokio::test]
 async fn a_ledger_outage_fails_closed_unless_opted_out() {
     let provider = SideEffectService::new();
-    let closed = stack_with(IdempotencyLayer::client(DownStore), &provider);
+    let closed = stack_with(
+        IdempotencyLayer::client(DownStore, ProviderKeys::Deduplicates),
+        &provider,
+    );
     let err = closed.oneshot(post(ORIGINAL)).await.unwrap_err();
     assert!(err.is_store(), "{err}");
     assert_eq!(
@@ -897,6 +923,7 @@ async fn a_ledger_outage_fails_closed_unless_opted_out() {
 
     let open = stack_with(
         IdempotencyLayer::client_builder(DownStore)
+            .provider_deduplicates(true)
             .fail_open(true)
             .build()
             .unwrap(),
@@ -914,7 +941,10 @@ async fn a_pre_write_failure_releases_the_operation() {
     let store = Arc::new(MemoryStore::new());
     let provider = SideEffectService::new().with_faults([Fault::RefuseBeforeSend]);
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(IdempotencyLayer::client(
+            store.clone(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(provider.clone());
     let err = svc.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
     assert_eq!(err.phase(), Some(FailurePhase::PreWrite));
@@ -951,6 +981,7 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
         }
     });
     let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .classify_phase(|err: &(dyn std::error::Error + 'static)| {
             err.is::<CircuitOpen>().then_some(FailurePhase::PreWrite)
         })
@@ -967,6 +998,7 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
 #[test]
 fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
     let short_retention = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()
                 .max_elapsed(Duration::from_secs(30))
@@ -982,6 +1014,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .contains("retention"));
     // A lease shorter than the retry window is fine: a live owner renews it.
     let _renewed = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()
                 .max_elapsed(Duration::from_secs(30))
@@ -992,6 +1025,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .build()
         .expect("short leases are renewed");
     let short_protection = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()
                 .max_elapsed(Duration::from_secs(30))
@@ -1010,6 +1044,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .build()
         .unwrap();
     let from_policy = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .retry_policy(policy.clone())
         .retention(Duration::from_secs(300))
         .build();
@@ -1052,7 +1087,10 @@ async fn the_body_is_read_once_per_operation_with_both_layers_stacked() {
         2
     ]);
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(RetryPolicy::default()))
         .service(provider.clone());
     let body = CountedBody {

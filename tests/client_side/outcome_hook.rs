@@ -17,6 +17,7 @@ use tower_idempotency::idempotency::{Decision, Face, OutcomeEvent};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::ProviderKeys;
 
 /// What a hook saw of one request.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +57,7 @@ async fn the_client_hook_hears_each_operation_once_with_its_last_decision() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 // A regenerated payload is refused, so the hook hears a drift.
                 .drift_policy(tower_idempotency::DriftPolicy::Reject)
                 .on_outcome(recording(&log))
@@ -108,6 +110,7 @@ async fn an_acquired_operation_that_times_out_is_reported_in_doubt() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .on_outcome(recording(&log))
                 .build()
                 .unwrap(),
@@ -137,6 +140,7 @@ async fn a_resent_operation_is_reported_by_what_its_resend_came_to() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .on_outcome(recording(&log))
                 .build()
                 .unwrap(),
@@ -171,6 +175,7 @@ async fn requests_outside_the_ledger_are_not_reported() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .require_key(false)
                 .on_outcome(recording(&log))
                 .build()
@@ -209,6 +214,7 @@ async fn both_faces_report_one_operation_under_one_digest() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .on_outcome(recording(&client_log))
                 .build()
                 .unwrap(),
@@ -225,7 +231,10 @@ async fn both_faces_report_one_operation_under_one_digest() {
     client.clone().oneshot(order()).await.unwrap();
     // A second client (another process) without the first one's ledger: the server replays.
     let fresh_client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build_http::<Full<Bytes>>(),

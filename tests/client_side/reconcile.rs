@@ -23,6 +23,7 @@ use tower_idempotency::idempotency::{
 };
 use tower_idempotency::ledger::{IdempotencyStore, LedgerKey, MemoryStore, RecordState};
 use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{BoxError, IdempotencyLayer, OperationId, ResponseSource};
 
 const BODY: &[u8] = br#"{"order_id":"order-42","amount_cents":1999}"#;
@@ -330,13 +331,17 @@ async fn a_deduplicating_provider_is_reconciled_only_when_asked_to() {
         let (ledger, provider) = (MemoryStore::new(), SideEffectService::new());
         provider.push_fault(Fault::CommitThenTimeout);
         let first = ServiceBuilder::new()
-            .layer(IdempotencyLayer::client(ledger.clone()))
+            .layer(IdempotencyLayer::client(
+                ledger.clone(),
+                ProviderKeys::Deduplicates,
+            ))
             .service(provider.clone());
         let _ = tokio::time::timeout(Duration::from_secs(5), first.oneshot(charge())).await;
 
         let stack = ServiceBuilder::new()
             .layer(
                 IdempotencyLayer::client_builder(ledger.clone())
+                    .provider_deduplicates(true)
                     .reconcile(by_key(&provider))
                     .reconcile_when_deduplicating(reconcile_first)
                     .build()

@@ -20,7 +20,7 @@ use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::reqwest::ReqwestService;
 use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{IdempotencyLayer, OperationId};
+use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
 
 const ORDER: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
 
@@ -130,4 +130,26 @@ async fn without_redirects_the_303_is_the_recorded_answer() {
     let status = StatusCode::TOO_MANY_REQUESTS;
     assert_eq!(through_reqwest_service(http(), status).await, 1);
     assert_eq!(through_reqwest_middleware(http(), status).await, 1);
+}
+
+/// `ReqwestService::from_builder` turns redirects off whatever the builder said: the
+/// `303` is the operation's answer, recorded and replayed, and the receipt page's `429` is
+/// never taken for it. One charge over two runs.
+#[tokio::test]
+async fn a_service_from_a_builder_records_the_redirect_itself() {
+    let (base, charges) = provider(StatusCode::TOO_MANY_REQUESTS).await;
+    let follows = reqwest::Client::builder().redirect(reqwest::redirect::Policy::limited(10));
+    let client = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(false)
+        .retry_policy(RetryPolicy::builder().no_budget().build().unwrap())
+        .build_stack()
+        .unwrap()
+        .layer(ReqwestService::from_builder(follows).unwrap());
+    let first = client.clone().oneshot(charge(&base)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::SEE_OTHER);
+    assert_eq!(ResponseSource::of(&first), ResponseSource::Sent);
+    let again = client.oneshot(charge(&base)).await.unwrap();
+    assert_eq!(again.status(), StatusCode::SEE_OTHER);
+    assert_eq!(ResponseSource::of(&again), ResponseSource::Replayed);
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
 }

@@ -14,6 +14,7 @@ use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::reqwest::ReqwestService;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
 
 const ORDER: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
@@ -49,6 +50,7 @@ async fn commit_then_timeout_through_reqwest_charges_once_and_ends_with_the_real
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(store)
+                .provider_deduplicates(true)
                 .retry_policy(policy().clone())
                 .build()
                 .unwrap(),
@@ -87,7 +89,10 @@ async fn a_refused_connection_through_reqwest_is_pre_write_and_releases_the_oper
     let addr = closed.local_addr().unwrap();
     drop(closed);
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(policy()))
         .service(ReqwestService::new(reqwest::Client::new()));
     let uri: http::Uri = format!("http://{addr}/charges").parse().unwrap();

@@ -30,6 +30,7 @@ async fn serve(provider: &SideEffectService) -> ServeHandle {
 fn middleware() -> IdempotencyMiddleware {
     IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
             .retry_policy(
                 tower_idempotency::retry::RetryPolicy::builder()
                     .max_elapsed(Duration::from_secs(5))
@@ -123,6 +124,7 @@ async fn without_a_retry_layer_the_next_run_resends_the_stored_bytes_not_the_new
     let server = serve(&provider).await;
     let rejecting = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
             .retry_policy(
                 tower_idempotency::retry::RetryPolicy::builder()
                     .max_elapsed(Duration::from_secs(5))
@@ -222,6 +224,7 @@ async fn reads_and_keyless_side_effects_pass_through_marked_when_keys_are_option
     let server = serve(&provider).await;
     let lenient = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
             .require_key(false)
             .build()
             .unwrap(),
@@ -299,6 +302,7 @@ async fn error_find_reaches_our_refusal_behind_reqwest_retry() {
     let server = serve(&provider).await;
     let rejecting = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
             .retry_policy(
                 tower_idempotency::retry::RetryPolicy::builder()
                     .max_elapsed(Duration::from_secs(5))

@@ -30,6 +30,7 @@ use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::{
     AttemptResult, Attempts, ClassifyRetry, FrozenRetry, RetryContext, RetryDecision, RetryPolicy,
 };
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{EffectClass, Error, FrozenRetryLayer, IdempotencyLayer};
 
 // ---------------------------------------------------------------------------------------
@@ -523,7 +524,10 @@ async fn an_attempt_that_waits_for_readiness_or_outlives_its_failure_sends_the_s
             let retry = FrozenRetryLayer::new(unbudgeted());
             let (status, attempted) = if stacked {
                 let res = ServiceBuilder::new()
-                    .layer(IdempotencyLayer::client(MemoryStore::new()))
+                    .layer(IdempotencyLayer::client(
+                        MemoryStore::new(),
+                        ProviderKeys::Deduplicates,
+                    ))
                     .layer(retry)
                     .service(hesitant)
                     .oneshot(post_with_key())

@@ -19,6 +19,7 @@ use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{Expected, Forget, MemoryStore, RecordState};
 use tower_idempotency::testing::SideEffectService;
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{IdempotencyLayer, OperationId};
 
 fn charge(key: &str) -> Request<Body> {
@@ -106,6 +107,7 @@ async fn a_recorded_401_is_forgotten_by_request_head_and_the_key_runs_again() {
 async fn an_operation_is_forgotten_by_operation_id_and_a_stale_look_is_refused() {
     let provider = SideEffectService::new();
     let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .scope("billing-agent")
         .build()
         .unwrap();
@@ -133,7 +135,7 @@ async fn an_operation_is_forgotten_by_operation_id_and_a_stale_look_is_refused()
         .expect("the layer's record");
     assert!(matches!(seen.state, RecordState::Completed { .. }));
     // Another scope keys the same operation elsewhere.
-    let other = IdempotencyLayer::client(MemoryStore::new()).records();
+    let other = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates).records();
     assert_ne!(other.operation_key(&op), key);
 
     // Not the record as it is now (another payload, or another attempt): refused.

@@ -12,6 +12,7 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore,
     Outcome, RecordKind, RecordState, StoredResponse,
 };
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, IdempotencyLayer};
 
 const KIB: usize = 1024;
@@ -738,9 +739,9 @@ async fn arc_of_dyn_store_is_a_store_sharing_one_ledger() {
 fn shared_stores_plug_into_the_client_layer() {
     let memory = Arc::new(MemoryStore::new());
     let dynamic: Arc<dyn IdempotencyStore> = memory.clone();
-    let _ = IdempotencyLayer::client(memory.clone());
-    let _ = IdempotencyLayer::client(dynamic);
-    let _ = IdempotencyLayer::client(MemoryStore::clone(&memory));
+    let _ = IdempotencyLayer::client(memory.clone(), ProviderKeys::Deduplicates);
+    let _ = IdempotencyLayer::client(dynamic, ProviderKeys::Deduplicates);
+    let _ = IdempotencyLayer::client(MemoryStore::clone(&memory), ProviderKeys::Deduplicates);
 }
 
 #[tokio::test]

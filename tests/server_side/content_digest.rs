@@ -22,6 +22,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::digest::{BodyDigest, CONTENT_DIGEST, IDEMPOTENT_REQUEST_DIGEST};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::server::problem;
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{IdempotencyLayer, OperationId};
 
 const BODY: &str = r#"{"order_id":"order-42","amount_cents":1999}"#;
@@ -205,7 +206,10 @@ async fn client_and_server_agree_on_one_digest_end_to_end() {
     // First run: the client sends the digest of the frozen body; the server verified it
     // and passed the request on to the handler as sent.
     let first_client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(hyper_client());
     let response = first_client.oneshot(request()).await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
@@ -216,7 +220,10 @@ async fn client_and_server_agree_on_one_digest_end_to_end() {
     // A second process (its own, empty ledger) runs the same operation: the server
     // replays, naming the request it answers with the very digest this client sent.
     let second_client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(hyper_client());
     let response = second_client.oneshot(request()).await.unwrap();
     assert_eq!(response.headers()["idempotent-replayed"], "true");

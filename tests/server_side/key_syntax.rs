@@ -17,6 +17,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::server::problem;
 use tower_idempotency::testing::SideEffectService;
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{IdempotencyLayer, InvalidKey};
 
 /// An axum app whose `POST /orders` goes through the server layer, on a loopback port.
@@ -104,7 +105,10 @@ async fn a_bare_key_with_commas_is_refused_like_two_field_lines() {
 async fn a_callers_own_bare_key_with_a_comma_is_a_clear_error_and_nothing_is_sent() {
     let provider = SideEffectService::new();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(provider.clone());
     let request = |key: &'static str| {
         Request::post("http://orders.local/orders")

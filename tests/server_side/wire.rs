@@ -17,6 +17,7 @@ use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::{Attempts, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
 
 fn hyper_client() -> HyperClient<HttpConnector, Full<Bytes>> {
@@ -63,7 +64,10 @@ async fn every_attempt_carries_byte_identical_method_uri_headers_and_body() {
     ]);
     let server = serve(&provider).await;
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(quick_retries()))
         .service(hyper_client());
 
@@ -111,7 +115,10 @@ async fn commit_then_timeout_over_tcp_fires_once_and_ends_with_the_real_response
     let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
     let server = serve(&provider).await;
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(quick_retries()))
         .service(hyper_client());
     let response = client
@@ -141,7 +148,10 @@ async fn a_refused_connection_is_pre_write_and_releases_the_operation() {
 
     let store = Arc::new(MemoryStore::new());
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(IdempotencyLayer::client(
+            store.clone(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(quick_retries()))
         .service(hyper_client());
     let uri: http::Uri = format!("http://{addr}/charges").parse().unwrap();

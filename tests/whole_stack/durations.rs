@@ -167,7 +167,7 @@ proptest! {
     /// `IdempotencyLayer::client_builder`: whatever it accepts serves keyed requests.
     #[test]
     fn every_client_configuration_the_builder_accepts_serves_requests(d in client_durations()) {
-        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new())
+        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
             .lease(d.lease)
             .retention(d.retention)
             .retry_policy(tower_idempotency::retry::RetryPolicy::builder().max_elapsed(d.retry_window).build().unwrap())
@@ -217,7 +217,7 @@ proptest! {
         let Some(policy) = policy else {
             return Ok(());
         };
-        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new())
+        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
             .lease(d.lease)
             .retention(d.retention)
             .busy_policy(d.busy)
@@ -402,6 +402,7 @@ async fn redis_keeps_a_record_forever_with_unbounded_timeouts() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(store.clone())
+                .provider_deduplicates(true)
                 .lease(Duration::MAX)
                 .retention(Duration::MAX)
                 .busy_policy(BusyPolicy::Wait(Duration::MAX))

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::{Attempts, RetryPolicy};
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
 
 use axum_server::Charge;
@@ -37,7 +38,10 @@ async fn commit_then_timeout_charges_once_and_the_client_ends_with_the_real_resp
     .await;
     let hyper = HyperClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(
             RetryPolicy::builder()
                 .attempt_timeout(Duration::from_millis(150))

@@ -9,6 +9,7 @@ use metrics_util::MetricKind;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::testing::SideEffectService;
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{IdempotencyLayer, OperationId};
 
 #[test]
@@ -22,7 +23,10 @@ fn decisions_are_counted_and_ledger_calls_timed() {
     metrics::with_local_recorder(&recorder, || {
         runtime.block_on(async {
             let client = ServiceBuilder::new()
-                .layer(IdempotencyLayer::client(MemoryStore::new()))
+                .layer(IdempotencyLayer::client(
+                    MemoryStore::new(),
+                    ProviderKeys::Deduplicates,
+                ))
                 .service(SideEffectService::new());
             for _ in 0..2 {
                 let mut req = Request::post("http://payments.local/charges")
@@ -110,10 +114,16 @@ fn the_memory_store_reports_its_bytes_and_records_as_gauges() {
         metrics::with_local_recorder(&recorder, || (MemoryStore::new(), MemoryStore::new()));
     runtime.block_on(async {
         let client = ServiceBuilder::new()
-            .layer(IdempotencyLayer::client(store.clone()))
+            .layer(IdempotencyLayer::client(
+                store.clone(),
+                ProviderKeys::Deduplicates,
+            ))
             .service(SideEffectService::new());
         let other_client = ServiceBuilder::new()
-            .layer(IdempotencyLayer::client(other.clone()))
+            .layer(IdempotencyLayer::client(
+                other.clone(),
+                ProviderKeys::Deduplicates,
+            ))
             .service(SideEffectService::new());
         for (task, client) in [("a", &client), ("b", &client), ("c", &other_client)] {
             let mut req = Request::post("http://payments.local/charges")

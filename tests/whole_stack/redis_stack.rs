@@ -22,6 +22,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::RedisStore;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{
     BusyPolicy, DriftPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource,
 };
@@ -46,6 +47,7 @@ async fn orchestrator_child_process() {
         .await
         .expect("the child reaches Redis");
     let layer = IdempotencyLayer::client_builder(store)
+        .provider_deduplicates(true)
         // A short lease, so the survivor of a SIGKILL does not wait long for it to lapse.
         .lease(Duration::from_secs(2))
         .retry_policy(
@@ -194,7 +196,7 @@ async fn a_redis_outage_fails_closed_and_the_same_client_recovers() {
         .unwrap();
     let provider = SideEffectService::new();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store))
+        .layer(IdempotencyLayer::client(store, ProviderKeys::Deduplicates))
         .service(provider.clone());
     let charge = |step: &str| {
         let mut req = Request::post("http://payments.local/charges")

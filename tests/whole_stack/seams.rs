@@ -37,6 +37,7 @@ use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::server::problem;
 use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::ProviderKeys;
 use tower_idempotency::{
     fingerprint::Fingerprint, BusyPolicy, DriftPolicy, FrozenRequest, FrozenRetryLayer,
     IdempotencyLayer, InDoubtPolicy, OperationId, ResponseSource,
@@ -177,7 +178,9 @@ async fn sent_then_refused_stays_in_doubt(
     ]);
     // Refusing drift shows whether the operation stayed claimed: a released one would send
     // the regenerated payload.
-    let builder = IdempotencyLayer::client_builder(store).drift_policy(DriftPolicy::Reject);
+    let builder = IdempotencyLayer::client_builder(store)
+        .provider_deduplicates(true)
+        .drift_policy(DriftPolicy::Reject);
     let policy = fast_policy(Duration::from_millis(300));
     if built {
         let stack = builder.retry_policy(policy).build_stack().unwrap();
@@ -304,7 +307,10 @@ async fn a_layer_between_the_two_keeps_its_change_on_every_attempt() {
         commit: false,
     }]);
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .map_request(|mut req: Request<Full<Bytes>>| {
             req.headers_mut().insert(
                 http::header::AUTHORIZATION,
@@ -338,7 +344,10 @@ async fn a_layer_between_the_two_that_only_recases_the_host_is_kept_on_every_att
         commit: false,
     }]);
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .map_request(|mut req: Request<Full<Bytes>>| {
             *req.uri_mut() = "http://ORDERS.local/orders".parse().unwrap();
             req
@@ -393,6 +402,7 @@ async fn resend_frozen_sends_the_first_bytes_even_when_the_owner_releases_meanwh
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(store.clone())
+                .provider_deduplicates(true)
                 .drift_policy(DriftPolicy::ResendFrozen)
                 .busy_policy(BusyPolicy::Wait(Duration::from_secs(30)))
                 .build()
@@ -425,7 +435,10 @@ async fn resend_frozen_sends_the_first_bytes_even_when_the_owner_releases_meanwh
 async fn a_callers_own_key_sent_to_two_hosts_is_two_operations() {
     let provider = SideEffectService::builder().honour_keys(false).build();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Ignored,
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
     let to = |host: &str| {
@@ -470,7 +483,10 @@ async fn a_callers_own_key_sent_to_two_hosts_is_two_operations() {
 async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
     let provider = SideEffectService::builder().honour_keys(false).build();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Ignored,
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
     let charge = |credential: Option<&str>| {
@@ -516,6 +532,7 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
     let by_tenant = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .caller_key_scope(|parts| {
                     let tenant = parts.headers.get("x-tenant").map(|v| v.as_bytes());
                     String::from_utf8_lossy(tenant.unwrap_or_default()).into_owned()
@@ -539,6 +556,7 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
     let unscoped = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .caller_keys_unscoped()
                 .build()
                 .unwrap(),
@@ -565,7 +583,10 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
 async fn an_operation_id_sent_to_another_target_is_a_drift_never_a_replay() {
     let provider = SideEffectService::new();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
     client.clone().oneshot(post(ORIGINAL)).await.unwrap();
@@ -589,7 +610,10 @@ async fn a_caller_dropped_while_its_outcome_is_recorded_still_records_it() {
         .store(5_000, Ordering::SeqCst);
     let provider = SideEffectService::new();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(IdempotencyLayer::client(
+            store.clone(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
     // The caller gives up while `complete` is under way.
@@ -650,7 +674,10 @@ fn conflict_provider(
 async fn a_business_409_is_a_final_recorded_outcome() {
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(conflict_provider(None, calls.clone()));
     let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
@@ -665,7 +692,10 @@ async fn a_business_409_is_a_final_recorded_outcome() {
 async fn an_in_progress_409_leaves_the_operation_open() {
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(conflict_provider(Some("1"), calls.clone()));
     let err = client.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
@@ -690,6 +720,7 @@ async fn a_slow_live_client_owner_is_never_overtaken() {
     let provider = SideEffectService::new().with_faults([Fault::Latency(Duration::from_secs(20))]);
     let layer = |busy| {
         IdempotencyLayer::client_builder(store.clone())
+            .provider_deduplicates(true)
             .lease(Duration::from_secs(3))
             .busy_policy(busy)
             .build()
@@ -983,7 +1014,10 @@ async fn a_provider_outage_cannot_grow_the_client_ledger_past_its_budget() {
         }
     });
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store.clone()))
+        .layer(IdempotencyLayer::client(
+            store.clone(),
+            ProviderKeys::Deduplicates,
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(flaky);
     let body = Bytes::from(vec![b'x'; 10 * 1024]);
@@ -1259,7 +1293,10 @@ async fn a_recorded_response_keeps_no_transport_buffer_alive() {
         }
     });
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(provider);
     client.clone().oneshot(post(ORIGINAL)).await.unwrap();
     let replay = client.oneshot(post(ORIGINAL)).await.unwrap();
@@ -1286,6 +1323,7 @@ async fn a_recorded_response_keeps_no_transport_buffer_alive() {
 async fn the_stack_builder_stacks_in_order_and_shares_its_settings() {
     let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
     let stack = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .retry_policy(fast_policy(Duration::from_secs(1)))
         .body_limit(64)
         .build_stack()
@@ -1867,6 +1905,7 @@ async fn opted_out_records_the_refusal() {
     let client = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
                 .release_on(ReleaseOn::nothing())
                 .build()
                 .unwrap(),
@@ -1911,7 +1950,8 @@ async fn a_refusal_after_an_attempt_that_may_have_left_keeps_the_operation_in_do
             .no_budget()
             .build()
             .unwrap();
-        let builder = IdempotencyLayer::client_builder(MemoryStore::new());
+        let builder =
+            IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true);
         let client = composed(built, builder, policy, provider);
         let limited = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
         assert_eq!(
@@ -1953,7 +1993,8 @@ async fn a_success_whose_body_is_a_releasing_problem_is_recorded() {
             }
         });
         let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
-        let builder = IdempotencyLayer::client_builder(MemoryStore::new());
+        let builder =
+            IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true);
         let client = composed(built, builder, policy, provider);
         let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
         assert_eq!(first.status(), StatusCode::OK, "built: {built}");
@@ -1993,7 +2034,10 @@ async fn the_server_faces_scope_missing_is_released_by_the_client_face() {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(MemoryStore::new()))
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Deduplicates,
+        ))
         .service(http);
     let charge = |credential: Option<&'static str>| {
         let mut req = Request::post(format!("http://{addr}/charges"));
@@ -2061,7 +2105,8 @@ async fn the_transport_gets_the_callers_extensions_on_every_attempt() {
             }
         });
         let policy = fast_policy(Duration::from_secs(1));
-        let builder = IdempotencyLayer::client_builder(MemoryStore::new());
+        let builder =
+            IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true);
         let client = composed(built, builder, policy, transport);
         let mut req = post(ORIGINAL);
         req.extensions_mut().insert(TraceContext("span-7"));
@@ -2092,6 +2137,7 @@ async fn a_stalled_owner_on_the_default_store_is_never_overtaken() {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let stack = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
         .lease(lease)
         .busy_policy(BusyPolicy::Fail)
         .build_stack()
@@ -2148,6 +2194,7 @@ async fn a_stack_built_as_one_retries_what_it_lets_through_with_the_bytes_it_fro
         Fault::RefuseBeforeSend,
     ]);
     let client = IdempotencyLayer::client_builder(store.clone())
+        .provider_deduplicates(true)
         .require_key(false)
         .retry_policy(fast_policy(Duration::from_secs(1)))
         .build_stack()

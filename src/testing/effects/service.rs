@@ -239,7 +239,7 @@ impl SideEffectService {
     /// # async fn main() {
     /// let provider = SideEffectService::new();
     /// let client = ServiceBuilder::new()
-    ///     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).scope("billing").build().unwrap())
+    ///     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).scope("billing").build().unwrap())
     ///     .service(provider.clone());
     /// let op = OperationId::new("task-7", "charge");
     /// let mut req = http::Request::post("http://payments.local/charges")

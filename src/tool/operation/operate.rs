@@ -13,11 +13,12 @@ use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
 use crate::ledger::{Begin, LeaseToken, LedgerKey};
 use crate::tool::face::ToolFace;
 use crate::tool::types::{
-    ClassifyToolError, Discarded, FinalAnswer, ProviderKeys, ToolCall, ToolError, ToolOutput,
-    ToolSource, VerdictKind,
+    ClassifyToolError, Discarded, FinalAnswer, ToolCall, ToolError, ToolOutput, ToolSource,
+    VerdictKind,
 };
 use crate::FrozenRequest;
 use crate::IdempotencyKey;
+use crate::ProviderKeys;
 use crate::{DriftPolicy, Error, OperationId};
 
 use super::{

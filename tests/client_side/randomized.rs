@@ -138,6 +138,8 @@ struct ClientCase {
     /// The stack as `build_stack()` builds it (one service), or the two layers stacked by
     /// hand with a layer in between (the frozen request handed on through the extensions).
     built: bool,
+    /// `DriftPolicy::ResendFrozen` set explicitly, or the default for an `OperationId`.
+    resend_frozen: bool,
     behaviours: Vec<Behaviour>,
     runs: Vec<Run>,
 }
@@ -146,13 +148,15 @@ fn client_case() -> impl Strategy<Value = ClientCase> {
     (
         prop::bool::weighted(0.7),
         prop::bool::ANY,
+        prop::bool::ANY,
         prop::collection::vec(behaviour(), 0..14),
         prop::collection::vec(run(), 1..10),
     )
         .prop_map(
-            |(provider_deduplicates, built, behaviours, runs)| ClientCase {
+            |(provider_deduplicates, built, resend_frozen, behaviours, runs)| ClientCase {
                 provider_deduplicates,
                 built,
+                resend_frozen,
                 behaviours,
                 runs,
             },
@@ -169,6 +173,9 @@ fn payload(op: usize, regenerated: bool) -> Bytes {
         if regenerated { "reworded" } else { "first" }
     ))
 }
+
+const CHARGES: &str = "http://payments.local/charges";
+const REFUNDS: &str = "http://payments.local/refunds";
 
 const LEASE: Duration = Duration::from_secs(2);
 
@@ -190,11 +197,14 @@ async fn client_case_holds(
         .no_budget()
         .build()
         .unwrap();
-    let builder = IdempotencyLayer::client_builder(store)
+    let mut builder = IdempotencyLayer::client_builder(store)
         .lease(LEASE)
         .retry_policy(policy.clone())
         .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
         .provider_deduplicates(case.provider_deduplicates);
+    if case.resend_frozen {
+        builder = builder.drift_policy(tower_idempotency::DriftPolicy::ResendFrozen);
+    }
     if case.built {
         let client = builder.build_stack().unwrap().layer(provider.clone());
         return case_holds_through(case, client, provider, memory).await;
@@ -224,14 +234,15 @@ async fn case_holds_through<S, RB>(
         + 'static,
     S::Future: Send,
 {
-    let send = |op: usize, regenerated: bool| {
-        let mut req = Request::post("http://payments.local/charges")
+    let send_to = |target: &'static str, op: usize, regenerated: bool| {
+        let mut req = Request::post(target)
             .header("content-type", "application/json")
             .body(Full::new(payload(op, regenerated)))
             .unwrap();
         req.extensions_mut().insert(op_id(op));
         client.clone().oneshot(req)
     };
+    let send = |op: usize, regenerated: bool| send_to(CHARGES, op, regenerated);
 
     // Each operation's first run's payload.
     let mut first_payload: HashMap<usize, bool> = HashMap::new();
@@ -292,7 +303,25 @@ async fn case_holds_through<S, RB>(
             .into_iter()
             .filter(|a| a.key() == Some(&key))
             .collect();
+        // The operation's identity sent to another target: refused, whatever the policy
+        // and whatever the operation came to; neither answered nor resent.
+        let elsewhere = send_to(REFUNDS, op, regenerated).await;
+        assert!(
+            elsewhere.as_ref().is_err_and(|err| err.is_drift()),
+            "op {op}: another target was answered: {case:?}"
+        );
+        let resent = provider
+            .attempts()
+            .into_iter()
+            .filter(|a| a.key() == Some(&key))
+            .count();
+        assert_eq!(
+            resent,
+            attempts.len(),
+            "op {op}: sent again for another target"
+        );
         for attempt in &attempts {
+            assert_eq!(attempt.uri().path(), "/charges", "op {op}");
             assert_eq!(
                 attempt.body(),
                 attempts[0].body(),

@@ -520,6 +520,13 @@ impl Error {
         let Some(store) = self.store_error() else {
             return f.write_str("the idempotency ledger failed; the operation was not started");
         };
+        if store.is_never_fits() {
+            return f.write_str(
+                "the operation is heavier than the idempotency ledger's whole budget: it can \
+                 never fit, and retrying will not help; the operation was not started (give \
+                 the store a budget above the body limit: MemoryStore::builder().max_bytes(..))",
+            );
+        }
         if store.is_full() {
             f.write_str("the idempotency ledger is full of records it must keep")?;
             if let Some(room_in) = store.retry_after() {

@@ -20,6 +20,8 @@ pub struct StoreError {
     source: Option<BoxError>,
     /// When a full store expects room again, if it knows.
     room_in: Option<Duration>,
+    /// A full store's refusal of a record heavier than its whole budget: no wait helps.
+    never_fits: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +40,7 @@ impl StoreError {
             kind: StoreErrorKind::Unavailable,
             source: Some(source.into()),
             room_in: None,
+            never_fits: false,
         }
     }
 
@@ -47,6 +50,7 @@ impl StoreError {
             kind: StoreErrorKind::Timeout,
             source: None,
             room_in: None,
+            never_fits: false,
         }
     }
 
@@ -57,6 +61,7 @@ impl StoreError {
             kind: StoreErrorKind::Fenced,
             source: None,
             room_in: None,
+            never_fits: false,
         }
     }
 
@@ -66,6 +71,7 @@ impl StoreError {
             kind: StoreErrorKind::Corrupt,
             source: Some(source.into()),
             room_in: None,
+            never_fits: false,
         }
     }
 
@@ -81,6 +87,7 @@ impl StoreError {
             kind: StoreErrorKind::Full,
             source: None,
             room_in: None,
+            never_fits: false,
         }
     }
 
@@ -100,7 +107,35 @@ impl StoreError {
             kind: StoreErrorKind::Full,
             source: None,
             room_in: Some(retry_after),
+            never_fits: false,
         }
+    }
+
+    /// [`StoreError::full`] for a record heavier than the store's whole budget: it can
+    /// never be kept, however long the caller waits, so there is no
+    /// [`retry_after`](Self::retry_after). It is still [full](Self::is_full): the layers
+    /// fail closed on it alike (nothing runs), and only what they tell the caller differs.
+    /// A store answers it when the operation's request (which the client face keeps, to
+    /// resend) or claim weighs more than it may ever hold: a body limit larger than the
+    /// store's budget.
+    ///
+    /// ```
+    /// # use tower_idempotency::ledger::StoreError;
+    /// let err = StoreError::never_fits();
+    /// assert!(err.is_full() && err.is_never_fits());
+    /// assert_eq!(err.retry_after(), None);
+    /// assert!(!StoreError::full().is_never_fits());
+    /// ```
+    pub fn never_fits() -> Self {
+        Self {
+            never_fits: true,
+            ..Self::full()
+        }
+    }
+
+    /// See [`StoreError::never_fits`].
+    pub fn is_never_fits(&self) -> bool {
+        self.never_fits
     }
 
     /// See [`StoreError::full`].
@@ -141,6 +176,7 @@ impl fmt::Debug for StoreError {
             .field("kind", &self.kind)
             .field("source", &self.source)
             .field("room_in", &self.room_in)
+            .field("never_fits", &self.never_fits)
             .finish()
     }
 }
@@ -154,6 +190,10 @@ impl fmt::Display for StoreError {
                 "the ledger refused a write from a stale owner (its lease was taken over)"
             }
             StoreErrorKind::Corrupt => "a ledger record could not be decoded",
+            StoreErrorKind::Full if self.never_fits => {
+                "the operation is heavier than the ledger's whole budget: it can never fit \
+                 (waiting will not help; raise the budget or lower the body limit)"
+            }
             StoreErrorKind::Full => {
                 "the ledger is full of records it must keep; refusing new operations"
             }

@@ -463,6 +463,9 @@ where
         Err(err) if err.is_full() => {
             outcome("ledger-full");
             report.track.decided(Decision::Full);
+            if err.is_never_fits() {
+                return answered_by(report, problem::ledger_never_fits());
+            }
             let retry_after = err.retry_after().unwrap_or(server.retry_after);
             return answered_by(report, problem::ledger_full(retry_after));
         }

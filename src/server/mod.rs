@@ -69,7 +69,7 @@
 //! | body could not be read | `400` [`body-unreadable`](problem::BODY_UNREADABLE) | not touched |
 //! | keyed, but no principal to scope the key by (no `Authorization`, no scope function) | `400` [`scope-missing`](problem::SCOPE_MISSING) | not touched |
 //! | ledger unavailable | `503` [`ledger-unavailable`](problem::LEDGER_UNAVAILABLE) with `Retry-After`; the handler does not run (fail closed). Opt-in [fail open](crate::server::Builder::fail_open): the handler's response with `Idempotency-Fail-Open: true` | — |
-//! | ledger full of records it must keep | `503` [`ledger-full`](problem::LEDGER_FULL) with `Retry-After`; the handler does not run | not touched |
+//! | ledger full of records it must keep | `503` [`ledger-full`](problem::LEDGER_FULL) with `Retry-After` (none for a request heavier than the ledger's whole budget: it can never fit); the handler does not run | not touched |
 //! | new key | the handler's response | recorded |
 //! | same key, in flight | `409` [`in-flight`](problem::IN_FLIGHT) with `Retry-After` | unchanged |
 //! | same key, other method, path (as the client sent it), query or body | `422` [`payload-mismatch`](problem::PAYLOAD_MISMATCH): one key is one request, never a second run | unchanged |

@@ -111,6 +111,10 @@
 //! not called. Retry later with the same key; operators should give the store a larger
 //! budget (see [`MemoryStore`](crate::ledger::MemoryStore)).
 //!
+//! **503 without `Retry-After`** when the request is heavier than the ledger's whole
+//! budget: it can never fit, and the `detail` says so. Retrying will not help; operators
+//! should make the budget larger than the layer's body limit.
+//!
 //! # scope-missing
 //!
 //! **400.** A keyed request carried no `Authorization` header, and the layer scopes keys by
@@ -430,6 +434,19 @@ pub(crate) fn ledger_full<T>(retry_after: Duration) -> Response<ResponseBody<T>>
         )
     });
     with_retry_after(problem_with_body(status, body.clone()), retry_after)
+}
+
+/// `ledger-full` for a request the ledger can never hold: no `Retry-After`, since no wait
+/// makes room for it.
+pub(crate) fn ledger_never_fits<T>() -> Response<ResponseBody<T>> {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        LEDGER_FULL,
+        "Idempotency ledger full",
+        "the request was not handled because it is heavier than the idempotency ledger's whole budget: it can never fit, and retrying will not help"
+            .to_owned(),
+        None,
+    )
 }
 
 pub(crate) fn scope_missing<T>() -> Response<ResponseBody<T>> {

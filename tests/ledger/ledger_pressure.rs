@@ -437,3 +437,41 @@ async fn completions_past_a_share_under_pressure_never_take_the_others_room() {
     }
     assert_eq!(store.evictions(), 0, "nothing protected was evicted");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_heavier_than_the_whole_budget_is_told_it_can_never_fit() {
+    let (_logs, _default) = capture::warnings();
+    // 16 KiB of ledger: room for many operations, never for one that freezes 64 KiB.
+    let store = MemoryStore::builder().max_bytes(16 * 1024).build();
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(store.clone())
+                .provider_deduplicates(true)
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let charge = |task: &str, body: Bytes| {
+        let mut request = Request::post("http://payments.local/charges")
+            .body(Full::new(body))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(tower_idempotency::OperationId::new(task, "charge"));
+        request
+    };
+    // A completed operation: the store knows when its protected window ends.
+    client
+        .clone()
+        .oneshot(charge("small", Bytes::from_static(b"{}")))
+        .await
+        .unwrap();
+
+    let heavy = Bytes::from(format!(r#"{{"note":"{}"}}"#, "x".repeat(64 * 1024)));
+    let err = client.oneshot(charge("heavy", heavy)).await.unwrap_err();
+    assert!(err.is_ledger_full(), "{err:?}");
+    assert_eq!(err.retry_after(), None, "a wait that can never help");
+    assert!(err.to_string().contains("never fit"), "{err}");
+    assert_eq!(provider.effects(), 1, "only the small operation ran");
+}

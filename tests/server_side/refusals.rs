@@ -302,3 +302,29 @@ async fn a_replayed_answer_keeps_the_retry_after_it_was_recorded_with() {
     );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_request_the_ledger_can_never_hold_gets_no_retry_after() {
+    use http_body_util::BodyExt;
+
+    let (app, runs) = charges(IdempotencyLayer::server(
+        crate::support::down::TooSmallStore,
+    ));
+    let refused = app
+        .oneshot(charge("/charges", "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        refused.headers().get("retry-after").is_none(),
+        "a Retry-After that can never help"
+    );
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(problem["type"].as_str().unwrap().ends_with("#ledger-full"));
+    assert!(
+        problem["detail"].as_str().unwrap().contains("never fit"),
+        "{problem}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

@@ -44,3 +44,32 @@ impl IdempotencyStore for DownStore {
         refused()
     }
 }
+
+/// A store whose every claim is heavier than its whole budget: each `begin` is refused as
+/// [never fitting](StoreError::never_fits); nothing else is ever reached.
+#[derive(Debug)]
+pub struct TooSmallStore;
+
+impl IdempotencyStore for TooSmallStore {
+    fn begin(&self, _: BeginRequest) -> StoreFuture<'_, Begin> {
+        StoreFuture::ready(Err(StoreError::never_fits()))
+    }
+    fn complete(
+        &self,
+        _: LedgerKey,
+        _: LeaseToken,
+        _: Outcome,
+        _: Duration,
+    ) -> StoreFuture<'_, ()> {
+        refused()
+    }
+    fn abandon(&self, _: LedgerKey, _: LeaseToken) -> StoreFuture<'_, ()> {
+        refused()
+    }
+    fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        refused()
+    }
+    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        refused()
+    }
+}

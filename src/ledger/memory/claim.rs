@@ -29,6 +29,9 @@ impl MemoryStore {
                 let expired = entry.remove();
                 self.forget(&expired);
                 let record = Record::claim(&request, at, self.seq());
+                if let Some(never) = self.never_fits(record.weight) {
+                    return Err(never);
+                }
                 if self.over_share(record.scope, record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));
@@ -48,6 +51,9 @@ impl MemoryStore {
                 // Absent: a new claim, if the budget has room for it and its scope is not
                 // over its share of a store under pressure.
                 let record = Record::claim(&request, at, self.seq());
+                if let Some(never) = self.never_fits(record.weight) {
+                    return Err(never);
+                }
                 if self.over_share(record.scope, record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));

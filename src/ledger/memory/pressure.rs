@@ -149,6 +149,27 @@ impl MemoryStore {
         );
     }
 
+    /// Refuse a claim heavier than the whole budget (the client face's record holds the
+    /// frozen request, so a body limit above the budget makes one), if this is one. Told
+    /// apart from a full store: no eviction and no wait makes room for it, so a
+    /// `Retry-After` would only send the caller back to the same refusal. Counted with the
+    /// other refusals, and warned every time: each is a setting to fix, not a load to ride
+    /// out.
+    pub(super) fn never_fits(&self, weight: u64) -> Option<StoreError> {
+        if weight <= self.inner.max_bytes {
+            return None;
+        }
+        self.inner.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            weight,
+            max_bytes = self.inner.max_bytes,
+            "an operation is heavier than the memory ledger's whole budget and can never be \
+             kept; refusing it (raise max_bytes above the layers' body limit, or lower the \
+             body limit)"
+        );
+        Some(StoreError::never_fits())
+    }
+
     /// Refuse a claim for room: count it, warn (at most every 30 s) and say when room
     /// frees up, from the front of the eviction order alone (no sweep, no shard lock).
     pub(super) fn refuse(&self, now: Instant) -> StoreError {

@@ -163,7 +163,7 @@ pub enum Signal {
     FailOpen,
     /// A regenerated request joined its operation: it was answered for the payload first
     /// frozen, and its own payload was discarded (a client's
-    /// [`PayloadDiscarded`](crate::client::PayloadDiscarded), a tool's
+    /// [`PayloadDiscarded`](crate::PayloadDiscarded), a tool's
     /// [`Discarded`](crate::tool::Discarded)).
     PayloadDiscarded,
 }

@@ -366,6 +366,50 @@ fn the_builder_refuses_bad_names_and_pointers() {
     assert!(PayloadFields::new(["order_id"]).is_err());
 }
 
+/// A warning is heard by the test listening for it even when another thread, listening to
+/// nothing, reaches the warning's callsite first: `tracing` caches one interest per callsite
+/// for every thread, and a cache filled on a thread without a subscriber must not silence the
+/// callsite for the thread that listens.
+#[tokio::test]
+async fn a_discarded_call_warns_though_an_unlistened_thread_reached_the_warning_first() {
+    let (logs, _default) = crate::support::capture::warnings();
+    let discard_once = || async {
+        let tool = ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored)
+            .build()
+            .unwrap()
+            .layer(ToolDouble::new());
+        tool.clone()
+            .oneshot(ToolCall::new(op(), charge("a", "fi_1")))
+            .await
+            .unwrap();
+        let again = tool
+            .oneshot(ToolCall::new(op(), charge("b", "fi_2")))
+            .await
+            .unwrap();
+        assert!(again.discarded().is_some());
+    };
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(discard_once())
+    })
+    .join()
+    .unwrap();
+    assert!(
+        logs.text().is_empty(),
+        "another thread's warning is not ours"
+    );
+
+    discard_once().await;
+    let warned = logs
+        .text()
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("these discarded"))
+        .count();
+    assert_eq!(warned, 1, "{}", logs.text());
+}
+
 /// A call whose arguments are discarded is told in the log as a warning, once, whichever way
 /// the difference is found: the field digests of a completed operation, the frozen arguments
 /// of an operation in doubt it resumes, or the arguments' digest on a replay whose defining

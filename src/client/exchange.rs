@@ -186,7 +186,9 @@ where
                     match service.poll_ready(cx) {
                         // Renewed while waiting too: a slow `poll_ready` (a full pool) must
                         // not let the lease lapse and hand the operation to another run.
-                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Pending => {
+                            return this.renewal.poll_renew_while(this.lease, track, cx)
+                        }
                         Poll::Ready(Ok(())) => {
                             // The last moment nothing can have left: from the call on, a
                             // drop leaves the operation in doubt. `sending` is marked
@@ -220,7 +222,9 @@ where
                 }
                 ExchangeStepProj::Calling { mut call } => {
                     let result = match call.as_mut().poll(cx) {
-                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Pending => {
+                            return this.renewal.poll_renew_while(this.lease, track, cx)
+                        }
                         Poll::Ready(result) => result,
                     };
                     let link = this.link.as_ref().expect("set when sent");
@@ -252,7 +256,9 @@ where
                     sent,
                 } => {
                     let buffered = match Pin::new(buffer).poll(cx) {
-                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Pending => {
+                            return this.renewal.poll_renew_while(this.lease, track, cx)
+                        }
                         Poll::Ready(buffered) => buffered.map_err(Into::<BoxError>::into),
                     };
                     let lease = this.lease.take().expect("held while the body is read");

@@ -166,16 +166,21 @@ pub enum Signal {
     /// [`PayloadDiscarded`](crate::client::PayloadDiscarded), a tool's
     /// [`Discarded`](crate::tool::Discarded)).
     PayloadDiscarded,
+    /// The owner's lease was taken over while it still worked (a renewal was refused as
+    /// fenced): another run may have resumed the operation and sent it again, so its effect
+    /// may repeat. The owner's own writes are refused from then on, never applied.
+    LeaseLost,
 }
 
 impl Signal {
-    const ALL: [Self; 2] = [Self::FailOpen, Self::PayloadDiscarded];
+    const ALL: [Self; 3] = [Self::FailOpen, Self::PayloadDiscarded, Self::LeaseLost];
 
-    /// The name metrics use: `fail_open`, `payload_discarded`.
+    /// The name metrics use: `fail_open`, `payload_discarded`, `lease_lost`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::FailOpen => "fail_open",
             Self::PayloadDiscarded => "payload_discarded",
+            Self::LeaseLost => "lease_lost",
         }
     }
 
@@ -526,13 +531,14 @@ pub(crate) fn count_signal(face: Face, signal: Signal) {
     let _ = (face, signal);
 }
 
-/// What one request that reached the ledger came to, built by a face that keeps no
-/// [`Track`] (the tool face): its hook is called with it.
+/// What one request that reached the ledger came to, built by a face whose [`Track`]
+/// keeps only its signals (the tool face, which reads its decision from the answer): its
+/// hook is called with it.
 pub(crate) fn report_once(
     hook: &OutcomeHook,
     (face, decision, key): (Face, Decision, &WireKey),
     started: Instant,
-    signals: &[Signal],
+    signals: &Track,
 ) {
     (hook.0)(&OutcomeEvent {
         face,
@@ -540,7 +546,7 @@ pub(crate) fn report_once(
         key,
         status: None,
         elapsed: started.elapsed(),
-        signals: signals.iter().fold(0, |set, signal| set | signal.bit()),
+        signals: signals.signals.load(Ordering::Relaxed),
     });
 }
 

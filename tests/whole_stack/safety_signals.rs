@@ -6,6 +6,7 @@ use crate::support::{down, orders};
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::routing::post;
@@ -14,7 +15,10 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_idempotency::idempotency::{Decision, Face, OutcomeEvent, Signal};
-use tower_idempotency::ledger::MemoryStore;
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
+    StoreFuture,
+};
 use tower_idempotency::testing::{SideEffectService, ToolDouble};
 use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
 use tower_idempotency::{DriftPolicy, IdempotencyLayer, OperationId};
@@ -201,4 +205,79 @@ fn the_tool_face_tells_its_hook_and_the_metrics_of_discarded_arguments() {
         counted,
         [("face=tool,signal=payload_discarded".to_owned(), 1)]
     );
+}
+
+/// A store that never holds leases (its owners renew them), and answers every renewal that
+/// the operation was taken over: another run resumed it while its owner still works.
+#[derive(Clone, Debug)]
+struct TakenOverWhileWorking {
+    inner: MemoryStore,
+}
+
+impl IdempotencyStore for TakenOverWhileWorking {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        self.inner.begin(request)
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.complete(key, token, outcome, retention)
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.inner.abandon(key, token)
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.mark_in_doubt(key, token, retention)
+    }
+
+    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Err(StoreError::fenced()))
+    }
+}
+
+/// The provider is slow, and the lease is taken over while the owner still waits for it:
+/// another run may send the operation again, so its effect may repeat. The hook hears it
+/// and the metrics count it, once, not only the `tracing` subscriber.
+#[test]
+fn a_client_whose_lease_is_taken_over_while_it_works_says_so_to_the_hook_and_the_metrics() {
+    let log = Log::default();
+    let provider = SideEffectService::builder()
+        .latency(Duration::from_secs(30))
+        .build();
+    let counted = counted_signals(|| async {
+        tokio::time::pause();
+        let store = TakenOverWhileWorking {
+            inner: MemoryStore::new(),
+        };
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(store)
+                    .provider_deduplicates(true)
+                    .lease(Duration::from_secs(3))
+                    .on_outcome(recording(&log))
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        // Whatever the answer, the record is no longer this owner's to write.
+        let _ = client.oneshot(orders::post("{}")).await;
+    });
+    assert_eq!(provider.effects(), 1);
+    let seen = taken(&log);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, Face::Client);
+    assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
+    assert_eq!(counted, [("face=client,signal=lease_lost".to_owned(), 1)]);
 }

@@ -144,8 +144,8 @@ impl Decision {
 }
 
 /// A safety signal: something happened to a request that means its effect **may repeat**,
-/// or that what its caller sent **was discarded**. Each is a `WARN` event in `tracing`, and
-/// never only that: with feature `metrics` it counts in `idempotency_safety_signals_total`
+/// or that what its caller sent **was discarded**. Each is a `WARN` event in `tracing` (a
+/// followed redirect, the first time only), and never only that: with feature `metrics` it counts in `idempotency_safety_signals_total`
 /// (labels `face`, `signal`), and the face's `on_outcome` hook sees it in
 /// [`OutcomeEvent::signals`].
 ///
@@ -170,17 +170,30 @@ pub enum Signal {
     /// fenced): another run may have resumed the operation and sent it again, so its effect
     /// may repeat. The owner's own writes are refused from then on, never applied.
     LeaseLost,
+    /// The transport followed a redirect of an operation's request (reqwest does by
+    /// default): its answer is taken as the redirect's, never as a sign that nothing ran,
+    /// but with such a client a failure on a redirect's hop reads as a failure before
+    /// sending, and releases an operation that ran, so its effect may repeat. Build the
+    /// client without redirects (see the `reqwest` module, feature `reqwest`).
+    RedirectFollowed,
 }
 
 impl Signal {
-    const ALL: [Self; 3] = [Self::FailOpen, Self::PayloadDiscarded, Self::LeaseLost];
+    const ALL: [Self; 4] = [
+        Self::FailOpen,
+        Self::PayloadDiscarded,
+        Self::LeaseLost,
+        Self::RedirectFollowed,
+    ];
 
-    /// The name metrics use: `fail_open`, `payload_discarded`, `lease_lost`.
+    /// The name metrics use: `fail_open`, `payload_discarded`, `lease_lost`,
+    /// `redirect_followed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::FailOpen => "fail_open",
             Self::PayloadDiscarded => "payload_discarded",
             Self::LeaseLost => "lease_lost",
+            Self::RedirectFollowed => "redirect_followed",
         }
     }
 

@@ -281,3 +281,80 @@ fn a_client_whose_lease_is_taken_over_while_it_works_says_so_to_the_hook_and_the
     assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
     assert_eq!(counted, [("face=client,signal=lease_lost".to_owned(), 1)]);
 }
+
+/// reqwest follows a provider's `303` to its receipt page (its default): the answer is
+/// handled as the redirect's, but with such a client a failure on a redirect's hop would
+/// read as "never sent" and release an operation that ran. The hook hears it and the
+/// metrics count it, over real loopback TCP, on the `ReqwestService` stack and on the
+/// reqwest-middleware face.
+#[cfg(feature = "reqwest-middleware")]
+#[test]
+fn a_followed_redirect_says_so_to_the_hook_and_the_metrics() {
+    use axum::routing::get;
+    use http::StatusCode;
+    use tower_idempotency::reqwest::ReqwestService;
+    use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
+
+    let log = Log::default();
+    let counted = counted_signals(|| async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let location = format!("{base}/receipt");
+        let app = Router::new()
+            .route(
+                "/charges",
+                post(move || async move { (StatusCode::SEE_OTHER, [("location", location)]) }),
+            )
+            .route("/receipt", get(|| async { "receipt" }));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let layer = || {
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
+                .on_outcome(recording(&log))
+        };
+
+        let stack = layer()
+            .build_stack()
+            .unwrap()
+            .layer(ReqwestService::new(reqwest::Client::new()));
+        let mut charge = http::Request::post(format!("{base}/charges"))
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        charge
+            .extensions_mut()
+            .insert(OperationId::new("task-7", "charge"));
+        let answer = stack.oneshot(charge).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+
+        let middleware = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(IdempotencyMiddleware::new(layer().build().unwrap()))
+            .build();
+        let answer = middleware
+            .post(format!("{base}/charges"))
+            .body("{}")
+            .with_extension(OperationId::new("task-7", "charge"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+    });
+    assert_eq!(
+        taken(&log),
+        [
+            (
+                Face::Client,
+                Decision::Acquired,
+                vec![Signal::RedirectFollowed]
+            ),
+            (
+                Face::Client,
+                Decision::Acquired,
+                vec![Signal::RedirectFollowed]
+            ),
+        ]
+    );
+    assert_eq!(
+        counted,
+        [("face=client,signal=redirect_followed".to_owned(), 2)]
+    );
+}

@@ -19,7 +19,7 @@ use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
     StoreFuture,
 };
-use tower_idempotency::testing::{SideEffectService, ToolDouble};
+use tower_idempotency::testing::{SideEffectService, ToolDouble, ToolFault};
 use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
 use tower_idempotency::{DriftPolicy, IdempotencyLayer, OperationId};
 
@@ -357,4 +357,68 @@ fn a_followed_redirect_says_so_to_the_hook_and_the_metrics() {
         counted,
         [("face=client,signal=redirect_followed".to_owned(), 2)]
     );
+}
+
+/// The server face: the handler is slow, and its lease is taken over while it works.
+#[test]
+fn a_server_whose_lease_is_taken_over_while_its_handler_works_says_so_to_the_hook_and_the_metrics()
+{
+    let log = Log::default();
+    let counted = counted_signals(|| async {
+        tokio::time::pause();
+        let store = TakenOverWhileWorking {
+            inner: MemoryStore::new(),
+        };
+        let layer = IdempotencyLayer::server_builder(store)
+            .lease(Duration::from_secs(3))
+            .on_outcome(recording(&log))
+            .build()
+            .unwrap();
+        let handler = post(|| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            "charged"
+        });
+        let app = Router::new().route("/charges", handler.route_layer(layer));
+        let request = http::Request::post("/charges")
+            .header("authorization", "Bearer sk_alice")
+            .header("idempotency-key", "\"order-42\"")
+            .body(Body::from("{}"))
+            .unwrap();
+        let _ = app.oneshot(request).await.unwrap();
+    });
+    let seen = taken(&log);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, Face::Server);
+    assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
+    assert_eq!(counted, [("face=server,signal=lease_lost".to_owned(), 1)]);
+}
+
+/// The tool face: the tool is slow, and the call's lease is taken over while it works.
+#[test]
+fn the_tool_face_tells_its_hook_and_the_metrics_of_a_lease_taken_over_while_it_works() {
+    let log = Log::default();
+    let tool = ToolDouble::new().with_faults([ToolFault::Latency(Duration::from_secs(30))]);
+    let counted = counted_signals(|| async {
+        tokio::time::pause();
+        let store = TakenOverWhileWorking {
+            inner: MemoryStore::new(),
+        };
+        let layer = ToolLayer::builder(store, "refund", ProviderKeys::Ignored)
+            .lease(Duration::from_secs(3))
+            .on_outcome(recording(&log))
+            .build()
+            .unwrap();
+        let service = layer.layer(tool.clone());
+        let call = ToolCall::new(
+            OperationId::new("task-3", "refund"),
+            serde_json::json!({"amount": 10}),
+        );
+        let _ = service.oneshot(call).await;
+    });
+    assert_eq!(tool.effects(), 1);
+    let seen = taken(&log);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, Face::Tool);
+    assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
+    assert_eq!(counted, [("face=tool,signal=lease_lost".to_owned(), 1)]);
 }

@@ -152,9 +152,10 @@ pub type ReqwestFuture =
     Pin<Box<dyn Future<Output = Result<http::Response<::reqwest::Body>, BoxError>> + Send>>;
 
 /// Mark a response reqwest got by following a redirect (see the [module
-/// docs](self#redirects)): the client face never takes its status for its request's. Says
-/// so once, at `WARN`: such a client's failures on a redirect's hop cannot be told from
-/// failures before the request was sent.
+/// docs](self#redirects)): the client face never takes its status for its request's, and
+/// raises [`Signal::RedirectFollowed`](crate::idempotency::Signal::RedirectFollowed) for it
+/// (metrics, `on_outcome`) every time. Says so once, at `WARN`: such a client's failures
+/// on a redirect's hop cannot be told from failures before the request was sent.
 pub(crate) fn followed_a_redirect(extensions: &mut http::Extensions) {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     extensions.insert(crate::client::AnsweredAfterRedirect);

@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use crate::frozen::FrozenRequest;
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, ResponseBody};
-use crate::idempotency::decision::{Decision, Track};
+use crate::idempotency::decision::{Decision, Signal, Track};
 use crate::idempotency::engine::{LeaseGuard, Renewal};
 use crate::ledger::{LeaseToken, LedgerKey};
 use crate::retry::{is_in_progress_answer, is_retryable_status};
@@ -186,7 +186,9 @@ where
                     match service.poll_ready(cx) {
                         // Renewed while waiting too: a slow `poll_ready` (a full pool) must
                         // not let the lease lapse and hand the operation to another run.
-                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Pending => {
+                            return this.renewal.poll_renew_while(this.lease, track, cx)
+                        }
                         Poll::Ready(Ok(())) => {
                             // The last moment nothing can have left: from the call on, a
                             // drop leaves the operation in doubt. `sending` is marked
@@ -220,7 +222,9 @@ where
                 }
                 ExchangeStepProj::Calling { mut call } => {
                     let result = match call.as_mut().poll(cx) {
-                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Pending => {
+                            return this.renewal.poll_renew_while(this.lease, track, cx)
+                        }
                         Poll::Ready(result) => result,
                     };
                     let link = this.link.as_ref().expect("set when sent");
@@ -252,7 +256,9 @@ where
                     sent,
                 } => {
                     let buffered = match Pin::new(buffer).poll(cx) {
-                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Pending => {
+                            return this.renewal.poll_renew_while(this.lease, track, cx)
+                        }
                         Poll::Ready(buffered) => buffered.map_err(Into::<BoxError>::into),
                     };
                     let lease = this.lease.take().expect("held while the body is read");
@@ -292,6 +298,22 @@ where
     }
 }
 
+/// Whether the transport got `response` by following a redirect (see
+/// [`AnsweredAfterRedirect`](super::release::AnsweredAfterRedirect)): a redirect's answer
+/// never releases the operation. Such a transport may let an effect repeat (a failure on a
+/// later redirect's hop reads as "never sent"), so the request's track says so, for
+/// metrics and the outcome hook. A lookup in the response's extensions: nothing allocated.
+fn answered_after_redirect<ResB>(track: &Track, response: &Response<ResB>) -> bool {
+    let redirected = response
+        .extensions()
+        .get::<super::release::AnsweredAfterRedirect>()
+        .is_some();
+    if redirected {
+        track.signal(Signal::RedirectFollowed);
+    }
+    redirected
+}
+
 /// The server answered. An answer that says the operation never started (see
 /// [`ReleaseOn`](super::ReleaseOn)) releases it; one that says "try again"
 /// leaves it in doubt, so a later run resends the frozen bytes rather than replaying a
@@ -310,14 +332,8 @@ where
     ResB: Body<Data = Bytes> + Unpin + Send + 'static,
 {
     let status = response.status();
-    // Looked at only for an answer that would release: a redirect's answer never does.
-    let after_redirect = |response: &Response<ResB>| {
-        response
-            .extensions()
-            .get::<super::release::AnsweredAfterRedirect>()
-            .is_some()
-    };
-    if client.release_on.releases_status(status) && !after_redirect(&response) {
+    let after_redirect = answered_after_redirect(track, &response);
+    if client.release_on.releases_status(status) && !after_redirect {
         let settling = release_not_started(track, sent, lease);
         let mut response = response.map(ResponseBody::inner);
         source.mark(response.extensions_mut());
@@ -330,7 +346,7 @@ where
     let retryable =
         is_retryable_status(status) || is_in_progress_answer(status, response.headers());
     let read_problem =
-        client.release_on.reads_problem(status, response.headers()) && !after_redirect(&response);
+        client.release_on.reads_problem(status, response.headers()) && !after_redirect;
     if retryable && !read_problem {
         if status == http::StatusCode::CONFLICT {
             // "Still in progress" (its `Retry-After` says so): not an outcome, and not an

@@ -150,11 +150,16 @@
 //! - **Refused** (an [`is_retry_outside`](crate::Error::is_retry_outside) error, before the
 //!   ledger is consulted, nothing sent): a `FrozenRetryLayer` **outside** this layer, seen
 //!   on a side effect carrying an [`OperationId`](crate::OperationId).
+//! - **Refused** (an [`is_retry_nested`](crate::Error::is_retry_nested) error, before the
+//!   second one sends anything; the operation is released): a second `FrozenRetryLayer`
+//!   under the one directly inside this layer. The first leaves a zero-sized mark on each
+//!   attempt, which the second finds.
 //! - **Not detected**, and not to be wired: any other retrying layer inside this one —
-//!   `tower::retry` (its policy clones the request, invisibly to this layer), a second
-//!   `FrozenRetryLayer` under the first, a transport that retries by itself — and a
-//!   `FrozenRetryLayer` outside this one around a request that carries its own
-//!   `Idempotency-Key` rather than an `OperationId`. Against a provider that deduplicates,
+//!   `tower::retry` (its policy clones the request, invisibly to this layer), a
+//!   `FrozenRetryLayer` under the service a [`build_stack`](Builder::build_stack) stack
+//!   wraps (its attempts carry no mark: the mark would cost each one an allocation), a
+//!   transport that retries by itself — and a `FrozenRetryLayer` outside this one around a
+//!   request that carries its own `Idempotency-Key` rather than an `OperationId`. Against a provider that deduplicates,
 //!   such a retry is one effect; against one that ignores keys, it can be two, and the
 //!   response still reads [`Sent`](crate::ResponseSource::Sent).
 //!

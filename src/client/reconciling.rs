@@ -58,11 +58,10 @@ where
     let operation = InDoubtOperation::new(original.clone(), wire_key, attempts)
         .with_key_header(client.key_header.clone());
     let verdict = lease
-        .renewing(reconcile::ask(
-            reconciler,
-            operation,
-            client.reconcile_timeout,
-        ))
+        .renewing(
+            track,
+            reconcile::ask(reconciler, operation, client.reconcile_timeout),
+        )
         .await;
     match verdict {
         Reconciled::Applied(found) => {

@@ -59,6 +59,7 @@ enum Kind {
     KeyInUse { retry_after: Option<Duration> },
     ResponseBody,
     RetryOutside,
+    RetryNested,
 }
 
 impl Error {
@@ -151,6 +152,10 @@ impl Error {
 
     pub(crate) fn retry_outside() -> Self {
         Self::new(Kind::RetryOutside, None)
+    }
+
+    pub(crate) fn retry_nested() -> Self {
+        Self::new(Kind::RetryNested, None)
     }
 
     /// A side-effecting request carried no [`OperationId`](crate::OperationId) and no
@@ -321,6 +326,26 @@ impl Error {
         matches!(self.inner.kind, Kind::RetryOutside)
     }
 
+    /// A second [`FrozenRetryLayer`](crate::FrozenRetryLayer) sits under the one the
+    /// client [`IdempotencyLayer`](crate::IdempotencyLayer) hands its operations to: its
+    /// retries would resend attempts that may have arrived, judged without the provider's
+    /// keys or the operation's doubt, and the response would still read
+    /// [`Sent`](crate::ResponseSource::Sent). Refused by the inner one before its first
+    /// send, on every operation, until the stack is fixed: one `FrozenRetryLayer`, directly
+    /// inside the idempotency layer. Nothing was sent, so the operation is released, and
+    /// the retry layer outside does not retry the refusal.
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn two_retry_layers_stacked(err: &Error) -> bool {
+    ///     err.is_retry_nested()
+    /// }
+    /// # let _ = two_retry_layers_stacked;
+    /// ```
+    pub fn is_retry_nested(&self) -> bool {
+        matches!(self.inner.kind, Kind::RetryNested)
+    }
+
     /// Our error inside `err`, however deep: `err` itself, one of its
     /// [`source`](std::error::Error::source)s, or (feature `reqwest-middleware`) the error
     /// a `reqwest_middleware::Error::Middleware` wraps.
@@ -411,6 +436,7 @@ impl Error {
                 | Kind::InvalidKey(_)
                 | Kind::BodyTooLarge { .. }
                 | Kind::Body
+                | Kind::RetryNested
         )
     }
 
@@ -508,6 +534,11 @@ impl fmt::Display for Error {
                  operation's record; nothing was sent: put the idempotency layer outside \
                  (first in ServiceBuilder), or build both with \
                  IdempotencyLayer::client_builder(..).build_stack()",
+            ),
+            Kind::RetryNested => f.write_str(
+                "a second FrozenRetryLayer is stacked under the one inside IdempotencyLayer, \
+                 so its retries would resend attempts that may have arrived; nothing was sent: \
+                 keep one FrozenRetryLayer, directly inside the idempotency layer",
             ),
         }
     }

@@ -100,6 +100,23 @@ impl Handoff {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RetriedOutside;
 
+/// Left by a [`FrozenRetryLayer`](crate::FrozenRetryLayer) on each attempt of an operation
+/// an [`IdempotencyLayer`](crate::IdempotencyLayer) handed it, so a second retry layer under
+/// it refuses the attempt rather than retrying it on its own, blind to the provider's keys
+/// and to the operation's doubt. Zero-sized, and put in a map that held the hand-off: it
+/// costs no allocation, neither here nor in each attempt's copy of the extensions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OperationAttempt;
+
+/// Refuse a request that is an attempt of an operation another retry layer already
+/// retries (see [`OperationAttempt`]), before anything of it is sent.
+pub(crate) fn refuse_nested_retry(extensions: &Extensions) -> Result<(), crate::Error> {
+    match extensions.get::<OperationAttempt>() {
+        Some(OperationAttempt) => Err(crate::Error::retry_nested()),
+        None => Ok(()),
+    }
+}
+
 /// What the retry layer was handed, frozen.
 pub(crate) struct Handed {
     /// What every attempt is rebuilt from.

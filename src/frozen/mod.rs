@@ -42,7 +42,9 @@ mod handoff;
 pub(crate) mod request;
 
 pub(crate) use collect::{check_declared_length, check_length, declared_length, CollectRequest};
-pub(crate) use handoff::{hand_over, Handed, Handoff, RetriedOutside};
+pub(crate) use handoff::{
+    hand_over, refuse_nested_retry, Handed, Handoff, OperationAttempt, RetriedOutside,
+};
 #[cfg(test)]
 pub(crate) use request::test_post;
 pub(crate) use request::{Adding, FrozenRequest};

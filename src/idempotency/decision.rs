@@ -144,8 +144,8 @@ impl Decision {
 }
 
 /// A safety signal: something happened to a request that means its effect **may repeat**,
-/// or that what its caller sent **was discarded**. Each is a `WARN` event in `tracing`, and
-/// never only that: with feature `metrics` it counts in `idempotency_safety_signals_total`
+/// or that what its caller sent **was discarded**. Each is a `WARN` event in `tracing` (a
+/// followed redirect, the first time only), and never only that: with feature `metrics` it counts in `idempotency_safety_signals_total`
 /// (labels `face`, `signal`), and the face's `on_outcome` hook sees it in
 /// [`OutcomeEvent::signals`].
 ///
@@ -166,16 +166,34 @@ pub enum Signal {
     /// [`PayloadDiscarded`](crate::PayloadDiscarded), a tool's
     /// [`Discarded`](crate::tool::Discarded)).
     PayloadDiscarded,
+    /// The owner's lease was taken over while it still worked (a renewal was refused as
+    /// fenced): another run may have resumed the operation and sent it again, so its effect
+    /// may repeat. The owner's own writes are refused from then on, never applied.
+    LeaseLost,
+    /// The transport followed a redirect of an operation's request (reqwest does by
+    /// default): its answer is taken as the redirect's, never as a sign that nothing ran,
+    /// but with such a client a failure on a redirect's hop reads as a failure before
+    /// sending, and releases an operation that ran, so its effect may repeat. Build the
+    /// client without redirects (see the `reqwest` module, feature `reqwest`).
+    RedirectFollowed,
 }
 
 impl Signal {
-    const ALL: [Self; 2] = [Self::FailOpen, Self::PayloadDiscarded];
+    const ALL: [Self; 4] = [
+        Self::FailOpen,
+        Self::PayloadDiscarded,
+        Self::LeaseLost,
+        Self::RedirectFollowed,
+    ];
 
-    /// The name metrics use: `fail_open`, `payload_discarded`.
+    /// The name metrics use: `fail_open`, `payload_discarded`, `lease_lost`,
+    /// `redirect_followed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::FailOpen => "fail_open",
             Self::PayloadDiscarded => "payload_discarded",
+            Self::LeaseLost => "lease_lost",
+            Self::RedirectFollowed => "redirect_followed",
         }
     }
 
@@ -526,13 +544,14 @@ pub(crate) fn count_signal(face: Face, signal: Signal) {
     let _ = (face, signal);
 }
 
-/// What one request that reached the ledger came to, built by a face that keeps no
-/// [`Track`] (the tool face): its hook is called with it.
+/// What one request that reached the ledger came to, built by a face whose [`Track`]
+/// keeps only its signals (the tool face, which reads its decision from the answer): its
+/// hook is called with it.
 pub(crate) fn report_once(
     hook: &OutcomeHook,
     (face, decision, key): (Face, Decision, &WireKey),
     started: Instant,
-    signals: &[Signal],
+    signals: &Track,
 ) {
     (hook.0)(&OutcomeEvent {
         face,
@@ -540,7 +559,7 @@ pub(crate) fn report_once(
         key,
         status: None,
         elapsed: started.elapsed(),
-        signals: signals.iter().fold(0, |set, signal| set | signal.bit()),
+        signals: signals.signals.load(Ordering::Relaxed),
     });
 }
 

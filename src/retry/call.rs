@@ -11,7 +11,7 @@ use super::attempts::Attempts;
 use super::backoff::{retry_after, FullJitter};
 use super::policy::{AttemptResult, RetryContext, RetryDecision, RetryPolicy};
 use crate::effect::EffectClass;
-use crate::frozen::{FrozenRequest, Handoff, RetriedOutside};
+use crate::frozen::{FrozenRequest, Handoff, OperationAttempt, RetriedOutside};
 use crate::key::KeyHeader;
 use crate::phase::FailurePhase;
 use crate::OperationId;
@@ -59,10 +59,12 @@ impl Call {
         let key_honoured = !handoff.as_ref().is_some_and(Handoff::key_ignored);
         let key_header = handoff.as_ref().map(|handoff| handoff.key_header().clone());
         let mut call = Self::handed(frozen, extensions, key_honoured, key_header, policy);
-        if handoff.is_none()
-            && call.effect.is_side_effect()
-            && call.extensions.get::<OperationId>().is_some()
-        {
+        if handoff.is_some() {
+            // Our attempts are the operation's: a retry layer under us must not retry
+            // them. The map already holds room (the hand-off was in it), and the marker
+            // is zero-sized: no allocation, none in each attempt's copy.
+            call.extensions.insert(OperationAttempt);
+        } else if call.effect.is_side_effect() && call.extensions.get::<OperationId>().is_some() {
             // An operation no idempotency layer handed us: one may sit inside us, wrongly.
             call.extensions.insert(RetriedOutside);
         }
@@ -139,6 +141,13 @@ impl Call {
         };
         self.earlier = self.furthest;
         self.furthest = self.furthest.strongest(reached);
+        if let Attempted::Failed(failure) = result {
+            if failure.is_refusal() {
+                // A layer of ours inside refused the request for what it is or how the
+                // stack is built: every retry would be refused the same way.
+                return None;
+            }
+        }
         let attempt = self.attempt;
         let key_header = self.key_header.as_ref().unwrap_or(&policy.key_header);
         let delay = match result {
@@ -233,6 +242,11 @@ pub(super) struct Failure {
 }
 
 impl Failure {
+    /// A layer of ours inside refused the request before sending any of it.
+    fn is_refusal(&self) -> bool {
+        Error::find(&*self.error).is_some_and(Error::refused_before_sending)
+    }
+
     /// The call's error; `earlier` is the furthest an earlier attempt may have got.
     fn into_error(self, earlier: FailurePhase) -> Error {
         let error = match self.error.downcast::<Error>() {

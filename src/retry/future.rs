@@ -16,7 +16,7 @@ use tower_service::Service;
 
 use super::call::{Attempted, Call, Failure};
 use super::policy::RetryPolicy;
-use crate::frozen::{hand_over, CollectRequest, Handed};
+use crate::frozen::{hand_over, refuse_nested_retry, CollectRequest, Handed};
 use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
 
@@ -199,6 +199,10 @@ where
                             handoff,
                             first,
                         } = hand_over(parts, body);
+                        if let Err(error) = refuse_nested_retry(&extensions) {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(error));
+                        }
                         let mut first = first.and_then(H::kept);
                         let call =
                             this.call

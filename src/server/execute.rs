@@ -267,11 +267,21 @@ where
                     // Pending: the renewal is polled too (a timer, unless the store holds the
                     // lease), so the lease is renewed on this task's wakeups, with no task of
                     // its own per request.
-                    Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                    Poll::Pending => {
+                        return this
+                            .renewal
+                            .poll_renew_while(this.lease, &this.report.track, cx)
+                    }
                 },
                 StepProj::Buffering { parts, buffer } => {
                     let buffered = match Pin::new(buffer).poll(cx) {
-                        Poll::Pending => return this.renewal.poll_renew_while(this.lease, cx),
+                        Poll::Pending => {
+                            return this.renewal.poll_renew_while(
+                                this.lease,
+                                &this.report.track,
+                                cx,
+                            )
+                        }
                         Poll::Ready(buffered) => buffered.map_err(Into::<BoxError>::into),
                     };
                     // The body is whole (or past the cap): the renewals stop here, since the

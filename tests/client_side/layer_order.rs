@@ -73,3 +73,32 @@ async fn a_frozen_retry_layer_outside_the_idempotency_layer_is_refused_before_an
     assert_eq!(ResponseSource::of(&fine), ResponseSource::Sent);
     assert_eq!(provider.effects(), 2);
 }
+
+/// A second `FrozenRetryLayer` under the first, against a provider that ignores keys and
+/// times out after charging: the inner one would resend an attempt that may have charged,
+/// judged without the provider's keys. It is refused before its first send, with either
+/// provider choice, and the outer one does not retry the refusal.
+#[tokio::test(start_paused = true)]
+async fn a_second_frozen_retry_layer_inside_the_idempotency_layer_is_refused_before_any_send() {
+    for provider_deduplicates in [false, true] {
+        let provider = SideEffectService::builder().honour_keys(false).build();
+        provider.push_fault(Fault::CommitThenTimeout);
+        let doubled = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(MemoryStore::new())
+                    .provider_deduplicates(provider_deduplicates)
+                    .build()
+                    .unwrap(),
+            )
+            .layer(FrozenRetryLayer::new(policy()))
+            .layer(FrozenRetryLayer::new(policy()))
+            .service(provider.clone());
+        for step in ["charge", "refund"] {
+            let err = doubled.clone().oneshot(charge(step)).await.unwrap_err();
+            assert!(err.is_retry_nested(), "{err}");
+            assert!(!err.is_in_doubt(), "nothing was sent: {err}");
+        }
+        assert_eq!(provider.calls(), 0, "deduplicates {provider_deduplicates}");
+        assert_eq!(provider.effects(), 0);
+    }
+}

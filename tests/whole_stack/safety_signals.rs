@@ -6,6 +6,7 @@ use crate::support::{down, orders};
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::routing::post;
@@ -14,8 +15,11 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_idempotency::idempotency::{Decision, Face, OutcomeEvent, Signal};
-use tower_idempotency::ledger::MemoryStore;
-use tower_idempotency::testing::{SideEffectService, ToolDouble};
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, StoreError,
+    StoreFuture,
+};
+use tower_idempotency::testing::{SideEffectService, ToolDouble, ToolFault};
 use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
 use tower_idempotency::{DriftPolicy, IdempotencyLayer, OperationId};
 
@@ -201,4 +205,220 @@ fn the_tool_face_tells_its_hook_and_the_metrics_of_discarded_arguments() {
         counted,
         [("face=tool,signal=payload_discarded".to_owned(), 1)]
     );
+}
+
+/// A store that never holds leases (its owners renew them), and answers every renewal that
+/// the operation was taken over: another run resumed it while its owner still works.
+#[derive(Clone, Debug)]
+struct TakenOverWhileWorking {
+    inner: MemoryStore,
+}
+
+impl IdempotencyStore for TakenOverWhileWorking {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        self.inner.begin(request)
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.complete(key, token, outcome, retention)
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.inner.abandon(key, token)
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.mark_in_doubt(key, token, retention)
+    }
+
+    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Err(StoreError::fenced()))
+    }
+}
+
+/// The provider is slow, and the lease is taken over while the owner still waits for it:
+/// another run may send the operation again, so its effect may repeat. The hook hears it
+/// and the metrics count it, once, not only the `tracing` subscriber.
+#[test]
+fn a_client_whose_lease_is_taken_over_while_it_works_says_so_to_the_hook_and_the_metrics() {
+    let log = Log::default();
+    let provider = SideEffectService::builder()
+        .latency(Duration::from_secs(30))
+        .build();
+    let counted = counted_signals(|| async {
+        tokio::time::pause();
+        let store = TakenOverWhileWorking {
+            inner: MemoryStore::new(),
+        };
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(store)
+                    .provider_deduplicates(true)
+                    .lease(Duration::from_secs(3))
+                    .on_outcome(recording(&log))
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        // Whatever the answer, the record is no longer this owner's to write.
+        let _ = client.oneshot(orders::post("{}")).await;
+    });
+    assert_eq!(provider.effects(), 1);
+    let seen = taken(&log);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, Face::Client);
+    assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
+    assert_eq!(counted, [("face=client,signal=lease_lost".to_owned(), 1)]);
+}
+
+/// reqwest follows a provider's `303` to its receipt page (its default): the answer is
+/// handled as the redirect's, but with such a client a failure on a redirect's hop would
+/// read as "never sent" and release an operation that ran. The hook hears it and the
+/// metrics count it, over real loopback TCP, on the `ReqwestService` stack and on the
+/// reqwest-middleware face.
+#[cfg(feature = "reqwest-middleware")]
+#[test]
+fn a_followed_redirect_says_so_to_the_hook_and_the_metrics() {
+    use axum::routing::get;
+    use http::StatusCode;
+    use tower_idempotency::reqwest::ReqwestService;
+    use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
+
+    let log = Log::default();
+    let counted = counted_signals(|| async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let location = format!("{base}/receipt");
+        let app = Router::new()
+            .route(
+                "/charges",
+                post(move || async move { (StatusCode::SEE_OTHER, [("location", location)]) }),
+            )
+            .route("/receipt", get(|| async { "receipt" }));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let layer = || {
+            IdempotencyLayer::client_builder(MemoryStore::new())
+                .provider_deduplicates(true)
+                .on_outcome(recording(&log))
+        };
+
+        let stack = layer()
+            .build_stack()
+            .unwrap()
+            .layer(ReqwestService::new(reqwest::Client::new()));
+        let mut charge = http::Request::post(format!("{base}/charges"))
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        charge
+            .extensions_mut()
+            .insert(OperationId::new("task-7", "charge"));
+        let answer = stack.oneshot(charge).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+
+        let middleware = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(IdempotencyMiddleware::new(layer().build().unwrap()))
+            .build();
+        let answer = middleware
+            .post(format!("{base}/charges"))
+            .body("{}")
+            .with_extension(OperationId::new("task-7", "charge"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+    });
+    assert_eq!(
+        taken(&log),
+        [
+            (
+                Face::Client,
+                Decision::Acquired,
+                vec![Signal::RedirectFollowed]
+            ),
+            (
+                Face::Client,
+                Decision::Acquired,
+                vec![Signal::RedirectFollowed]
+            ),
+        ]
+    );
+    assert_eq!(
+        counted,
+        [("face=client,signal=redirect_followed".to_owned(), 2)]
+    );
+}
+
+/// The server face: the handler is slow, and its lease is taken over while it works.
+#[test]
+fn a_server_whose_lease_is_taken_over_while_its_handler_works_says_so_to_the_hook_and_the_metrics()
+{
+    let log = Log::default();
+    let counted = counted_signals(|| async {
+        tokio::time::pause();
+        let store = TakenOverWhileWorking {
+            inner: MemoryStore::new(),
+        };
+        let layer = IdempotencyLayer::server_builder(store)
+            .lease(Duration::from_secs(3))
+            .on_outcome(recording(&log))
+            .build()
+            .unwrap();
+        let handler = post(|| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            "charged"
+        });
+        let app = Router::new().route("/charges", handler.route_layer(layer));
+        let request = http::Request::post("/charges")
+            .header("authorization", "Bearer sk_alice")
+            .header("idempotency-key", "\"order-42\"")
+            .body(Body::from("{}"))
+            .unwrap();
+        let _ = app.oneshot(request).await.unwrap();
+    });
+    let seen = taken(&log);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, Face::Server);
+    assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
+    assert_eq!(counted, [("face=server,signal=lease_lost".to_owned(), 1)]);
+}
+
+/// The tool face: the tool is slow, and the call's lease is taken over while it works.
+#[test]
+fn the_tool_face_tells_its_hook_and_the_metrics_of_a_lease_taken_over_while_it_works() {
+    let log = Log::default();
+    let tool = ToolDouble::new().with_faults([ToolFault::Latency(Duration::from_secs(30))]);
+    let counted = counted_signals(|| async {
+        tokio::time::pause();
+        let store = TakenOverWhileWorking {
+            inner: MemoryStore::new(),
+        };
+        let layer = ToolLayer::builder(store, "refund", ProviderKeys::Ignored)
+            .lease(Duration::from_secs(3))
+            .on_outcome(recording(&log))
+            .build()
+            .unwrap();
+        let service = layer.layer(tool.clone());
+        let call = ToolCall::new(
+            OperationId::new("task-3", "refund"),
+            serde_json::json!({"amount": 10}),
+        );
+        let _ = service.oneshot(call).await;
+    });
+    assert_eq!(tool.effects(), 1);
+    let seen = taken(&log);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, Face::Tool);
+    assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
+    assert_eq!(counted, [("face=tool,signal=lease_lost".to_owned(), 1)]);
 }

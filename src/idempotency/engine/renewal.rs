@@ -10,6 +10,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use crate::idempotency::decision::{Signal, Track};
 use crate::ledger::StoreError;
 
 use super::observe::{observe, start, Started};
@@ -20,6 +21,7 @@ pin_project! {
     /// pending.
     pub(crate) struct Renewing<'a, F> {
         lease: &'a LeaseGuard,
+        track: &'a Track,
         #[pin]
         work: F,
         #[pin]
@@ -35,7 +37,7 @@ impl<F: Future> Future for Renewing<'_, F> {
         if let Poll::Ready(output) = this.work.poll(cx) {
             return Poll::Ready(output);
         }
-        match this.renewal.poll_renew(this.lease, cx) {
+        match this.renewal.poll_renew(this.lease, this.track, cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(never) => match never {},
         }
@@ -82,10 +84,12 @@ impl Renewal {
         }
     }
 
-    /// Drive the renewals of `lease`. Never ready.
+    /// Drive the renewals of `lease`, raising on `track` (the request's) what the owner's
+    /// caller must hear of. Never ready.
     pub(crate) fn poll_renew(
         self: Pin<&mut Self>,
         lease: &LeaseGuard,
+        track: &Track,
         cx: &mut Context<'_>,
     ) -> Poll<std::convert::Infallible> {
         let mut this = self.project();
@@ -110,8 +114,11 @@ impl Renewal {
                     // Taken over: renewing again would be refused every time. The work goes
                     // on, but every write under this token will be refused, never applied,
                     // so the new owner's record is safe.
+                    // Another run may now send the operation again: the request's signal,
+                    // so metrics and the outcome hook hear it, not only a subscriber.
                     Err(err) if err.is_fenced() => {
                         tracing::warn!("the lease was taken over while its owner was working");
+                        track.signal(Signal::LeaseLost);
                         *this.stopped = true;
                         continue;
                     }
@@ -154,10 +161,11 @@ impl Renewal {
     pub(crate) fn poll_renew_while<T>(
         self: Pin<&mut Self>,
         lease: &Option<LeaseGuard>,
+        track: &Track,
         cx: &mut Context<'_>,
     ) -> Poll<T> {
         if let Some(lease) = lease {
-            if let Poll::Ready(never) = self.poll_renew(lease, cx) {
+            if let Poll::Ready(never) = self.poll_renew(lease, track, cx) {
                 match never {}
             }
         }
@@ -167,10 +175,12 @@ impl Renewal {
 
 impl LeaseGuard {
     /// Run `work` while keeping the lease alive: renewed every third of the lease (or held
-    /// by the store), so a slow but live owner is never taken for dead and overtaken.
-    pub(crate) fn renewing<F: Future>(&self, work: F) -> Renewing<'_, F> {
+    /// by the store), so a slow but live owner is never taken for dead and overtaken. A lease
+    /// taken over all the same is raised on `track`, the request's.
+    pub(crate) fn renewing<'a, F: Future>(&'a self, track: &'a Track, work: F) -> Renewing<'a, F> {
         Renewing {
             lease: self,
+            track,
             work,
             renewal: Renewal::new(),
         }
@@ -212,6 +222,11 @@ mod tests {
         Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome,
         RecordView, StoreFuture,
     };
+
+    /// A track no caller reads: these tests watch the store.
+    fn unheard() -> Track {
+        Track::new(crate::idempotency::decision::Face::Client, None)
+    }
 
     /// Counts renewals; answers them `fenced` once told to.
     #[derive(Debug, Default)]
@@ -271,7 +286,8 @@ mod tests {
     async fn pending_work_renews_every_third_of_the_lease_until_fenced() {
         let store = Arc::new(Renewals::default());
         let lease = lease_of(&store, Duration::from_millis(300));
-        let mut work = Box::pin(lease.renewing(std::future::pending::<()>()));
+        let track = unheard();
+        let mut work = Box::pin(lease.renewing(&track, std::future::pending::<()>()));
         run_for(&mut work, Duration::from_millis(1050)).await;
         assert_eq!(store.calls.load(SeqCst), 10, "one renewal per 100 ms");
 
@@ -377,7 +393,8 @@ mod tests {
         /// `time`; the work is dropped, the guard handed back.
         async fn held_for(&self, token: LeaseToken, time: Duration) -> LeaseGuard {
             let guard = self.ledger.hold(self.key, token);
-            let mut work = Box::pin(guard.renewing(std::future::pending::<()>()));
+            let track = unheard();
+            let mut work = Box::pin(guard.renewing(&track, std::future::pending::<()>()));
             run_for(&mut work, time).await;
             drop(work);
             guard
@@ -450,7 +467,9 @@ mod tests {
         let (ledger, key, token) = (claimed.ledger.clone(), claimed.key, claimed.token);
         let operation = async move {
             let guard = ledger.hold(key, token);
-            guard.renewing(std::future::pending::<()>()).await;
+            guard
+                .renewing(&unheard(), std::future::pending::<()>())
+                .await;
         };
         let inner = crate::testing::crash_after(operation, Duration::from_secs(3600));
         let crashed = crate::testing::crash_after(inner, Duration::from_millis(5)).await;
@@ -463,7 +482,7 @@ mod tests {
     async fn work_ready_at_once_never_starts_a_timer() {
         let store = Arc::new(Renewals::default());
         let lease = lease_of(&store, Duration::from_millis(300));
-        assert_eq!(lease.renewing(async { 7 }).await, 7);
+        assert_eq!(lease.renewing(&unheard(), async { 7 }).await, 7);
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(store.calls.load(SeqCst), 0);
         let _ = lease.hand_on();

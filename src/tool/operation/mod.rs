@@ -9,7 +9,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use crate::fingerprint::canonical;
-use crate::idempotency::decision::{count_signal, report_once, Decision, Face, Signal, WireKey};
+use crate::idempotency::decision::{report_once, Decision, Face, Signal, Track, WireKey};
 use crate::ledger::LedgerKey;
 use crate::tool::face::ToolFace;
 use crate::tool::types::{
@@ -98,39 +98,38 @@ where
         op: call.operation().clone(),
         key,
         ledger_key: LedgerKey::for_operation(key),
+        // Its signals only: the tool face reads its decision from the answer.
+        track: Track::new(Face::Tool, None),
     };
     // The clock is read only for a hook: unset, it costs nothing.
     let started = face.on_outcome.is_some().then(tokio::time::Instant::now);
     let answered = operation.operate(ours, tool).await;
-    report(face, (key, started), &answered);
+    report(face, (key, started), &operation.track, &answered);
     answered
 }
 
-/// Count the [`Signal`]s a side-effecting call raised (read from its answer: a
-/// [`Discarded`](crate::tool::Discarded) on the output), and tell the face's hook, if any,
-/// what the call came to: the decision the ledger's part ended on, and those signals.
+/// Count the [`Signal`]s a side-effecting call raised (on its `track` while it ran, and
+/// read from its answer: a [`Discarded`](crate::tool::Discarded) on the output), and tell
+/// the face's hook, if any, what the call came to: the decision the ledger's part ended
+/// on, and those signals.
 fn report<C, R, E>(
     face: &ToolFace<C>,
     (key, started): (crate::IdempotencyKey, Option<tokio::time::Instant>),
+    track: &Track,
     answered: &Result<ToolOutput<R>, ToolError<E>>,
 ) where
     C: ClassifyToolError<E>,
 {
-    let discarded = answered
+    if answered
         .as_ref()
-        .is_ok_and(|output| output.discarded().is_some());
-    let signals: &[Signal] = if discarded {
-        &[Signal::PayloadDiscarded]
-    } else {
-        &[]
-    };
-    for signal in signals {
-        count_signal(Face::Tool, *signal);
+        .is_ok_and(|output| output.discarded().is_some())
+    {
+        track.signal(Signal::PayloadDiscarded);
     }
     if let (Some(hook), Some(started)) = (&face.on_outcome, started) {
         let decision = decision_of(face, answered);
         let wire = WireKey::Derived(key);
-        report_once(hook, (Face::Tool, decision, &wire), started, signals);
+        report_once(hook, (Face::Tool, decision, &wire), started, track);
     }
 }
 

@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::digest::BodyDigest;
 use crate::error::Drift;
 use crate::fingerprint::{canonical, Fingerprint, RequestPart};
+use crate::idempotency::decision::Track;
 use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
 use crate::ledger::{Begin, LeaseToken, LedgerKey};
 use crate::tool::face::ToolFace;
@@ -32,6 +33,8 @@ pub(super) struct Operation<'a, C> {
     pub(super) op: OperationId,
     pub(super) key: IdempotencyKey,
     pub(super) ledger_key: LedgerKey,
+    /// The call's safety signals, raised while it runs.
+    pub(super) track: Track,
 }
 
 impl<C> Operation<'_, C> {
@@ -253,10 +256,10 @@ impl<C> Operation<'_, C> {
             // a failure before the effect. Not bounded by the attempt timeout, which is the
             // call's, as the client face's retry layer waits for its transport: a caller's
             // own deadline ends the wait, and releases the operation if nothing was sent.
-            if let Err(error) = lease.renewing(tool.ready()).await {
+            if let Err(error) = lease.renewing(&self.track, tool.ready()).await {
                 if retries.next(None).is_some() {
                     lease.between_attempts(may_have_happened);
-                    lease.renewing(retries.wait()).await;
+                    lease.renewing(&self.track, retries.wait()).await;
                     continue;
                 }
                 settle_failed(lease, may_have_happened).await;
@@ -276,7 +279,9 @@ impl<C> Operation<'_, C> {
             let call = ToolCall::new(self.op.clone(), arguments).with_key(self.key);
             // From here on the effect may happen: a drop or a panic leaves it in doubt.
             lease.sending();
-            let attempt = lease.renewing(attempt(face, tool.invoke(call))).await;
+            let attempt = lease
+                .renewing(&self.track, attempt(face, tool.invoke(call)))
+                .await;
             let error = match attempt {
                 Ok(Ok(response)) => {
                     let digests = (digest, first);
@@ -289,7 +294,7 @@ impl<C> Operation<'_, C> {
                     let retry =
                         face.provider == ProviderKeys::Deduplicates && retries.next(None).is_some();
                     if retry {
-                        lease.renewing(retries.wait()).await;
+                        lease.renewing(&self.track, retries.wait()).await;
                         continue;
                     }
                     settle(lease.mark_in_doubt(), "leave in doubt").await;
@@ -314,7 +319,7 @@ impl<C> Operation<'_, C> {
             };
             if retry {
                 lease.between_attempts(may_have_happened);
-                lease.renewing(retries.wait()).await;
+                lease.renewing(&self.track, retries.wait()).await;
                 continue;
             }
             settle_failed(lease, may_have_happened).await;
@@ -351,11 +356,10 @@ impl<C> Operation<'_, C> {
         };
         let operation = InDoubtOperation::new(first.clone(), self.key.to_hex(), attempts);
         let verdict = lease
-            .renewing(ask_reconciler(
-                reconciler,
-                operation,
-                face.reconcile_timeout,
-            ))
+            .renewing(
+                &self.track,
+                ask_reconciler(reconciler, operation, face.reconcile_timeout),
+            )
             .await;
         match verdict {
             Reconciled::Applied(found) => {

@@ -467,29 +467,57 @@ impl<S> LookupReconciler<S> {
 /// Only for an endpoint whose `2xx` means "this operation exists" (`GET /charges/{key}`,
 /// the testing kit's lookup), and whose `404` means it does not (not a mistyped path).
 /// Never for a search or list endpoint: it answers `2xx` with an empty list when nothing
-/// matched, which this would record as done.
+/// matched. As a guard against that mistake, a `2xx` whose JSON body says "nothing found"
+/// (`null`, `[]`, `{}`, or an object holding an empty list, as a search's `{"data":[]}`)
+/// is [`Unknown`](Reconciled::Unknown): the operation stays in doubt and is reported,
+/// never recorded as done. A record that holds an empty list of its own (`"refunds":[]`)
+/// is read the same way; give such an endpoint a reading of your own.
 ///
 /// ```
 /// use bytes::Bytes;
 /// use tower_idempotency::idempotency::{record_or_not_found, Reconciled};
 ///
-/// let answer = |status: u16| {
-///     let mut response = http::Response::new(Bytes::new());
+/// let answer = |status: u16, body: &'static str| {
+///     let mut response = http::Response::new(Bytes::from_static(body.as_bytes()));
 ///     *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
 ///     record_or_not_found(response)
 /// };
-/// assert!(matches!(answer(200), Reconciled::Applied(_)));
-/// assert!(matches!(answer(404), Reconciled::NotApplied));
-/// assert!(matches!(answer(503), Reconciled::Unknown));
+/// assert!(matches!(answer(200, r#"{"id":"ch_1"}"#), Reconciled::Applied(_)));
+/// assert!(matches!(answer(404, ""), Reconciled::NotApplied));
+/// assert!(matches!(answer(503, ""), Reconciled::Unknown));
+/// // A search that found nothing is no record.
+/// assert!(matches!(answer(200, r#"{"data":[]}"#), Reconciled::Unknown));
 /// ```
 pub fn record_or_not_found(response: Response<Bytes>) -> Reconciled {
     let status = response.status();
     if status.is_success() {
-        Reconciled::Applied(response)
+        if says_nothing_found(response.body()) {
+            Reconciled::Unknown
+        } else {
+            Reconciled::Applied(response)
+        }
     } else if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
         Reconciled::NotApplied
     } else {
         Reconciled::Unknown
+    }
+}
+
+/// Whether a `2xx` lookup's body is a search's "nothing found" rather than a record: JSON
+/// `null`, `[]`, `{}`, or an object with an empty list among its members. A body that is
+/// not JSON (or empty: an existence check) says nothing of the kind.
+fn says_nothing_found(body: &[u8]) -> bool {
+    use serde_json::Value;
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Null) => true,
+        Ok(Value::Array(items)) => items.is_empty(),
+        Ok(Value::Object(members)) => {
+            members.is_empty()
+                || members
+                    .values()
+                    .any(|member| matches!(member, Value::Array(items) if items.is_empty()))
+        }
+        _ => false,
     }
 }
 

@@ -742,3 +742,47 @@ async fn a_charge_stored_under_the_quoted_key_is_found_on_postgres() {
     };
     a_charge_stored_under_the_quoted_key_is_found(store).await;
 }
+
+/// The reading for an endpoint that answers the operation's own record, pointed by mistake
+/// at a search that found nothing (`200 {"data":[]}`): the operation is never recorded as
+/// done with the search's empty list for its answer; it stays in doubt and the caller is
+/// told so, with nothing charged.
+#[tokio::test]
+async fn the_record_reading_never_takes_an_empty_search_for_a_charge() {
+    let ledger = MemoryStore::new();
+    let provider = naive_provider();
+    let op = OperationId::new("task-79", "charge-card");
+    let unavailable = Fault::ServerError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        commit: false,
+    };
+    first_run_on(ledger.clone(), &provider, unavailable, &op).await;
+    assert_eq!(provider.effects(), 0);
+
+    let search = LookupReconciler::by_key(
+        search_endpoint(&provider),
+        "/charges/search",
+        "idempotency_key",
+        record_or_not_found,
+    );
+    for run in 0..2 {
+        let stack = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(ledger.clone())
+                    .provider_deduplicates(false)
+                    .reconcile(search.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        let mut req = charge();
+        req.extensions_mut().insert(op.clone());
+        let err = stack
+            .oneshot(req)
+            .await
+            .expect_err("an empty search settles nothing");
+        assert!(err.is_in_doubt(), "run {run}: {err:?}");
+    }
+    assert_eq!(provider.effects(), 0, "nothing charged, nothing sent blind");
+    assert!(provider.lookups() >= 2, "each run asked the search");
+}

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use super::{Generation, IdempotencyStore, LedgerKey, RecordState, RecordView, StoreError};
+use super::{
+    Generation, IdempotencyStore, LedgerKey, ListPage, ListQuery, RecordState, RecordView,
+    StoreError,
+};
 use crate::fingerprint::Fingerprint;
 use crate::OperationId;
 
@@ -449,6 +452,23 @@ impl Records {
     /// [`IdempotencyStore::inspect`]: the record of `key`, or `None`.
     pub async fn inspect(&self, key: LedgerKey) -> Result<Option<RecordView>, StoreError> {
         self.store.inspect(key).await
+    }
+
+    /// [`IdempotencyStore::list`]: a page of the records that pass `query`.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::{ListQuery, MemoryStore, RecordKind, Records};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let records = Records::new(MemoryStore::new());
+    /// let page = records.list(ListQuery::new().kind(RecordKind::InDoubt)).await?;
+    /// assert!(page.records.is_empty() && page.next.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError> {
+        self.store.list(query).await
     }
 
     /// [`IdempotencyStore::forget`]: remove the record of `key` if it is still as

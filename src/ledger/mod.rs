@@ -95,6 +95,7 @@ pub(crate) mod error;
 mod forget;
 mod future;
 mod generation;
+pub(crate) mod list;
 mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -109,6 +110,9 @@ pub(crate) use forget::report as report_forget;
 pub use forget::{Expected, Forget, RecordKind, Records};
 pub use future::StoreFuture;
 pub use generation::Generation;
+pub use list::{
+    CursorError, ListCursor, ListOrder, ListPage, ListQuery, ListedRecord, DEFAULT_PAGE, MAX_PAGE,
+};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -343,6 +347,49 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
         )))
     }
 
+    /// A page of the records that pass `query`'s filters, in its order, after its cursor:
+    /// for operators, to find the operations left in doubt, or stuck in flight, without
+    /// knowing their keys. Changes nothing, as [`inspect`](Self::inspect) does not; each
+    /// record is shown as `inspect` would show it, with its scope's digest and when it was
+    /// last touched where the store keeps them.
+    ///
+    /// A store bounds the work of one page (no scan of every key for one page): it may
+    /// answer fewer records than the query's limit with a cursor to go on from; only a page
+    /// without one ends the list. Following the cursors lists each record that stayed put
+    /// meanwhile exactly once. [`ListPage::from_candidates`] and [`ListQuery::matches`] do
+    /// the ordering and filtering for a store that gathers its candidates itself.
+    ///
+    /// The default answers an [unavailable](StoreError::is_unavailable) error: a store that
+    /// cannot list says so, never "nothing listed".
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Begin, BeginRequest, IdempotencyStore, LedgerKey, ListQuery, MemoryStore, RecordKind};
+    /// use tower_idempotency::fingerprint::Fingerprint;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = MemoryStore::new();
+    /// let key = LedgerKey::from_bytes([8; 32]);
+    /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let request = BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(3600));
+    /// let Begin::Acquired { token } = store.begin(request).await? else { unreachable!() };
+    /// store.mark_in_doubt(key, token, Duration::from_secs(3600)).await?;
+    ///
+    /// let page = store.list(ListQuery::new().kind(RecordKind::InDoubt)).await?;
+    /// assert_eq!(page.records.len(), 1);
+    /// assert_eq!(page.records[0].key, key);
+    /// assert!(page.next.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn list(&self, query: ListQuery) -> StoreFuture<'_, ListPage> {
+        let _ = query;
+        StoreFuture::ready(Err(StoreError::unavailable(
+            "this store cannot list its records",
+        )))
+    }
+
     /// Listen for the next settle of `key`'s record: a future that completes once a
     /// [`complete`](Self::complete), [`abandon`](Self::abandon) or
     /// [`mark_in_doubt`](Self::mark_in_doubt) of it has applied **after this call** (it is
@@ -463,6 +510,12 @@ pub struct RecordView {
     pub age: Duration,
     /// How long the record is still kept.
     pub retention_left: Duration,
+    /// How long ago the record last changed state (claimed, resumed, marked in doubt,
+    /// completed): its age, for a store that does not keep it.
+    pub touched: Duration,
+    /// The digest of the scope (tenant, principal) its key belongs to ([`scope_id`]); `0`
+    /// for none, and for a store that does not keep it.
+    pub scope: u64,
 }
 
 impl RecordView {
@@ -502,7 +555,41 @@ impl RecordView {
             generation,
             age,
             retention_left,
+            touched: age,
+            scope: 0,
         }
+    }
+
+    /// The view, last changed `touched` ago (no longer ago than its age).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Generation, RecordState, RecordView};
+    /// # let fingerprint = tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let view = RecordView::new(RecordState::InDoubt, fingerprint, 2, Generation::from_u64(1),
+    ///     Duration::from_secs(90), Duration::from_secs(3600))
+    ///     .with_touched(Duration::from_secs(30));
+    /// assert_eq!(view.touched, Duration::from_secs(30));
+    /// ```
+    pub fn with_touched(mut self, touched: Duration) -> Self {
+        self.touched = touched.min(self.age);
+        self
+    }
+
+    /// The view, of a record in the scope of digest `scope` ([`scope_id`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{scope_id, Generation, RecordState, RecordView};
+    /// # let fingerprint = tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let view = RecordView::new(RecordState::InDoubt, fingerprint, 1, Generation::from_u64(1),
+    ///     Duration::ZERO, Duration::from_secs(3600))
+    ///     .with_scope(scope_id("tenant-a"));
+    /// assert_eq!(view.scope, scope_id("tenant-a"));
+    /// ```
+    pub fn with_scope(mut self, scope: u64) -> Self {
+        self.scope = scope;
+        self
     }
 }
 
@@ -582,6 +669,10 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
         (**self).inspect(key)
+    }
+
+    fn list(&self, query: ListQuery) -> StoreFuture<'_, ListPage> {
+        (**self).list(query)
     }
 
     fn notify_settled(&self, key: LedgerKey) -> Option<Settled> {
@@ -721,20 +812,32 @@ impl BeginRequest {
     }
 }
 
-/// The short id of a scope, as [`BeginRequest::scope`] carries it: `0` for `""`, else a
-/// hash of it that is never `0`. Two scopes may share an id (and then a share): it sizes
-/// shares, it never tells records apart (the [`LedgerKey`] does).
-pub(crate) fn scope_id(scope: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
+/// The digest of a scope, as [`BeginRequest::scope`] carries it and [`RecordView::scope`]
+/// shows it: `0` for `""`, else a 64-bit FNV-1a hash of its bytes that is never `0`.
+///
+/// Stable across releases, processes and machines: a store that keeps it (to list one
+/// scope's records, see [`ListQuery::scope`]) finds it again after a restart. Two scopes may
+/// share a digest (and then a share of a store's room, and a list): it sizes shares and
+/// narrows lists, it never tells records apart (the [`LedgerKey`] does).
+///
+/// ```
+/// use tower_idempotency::ledger::scope_id;
+///
+/// assert_eq!(scope_id(""), 0);
+/// assert_ne!(scope_id("tenant-a"), scope_id("tenant-b"));
+/// assert_eq!(scope_id("tenant-a"), 0xc2ef_8128_e3eb_9efb);
+/// ```
+pub fn scope_id(scope: &str) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
     if scope.is_empty() {
         return 0;
     }
-    // `DefaultHasher` is not stable across Rust releases, and need not be: the id only sizes
-    // the in-memory store's shares, never leaves the process, and never names a record.
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    scope.hash(&mut hasher);
+    let hash = scope.bytes().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    });
     // The low bit set keeps a named scope off `0`, which means "no scope".
-    hasher.finish() | 1
+    hash | 1
 }
 
 /// The answer of [`IdempotencyStore::begin`].

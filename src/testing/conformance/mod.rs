@@ -38,6 +38,7 @@ use crate::FrozenRequest;
 mod claims;
 mod fencing;
 mod lifecycle;
+mod listing;
 
 pub use claims::{
     a_repeated_begin_recognises_its_own_claim, acquire_complete_replay, busy_while_in_flight,
@@ -54,6 +55,7 @@ pub use lifecycle::{
     a_look_forgets_only_the_life_it_saw, forgetting_is_fenced, inspection_follows_the_record,
     probes_change_nothing, retention_expiry_forgets, settle_notifications_wake_listeners,
 };
+pub use listing::listing_finds_what_it_asks_for;
 
 /// The lease every check uses.
 pub const LEASE: Duration = Duration::from_millis(300);

@@ -1,0 +1,281 @@
+//! Listing records: filters, order, cursors, and a look that changes nothing.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::{acquire, fresh_key, frozen, request, response, Clock, RETENTION};
+use crate::ledger::{
+    scope_id, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, ListQuery, ListedRecord,
+    Outcome, RecordKind,
+};
+
+/// How long the oldest record of a check waits before the others are made: the line
+/// between "older than" and "newer than" sits half way.
+const GAP: Duration = Duration::from_secs(1);
+
+/// Between two records of a check, so that each is claimed at its own instant (a store may
+/// keep claim times to the millisecond).
+const STEP: Duration = Duration::from_millis(10);
+
+/// The longest list a check follows, in pages: a store that never ends a list fails.
+const MOST_PAGES: usize = 1000;
+
+/// Four records in one fresh scope, claimed in this order: completed `201`, in doubt,
+/// completed `409` (a tombstone), in flight under a long lease.
+struct Seeded {
+    scope: String,
+    completed: LedgerKey,
+    in_doubt: LedgerKey,
+    conflict: LedgerKey,
+    in_flight: LedgerKey,
+}
+
+impl Seeded {
+    /// Newest first.
+    fn newest_first(&self) -> Vec<LedgerKey> {
+        vec![self.in_flight, self.conflict, self.in_doubt, self.completed]
+    }
+}
+
+async fn seed(store: &dyn IdempotencyStore, clock: &Clock) -> Seeded {
+    // A scope of its own: the store may hold other checks' (or a shared backend's) records.
+    let scope = format!("conformance-listing-{:032x}", fastrand::u128(..));
+    let claim = |key: LedgerKey, body: &'static str| {
+        let scope = scope.clone();
+        async move {
+            let req = frozen(body);
+            acquire(store, request(key, &req).with_scope(&scope)).await
+        }
+    };
+    let completed = fresh_key();
+    let owner = claim(completed, "{\"listed\":1}").await;
+    store
+        .complete(completed, owner, response("201"), RETENTION)
+        .await
+        .expect("complete");
+    clock.advance(GAP).await;
+
+    let in_doubt = fresh_key();
+    let owner = claim(in_doubt, "{\"listed\":2}").await;
+    clock.advance(STEP).await;
+    store
+        .mark_in_doubt(in_doubt, owner, RETENTION)
+        .await
+        .expect("mark");
+    clock.advance(STEP).await;
+
+    let conflict = fresh_key();
+    let owner = claim(conflict, "{\"listed\":3}").await;
+    let tombstone = Outcome::Tombstone {
+        status: StatusCode::CONFLICT,
+    };
+    store
+        .complete(conflict, owner, tombstone, RETENTION)
+        .await
+        .expect("complete");
+    clock.advance(STEP).await;
+
+    let in_flight = fresh_key();
+    let req = frozen("{\"listed\":4}");
+    let long_lease = BeginRequest::new(in_flight, req.fingerprint(), RETENTION, RETENTION)
+        .with_frozen(req)
+        .with_scope(&scope);
+    acquire(store, long_lease).await;
+    Seeded {
+        scope,
+        completed,
+        in_doubt,
+        conflict,
+        in_flight,
+    }
+}
+
+/// Every record of `query`'s list, following its cursors to the end.
+async fn whole_list(store: &dyn IdempotencyStore, query: ListQuery) -> Vec<ListedRecord> {
+    let mut listed = Vec::new();
+    let mut query = query;
+    for _ in 0..MOST_PAGES {
+        let page = store.list(query.clone()).await.expect("list");
+        assert!(
+            page.records.len() <= query.page_limit(),
+            "listing: a page held {} records, past its limit of {}",
+            page.records.len(),
+            query.page_limit()
+        );
+        listed.extend(page.records);
+        match page.next {
+            Some(cursor) => query = query.after(cursor),
+            None => return listed,
+        }
+    }
+    panic!("listing: a list did not end within {MOST_PAGES} pages");
+}
+
+async fn keys_of(store: &dyn IdempotencyStore, query: ListQuery) -> Vec<LedgerKey> {
+    whole_list(store, query)
+        .await
+        .into_iter()
+        .map(|record| record.key)
+        .collect()
+}
+
+/// `list` finds a scope's records by state, status and age, newest or oldest first, a
+/// page at a time without a record listed twice or left out, shows each as `inspect`
+/// does with its scope's digest, and changes nothing.
+pub async fn listing_finds_what_it_asks_for(store: &dyn IdempotencyStore, clock: &Clock) {
+    let seeded = seed(store, clock).await;
+    let scoped = || ListQuery::new().scope(&seeded.scope);
+    let newest_first = seeded.newest_first();
+
+    assert_eq!(
+        keys_of(store, scoped()).await,
+        newest_first,
+        "listing: a scope's records, newest first"
+    );
+    let mut oldest_first = newest_first.clone();
+    oldest_first.reverse();
+    assert_eq!(
+        keys_of(store, scoped().oldest_first()).await,
+        oldest_first,
+        "listing: a scope's records, oldest first"
+    );
+    for limit in [1, 2, 3] {
+        assert_eq!(
+            keys_of(store, scoped().limit(limit)).await,
+            newest_first,
+            "listing: pages of {limit} follow one another without a gap or a repeat"
+        );
+        assert_eq!(
+            keys_of(store, scoped().limit(limit).oldest_first()).await,
+            oldest_first,
+            "listing: pages of {limit}, oldest first"
+        );
+    }
+
+    assert_eq!(
+        keys_of(store, scoped().kind(RecordKind::InDoubt)).await,
+        [seeded.in_doubt],
+        "listing: by state, in doubt"
+    );
+    assert_eq!(
+        keys_of(
+            store,
+            scoped()
+                .kind(RecordKind::InFlight)
+                .kind(RecordKind::InDoubt)
+        )
+        .await,
+        [seeded.in_flight, seeded.in_doubt],
+        "listing: by two states"
+    );
+    assert_eq!(
+        keys_of(store, scoped().kind(RecordKind::Completed)).await,
+        [seeded.conflict, seeded.completed],
+        "listing: by state, completed"
+    );
+    assert_eq!(
+        keys_of(
+            store,
+            scoped().completed_with(StatusCode::OK, StatusCode::from_u16(299).expect("a status"))
+        )
+        .await,
+        [seeded.completed],
+        "listing: completed with a success"
+    );
+    assert_eq!(
+        keys_of(
+            store,
+            scoped().completed_with(StatusCode::CONFLICT, StatusCode::CONFLICT)
+        )
+        .await,
+        [seeded.conflict],
+        "listing: completed with a 409 (a tombstone's status)"
+    );
+    assert_eq!(
+        keys_of(store, scoped().older_than(GAP / 2)).await,
+        [seeded.completed],
+        "listing: older than"
+    );
+    assert_eq!(
+        keys_of(store, scoped().newer_than(GAP / 2)).await,
+        [seeded.in_flight, seeded.conflict, seeded.in_doubt],
+        "listing: newer than"
+    );
+    let other_scope = format!("{}-other", seeded.scope);
+    assert!(
+        keys_of(store, ListQuery::new().scope(&other_scope))
+            .await
+            .is_empty(),
+        "listing: another scope's list holds none of these records"
+    );
+
+    listed_as_inspected(store, &seeded).await;
+    a_forgotten_record_is_not_listed(store, &seeded).await;
+}
+
+/// Each listed record shows what `inspect` shows (after every list above: listing changed
+/// none of them), its scope's digest, and a last touch no older than its claim.
+async fn listed_as_inspected(store: &dyn IdempotencyStore, seeded: &Seeded) {
+    let listed = whole_list(store, ListQuery::new().scope(&seeded.scope)).await;
+    let positions: HashSet<u64> = listed.iter().map(|record| record.position).collect();
+    assert_eq!(
+        positions.len(),
+        listed.len(),
+        "listing: records claimed at different instants share a position"
+    );
+    for record in listed {
+        let inspected = store
+            .inspect(record.key)
+            .await
+            .expect("inspect")
+            .expect("listing: a listed record is there to inspect");
+        let (seen, now) = (&record.view, &inspected);
+        assert_eq!(
+            (
+                RecordKind::of(&seen.state),
+                seen.fingerprint,
+                seen.attempts,
+                seen.generation
+            ),
+            (
+                RecordKind::of(&now.state),
+                now.fingerprint,
+                now.attempts,
+                now.generation
+            ),
+            "listing: a listed record shows what inspect shows"
+        );
+        assert_eq!(
+            seen.scope,
+            scope_id(&seeded.scope),
+            "listing: a listed record shows its scope's digest"
+        );
+        assert!(
+            seen.touched <= seen.age,
+            "listing: touched after its claim: {seen:?}"
+        );
+    }
+}
+
+/// A record forgotten on an operator's word leaves the list at once.
+async fn a_forgotten_record_is_not_listed(store: &dyn IdempotencyStore, seeded: &Seeded) {
+    let seen = store
+        .inspect(seeded.conflict)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(
+        store
+            .forget(seeded.conflict, Expected::of(&seen))
+            .await
+            .expect("forget"),
+        Forget::Forgotten
+    );
+    assert_eq!(
+        keys_of(store, ListQuery::new().scope(&seeded.scope)).await,
+        [seeded.in_flight, seeded.in_doubt, seeded.completed],
+        "listing: a forgotten record is still listed"
+    );
+}

@@ -91,6 +91,7 @@
 //! round trip) returns `StoreFuture::new(async move { ... })`, one small allocation per
 //! ledger call, noise next to the round trip.
 
+mod doubt;
 pub(crate) mod error;
 mod forget;
 mod future;
@@ -105,6 +106,7 @@ mod record;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
+pub use doubt::{DoubtSummary, MOST_COUNTED};
 pub use error::StoreError;
 pub(crate) use forget::report as report_forget;
 pub use forget::{Expected, Forget, RecordKind, Records};

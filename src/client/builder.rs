@@ -704,9 +704,9 @@ impl IdempotencyLayer<ClientFace> {
     /// - a retry policy that drops the request's extensions when it clones the request
     ///   (one that builds the copy from the method, URI, headers and body alone): the copy
     ///   carries no marker, and reads as a first send;
-    /// - a retrying layer under a `FrozenRetryLayer` (between it and the transport,
-    ///   including under a stack built with `build_stack`): that layer's attempts carry no
-    ///   per-attempt marker;
+    /// - a retrying layer that is not ours under a `FrozenRetryLayer` (between it and the
+    ///   transport), or any under the service a stack built with `build_stack` wraps: that
+    ///   layer's attempts carry no per-attempt marker;
     /// - `reqwest-retry` after (inside) the
     ///   [`IdempotencyMiddleware`](crate::reqwest_middleware::IdempotencyMiddleware) in a
     ///   `reqwest-middleware` chain: the rest of the chain is opaque to a middleware, and

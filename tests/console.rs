@@ -8,6 +8,7 @@ mod capture;
 mod console {
     mod api;
     mod harness;
+    mod metrics;
     mod pages;
     mod scenario;
 }

@@ -19,7 +19,7 @@
 //! [`Role`], or refuses with `401`/`403`. A read-only operator lists and inspects; every
 //! action answers them `403`.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0061
 //! # use tower_idempotency::console::Console;
 //! # use tower_idempotency::ledger::{MemoryStore, Records};
 //! // No authorizer, no console.

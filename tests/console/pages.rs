@@ -87,6 +87,39 @@ async fn the_list_and_the_record_page_link_under_the_prefix_and_show_the_record(
     assert_eq!(absent.status, StatusCode::NOT_FOUND);
 }
 
+/// The next page's link keeps the filters and stays under the prefix.
+#[tokio::test]
+async fn the_next_page_link_keeps_the_filters() {
+    let (console, store) = console_over_store().await;
+    in_doubt(&store, key(5), "").await;
+    in_doubt(&store, key(6), "").await;
+    let first = console
+        .get_as(
+            "bob",
+            "read",
+            &format!("{PREFIX}?state=in_doubt&order=oldest&limit=1"),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert!(first.body.contains(&key(5).to_hex()[..16]));
+    let marker =
+        format!("<a href=\"{PREFIX}?state=in_doubt&amp;order=oldest&amp;limit=1&amp;after=");
+    let start = first
+        .body
+        .find(&marker)
+        .unwrap_or_else(|| panic!("{}", first.body));
+    let href = first.body[start + "<a href=\"".len()..]
+        .split('"')
+        .next()
+        .unwrap();
+    let second = console
+        .get_as("bob", "read", &href.replace("&amp;", "&"))
+        .await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.body);
+    assert!(second.body.contains(&key(6).to_hex()[..16]));
+    assert!(!second.body.contains(&key(5).to_hex()[..16]));
+}
+
 /// The form resolves with its token, redirects to the list with a fixed message; without
 /// the token, with a wrong one, with another operator's, or from another site, nothing
 /// happens.

@@ -55,14 +55,15 @@ pub(crate) async fn list(State(shared): State<Arc<Shared>>, request: Request) ->
 }
 
 async fn list_page(shared: &Shared, head: &Parts, base: &str) -> Result<Response, Failure> {
-    shared.operator(head)?;
+    let operator = shared.operator(head)?;
     let list = parse_list(head.uri.query(), &["flash"])?;
     let page_of_records = shared
         .records
         .list(list.query.clone())
         .await
         .map_err(|err| Failure::store(&err))?;
-    let mut body = flash(head.uri.query());
+    let mut body = signed_in(&operator);
+    body.push_str(&flash(head.uri.query()));
     body.push_str(&filter_form(base, &list));
     body.push_str(&records_table(base, &page_of_records));
     if let Some(next) = page_of_records.next {
@@ -79,6 +80,19 @@ async fn list_page(shared: &Shared, head: &Parts, base: &str) -> Result<Response
         );
     }
     Ok(page(StatusCode::OK, &home(base), "Records", &body))
+}
+
+/// Who the console takes the reader for, and what they may do.
+fn signed_in(operator: &Operator) -> String {
+    let role = if operator.role.may_act() {
+        "may act"
+    } else {
+        "read-only"
+    };
+    format!(
+        "<p>Operator: <strong>{}</strong> ({role})</p>",
+        escape(&operator.id)
+    )
 }
 
 /// The message a redirect asked for with `flash`, if it is one of [`FLASHES`].
@@ -191,7 +205,8 @@ async fn record_page(
         .await
         .map_err(|err| Failure::store(&err))?
         .ok_or_else(Failure::absent)?;
-    let mut body = flash(head.uri.query());
+    let mut body = signed_in(&operator);
+    body.push_str(&flash(head.uri.query()));
     body.push_str(&record_fields(&key, &view));
     body.push_str(&actions_for(shared, &operator, base, &key, &view));
     Ok(page(StatusCode::OK, &home(base), "Record", &body))

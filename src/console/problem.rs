@@ -95,12 +95,12 @@ impl Failure {
         }
     }
 
-    /// The body is larger than any action's.
+    /// The body is larger than any action's (or broke off before its end).
     pub(crate) fn too_large() -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            "the body is larger than an action's",
+            "the body is larger than an action's, or could not be read whole",
         )
     }
 

@@ -259,6 +259,15 @@ async fn hostile_values_are_escaped_in_pages() {
     assert!(!list.body.contains("<script>"), "{}", list.body);
     assert!(list.body.contains("&quot;&gt;&lt;script&gt;"));
 
+    let operator = console.get_as("<b>eve</b>", "read", PREFIX).await;
+    assert_eq!(operator.status, StatusCode::OK);
+    assert!(
+        operator.body.contains("&lt;b&gt;eve&lt;/b&gt;"),
+        "{}",
+        operator.body
+    );
+    assert!(!operator.body.contains("<b>eve"));
+
     let bad_field: String = form_urlencoded::Serializer::new(String::new())
         .append_pair(hostile, "1")
         .finish();

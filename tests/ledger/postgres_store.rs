@@ -598,7 +598,10 @@ async fn a_version_three_schema_migrates_and_remembers_a_token_released_beside_a
         .abandon(released, released_claim.token)
         .await
         .expect("the version-3 claim is released after the upgrade");
-    refused(store.begin(late.clone()).await, "a late begin once released");
+    refused(
+        store.begin(late.clone()).await,
+        "a late begin once released",
+    );
     assert!(store.inspect(released).await.expect("inspect").is_none());
     assert!(matches!(
         store.begin(request(released)).await.expect("begin"),

@@ -193,12 +193,22 @@ pub async fn a_release_outlasts_another_callers_record(store: &dyn IdempotencySt
     let late = request(key, &req);
     let holder = acquire(store, request(key, &req)).await;
     assert!(
-        store.abandon(key, late.token).await.unwrap_err().is_fenced(),
+        store
+            .abandon(key, late.token)
+            .await
+            .unwrap_err()
+            .is_fenced(),
         "a_release_outlasts_another_callers_record: nothing of the late token's to release"
     );
-    refused("a late begin while the other caller holds the key", store.begin(late.clone()).await);
+    refused(
+        "a late begin while the other caller holds the key",
+        store.begin(late.clone()).await,
+    );
     store.abandon(key, holder).await.expect("abandon");
-    refused("a late begin once the holder released the key", store.begin(late.clone()).await);
+    refused(
+        "a late begin once the holder released the key",
+        store.begin(late.clone()).await,
+    );
     let fresh = acquire(store, request(key, &req)).await;
     store.abandon(key, fresh).await.expect("abandon");
 
@@ -211,9 +221,15 @@ pub async fn a_release_outlasts_another_callers_record(store: &dyn IdempotencySt
         .mark_in_doubt(key, holder, RETENTION)
         .await
         .expect("mark");
-    refused("a late begin on an operation in doubt", store.begin(late.clone()).await);
+    refused(
+        "a late begin on an operation in doubt",
+        store.begin(late.clone()).await,
+    );
     let (owner, _) = resume(store, request(key, &req)).await;
-    refused("a late begin on the resumed operation", store.begin(late).await);
+    refused(
+        "a late begin on the resumed operation",
+        store.begin(late).await,
+    );
     store
         .complete(key, owner, response("resumed"), RETENTION)
         .await
@@ -228,7 +244,10 @@ pub async fn a_release_outlasts_another_callers_record(store: &dyn IdempotencySt
         .complete(key, holder, response("held"), RETENTION)
         .await
         .expect("complete");
-    refused("a late begin on a completed operation", store.begin(late.clone()).await);
+    refused(
+        "a late begin on a completed operation",
+        store.begin(late.clone()).await,
+    );
     let seen = store
         .inspect(key)
         .await
@@ -236,12 +255,18 @@ pub async fn a_release_outlasts_another_callers_record(store: &dyn IdempotencySt
         .expect("a_release_outlasts_another_callers_record: a record to look at");
     assert!(
         matches!(
-            store.forget(key, Expected::of(&seen)).await.expect("forget"),
+            store
+                .forget(key, Expected::of(&seen))
+                .await
+                .expect("forget"),
             Forget::Forgotten
         ),
         "a_release_outlasts_another_callers_record: the record was not forgotten"
     );
-    refused("a late begin once the record was forgotten", store.begin(late.clone()).await);
+    refused(
+        "a late begin once the record was forgotten",
+        store.begin(late.clone()).await,
+    );
     // A new claim under another token ends the marker: the late token meets that claim.
     let fresh = acquire(store, request(key, &req)).await;
     assert!(

@@ -151,6 +151,14 @@ impl Ledger {
     /// claim it may have made is released in the background, so the key does not stay
     /// claimed by nobody once the store is back.
     ///
+    /// A lost answer is a `begin` that may still be on its way (held up in the store's
+    /// connection, or by a frozen server): it can land after an answer to a later try. If
+    /// that answer is no claim of this token (the key was busy, replayed, drifted), the
+    /// token is released too: the store remembers a released token, so the late `begin`
+    /// claims nothing whenever it lands, even once the key is free again. A token released
+    /// so is not asked with again: the store refuses it (fenced), and `begin` asks under a
+    /// fresh one instead.
+    ///
     /// `lost`: the lost answer of a first try already made (in place).
     async fn begin_once(
         &self,
@@ -161,6 +169,8 @@ impl Ledger {
         let mut tries = 0;
         // The lost answer stands for the first try's.
         let mut lost = lost.map(Err);
+        // The request as asked: under a fresh token once the caller's was released.
+        let mut request = std::borrow::Cow::Borrowed(request);
         // From the first call on, the store may hold a claim under this token that no one
         // will use if this future is dropped before an answer arrives (the caller's timeout
         // fired mid round trip): nothing was sent under it, so it must not expire into
@@ -171,33 +181,73 @@ impl Ledger {
             token: request.token,
             armed: true,
         };
+        // Whether a try's answer was lost: that try may still land.
+        let mut may_land = false;
+        // Whether the caller's token was found released, and a fresh one taken (once).
+        let mut renewed = false;
         loop {
             tries += 1;
             let answer = match lost.take() {
                 Some(lost) => lost,
                 None => {
                     let started = start();
-                    let answer = self.store.begin(request.clone()).await;
+                    let answer = self.store.begin(request.clone().into_owned()).await;
                     observe("begin", started, &answer);
                     answer
                 }
             };
             match answer {
-                Ok(answer) => {
+                Ok(Begin::Busy { retry_after }) if may_land => {
+                    // The caller may ask again with this token (it waits while busy): the
+                    // release must be in the store first, so that asking again is refused
+                    // and goes on under a fresh token, rather than claiming what the
+                    // release would then take back. If the release fails too, so does this
+                    // `begin`, and the guard releases the token in the background.
+                    self.release_now(request.key, request.token).await?;
                     unanswered.armed = false;
+                    return Ok(Begin::Busy { retry_after });
+                }
+                Ok(answer) => {
+                    // A final answer that is no claim of this token, after a lost try: the
+                    // caller asks no more under it, and the guard releases it.
+                    unanswered.armed = may_land && !claims(&answer, request.token);
                     return Ok(answer);
                 }
+                Err(err) if err.is_fenced() && !renewed && !may_land && tries == 1 => {
+                    // This token was released already (an earlier `begin` of this caller
+                    // lost a try, then was answered busy): ask under a fresh one, which no
+                    // try of this caller's ever carried.
+                    tracing::debug!("begin under a released token; asking under a fresh one");
+                    request.to_mut().token = LeaseToken::generate();
+                    unanswered.token = request.token;
+                    renewed = true;
+                    tries = 0;
+                }
                 Err(err) if is_ambiguous(&err) && tries < BEGIN_TRIES => {
+                    may_land = true;
                     tracing::debug!(%err, tries, "begin failed; asking again with the same token");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_STORE_RETRY);
                 }
                 Err(err) => {
                     // An ambiguous failure may have left a claim: released by the guard.
-                    unanswered.armed = is_ambiguous(&err);
+                    unanswered.armed = may_land || is_ambiguous(&err);
                     return Err(err);
                 }
             }
+        }
+    }
+
+    /// Release now a claim that may have been made under `token`, or that a `begin` of it
+    /// still on its way may make: done once the store has the release (fenced: it had no
+    /// claim of the token, and remembers the token all the same).
+    async fn release_now(&self, key: LedgerKey, token: LeaseToken) -> Result<(), StoreError> {
+        let started = start();
+        let released = self.store.abandon(key, token).await;
+        observe("abandon", started, &released);
+        match released {
+            Err(err) if !err.is_fenced() => Err(err),
+            _ => Ok(()),
         }
     }
 
@@ -275,4 +325,13 @@ impl Drop for UnansweredClaim<'_> {
             self.ledger.release_unused(self.key, self.token);
         }
     }
+}
+
+/// Whether `answer` is a claim under `token` (a new one, or a resume): its caller holds it.
+fn claims(answer: &Begin, token: LeaseToken) -> bool {
+    matches!(
+        answer,
+        Begin::Acquired { token: claimed } | Begin::Resume { token: claimed, .. }
+            if *claimed == token
+    )
 }

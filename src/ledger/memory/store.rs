@@ -202,11 +202,8 @@ impl IdempotencyStore for MemoryStore {
             Some(record) if record.is_owned(token, at) => {
                 match record.state {
                     // No attempt can have left: forget it, the next caller starts afresh.
-                    // The token stays released: a retried `begin` of it still on its way
-                    // must not claim the key again.
                     State::InFlight { resumed: false, .. } => {
                         self.remove(&mut shard, &key);
-                        shard.released.release(key, token, at);
                     }
                     // An earlier attempt may have been sent: releasing would let the next
                     // caller send new bytes. Keep it in doubt so the next caller resumes.
@@ -214,15 +211,13 @@ impl IdempotencyStore for MemoryStore {
                 }
                 Ok(())
             }
-            // Another caller's record: nothing of this token's to release.
-            Some(record) if record.retain_until > at => Err(StoreError::fenced()),
-            // No record (none, or one past its retention): this token's `begin` may still
-            // be on its way; it must find the key released when it comes.
-            _ => {
-                shard.released.release(key, token, at);
-                Err(StoreError::fenced())
-            }
+            // Nothing of this token's to release: no record, or another caller's.
+            _ => Err(StoreError::fenced()),
         };
+        // Whatever it found, the token stays released: a `begin` of it may still be on its
+        // way (a retry of one whose answer was lost), and must claim nothing when it comes,
+        // even once the record another caller holds now has left.
+        shard.released.release(key, token, at);
         drop(shard);
         if settled.is_ok() {
             self.announce_settled(&key);

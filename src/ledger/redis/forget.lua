@@ -39,5 +39,6 @@ if r[2] == 'in_flight' and ARGV[4] ~= '1' then
     return {'live', left}
   end
 end
-redis.call('DEL', key)
+-- Tokens released while the record was there stay released (see prelude.lua).
+keep_only_markers(key, now_ms())
 return {'forgotten'}

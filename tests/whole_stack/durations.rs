@@ -20,7 +20,10 @@ use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tokio::sync::Notify;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::ledger::{MemoryStore, RedisStore};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, RedisStore,
+};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{BusyPolicy, IdempotencyLayer, OperationId};
@@ -254,6 +257,29 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// An owner letting go of a held lease (it went without settling) is announced like a
+/// settle: its waiters, who stopped looking at every lease's end since a held lease never
+/// runs down, look again and wait for the lease's real end.
+#[tokio::test(start_paused = true)]
+async fn letting_go_of_a_held_lease_wakes_listeners() {
+    let store = MemoryStore::new();
+    let key = LedgerKey::from_bytes([7; 32]);
+    let fingerprint = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    let lease = Duration::from_secs(30);
+    let request = BeginRequest::new(key, fingerprint, lease, Duration::from_secs(3600));
+    let Begin::Acquired { token } = store.begin(request).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    assert!(store.hold_lease(key, token, lease));
+    let settled = store
+        .notify_settled(key)
+        .expect("the memory store notifies");
+    store.let_go(key, token, lease);
+    tokio::time::timeout(Duration::from_millis(1), settled)
+        .await
+        .expect("letting go woke the listener");
 }
 
 /// Server settings that are durations (and the busy policy, which holds one).

@@ -302,16 +302,25 @@ impl IdempotencyStore for MemoryStore {
 
     fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
         // Fenced when the token no longer holds the record: nothing to let go then.
-        let _ = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
-            if let State::InFlight {
+        let let_go = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
+            let State::InFlight {
                 lease_until, held, ..
             } = &mut record.state
-            {
-                if std::mem::take(held) {
-                    *lease_until = at + lease;
-                }
+            else {
+                return false;
+            };
+            let was_held = std::mem::take(held);
+            if was_held {
+                *lease_until = at + lease;
             }
+            was_held
         });
+        // Announced like a settle: a held lease shows a whole lease left at every look, so
+        // waiters stop waking at its end once they see it kept (see `Ledger::begin`); told
+        // it now runs down, they look again and wait for its real end.
+        if matches!(let_go, Ok(true)) {
+            self.announce_settled(&key);
+        }
     }
 
     fn keeps_request_fields(&self) -> bool {

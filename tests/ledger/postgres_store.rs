@@ -17,7 +17,8 @@ use tower_idempotency::ledger::{
     StoredResponse,
 };
 use tower_idempotency::testing::conformance::{
-    inspection_follows_the_record, run_all, sample_fingerprint, Clock,
+    inspection_follows_the_record, listing_finds_what_it_asks_for, run_all, sample_fingerprint,
+    Clock,
 };
 
 async fn store(url: &str) -> PostgresStore {
@@ -47,6 +48,7 @@ async fn postgres_store_passes_the_conformance_suite() {
     let store = store(pg.url()).await;
     run_all(Arc::new(store.clone()), Clock::real()).await;
     inspection_follows_the_record(&store).await;
+    listing_finds_what_it_asks_for(&store, &Clock::real()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,7 +406,7 @@ async fn a_version_two_schema_with_records_migrates_and_its_records_keep_their_l
         .await
         .expect("a version-2 completion");
 
-    assert_eq!(store.migrate().await.expect("migrate"), 3);
+    assert_eq!(store.migrate().await.expect("migrate"), SCHEMA_VERSION);
     let look = |key| {
         let store = store.clone();
         async move {

@@ -143,6 +143,7 @@
 pub(crate) mod builder;
 mod codec;
 mod errors;
+mod list;
 mod schema;
 pub(crate) mod store;
 pub(crate) mod transaction;

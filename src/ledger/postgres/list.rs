@@ -38,7 +38,7 @@ use crate::ledger::{
 const SCAN_BUDGET: i64 = 5 * crate::ledger::MAX_PAGE as i64;
 
 /// The states a list may walk, each its own range of the index.
-const STATES: [(RecordKind, &'static str); 3] = [
+const STATES: [(RecordKind, &str); 3] = [
     (RecordKind::InFlight, "in_flight"),
     (RecordKind::InDoubt, "in_doubt"),
     (RecordKind::Completed, "completed"),

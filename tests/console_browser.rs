@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::client::ClientFace;
 use tower_idempotency::console::{Console, Operator, Refusal, Role};
-use tower_idempotency::ledger::{LedgerKey, MemoryStore, Records};
+use tower_idempotency::ledger::{Expected, LedgerKey, MemoryStore, Records};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId};
@@ -268,4 +268,48 @@ async fn an_operator_resolves_an_operation_in_doubt_as_not_applied_in_a_browser_
         std::fs::copy(screenshots().join("not-applied-list.png"), &docs).unwrap();
         eprintln!("the list's screenshot replaced {}", docs.display());
     }
+}
+
+/// Two operators on one incident: a colleague resolves the operation first and the caller's
+/// next run charges; the form on the operator's page still carries the look it was opened
+/// with, so submitting it changes nothing and shows the record as it is now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_from_a_page_gone_stale_changes_nothing_and_shows_the_record_as_it_is_now() {
+    let Some(browser) = Browser::launch().await else {
+        return;
+    };
+    let caller = Caller::left_in_doubt().await;
+    let key = caller.key_of_the_charge();
+    let base = serve(caller.records()).await;
+
+    sign_in(&browser, &base, "alice").await;
+    open_in_doubt_record(&browser, &base, &key, "stale").await;
+
+    let records = caller.records();
+    let look = records.inspect(key).await.unwrap().expect("in doubt");
+    let forgotten = records.forget(key, Expected::of(&look)).await.unwrap();
+    assert!(forgotten.is_forgotten(), "{forgotten:?}");
+    let charged = caller.run(&caller.provider, the_charge()).await.unwrap();
+    assert_eq!(charged, StatusCode::CREATED);
+
+    submit_action(
+        &browser,
+        "resolve-not-applied",
+        &[("reason", "INC-42: no charge at the provider")],
+        "stale",
+    )
+    .await;
+    browser.wait_for_text("h1", "Conflict").await;
+    browser
+        .wait_for_text(".problem", "moved on since you looked at it")
+        .await;
+    browser.wait_for_text("table", "completed (201)").await;
+    browser.find("form[action$='/forget']").await;
+    browser
+        .screenshot(&screenshots().join("stale-conflict.png"))
+        .await;
+
+    let replayed = caller.run(&caller.provider, the_charge()).await.unwrap();
+    assert_eq!(replayed, StatusCode::CREATED, "replayed, not run again");
+    assert_eq!(caller.provider.effects(), 1, "one charge in all");
 }

@@ -313,3 +313,48 @@ async fn a_resolution_from_a_page_gone_stale_changes_nothing_and_shows_the_recor
     assert_eq!(replayed, StatusCode::CREATED, "replayed, not run again");
     assert_eq!(caller.provider.effects(), 1, "one charge in all");
 }
+
+/// An operator reads a long list a page at a time with its own form and link: a page size
+/// of one, then "Next page", which keeps the filters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pages_through_the_list_with_its_next_link() {
+    let Some(browser) = Browser::launch().await else {
+        return;
+    };
+    let caller = Caller::left_in_doubt().await;
+    let base = serve(caller.records()).await;
+
+    sign_in(&browser, &base, "alice").await;
+    browser.go(&format!("{base}{PREFIX}")).await;
+    browser.wait_for_text("h1", "Records").await;
+    browser
+        .click(
+            &browser
+                .find("select[name=order] option[value=oldest]")
+                .await,
+        )
+        .await;
+    browser
+        .type_into(&browser.find("input[name=limit]").await, "1")
+        .await;
+    browser
+        .click(&browser.find("form button[type=submit]").await)
+        .await;
+    browser.wait_for_url("limit=1").await;
+    let first = browser.wait_for_text("table", "Key").await;
+
+    browser
+        .click(&browser.find("a[href*='after=']").await)
+        .await;
+    let second_url = browser.wait_for_url("after=").await;
+    assert!(
+        second_url.contains("order=oldest") && second_url.contains("limit=1"),
+        "the next page keeps the filters: {second_url}"
+    );
+    let second = browser.wait_for_text("table", "Key").await;
+
+    let pages = [&first, &second];
+    let shows = |state: &str| pages.iter().filter(|page| page.contains(state)).count();
+    assert_eq!(shows("in doubt"), 1, "{first}\n---\n{second}");
+    assert_eq!(shows("completed (201)"), 1, "{first}\n---\n{second}");
+}

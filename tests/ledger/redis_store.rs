@@ -19,7 +19,7 @@ use http::{HeaderMap, Method, StatusCode, Version};
 use redis::aio::MultiplexedConnection;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, Expected, Forget, Generation, IdempotencyStore, LeaseToken, LedgerKey,
-    Outcome, RedisStore, StoreError, StoredResponse,
+    ListPage, ListQuery, Outcome, RecordKind, RedisStore, StoreError, StoredResponse,
 };
 use tower_idempotency::FrozenRequest;
 
@@ -98,7 +98,9 @@ fn assert_failed_closed(result: Result<Begin, StoreError>, what: &str) {
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_passes_the_conformance_suite() {
-    use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
+    use tower_idempotency::testing::conformance::{
+        inspection_follows_the_record, listing_finds_what_it_asks_for, run_all, Clock,
+    };
 
     let Some(redis) = redis_url().await else {
         return;
@@ -106,6 +108,7 @@ async fn redis_store_passes_the_conformance_suite() {
     let store = connect(redis.url(), &unique_prefix()).await;
     inspection_follows_the_record(&store).await;
     // Redis judges leases and retention by its own clock, so the suite sleeps for real.
+    listing_finds_what_it_asks_for(&store, &Clock::real()).await;
     run_all(Arc::new(store), Clock::real()).await;
 }
 
@@ -137,8 +140,9 @@ async fn command_stats(admin: &mut MultiplexedConnection) -> HashMap<String, (u6
 
 /// The commands the scripts run inside Redis: counted by `INFO commandstats`, but never
 /// sent over the network.
-const SCRIPT_COMMANDS: [&str; 9] = [
-    "hmget", "hget", "exists", "time", "hset", "hdel", "hincrby", "pexpire", "del",
+const SCRIPT_COMMANDS: [&str; 12] = [
+    "hmget", "hget", "exists", "time", "hset", "hdel", "hincrby", "pexpire", "del", "zadd", "zrem",
+    "zrange",
 ];
 
 /// The commands that came over the network, sorted.
@@ -195,19 +199,26 @@ async fn one_round_trip_per_ledger_operation() {
     assert_eq!(network(&stats), [("evalsha", (2, 0))], "fresh: {stats:?}");
     // And what the two scripts did inside Redis: begin reads, finds nothing (EXISTS tells a
     // missing record from one without a version), reads the clock, writes and sets the TTL;
-    // complete reads, writes, drops the lease fields and refreshes the TTL.
+    // complete reads, writes, drops the lease fields and refreshes the TTL. Each moves the
+    // record's member between the listing indexes (one ZADD, two ZREM), and the claim
+    // sweeps the indexes: the cursors (HMGET, HSET), a ZRANGE per index and a look (HGET)
+    // at each member met, here the new claim and the warm-up's record.
     let inside: HashMap<&str, u64> = stats
         .iter()
         .filter(|(name, _)| name.as_str() != "evalsha")
         .map(|(name, (calls, _))| (name.as_str(), *calls))
         .collect();
     let expected = [
-        ("hmget", 2),
+        ("hmget", 3),
         ("exists", 1),
-        ("time", 1),
-        ("hset", 2),
+        ("time", 2),
+        ("hset", 3),
         ("hdel", 1),
         ("pexpire", 2),
+        ("zadd", 2),
+        ("zrem", 4),
+        ("zrange", 3),
+        ("hget", 2),
     ];
     assert_eq!(inside, HashMap::from(expected), "fresh: {stats:?}");
 
@@ -846,4 +857,180 @@ async fn a_full_redis_under_noeviction_refuses_claims_as_a_full_store() {
     for (key, token) in kept {
         store.renew(key, token, LEASE).await.expect("still claimed");
     }
+}
+
+/// Claim `key` in `scope` and record an outcome, kept for `retention`.
+async fn completed_in(store: &RedisStore, key: LedgerKey, scope: &str, retention: Duration) {
+    let req = frozen("{\"listed\":true}");
+    let claim = BeginRequest::new(key, req.fingerprint(), LEASE, retention)
+        .with_frozen(req)
+        .with_scope(scope);
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store
+        .complete(key, token, response("done"), retention)
+        .await
+        .unwrap();
+}
+
+/// Claim `key` in `scope` and leave it in doubt.
+async fn in_doubt_in(store: &RedisStore, key: LedgerKey, scope: &str, retention: Duration) {
+    let req = frozen("{\"listed\":\"doubt\"}");
+    let claim = BeginRequest::new(key, req.fingerprint(), LEASE, retention)
+        .with_frozen(req)
+        .with_scope(scope);
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store.mark_in_doubt(key, token, retention).await.unwrap();
+}
+
+/// How many members the listing index of `kind` holds.
+async fn index_size(admin: &mut MultiplexedConnection, prefix: &str, kind: RecordKind) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(format!("{prefix}index:{}", kind.as_str()))
+        .query_async(admin)
+        .await
+        .unwrap()
+}
+
+/// Every page of `query`, following the cursors to the end (at most `most` pages).
+async fn every_page(store: &RedisStore, query: ListQuery, most: usize) -> Vec<ListPage> {
+    let mut pages = Vec::new();
+    let mut query = query;
+    for _ in 0..most {
+        let page = store.list(query.clone()).await.expect("list");
+        let next = page.next;
+        pages.push(page);
+        match next {
+            Some(cursor) => query = query.after(cursor),
+            None => return pages,
+        }
+    }
+    panic!("the list did not end within {most} pages");
+}
+
+#[tokio::test]
+async fn records_that_leave_by_their_ttl_leave_the_list_and_the_index() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = connect(redis.url(), &prefix).await;
+    let mut admin = admin(redis.url()).await;
+    let scope = "ttl-leavers";
+    let short = Duration::from_millis(300);
+
+    let (done, doubt) = (fresh_key(), fresh_key());
+    completed_in(&store, done, scope, short).await;
+    in_doubt_in(&store, doubt, scope, short).await;
+    let listed = store.list(ListQuery::new().scope(scope)).await.unwrap();
+    let keys: Vec<LedgerKey> = listed.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [doubt, done], "listed newest first while they last");
+    assert_eq!(
+        listed.records[1].view.scope,
+        tower_idempotency::ledger::scope_id(scope)
+    );
+
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    // A list that meets them drops their members and goes on.
+    let listed = store.list(ListQuery::new().scope(scope)).await.unwrap();
+    assert!(
+        listed.records.is_empty() && listed.next.is_none(),
+        "{listed:?}"
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::Completed).await,
+        0
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::InDoubt).await,
+        0
+    );
+
+    // Without a list, claims sweep them: each looks at the next two members of every index.
+    for _ in 0..10 {
+        completed_in(&store, fresh_key(), scope, short).await;
+    }
+    in_doubt_in(&store, fresh_key(), scope, short).await;
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    for _ in 0..8 {
+        let req = frozen("{\"sweeper\":1}");
+        let claim = BeginRequest::new(fresh_key(), req.fingerprint(), LEASE, RETENTION);
+        assert!(matches!(
+            store.begin(claim).await.unwrap(),
+            Begin::Acquired { .. }
+        ));
+    }
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::Completed).await,
+        0,
+        "claims swept the members of expired records"
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::InDoubt).await,
+        0
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::InFlight).await,
+        8
+    );
+}
+
+#[tokio::test]
+async fn a_page_looks_at_a_bounded_number_of_records_and_the_cursors_reach_the_end() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    // The one record asked for is the oldest, behind 200 that do not match.
+    let wanted = fresh_key();
+    completed_in(&store, wanted, "rare", RETENTION).await;
+    let doubt = fresh_key();
+    in_doubt_in(&store, doubt, "common", RETENTION).await;
+    for _ in 0..200 {
+        completed_in(&store, fresh_key(), "common", RETENTION).await;
+    }
+
+    // A page of one looks at ten entries: short pages with a cursor, until the end.
+    let pages = every_page(&store, ListQuery::new().scope("rare").limit(1), 100).await;
+    assert!(
+        pages[0].records.is_empty() && pages[0].next.is_some(),
+        "the first page stopped looking early: {:?}",
+        pages[0]
+    );
+    assert!(pages.len() >= 20, "{} pages", pages.len());
+    let found: Vec<LedgerKey> = pages
+        .iter()
+        .flat_map(|page| page.records.iter().map(|r| r.key))
+        .collect();
+    assert_eq!(found, [wanted]);
+
+    // Oldest first, it is the first entry looked at.
+    let page = store
+        .list(ListQuery::new().scope("rare").limit(1).oldest_first())
+        .await
+        .unwrap();
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].key, wanted);
+
+    // The in-doubt list reads the in-doubt index only: one page, whatever the rest holds.
+    let page = store
+        .list(ListQuery::new().kind(RecordKind::InDoubt).limit(1))
+        .await
+        .unwrap();
+    let keys: Vec<LedgerKey> = page.records.iter().map(|r| r.key).collect();
+    assert_eq!((keys, page.next), (vec![doubt], None));
+
+    // Pages of a hundred follow one another without a gap or a repeat.
+    let pages = every_page(&store, ListQuery::new().limit(100), 10).await;
+    let mut keys: Vec<LedgerKey> = pages
+        .iter()
+        .flat_map(|page| page.records.iter().map(|r| r.key))
+        .collect();
+    assert_eq!(keys.len(), 202);
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 202, "no record listed twice");
 }

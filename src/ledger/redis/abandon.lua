@@ -7,6 +7,7 @@
 -- KEYS[1]  the record
 -- ARGV[1]  the owner's token (32 hex)
 -- ARGV[2]  how long the key stays released under it, in ms
+-- KEYS[2..5] [list index] the listing indexes, on a single Redis (see prelude.lua)
 local key, token, released_ms = KEYS[1], ARGV[1], ARGV[2]
 
 -- Mark the key (which has no record now) released under `token`, with the tokens it was
@@ -34,6 +35,8 @@ if r[4] == '0' then
   -- No attempt of this operation can have left: forget it, the next caller starts afresh.
   -- A retried `begin` of this token may still be queued: it finds the key released.
   redis.call('DEL', key)
+  -- [list index] gone: listed no more.
+  reindex(key, nil)
   release()
   return {'ok'}
 end
@@ -42,4 +45,6 @@ end
 -- ones instead.
 redis.call('HSET', key, 'state', 'in_doubt', 'sent', '1')
 redis.call('HDEL', key, 'token', 'lease_until_ms')
+-- [list index] in doubt now.
+changed_state(key, 'in_doubt', now_ms())
 return {'ok'}

@@ -1,7 +1,9 @@
 -- Shared by every ledger script (prepended at compile time; see mod.rs for the record layout).
 --
--- Every script touches exactly one key, KEYS[1], and declares it, so the scripts stay valid
--- under any key-slot sharding (Redis Cluster).
+-- Every transition touches one record, KEYS[1], and declares it, so the scripts stay valid
+-- under any key-slot sharding (Redis Cluster). On a single Redis the store also declares its
+-- listing indexes (KEYS[2..5], see the index block below), which each transition keeps in
+-- step with the record in the same script; on a cluster it does not, and nothing is indexed.
 --
 -- Replies are arrays whose first element is a tag ('acquired', 'busy', 'resume', 'in_doubt',
 -- 'replay', 'drift', 'released', 'ok', 'fenced', 'corrupt'), never Lua errors, so the Rust
@@ -45,3 +47,116 @@ local function unreadable(key, v)
   return nil
 end
 
+
+-- [list index] ---------------------------------------------------------------------------
+-- Listing (list.lua) reads per-state sorted sets: member = the record key's 64 hex digits,
+-- score = the record's `created_ms` (its place in the list; ties are ordered by member,
+-- which is the key's byte order). Declared by the store on a single Redis only:
+--   KEYS[2] in flight, KEYS[3] in doubt, KEYS[4] completed, KEYS[5] the sweep's cursors.
+-- Every transition moves its record's member in the same script as it writes the record,
+-- so the indexes never disagree with the records, except for a record that left by its TTL,
+-- which no script sees: its member stays until a list or the sweep below meets it.
+local INDEXES = {{'in_flight', 2}, {'in_doubt', 3}, {'completed', 4}}
+local SWEEP_KEY = 5
+-- Index members a claim looks at per index: more than the one member a claim can add, so
+-- the sweep goes round an index faster than the index grows.
+local SWEEP_STEP = 2
+-- The scope of a record that has none (written before scopes were kept, or unscoped).
+local NO_SCOPE = '0000000000000000'
+
+local function indexed()
+  return #KEYS >= SWEEP_KEY
+end
+
+-- The member of the record at `key` in an index: its 64 hex digits, without the prefix.
+local function index_member(key)
+  return string.sub(key, -64)
+end
+
+-- Put the record at `key` in `state`'s index only (nil: in none), at `position` (its
+-- `created_ms`; read from the record when not given).
+local function reindex(key, state, position)
+  if not indexed() then return end
+  local member = index_member(key)
+  for _, index in ipairs(INDEXES) do
+    if index[1] == state then
+      position = position or redis.call('HGET', key, 'created_ms')
+      if position then
+        redis.call('ZADD', KEYS[index[2]], position, member)
+      end
+    else
+      redis.call('ZREM', KEYS[index[2]], member)
+    end
+  end
+end
+
+-- The record at `key` changed state to `state` (nil: it is gone) at `now`: stamp the
+-- change, for listing, and move its member.
+local function changed_state(key, state, now)
+  if state then
+    redis.call('HSET', key, 'touched_ms', now)
+  end
+  reindex(key, state)
+end
+
+-- Records leave by their TTL, unseen. Each claim looks at the next SWEEP_STEP members of
+-- every index (a cursor by rank, kept in KEYS[5], going round) and drops those whose record
+-- is gone or in another state: each index is gone round faster than it grows, so it holds
+-- at most about twice its live records, without any scan of the keyspace.
+local function sweep_indexes()
+  if not indexed() then return end
+  local prefix = string.sub(KEYS[1], 1, #KEYS[1] - 64)
+  local cursors = redis.call('HMGET', KEYS[SWEEP_KEY], 'in_flight', 'in_doubt', 'completed')
+  local moved = {}
+  for i, index in ipairs(INDEXES) do
+    local state, set = index[1], KEYS[index[2]]
+    local rank = tonumber(cursors[i] or 0) or 0
+    local members = redis.call('ZRANGE', set, rank, rank + SWEEP_STEP - 1)
+    for _, member in ipairs(members) do
+      if redis.call('HGET', prefix .. member, 'state') ~= state then
+        redis.call('ZREM', set, member)
+      else
+        rank = rank + 1
+      end
+    end
+    -- The end of the index: start again from the oldest.
+    if #members < SWEEP_STEP then
+      rank = 0
+    end
+    moved[#moved + 1] = state
+    moved[#moved + 1] = rank
+  end
+  redis.call('HSET', KEYS[SWEEP_KEY], unpack(moved))
+end
+
+-- What inspect and list show of the record at `key`: {'record', state, fp, attempts, age_ms,
+-- lease_left_ms, ttl_ms, sent, status, gen, created_ms, scope, touched_ago_ms}, {'absent'}
+-- (no record, or only a released marker) or a 'corrupt' reply. An in-flight record whose
+-- lease ran out shows in flight with no lease left.
+local function view_of(key, now)
+  local r = redis.call('HMGET', key, 'v', 'state', 'fp', 'attempts', 'created_ms',
+                       'lease_until_ms', 'sent', 'gen', 'scope', 'touched_ms')
+  local bad = unreadable(key, r[1])
+  if bad then return bad end
+  if r[1] == false or is_marker(r[2]) then
+    return {'absent'}
+  end
+  local status = 0
+  if r[2] == 'completed' then
+    -- The outcome's status: its encoding starts with the version, the tag, then the status
+    -- as a big-endian u16.
+    local outcome = redis.call('HGET', key, 'outcome')
+    if outcome and #outcome >= 4 then
+      status = string.byte(outcome, 3) * 256 + string.byte(outcome, 4)
+    end
+  end
+  local created = tonumber(r[5] or 0)
+  -- A record an earlier release wrote has no `touched_ms`: last touched when created.
+  local touched = tonumber(r[10] or created)
+  -- The generation, and `created_ms` itself: a record an earlier release wrote has no `gen`,
+  -- and its generation is derived from when it was created (see codec.rs).
+  return {'record', r[2], r[3], tonumber(r[4] or 0), now - created,
+          math.max(0, tonumber(r[6] or 0) - now), redis.call('PTTL', key), r[7] or '0', status,
+          r[8] or '', created, r[9] or NO_SCOPE, math.max(0, now - touched)}
+end
+-- [list index] end -------------------------------------------------------------------------

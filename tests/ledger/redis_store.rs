@@ -1034,3 +1034,119 @@ async fn a_page_looks_at_a_bounded_number_of_records_and_the_cursors_reach_the_e
     keys.dedup();
     assert_eq!(keys.len(), 202, "no record listed twice");
 }
+
+/// `INFO commandstats`'s microseconds per call of `command`, and its calls.
+async fn server_time(admin: &mut MultiplexedConnection, command: &str) -> (f64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    let line = info
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:")))
+        .unwrap_or_default()
+        .to_owned();
+    let field = |name: &str| {
+        line.split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("usec_per_call"), field("calls") as u64)
+}
+
+async fn memory_usage(admin: &mut MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async::<Option<u64>>(admin)
+        .await
+        .unwrap()
+        .unwrap_or(0)
+}
+
+/// What the listing indexes cost: Redis's own time per claim and per completion (from
+/// `INFO commandstats`, so the client's speed does not count), the memory of an index
+/// entry and of a record, and the time of a page. A measurement, not a check: run with
+/// `cargo test --all-features --test ledger what_the_listing -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn what_the_listing_index_costs() {
+    const N: usize = 5000;
+    let Some(server) = RedisServer::spawn().await else {
+        return;
+    };
+    let prefix = "idem:";
+    let store = connect(&server.url(), prefix).await;
+    let mut admin = admin(&server.url()).await;
+    let req = frozen("{\"amount\":1}");
+    let mut owners = Vec::with_capacity(N);
+    reset_stats(&mut admin).await;
+    let started = Instant::now();
+    for i in 0..N {
+        let key = fresh_key();
+        let claim = request(key, &req, LEASE).with_scope(&format!("tenant-{}", i % 10));
+        let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        owners.push((key, token));
+    }
+    let claim_wall = started.elapsed() / N as u32;
+    let (claim_usec, claims) = server_time(&mut admin, "evalsha").await;
+    reset_stats(&mut admin).await;
+    let started = Instant::now();
+    for (i, (key, token)) in owners.iter().enumerate() {
+        if i % 50 == 0 {
+            store.mark_in_doubt(*key, *token, RETENTION).await.unwrap();
+        } else {
+            store
+                .complete(*key, *token, response("done"), RETENTION)
+                .await
+                .unwrap();
+        }
+    }
+    let complete_wall = started.elapsed() / N as u32;
+    let (complete_usec, completions) = server_time(&mut admin, "evalsha").await;
+    eprintln!(
+        "claim: {claim_usec:.2} us in Redis per call ({claims} calls), {claim_wall:?} a round trip"
+    );
+    eprintln!(
+        "complete: {complete_usec:.2} us in Redis per call ({completions} calls), {complete_wall:?} a round trip"
+    );
+
+    let completed = memory_usage(&mut admin, &format!("{prefix}index:completed")).await;
+    let in_doubt = memory_usage(&mut admin, &format!("{prefix}index:in_doubt")).await;
+    let record = memory_usage(&mut admin, &store.redis_key(&owners[1].0)).await;
+    eprintln!(
+        "index: {completed} bytes for {} completed ({:.1} per entry), {in_doubt} bytes for {} in doubt; a completed record: {record} bytes",
+        N - N / 50,
+        completed as f64 / (N - N / 50) as f64,
+        N / 50
+    );
+
+    for (name, query) in [
+        (
+            "in doubt, 100 a page",
+            ListQuery::new().kind(RecordKind::InDoubt),
+        ),
+        ("everything, 100 a page", ListQuery::new()),
+        (
+            "a scope of none, 100 a page (1000 entries looked at)",
+            ListQuery::new().scope("nobody"),
+        ),
+    ] {
+        reset_stats(&mut admin).await;
+        let started = Instant::now();
+        let page = store.list(query).await.unwrap();
+        let wall = started.elapsed();
+        let (usec, _) = server_time(&mut admin, "evalsha").await;
+        eprintln!(
+            "list {name}: {} records, {usec:.0} us in Redis, {wall:?} a round trip",
+            page.records.len()
+        );
+    }
+}

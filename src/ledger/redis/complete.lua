@@ -19,7 +19,7 @@ end
 -- The fingerprint and frozen request stay: a later caller with another payload must still
 -- be told it drifted, and shown what was sent.
 redis.call('HSET', key, 'state', 'completed', 'outcome', outcome, 'retention_ms', retention_ms,
-           'touched_ms', now_ms())
+           'touched_ms', now_ms(), 'status', outcome_status(outcome))
 -- A completed record has no owner: with the token gone, no owner's late write can match it.
 redis.call('HDEL', key, 'token', 'lease_until_ms')
 -- The retention starts again from the completion: the outcome stays replayable a whole

@@ -116,6 +116,24 @@ local function first()
   return best, entry
 end
 
+-- A first look at the record at `key`, listed in `state`'s index: 'gone' (it left, or is
+-- in another state now), 'no' (it does not pass the scope or status filter) or 'maybe' (a
+-- whole view decides). Four short fields: most entries a page passes over cost no more.
+local function glance(key, state)
+  local r = redis.call('HMGET', key, 'v', 'state', 'scope', 'status')
+  if r[1] == false or r[2] ~= state then
+    -- An unreadable record (no version, or another state name) is judged by the view.
+    if redis.call('EXISTS', key) == 0 or r[1] == VERSION then return 'gone' end
+    return 'maybe'
+  end
+  if scope ~= '' and (r[3] or NO_SCOPE) ~= scope then return 'no' end
+  local status = tonumber(r[4])
+  if status_low and status and (status < status_low or status > status_high) then
+    return 'no'
+  end
+  return 'maybe'
+end
+
 local function passes(view)
   if scope ~= '' and view[12] ~= scope then return false end
   if status_low and view[2] == 'completed' then
@@ -144,16 +162,22 @@ while true do
   looked = looked + 1
   last = entry
   local member = entry[2]
-  local view = view_of(prefix .. member, now)
-  if view[1] == 'corrupt' then
-    view[2] = 'listing ' .. prefix .. member .. ': ' .. view[2]
-    return view
-  end
-  if view[1] == 'absent' or view[2] ~= stream.state then
+  local key = prefix .. member
+  local first_look = glance(key, stream.state)
+  if first_look == 'gone' then
     -- Left by its TTL (or, for a record an earlier release moved, in another state now):
     -- its member goes, and the list goes on.
     redis.call('ZREM', stream.set, member)
-  elseif passes(view) then
-    records[#records + 1] = {member, view}
+  elseif first_look == 'maybe' then
+    local view = view_of(key, now)
+    if view[1] == 'corrupt' then
+      view[2] = 'listing ' .. key .. ': ' .. view[2]
+      return view
+    end
+    if view[1] == 'absent' or view[2] ~= stream.state then
+      redis.call('ZREM', stream.set, member)
+    elseif passes(view) then
+      records[#records + 1] = {member, view}
+    end
   end
 end

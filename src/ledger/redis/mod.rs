@@ -88,6 +88,7 @@
 //! | `touched_ms` | when the record last changed state (claimed, resumed, put in doubt, completed), Redis time (a record an earlier release wrote has none: its `created_ms`) |
 //! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |
 //! | `outcome` | the recorded outcome, [`Outcome::encode`](super::Outcome::encode) (only when `completed`) |
+//! | `status` | the outcome's HTTP status, so a look at a completed record need not read its outcome (only when `completed`; a record an earlier release completed has none, and its status is read from `outcome`) |
 //!
 //! A key without a record may hold a *released marker* instead (see "A release outlasts a
 //! late claim" in the [ledger docs](crate::ledger)): a hash with `v`, `state` = `released`
@@ -122,7 +123,7 @@
 //!
 //! - **A page costs a bounded amount.** One `list.lua` script walks the indexes of the
 //!   states asked for, merged by position, from the cursor: at most ten entries per record
-//!   the page may hold (the page's limit at least, 2000 at most), never `KEYS` or `SCAN`.
+//!   the page may hold (the page's limit at least, 1000 at most), never `KEYS` or `SCAN`.
 //!   A page that stops looking early comes back short with a cursor. Listing in doubt reads
 //!   the in-doubt index only: its cost follows the records in doubt, not the whole ledger.
 //!   The age filters are score ranges, so records outside them cost nothing; the scope and

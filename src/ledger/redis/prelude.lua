@@ -129,13 +129,23 @@ local function sweep_indexes()
   redis.call('HSET', KEYS[SWEEP_KEY], unpack(moved))
 end
 
+-- The status of an encoded outcome: its encoding starts with the version, the tag, then the
+-- status as a big-endian u16. Kept in the record by `complete`, so a look at a completed
+-- record never reads its outcome, which may be large.
+local function outcome_status(outcome)
+  if outcome and #outcome >= 4 then
+    return string.byte(outcome, 3) * 256 + string.byte(outcome, 4)
+  end
+  return 0
+end
+
 -- What inspect and list show of the record at `key`: {'record', state, fp, attempts, age_ms,
 -- lease_left_ms, ttl_ms, sent, status, gen, created_ms, scope, touched_ago_ms}, {'absent'}
 -- (no record, or only a released marker) or a 'corrupt' reply. An in-flight record whose
 -- lease ran out shows in flight with no lease left.
 local function view_of(key, now)
   local r = redis.call('HMGET', key, 'v', 'state', 'fp', 'attempts', 'created_ms',
-                       'lease_until_ms', 'sent', 'gen', 'scope', 'touched_ms')
+                       'lease_until_ms', 'sent', 'gen', 'scope', 'touched_ms', 'status')
   local bad = unreadable(key, r[1])
   if bad then return bad end
   if r[1] == false or is_marker(r[2]) then
@@ -143,12 +153,8 @@ local function view_of(key, now)
   end
   local status = 0
   if r[2] == 'completed' then
-    -- The outcome's status: its encoding starts with the version, the tag, then the status
-    -- as a big-endian u16.
-    local outcome = redis.call('HGET', key, 'outcome')
-    if outcome and #outcome >= 4 then
-      status = string.byte(outcome, 3) * 256 + string.byte(outcome, 4)
-    end
+    -- A record completed by an earlier release keeps no status of its own.
+    status = tonumber(r[11]) or outcome_status(redis.call('HGET', key, 'outcome'))
   end
   local created = tonumber(r[5] or 0)
   -- A record an earlier release wrote has no `touched_ms`: last touched when created.

@@ -31,8 +31,8 @@ const INDEXED_KINDS: [RecordKind; 3] = [
 /// Index entries one page of a list may look at, per record it may hold...
 const LOOKED_AT_PER_RECORD: usize = 10;
 /// ...and at most (unless the page's limit is larger): a script blocks its Redis while it
-/// runs, and this many entries take it about a millisecond.
-const MOST_LOOKED_AT: usize = 2000;
+/// runs, and a page passing over this many entries takes it a few milliseconds.
+const MOST_LOOKED_AT: usize = 1000;
 
 /// The distributed ledger on Redis. See the [module docs](super) for how it works, the record
 /// layout and what durability to expect.
@@ -324,7 +324,7 @@ impl IdempotencyStore for RedisStore {
 
     /// A page from the listing indexes (see the [module docs](super#listing)): one script,
     /// which looks at no more than ten index entries per record the page may hold (at
-    /// least the page's limit, at most 2000 otherwise), so a page costs the same however
+    /// least the page's limit, at most 1000 otherwise), so a page costs the same however
     /// many records the store holds. Not on a Redis Cluster (an unavailable error).
     fn list(&self, query: ListQuery) -> StoreFuture<'_, ListPage> {
         StoreFuture::new(async move {

@@ -37,9 +37,10 @@
 //! # How it works
 //!
 //! - **One key per record**, `<prefix><64 hex digits of the LedgerKey>` (prefix `idem:` by
-//!   default), and every script touches only that key. A script is atomic on its key, so
-//!   `begin` is one step with no check-then-set, and the scripts stay valid under any
-//!   key-slot sharding.
+//!   default), and every script works on that key (on a single Redis, a transition also
+//!   moves the record's entry in the [listing indexes](#listing), in the same step). A
+//!   script is atomic, so `begin` is one step with no check-then-set, and the scripts stay
+//!   valid under any key-slot sharding.
 //! - **One round trip per ledger operation.** The eight scripts are loaded when the store
 //!   connects and invoked by SHA (`EVALSHA`); if Redis has forgotten them (a restart,
 //!   `SCRIPT FLUSH`, a failover) the call loads the script and retries once. A fresh
@@ -192,7 +193,9 @@
 //! [`RedisStore::cluster_builder`] (feature `redis-cluster`) connects the same store to a
 //! Redis Cluster through redis-rs's cluster client. Nothing about the records changes: each
 //! is one key, each script touches only that key and declares it in `KEYS`, so the cluster
-//! runs every transition atomically on the primary that owns the key's slot.
+//! runs every transition atomically on the primary that owns the key's slot. The listing
+//! indexes are not kept there (they would sit in other slots): `list` is
+//! [unavailable](#listing) on a cluster.
 //!
 //! - **Sharding.** Records spread over every primary by key slot; throughput and memory grow
 //!   with the number of primaries. Keep hash tags (`{…}`) out of the prefix: a tagged prefix

@@ -1150,3 +1150,84 @@ async fn what_the_listing_index_costs() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_listed_record_shows_its_scope_its_last_change_and_a_lapsed_lease_in_flight() {
+    use tower_idempotency::ledger::{scope_id, RecordState};
+
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = connect(redis.url(), &prefix).await;
+    let mut admin = admin(redis.url()).await;
+    let scope = "shown";
+
+    // Claimed, then put in doubt a while later: touched since the mark, aged since the claim.
+    let doubt = fresh_key();
+    let req = frozen("{\"shown\":1}");
+    let claim = BeginRequest::new(doubt, req.fingerprint(), LEASE, RETENTION)
+        .with_frozen(req)
+        .with_scope(scope);
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.mark_in_doubt(doubt, token, RETENTION).await.unwrap();
+    let view = store.inspect(doubt).await.unwrap().unwrap();
+    assert_eq!(view.scope, scope_id(scope));
+    assert!(
+        view.age >= Duration::from_millis(300) && view.touched < Duration::from_millis(200),
+        "{view:?}"
+    );
+
+    // An in-flight record whose lease ran out: still listed in flight, with no lease left,
+    // as inspect shows it.
+    let lapsed = fresh_key();
+    let req = frozen("{\"shown\":2}");
+    let claim = BeginRequest::new(
+        lapsed,
+        req.fingerprint(),
+        Duration::from_millis(50),
+        RETENTION,
+    )
+    .with_frozen(req)
+    .with_scope(scope);
+    assert!(matches!(
+        store.begin(claim).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let page = store
+        .list(ListQuery::new().kind(RecordKind::InFlight).scope(scope))
+        .await
+        .unwrap();
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].key, lapsed);
+    assert!(
+        matches!(
+            page.records[0].view.state,
+            RecordState::InFlight { lease_left, .. } if lease_left.is_zero()
+        ),
+        "{:?}",
+        page.records[0].view
+    );
+
+    // A record an earlier release wrote keeps neither field: scope 0, last touched when
+    // claimed. It is still listed once in an index (here, by its own change of state).
+    let () = redis::cmd("HDEL")
+        .arg(store.redis_key(&doubt))
+        .arg("scope")
+        .arg("touched_ms")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let view = store.inspect(doubt).await.unwrap().unwrap();
+    assert_eq!((view.scope, view.touched), (0, view.age), "{view:?}");
+    let page = store
+        .list(ListQuery::new().kind(RecordKind::InDoubt).scope_id(0))
+        .await
+        .unwrap();
+    let keys: Vec<LedgerKey> = page.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [doubt]);
+}

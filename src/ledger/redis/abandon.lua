@@ -36,7 +36,7 @@ if r[4] == '0' then
   -- A retried `begin` of this token may still be queued: it finds the key released.
   redis.call('DEL', key)
   -- [list index] gone: listed no more.
-  reindex(key, nil)
+  reindex(key, nil, nil, 'in_flight')
   release()
   return {'ok'}
 end
@@ -46,5 +46,5 @@ end
 redis.call('HSET', key, 'state', 'in_doubt', 'sent', '1')
 redis.call('HDEL', key, 'token', 'lease_until_ms')
 -- [list index] in doubt now.
-changed_state(key, 'in_doubt', now_ms())
+changed_state(key, 'in_doubt', now_ms(), 'in_flight')
 return {'ok'}

@@ -109,5 +109,5 @@ redis.call('HSET', key, 'state', 'in_flight', 'token', token, 'lease_until_ms', 
            'sent', '1')
 redis.call('HINCRBY', key, 'attempts', 1)
 -- [list index] in flight again.
-changed_state(key, 'in_flight', now)
+changed_state(key, 'in_flight', now, state)
 return {'resume', redis.call('HGET', key, 'frozen')}

@@ -26,5 +26,5 @@ redis.call('HDEL', key, 'token', 'lease_until_ms')
 -- retention after it was recorded, however long the operation was open before.
 redis.call('PEXPIRE', key, retention_ms)
 -- Listed completed from now on (see prelude.lua), at its claim.
-reindex(key, 'completed', r[4])
+reindex(key, 'completed', r[4], 'in_flight')
 return {'ok'}

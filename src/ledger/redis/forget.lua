@@ -41,5 +41,5 @@ if r[2] == 'in_flight' and ARGV[4] ~= '1' then
   end
 end
 redis.call('DEL', key)
-reindex(key, nil)
+reindex(key, nil, nil, r[2])
 return {'forgotten'}

@@ -26,5 +26,5 @@ if redis.call('PTTL', key) < tonumber(retention_ms) then
   redis.call('PEXPIRE', key, retention_ms)
 end
 -- Listed in doubt from now on (see prelude.lua), at its claim.
-reindex(key, 'in_doubt', r[4])
+reindex(key, 'in_doubt', r[4], 'in_flight')
 return {'ok'}

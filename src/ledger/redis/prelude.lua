@@ -74,9 +74,11 @@ local function index_member(key)
 end
 
 -- Put the record at `key` in `state`'s index only (nil: in none), at `position` (its
--- `created_ms`; read from the record when not given).
-local function reindex(key, state, position)
-  if not indexed() then return end
+-- `created_ms`; read from the record when not given). `from` is the state it was listed in
+-- (nil when not known: a new life of a key, whose last life may have left a member
+-- anywhere), the one index it leaves.
+local function reindex(key, state, position, from)
+  if not indexed() or (from and from == state) then return end
   local member = index_member(key)
   for _, index in ipairs(INDEXES) do
     if index[1] == state then
@@ -84,19 +86,19 @@ local function reindex(key, state, position)
       if position then
         redis.call('ZADD', KEYS[index[2]], position, member)
       end
-    else
+    elseif from == nil or index[1] == from then
       redis.call('ZREM', KEYS[index[2]], member)
     end
   end
 end
 
--- The record at `key` changed state to `state` (nil: it is gone) at `now`: stamp the
--- change, for listing, and move its member.
-local function changed_state(key, state, now)
+-- The record at `key` changed state from `from` to `state` (nil: it is gone) at `now`:
+-- stamp the change, for listing, and move its member.
+local function changed_state(key, state, now, from)
   if state then
     redis.call('HSET', key, 'touched_ms', now)
   end
-  reindex(key, state)
+  reindex(key, state, nil, from)
 end
 
 -- Records leave by their TTL, unseen. Each claim looks at the next SWEEP_STEP members of

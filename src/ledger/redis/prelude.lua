@@ -103,20 +103,30 @@ end
 
 -- Records leave by their TTL, unseen. Each claim looks at the next SWEEP_STEP members of
 -- every index (a cursor by rank, kept in KEYS[5], going round) and drops those whose record
--- is gone or in another state: each index is gone round faster than it grows, so it holds
--- at most about twice its live records, without any scan of the keyspace.
+-- is gone: each index is gone round faster than it grows, so it holds at most about twice
+-- its live records, without any scan of the keyspace. (A member whose record is in another
+-- state, which only a script of an earlier release can leave, goes when a list meets it.)
 local function sweep_indexes()
   if not indexed() then return end
   local prefix = string.sub(KEYS[1], 1, #KEYS[1] - 64)
   local cursors = redis.call('HMGET', KEYS[SWEEP_KEY], 'in_flight', 'in_doubt', 'completed')
+  local met, records = {}, {}
+  for i, index in ipairs(INDEXES) do
+    local rank = tonumber(cursors[i] or 0) or 0
+    local members = redis.call('ZRANGE', KEYS[index[2]], rank, rank + SWEEP_STEP - 1)
+    met[i] = {rank = rank, members = members}
+    for _, member in ipairs(members) do
+      records[#records + 1] = prefix .. member
+    end
+  end
+  -- Usually every record met is there: one EXISTS tells, and only a miss is looked for.
+  local all_there = #records == 0 or redis.call('EXISTS', unpack(records)) == #records
   local moved = {}
   for i, index in ipairs(INDEXES) do
-    local state, set = index[1], KEYS[index[2]]
-    local rank = tonumber(cursors[i] or 0) or 0
-    local members = redis.call('ZRANGE', set, rank, rank + SWEEP_STEP - 1)
+    local rank, members = met[i].rank, met[i].members
     for _, member in ipairs(members) do
-      if redis.call('HGET', prefix .. member, 'state') ~= state then
-        redis.call('ZREM', set, member)
+      if not all_there and redis.call('EXISTS', prefix .. member) == 0 then
+        redis.call('ZREM', KEYS[index[2]], member)
       else
         rank = rank + 1
       end
@@ -125,7 +135,7 @@ local function sweep_indexes()
     if #members < SWEEP_STEP then
       rank = 0
     end
-    moved[#moved + 1] = state
+    moved[#moved + 1] = index[1]
     moved[#moved + 1] = rank
   end
   redis.call('HSET', KEYS[SWEEP_KEY], unpack(moved))

@@ -130,14 +130,16 @@
 //!   The age filters are score ranges, so records outside them cost nothing; the scope and
 //!   status filters are applied per entry.
 //! - **Records leave by their TTL**, which no script sees. A list that meets a member whose
-//!   record is gone removes it and goes on; and each claim looks at the next two members
-//!   of every index (a cursor going round, by rank) and removes those of records gone, so
-//!   an index holds at most about twice its live records whether or not anyone lists.
+//!   record is gone removes it and goes on; and every fourth claim looks at the next eight
+//!   members of every index (a cursor going round, by rank; one `EXISTS` for them all) and
+//!   removes those of records gone, so an index holds at most about twice its live records
+//!   whether or not anyone lists.
 //! - **An in-flight record whose lease ran out** is listed in flight, with no lease left,
 //!   as [`inspect`](super::IdempotencyStore::inspect) shows it.
-//! - **Cost.** Each claim and each completion adds a few in-script sorted-set commands
-//!   (one `ZADD`, two `ZREM`; the claim's sweep three `ZRANGE` and a look per member) and
-//!   each record one index entry in memory.
+//! - **Cost.** Inside the scripts, a claim adds a `ZADD` and an `HINCRBY` (and every
+//!   fourth claim a sweep: `HMGET`, three `ZRANGE`, an `EXISTS`, an `HSET`), every other
+//!   transition a `ZADD` and a `ZREM`; in memory, each record holds one index entry (about
+//!   180 bytes with its 64-digit member) and three short fields.
 //! - **Records written before this release** (or by a process of an earlier release still
 //!   running) are not in the indexes until their next change of state; `inspect` still
 //!   sees them.

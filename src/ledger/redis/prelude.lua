@@ -58,9 +58,11 @@ end
 -- which no script sees: its member stays until a list or the sweep below meets it.
 local INDEXES = {{'in_flight', 2}, {'in_doubt', 3}, {'completed', 4}}
 local SWEEP_KEY = 5
--- Index members a claim looks at per index: more than the one member a claim can add, so
--- the sweep goes round an index faster than the index grows.
-local SWEEP_STEP = 2
+-- One claim in SWEEP_EVERY sweeps, looking at SWEEP_STEP members of each index: two
+-- members per claim, more than the one a claim can add, so the sweep goes round an index
+-- faster than the index grows, at a quarter of the commands a sweep on every claim takes.
+local SWEEP_EVERY = 4
+local SWEEP_STEP = 8
 -- The scope of a record that has none (written before scopes were kept, or unscoped).
 local NO_SCOPE = '0000000000000000'
 
@@ -73,12 +75,13 @@ local function index_member(key)
   return string.sub(key, -64)
 end
 
--- Put the record at `key` in `state`'s index only (nil: in none), at `position` (its
--- `created_ms`; read from the record when not given). `from` is the state it was listed in
--- (nil when not known: a new life of a key, whose last life may have left a member
--- anywhere), the one index it leaves.
+-- Put the record at `key` in `state`'s index (nil: in none), at `position` (its
+-- `created_ms`; read from the record when not given), out of the index of `from`, the state
+-- it was listed in (nil: none, for a new life of a key). A member the key's earlier life
+-- left in another index (it left by its TTL) is not looked for: a list that meets it sees
+-- the record in another state and drops it, and the sweep drops it once the record is gone.
 local function reindex(key, state, position, from)
-  if not indexed() or (from and from == state) then return end
+  if not indexed() or from == state then return end
   local member = index_member(key)
   for _, index in ipairs(INDEXES) do
     if index[1] == state then
@@ -86,7 +89,7 @@ local function reindex(key, state, position, from)
       if position then
         redis.call('ZADD', KEYS[index[2]], position, member)
       end
-    elseif from == nil or index[1] == from then
+    elseif index[1] == from then
       redis.call('ZREM', KEYS[index[2]], member)
     end
   end
@@ -101,13 +104,15 @@ local function changed_state(key, state, now, from)
   reindex(key, state, nil, from)
 end
 
--- Records leave by their TTL, unseen. Each claim looks at the next SWEEP_STEP members of
--- every index (a cursor by rank, kept in KEYS[5], going round) and drops those whose record
--- is gone: each index is gone round faster than it grows, so it holds at most about twice
--- its live records, without any scan of the keyspace. (A member whose record is in another
--- state, which only a script of an earlier release can leave, goes when a list meets it.)
+-- Records leave by their TTL, unseen. Every SWEEP_EVERY-th claim looks at the next
+-- SWEEP_STEP members of every index (a cursor by rank, kept in KEYS[5] with the count of
+-- claims, going round) and drops those whose record is gone: each index is gone round
+-- faster than it grows, so it holds at most about twice its live records, without any scan
+-- of the keyspace. A member whose record is there in another state (left by the key's
+-- earlier life, or by a script of an earlier release) goes when a list meets it.
 local function sweep_indexes()
   if not indexed() then return end
+  if redis.call('HINCRBY', KEYS[SWEEP_KEY], 'claims', 1) % SWEEP_EVERY ~= 0 then return end
   local prefix = string.sub(KEYS[1], 1, #KEYS[1] - 64)
   local cursors = redis.call('HMGET', KEYS[SWEEP_KEY], 'in_flight', 'in_doubt', 'completed')
   local met, records = {}, {}

@@ -1315,3 +1315,38 @@ async fn a_listed_record_shows_its_scope_its_last_change_and_a_lapsed_lease_in_f
     let keys: Vec<LedgerKey> = page.records.iter().map(|r| r.key).collect();
     assert_eq!(keys, [doubt]);
 }
+
+#[tokio::test]
+async fn a_key_claimed_again_after_its_record_expired_is_listed_once_in_its_new_state() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = connect(redis.url(), &prefix).await;
+    let mut admin = admin(redis.url()).await;
+    let key = fresh_key();
+    let short = Duration::from_millis(200);
+    completed_in(&store, key, "again", short).await;
+    tokio::time::sleep(short + Duration::from_millis(150)).await;
+
+    // A new life of the key, in flight: its earlier life's completed entry is stale.
+    let req = frozen("{\"again\":2}");
+    let claim = BeginRequest::new(key, req.fingerprint(), LEASE, RETENTION).with_scope("again");
+    assert!(matches!(
+        store.begin(claim).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+    let listed = store.list(ListQuery::new().scope("again")).await.unwrap();
+    let states: Vec<RecordKind> = listed
+        .records
+        .iter()
+        .map(|r| RecordKind::of(&r.view.state))
+        .collect();
+    assert_eq!(states, [RecordKind::InFlight], "{listed:?}");
+    assert_eq!(listed.records[0].key, key);
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::Completed).await,
+        0,
+        "the list dropped the earlier life's entry"
+    );
+}

@@ -1,5 +1,5 @@
 //! `RedisStore` against real Redis servers: the conformance suite, round trips, outages,
-//! latency, fencing, sharing between instances and record versioning.
+//! latency, fencing, sharing between instances, record versioning and listing.
 //!
 //! Each test starts its own `redis-server` (see `support/redis.rs`), or uses `REDIS_URL` for
 //! the tests that do not kill, pause or count commands on the server. Without
@@ -923,6 +923,8 @@ async fn records_that_leave_by_their_ttl_leave_the_list_and_the_index() {
 
     let (done, doubt) = (fresh_key(), fresh_key());
     completed_in(&store, done, scope, short).await;
+    // A millisecond of its own: records claimed in the same one are ordered by key.
+    tokio::time::sleep(Duration::from_millis(5)).await;
     in_doubt_in(&store, doubt, scope, short).await;
     let listed = store.list(ListQuery::new().scope(scope)).await.unwrap();
     let keys: Vec<LedgerKey> = listed.records.iter().map(|r| r.key).collect();
@@ -987,6 +989,8 @@ async fn a_page_looks_at_a_bounded_number_of_records_and_the_cursors_reach_the_e
     // The one record asked for is the oldest, behind 200 that do not match.
     let wanted = fresh_key();
     completed_in(&store, wanted, "rare", RETENTION).await;
+    // A millisecond of its own: records claimed in the same one are ordered by key.
+    tokio::time::sleep(Duration::from_millis(5)).await;
     let doubt = fresh_key();
     in_doubt_in(&store, doubt, "common", RETENTION).await;
     for _ in 0..200 {

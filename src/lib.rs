@@ -95,6 +95,8 @@
 //!   write, a sub-agent): `ToolLayer` and `idempotent_call`.
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
 //! - [`phase`]: whether a failed call may have reached the server.
+//! - `console` (feature `console`): the operator's console, an axum `Router` (JSON API and
+//!   HTML pages) that lists, inspects and resolves records, behind an authorizer.
 //! - `testing` (feature `test-util`): a fault-injecting provider double and the store
 //!   conformance suite.
 //!
@@ -110,6 +112,7 @@
 //! | `reqwest-middleware` | no | [`reqwest_middleware::IdempotencyMiddleware`](crate::reqwest_middleware): the client face as a `reqwest_middleware::Middleware` |
 //! | `axum` | yes | the server face reads axum's `OriginalUri`, so a layer inside `Router::nest` judges the whole path: without it, two accounts' `/accounts/{id}/charges` read as one request (`default-features = false, features = ["hyper-util"]` leaves it out) |
 //! | `metrics` | no | `idempotency_decisions_total` (labels `face`, `decision`), `idempotency_ledger_call_seconds` (labels `call`, `result`) and `MemoryStore`'s gauges `idempotency_store_bytes` / `idempotency_store_records` (label `store`) through the `metrics` facade |
+//! | `console` | no | `console::Console`: an axum `Router` to nest in your own, where operators list records, inspect one and resolve it (forget, resolve as not applied), fenced by what they saw, behind your authorizer, audited (implies `axum`) |
 //! | `test-util` | no | `SideEffectService`, `ToolDouble` and the conformance suite |
 #![forbid(unsafe_code)]
 #![warn(
@@ -122,6 +125,9 @@
 
 pub mod client;
 mod config;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub mod console;
 pub mod digest;
 mod effect;
 mod error;

@@ -26,6 +26,20 @@
 //! `303 Location` to the same path) goes unseen, and a middleware after ours that rewrites
 //! the URL makes every answer look redirected (none then releases the operation).
 //!
+//! # A retrying layer inside
+//!
+//! The client face marks each operation's request (in its extensions), and
+//! [`ReqwestService`] counts the sends made under that mark: a retrying layer between the
+//! two that is not a [`FrozenRetryLayer`](crate::FrozenRetryLayer) (`tower::retry`, a
+//! hedge) resends the attempt blind to the provider's keys, and its second send is refused
+//! before any byte of it leaves, with an error that names the wiring
+//! ([`Error::is_retry_inside`](crate::Error::is_retry_inside)). The operation is settled
+//! as the first send's outcome dictates: left in doubt if it may have reached the
+//! provider, released only if it failed before it was written. A retry policy that drops
+//! the extensions when it clones the request, or a retrying layer under a
+//! `FrozenRetryLayer`, goes unseen (see
+//! [`IdempotencyLayer::client`](crate::IdempotencyLayer::client), "Retrying layers").
+//!
 //! # Example
 //!
 //! ```no_run
@@ -181,19 +195,40 @@ impl Service<http::Request<Full<Bytes>>> for ReqwestService {
 
     fn call(&mut self, req: http::Request<Full<Bytes>>) -> Self::Future {
         let client = self.client.clone();
+        // The operation's mark (see [A retrying layer inside](self#a-retrying-layer-inside)):
+        // a second send under it is refused here, before any byte of it leaves.
+        let attempt = req.extensions().get::<crate::frozen::Handoff>().cloned();
+        if let Some(Err(refused)) = attempt.as_ref().map(crate::frozen::Handoff::start_send) {
+            return Box::pin(std::future::ready(Err(refused.into())));
+        }
         Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            // A frozen body is one buffer: collecting it is a move, not a copy.
-            let body = body.collect().await?.to_bytes();
-            let req = ::reqwest::Request::try_from(http::Request::from_parts(parts, body))?;
-            let sent = req.url().clone();
-            let response = client.execute(req).await?;
-            let redirected = *response.url() != sent;
-            let mut response = http::Response::from(response);
-            if redirected {
-                followed_a_redirect(response.extensions_mut());
+            let result = send(&client, req).await;
+            if let Some(attempt) = attempt {
+                attempt.first_send_ended(match &result {
+                    Ok(_) => crate::phase::FailurePhase::AfterWrite,
+                    Err(err) => crate::phase::classify(&**err, None),
+                });
             }
-            Ok(response)
+            result
         })
     }
+}
+
+/// Send `req` through `client`, marking an answer reqwest got by following a redirect.
+async fn send(
+    client: &::reqwest::Client,
+    req: http::Request<Full<Bytes>>,
+) -> Result<http::Response<::reqwest::Body>, BoxError> {
+    let (parts, body) = req.into_parts();
+    // A frozen body is one buffer: collecting it is a move, not a copy.
+    let body = body.collect().await?.to_bytes();
+    let req = ::reqwest::Request::try_from(http::Request::from_parts(parts, body))?;
+    let sent = req.url().clone();
+    let response = client.execute(req).await?;
+    let redirected = *response.url() != sent;
+    let mut response = http::Response::from(response);
+    if redirected {
+        followed_a_redirect(response.extensions_mut());
+    }
+    Ok(response)
 }

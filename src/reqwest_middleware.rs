@@ -45,8 +45,12 @@
 //!
 //! **This wiring cannot be detected**: the rest of the chain is opaque to a middleware
 //! (`Next` lists no middleware), and `reqwest-retry` duplicates the request with
-//! `Request::try_clone` and hands each copy on with the same extensions, so nothing of
-//! ours sees a second send. Order the chain as above.
+//! `Request::try_clone` and hands each copy on with the same extensions to reqwest itself,
+//! so nothing of ours sees a second send (unlike a `tower::retry` between the tower
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) and
+//! [`ReqwestService`](crate::reqwest::ReqwestService), which is refused: see
+//! [`Error::is_retry_inside`](crate::Error::is_retry_inside)). Nor is any other retrying
+//! middleware after this one. Order the chain as above.
 //!
 //! # Finding our error behind `reqwest-retry`
 //!
@@ -121,6 +125,10 @@ use crate::idempotency::request_span;
 use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 
 /// The client face as a `reqwest_middleware::Middleware`. See the [module docs](self).
+///
+/// **A retrying middleware after this one (`reqwest-retry` added after it) cannot be
+/// detected**, and would resend attempts that may have run: put it before this one (see
+/// [Retries](self#retries-put-reqwest-retry-before-it-never-after-it)).
 ///
 /// ```
 /// use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;

@@ -20,5 +20,6 @@ mod client_side {
     mod reqwest;
     mod reqwest_middleware;
     mod retry;
+    mod retry_inside;
     mod store_parity;
 }

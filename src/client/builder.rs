@@ -678,6 +678,40 @@ impl IdempotencyLayer<ClientFace> {
     /// let layer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates);
     /// # let _ = layer;
     /// ```
+    ///
+    /// # Retrying layers
+    ///
+    /// The only retrying layer that belongs under this one is one
+    /// [`FrozenRetryLayer`](crate::FrozenRetryLayer), directly inside it (or both built as
+    /// one with [`build_stack`](crate::client::Builder::build_stack)): its retries know the
+    /// provider's keys and keep "may have been sent" across attempts. Any other retry resends
+    /// an attempt that may have run, and against a provider that ignores keys runs the
+    /// effect again. These wirings are refused with an error, before anything is sent:
+    ///
+    /// - a `FrozenRetryLayer` outside this layer ([`Error::is_retry_outside`](crate::Error::is_retry_outside));
+    /// - a second `FrozenRetryLayer` under the first ([`Error::is_retry_nested`](crate::Error::is_retry_nested));
+    /// - a retrying layer that is not ours (`tower::retry`, a hedge) between this layer and
+    ///   [`ReqwestService`](crate::reqwest::ReqwestService), or between this layer and a
+    ///   `FrozenRetryLayer`: each operation's request carries a marker in its extensions,
+    ///   and the transport (or the `FrozenRetryLayer`) refuses a second send under it
+    ///   before any byte of it leaves ([`Error::is_retry_inside`](crate::Error::is_retry_inside));
+    ///   the operation is settled as the first send's outcome dictates.
+    ///
+    /// **These cannot be detected**, and must be avoided by hand:
+    ///
+    /// - a transport that is not this crate's (`hyper_util`'s `Client`, a service of your
+    ///   own): nothing counts the sends, so a retrying layer above it resends unseen;
+    /// - a retry policy that drops the request's extensions when it clones the request
+    ///   (one that builds the copy from the method, URI, headers and body alone): the copy
+    ///   carries no marker, and reads as a first send;
+    /// - a retrying layer that is not ours under a `FrozenRetryLayer` (between it and the
+    ///   transport), or any under the service a stack built with `build_stack` wraps: that
+    ///   layer's attempts carry no per-attempt marker;
+    /// - `reqwest-retry` after (inside) the
+    ///   [`IdempotencyMiddleware`](crate::reqwest_middleware::IdempotencyMiddleware) in a
+    ///   `reqwest-middleware` chain: the rest of the chain is opaque to a middleware, and
+    ///   reqwest sends what it is handed (see
+    ///   [its module docs](crate::reqwest_middleware#retries-put-reqwest-retry-before-it-never-after-it)).
     pub fn client(store: impl IdempotencyStore, provider: ProviderKeys) -> Self {
         Self::client_builder(store)
             .provider_keys(provider)

@@ -228,7 +228,7 @@ where
                         Poll::Ready(result) => result,
                     };
                     let link = this.link.as_ref().expect("set when sent");
-                    let sent = M::may_have_left(this.client, link, call.as_ref().get_ref());
+                    let sent = M::may_have_left(this.client, track, link, call.as_ref().get_ref());
                     // Out of `this.lease` before anything is decided: from here the guard
                     // moves with the settling (a boxed future, or back into `held` to read
                     // the body), so exactly one place settles it, and a drop of either

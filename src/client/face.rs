@@ -8,7 +8,7 @@ use http::Extensions;
 
 use crate::fingerprint::PayloadFields;
 use crate::frozen::{FrozenRequest, Handoff, RetriedOutside};
-use crate::idempotency::decision::OutcomeHook;
+use crate::idempotency::decision::{count_signal, Face, OutcomeHook, Signal, Track};
 use crate::idempotency::engine::{BusyPolicy, Ledger};
 use crate::idempotency::reconcile::Reconcile;
 use crate::idempotency::scope::Scope;
@@ -65,10 +65,12 @@ impl ClientFace {
 
     /// A side effect without an `OperationId` or a key passed through, unprotected: the retry
     /// layer inside will not resend it once it may have left, but a caller's own retry runs
-    /// it again. Visible in every response (`ResponseSource::Unprotected`) and a `DEBUG`
-    /// event, and once as a warning.
+    /// it again. Visible in every response (`ResponseSource::Unprotected`), a `DEBUG` event
+    /// and the [`Unkeyed`](Signal::Unkeyed) signal's count, and once as a warning.
     pub(super) fn report_unprotected(&self, frozen: &FrozenRequest) {
         use std::sync::atomic::Ordering::Relaxed;
+        // No track to raise it on: the request never reached the ledger.
+        count_signal(Face::Client, Signal::Unkeyed);
         tracing::debug!(method = %frozen.method(), uri = %frozen.uri(), "side effect sent without an OperationId or Idempotency-Key: unprotected");
         if !self.warned_unprotected.swap(true, Relaxed) {
             tracing::warn!(
@@ -95,14 +97,19 @@ impl ClientFace {
 
     /// The builder checked the TTLs against `retry_window`; the retry layer inside reports
     /// its real one. A longer real window can outlive the protected window or the retention
-    /// (a record could be evicted or expire while its operation still retries): say so,
-    /// once, naming the fix.
-    pub(super) fn check_real_retry_window(&self, handoff: &Handoff) {
+    /// (a record could be evicted or expire while its operation still retries): raise
+    /// [`RetryWindowExceeded`](Signal::RetryWindowExceeded) on the operation's `track`,
+    /// and say so once, naming the fix.
+    pub(super) fn check_real_retry_window(&self, track: &Track, handoff: &Handoff) {
         use std::sync::atomic::Ordering::Relaxed;
         let Some(real) = handoff.retry_window() else {
             return;
         };
-        if real <= self.retry_window || self.warned_window.swap(true, Relaxed) {
+        if real <= self.retry_window {
+            return;
+        }
+        track.signal(Signal::RetryWindowExceeded);
+        if self.warned_window.swap(true, Relaxed) {
             return;
         }
         tracing::warn!(

@@ -154,14 +154,24 @@
 //!   second one sends anything; the operation is released): a second `FrozenRetryLayer`
 //!   under the one directly inside this layer. The first leaves a zero-sized mark on each
 //!   attempt, which the second finds.
+//! - **Refused** (an [`is_retry_inside`](crate::Error::is_retry_inside) error, at its
+//!   second send, before any byte of it leaves; the operation settled as the first send's
+//!   outcome dictates): a retrying layer that is not ours (`tower::retry`, a hedge) between
+//!   this layer and [`ReqwestService`](crate::reqwest::ReqwestService), or between this
+//!   layer and a `FrozenRetryLayer`. The request this layer hands on carries a mark in its
+//!   extensions (the hand-off the `FrozenRetryLayer` takes), which such a layer's policy
+//!   clones with the request; the transport, or the `FrozenRetryLayer`, counts the sends
+//!   under it.
 //! - **Not detected**, and not to be wired: any other retrying layer inside this one —
-//!   `tower::retry` (its policy clones the request, invisibly to this layer), a
-//!   `FrozenRetryLayer` under the service a [`build_stack`](Builder::build_stack) stack
-//!   wraps (its attempts carry no mark: the mark would cost each one an allocation), a
-//!   transport that retries by itself — and a `FrozenRetryLayer` outside this one around a
-//!   request that carries its own `Idempotency-Key` rather than an `OperationId`. Against a provider that deduplicates,
-//!   such a retry is one effect; against one that ignores keys, it can be two, and the
-//!   response still reads [`Sent`](crate::ResponseSource::Sent).
+//!   `tower::retry` over a transport that is not this crate's (`hyper_util`'s `Client`, a
+//!   service of your own), or whose policy drops the extensions when it clones the
+//!   request, a retrying layer that is not ours under the `FrozenRetryLayer` inside this
+//!   layer, or any under the service a [`build_stack`](Builder::build_stack) stack wraps
+//!   (their attempts carry no mark: the mark would cost each one an allocation), a transport that
+//!   retries by itself — and a `FrozenRetryLayer` outside this one around a request that
+//!   carries its own `Idempotency-Key` rather than an `OperationId`. Against a provider that
+//!   deduplicates, such a retry is one effect; against one that ignores keys, it can be
+//!   two, and the response still reads [`Sent`](crate::ResponseSource::Sent).
 //!
 //! With `reqwest-middleware`, `reqwest-retry` goes **before** the
 //! [`IdempotencyMiddleware`](crate::reqwest_middleware::IdempotencyMiddleware); placed after

@@ -24,6 +24,7 @@ use tower_service::Service;
 
 use super::face::ClientFace;
 use crate::frozen::{FrozenRequest, Handoff};
+use crate::idempotency::decision::Track;
 use crate::retry::{FrozenAttempts, FrozenRetry};
 use crate::OperationId;
 
@@ -59,7 +60,15 @@ where
     /// server. The last one speaks for itself (its answer came from the server; its
     /// failure carries its phase), so an answer that says nothing started releases an
     /// operation unless an earlier attempt may have left.
-    fn may_have_left(client: &ClientFace, link: &Self::Link, call: &Self::Call) -> bool;
+    /// A retry layer inside that reports a longer retry window than the face was told
+    /// raises [`RetryWindowExceeded`](crate::idempotency::Signal::RetryWindowExceeded) on
+    /// `track`.
+    fn may_have_left(
+        client: &ClientFace,
+        track: &Track,
+        link: &Self::Link,
+        call: &Self::Call,
+    ) -> bool;
 }
 
 /// Through any service, as a request rebuilt from the frozen one (see the module docs).
@@ -94,8 +103,8 @@ where
         inner.oneshot(frozen.to_request_with(extensions))
     }
 
-    fn may_have_left(client: &ClientFace, handoff: &Handoff, _: &S::Future) -> bool {
-        client.check_real_retry_window(handoff);
+    fn may_have_left(client: &ClientFace, track: &Track, handoff: &Handoff, _: &S::Future) -> bool {
+        client.check_real_retry_window(track, handoff);
         handoff.may_have_been_sent()
     }
 }
@@ -141,7 +150,7 @@ where
         inner.send_frozen(frozen.clone(), extensions, (false, None))
     }
 
-    fn may_have_left(_: &ClientFace, _: &(), call: &FrozenAttempts<T>) -> bool {
+    fn may_have_left(_: &ClientFace, _: &Track, _: &(), call: &FrozenAttempts<T>) -> bool {
         call.earlier_may_have_left()
     }
 }

@@ -8,7 +8,7 @@ use http::Response;
 
 use crate::frozen::FrozenRequest;
 use crate::idempotency::body::{Buffered, ResponseBody};
-use crate::idempotency::decision::{Decision, Track};
+use crate::idempotency::decision::{with_store_signals, Decision, Track};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Settling};
 use crate::ledger::{GatheredFields, Outcome, StoredResponse};
 use crate::phase::{classify, FailurePhase};
@@ -206,7 +206,10 @@ pub(super) fn record<ResB: Send + 'static>(
             )
         }
     };
-    match lease.complete_in_place(outcome) {
+    // A store that keeps only a tombstone of the outcome (no room for it) says so here.
+    let (in_place, raised) = with_store_signals(|| lease.complete_in_place(outcome));
+    track.signal_all(raised);
+    match in_place {
         InPlace::Done(completed) => {
             not_recorded(completed);
             Ok(Response::from_parts(parts, body))

@@ -47,19 +47,32 @@ enum Kind {
     MissingKey,
     MissingScope,
     InvalidKey(InvalidKey),
-    BodyTooLarge { limit: usize, declared: Option<u64> },
+    BodyTooLarge {
+        limit: usize,
+        declared: Option<u64>,
+    },
     Body,
     Drift(Drift),
-    Busy { retry_after: Duration },
+    Busy {
+        retry_after: Duration,
+    },
     Store,
-    Inner { phase: FailurePhase },
+    Inner {
+        phase: FailurePhase,
+    },
     AttemptTimeout,
     ReplayUnavailable,
     InDoubt,
-    KeyInUse { retry_after: Option<Duration> },
+    KeyInUse {
+        retry_after: Option<Duration>,
+    },
     ResponseBody,
     RetryOutside,
     RetryNested,
+    /// `first`: how far the first send of the attempt got, as the transport saw it.
+    RetryInside {
+        first: FailurePhase,
+    },
 }
 
 impl Error {
@@ -156,6 +169,11 @@ impl Error {
 
     pub(crate) fn retry_nested() -> Self {
         Self::new(Kind::RetryNested, None)
+    }
+
+    /// A second send of one attempt, refused; `first` is how far its first send got.
+    pub(crate) fn retry_inside(first: FailurePhase) -> Self {
+        Self::new(Kind::RetryInside { first }, None)
     }
 
     /// A side-effecting request carried no [`OperationId`](crate::OperationId) and no
@@ -258,7 +276,9 @@ impl Error {
             Kind::InDoubt | Kind::AttemptTimeout | Kind::ResponseBody | Kind::KeyInUse { .. } => {
                 true
             }
-            Kind::Inner { phase } => phase.may_have_been_sent(),
+            Kind::Inner { phase } | Kind::RetryInside { first: phase } => {
+                phase.may_have_been_sent()
+            }
             _ => false,
         }
     }
@@ -344,6 +364,33 @@ impl Error {
     /// ```
     pub fn is_retry_nested(&self) -> bool {
         matches!(self.inner.kind, Kind::RetryNested)
+    }
+
+    /// A retrying layer that is not this crate's (`tower::retry`, a hedge, a layer of
+    /// your own) sits between the client [`IdempotencyLayer`](crate::IdempotencyLayer)
+    /// and the transport, and sent one attempt a second time: the transport of this crate
+    /// ([`ReqwestService`](crate::reqwest::ReqwestService), feature `reqwest`) or a
+    /// [`FrozenRetryLayer`](crate::FrozenRetryLayer) under it refused the second send
+    /// before any byte of it left. Such a layer resends blind to the provider's keys and
+    /// to the operation's doubt, and a provider that ignores keys would run the effect
+    /// again.
+    ///
+    /// The first send may have run: the operation is settled as that send's outcome
+    /// dictates, never released as unsent unless the first send failed before writing
+    /// ([`phase`](Error::phase) is the first send's). Refused on every operation until the
+    /// stack is fixed: retry with a [`FrozenRetryLayer`](crate::FrozenRetryLayer) directly
+    /// inside the idempotency layer (or
+    /// [`build_stack`](crate::client::Builder::build_stack)), and drop the other one.
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn a_foreign_retry_layer_inside(err: &Error) -> bool {
+    ///     err.is_retry_inside()
+    /// }
+    /// # let _ = a_foreign_retry_layer_inside;
+    /// ```
+    pub fn is_retry_inside(&self) -> bool {
+        matches!(self.inner.kind, Kind::RetryInside { .. })
     }
 
     /// Our error inside `err`, however deep: `err` itself, one of its
@@ -448,6 +495,8 @@ impl Error {
     pub fn phase(&self) -> Option<FailurePhase> {
         match self.inner.kind {
             Kind::Inner { phase } => Some(phase),
+            // The second send never left: the operation is where its first send left it.
+            Kind::RetryInside { first } => Some(first),
             Kind::AttemptTimeout => Some(FailurePhase::Unknown),
             Kind::ResponseBody => Some(FailurePhase::AfterWrite),
             _ => None,
@@ -539,6 +588,19 @@ impl fmt::Display for Error {
                 "a second FrozenRetryLayer is stacked under the one inside IdempotencyLayer, \
                  so its retries would resend attempts that may have arrived; nothing was sent: \
                  keep one FrozenRetryLayer, directly inside the idempotency layer",
+            ),
+            Kind::RetryInside { first } => write!(
+                f,
+                "a retrying layer between IdempotencyLayer and the transport (tower::retry, \
+                 a hedge, a layer of your own) sent one attempt twice, blind to the \
+                 provider's keys; the second send was refused before any of it left, and the \
+                 first one {}: retry with a FrozenRetryLayer directly inside the \
+                 idempotency layer (or build_stack()) and remove the other retrying layer",
+                match first {
+                    FailurePhase::PreWrite => "failed before it was written",
+                    FailurePhase::AfterWrite => "reached the provider",
+                    FailurePhase::Unknown => "may have reached the provider",
+                }
             ),
         }
     }

@@ -7,6 +7,7 @@ use http::Extensions;
 
 use super::request::FrozenRequest;
 use crate::key::KeyHeader;
+use crate::phase::FailurePhase;
 
 /// What the client [`IdempotencyLayer`](crate::IdempotencyLayer) leaves in a request's
 /// extensions for the [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside it, and what the
@@ -32,6 +33,11 @@ pub(super) struct HandoffState {
     sent: std::sync::atomic::AtomicBool,
     /// The retry window of the retry layer inside, in ms, once it reported it (0: none).
     retry_window_ms: std::sync::atomic::AtomicU64,
+    /// Sends of the attempt this hand-off travels with, counted by what sends it (see
+    /// [`Handoff::start_send`]).
+    sends: std::sync::atomic::AtomicU32,
+    /// How far the first send got, once it ended (the codes below; 0: not yet).
+    first_send: std::sync::atomic::AtomicU8,
 }
 
 impl Handoff {
@@ -42,6 +48,8 @@ impl Handoff {
             key_header,
             sent: std::sync::atomic::AtomicBool::new(false),
             retry_window_ms: std::sync::atomic::AtomicU64::new(0),
+            sends: std::sync::atomic::AtomicU32::new(0),
+            first_send: std::sync::atomic::AtomicU8::new(0),
         }))
     }
 
@@ -91,7 +99,47 @@ impl Handoff {
     pub(crate) fn may_have_been_sent(&self) -> bool {
         self.0.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// What sends the attempt this hand-off travels with (this crate's transport, or the
+    /// [`FrozenRetryLayer`](crate::FrozenRetryLayer) it is handed to) is about to send it.
+    /// The first send goes ahead. Any later one is a retrying layer in between that cloned
+    /// the request, extensions and all, to send it again, blind to the provider's keys:
+    /// refused before any of it leaves, with how far the first send got (a send still
+    /// under way may have left).
+    pub(crate) fn start_send(&self) -> Result<(), crate::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.0.sends.fetch_add(1, Relaxed) == 0 {
+            return Ok(());
+        }
+        let first = match self.0.first_send.load(Relaxed) {
+            PRE_WRITE => FailurePhase::PreWrite,
+            AFTER_WRITE => FailurePhase::AfterWrite,
+            _ => FailurePhase::Unknown,
+        };
+        Err(crate::Error::retry_inside(first))
+    }
+
+    /// The first send ended, having got as far as `phase` (an answer is `AfterWrite`).
+    pub(crate) fn first_send_ended(&self, phase: FailurePhase) {
+        let code = match phase {
+            FailurePhase::PreWrite => PRE_WRITE,
+            FailurePhase::AfterWrite => AFTER_WRITE,
+            FailurePhase::Unknown => UNKNOWN,
+        };
+        // Only the first send's: a refused later one never gets here.
+        let _ = self.0.first_send.compare_exchange(
+            0,
+            code,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
 }
+
+/// [`HandoffState::first_send`]'s codes (0: the first send has not ended).
+const PRE_WRITE: u8 = 1;
+const AFTER_WRITE: u8 = 2;
+const UNKNOWN: u8 = 3;
 
 /// Left by a [`FrozenRetryLayer`](crate::FrozenRetryLayer) on the attempts of a request no
 /// idempotency layer handed it, so an [`IdempotencyLayer`](crate::IdempotencyLayer) inside

@@ -144,10 +144,13 @@ impl Decision {
 }
 
 /// A safety signal: something happened to a request that means its effect **may repeat**,
-/// or that what its caller sent **was discarded**. Each is a `WARN` event in `tracing` (a
-/// followed redirect, the first time only), and never only that: with feature `metrics` it counts in `idempotency_safety_signals_total`
+/// or that what its caller (or the ledger) had **was discarded**. Each is a `WARN` event in
+/// `tracing` (a followed redirect, an unkeyed request and a retry window longer than told
+/// the first time only; a tombstone kept past a scope's share at most every 30 s), and
+/// never only that: with feature `metrics` it counts in `idempotency_safety_signals_total`
 /// (labels `face`, `signal`), and the face's `on_outcome` hook sees it in
-/// [`OutcomeEvent::signals`].
+/// [`OutcomeEvent::signals`] ([`Unkeyed`](Signal::Unkeyed) excepted: such a request never
+/// reaches the ledger).
 ///
 /// ```
 /// use tower_idempotency::idempotency::Signal;
@@ -176,24 +179,53 @@ pub enum Signal {
     /// sending, and releases an operation that ran, so its effect may repeat. Build the
     /// client without redirects (see the `reqwest` module, feature `reqwest`).
     RedirectFollowed,
+    /// The operation completed, but the ledger kept only a tombstone of it, not its
+    /// response: it had no room for the outcome, or the outcome would have taken its scope
+    /// past its share of a ledger under pressure (a
+    /// [`MemoryStore`](crate::ledger::MemoryStore)'s budget). The effect is not run again,
+    /// but a later run of the operation cannot be answered with its response
+    /// ([`Error::is_replay_unavailable`](crate::Error::is_replay_unavailable), a server's
+    /// `410`): its outcome was discarded. Raised on the request that completed, when its
+    /// store answers in place (a `MemoryStore` does).
+    OutcomeDiscarded,
+    /// A side-effecting request passed through the client face unprotected, with no
+    /// [`OperationId`](crate::OperationId) and no key, because the layer was built with
+    /// [`require_key(false)`](crate::client::Builder::require_key): a retry of it runs its
+    /// effect again. Counted for every such request; never seen by `on_outcome`, which hears
+    /// of requests that reached the ledger (the response carries
+    /// [`ResponseSource::Unprotected`](crate::ResponseSource::Unprotected)).
+    Unkeyed,
+    /// The [`FrozenRetryLayer`](crate::FrozenRetryLayer) inside the client face may keep
+    /// retrying longer than the face was told
+    /// ([`retry_policy`](crate::client::Builder::retry_policy)), which it checked its
+    /// protected window and retention against: the operation's record could expire or be
+    /// evicted while it is still retried, and the effect then run again. Build the face with
+    /// the retry layer's policy.
+    RetryWindowExceeded,
 }
 
 impl Signal {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 7] = [
         Self::FailOpen,
         Self::PayloadDiscarded,
         Self::LeaseLost,
         Self::RedirectFollowed,
+        Self::OutcomeDiscarded,
+        Self::Unkeyed,
+        Self::RetryWindowExceeded,
     ];
 
     /// The name metrics use: `fail_open`, `payload_discarded`, `lease_lost`,
-    /// `redirect_followed`.
+    /// `redirect_followed`, `outcome_discarded`, `unkeyed`, `retry_window_exceeded`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::FailOpen => "fail_open",
             Self::PayloadDiscarded => "payload_discarded",
             Self::LeaseLost => "lease_lost",
             Self::RedirectFollowed => "redirect_followed",
+            Self::OutcomeDiscarded => "outcome_discarded",
+            Self::Unkeyed => "unkeyed",
+            Self::RetryWindowExceeded => "retry_window_exceeded",
         }
     }
 
@@ -487,6 +519,16 @@ impl Track {
         self.signals.fetch_or(signal.bit(), Ordering::Relaxed);
     }
 
+    /// [`signal`](Self::signal) each of the signals a store raised during a call of this
+    /// request's ([`StoreSignals`]).
+    pub(crate) fn signal_all(&self, raised: StoreSignals) {
+        for signal in Signal::ALL {
+            if raised.0 & signal.bit() != 0 {
+                self.signal(signal);
+            }
+        }
+    }
+
     /// Log and count `decision`, and remember it as the request's latest.
     pub(crate) fn decided(&self, decision: Decision) {
         #[cfg(feature = "metrics")]
@@ -528,6 +570,69 @@ impl Track {
             signals: self.signals.load(Ordering::Relaxed),
         });
     }
+}
+
+/// The signals a store raised ([`raise_in_store`]) during one call of a face's into it.
+#[derive(Clone, Copy, Debug, Default)]
+#[must_use = "signals a store raised are meant for the request's track"]
+pub(crate) struct StoreSignals(u8);
+
+thread_local! {
+    /// The signals raised by the store a face is calling on this thread, while it calls it
+    /// ([`with_store_signals`]); `None` when no face is listening.
+    static STORE_SIGNALS: std::cell::Cell<Option<u8>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `call`, a face's call into its store for one request, and give back what it returned
+/// with the signals the store raised while it ran ([`raise_in_store`]). A store has no
+/// request's [`Track`] to raise them on (its trait is the user's to implement, and says
+/// nothing of signals), but a store that answers in place does its work inside the call,
+/// on this thread.
+pub(crate) fn with_store_signals<T>(call: impl FnOnce() -> T) -> (T, StoreSignals) {
+    let outer = STORE_SIGNALS.with(|cell| cell.replace(Some(0)));
+    let answer = call();
+    let raised = STORE_SIGNALS.with(|cell| cell.replace(outer)).unwrap_or(0);
+    (answer, StoreSignals(raised))
+}
+
+pin_project_lite::pin_project! {
+    /// A store call's future, each poll made under [`with_store_signals`]: for a store
+    /// that does its work when polled. Its output comes with the signals raised.
+    pub(crate) struct WithStoreSignals<F> {
+        #[pin]
+        call: F,
+        raised: u8,
+    }
+}
+
+/// Watch the store call `call` for the signals the store raises while it is polled.
+pub(crate) fn watch_store_signals<F: std::future::Future>(call: F) -> WithStoreSignals<F> {
+    WithStoreSignals { call, raised: 0 }
+}
+
+impl<F: std::future::Future> std::future::Future for WithStoreSignals<F> {
+    type Output = (F::Output, StoreSignals);
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let (poll, StoreSignals(raised)) = with_store_signals(|| this.call.poll(cx));
+        *this.raised |= raised;
+        poll.map(|answer| (answer, StoreSignals(*this.raised)))
+    }
+}
+
+/// A store raises `signal` for the request whose call it is answering: the face that
+/// called it ([`with_store_signals`]) puts it on the request's track. Nothing when no face
+/// is listening (the store used on its own, or answering on another thread).
+pub(crate) fn raise_in_store(signal: Signal) {
+    STORE_SIGNALS.with(|cell| {
+        if let Some(raised) = cell.get() {
+            cell.set(Some(raised | signal.bit()));
+        }
+    });
 }
 
 /// Count `signal` in `idempotency_safety_signals_total` (feature `metrics`): for a

@@ -25,17 +25,20 @@
 //!   [`Begin::Resume`]) instead of [`Begin::Busy`], so no claim is left that nobody holds.
 //! - **A release outlasts a late claim.** A `begin` whose answer was lost may still be on
 //!   its way (queued in the store's connection, held up by a frozen server) when its caller
-//!   gives up and releases the claim it may have made. So an [`abandon`] that releases its
-//!   token's claim, or that finds the key without a record, leaves the key *released under
-//!   that token* for one minute: a `begin` carrying a released token is refused as
-//!   [fenced](StoreError::is_fenced) and changes nothing, so the late `begin` cannot make a
-//!   claim nobody owns (one that would expire into doubt). The marker is no record:
-//!   [`inspect`](IdempotencyStore::inspect) shows nothing, `forget` finds nothing, a
-//!   `begin` under any other token finds the key absent, and the first claim under another
-//!   token takes the key's place and ends the marker. A key released under several tokens
-//!   remembers each, until a minute after its last release; `abandon` answers as before
-//!   (fenced when it released no claim of its token). A `begin` held up for longer than
-//!   that minute is beyond the marker: its claim expires into doubt (never a second run).
+//!   gives up and releases the claim it may have made. So every [`abandon`], whatever it
+//!   finds (its token's claim, no record, or a record another caller holds), leaves the key
+//!   *released under that token* for one minute: a `begin` carrying a released token is
+//!   refused as [fenced](StoreError::is_fenced) and changes nothing, whatever the key holds,
+//!   so the late `begin` cannot make a claim nobody owns (one that would expire into doubt),
+//!   nor take over an operation in doubt, not even once the record another caller held at
+//!   the release has left (released, forgotten). The marker is no record:
+//!   [`inspect`](IdempotencyStore::inspect) shows nothing of it, `forget` leaves it, a
+//!   `begin` under any other token finds the key as its record says, and the first new
+//!   claim of the key under another token ends the marker. A key released under several
+//!   tokens remembers each, until a minute after its last release; `abandon` answers as
+//!   before (fenced when it released no claim of its token). A `begin` held up for longer
+//!   than that minute is beyond the marker: its claim expires into doubt (never a second
+//!   run).
 //! - **Fencing.** [`complete`], [`abandon`], [`mark_in_doubt`] and [`renew`] carry the
 //!   owner's [`LeaseToken`], and a write whose token is not the record's current one is
 //!   refused with a [fenced](StoreError::is_fenced) error, never applied.
@@ -91,6 +94,7 @@
 //! round trip) returns `StoreFuture::new(async move { ... })`, one small allocation per
 //! ledger call, noise next to the round trip.
 
+mod doubt;
 pub(crate) mod error;
 mod forget;
 mod future;
@@ -105,6 +109,7 @@ mod record;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
+pub use doubt::{DoubtSummary, MOST_COUNTED};
 pub use error::StoreError;
 pub(crate) use forget::report as report_forget;
 pub use forget::{Expected, Forget, RecordKind, Records};
@@ -195,9 +200,10 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
 
     /// Release an operation held under `token` after a failure proven to happen before the
     /// request was written. If an earlier attempt may have been sent, the record becomes in
-    /// doubt instead of absent. A release, or an `abandon` that finds the key without a
-    /// record, leaves the key released under `token` for a minute: a late `begin` under
-    /// `token` is then refused as fenced instead of claiming it (see the module docs).
+    /// doubt instead of absent. Whatever it finds (even another caller's record, when it is
+    /// answered fenced), an `abandon` leaves the key released under `token` for a minute: a
+    /// late `begin` under `token` is then refused as fenced instead of claiming the key or
+    /// taking it over (see the module docs).
     fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()>;
 
     /// Mark an operation held under `token` in doubt: its bytes may have reached the server.

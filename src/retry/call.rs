@@ -211,12 +211,18 @@ impl Call {
         if self.attempt > 1 {
             response.extensions_mut().insert(Attempts(self.attempt));
         }
+        if let Some(handoff) = &self.handoff {
+            handoff.first_send_ended(FailurePhase::AfterWrite);
+        }
         response
     }
 
     /// The call's error, once [`after_attempt`](Self::after_attempt) has weighed the
     /// failure and returned `None` (which is when it sets `earlier`).
     pub(super) fn failed(&self, failure: Failure) -> Error {
+        if let Some(handoff) = &self.handoff {
+            handoff.first_send_ended(failure.phase.strongest(self.earlier));
+        }
         failure.into_error(self.earlier)
     }
 }

@@ -16,7 +16,7 @@ use tower_service::Service;
 
 use super::call::{Attempted, Call, Failure};
 use super::policy::RetryPolicy;
-use crate::frozen::{hand_over, refuse_nested_retry, CollectRequest, Handed};
+use crate::frozen::{hand_over, refuse_nested_retry, CollectRequest, Handed, Handoff};
 use crate::phase::{classify, FailurePhase};
 use crate::{BoxError, Error};
 
@@ -199,7 +199,9 @@ where
                             handoff,
                             first,
                         } = hand_over(parts, body);
-                        if let Err(error) = refuse_nested_retry(&extensions) {
+                        let refused = refuse_nested_retry(&extensions)
+                            .and_then(|()| handoff.as_ref().map_or(Ok(()), Handoff::start_send));
+                        if let Err(error) = refused {
                             this.state.set(State::Done);
                             return Poll::Ready(Err(error));
                         }

@@ -56,6 +56,7 @@ use super::replay::recording;
 use super::report::{settled, Report};
 use crate::digest::BodyDigest;
 use crate::idempotency::body::{buffer_up_to, BufferUpTo, Buffered, ResponseBody};
+use crate::idempotency::decision::{with_store_signals, Track};
 use crate::idempotency::engine::{InPlace, LeaseGuard, Renewal};
 use crate::ledger::{LeaseToken, LedgerKey};
 use crate::BoxError;
@@ -288,7 +289,8 @@ where
                     // lease leaves `this.lease` to be settled, and an empty slot renews nothing.
                     let lease = this.lease.take().expect("held while the body is read");
                     let parts = parts.take().expect("taken once");
-                    match record(this.server, lease, parts, buffered, this.digest) {
+                    let track = &this.report.track;
+                    match record(this.server, (lease, track), parts, buffered, this.digest) {
                         Ok(response) => {
                             this.step.set(Step::Done);
                             return Poll::Ready(this.report.answer(Ok(response)));
@@ -355,7 +357,7 @@ where
 /// whose answer was lost, finishes in a future of its own.
 fn record<B, E>(
     server: &ServerFace,
-    lease: LeaseGuard,
+    (lease, track): (LeaseGuard, &Track),
     parts: http::response::Parts,
     buffered: Result<Buffered<B>, BoxError>,
     digest: &BodyDigest,
@@ -381,7 +383,10 @@ where
     // rest of it cannot be held, and the retry must learn the handler ran (`410`) rather
     // than run it again. A stream that fails after this point cannot change the record.
     let (recorded, body, how) = recording(server, &parts, buffered, digest);
-    match lease.complete_in_place(recorded) {
+    // A store that keeps only a tombstone of the outcome (no room for it) says so here.
+    let (in_place, raised) = with_store_signals(|| lease.complete_in_place(recorded));
+    track.signal_all(raised);
+    match in_place {
         InPlace::Done(completed) => {
             recorded_as(how, completed);
             Ok(Response::from_parts(parts, body))

@@ -16,3 +16,14 @@ async fn memory_store_passes_the_conformance_suite() {
 async fn memory_store_passes_the_conformance_suite_on_real_time_and_threads() {
     run_all(Arc::new(MemoryStore::new()), Clock::real()).await;
 }
+
+/// A `begin` whose answer was lost, released while another caller held the key, lands late
+/// once that caller's record has left: it must be refused, never claim (every store runs
+/// the same case in `run_all`).
+#[tokio::test(start_paused = true)]
+async fn memory_store_refuses_a_late_begin_released_while_another_caller_held_the_key() {
+    tower_idempotency::testing::conformance::a_release_outlasts_another_callers_record(
+        &MemoryStore::new(),
+    )
+    .await;
+}

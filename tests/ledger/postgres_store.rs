@@ -164,6 +164,46 @@ async fn the_sweep_deletes_only_expired_records_and_they_read_as_absent_before()
     assert!(store.inspect(kept).await.expect("inspect").is_some());
 }
 
+/// A token released beside a record outlasts the record's retention: the sweep keeps the row
+/// while the token is remembered, a late `begin` of it is refused, and any other caller
+/// claims the key (which ends the marker, and the next sweep has nothing to delete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_keeps_a_token_released_beside_a_record_past_its_retention() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = store(pg.url()).await;
+    let short = Duration::from_millis(300);
+    let key = LedgerKey::from_bytes([51; 32]);
+    let begin = || BeginRequest::new(key, sample_fingerprint(), Duration::from_millis(100), short);
+    let Begin::Acquired { token } = store.begin(begin()).await.expect("begin") else {
+        panic!("fresh key")
+    };
+    store
+        .complete(key, token, ok_outcome(), short)
+        .await
+        .expect("complete");
+    let late = begin();
+    assert!(store
+        .abandon(key, late.token)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    assert_eq!(store.inspect(key).await.expect("inspect"), None);
+    assert_eq!(store.sweep().await.expect("sweep"), 0);
+    let refused = store.begin(late.clone()).await.unwrap_err();
+    assert!(refused.is_fenced(), "{refused}");
+    assert!(matches!(
+        store.begin(begin()).await.expect("begin"),
+        Begin::Acquired { .. }
+    ));
+    assert!(matches!(
+        store.begin(late).await.expect("begin"),
+        Begin::Busy { .. }
+    ));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_on_one_database_give_one_owner() {
     let Some(pg) = postgres_support::postgres_url().await else {
@@ -404,7 +444,7 @@ async fn a_version_two_schema_with_records_migrates_and_its_records_keep_their_l
         .await
         .expect("a version-2 completion");
 
-    assert_eq!(store.migrate().await.expect("migrate"), 3);
+    assert_eq!(store.migrate().await.expect("migrate"), SCHEMA_VERSION);
     let look = |key| {
         let store = store.clone();
         async move {
@@ -457,5 +497,140 @@ async fn a_version_two_schema_with_records_migrates_and_its_records_keep_their_l
     assert!(matches!(
         store.begin(again).await.expect("begin"),
         Begin::Replay(_)
+    ));
+}
+
+/// A database at version 3, with a marker and a record in it, is brought to version 4 by
+/// `migrate`: the marker version 3 wrote still refuses its token, and a token released while
+/// the version-3 record holds the key is remembered beside it, so its late `begin` is refused
+/// once that record has left (released by its owner, or forgotten by an operator).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_three_schema_migrates_and_remembers_a_token_released_beside_a_record() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let schema = postgres_support::fresh_schema();
+    let store = PostgresStore::builder(pg.url())
+        .schema(schema.clone())
+        .connect()
+        .await
+        .expect("connect");
+    let client = store.pool().get().await.expect("a connection");
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.schema_version (
+                 singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+                 version integer NOT NULL);
+             INSERT INTO {schema}.schema_version (version) VALUES (3);
+             {}
+             {}
+             {}",
+            include_str!("../../src/ledger/postgres/schema_v1.sql").replace("{schema}", &schema),
+            include_str!("../../src/ledger/postgres/schema_v2.sql").replace("{schema}", &schema),
+            include_str!("../../src/ledger/postgres/schema_v3.sql").replace("{schema}", &schema)
+        ))
+        .await
+        .expect("a version-3 schema");
+    let retention = Duration::from_secs(600);
+    let request = |key| {
+        BeginRequest::new(
+            key,
+            sample_fingerprint(),
+            Duration::from_secs(30),
+            retention,
+        )
+    };
+    let token_of = |request: &BeginRequest| request.token.as_u128().to_be_bytes().to_vec();
+    // Version 3's functions: a marker left by a release that found no record, and two
+    // claims (one its owner will release, one it will complete and an operator forget).
+    let (marked, released, forgotten) = (
+        LedgerKey::from_bytes([41; 32]),
+        LedgerKey::from_bytes([42; 32]),
+        LedgerKey::from_bytes([43; 32]),
+    );
+    let late_on_marked = request(marked);
+    client
+        .execute(
+            &format!("SELECT {schema}.abandon_op($1, $2, 60000)"),
+            &[&marked.as_bytes().to_vec(), &token_of(&late_on_marked)],
+        )
+        .await
+        .expect("a version-3 release");
+    let (released_claim, forgotten_claim) = (request(released), request(forgotten));
+    for claim in [&released_claim, &forgotten_claim] {
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT r_answer FROM {schema}.begin_op($1, $2, $3, 30000, 600000, true, NULL)"
+                ),
+                &[
+                    &claim.key.as_bytes().to_vec(),
+                    &claim.fingerprint.as_bytes().to_vec(),
+                    &token_of(claim),
+                ],
+            )
+            .await
+            .expect("a version-3 claim");
+        assert_eq!(row.get::<_, &str>(0), "acquired");
+    }
+
+    assert_eq!(store.migrate().await.expect("migrate"), SCHEMA_VERSION);
+    let refused = |answer: Result<Begin, tower_idempotency::ledger::StoreError>, what: &str| {
+        assert!(
+            matches!(&answer, Err(err) if err.is_fenced()),
+            "{what}: expected fenced, got {answer:?}"
+        );
+    };
+    refused(
+        store.begin(late_on_marked).await,
+        "the version-3 marker's token",
+    );
+
+    // Released beside the version-3 record, which its owner then releases.
+    let late = request(released);
+    assert!(store
+        .abandon(released, late.token)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    store
+        .abandon(released, released_claim.token)
+        .await
+        .expect("the version-3 claim is released after the upgrade");
+    refused(
+        store.begin(late.clone()).await,
+        "a late begin once released",
+    );
+    assert!(store.inspect(released).await.expect("inspect").is_none());
+    assert!(matches!(
+        store.begin(request(released)).await.expect("begin"),
+        Begin::Acquired { .. }
+    ));
+
+    // Released beside the version-3 record, which completes and is forgotten.
+    let late = request(forgotten);
+    let _ = store.abandon(forgotten, late.token).await;
+    store
+        .complete(forgotten, forgotten_claim.token, ok_outcome(), retention)
+        .await
+        .expect("the version-3 claim completes after the upgrade");
+    let seen = store
+        .inspect(forgotten)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(
+        store
+            .forget(forgotten, Expected::of(&seen))
+            .await
+            .expect("forget"),
+        Forget::Forgotten
+    );
+    refused(store.begin(late).await, "a late begin once forgotten");
+    assert!(store.inspect(forgotten).await.expect("inspect").is_none());
+    assert!(matches!(
+        store.begin(request(forgotten)).await.expect("begin"),
+        Begin::Acquired { .. }
     ));
 }

@@ -11,6 +11,7 @@ use crate::support::down;
 use crate::support::redis as redis_support;
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +21,11 @@ use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tokio::sync::Notify;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::ledger::{MemoryStore, RedisStore};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, MemoryStore, Outcome, RedisStore,
+    Settled, StoreFuture,
+};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{BusyPolicy, IdempotencyLayer, OperationId};
@@ -217,43 +222,311 @@ proptest! {
         let Some(policy) = policy else {
             return Ok(());
         };
-        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
-            .lease(d.lease)
-            .retention(d.retention)
-            .busy_policy(d.busy)
-            .reconcile_timeout(d.reconcile_timeout)
-            .retry_policy(policy);
-        if let Some(window) = d.protected {
-            builder = builder.protected_window(window);
-        }
-        let Ok(stack) = builder.build_stack() else {
-            return Ok(());
-        };
-        let provider = SideEffectService::new();
-        let client = ServiceBuilder::new().layer(stack).service(provider.clone());
-        paused_runtime().block_on(async {
-            let op = OperationId::new("task-forever", "charge");
-            // A retryable answer first (the backoff and the deadline are worked out), then
-            // a slow attempt, so the duplicate finds the operation in flight.
-            provider.push_fault(Fault::ServerError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                commit: false,
-            });
-            provider.push_fault(Fault::Latency(Duration::from_millis(50)));
-            let first = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
-            tokio::task::yield_now().await;
-            let duplicate = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
-            // Whatever the settings make of them (a replay, a busy or in-doubt error), the
-            // requests are answered: none panics.
-            let _ = first.await.expect("the first request does not panic");
-            let _ = duplicate.await.expect("the duplicate does not panic");
-            let _ = tokio::spawn(client.oneshot(keyed_post(&op)))
-                .await
-                .expect("a later request does not panic");
-            prop_assert!(provider.effects() <= 1);
-            Ok(())
-        })?;
+        serve_client_stack(d, policy)?;
     }
+}
+
+/// Serve one operation through a client stack built with `d` and `policy` (if the builder
+/// accepts them): a retried `503` then a slow attempt, a duplicate while it is in flight,
+/// and a later request. None panics, and the operation's effect happens at most once.
+fn serve_client_stack(d: ClientDurations, policy: RetryPolicy) -> Result<(), TestCaseError> {
+    let mut builder = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
+        .lease(d.lease)
+        .retention(d.retention)
+        .busy_policy(d.busy)
+        .reconcile_timeout(d.reconcile_timeout)
+        .retry_policy(policy);
+    if let Some(window) = d.protected {
+        builder = builder.protected_window(window);
+    }
+    let Ok(stack) = builder.build_stack() else {
+        return Ok(());
+    };
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new().layer(stack).service(provider.clone());
+    paused_runtime().block_on(async {
+        let op = OperationId::new("task-forever", "charge");
+        // A retryable answer first (the backoff and the deadline are worked out), then
+        // a slow attempt, so the duplicate finds the operation in flight.
+        provider.push_fault(Fault::ServerError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            commit: false,
+        });
+        provider.push_fault(Fault::Latency(Duration::from_millis(50)));
+        let first = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
+        tokio::task::yield_now().await;
+        let duplicate = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
+        // Whatever the settings make of them (a replay, a busy or in-doubt error), the
+        // requests are answered: none panics.
+        let _ = first.await.expect("the first request does not panic");
+        let _ = duplicate.await.expect("the duplicate does not panic");
+        let _ = tokio::spawn(client.oneshot(keyed_post(&op)))
+            .await
+            .expect("a later request does not panic");
+        prop_assert!(provider.effects() <= 1);
+        Ok(())
+    })
+}
+
+/// A case the property above found "hanging": the first request holds its lease through a
+/// retry pause of centuries, and the duplicate waits up to the layers' longest wait. The
+/// duplicate looked again at every lease's end, 30 s of a paused clock at a time: some 146
+/// million `begin`s, hours of CPU. A watchdog thread fails it rather than hang.
+#[test]
+fn a_duplicate_waiting_centuries_on_a_live_owner_is_answered() {
+    let d = ClientDurations {
+        lease: Duration::from_secs(30),
+        retention: Duration::MAX,
+        protected: Some(Duration::new(15_672_943_538_413_584_903, 486_859_541)),
+        retry_window: Duration::from_secs(30),
+        busy: BusyPolicy::Wait(Duration::new(10_399_624_377_450_320_532, 462_877_357)),
+        reconcile_timeout: Duration::MAX,
+    };
+    let policy = RetryPolicy::builder()
+        .backoff(
+            Duration::from_secs(u64::MAX / 2),
+            Duration::from_secs(u64::MAX),
+        )
+        .max_elapsed(Duration::from_secs(u64::MAX / 2))
+        .build()
+        .unwrap();
+    within_a_minute(move || serve_client_stack(d, policy).unwrap());
+}
+
+/// Run `test` on its own thread, failing if it has not finished within a minute of real
+/// time: a waiter that loops on a paused clock never lets a tokio timeout fire.
+fn within_a_minute(test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || {
+        test();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => runner.join().unwrap(),
+        // The test panicked: its panic is the failure.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(runner.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("still running after a minute: a waiter loops on the paused clock")
+        }
+    }
+}
+
+/// A `MemoryStore` that counts the `begin`s of the first key it is asked about (the
+/// operation under test), and remembers that key.
+#[derive(Clone, Debug, Default)]
+struct CountedBegins {
+    store: MemoryStore,
+    watched: Arc<std::sync::OnceLock<LedgerKey>>,
+    begins: Arc<AtomicUsize>,
+}
+
+impl CountedBegins {
+    fn begins(&self) -> usize {
+        self.begins.load(Ordering::SeqCst)
+    }
+
+    fn watched(&self) -> LedgerKey {
+        *self.watched.get().expect("the operation has begun")
+    }
+}
+
+impl IdempotencyStore for CountedBegins {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        if *self.watched.get_or_init(|| request.key) == request.key {
+            self.begins.fetch_add(1, Ordering::SeqCst);
+        }
+        self.store.begin(request)
+    }
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.store.complete(key, token, outcome, retention)
+    }
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.store.abandon(key, token)
+    }
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.store.mark_in_doubt(key, token, retention)
+    }
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        self.store.renew(key, token, lease)
+    }
+    fn hold_lease(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> bool {
+        self.store.hold_lease(key, token, lease)
+    }
+    fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
+        self.store.let_go(key, token, lease);
+    }
+    fn keeps_request_fields(&self) -> bool {
+        self.store.keeps_request_fields()
+    }
+    fn notify_settled(&self, key: LedgerKey) -> Option<Settled> {
+        self.store.notify_settled(key)
+    }
+}
+
+/// A client whose first request holds its lease for `owner_runs` (the provider is that
+/// slow), and a duplicate of it sent once the first is in flight, waiting per `busy`.
+async fn duplicate_of_a_slow_owner(
+    store: &CountedBegins,
+    lease: Duration,
+    owner_runs: Duration,
+    busy: BusyPolicy,
+) -> (
+    SideEffectService,
+    tokio::task::JoinHandle<
+        Result<Response<impl Send + std::fmt::Debug>, tower_idempotency::Error>,
+    >,
+    tokio::task::JoinHandle<
+        Result<Response<impl Send + std::fmt::Debug>, tower_idempotency::Error>,
+    >,
+) {
+    let provider = SideEffectService::new();
+    let client = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::client_builder(store.clone())
+                .provider_deduplicates(true)
+                .lease(lease)
+                // Longer than any wait here: a record past its retention is claimed anew.
+                .retention(Duration::from_secs(30 * 24 * 60 * 60))
+                .busy_policy(busy)
+                .build()
+                .unwrap(),
+        )
+        .service(provider.clone());
+    let op = OperationId::new("task-forever", "charge");
+    provider.push_fault(Fault::Latency(owner_runs));
+    let first = tokio::spawn(client.clone().oneshot(keyed_post(&op)));
+    tokio::task::yield_now().await;
+    let duplicate = tokio::spawn(client.oneshot(keyed_post(&op)));
+    (provider, first, duplicate)
+}
+
+/// A duplicate waiting a day on an owner that holds its 30 s lease all along looks at the
+/// key a few times, not once a lease (2,880 times), and is answered busy at its bound.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_waiting_on_a_live_owner_looks_again_less_and_less_often() {
+    let store = CountedBegins::default();
+    let day = Duration::from_secs(24 * 60 * 60);
+    let (provider, first, duplicate) = duplicate_of_a_slow_owner(
+        &store,
+        Duration::from_secs(30),
+        2 * day,
+        BusyPolicy::Wait(day),
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let duplicate = duplicate.await.unwrap();
+    let err = duplicate.unwrap_err();
+    assert!(err.is_busy(), "{err:?}");
+    assert!(started.elapsed() >= day, "it waited its whole bound");
+    // The first's claim, the duplicate's first look, and one per doubling nap.
+    assert!(store.begins() <= 20, "{} begins in a day", store.begins());
+    assert!(first.await.unwrap().unwrap().status().is_success());
+    assert_eq!(provider.effects(), 1);
+}
+
+/// Once the owner goes away, a waiter that had stopped looking at every lease's end is
+/// told at once, and is answered then, not after its long nap.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_learns_at_once_that_the_owner_went_away() {
+    let store = CountedBegins::default();
+    let lease = Duration::from_secs(30);
+    let hour = Duration::from_secs(60 * 60);
+    let (provider, first, duplicate) =
+        duplicate_of_a_slow_owner(&store, lease, 100 * hour, BusyPolicy::Wait(10 * hour)).await;
+    // An hour on: the duplicate's naps are some 30 minutes long by now.
+    tokio::time::sleep(hour).await;
+    first.abort();
+    let _ = first.await;
+    let gone = tokio::time::Instant::now();
+    let _ = duplicate.await.unwrap();
+    assert!(
+        gone.elapsed() <= lease + Duration::from_secs(1),
+        "answered {:?} after the owner went away",
+        gone.elapsed()
+    );
+    assert!(provider.effects() <= 1);
+}
+
+/// An owner letting go of a held lease (it went without settling) is announced like a
+/// settle: its waiters, who stopped looking at every lease's end since a held lease never
+/// runs down, look again and wait for the lease's real end.
+#[tokio::test(start_paused = true)]
+async fn letting_go_of_a_held_lease_wakes_listeners() {
+    let store = MemoryStore::new();
+    let key = LedgerKey::from_bytes([7; 32]);
+    let fingerprint = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    let lease = Duration::from_secs(30);
+    let request = BeginRequest::new(key, fingerprint, lease, Duration::from_secs(3600));
+    let Begin::Acquired { token } = store.begin(request).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    assert!(store.hold_lease(key, token, lease));
+    let settled = store
+        .notify_settled(key)
+        .expect("the memory store notifies");
+    store.let_go(key, token, lease);
+    tokio::time::timeout(Duration::from_millis(1), settled)
+        .await
+        .expect("letting go woke the listener");
+}
+
+/// Settles of other keys of the waiter's shard, over and over while the clock stands still,
+/// wake the waiter a few times, then it pauses (as a polling waiter does) rather than look
+/// at its key once per settle.
+#[tokio::test(start_paused = true)]
+async fn settles_of_other_keys_at_one_instant_do_not_keep_a_waiter_looking() {
+    let store = CountedBegins::default();
+    let hour = Duration::from_secs(60 * 60);
+    let (provider, first, duplicate) = duplicate_of_a_slow_owner(
+        &store,
+        Duration::from_secs(30),
+        hour,
+        BusyPolicy::Wait(2 * hour),
+    )
+    .await;
+    // Let the duplicate find the key busy and listen.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let waiting = store.begins();
+    // Keys of the watched key's shard (the store shards by the first byte), claimed and
+    // completed a thousand times without the clock moving.
+    let shard = store.watched().as_bytes()[0];
+    let fingerprint = Fingerprint::of(&http::Method::POST, "/other", b"{}");
+    for i in 0..1000u32 {
+        let mut bytes = [shard; 32];
+        bytes[1..5].copy_from_slice(&i.to_be_bytes());
+        let key = LedgerKey::from_bytes(bytes);
+        let request = BeginRequest::new(key, fingerprint, hour, hour);
+        let Begin::Acquired { token } = store.begin(request).await.unwrap() else {
+            panic!("a fresh key is acquired");
+        };
+        let done = Outcome::Tombstone {
+            status: StatusCode::OK,
+        };
+        store.complete(key, token, done, hour).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let looks = store.begins() - waiting;
+    assert!(looks <= 20, "{looks} looks for 1000 settles of other keys");
+    // The first request then completes, and the duplicate gets its replay.
+    assert!(first.await.unwrap().unwrap().status().is_success());
+    assert!(duplicate.await.unwrap().unwrap().status().is_success());
+    assert_eq!(provider.effects(), 1);
 }
 
 /// Server settings that are durations (and the busy policy, which holds one).

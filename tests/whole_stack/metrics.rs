@@ -153,3 +153,86 @@ fn the_memory_store_reports_its_bytes_and_records_as_gauges() {
     drop(store);
     assert_eq!(gauges(), (Some(-mine), Some(-2.0)));
 }
+
+/// `Records::publish_doubt_gauges`: the count of operations in doubt and the age of the
+/// oldest, kept current as operations fall into doubt and are resolved.
+#[test]
+fn gauges_follow_the_operations_in_doubt() {
+    use std::time::Duration;
+    use tower_idempotency::fingerprint::Fingerprint;
+    use tower_idempotency::ledger::{
+        Begin, BeginRequest, Expected, IdempotencyStore, LedgerKey, Records,
+    };
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // One snapshot for both: the debugging recorder hands each value out once.
+    let gauges = || {
+        let mut found = (None, None);
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let (_, key) = key.into_parts();
+            let labelled = key
+                .labels()
+                .any(|l| l.key() == "store" && l.value() == "payments");
+            if let (true, DebugValue::Gauge(value)) = (labelled, value) {
+                match key.name() {
+                    "idempotency_in_doubt_operations" => found.0 = Some(value.into_inner()),
+                    "idempotency_in_doubt_oldest_seconds" => found.1 = Some(value.into_inner()),
+                    _ => {}
+                }
+            }
+        }
+        found
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let store = std::sync::Arc::new(MemoryStore::new());
+    let records = Records::new(store.clone());
+    let every = Duration::from_secs(15);
+    // Spawned on the runtime, its gauges registered with this test's recorder.
+    let _gauges = {
+        let _entered = runtime.enter();
+        metrics::with_local_recorder(&recorder, || {
+            records.publish_doubt_gauges("payments", every)
+        })
+    };
+    let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    let in_doubt = |n: u8| {
+        let store = store.clone();
+        async move {
+            let key = LedgerKey::from_bytes([n; 32]);
+            let request =
+                BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(3600));
+            let Begin::Acquired { token } = store.begin(request).await.unwrap() else {
+                panic!("a fresh key is acquired");
+            };
+            store
+                .mark_in_doubt(key, token, Duration::from_secs(3600))
+                .await
+                .unwrap();
+            key
+        }
+    };
+    runtime.block_on(async {
+        let first = in_doubt(1).await;
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        in_doubt(2).await;
+        tokio::time::sleep(every).await;
+        let (count, oldest) = gauges();
+        assert_eq!(count, Some(2.0));
+        let oldest = oldest.expect("the age of the oldest");
+        assert!((100.0..=130.0).contains(&oldest), "{oldest}");
+
+        // The oldest is resolved by an operator: the next reading counts one, younger.
+        let seen = store.inspect(first).await.unwrap().unwrap();
+        store.forget(first, Expected::of(&seen)).await.unwrap();
+        tokio::time::sleep(every).await;
+        let (count, oldest) = gauges();
+        assert_eq!(count, Some(1.0));
+        let oldest = oldest.expect("the age of the oldest");
+        assert!(oldest <= 30.0, "{oldest}");
+    });
+}

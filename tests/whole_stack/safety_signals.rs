@@ -422,3 +422,221 @@ fn the_tool_face_tells_its_hook_and_the_metrics_of_a_lease_taken_over_while_it_w
     assert_eq!(seen[0].2, [Signal::LeaseLost], "{seen:?}");
     assert_eq!(counted, [("face=tool,signal=lease_lost".to_owned(), 1)]);
 }
+
+/// A store with room for an operation's claim but not for its 64 KiB answer.
+fn no_room_for_the_answer() -> MemoryStore {
+    MemoryStore::builder().max_bytes(32 * 1024).build()
+}
+
+/// A 64 KiB answer.
+fn receipt() -> String {
+    "r".repeat(64 * 1024)
+}
+
+/// The client face: the provider's answer does not fit the ledger, which keeps only a
+/// tombstone of it; the effect is not run again, but a later run cannot be answered with
+/// the response. The hook hears it and the metrics count it.
+#[test]
+fn a_client_answer_kept_only_as_a_tombstone_says_so_to_the_hook_and_the_metrics() {
+    let log = Log::default();
+    let effects = Arc::new(Mutex::new(0));
+    let counted = counted_signals(|| async {
+        let provider = tower::service_fn({
+            let effects = effects.clone();
+            move |_: http::Request<http_body_util::Full<bytes::Bytes>>| {
+                *effects.lock().unwrap() += 1;
+                let answer = http::Response::new(http_body_util::Full::new(receipt().into()));
+                std::future::ready(Ok::<_, std::convert::Infallible>(answer))
+            }
+        });
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(no_room_for_the_answer())
+                    .provider_deduplicates(true)
+                    .on_outcome(recording(&log))
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider);
+        let answer = client.clone().oneshot(orders::post("{}")).await.unwrap();
+        assert_eq!(answer.status(), http::StatusCode::OK, "answered whole");
+        let again = client.oneshot(orders::post("{}")).await.unwrap_err();
+        assert!(again.is_replay_unavailable(), "{again}");
+    });
+    assert_eq!(*effects.lock().unwrap(), 1);
+    assert_eq!(
+        taken(&log),
+        [
+            (
+                Face::Client,
+                Decision::Acquired,
+                vec![Signal::OutcomeDiscarded]
+            ),
+            (Face::Client, Decision::Replayed, vec![]),
+        ]
+    );
+    assert_eq!(
+        counted,
+        [("face=client,signal=outcome_discarded".to_owned(), 1)]
+    );
+}
+
+/// The server face: the handler's answer does not fit the ledger.
+#[test]
+fn a_server_answer_kept_only_as_a_tombstone_says_so_to_the_hook_and_the_metrics() {
+    let log = Log::default();
+    let runs = Arc::new(Mutex::new(0));
+    let counted = counted_signals(|| async {
+        let layer = IdempotencyLayer::server_builder(no_room_for_the_answer())
+            .on_outcome(recording(&log))
+            .build()
+            .unwrap();
+        let handler = {
+            let runs = runs.clone();
+            post(move || async move {
+                *runs.lock().unwrap() += 1;
+                receipt()
+            })
+        };
+        let app = Router::new().route("/charges", handler.route_layer(layer));
+        let request = || {
+            http::Request::post("/charges")
+                .header("authorization", "Bearer sk_alice")
+                .header("idempotency-key", "\"order-42\"")
+                .body(Body::from("{}"))
+                .unwrap()
+        };
+        let answer = app.clone().oneshot(request()).await.unwrap();
+        assert_eq!(answer.status(), http::StatusCode::OK);
+        let again = app.oneshot(request()).await.unwrap();
+        assert_eq!(
+            again.status(),
+            http::StatusCode::GONE,
+            "a tombstone's answer"
+        );
+    });
+    assert_eq!(*runs.lock().unwrap(), 1, "run once");
+    let seen = taken(&log);
+    assert_eq!(seen[0].0, Face::Server);
+    assert_eq!(seen[0].2, [Signal::OutcomeDiscarded], "{seen:?}");
+    assert!(seen[1].2.is_empty(), "{seen:?}");
+    assert_eq!(
+        counted,
+        [("face=server,signal=outcome_discarded".to_owned(), 1)]
+    );
+}
+
+/// The tool face: the tool's answer (which repeats its arguments) does not fit the ledger.
+#[test]
+fn the_tool_face_tells_its_hook_and_the_metrics_of_an_answer_kept_only_as_a_tombstone() {
+    let log = Log::default();
+    let tool = ToolDouble::new();
+    let counted = counted_signals(|| async {
+        let layer = ToolLayer::builder(
+            MemoryStore::builder().max_bytes(32 * 1024).build(),
+            "export",
+            ProviderKeys::Ignored,
+        )
+        .on_outcome(recording(&log))
+        .build()
+        .unwrap();
+        let service = layer.layer(tool.clone());
+        let call = || {
+            ToolCall::new(
+                OperationId::new("task-3", "export"),
+                serde_json::json!({"rows": "x".repeat(20 * 1024)}),
+            )
+        };
+        service.clone().oneshot(call()).await.unwrap();
+        let Err(again) = service.oneshot(call()).await else {
+            panic!("a tombstone cannot be replayed");
+        };
+        assert!(
+            again.idempotency_error().unwrap().is_replay_unavailable(),
+            "{again:?}"
+        );
+    });
+    assert_eq!(tool.effects(), 1);
+    let seen = taken(&log);
+    assert_eq!(seen[0].0, Face::Tool);
+    assert_eq!(seen[0].2, [Signal::OutcomeDiscarded], "{seen:?}");
+    assert_eq!(
+        counted,
+        [("face=tool,signal=outcome_discarded".to_owned(), 1)]
+    );
+}
+
+/// A side effect without an `OperationId` passes through a client built with
+/// `require_key(false)`: a retry of it runs it again. Counted every time (the `WARN` is
+/// written once); the hook hears of requests that reached the ledger, and this one did not.
+#[test]
+fn every_unkeyed_side_effect_passed_through_is_counted() {
+    let log = Log::default();
+    let provider = SideEffectService::new();
+    let counted = counted_signals(|| async {
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(MemoryStore::new())
+                    .provider_deduplicates(true)
+                    .require_key(false)
+                    .on_outcome(recording(&log))
+                    .build()
+                    .unwrap(),
+            )
+            .service(provider.clone());
+        for _ in 0..2 {
+            let mut unkeyed = orders::post("{}");
+            unkeyed.extensions_mut().clear();
+            client.clone().oneshot(unkeyed).await.unwrap();
+        }
+    });
+    assert_eq!(provider.effects(), 2, "sent unprotected");
+    assert!(taken(&log).is_empty());
+    assert_eq!(counted, [("face=client,signal=unkeyed".to_owned(), 2)]);
+}
+
+/// A `FrozenRetryLayer` inside that may retry for an hour, under a face told of the default
+/// policy: the operation's record could expire while it is still retried. Each operation
+/// raises the signal (the `WARN` is written once).
+#[test]
+fn a_retry_window_longer_than_the_layer_was_told_says_so_to_the_hook_and_the_metrics() {
+    use tower_idempotency::retry::RetryPolicy;
+    use tower_idempotency::FrozenRetryLayer;
+
+    let log = Log::default();
+    let provider = SideEffectService::new();
+    let counted = counted_signals(|| async {
+        let an_hour = RetryPolicy::builder()
+            .max_elapsed(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        let client = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::client_builder(MemoryStore::new())
+                    .provider_deduplicates(true)
+                    .on_outcome(recording(&log))
+                    .build()
+                    .unwrap(),
+            )
+            .layer(FrozenRetryLayer::new(an_hour))
+            .service(provider.clone());
+        for step in ["charge", "refund"] {
+            let mut req = orders::post("{}");
+            req.extensions_mut()
+                .insert(OperationId::new("task-7", step));
+            client.clone().oneshot(req).await.unwrap();
+        }
+    });
+    assert_eq!(provider.effects(), 2);
+    let seen = taken(&log);
+    let exceeded = (
+        Face::Client,
+        Decision::Acquired,
+        vec![Signal::RetryWindowExceeded],
+    );
+    assert_eq!(seen, [exceeded.clone(), exceeded]);
+    assert_eq!(
+        counted,
+        [("face=client,signal=retry_window_exceeded".to_owned(), 2)]
+    );
+}

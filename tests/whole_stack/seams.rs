@@ -2242,3 +2242,176 @@ async fn a_stack_built_as_one_retries_what_it_lets_through_with_the_bytes_it_fro
         "nothing outside the ledger is recorded"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A `begin` whose answer was lost lands after the key was let go by another caller
+// ---------------------------------------------------------------------------------------
+
+/// A store whose next `begin` is held up: answered as timed out at once, applied only when
+/// the test lands it (a `begin` queued behind a frozen database, run once it resumes).
+#[derive(Clone, Debug)]
+struct HeldUpStore {
+    inner: MemoryStore,
+    hold_next: Arc<std::sync::atomic::AtomicBool>,
+    held: Arc<std::sync::Mutex<Vec<BeginRequest>>>,
+}
+
+impl HeldUpStore {
+    fn new() -> Self {
+        Self {
+            inner: MemoryStore::new(),
+            hold_next: Arc::default(),
+            held: Arc::default(),
+        }
+    }
+
+    /// Apply the held-up `begin`s now, answering what each was answered.
+    async fn land(&self) -> Vec<Result<Begin, StoreError>> {
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        let mut answers = Vec::new();
+        for request in held {
+            answers.push(self.inner.begin(request).await);
+        }
+        answers
+    }
+}
+
+impl IdempotencyStore for HeldUpStore {
+    fn begin(&self, request: BeginRequest) -> StoreFuture<'_, Begin> {
+        StoreFuture::new(async move {
+            if self.hold_next.swap(false, Ordering::SeqCst) {
+                self.held.lock().unwrap().push(request);
+                return Err(StoreError::timeout());
+            }
+            self.inner.begin(request).await
+        })
+    }
+
+    fn complete(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.complete(key, token, outcome, retention)
+    }
+
+    fn abandon(&self, key: LedgerKey, token: LeaseToken) -> StoreFuture<'_, ()> {
+        self.inner.abandon(key, token)
+    }
+
+    fn mark_in_doubt(
+        &self,
+        key: LedgerKey,
+        token: LeaseToken,
+        retention: Duration,
+    ) -> StoreFuture<'_, ()> {
+        self.inner.mark_in_doubt(key, token, retention)
+    }
+
+    fn renew(&self, key: LedgerKey, token: LeaseToken, lease: Duration) -> StoreFuture<'_, ()> {
+        self.inner.renew(key, token, lease)
+    }
+}
+
+/// Another replica holds key `k` of scope `t` (as the server layer below derives it).
+async fn held_by_another_replica(store: &HeldUpStore) -> (LedgerKey, LeaseToken) {
+    let key = LedgerKey::server("t", "k");
+    let fingerprint = Fingerprint::of(&Method::POST, "/charges", b"{}");
+    let claim = BeginRequest::new(
+        key,
+        fingerprint,
+        Duration::from_secs(10),
+        Duration::from_secs(600),
+    );
+    let Begin::Acquired { token } = store.inner.begin(claim).await.unwrap() else {
+        panic!("a fresh key is acquired")
+    };
+    (key, token)
+}
+
+fn server_with_busy_policy(store: HeldUpStore, runs: Arc<AtomicUsize>, busy: BusyPolicy) -> Router {
+    Router::new()
+        .route("/charges", route_post(counting_handler(runs)))
+        .route_layer(
+            IdempotencyLayer::server_builder(store)
+                .scope(|_| "t".to_owned())
+                .busy_policy(busy)
+                .build()
+                .unwrap(),
+        )
+}
+
+fn all_refused(landed: &[Result<Begin, StoreError>]) -> bool {
+    !landed.is_empty()
+        && landed
+            .iter()
+            .all(|answer| matches!(answer, Err(err) if err.is_fenced()))
+}
+
+/// The first `begin` is held up, the second answered busy (another replica holds the key):
+/// `409`. The replica lets the key go, then the held-up `begin` lands: it claims nothing
+/// (its token was released, and the store remembers it although the replica held the key
+/// then), so the client's retry runs the charge, once.
+#[tokio::test(start_paused = true)]
+async fn a_lost_begin_landing_after_a_busy_answer_and_the_key_let_go_claims_nothing() {
+    let store = HeldUpStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = server_with_busy_policy(store.clone(), runs.clone(), BusyPolicy::Fail);
+    let (key, other) = held_by_another_replica(&store).await;
+
+    store.hold_next.store(true, Ordering::SeqCst);
+    let (status, _, body) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    store.inner.abandon(key, other).await.unwrap();
+    let landed = store.land().await;
+    assert!(all_refused(&landed), "the late begin claimed: {landed:?}");
+    let (status, replayed, body) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, None), "{body}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The same under a wait: the caller keeps waiting after its released token's busy answer,
+/// under a fresh token, and takes the key once the replica lets it go; the held-up `begin`
+/// then lands and claims nothing.
+#[tokio::test(start_paused = true)]
+async fn a_caller_waiting_after_a_lost_begin_takes_the_key_under_a_fresh_token() {
+    let store = HeldUpStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = server_with_busy_policy(
+        store.clone(),
+        runs.clone(),
+        BusyPolicy::Wait(Duration::from_secs(5)),
+    );
+    let (key, other) = held_by_another_replica(&store).await;
+
+    store.hold_next.store(true, Ordering::SeqCst);
+    let waiting = tokio::spawn({
+        let app = app.clone();
+        async move { answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the caller waits while the key is busy"
+    );
+    store.inner.abandon(key, other).await.unwrap();
+    let (status, replayed, body) = waiting.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::CREATED, None), "{body}");
+
+    // The fresh claim ended the released marker: the late `begin` meets its record.
+    let landed = store.land().await;
+    assert!(
+        matches!(landed[..], [Ok(Begin::Replay(_))]),
+        "the late begin claimed: {landed:?}"
+    );
+    let (status, replayed, _) = answer(&app, keyed(Method::POST, "/charges", "k", "{}")).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (StatusCode::CREATED, Some("true"))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -18,7 +18,8 @@ use super::{
 impl Ledger {
     /// `begin`, waiting per `busy` while another owner holds the operation: woken by the
     /// store when the owner settles, if it can notify, else polling with a backoff; never
-    /// sleeping past the owner's lease (it turns in doubt then) nor past the bound. Past the
+    /// sleeping past the owner's lease (it turns in doubt then) nor past the bound, until
+    /// the owner is seen to keep its lease (see [`Wakes`]). Past the
     /// [waiter limit](Self::with_max_waiters), a busy answer is returned at once.
     pub(crate) async fn begin(
         &self,
@@ -48,6 +49,7 @@ impl Ledger {
         // Subscribed before the `begin` it follows, so a settle in between is not missed.
         let mut settled: Option<Settled> = None;
         let mut notifies = true;
+        let mut wakes = Wakes::default();
         loop {
             let answer = self.begin_once(&request, lost.take()).await?;
             let Begin::Busy { retry_after } = answer else {
@@ -69,13 +71,23 @@ impl Ledger {
             }
             // The store's `retry_after` is what is left of the owner's lease: past it the
             // operation turns in doubt and this caller may take it over, so it never sleeps
-            // longer than that (and never zero, which would spin).
-            let nap = retry_after
-                .max(Duration::from_millis(1))
-                .min(give_up_at - now);
+            // longer than that (and never zero, which would spin), unless the owner was
+            // seen to keep its lease.
+            wakes.looked(now, retry_after);
+            let nap = wakes.nap(retry_after).min(give_up_at - now);
             match settled.take() {
-                Some(settled) => {
-                    let _ = tokio::time::timeout(nap, settled).await;
+                // Woken over and over at this instant, the key busy each time: pause as the
+                // polling path does (still listening), so the clock moves on before the next
+                // look. Only a paused clock stands still for such a run of wakes.
+                Some(listening) if wakes.too_many_at(now) => {
+                    tokio::time::sleep(pause.min(nap)).await;
+                    pause = (pause * 2).min(MAX_BUSY_POLL);
+                    settled = Some(listening);
+                    continue;
+                }
+                Some(listening) => {
+                    let woken = tokio::time::timeout(nap, listening).await.is_ok();
+                    wakes.woken(woken, nap, Instant::now());
                 }
                 None if notifies => match self.store.notify_settled(request.key) {
                     // Listening now: ask again at once, then wait for the settle.
@@ -151,6 +163,14 @@ impl Ledger {
     /// claim it may have made is released in the background, so the key does not stay
     /// claimed by nobody once the store is back.
     ///
+    /// A lost answer is a `begin` that may still be on its way (held up in the store's
+    /// connection, or by a frozen server): it can land after an answer to a later try. If
+    /// that answer is no claim of this token (the key was busy, replayed, drifted), the
+    /// token is released too: the store remembers a released token, so the late `begin`
+    /// claims nothing whenever it lands, even once the key is free again. A token released
+    /// so is not asked with again: the store refuses it (fenced), and `begin` asks under a
+    /// fresh one instead.
+    ///
     /// `lost`: the lost answer of a first try already made (in place).
     async fn begin_once(
         &self,
@@ -161,6 +181,8 @@ impl Ledger {
         let mut tries = 0;
         // The lost answer stands for the first try's.
         let mut lost = lost.map(Err);
+        // The request as asked: under a fresh token once the caller's was released.
+        let mut request = std::borrow::Cow::Borrowed(request);
         // From the first call on, the store may hold a claim under this token that no one
         // will use if this future is dropped before an answer arrives (the caller's timeout
         // fired mid round trip): nothing was sent under it, so it must not expire into
@@ -171,33 +193,73 @@ impl Ledger {
             token: request.token,
             armed: true,
         };
+        // Whether a try's answer was lost: that try may still land.
+        let mut may_land = false;
+        // Whether the caller's token was found released, and a fresh one taken (once).
+        let mut renewed = false;
         loop {
             tries += 1;
             let answer = match lost.take() {
                 Some(lost) => lost,
                 None => {
                     let started = start();
-                    let answer = self.store.begin(request.clone()).await;
+                    let answer = self.store.begin(request.clone().into_owned()).await;
                     observe("begin", started, &answer);
                     answer
                 }
             };
             match answer {
-                Ok(answer) => {
+                Ok(Begin::Busy { retry_after }) if may_land => {
+                    // The caller may ask again with this token (it waits while busy): the
+                    // release must be in the store first, so that asking again is refused
+                    // and goes on under a fresh token, rather than claiming what the
+                    // release would then take back. If the release fails too, so does this
+                    // `begin`, and the guard releases the token in the background.
+                    self.release_now(request.key, request.token).await?;
                     unanswered.armed = false;
+                    return Ok(Begin::Busy { retry_after });
+                }
+                Ok(answer) => {
+                    // A final answer that is no claim of this token, after a lost try: the
+                    // caller asks no more under it, and the guard releases it.
+                    unanswered.armed = may_land && !claims(&answer, request.token);
                     return Ok(answer);
                 }
+                Err(err) if err.is_fenced() && !renewed && !may_land && tries == 1 => {
+                    // This token was released already (an earlier `begin` of this caller
+                    // lost a try, then was answered busy): ask under a fresh one, which no
+                    // try of this caller's ever carried.
+                    tracing::debug!("begin under a released token; asking under a fresh one");
+                    request.to_mut().token = LeaseToken::generate();
+                    unanswered.token = request.token;
+                    renewed = true;
+                    tries = 0;
+                }
                 Err(err) if is_ambiguous(&err) && tries < BEGIN_TRIES => {
+                    may_land = true;
                     tracing::debug!(%err, tries, "begin failed; asking again with the same token");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_STORE_RETRY);
                 }
                 Err(err) => {
                     // An ambiguous failure may have left a claim: released by the guard.
-                    unanswered.armed = is_ambiguous(&err);
+                    unanswered.armed = may_land || is_ambiguous(&err);
                     return Err(err);
                 }
             }
+        }
+    }
+
+    /// Release now a claim that may have been made under `token`, or that a `begin` of it
+    /// still on its way may make: done once the store has the release (fenced: it had no
+    /// claim of the token, and remembers the token all the same).
+    async fn release_now(&self, key: LedgerKey, token: LeaseToken) -> Result<(), StoreError> {
+        let started = start();
+        let released = self.store.abandon(key, token).await;
+        observe("abandon", started, &released);
+        match released {
+            Err(err) if !err.is_fenced() => Err(err),
+            _ => Ok(()),
         }
     }
 
@@ -274,5 +336,109 @@ impl Drop for UnansweredClaim<'_> {
         if self.armed {
             self.ledger.release_unused(self.key, self.token);
         }
+    }
+}
+
+/// Whether `answer` is a claim under `token` (a new one, or a resume): its caller holds it.
+fn claims(answer: &Begin, token: LeaseToken) -> bool {
+    matches!(
+        answer,
+        Begin::Acquired { token: claimed } | Begin::Resume { token: claimed, .. }
+            if *claimed == token
+    )
+}
+
+/// How many times in a row, at one instant, a settle may wake a waiter that then finds the
+/// key still busy, before it pauses as a polling waiter does.
+const WAKES_AT_ONCE: u32 = 8;
+
+/// What a waiter on a store that notifies has learnt from its wakes, so that every wake that
+/// finds the key still busy brings it nearer its bound:
+///
+/// - **A nap that ran out**, the key still busy and the owner's lease ending later than it
+///   did (by half the nap at least), means the owner keeps its lease: a store holding it
+///   for a live owner answers a whole lease left at every look, a renewing owner renews.
+///   Waking at every lease end would then cost one `begin` a lease for the whole wait: on
+///   a paused clock, a wait of years on a lease of seconds is millions of them. So each
+///   such nap is twice as long as the last, from the lease up: a waiter that has waited
+///   `t` on a live owner notices a lease that then runs out silently (an owner that died
+///   without settling, on a store that does not announce it) at most about `t` late. The
+///   in-process store announces every way a held lease ends (a settle, or the owner
+///   letting go), so its waiters lose nothing: they are woken, and look again. A lease
+///   whose end did not move (the clocks of waiter and store disagree by a little) is
+///   waited for again as it is.
+/// - **A settle** starts over from the owner's lease: the record changed hands.
+/// - **A run of settles at one instant** (other keys of the store's shard settling, or
+///   owners coming and going while the clock stands still) is cut short by
+///   [`too_many_at`](Self::too_many_at).
+#[derive(Debug, Default)]
+struct Wakes {
+    /// How long the next nap lasts at least: twice the last one, while the owner keeps
+    /// its lease.
+    kept_lease: Duration,
+    /// When the owner's lease ended at the last look (`None` past what the clock holds).
+    lease_end: Option<Instant>,
+    /// The nap that ran out since the last look, if one did.
+    slept: Option<Duration>,
+    /// The instant of the last settle wake, and how many came in a row at it.
+    at: Option<Instant>,
+    at_once: u32,
+}
+
+impl Wakes {
+    /// A look at `now` found the key busy, `retry_after` from its lease's end.
+    fn looked(&mut self, now: Instant, retry_after: Duration) {
+        let end = now.checked_add(retry_after);
+        if let Some(slept) = self.slept.take() {
+            let kept = match (self.lease_end, end) {
+                (Some(before), Some(end)) => before
+                    .checked_add(slept / 2)
+                    .is_none_or(|moved_on| end >= moved_on),
+                // Past what the clock holds, before or now: nothing to run out.
+                _ => true,
+            };
+            self.kept_lease = if kept {
+                slept.saturating_mul(2).min(LONGEST)
+            } else {
+                Duration::ZERO
+            };
+        }
+        self.lease_end = end;
+    }
+
+    /// The nap before the next look at a key `retry_after` from its lease's end: at least a
+    /// millisecond (zero would spin).
+    fn nap(&self, retry_after: Duration) -> Duration {
+        retry_after
+            .max(Duration::from_millis(1))
+            .max(self.kept_lease)
+    }
+
+    /// A nap of `nap` ended at `now`: by a settle (`settled`), or ran out.
+    fn woken(&mut self, settled: bool, nap: Duration, now: Instant) {
+        if settled {
+            self.kept_lease = Duration::ZERO;
+            if self.at == Some(now) {
+                self.at_once += 1;
+            } else {
+                self.at = Some(now);
+                self.at_once = 1;
+            }
+        } else {
+            self.slept = Some(nap);
+            self.at = None;
+            self.at_once = 0;
+        }
+    }
+
+    /// Whether settles woke the waiter [`WAKES_AT_ONCE`] times at `now` already, the key
+    /// busy each time: it pauses then, and the count starts over.
+    fn too_many_at(&mut self, now: Instant) -> bool {
+        let too_many = self.at == Some(now) && self.at_once >= WAKES_AT_ONCE;
+        if too_many {
+            self.at = None;
+            self.at_once = 0;
+        }
+        too_many
     }
 }

@@ -97,8 +97,8 @@ impl MemoryStore {
         Err(self.refuse(now))
     }
 
-    /// Whether `request` is the late `begin` of a caller that released its token on a key
-    /// that still has no record (one past its retention is none): it must claim nothing.
+    /// Whether `request` is the late `begin` of a caller that released its token on the key:
+    /// it must claim nothing, and take nothing over, whatever the key holds now.
     pub(super) fn refuses_released(
         &self,
         shard: &Shard,
@@ -106,10 +106,6 @@ impl MemoryStore {
         at: Stamp,
     ) -> bool {
         shard.released.refuses(&request.key, request.token, at)
-            && shard
-                .records
-                .get(&request.key)
-                .is_none_or(|record| record.retain_until <= at)
     }
 
     /// Put a new claim in `entry`'s place (one lookup: a claim holds no outcome, so it is

@@ -13,7 +13,7 @@
 //! | `budget.rs` | bytes in and out of the budget, and eviction to make room |
 //! | `pressure.rs` | protected bytes, warnings, refusals, each scope's share |
 //! | `record.rs` | a record, its states and its weight |
-//! | `released.rs` | tokens released on keys without a record (a release outlasts a late claim) |
+//! | `released.rs` | tokens released on keys (a release outlasts a late claim) |
 //! | `eviction.rs` | the eviction order of completed records |
 //! | `sync.rs` | the locks and atomics, swapped for loom's by the model check (`model_check.rs`) |
 //!

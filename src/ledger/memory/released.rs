@@ -1,9 +1,11 @@
-//! The tokens a shard's keys without a record were released under.
+//! The tokens a shard's keys were released under.
 //!
-//! The ledger protocol's "a release outlasts a late claim": an `abandon` that releases its
-//! token's claim, or finds the key without a record, marks the key released under that
-//! token for [`RELEASED_TOKEN_TTL`], and a `begin` under a released token is refused as
-//! fenced instead of claiming the key. In this process a `begin` is applied the moment it is
+//! The ledger protocol's "a release outlasts a late claim": every `abandon` (whether it
+//! releases its token's claim, finds the key without a record, or finds another caller's)
+//! marks the key released under that token for [`RELEASED_TOKEN_TTL`], and a `begin` under
+//! a released token is refused as fenced instead of claiming the key or taking it over. The
+//! markers live beside the records, not in them, so they outlast any record that leaves;
+//! only a new claim of the key ends them. In this process a `begin` is applied the moment it is
 //! made, so none can reach the store after its own release; the markers are kept all the
 //! same, so this store answers every sequence of calls as the protocol (and the reference
 //! model) says.

@@ -211,6 +211,7 @@ impl MemoryStore {
         mut done: Box<Record>,
         why: Tombstoned,
     ) {
+        crate::idempotency::decision::raise_in_store(crate::idempotency::Signal::OutcomeDiscarded);
         match why {
             Tombstoned::NoRoom => tracing::warn!(
                 max_bytes = self.inner.max_bytes,

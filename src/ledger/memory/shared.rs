@@ -154,14 +154,14 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-/// One shard: its records, and the tokens its keys without a record were released under.
+/// One shard: its records, and the tokens its keys were released under.
 #[derive(Default)]
 pub(super) struct Shard {
     /// The records, boxed: a map keeps a share of its slots empty (an eighth to over half,
     /// as it grows by doubling), and an empty slot of a key and a pointer costs 40 bytes
     /// where one of a key and a whole record would cost 200.
     pub(super) records: HashMap<LedgerKey, Box<Record>, DigestState>,
-    /// Released tokens of keys without a record (see [`Released`]). Behind the same lock
+    /// Released tokens of its keys (see [`Released`]). Behind the same lock
     /// as the records: a `begin` reads them and claims in one step, and an `abandon`
     /// releases and marks in one step, so no `begin` slips between the two.
     pub(super) released: Released,

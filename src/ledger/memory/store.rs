@@ -202,11 +202,8 @@ impl IdempotencyStore for MemoryStore {
             Some(record) if record.is_owned(token, at) => {
                 match record.state {
                     // No attempt can have left: forget it, the next caller starts afresh.
-                    // The token stays released: a retried `begin` of it still on its way
-                    // must not claim the key again.
                     State::InFlight { resumed: false, .. } => {
                         self.remove(&mut shard, &key);
-                        shard.released.release(key, token, at);
                     }
                     // An earlier attempt may have been sent: releasing would let the next
                     // caller send new bytes. Keep it in doubt so the next caller resumes.
@@ -214,15 +211,13 @@ impl IdempotencyStore for MemoryStore {
                 }
                 Ok(())
             }
-            // Another caller's record: nothing of this token's to release.
-            Some(record) if record.retain_until > at => Err(StoreError::fenced()),
-            // No record (none, or one past its retention): this token's `begin` may still
-            // be on its way; it must find the key released when it comes.
-            _ => {
-                shard.released.release(key, token, at);
-                Err(StoreError::fenced())
-            }
+            // Nothing of this token's to release: no record, or another caller's.
+            _ => Err(StoreError::fenced()),
         };
+        // Whatever it found, the token stays released: a `begin` of it may still be on its
+        // way (a retry of one whose answer was lost), and must claim nothing when it comes,
+        // even once the record another caller holds now has left.
+        shard.released.release(key, token, at);
         drop(shard);
         if settled.is_ok() {
             self.announce_settled(&key);
@@ -307,16 +302,25 @@ impl IdempotencyStore for MemoryStore {
 
     fn let_go(&self, key: LedgerKey, token: LeaseToken, lease: Duration) {
         // Fenced when the token no longer holds the record: nothing to let go then.
-        let _ = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
-            if let State::InFlight {
+        let let_go = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
+            let State::InFlight {
                 lease_until, held, ..
             } = &mut record.state
-            {
-                if std::mem::take(held) {
-                    *lease_until = at + lease;
-                }
+            else {
+                return false;
+            };
+            let was_held = std::mem::take(held);
+            if was_held {
+                *lease_until = at + lease;
             }
+            was_held
         });
+        // Announced like a settle: a held lease shows a whole lease left at every look, so
+        // waiters stop waking at its end once they see it kept (see `Ledger::begin`); told
+        // it now runs down, they look again and wait for its real end.
+        if matches!(let_go, Ok(true)) {
+            self.announce_settled(&key);
+        }
     }
 
     fn keeps_request_fields(&self) -> bool {

@@ -54,6 +54,11 @@
 //!   (state `released`, the released tokens in the `released` column), and `begin_op`
 //!   refuses those tokens. The marker is a row of the same table, so it meets a racing
 //!   claim on the primary key, as two claims do; every other call reads it as no record.
+//!   A token released while a record holds the key (another caller's, or one put in doubt)
+//!   is kept in that record's row (`released`, and `released_until`, schema version 4),
+//!   refused whatever the record says, and outlasts it: a release or a forget leaves a
+//!   marker row of the tokens still remembered, and the sweep keeps a row past its
+//!   retention while they last. Only a new claim of the key ends them.
 //! - **The database's clock judges leases and retention** (`clock_timestamp()` inside each
 //!   function), never the application hosts' clocks.
 //! - **Retention.** A record past its retention is absent to every call (a new claim takes

@@ -8,13 +8,14 @@ use super::PostgresStore;
 use crate::ledger::StoreError;
 
 /// The schema version this release creates and reads.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Each version's migration, applied in order; `{schema}` is the store's schema.
 const MIGRATIONS: &[&str] = &[
     include_str!("schema_v1.sql"),
     include_str!("schema_v2.sql"),
     include_str!("schema_v3.sql"),
+    include_str!("schema_v4.sql"),
 ];
 
 impl PostgresStore {

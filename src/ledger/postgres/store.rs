@@ -372,7 +372,9 @@ impl IdempotencyStore for PostgresStore {
 // An operator forgetting one record (see `ledger::forget`): one conditional `DELETE`, its
 // own statement rather than a schema function. The generation is compared as
 // `generation_of` derives it (schema version 3), so a row an earlier version wrote is
-// judged by the generation `inspect_op` showed for it.
+// judged by the generation `inspect_op` showed for it. Tokens released beside the record
+// (schema version 4) outlast it: the same statement puts a marker row of them in its place
+// while they last.
 impl PostgresStore {
     /// Delete the record of `key` if it is still as `expected`. The `DELETE` re-checks its
     /// conditions on the row it locks (a concurrent transition makes it wait, then judge
@@ -385,12 +387,22 @@ impl PostgresStore {
         expected: crate::ledger::Expected,
     ) -> Result<crate::ledger::Forget, StoreError> {
         let sql = format!(
-            "DELETE FROM {schema}.records \
-             WHERE key = $1 AND retain_until > clock_timestamp() \
-               AND {schema}.generation_of(generation, created_at) = $6 \
-               AND state = $2 AND fingerprint = $3 AND attempts = $4 \
-               AND (state <> 'in_flight' OR $5 OR lease_until <= clock_timestamp()) \
-             RETURNING state",
+            "WITH gone AS ( \
+                 DELETE FROM {schema}.records \
+                  WHERE key = $1 AND retain_until > clock_timestamp() \
+                    AND {schema}.generation_of(generation, created_at) = $6 \
+                    AND state = $2 AND fingerprint = $3 AND attempts = $4 \
+                    AND (state <> 'in_flight' OR $5 OR lease_until <= clock_timestamp()) \
+                 RETURNING state, released, released_until \
+             ), kept AS ( \
+                 INSERT INTO {schema}.records \
+                     (key, fingerprint, state, created_at, retain_until, attempts, released, \
+                      released_until) \
+                 SELECT $1, '\\x'::bytea, 'released', clock_timestamp(), released_until, 0, \
+                        released, released_until \
+                   FROM gone WHERE released_until > clock_timestamp() \
+             ) \
+             SELECT state FROM gone",
             schema = self.inner.schema
         );
         let attempts = i32::try_from(expected.attempts).unwrap_or(i32::MAX);

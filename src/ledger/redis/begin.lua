@@ -22,19 +22,20 @@ local scope = ARGV[8] or NO_SCOPE
 
 -- The frozen request and the outcome can be large: read them only when the answer needs them.
 local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent',
-                     'released:' .. token)
+                     'released:' .. token, 'released_until_ms')
 local bad = unreadable(key, r[1])
 if bad then return bad end
 local now = now_ms()
 
+-- This caller released its token already: its `begin` arrived after its own release (it
+-- was queued, or held up), and must not make a claim nobody would ever use, nor take over
+-- the record that is there now.
+if is_released(r[7], r[8], now) then
+  return {'released'}
+end
 if is_marker(r[3]) then
-  -- No record, only the tokens the key was released under. This caller released its token
-  -- already: its `begin` arrived after its own release (it was queued, or held up), and
-  -- must not make a claim nobody would ever use.
-  if r[7] then
-    return {'released'}
-  end
-  -- Anyone else finds the key absent: the claim takes the marker's place and ends it.
+  -- No record, only the tokens the key was released under: anyone else finds the key
+  -- absent, and the claim takes the marker's place and ends it.
   redis.call('DEL', key)
   r[1] = false
 end

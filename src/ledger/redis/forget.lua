@@ -40,6 +40,8 @@ if r[2] == 'in_flight' and ARGV[4] ~= '1' then
     return {'live', left}
   end
 end
-redis.call('DEL', key)
+-- Tokens released while the record was there stay released (see prelude.lua).
+keep_only_markers(key, now_ms())
+-- The record is gone: listed no more.
 reindex(key, nil, nil, r[2])
 return {'forgotten'}

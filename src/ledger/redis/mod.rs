@@ -97,7 +97,14 @@
 //! `PX` TTL one minute from the last release. It lives in the record's own key, so each
 //! script still touches one key, in one slot; `begin` under a released token answers
 //! `released` (a [fenced](super::StoreError::is_fenced) error), any other `begin` replaces
-//! the marker with its claim, and `inspect` and `forget` see no record.
+//! the marker with its claim, and `inspect` and `forget` see no record. A token released
+//! while a record holds the key (another caller's, or one put in doubt) is kept beside it:
+//! its `released:<token>` field, and `released_until_ms` (Redis time, the end of every such
+//! field of the key); a `begin` under it answers `released` whatever the record says, and
+//! when the record leaves by a release or a forget the fields still live stay as the key's
+//! marker. A record past its retention leaves with its key's TTL, fields and all (a token
+//! released less than a minute before the end of a retention of hours is not remembered
+//! past it).
 //!
 //! The key's TTL (`PTTL`) is the retention: set by the first claim, by a completion and by
 //! an in-doubt mark (never shortened); a resume, an abandon, a renewal and a probe leave it

@@ -173,6 +173,109 @@ pub async fn a_release_outlasts_a_late_claim(store: &dyn IdempotencyStore) {
     store.abandon(key, fresh).await.expect("abandon");
 }
 
+/// A `begin` whose answer was lost is released by its caller while *another* caller holds
+/// the key: the release finds nothing of its token's (fenced), yet the token stays released,
+/// so the late `begin`, whenever it lands in the minute after, claims nothing and takes
+/// nothing over: not while the other caller's record is there, in whatever state, nor once
+/// that record has left (released, or forgotten by an operator). Only a new claim of the key
+/// by someone else ends the marker.
+pub async fn a_release_outlasts_another_callers_record(store: &dyn IdempotencyStore) {
+    let req = frozen("{\"amount\":72}");
+    let refused = |what: &str, answer: Result<Begin, crate::ledger::StoreError>| match answer {
+        Err(err) if err.is_fenced() => {}
+        other => panic!(
+            "a_release_outlasts_another_callers_record: {what}: expected fenced, got {other:?}"
+        ),
+    };
+
+    // The other caller releases its own claim: the key is absent, the late `begin` refused.
+    let key = fresh_key();
+    let late = request(key, &req);
+    let holder = acquire(store, request(key, &req)).await;
+    assert!(
+        store
+            .abandon(key, late.token)
+            .await
+            .unwrap_err()
+            .is_fenced(),
+        "a_release_outlasts_another_callers_record: nothing of the late token's to release"
+    );
+    refused(
+        "a late begin while the other caller holds the key",
+        store.begin(late.clone()).await,
+    );
+    store.abandon(key, holder).await.expect("abandon");
+    refused(
+        "a late begin once the holder released the key",
+        store.begin(late.clone()).await,
+    );
+    let fresh = acquire(store, request(key, &req)).await;
+    store.abandon(key, fresh).await.expect("abandon");
+
+    // The other caller's record goes in doubt: the late `begin` does not take it over.
+    let key = fresh_key();
+    let late = request(key, &req);
+    let holder = acquire(store, request(key, &req)).await;
+    let _ = store.abandon(key, late.token).await;
+    store
+        .mark_in_doubt(key, holder, RETENTION)
+        .await
+        .expect("mark");
+    refused(
+        "a late begin on an operation in doubt",
+        store.begin(late.clone()).await,
+    );
+    let (owner, _) = resume(store, request(key, &req)).await;
+    refused(
+        "a late begin on the resumed operation",
+        store.begin(late).await,
+    );
+    store
+        .complete(key, owner, response("resumed"), RETENTION)
+        .await
+        .expect("complete");
+
+    // The other caller completes, and an operator forgets the record: still refused.
+    let key = fresh_key();
+    let late = request(key, &req);
+    let holder = acquire(store, request(key, &req)).await;
+    let _ = store.abandon(key, late.token).await;
+    store
+        .complete(key, holder, response("held"), RETENTION)
+        .await
+        .expect("complete");
+    refused(
+        "a late begin on a completed operation",
+        store.begin(late.clone()).await,
+    );
+    let seen = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a_release_outlasts_another_callers_record: a record to look at");
+    assert!(
+        matches!(
+            store
+                .forget(key, Expected::of(&seen))
+                .await
+                .expect("forget"),
+            Forget::Forgotten
+        ),
+        "a_release_outlasts_another_callers_record: the record was not forgotten"
+    );
+    refused(
+        "a late begin once the record was forgotten",
+        store.begin(late.clone()).await,
+    );
+    // A new claim under another token ends the marker: the late token meets that claim.
+    let fresh = acquire(store, request(key, &req)).await;
+    assert!(
+        matches!(store.begin(late).await.expect("begin"), Begin::Busy { .. }),
+        "a_release_outlasts_another_callers_record: a new claim ends the marker"
+    );
+    store.abandon(key, fresh).await.expect("abandon");
+}
+
 /// An owner that renews is never overtaken, however long it works.
 pub async fn renewal_keeps_a_live_owner(store: &dyn IdempotencyStore, clock: &Clock) {
     let key = fresh_key();

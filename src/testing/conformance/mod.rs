@@ -47,9 +47,9 @@ pub use claims::{
 };
 pub use fencing::{
     a_held_lease_lasts_until_let_go, a_release_outlasts_a_late_claim,
-    abandon_releases_only_unsent_operations, expired_lease_resumes_and_fences_old_owner,
-    in_doubt_resumes_with_stored_bytes, renewal_is_fenced, renewal_keeps_a_live_owner,
-    stale_owner_writes_are_fenced,
+    a_release_outlasts_another_callers_record, abandon_releases_only_unsent_operations,
+    expired_lease_resumes_and_fences_old_owner, in_doubt_resumes_with_stored_bytes,
+    renewal_is_fenced, renewal_keeps_a_live_owner, stale_owner_writes_are_fenced,
 };
 pub use lifecycle::{
     a_look_forgets_only_the_life_it_saw, forgetting_is_fenced, inspection_follows_the_record,
@@ -114,6 +114,7 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     settle_notifications_wake_listeners(&*store).await;
     forgetting_is_fenced(&*store, &clock).await;
     a_look_forgets_only_the_life_it_saw(&*store, &clock).await;
+    a_release_outlasts_another_callers_record(&*store).await;
 }
 
 fn fresh_key() -> LedgerKey {

@@ -26,9 +26,10 @@
 //! passed once `now >= d`. A record whose retention deadline has passed is absent.
 //!
 //! `begin(key, fp, token, take_over)`:
-//! 0. absent, and released under `token` (see `abandon` below) → [`Answer::Fenced`],
-//!    nothing changes.
-//! 1. absent → a new claim (which ends the key's released tokens, if any): in flight under `token`, lease `now + lease`, not resumed,
+//! 0. released under `token` (see `abandon` below), whatever the key holds →
+//!    [`Answer::Fenced`], nothing changes.
+//! 1. absent → a new claim (which ends the key's released tokens, if any): in flight under
+//!    `token`, lease `now + lease`, not resumed,
 //!    retention `now + retention`, fingerprint `fp`. [`Answer::Acquired`].
 //! 2. a record with another fingerprint → [`Answer::Drift`] (whatever its state).
 //! 3. completed → [`Answer::Replay`] of its outcome.
@@ -48,10 +49,12 @@
 //! - `abandon` → absent if the claim was never resumed; in doubt (retention unchanged) if
 //!   it was, since an earlier attempt may have been sent.
 //!
-//! An `abandon` that releases its claim, or that finds the key absent (then answered
-//! [`Answer::Fenced`]), also marks the key *released under its token* until one minute
-//! after this release (every token released on the key stays marked till then): a late
-//! `begin` of the released caller must not claim the key (rule 0).
+//! Every `abandon`, whatever it finds (its own claim, nothing, or a record another caller
+//! holds, then answered [`Answer::Fenced`]), also marks the key *released under its token*
+//! until one minute after this release (every token released on the key stays marked till
+//! then, through any record's coming and going but a new claim's): a late `begin` of the
+//! released caller must not claim the key, nor take it over, once that record has left
+//! (rule 0).
 //! - `mark_in_doubt` → in doubt, retention `max(retention, now + retention)`.
 //! - `renew` → lease `now + lease`, no longer held.
 //!
@@ -365,11 +368,11 @@ pub struct Model {
     records: BTreeMap<Key, Record>,
     /// How many records each key has had: the last one's [`Record::life`].
     lives: BTreeMap<Key, u32>,
-    /// Keys without a record released under some tokens, until a time: see rule 0.
+    /// Keys released under some tokens, until a time: see rule 0.
     released: BTreeMap<Key, Released>,
 }
 
-/// The tokens an absent key was released under, and until when they are refused.
+/// The tokens a key was released under, and until when they are refused.
 #[derive(Clone, Debug)]
 struct Released {
     tokens: Vec<Token>,

@@ -86,21 +86,22 @@ impl Model {
                 Answer::Ok
             }
             Op::Abandon { key, token } => {
-                let Some(record) = self.owned(key, token) else {
-                    // Nothing of this token's to release; its `begin` may still be on its
-                    // way, and must not claim the key when it arrives.
-                    if self.record(key).is_none() {
-                        self.release(key, token);
+                // Whatever it finds, the token is released: a `begin` of it may still be on
+                // its way, and must not claim the key (nor take it over) when it arrives,
+                // even once the record another caller holds now has left.
+                let answer = match self.owned(key, token) {
+                    None => Answer::Fenced,
+                    Some(record) => {
+                        if let State::InFlight { resumed: true, .. } = record.state {
+                            record.state = State::InDoubt;
+                        } else {
+                            self.records.remove(&key);
+                        }
+                        Answer::Ok
                     }
-                    return Answer::Fenced;
                 };
-                if let State::InFlight { resumed: true, .. } = record.state {
-                    record.state = State::InDoubt;
-                } else {
-                    self.records.remove(&key);
-                    self.release(key, token);
-                }
-                Answer::Ok
+                self.release(key, token);
+                answer
             }
             Op::MarkInDoubt { key, token } => {
                 let now = self.now;
@@ -164,12 +165,12 @@ impl Model {
 
     fn begin(&mut self, key: Key, fingerprint: Fp, token: Token, take_over: bool) -> Answer {
         self.forget_if_expired(key);
+        if self.is_released(key, token) {
+            return Answer::Fenced;
+        }
         let now = self.now;
         let lease = self.lease;
         let Some(record) = self.records.get_mut(&key) else {
-            if self.is_released(key, token) {
-                return Answer::Fenced;
-            }
             self.released.remove(&key);
             let life = self.lives.entry(key).or_insert(0);
             *life += 1;
@@ -274,8 +275,8 @@ impl Model {
         }
     }
 
-    /// Mark the absent `key` released under `token` (rule 0), every token it was released
-    /// under until a minute from now.
+    /// Mark `key` released under `token` (rule 0), every token it was released under until
+    /// a minute from now.
     fn release(&mut self, key: Key, token: Token) {
         let until = self.now + RELEASED_FOR;
         let now = self.now;
@@ -292,7 +293,7 @@ impl Model {
         }
     }
 
-    /// Whether the absent `key` is released under `token` now.
+    /// Whether `key` is released under `token` now.
     fn is_released(&self, key: Key, token: Token) -> bool {
         self.released
             .get(&key)

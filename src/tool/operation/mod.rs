@@ -25,7 +25,8 @@ mod retries;
 use arguments::Frozen;
 use operate::{attempt, Operation};
 use outcome::{
-    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, warn_discarded,
+    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, settle_watched,
+    warn_discarded,
 };
 use retries::Retries;
 

@@ -23,8 +23,8 @@ use crate::ProviderKeys;
 use crate::{DriftPolicy, Error, OperationId};
 
 use super::{
-    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, warn_discarded,
-    Frozen, Invoke, Retries, FINAL_ANSWER,
+    discarded_from, drift_error, json_or_text, record, recorded, replay, settle, settle_watched,
+    warn_discarded, Frozen, Invoke, Retries, FINAL_ANSWER,
 };
 
 /// One side-effect operation's identity, and the face it runs on.
@@ -285,7 +285,15 @@ impl<C> Operation<'_, C> {
             let error = match attempt {
                 Ok(Ok(response)) => {
                     let digests = (digest, first);
-                    return record(lease, response, digests, source, discarded, face).await;
+                    return record(
+                        (lease, &self.track),
+                        response,
+                        digests,
+                        source,
+                        discarded,
+                        face,
+                    )
+                    .await;
                 }
                 Ok(Err(error)) => error,
                 Err(timed_out) => {
@@ -307,7 +315,12 @@ impl<C> Operation<'_, C> {
                     let answer = FinalAnswer::new(answer.clone());
                     let digests = (digest, first);
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
-                    settle(lease.complete(outcome), "record the final answer").await;
+                    settle_watched(
+                        lease.complete(outcome),
+                        &self.track,
+                        "record the final answer",
+                    )
+                    .await;
                     return Err(ToolError::Final(answer));
                 }
                 VerdictKind::BeforeEffect => retries.next(verdict.retry_after).is_some(),
@@ -369,14 +382,15 @@ impl<C> Operation<'_, C> {
                     let answer = FinalAnswer::new(json_or_text(&body));
                     let digests = (digest, &first);
                     let outcome = recorded(FINAL_ANSWER, answer.value(), digests, face);
-                    settle(lease.complete(outcome), "record the reconciled answer").await;
+                    let recording = lease.complete(outcome);
+                    settle_watched(recording, &self.track, "record the reconciled answer").await;
                     return Err(ToolError::Final(answer));
                 }
                 match serde_json::from_slice::<R>(&body) {
                     Ok(response) => {
                         let digests = (digest, &first);
                         record(
-                            lease,
+                            (lease, &self.track),
                             response,
                             digests,
                             ToolSource::Reconciled,

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::digest::BodyDigest;
 use crate::error::Drift;
 use crate::fingerprint::canonical;
+use crate::idempotency::decision::{watch_store_signals, with_store_signals, Track};
 use crate::idempotency::engine::InPlace;
 use crate::idempotency::LeaseGuard;
 use crate::ledger::{
@@ -27,7 +28,7 @@ use super::{Frozen, ARGUMENTS_DIGEST, ARGUMENT_FIELDS, FINAL_ANSWER};
 /// Record `response` as the operation's outcome (a tombstone past the face's cap) and
 /// return it.
 pub(super) async fn record<R: Serialize, E, C>(
-    lease: LeaseGuard,
+    (lease, track): (LeaseGuard, &Track),
     response: R,
     (digest, first): (BodyDigest, &FrozenRequest),
     source: ToolSource,
@@ -48,10 +49,14 @@ pub(super) async fn record<R: Serialize, E, C>(
         }
     };
     // In place when the store answers at once, as the HTTP faces record theirs.
-    match lease.complete_in_place(outcome) {
+    // A store that keeps only a tombstone of the outcome (no room for it) says so here.
+    let (in_place, raised) = with_store_signals(|| lease.complete_in_place(outcome));
+    track.signal_all(raised);
+    match in_place {
         InPlace::Done(completed) => settled(completed, "record the response"),
         InPlace::Later(unsettled) => {
-            settle(Box::pin(unsettled.complete()), "record the response").await
+            let recording = Box::pin(unsettled.complete());
+            settle_watched(recording, track, "record the response").await
         }
     }
     Ok(ToolOutput::new(response, source, discarded))
@@ -160,6 +165,18 @@ pub(super) async fn settle(
     what: &str,
 ) {
     settled(settling.await, what);
+}
+
+/// [`settle`] a completion, putting what the store raised while it recorded (a tombstone
+/// kept for lack of room) on the call's track.
+pub(super) async fn settle_watched(
+    settling: impl Future<Output = Result<(), crate::ledger::StoreError>>,
+    track: &Track,
+    what: &str,
+) {
+    let (result, raised) = watch_store_signals(settling).await;
+    track.signal_all(raised);
+    settled(result, what);
 }
 
 /// Log a settle that failed.

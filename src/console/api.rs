@@ -1,0 +1,172 @@
+//! The JSON API: `api/records`, `api/records/{key}` and its actions.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::response::Response;
+use http::request::Parts;
+use http::StatusCode;
+use serde_json::json;
+
+use super::action::{act as run_action, audit, Acted, Action};
+use super::csrf::cross_site_header;
+use super::filter::parse_list;
+use super::look::{from_json, parse_key, record_json};
+use super::problem::{json, Failure};
+use super::{is_media_type, read_body, Operator, Shared};
+use crate::ledger::LedgerKey;
+
+/// `GET api/records?state=..&status=..&older_than=..&newer_than=..&scope=..&scope_id=..&order=..&limit=..&after=..`
+pub(crate) async fn list(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (head, _) = request.into_parts();
+    answer(list_page(&shared, &head).await)
+}
+
+async fn list_page(shared: &Shared, head: &Parts) -> Result<Response, Failure> {
+    shared.operator(head)?;
+    let list = parse_list(head.uri.query(), &[])?;
+    let page = shared
+        .records
+        .list(list.query)
+        .await
+        .map_err(|err| Failure::store(&err))?;
+    let records: Vec<_> = page
+        .records
+        .iter()
+        .map(|listed| record_json(&listed.key, &listed.view))
+        .collect();
+    let next = page.next.map(|cursor| cursor.to_string());
+    Ok(json(
+        StatusCode::OK,
+        &json!({ "records": records, "next": next }),
+    ))
+}
+
+/// `GET api/records/{key}`
+pub(crate) async fn record(
+    State(shared): State<Arc<Shared>>,
+    Path(key): Path<String>,
+    request: Request,
+) -> Response {
+    let (head, _) = request.into_parts();
+    answer(one_record(&shared, &head, &key).await)
+}
+
+async fn one_record(shared: &Shared, head: &Parts, key: &str) -> Result<Response, Failure> {
+    shared.operator(head)?;
+    let key = parse_key(key)?;
+    match shared
+        .records
+        .inspect(key)
+        .await
+        .map_err(|err| Failure::store(&err))?
+    {
+        Some(view) => Ok(json(StatusCode::OK, &record_json(&key, &view))),
+        None => Err(Failure::absent()),
+    }
+}
+
+/// `POST api/records/{key}/forget` and `POST api/records/{key}/resolve-not-applied`.
+pub(crate) async fn act(
+    State(shared): State<Arc<Shared>>,
+    Path(key): Path<String>,
+    request: Request,
+    action: Action,
+) -> Response {
+    answer(act_on(&shared, request, &key, action).await)
+}
+
+async fn act_on(
+    shared: &Shared,
+    request: Request,
+    key: &str,
+    action: Action,
+) -> Result<Response, Failure> {
+    let (head, body) = request.into_parts();
+    let operator = shared.operator(&head)?;
+    let key = parse_key(key)?;
+    may_act(&operator, &head, action, &key)?;
+    if !is_media_type(&head, "application/json") {
+        return Err(Failure::media_type("application/json"));
+    }
+    let input = from_json(&read_body(body).await?, action)?;
+    let acted = run_action(&shared.records, &operator, action, key, &input).await?;
+    Ok(outcome(action, &key, acted))
+}
+
+/// Whether `operator` may act, from where the request came: refusals are audited too, as
+/// an attempt to act.
+pub(crate) fn may_act(
+    operator: &Operator,
+    head: &Parts,
+    action: Action,
+    key: &LedgerKey,
+) -> Result<(), Failure> {
+    if !operator.role.may_act() {
+        audit(operator, action, key, "", "forbidden");
+        return Err(Failure::read_only());
+    }
+    if let Some(header) = cross_site_header(&head.headers) {
+        audit(operator, action, key, "", "cross_site");
+        return Err(Failure::cross_site(header));
+    }
+    Ok(())
+}
+
+/// An action's answer: `200` when done; `404` absent; `409` with the record as it is now
+/// when it moved on or is live; `422` for a resolve of a look not in doubt.
+fn outcome(action: Action, key: &LedgerKey, acted: Acted) -> Response {
+    let result = acted.as_str();
+    let (status, body) = match acted {
+        Acted::Forgotten => (
+            StatusCode::OK,
+            json!({
+                "action": action.as_str(),
+                "result": result,
+                "key": key.to_hex(),
+                "message": "the record is forgotten: the next request with its key runs the operation again",
+            }),
+        ),
+        Acted::Absent => (
+            StatusCode::NOT_FOUND,
+            json!({
+                "error": result,
+                "message": Failure::absent().message(),
+            }),
+        ),
+        Acted::Changed { current, changed } => (
+            StatusCode::CONFLICT,
+            json!({
+                "error": result,
+                "message": "the record moved on since the look: nothing changed; look again",
+                "changed": changed,
+                "current": current.map(|view| record_json(key, &view)),
+            }),
+        ),
+        Acted::Live {
+            lease_left,
+            current,
+        } => (
+            StatusCode::CONFLICT,
+            json!({
+                "error": result,
+                "message": "an owner holds the operation under a live lease: nothing changed; wait, or forget with force",
+                "lease_left_ms": u64::try_from(lease_left.as_millis()).unwrap_or(u64::MAX),
+                "current": current.map(|view| record_json(key, &view)),
+            }),
+        ),
+        Acted::NotInDoubt => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({
+                "error": result,
+                "field": "expected.kind",
+                "message": "expected.kind: resolve-not-applied is only for a record in doubt; nothing changed",
+            }),
+        ),
+    };
+    json(status, &body)
+}
+
+fn answer(result: Result<Response, Failure>) -> Response {
+    result.unwrap_or_else(Failure::into_json)
+}

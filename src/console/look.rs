@@ -1,0 +1,347 @@
+//! What an operator saw of a record and acts on: keys and looks read from the wire, and
+//! records written to it.
+
+use serde_json::{json, Map, Value};
+
+use super::action::Action;
+use super::filter::parse_kind;
+use super::problem::Failure;
+use crate::fingerprint::Fingerprint;
+use crate::ledger::{Expected, Generation, LedgerKey, RecordKind, RecordState, RecordView};
+
+/// The longest reason an action takes: a sentence or two for the audit trail, not a file.
+const MAX_REASON: usize = 1000;
+
+/// A record key from a path: 64 hex digits.
+pub(crate) fn parse_key(text: &str) -> Result<LedgerKey, Failure> {
+    parse_hex32(text)
+        .map(LedgerKey::from_bytes)
+        .ok_or_else(|| Failure::bad_input("key", "not a record key: 64 hex digits"))
+}
+
+fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut bytes = [0u8; 32];
+    for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
+        // Hex digits are ASCII: every pair is a str.
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(bytes)
+}
+
+/// What an action request carries: the look it was made from, and why.
+#[derive(Debug)]
+pub(crate) struct ActionInput {
+    pub(crate) expected: Expected,
+    pub(crate) reason: String,
+}
+
+/// The look a record shows, in the form an action sends back: `{kind, generation,
+/// attempts, fingerprint}`.
+pub(crate) fn look_json(view: &RecordView) -> Value {
+    let look = Expected::of(view);
+    json!({
+        "kind": look.kind.as_str(),
+        "generation": look.generation.to_string(),
+        "attempts": look.attempts,
+        "fingerprint": look.fingerprint.to_hex(),
+    })
+}
+
+/// A record as the API shows it, with the look to act on it by.
+pub(crate) fn record_json(key: &LedgerKey, view: &RecordView) -> Value {
+    let (status, lease_left, may_have_been_sent) = match view.state {
+        RecordState::InFlight {
+            lease_left,
+            may_have_been_sent,
+        } => (None, Some(millis(lease_left)), Some(may_have_been_sent)),
+        RecordState::InDoubt => (None, None, None),
+        RecordState::Completed { status } => (Some(status.as_u16()), None, None),
+    };
+    json!({
+        "key": key.to_hex(),
+        "state": RecordKind::of(&view.state).as_str(),
+        "status": status,
+        "lease_left_ms": lease_left,
+        "may_have_been_sent": may_have_been_sent,
+        "attempts": view.attempts,
+        "generation": view.generation.to_string(),
+        "fingerprint": view.fingerprint.to_hex(),
+        "age_ms": millis(view.age),
+        "touched_ms": millis(view.touched),
+        "retention_left_ms": millis(view.retention_left),
+        "scope": format!("{:016x}", view.scope),
+        "look": look_json(view),
+    })
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Which parts of the look no longer describe `current`.
+pub(crate) fn changed_parts(look: &Expected, current: &RecordView) -> Vec<&'static str> {
+    let now = Expected::of(current);
+    [
+        ("generation", look.generation != now.generation),
+        ("kind", look.kind != now.kind),
+        ("attempts", look.attempts != now.attempts),
+        ("fingerprint", look.fingerprint != now.fingerprint),
+    ]
+    .into_iter()
+    .filter_map(|(part, changed)| changed.then_some(part))
+    .collect()
+}
+
+/// An API action's body: `{"expected": {kind, generation, attempts, fingerprint}, "reason",
+/// "force"?}`, nothing else.
+pub(crate) fn from_json(body: &[u8], action: Action) -> Result<ActionInput, Failure> {
+    let body: Value = serde_json::from_slice(body)
+        .map_err(|err| Failure::bad_input("body", &format!("not JSON: {err}")))?;
+    let Value::Object(mut body) = body else {
+        return Err(Failure::bad_input("body", "not a JSON object"));
+    };
+    let expected = match body.remove("expected") {
+        Some(Value::Object(look)) => look_from_json(look)?,
+        Some(_) => return Err(Failure::bad_input("expected", "not an object")),
+        None => return Err(Failure::bad_input("expected", "missing: the look acted on")),
+    };
+    let reason = match body.remove("reason") {
+        Some(Value::String(reason)) => check_reason(reason)?,
+        Some(_) => return Err(Failure::bad_input("reason", "not a string")),
+        None => return Err(Failure::bad_input("reason", "missing")),
+    };
+    let force = match body.remove("force") {
+        None => false,
+        Some(Value::Bool(force)) => force,
+        Some(_) => return Err(Failure::bad_input("force", "not a boolean")),
+    };
+    if let Some(unknown) = body.keys().next() {
+        return Err(Failure::bad_input(unknown, "not a field of an action"));
+    }
+    Ok(ActionInput {
+        expected: forced(expected, force, action)?,
+        reason,
+    })
+}
+
+fn look_from_json(mut look: Map<String, Value>) -> Result<Expected, Failure> {
+    let mut text = |name: &str| match look.remove(name) {
+        Some(Value::String(text)) => Ok(text),
+        Some(_) => Err(Failure::bad_input(
+            &format!("expected.{name}"),
+            "not a string",
+        )),
+        None => Err(Failure::bad_input(&format!("expected.{name}"), "missing")),
+    };
+    let kind = parse_look_kind(&text("kind")?, "expected.kind")?;
+    let generation = parse_generation(&text("generation")?, "expected.generation")?;
+    let fingerprint = parse_fingerprint(&text("fingerprint")?, "expected.fingerprint")?;
+    let attempts = match look.remove("attempts") {
+        Some(Value::Number(number)) => number
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| Failure::bad_input("expected.attempts", "not a count"))?,
+        Some(_) => return Err(Failure::bad_input("expected.attempts", "not a number")),
+        None => return Err(Failure::bad_input("expected.attempts", "missing")),
+    };
+    if let Some(unknown) = look.keys().next() {
+        return Err(Failure::bad_input(
+            &format!("expected.{unknown}"),
+            "not a field of a look",
+        ));
+    }
+    Ok(Expected::new(kind, fingerprint, attempts, generation))
+}
+
+/// A page's form: the look in hidden fields, the reason, the token (checked before), and
+/// for a forget an optional `force` box.
+pub(crate) fn from_form(body: &[u8], action: Action) -> Result<ActionInput, Failure> {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for (name, value) in form_urlencoded::parse(body) {
+        if fields.iter().any(|(seen, _)| *seen == name) {
+            return Err(Failure::bad_input(&name, "given twice"));
+        }
+        fields.push((name.into_owned(), value.into_owned()));
+    }
+    let mut take = |name: &str| {
+        fields
+            .iter()
+            .position(|(field, _)| field == name)
+            .map(|at| fields.swap_remove(at).1)
+    };
+    // The token is checked before the form is read (see the pages' handler).
+    let _token = take("csrf");
+    let required = |value: Option<String>, name: &str| {
+        value.ok_or_else(|| Failure::bad_input(name, "missing"))
+    };
+    let kind = parse_look_kind(&required(take("kind"), "kind")?, "kind")?;
+    let generation = parse_generation(&required(take("generation"), "generation")?, "generation")?;
+    let fingerprint = parse_fingerprint(
+        &required(take("fingerprint"), "fingerprint")?,
+        "fingerprint",
+    )?;
+    let attempts = required(take("attempts"), "attempts")?
+        .parse::<u32>()
+        .map_err(|_| Failure::bad_input("attempts", "not a count"))?;
+    let reason = check_reason(required(take("reason"), "reason")?)?;
+    // A checkbox is sent only when ticked.
+    let force = take("force").is_some();
+    if let Some((unknown, _)) = fields.first() {
+        return Err(Failure::bad_input(unknown, "not a field of an action"));
+    }
+    Ok(ActionInput {
+        expected: forced(
+            Expected::new(kind, fingerprint, attempts, generation),
+            force,
+            action,
+        )?,
+        reason,
+    })
+}
+
+/// Resolving as not applied is never forced: it is for a record in doubt, which has no
+/// owner to override.
+fn forced(expected: Expected, force: bool, action: Action) -> Result<Expected, Failure> {
+    match (force, action) {
+        (false, _) => Ok(expected),
+        (true, Action::Forget) => Ok(expected.force()),
+        (true, Action::ResolveNotApplied) => Err(Failure::bad_input(
+            "force",
+            "resolve-not-applied is never forced: it is only for a record in doubt",
+        )),
+    }
+}
+
+fn parse_look_kind(text: &str, field: &str) -> Result<RecordKind, Failure> {
+    parse_kind(text)
+        .ok_or_else(|| Failure::bad_input(field, "not a state: in_flight, in_doubt or completed"))
+}
+
+fn parse_generation(text: &str, field: &str) -> Result<Generation, Failure> {
+    (text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u64::from_str_radix(text, 16).ok())
+        .flatten()
+        .map(Generation::from_u64)
+        .ok_or_else(|| Failure::bad_input(field, "not a generation: 16 hex digits"))
+}
+
+fn parse_fingerprint(text: &str, field: &str) -> Result<Fingerprint, Failure> {
+    parse_hex32(text)
+        .map(Fingerprint::from_bytes)
+        .ok_or_else(|| Failure::bad_input(field, "not a fingerprint: 64 hex digits"))
+}
+
+fn check_reason(reason: String) -> Result<String, Failure> {
+    let reason = reason.trim().to_owned();
+    if reason.is_empty() {
+        return Err(Failure::bad_input(
+            "reason",
+            "missing: say why, for the audit trail",
+        ));
+    }
+    if reason.chars().count() > MAX_REASON {
+        return Err(Failure::bad_input(
+            "reason",
+            &format!("longer than {MAX_REASON} characters"),
+        ));
+    }
+    Ok(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn look() -> Value {
+        json!({"kind": "in_doubt", "generation": "000000000000002a", "attempts": 2,
+            "fingerprint": "ab".repeat(32)})
+    }
+
+    fn field(result: Result<ActionInput, Failure>) -> String {
+        result.unwrap_err().field().unwrap().to_owned()
+    }
+
+    #[test]
+    fn a_json_look_is_read_back() {
+        let body = json!({"expected": look(), "reason": " checked with the provider "});
+        let input = from_json(body.to_string().as_bytes(), Action::ResolveNotApplied).unwrap();
+        assert_eq!(input.expected.kind, RecordKind::InDoubt);
+        assert_eq!(input.expected.generation, Generation::from_u64(42));
+        assert_eq!(input.expected.attempts, 2);
+        assert!(!input.expected.force);
+        assert_eq!(input.reason, "checked with the provider");
+    }
+
+    #[test]
+    fn malformed_json_names_the_field() {
+        let with = |patch: &dyn Fn(&mut Value)| {
+            let mut body = json!({"expected": look(), "reason": "r"});
+            patch(&mut body);
+            field(from_json(body.to_string().as_bytes(), Action::Forget))
+        };
+        assert_eq!(
+            with(&|b| b["expected"]["kind"] = "gone".into()),
+            "expected.kind"
+        );
+        assert_eq!(
+            with(&|b| b["expected"]["generation"] = "2a".into()),
+            "expected.generation"
+        );
+        assert_eq!(
+            with(&|b| b["expected"]["attempts"] = (-1).into()),
+            "expected.attempts"
+        );
+        assert_eq!(
+            with(&|b| b["expected"]["fingerprint"] = "zz".into()),
+            "expected.fingerprint"
+        );
+        assert_eq!(
+            with(&|b| b["expected"]["extra"] = 1.into()),
+            "expected.extra"
+        );
+        assert_eq!(with(&|b| b["reason"] = "  ".into()), "reason");
+        assert_eq!(with(&|b| b["force"] = "yes".into()), "force");
+        assert_eq!(with(&|b| b["sneaky"] = true.into()), "sneaky");
+        assert_eq!(field(from_json(b"{", Action::Forget)), "body");
+        let forced = json!({"expected": look(), "reason": "r", "force": true});
+        assert_eq!(
+            field(from_json(
+                forced.to_string().as_bytes(),
+                Action::ResolveNotApplied
+            )),
+            "force"
+        );
+        assert!(
+            from_json(forced.to_string().as_bytes(), Action::Forget)
+                .unwrap()
+                .expected
+                .force
+        );
+    }
+
+    #[test]
+    fn a_form_carries_the_look_and_its_token() {
+        let form = format!(
+            "kind=in_doubt&generation=000000000000002a&attempts=2&fingerprint={}&reason=ok&csrf=t",
+            "ab".repeat(32)
+        );
+        let input = from_form(form.as_bytes(), Action::ResolveNotApplied).unwrap();
+        assert_eq!(input.expected.attempts, 2);
+        assert_eq!(
+            field(from_form(b"kind=in_doubt", Action::Forget)),
+            "generation"
+        );
+        assert_eq!(field(from_form(b"kind=a&kind=b", Action::Forget)), "kind");
+    }
+
+    #[test]
+    fn keys_are_64_hex_digits() {
+        assert!(parse_key(&"Ab".repeat(32)).is_ok());
+        assert!(parse_key(&"ab".repeat(31)).is_err());
+        assert!(parse_key(&format!("{}zz", "ab".repeat(31))).is_err());
+        assert!(parse_key(&"é".repeat(32)).is_err());
+    }
+}

@@ -1,0 +1,241 @@
+//! The operator's console: list, inspect and resolve ledger records from a browser or a
+//! script, behind an authorizer.
+//!
+//! An operation left *in doubt* (its attempt may have reached the provider, and nobody
+//! knows whether it took effect) waits for its caller's next run, which resends the frozen
+//! bytes. When the provider cannot deduplicate, someone has to check by hand and say what
+//! happened. The console is where: [`Console::router`] is an axum [`Router`] you nest in
+//! your own (`Router::new().nest("/_idempotency", console)`), with
+//!
+//! - a JSON API: `GET api/records` (a page of records, filtered), `GET api/records/{key}`,
+//!   `POST api/records/{key}/forget` and `POST api/records/{key}/resolve-not-applied`;
+//! - HTML pages that work without JavaScript: `GET /` (the list, with a filter form),
+//!   `GET records/{key}` (one record, with its actions as forms), and the forms' `POST`s.
+//!
+//! # Who may do what
+//!
+//! A console cannot be built without an [`Authorize`]: every request goes through it, and
+//! it names the [`Operator`] (whose identity goes into the audit events) and their
+//! [`Role`], or refuses with `401`/`403`. A read-only operator lists and inspects; every
+//! action answers them `403`.
+//!
+//! ```compile_fail,E0061
+//! # use tower_idempotency::console::Console;
+//! # use tower_idempotency::ledger::{MemoryStore, Records};
+//! // No authorizer, no console.
+//! let console = Console::new(Records::new(MemoryStore::new()));
+//! ```
+//!
+//! # Acting on what was seen
+//!
+//! Every action carries the *look* it was made from (`{kind, generation, attempts,
+//! fingerprint}`, as each record shows it under `look`), and the ledger acts only if the
+//! record is still so (see [`Expected`](crate::ledger::Expected)): a record that moved on
+//! since is answered `409` with how it is now and what changed, and nothing happens.
+//!
+//! - **Forget** removes the record: the next request with its key runs the operation
+//!   again. An operation in flight under a live lease is refused (`409`) unless `force`d.
+//! - **Resolve as not applied** is forgetting a record *in doubt*, after checking with the
+//!   provider that its effect did not happen: the caller's next run sends it again, once.
+//!   Asked of a look that is not in doubt, it is refused with `422`; it is never forced.
+//!
+//! Both need a `reason`, and each action, whatever came of it, leaves a `tracing` event
+//! (target `tower_idempotency::console`: the operator's id and role, the action, the key,
+//! the reason and the result; `WARN` when a record was forgotten) and with feature
+//! `metrics` counts one in `idempotency_console_actions_total` (labels `action`:
+//! `forget`, `resolve_not_applied`; `result`: `forgotten`, `absent`, `changed`, `live`,
+//! `not_in_doubt`, `forbidden`, `cross_site`, `csrf`, `error`). Identities are in events
+//! only, never in labels.
+//!
+//! # Hostile input
+//!
+//! No action runs on a `GET`. Filters, cursors, keys and bodies are validated: anything
+//! malformed is a `400` naming the field. The API's `POST`s need
+//! `content-type: application/json`, which a cross-site form cannot send; the pages'
+//! forms carry a token (HMAC-SHA256 of the operator's id under the console's secret) that
+//! a cross-site page cannot read; and a `POST` the browser says came from another site
+//! (`Sec-Fetch-Site`, or an `Origin` that is not the `Host`) is refused either way. Every
+//! value written into a page is escaped, and pages forbid framing and scripts.
+//!
+//! # Example
+//!
+//! ```
+//! use axum::Router;
+//! use tower_idempotency::console::{Console, Operator, Refusal, Role};
+//! use tower_idempotency::ledger::MemoryStore;
+//! use tower_idempotency::IdempotencyLayer;
+//!
+//! let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+//!     .provider_deduplicates(false)
+//!     .build()
+//!     .unwrap();
+//!
+//! // Your identity check; here, a header a trusted proxy sets after its login.
+//! let authorizer = |head: &http::request::Parts| {
+//!     match head.headers.get("x-ops-user").and_then(|user| user.to_str().ok()) {
+//!         Some(user) => Ok(Operator::new(user, Role::Act)),
+//!         None => Err(Refusal::unauthenticated("sign in through the operations proxy")),
+//!     }
+//! };
+//!
+//! let app: Router = Router::new()
+//!     .nest("/_idempotency", Console::new(layer.records(), authorizer).router());
+//! ```
+
+mod action;
+mod api;
+mod authorize;
+mod csrf;
+mod filter;
+mod html;
+mod look;
+mod pages;
+mod problem;
+
+use std::fmt;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::NestedPath;
+use axum::routing::{get, post};
+use axum::Router;
+use http::request::Parts;
+
+pub use authorize::{Authorize, Operator, Refusal, Role};
+
+use action::Action;
+use csrf::CsrfKey;
+use problem::Failure;
+
+use crate::ledger::Records;
+
+/// The largest action body read: a look, a reason and a token fit many times over.
+const MAX_BODY: usize = 16 * 1024;
+
+/// The operator's console over a ledger: see the [module docs](self).
+///
+/// ```
+/// use tower_idempotency::console::{Console, Operator, Role};
+/// use tower_idempotency::ledger::{MemoryStore, Records};
+///
+/// let console = Console::new(Records::new(MemoryStore::new()), |_: &http::request::Parts| {
+///     Ok(Operator::new("on-call", Role::ReadOnly))
+/// });
+/// let router: axum::Router = console.router();
+/// ```
+pub struct Console {
+    shared: Shared,
+}
+
+/// What every handler of a console reads.
+pub(crate) struct Shared {
+    records: Records,
+    authorizer: Box<dyn Authorize>,
+    csrf: CsrfKey,
+}
+
+impl Console {
+    /// A console over `records` (a layer's [`records`](crate::IdempotencyLayer::records),
+    /// or [`Records::new`] over a store), letting in only whom `authorizer` names.
+    ///
+    /// Its forms' tokens are signed with a secret drawn from the operating system's
+    /// generator; consoles of several replicas behind one address share one with
+    /// [`csrf_secret`](Self::csrf_secret).
+    ///
+    /// # Panics
+    ///
+    /// If the operating system's random generator cannot be read.
+    pub fn new(records: Records, authorizer: impl Authorize) -> Self {
+        Self {
+            shared: Shared {
+                records,
+                authorizer: Box::new(authorizer),
+                csrf: CsrfKey::random(),
+            },
+        }
+    }
+
+    /// Sign the forms' tokens with `secret` (32 random bytes, kept as secret as a session
+    /// key): for replicas behind one address, so a form one rendered is accepted by all.
+    ///
+    /// ```
+    /// use tower_idempotency::console::{Console, Operator, Role};
+    /// use tower_idempotency::ledger::{MemoryStore, Records};
+    ///
+    /// # let secret_from_your_vault = [42u8; 32];
+    /// let console = Console::new(Records::new(MemoryStore::new()), |_: &http::request::Parts| {
+    ///     Ok(Operator::new("on-call", Role::Act))
+    /// })
+    /// .csrf_secret(secret_from_your_vault);
+    /// ```
+    pub fn csrf_secret(mut self, secret: [u8; 32]) -> Self {
+        self.shared.csrf = CsrfKey::from_secret(secret);
+        self
+    }
+
+    /// The console's routes, to nest in your router at any prefix: links and redirects
+    /// follow the prefix it is nested at.
+    pub fn router(self) -> Router {
+        let action =
+            |action: Action| post(move |state, key, request| api::act(state, key, request, action));
+        let form = |action: Action| {
+            post(move |state, key, request| pages::act(state, key, request, action))
+        };
+        Router::new()
+            .route("/", get(pages::list))
+            .route("/records/{key}", get(pages::record))
+            .route("/records/{key}/forget", form(Action::Forget))
+            .route(
+                "/records/{key}/resolve-not-applied",
+                form(Action::ResolveNotApplied),
+            )
+            .route("/api/records", get(api::list))
+            .route("/api/records/{key}", get(api::record))
+            .route("/api/records/{key}/forget", action(Action::Forget))
+            .route(
+                "/api/records/{key}/resolve-not-applied",
+                action(Action::ResolveNotApplied),
+            )
+            .with_state(Arc::new(self.shared))
+    }
+}
+
+impl fmt::Debug for Console {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the secret.
+        f.debug_struct("Console")
+            .field("records", &self.shared.records)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// The operator behind `head`, or the authorizer's refusal.
+    fn operator(&self, head: &Parts) -> Result<Operator, Failure> {
+        self.authorizer.authorize(head).map_err(Failure::refused)
+    }
+}
+
+/// The path the console is nested at (`""` at the root), for links and redirects.
+fn prefix(head: &Parts) -> String {
+    head.extensions
+        .get::<NestedPath>()
+        .map(|nested| nested.as_str().trim_end_matches('/').to_owned())
+        .unwrap_or_default()
+}
+
+/// Whether the request's body is of `media_type` (parameters such as a charset aside).
+fn is_media_type(head: &Parts, media_type: &str) -> bool {
+    head.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|value| value.trim().eq_ignore_ascii_case(media_type))
+}
+
+/// An action's body, up to [`MAX_BODY`].
+async fn read_body(body: Body) -> Result<axum::body::Bytes, Failure> {
+    axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| Failure::too_large())
+}

@@ -1,0 +1,67 @@
+//! Each action counts one in `idempotency_console_actions_total`, by action and result,
+//! with no identity in its labels.
+#![cfg(feature = "metrics")]
+
+use http::StatusCode;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+use serde_json::json;
+use tower_idempotency::ledger::LedgerKey;
+
+use super::harness::{api_record, console_over_store, in_doubt};
+
+#[test]
+fn actions_are_counted_by_action_and_result_without_identities() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let key = LedgerKey::from_bytes([9; 32]);
+            let (console, store) = console_over_store().await;
+            in_doubt(&store, key, "").await;
+            let look = console
+                .get_as("alice", "act", &api_record(&key))
+                .await
+                .json()["look"]
+                .clone();
+            let body = json!({"expected": look, "reason": "INC-1"});
+            let resolve = format!("{}/resolve-not-applied", api_record(&key));
+            let forbidden = console.post_json("bob", "read", &resolve, &body).await;
+            assert_eq!(forbidden.status, StatusCode::FORBIDDEN);
+            let done = console.post_json("alice", "act", &resolve, &body).await;
+            assert_eq!(done.status, StatusCode::OK);
+            let forget = format!("{}/forget", api_record(&key));
+            let absent = console.post_json("alice", "act", &forget, &body).await;
+            assert_eq!(absent.status, StatusCode::NOT_FOUND);
+        })
+    });
+
+    let mut counted = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (kind, key) = key.into_parts();
+        if key.name() != "idempotency_console_actions_total" {
+            continue;
+        }
+        let (MetricKind::Counter, DebugValue::Counter(n)) = (kind, value) else {
+            panic!("a counter");
+        };
+        let labels: Vec<String> = key
+            .labels()
+            .map(|label| format!("{}={}", label.key(), label.value()))
+            .collect();
+        counted.push((labels.join(","), n));
+    }
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            ("action=forget,result=absent".to_owned(), 1),
+            ("action=resolve_not_applied,result=forbidden".to_owned(), 1),
+            ("action=resolve_not_applied,result=forgotten".to_owned(), 1),
+        ]
+    );
+}

@@ -271,6 +271,26 @@ impl ListQuery {
     }
 }
 
+// What a store that filters in its own query language (SQL, a script) reads of a query;
+// `matches` applies the same filters to a view.
+impl ListQuery {
+    /// The least age a listed record has, if the query bounds it.
+    pub(crate) fn older_than_filter(&self) -> Option<Duration> {
+        self.older_than
+    }
+
+    /// The age every listed record is under, if the query bounds it.
+    pub(crate) fn newer_than_filter(&self) -> Option<Duration> {
+        self.newer_than
+    }
+
+    /// The statuses (both ends included) a listed completed record has, if the query
+    /// narrows them.
+    pub(crate) fn status_filter(&self) -> Option<(u16, u16)> {
+        self.statuses
+    }
+}
+
 /// Where a page of a list ended: the place of its last record in the store's order of
 /// first claims, and its key. Handed back with [`ListQuery::after`] for the next page;
 /// written as text (for a query string) with `to_string` and read back with `parse`.

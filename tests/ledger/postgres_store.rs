@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use tower_idempotency::ledger::postgres::SCHEMA_VERSION;
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, Outcome, PostgresStore,
-    StoredResponse,
+    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, ListQuery, Outcome,
+    PostgresStore, RecordKind, StoredResponse,
 };
 use tower_idempotency::testing::conformance::{
-    inspection_follows_the_record, run_all, sample_fingerprint, Clock,
+    inspection_follows_the_record, listing_finds_what_it_asks_for, run_all, sample_fingerprint,
+    Clock,
 };
 
 async fn store(url: &str) -> PostgresStore {
@@ -47,6 +48,7 @@ async fn postgres_store_passes_the_conformance_suite() {
     let store = store(pg.url()).await;
     run_all(Arc::new(store.clone()), Clock::real()).await;
     inspection_follows_the_record(&store).await;
+    listing_finds_what_it_asks_for(&store, &Clock::real()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -633,4 +635,214 @@ async fn a_version_three_schema_migrates_and_remembers_a_token_released_beside_a
         store.begin(request(forgotten)).await.expect("begin"),
         Begin::Acquired { .. }
     ));
+}
+
+/// A schema at `version` (1 to 3), as the release of that version left it.
+async fn schema_at(store: &PostgresStore, version: usize) {
+    let schema = store.schema();
+    let migrations = [
+        include_str!("../../src/ledger/postgres/schema_v1.sql"),
+        include_str!("../../src/ledger/postgres/schema_v2.sql"),
+        include_str!("../../src/ledger/postgres/schema_v3.sql"),
+    ];
+    let steps: Vec<String> = migrations[..version]
+        .iter()
+        .map(|sql| sql.replace("{schema}", schema))
+        .collect();
+    store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.schema_version (
+                 singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+                 version integer NOT NULL);
+             INSERT INTO {schema}.schema_version (version) VALUES ({version});
+             {}",
+            steps.join("\n")
+        ))
+        .await
+        .expect("an earlier release's schema");
+}
+
+/// A claim made by `begin_op` itself, as a release before version 4 (or one still running
+/// during a rolling upgrade) makes it: with no scope.
+async fn claim_as_an_earlier_release(store: &PostgresStore, request: &BeginRequest) {
+    let row = store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .query_one(
+            &format!(
+                "SELECT r_answer FROM {}.begin_op($1, $2, $3, 30000, 600000, true, NULL)",
+                store.schema()
+            ),
+            &[
+                &request.key.as_bytes().to_vec(),
+                &request.fingerprint.as_bytes().to_vec(),
+                &request.token.as_u128().to_be_bytes().to_vec(),
+            ],
+        )
+        .await
+        .expect("an earlier release's claim");
+    assert_eq!(row.get::<_, &str>(0), "acquired");
+}
+
+/// A database at version 3, with records in it, is brought to version 4 by `migrate`: its
+/// records are listed, of no scope and last touched when claimed, and what happens to them
+/// afterwards touches them; a claim made after the upgrade is listed in its scope, one a
+/// previous release still makes (a rolling upgrade) in none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_three_schema_migrates_and_its_records_are_listed() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = PostgresStore::builder(pg.url())
+        .schema(postgres_support::fresh_schema())
+        .connect()
+        .await
+        .expect("connect");
+    schema_at(&store, 3).await;
+    let retention = Duration::from_secs(600);
+    let request = |n: u8| {
+        BeginRequest::new(
+            LedgerKey::from_bytes([n; 32]),
+            sample_fingerprint(),
+            Duration::from_secs(30),
+            retention,
+        )
+    };
+    let (open, done) = (request(41), request(42));
+    claim_as_an_earlier_release(&store, &open).await;
+    claim_as_an_earlier_release(&store, &done).await;
+    store
+        .complete(done.key, done.token, ok_outcome(), retention)
+        .await
+        .expect("a version-3 completion");
+
+    assert_eq!(store.migrate().await.expect("migrate"), SCHEMA_VERSION);
+    let everything = store.list(ListQuery::new()).await.expect("list");
+    let keys: Vec<LedgerKey> = everything.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [done.key, open.key], "newest first");
+    assert!(everything.next.is_none());
+    for listed in &everything.records {
+        assert_eq!(listed.view.scope, 0, "a version-3 record is of no scope");
+        assert_eq!(
+            listed.view.touched, listed.view.age,
+            "a version-3 record reads as last touched when claimed"
+        );
+        let inspected = store
+            .inspect(listed.key)
+            .await
+            .expect("inspect")
+            .expect("a record");
+        assert_eq!(
+            (inspected.generation, inspected.attempts, inspected.scope),
+            (listed.view.generation, listed.view.attempts, 0)
+        );
+    }
+    let in_flight = store
+        .list(ListQuery::new().kind(RecordKind::InFlight))
+        .await
+        .expect("list");
+    assert_eq!(in_flight.records.len(), 1);
+    assert_eq!(in_flight.records[0].key, open.key);
+
+    // PostgreSQL's clock judges ages: let it move, then settle the version-3 claim.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    store
+        .mark_in_doubt(open.key, open.token, retention)
+        .await
+        .expect("the version-3 claim is settled after the upgrade");
+    let in_doubt = store
+        .list(ListQuery::new().kind(RecordKind::InDoubt))
+        .await
+        .expect("list");
+    assert_eq!(in_doubt.records.len(), 1);
+    let view = &in_doubt.records[0].view;
+    assert!(
+        view.touched < view.age,
+        "marked in doubt after its claim: {view:?}"
+    );
+
+    let scoped = request(43).with_scope("tenant-after-the-upgrade");
+    assert!(matches!(
+        store.begin(scoped.clone()).await.expect("begin"),
+        Begin::Acquired { .. }
+    ));
+    let late = request(44);
+    claim_as_an_earlier_release(&store, &late).await;
+    let in_scope = store
+        .list(ListQuery::new().scope("tenant-after-the-upgrade"))
+        .await
+        .expect("list");
+    let keys: Vec<LedgerKey> = in_scope.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [scoped.key]);
+    let unscoped = store
+        .list(ListQuery::new().scope("").oldest_first())
+        .await
+        .expect("list");
+    let keys: Vec<LedgerKey> = unscoped.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [open.key, done.key, late.key]);
+}
+
+/// A page looks at a bounded number of records: a list whose filter few records pass
+/// comes back in short pages (none, even) that each hand out a cursor, and following them
+/// finds every record that passes, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_list_comes_in_bounded_pages_and_misses_nothing() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = store(pg.url()).await;
+    let schema = store.schema().to_owned();
+    // 12,000 completed records, a microsecond apart, every 5,000th a 503, all others 201.
+    store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .batch_execute(&format!(
+            "INSERT INTO {schema}.records
+                 (key, fingerprint, state, sent, created_at, retain_until, attempts, status,
+                  generation)
+             SELECT sha256(int4send(n)), '\\x{fp}'::bytea, 'completed', false,
+                    now() - interval '1 hour' + n * interval '1 microsecond',
+                    now() + interval '1 hour', 1,
+                    CASE WHEN n % 5000 = 0 THEN 503 ELSE 201 END, n
+               FROM generate_series(1, 12000) n",
+            fp = sample_fingerprint().to_hex()
+        ))
+        .await
+        .expect("seed the records");
+    let failures = ListQuery::new().completed_with(
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        http::StatusCode::from_u16(599).expect("a status"),
+    );
+    let mut query = failures.clone();
+    let (mut pages, mut found) = (0, Vec::new());
+    loop {
+        let page = store.list(query.clone()).await.expect("list");
+        pages += 1;
+        found.extend(page.records.iter().map(|r| r.view.generation.as_u64()));
+        match page.next {
+            Some(next) => query = failures.clone().after(next),
+            None => break,
+        }
+    }
+    assert_eq!(found, [10000, 5000], "newest first, each once");
+    assert!(
+        pages >= 3,
+        "12,000 records in pages that look at 5,000 at most: {pages} pages"
+    );
+    // A filter the index answers reads no more than its page.
+    let page = store
+        .list(ListQuery::new().kind(RecordKind::Completed).limit(5))
+        .await
+        .expect("list");
+    assert_eq!(page.records.len(), 5);
+    assert!(page.next.is_some());
 }

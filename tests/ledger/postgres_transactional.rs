@@ -778,3 +778,103 @@ async fn a_busy_wait_of_duration_max_is_saturated_in_the_transactional_mode() {
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The transactional mode's records are listed as the plain mode's are: in the scope the
+/// layer gave the request, completed with the handler's status; a request rolled back left
+/// no record to list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transactional_mode_s_records_are_listed_in_their_scope() {
+    use tower_idempotency::ledger::{
+        scope_id, IdempotencyStore, ListQuery, RecordKind, RecordState,
+    };
+
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = database(pg.url()).await;
+    let schema = store.schema().to_owned();
+    let handler = move |tx: PostgresTransaction, headers: axum::http::HeaderMap| async move {
+        let refuse = headers.contains_key("x-refuse");
+        if refuse {
+            write_then_refuse(&tx, &schema, "listed").await
+        } else {
+            write_note(&tx, &schema, "listed").await;
+            StatusCode::CREATED
+        }
+    };
+    let layer = IdempotencyLayer::transactional_server_builder(store.clone())
+        .scope(|parts| {
+            parts
+                .headers
+                .get("x-tenant")
+                .and_then(|tenant| tenant.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        })
+        .build()
+        .expect("layer");
+    let addr = serve(
+        Router::new()
+            .route("/notes", post(handler))
+            .route_layer(layer),
+    )
+    .await;
+    let send = |key: &'static str, refuse: bool| async move {
+        let request = reqwest::Client::new()
+            .post(format!("http://{addr}/notes"))
+            .header("idempotency-key", format!("\"{key}\""))
+            .header("x-tenant", "tenant-listed");
+        let request = if refuse {
+            request.header("x-refuse", "1")
+        } else {
+            request
+        };
+        request.body("{}").send().await.expect("an answer").status()
+    };
+    assert_eq!(send("created", false).await, 201);
+    assert_eq!(send("refused", true).await, 422);
+
+    let page = store
+        .list(ListQuery::new().scope("tenant-listed"))
+        .await
+        .expect("list");
+    assert_eq!(page.records.len(), 1, "{page:?}");
+    assert!(page.next.is_none());
+    let listed = &page.records[0];
+    assert_eq!(
+        listed.view.state,
+        RecordState::Completed {
+            status: StatusCode::CREATED
+        }
+    );
+    assert_eq!(listed.view.scope, scope_id("tenant-listed"));
+    let inspected = store
+        .inspect(listed.key)
+        .await
+        .expect("inspect")
+        .expect("the listed record");
+    assert_eq!(
+        (inspected.generation, inspected.scope, inspected.attempts),
+        (
+            listed.view.generation,
+            listed.view.scope,
+            listed.view.attempts
+        ),
+        "listed as inspected"
+    );
+    let completed = store
+        .list(
+            ListQuery::new()
+                .scope("tenant-listed")
+                .kind(RecordKind::Completed),
+        )
+        .await
+        .expect("list");
+    assert_eq!(completed.records.len(), 1);
+    let elsewhere = store
+        .list(ListQuery::new().scope("another-tenant"))
+        .await
+        .expect("list");
+    assert!(elsewhere.records.is_empty());
+    assert_eq!(notes(&store, "listed").await, 1);
+}

@@ -26,10 +26,12 @@ pub(crate) struct BeginParams<'a> {
     retention_ms: i64,
     take_over: bool,
     frozen: Option<&'a [u8]>,
+    scope: i64,
 }
 
 impl BeginParams<'_> {
-    pub(crate) fn as_params(&self) -> [&(dyn ToSql + Sync); 7] {
+    /// `begin_op`'s seven parameters, then the scope `scoped_begin_op` adds.
+    pub(crate) fn as_params(&self) -> [&(dyn ToSql + Sync); 8] {
         [
             &self.key,
             &self.fingerprint,
@@ -38,6 +40,7 @@ impl BeginParams<'_> {
             &self.retention_ms,
             &self.take_over,
             &self.frozen,
+            &self.scope,
         ]
     }
 }
@@ -54,7 +57,13 @@ pub(crate) fn begin_params<'a>(
         retention_ms: millis(request.retention, 1),
         take_over: request.take_over,
         frozen: frozen.as_deref(),
+        scope: scope_column(request.scope),
     }
+}
+
+/// A scope digest as its `bigint` column holds it: the same 64 bits.
+pub(super) fn scope_column(scope: u64) -> i64 {
+    scope as i64
 }
 
 /// A `begin` that waited its whole lock wait on a record another transaction holds (a
@@ -98,6 +107,7 @@ pub(crate) fn decode_begin(row: &Row, token: LeaseToken) -> Result<Begin, StoreE
     })
 }
 
+/// Turn `inspect_op`'s row (or a listed record's, in the same columns) into a view.
 pub(super) fn decode_inspect(row: &Row) -> Result<RecordView, StoreError> {
     let ms = |index: usize| Duration::from_millis(row.get::<_, i64>(index).max(0) as u64);
     let state = match row.get::<_, &str>(0) {
@@ -127,7 +137,9 @@ pub(super) fn decode_inspect(row: &Row) -> Result<RecordView, StoreError> {
         Generation::from_u64(row.get::<_, i64>(8) as u64),
         ms(3),
         ms(5),
-    ))
+    )
+    .with_touched(ms(9))
+    .with_scope(row.get::<_, i64>(10) as u64))
 }
 
 /// A generation as its `bigint` column holds it: the same 64 bits (the database's counter

@@ -80,6 +80,17 @@
 //! the record's row, which re-checks its state, fingerprint, attempts and, while in flight,
 //! its lease on the row it locks (see [`Records`](super::Records)); the schema is unchanged.
 //!
+//! An operator's [`list`](super::IdempotencyStore::list) walks an index of each listed
+//! state's records, or of one scope's (`(state, created_at, key)`, `(scope, state,
+//! created_at, key)`), in claim order from the page's cursor, one statement per state sent
+//! together, and merges the walks: a page reads about as many records as it shows, however
+//! many the table holds, and never more than 5,000 per state (a filter the index cannot
+//! apply, a completed record's status, may leave a page short, with a cursor to go on). A
+//! listed record's position is its claim time in microseconds. Each record keeps its
+//! claim's scope digest and when it last changed state, set by a trigger on the table, so
+//! every transition keeps them (a previous release's too, during a rolling upgrade: its
+//! claims are of no scope); [`inspect`](super::IdempotencyStore::inspect) shows both.
+//!
 //! # The transactional server mode
 //!
 //! With [`IdempotencyLayer::transactional_server_builder`](crate::IdempotencyLayer::transactional_server_builder),
@@ -148,6 +159,7 @@
 pub(crate) mod builder;
 mod codec;
 mod errors;
+mod list;
 mod schema;
 pub(crate) mod store;
 pub(crate) mod transaction;

@@ -14,8 +14,8 @@ use super::codec::{
 };
 use super::errors::{classify, from_pg, from_pool, PgFailure};
 use crate::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, Outcome, RecordView, StoreError,
-    StoreFuture,
+    Begin, BeginRequest, IdempotencyStore, LeaseToken, LedgerKey, ListPage, ListQuery, Outcome,
+    RecordView, StoreError, StoreFuture,
 };
 use crate::FrozenRequest;
 
@@ -59,6 +59,7 @@ pub(super) struct Inner {
 
 /// The SQL of every call, with the schema filled in once.
 pub(super) struct Statements {
+    /// `begin_op` in the request's scope (`scoped_begin_op`).
     pub(super) begin: String,
     /// `begin` in the transactional mode (`claim_op`): a completed record answered from a
     /// plain read, without the key's lock; anything else only under the key's advisory
@@ -78,13 +79,13 @@ impl Statements {
         Self {
             begin: format!(
                 "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome \
-                 FROM {schema}.begin_op($1, $2, $3, $4, $5, $6, $7)"
+                 FROM {schema}.scoped_begin_op($1, $2, $3, $4, $5, $6, $7, $8)"
             ),
             claim: format!(
                 "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome, \
                  set_config('statement_timeout', '0', true), \
                  set_config('lock_timeout', '0', true) \
-                 FROM {schema}.claim_op($1, $2, $3, $4, $5, $6, $7, $8)"
+                 FROM {schema}.scoped_claim_op($1, $2, $3, $4, $5, $6, $7, $8, $9)"
             ),
             complete: format!("SELECT {schema}.complete_op($1, $2, $3, $4, $5, $6)"),
             abandon: format!("SELECT {schema}.abandon_op($1, $2, $3)"),
@@ -92,7 +93,7 @@ impl Statements {
             renew: format!("SELECT {schema}.renew_op($1, $2, $3)"),
             inspect: format!(
                 "SELECT r_state, r_fp, r_attempts, r_age_ms, r_lease_left_ms, \
-                 r_retention_left_ms, r_sent, r_status, r_generation \
+                 r_retention_left_ms, r_sent, r_status, r_generation, r_touched_ms, r_scope \
                  FROM {schema}.inspect_op($1)"
             ),
             sweep: format!("SELECT {schema}.sweep_op($1)"),
@@ -366,6 +367,10 @@ impl IdempotencyStore for PostgresStore {
             // `inspect_op` answers no row for an absent, expired or released key.
             rows.first().map(decode_inspect).transpose()
         })
+    }
+
+    fn list(&self, query: ListQuery) -> StoreFuture<'_, ListPage> {
+        StoreFuture::new(async move { self.list_records(&query).await })
     }
 }
 

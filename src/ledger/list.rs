@@ -199,17 +199,6 @@ impl ListQuery {
         self.after
     }
 
-    /// The ages asked for: (at least, less than), for a store that filters by claim time
-    /// itself.
-    pub(crate) fn age_bounds(&self) -> (Option<Duration>, Option<Duration>) {
-        (self.older_than, self.newer_than)
-    }
-
-    /// The completed statuses asked for, both included, if the query names any.
-    pub(crate) fn status_range(&self) -> Option<(u16, u16)> {
-        self.statuses
-    }
-
     /// Whether `view` passes every filter of the query (its kinds, statuses, age and
     /// scope); the order and the cursor are the store's to apply.
     ///

@@ -172,9 +172,9 @@ impl RedisStore {
             .min(MOST_LOOKED_AT)
             .max(limit);
         let cursor = query.cursor();
-        let (older, newer) = query.age_bounds();
+        let (older, newer) = (query.older_than_filter(), query.newer_than_filter());
         let optional_ms = |age: Option<Duration>| age.map(|age| millis(age, 0).to_string());
-        let (low, high) = query.status_range().unzip();
+        let (low, high) = query.status_filter().unzip();
         call.arg(&*self.prefix)
             .arg(match query.order() {
                 ListOrder::OldestFirst => "oldest",

@@ -116,7 +116,15 @@ async fn cluster_store_passes_the_conformance_suite() {
     let store = connect(&cluster.urls(), &unique_prefix()).await;
     inspection_follows_the_record(&store).await;
     // Each node judges leases and retention by its own clock, so the suite sleeps for real.
-    run_all(Arc::new(store), Clock::real()).await;
+    run_all(Arc::new(store.clone()), Clock::real()).await;
+    // No listing on a cluster (its indexes cannot be kept in the records' scripts): said
+    // plainly, never an empty list an operator would take for "nothing in doubt".
+    let err = store
+        .list(tower_idempotency::ledger::ListQuery::new())
+        .await
+        .expect_err("a cluster does not list");
+    assert!(err.is_unavailable(), "{err}");
+    assert!(err.to_string().contains("Redis Cluster"), "{err}");
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! `RedisStore` against real Redis servers: the conformance suite, round trips, outages,
-//! latency, fencing, sharing between instances and record versioning.
+//! latency, fencing, sharing between instances, record versioning and listing.
 //!
 //! Each test starts its own `redis-server` (see `support/redis.rs`), or uses `REDIS_URL` for
 //! the tests that do not kill, pause or count commands on the server. Without
@@ -19,7 +19,7 @@ use http::{HeaderMap, Method, StatusCode, Version};
 use redis::aio::MultiplexedConnection;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, Expected, Forget, Generation, IdempotencyStore, LeaseToken, LedgerKey,
-    Outcome, RedisStore, StoreError, StoredResponse,
+    ListPage, ListQuery, Outcome, RecordKind, RedisStore, StoreError, StoredResponse,
 };
 use tower_idempotency::FrozenRequest;
 
@@ -98,7 +98,9 @@ fn assert_failed_closed(result: Result<Begin, StoreError>, what: &str) {
 #[cfg(feature = "test-util")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_passes_the_conformance_suite() {
-    use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
+    use tower_idempotency::testing::conformance::{
+        inspection_follows_the_record, listing_finds_what_it_asks_for, run_all, Clock,
+    };
 
     let Some(redis) = redis_url().await else {
         return;
@@ -106,6 +108,7 @@ async fn redis_store_passes_the_conformance_suite() {
     let store = connect(redis.url(), &unique_prefix()).await;
     inspection_follows_the_record(&store).await;
     // Redis judges leases and retention by its own clock, so the suite sleeps for real.
+    listing_finds_what_it_asks_for(&store, &Clock::real()).await;
     run_all(Arc::new(store), Clock::real()).await;
 }
 
@@ -137,8 +140,9 @@ async fn command_stats(admin: &mut MultiplexedConnection) -> HashMap<String, (u6
 
 /// The commands the scripts run inside Redis: counted by `INFO commandstats`, but never
 /// sent over the network.
-const SCRIPT_COMMANDS: [&str; 9] = [
-    "hmget", "hget", "exists", "time", "hset", "hdel", "hincrby", "pexpire", "del",
+const SCRIPT_COMMANDS: [&str; 12] = [
+    "hmget", "hget", "exists", "time", "hset", "hdel", "hincrby", "pexpire", "del", "zadd", "zrem",
+    "zrange",
 ];
 
 /// The commands that came over the network, sorted.
@@ -195,7 +199,10 @@ async fn one_round_trip_per_ledger_operation() {
     assert_eq!(network(&stats), [("evalsha", (2, 0))], "fresh: {stats:?}");
     // And what the two scripts did inside Redis: begin reads, finds nothing (EXISTS tells a
     // missing record from one without a version), reads the clock, writes and sets the TTL;
-    // complete reads, writes, drops the lease fields and refreshes the TTL.
+    // complete reads, writes, drops the lease fields and refreshes the TTL. Each moves the
+    // record's member between the listing indexes (a ZADD, and the completion a ZREM from
+    // the in-flight index), and the claim counts claims for the sweep (HINCRBY; this second
+    // claim does not sweep).
     let inside: HashMap<&str, u64> = stats
         .iter()
         .filter(|(name, _)| name.as_str() != "evalsha")
@@ -204,10 +211,13 @@ async fn one_round_trip_per_ledger_operation() {
     let expected = [
         ("hmget", 2),
         ("exists", 1),
-        ("time", 1),
+        ("time", 2),
         ("hset", 2),
         ("hdel", 1),
         ("pexpire", 2),
+        ("zadd", 2),
+        ("zrem", 1),
+        ("hincrby", 1),
     ];
     assert_eq!(inside, HashMap::from(expected), "fresh: {stats:?}");
 
@@ -846,4 +856,501 @@ async fn a_full_redis_under_noeviction_refuses_claims_as_a_full_store() {
     for (key, token) in kept {
         store.renew(key, token, LEASE).await.expect("still claimed");
     }
+}
+
+/// Claim `key` in `scope` and record an outcome, kept for `retention`.
+async fn completed_in(store: &RedisStore, key: LedgerKey, scope: &str, retention: Duration) {
+    let req = frozen("{\"listed\":true}");
+    let claim = BeginRequest::new(key, req.fingerprint(), LEASE, retention)
+        .with_frozen(req)
+        .with_scope(scope);
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store
+        .complete(key, token, response("done"), retention)
+        .await
+        .unwrap();
+}
+
+/// Claim `key` in `scope` and leave it in doubt.
+async fn in_doubt_in(store: &RedisStore, key: LedgerKey, scope: &str, retention: Duration) {
+    let req = frozen("{\"listed\":\"doubt\"}");
+    let claim = BeginRequest::new(key, req.fingerprint(), LEASE, retention)
+        .with_frozen(req)
+        .with_scope(scope);
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    store.mark_in_doubt(key, token, retention).await.unwrap();
+}
+
+/// How many members the listing index of `kind` holds.
+async fn index_size(admin: &mut MultiplexedConnection, prefix: &str, kind: RecordKind) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(format!("{prefix}index:{}", kind.as_str()))
+        .query_async(admin)
+        .await
+        .unwrap()
+}
+
+/// Every page of `query`, following the cursors to the end (at most `most` pages).
+async fn every_page(store: &RedisStore, query: ListQuery, most: usize) -> Vec<ListPage> {
+    let mut pages = Vec::new();
+    let mut query = query;
+    for _ in 0..most {
+        let page = store.list(query.clone()).await.expect("list");
+        let next = page.next;
+        pages.push(page);
+        match next {
+            Some(cursor) => query = query.after(cursor),
+            None => return pages,
+        }
+    }
+    panic!("the list did not end within {most} pages");
+}
+
+#[tokio::test]
+async fn records_that_leave_by_their_ttl_leave_the_list_and_the_index() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = connect(redis.url(), &prefix).await;
+    let mut admin = admin(redis.url()).await;
+    let scope = "ttl-leavers";
+    let short = Duration::from_millis(300);
+
+    let (done, doubt) = (fresh_key(), fresh_key());
+    completed_in(&store, done, scope, short).await;
+    // A millisecond of its own: records claimed in the same one are ordered by key.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    in_doubt_in(&store, doubt, scope, short).await;
+    let listed = store.list(ListQuery::new().scope(scope)).await.unwrap();
+    let keys: Vec<LedgerKey> = listed.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [doubt, done], "listed newest first while they last");
+    assert_eq!(
+        listed.records[1].view.scope,
+        tower_idempotency::ledger::scope_id(scope)
+    );
+
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    // A list that meets them drops their members and goes on.
+    let listed = store.list(ListQuery::new().scope(scope)).await.unwrap();
+    assert!(
+        listed.records.is_empty() && listed.next.is_none(),
+        "{listed:?}"
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::Completed).await,
+        0
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::InDoubt).await,
+        0
+    );
+
+    // Without a list, claims sweep them: every fourth looks at the next eight members of
+    // every index.
+    for _ in 0..10 {
+        completed_in(&store, fresh_key(), scope, short).await;
+    }
+    in_doubt_in(&store, fresh_key(), scope, short).await;
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    for _ in 0..16 {
+        let req = frozen("{\"sweeper\":1}");
+        let claim = BeginRequest::new(fresh_key(), req.fingerprint(), LEASE, RETENTION);
+        assert!(matches!(
+            store.begin(claim).await.unwrap(),
+            Begin::Acquired { .. }
+        ));
+    }
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::Completed).await,
+        0,
+        "claims swept the members of expired records"
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::InDoubt).await,
+        0
+    );
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::InFlight).await,
+        16
+    );
+}
+
+#[tokio::test]
+async fn a_page_looks_at_a_bounded_number_of_records_and_the_cursors_reach_the_end() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    // The one record asked for is the oldest, behind 200 that do not match.
+    let wanted = fresh_key();
+    completed_in(&store, wanted, "rare", RETENTION).await;
+    // A millisecond of its own: records claimed in the same one are ordered by key.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let doubt = fresh_key();
+    in_doubt_in(&store, doubt, "common", RETENTION).await;
+    for _ in 0..200 {
+        completed_in(&store, fresh_key(), "common", RETENTION).await;
+    }
+
+    // A page of one looks at ten entries: short pages with a cursor, until the end.
+    let pages = every_page(&store, ListQuery::new().scope("rare").limit(1), 100).await;
+    assert!(
+        pages[0].records.is_empty() && pages[0].next.is_some(),
+        "the first page stopped looking early: {:?}",
+        pages[0]
+    );
+    assert!(pages.len() >= 20, "{} pages", pages.len());
+    let found: Vec<LedgerKey> = pages
+        .iter()
+        .flat_map(|page| page.records.iter().map(|r| r.key))
+        .collect();
+    assert_eq!(found, [wanted]);
+
+    // Oldest first, it is the first entry looked at.
+    let page = store
+        .list(ListQuery::new().scope("rare").limit(1).oldest_first())
+        .await
+        .unwrap();
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].key, wanted);
+
+    // The in-doubt list reads the in-doubt index only: one page, whatever the rest holds.
+    let page = store
+        .list(ListQuery::new().kind(RecordKind::InDoubt).limit(1))
+        .await
+        .unwrap();
+    let keys: Vec<LedgerKey> = page.records.iter().map(|r| r.key).collect();
+    assert_eq!((keys, page.next), (vec![doubt], None));
+
+    // Pages of a hundred follow one another without a gap or a repeat.
+    let pages = every_page(&store, ListQuery::new().limit(100), 10).await;
+    let mut keys: Vec<LedgerKey> = pages
+        .iter()
+        .flat_map(|page| page.records.iter().map(|r| r.key))
+        .collect();
+    assert_eq!(keys.len(), 202);
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 202, "no record listed twice");
+}
+
+/// `INFO commandstats`'s microseconds per call of `command`, and its calls.
+async fn server_time(admin: &mut MultiplexedConnection, command: &str) -> (f64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    let line = info
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:")))
+        .unwrap_or_default()
+        .to_owned();
+    let field = |name: &str| {
+        line.split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("usec_per_call"), field("calls") as u64)
+}
+
+async fn memory_usage(admin: &mut MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async::<Option<u64>>(admin)
+        .await
+        .unwrap()
+        .unwrap_or(0)
+}
+
+/// The ledger's own scripts, run by hand without the listing indexes (one key, as on a
+/// cluster): the same work but the index's, for comparing.
+struct Unindexed {
+    begin: redis::Script,
+    complete: redis::Script,
+}
+
+impl Unindexed {
+    fn new() -> Self {
+        const PRELUDE: &str = include_str!("../../src/ledger/redis/prelude.lua");
+        let script = |body: &str| redis::Script::new(&format!("{PRELUDE}{body}"));
+        Self {
+            begin: script(include_str!("../../src/ledger/redis/begin.lua")),
+            complete: script(include_str!("../../src/ledger/redis/complete.lua")),
+        }
+    }
+
+    async fn claim(&self, admin: &mut MultiplexedConnection, key: &str, req: &FrozenRequest) {
+        let reply: Vec<redis::Value> = self
+            .begin
+            .key(key)
+            .arg(req.fingerprint().to_hex())
+            .arg(format!("{:032x}", 7u128))
+            .arg(LEASE.as_millis() as u64)
+            .arg(RETENTION.as_millis() as u64)
+            .arg("0")
+            .arg(format!("{:016x}", fastrand::u64(..)))
+            .arg(req.encode())
+            .arg(format!("{:016x}", 5u64))
+            .invoke_async(admin)
+            .await
+            .unwrap();
+        assert_eq!(reply[0], redis::Value::BulkString(b"acquired".to_vec()));
+    }
+
+    async fn complete(&self, admin: &mut MultiplexedConnection, key: &str) {
+        let reply: Vec<redis::Value> = self
+            .complete
+            .key(key)
+            .arg(format!("{:032x}", 7u128))
+            .arg(response("done").encode())
+            .arg(RETENTION.as_millis() as u64)
+            .invoke_async(admin)
+            .await
+            .unwrap();
+        assert_eq!(reply[0], redis::Value::BulkString(b"ok".to_vec()));
+    }
+}
+
+/// Redis's own microseconds for `EVALSHA`s since the last reset, and their count.
+async fn evalsha_time(admin: &mut MultiplexedConnection) -> (f64, u64) {
+    let (per_call, calls) = server_time(admin, "evalsha").await;
+    (per_call * calls as f64, calls)
+}
+
+/// What the listing indexes cost: Redis's own time per claim and per completion (from
+/// `INFO commandstats`, so the client's speed does not count) with the indexes and
+/// without them (the same scripts on the record's key alone, as on a cluster), in
+/// alternating rounds so both meet the same load; the memory of an index entry and of a
+/// record; the time of a page. A measurement, not a check: run with
+/// `cargo test --all-features --test ledger what_the_listing -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn what_the_listing_index_costs() {
+    const ROUNDS: usize = 10;
+    const PER_ROUND: usize = 500;
+    let Some(server) = RedisServer::spawn().await else {
+        return;
+    };
+    let prefix = "idem:";
+    let store = connect(&server.url(), prefix).await;
+    let mut admin = admin(&server.url()).await;
+    let unindexed = Unindexed::new();
+    let req = frozen("{\"amount\":1}");
+    // (claims, completions) of Redis time and calls: with the index, then without.
+    let mut with = [(0.0, 0u64); 2];
+    let mut without = [(0.0, 0u64); 2];
+    let add = |into: &mut (f64, u64), (time, calls): (f64, u64)| {
+        into.0 += time;
+        into.1 += calls;
+    };
+    let mut owners = Vec::new();
+    for round in 0..ROUNDS {
+        let mut claimed = Vec::with_capacity(PER_ROUND);
+        reset_stats(&mut admin).await;
+        for i in 0..PER_ROUND {
+            let key = fresh_key();
+            let claim = request(key, &req, LEASE).with_scope(&format!("tenant-{}", i % 10));
+            let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+                panic!("expected Acquired")
+            };
+            claimed.push((key, token));
+        }
+        add(&mut with[0], evalsha_time(&mut admin).await);
+        reset_stats(&mut admin).await;
+        for (i, (key, token)) in claimed.iter().enumerate() {
+            if i % 50 == 0 {
+                store.mark_in_doubt(*key, *token, RETENTION).await.unwrap();
+            } else {
+                store
+                    .complete(*key, *token, response("done"), RETENTION)
+                    .await
+                    .unwrap();
+            }
+        }
+        add(&mut with[1], evalsha_time(&mut admin).await);
+        owners.extend(claimed);
+
+        let keys: Vec<String> = (0..PER_ROUND)
+            .map(|i| format!("unindexed:{round}:{i:064}"))
+            .collect();
+        reset_stats(&mut admin).await;
+        for key in &keys {
+            unindexed.claim(&mut admin, key, &req).await;
+        }
+        add(&mut without[0], evalsha_time(&mut admin).await);
+        reset_stats(&mut admin).await;
+        for key in &keys {
+            unindexed.complete(&mut admin, key).await;
+        }
+        add(&mut without[1], evalsha_time(&mut admin).await);
+    }
+    let per_call = |(time, calls): (f64, u64)| time / calls.max(1) as f64;
+    for (i, what) in ["claim", "completion"].iter().enumerate() {
+        eprintln!(
+            "{what}: {:.2} us in Redis with the index, {:.2} us without ({} calls each)",
+            per_call(with[i]),
+            per_call(without[i]),
+            with[i].1
+        );
+    }
+    const N: usize = ROUNDS * PER_ROUND;
+
+    let completed = memory_usage(&mut admin, &format!("{prefix}index:completed")).await;
+    let in_doubt = memory_usage(&mut admin, &format!("{prefix}index:in_doubt")).await;
+    let record = memory_usage(&mut admin, &store.redis_key(&owners[1].0)).await;
+    eprintln!(
+        "index: {completed} bytes for {} completed ({:.1} per entry), {in_doubt} bytes for {} in doubt; a completed record: {record} bytes",
+        N - N / 50,
+        completed as f64 / (N - N / 50) as f64,
+        N / 50
+    );
+
+    for (name, query) in [
+        (
+            "in doubt, 100 a page",
+            ListQuery::new().kind(RecordKind::InDoubt),
+        ),
+        ("everything, 100 a page", ListQuery::new()),
+        (
+            "a scope of none, 100 a page (1000 entries looked at)",
+            ListQuery::new().scope("nobody"),
+        ),
+    ] {
+        reset_stats(&mut admin).await;
+        let started = Instant::now();
+        let page = store.list(query).await.unwrap();
+        let wall = started.elapsed();
+        let (usec, _) = server_time(&mut admin, "evalsha").await;
+        eprintln!(
+            "list {name}: {} records, {usec:.0} us in Redis, {wall:?} a round trip",
+            page.records.len()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_listed_record_shows_its_scope_its_last_change_and_a_lapsed_lease_in_flight() {
+    use tower_idempotency::ledger::{scope_id, RecordState};
+
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = connect(redis.url(), &prefix).await;
+    let mut admin = admin(redis.url()).await;
+    let scope = "shown";
+
+    // Claimed, then put in doubt a while later: touched since the mark, aged since the claim.
+    let doubt = fresh_key();
+    let req = frozen("{\"shown\":1}");
+    let claim = BeginRequest::new(doubt, req.fingerprint(), LEASE, RETENTION)
+        .with_frozen(req)
+        .with_scope(scope);
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.mark_in_doubt(doubt, token, RETENTION).await.unwrap();
+    let view = store.inspect(doubt).await.unwrap().unwrap();
+    assert_eq!(view.scope, scope_id(scope));
+    assert!(
+        view.age >= Duration::from_millis(300) && view.touched < Duration::from_millis(200),
+        "{view:?}"
+    );
+
+    // An in-flight record whose lease ran out: still listed in flight, with no lease left,
+    // as inspect shows it.
+    let lapsed = fresh_key();
+    let req = frozen("{\"shown\":2}");
+    let claim = BeginRequest::new(
+        lapsed,
+        req.fingerprint(),
+        Duration::from_millis(50),
+        RETENTION,
+    )
+    .with_frozen(req)
+    .with_scope(scope);
+    assert!(matches!(
+        store.begin(claim).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let page = store
+        .list(ListQuery::new().kind(RecordKind::InFlight).scope(scope))
+        .await
+        .unwrap();
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].key, lapsed);
+    assert!(
+        matches!(
+            page.records[0].view.state,
+            RecordState::InFlight { lease_left, .. } if lease_left.is_zero()
+        ),
+        "{:?}",
+        page.records[0].view
+    );
+
+    // A record an earlier release wrote keeps neither field: scope 0, last touched when
+    // claimed. It is still listed once in an index (here, by its own change of state).
+    let () = redis::cmd("HDEL")
+        .arg(store.redis_key(&doubt))
+        .arg("scope")
+        .arg("touched_ms")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let view = store.inspect(doubt).await.unwrap().unwrap();
+    assert_eq!((view.scope, view.touched), (0, view.age), "{view:?}");
+    let page = store
+        .list(ListQuery::new().kind(RecordKind::InDoubt).scope_id(0))
+        .await
+        .unwrap();
+    let keys: Vec<LedgerKey> = page.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [doubt]);
+}
+
+#[tokio::test]
+async fn a_key_claimed_again_after_its_record_expired_is_listed_once_in_its_new_state() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = connect(redis.url(), &prefix).await;
+    let mut admin = admin(redis.url()).await;
+    let key = fresh_key();
+    let short = Duration::from_millis(200);
+    completed_in(&store, key, "again", short).await;
+    tokio::time::sleep(short + Duration::from_millis(150)).await;
+
+    // A new life of the key, in flight: its earlier life's completed entry is stale.
+    let req = frozen("{\"again\":2}");
+    let claim = BeginRequest::new(key, req.fingerprint(), LEASE, RETENTION).with_scope("again");
+    assert!(matches!(
+        store.begin(claim).await.unwrap(),
+        Begin::Acquired { .. }
+    ));
+    let listed = store.list(ListQuery::new().scope("again")).await.unwrap();
+    let states: Vec<RecordKind> = listed
+        .records
+        .iter()
+        .map(|r| RecordKind::of(&r.view.state))
+        .collect();
+    assert_eq!(states, [RecordKind::InFlight], "{listed:?}");
+    assert_eq!(listed.records[0].key, key);
+    assert_eq!(
+        index_size(&mut admin, &prefix, RecordKind::Completed).await,
+        0,
+        "the list dropped the earlier life's entry"
+    );
 }

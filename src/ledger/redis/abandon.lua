@@ -8,6 +8,7 @@
 -- KEYS[1]  the record
 -- ARGV[1]  the owner's token (32 hex)
 -- ARGV[2]  how long the key stays released under it, in ms
+-- KEYS[2..5] [list index] the listing indexes, on a single Redis (see prelude.lua)
 local key, token, released_ms = KEYS[1], ARGV[1], tonumber(ARGV[2])
 
 local r = redis.call('HMGET', key, 'v', 'state', 'token', 'sent', 'released_until_ms')
@@ -51,6 +52,8 @@ if r[4] == '0' then
   -- A retried `begin` of this token may still be queued: it finds the key released, and
   -- so do the other tokens released while the record was there.
   keep_only_markers(key, now)
+  -- [list index] gone: listed no more.
+  reindex(key, nil, nil, 'in_flight')
   r[5] = redis.call('HGET', key, 'released_until_ms')
   release(false)
   return {'ok'}
@@ -60,5 +63,7 @@ end
 -- ones instead.
 redis.call('HSET', key, 'state', 'in_doubt', 'sent', '1')
 redis.call('HDEL', key, 'token', 'lease_until_ms')
+-- [list index] in doubt now.
+changed_state(key, 'in_doubt', now, 'in_flight')
 release(true)
 return {'ok'}

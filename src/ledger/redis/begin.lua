@@ -7,13 +7,18 @@
 -- ARGV[4]  the retention in ms (the key's PX TTL)
 -- ARGV[5]  '1' to take an in-doubt operation over (resume), '0' for a probe that changes nothing
 -- ARGV[6]  a fresh generation (16 hex), made by the client: used only if the record is created
--- ARGV[7]  the encoded frozen request (absent on the server side)
+-- ARGV[7]  the encoded frozen request ('' or absent on the server side)
+-- ARGV[8]  [list index] the scope's digest (16 hex), kept by the record for listing
+-- KEYS[2..5] [list index] the listing indexes, on a single Redis (see prelude.lua)
 local key = KEYS[1]
 local fp, token = ARGV[1], ARGV[2]
 local lease_ms, retention_ms = tonumber(ARGV[3]), ARGV[4]
 local take_over = ARGV[5] == '1'
 local generation = ARGV[6]
 local frozen = ARGV[7]
+-- [list index] an empty frozen request is none: the scope comes after it.
+if frozen == '' then frozen = nil end
+local scope = ARGV[8] or NO_SCOPE
 
 -- The frozen request and the outcome can be large: read them only when the answer needs them.
 local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent',
@@ -46,10 +51,18 @@ if r[1] == false then
     fields[#fields + 1] = 'frozen'
     fields[#fields + 1] = frozen
   end
+  -- [list index] the scope and the last change of state, for listing.
+  fields[#fields + 1] = 'scope'
+  fields[#fields + 1] = scope
+  fields[#fields + 1] = 'touched_ms'
+  fields[#fields + 1] = now
   -- The TTL is set in the same step as the record: no record ever exists without its
   -- retention, even if the caller dies the moment this script returns.
   redis.call('HSET', key, unpack(fields))
   redis.call('PEXPIRE', key, retention_ms)
+  -- [list index] a new life of the key: listed in flight, from its claim.
+  reindex(key, 'in_flight', now)
+  sweep_indexes()
   return {'acquired'}
 end
 
@@ -96,4 +109,6 @@ end
 redis.call('HSET', key, 'state', 'in_flight', 'token', token, 'lease_until_ms', now + lease_ms,
            'sent', '1')
 redis.call('HINCRBY', key, 'attempts', 1)
+-- [list index] in flight again.
+changed_state(key, 'in_flight', now, state)
 return {'resume', redis.call('HGET', key, 'frozen')}

@@ -6,7 +6,10 @@ use std::time::Duration;
 use ::redis::Value;
 
 use crate::fingerprint::Fingerprint;
-use crate::ledger::{Begin, Generation, LeaseToken, Outcome, StoreError};
+use crate::ledger::{
+    Begin, Generation, LeaseToken, LedgerKey, ListCursor, ListPage, ListedRecord, Outcome,
+    StoreError,
+};
 use crate::FrozenRequest;
 
 /// Lua numbers are doubles and `PEXPIRE` rejects times that overflow when added to the
@@ -103,14 +106,85 @@ pub(super) fn decode_inspect(
         },
         _ => return Err(StoreError::corrupt("unknown record state")),
     };
-    Ok(Some(RecordView::new(
+    let view = RecordView::new(
         state,
         parse_fingerprint(text(2)?)?,
         u32::try_from(int(3)?).unwrap_or(u32::MAX),
         generation,
         ms(4)?,
         ms(6)?,
-    )))
+    );
+    // The scope and the last change: every view the scripts answer has them (a record
+    // written before they were kept reads as scope 0, last touched when claimed).
+    Ok(Some(
+        view.with_scope(parse_hex_u64(text(11)?, "scope")?)
+            .with_touched(ms(12)?),
+    ))
+}
+
+/// Turn `list`'s reply into a page: `{'page', next, records}` (see list.lua).
+pub(super) fn decode_list(reply: &[Value]) -> Result<ListPage, StoreError> {
+    if tag(reply)? != b"page" {
+        return Err(unexpected(reply));
+    }
+    let (Some(Value::Array(next)), Some(Value::Array(records))) = (reply.get(1), reply.get(2))
+    else {
+        return Err(unexpected(reply));
+    };
+    let next = match next.as_slice() {
+        [] => None,
+        [Value::Int(position), Value::BulkString(member)] => Some(ListCursor::new(
+            u64::try_from(*position).unwrap_or(0),
+            parse_key(member)?,
+        )),
+        _ => return Err(unexpected(reply)),
+    };
+    let records = records
+        .iter()
+        .map(|record| match record {
+            Value::Array(parts) => match parts.as_slice() {
+                [Value::BulkString(member), Value::Array(view)] => decode_listed(member, view),
+                _ => Err(unexpected(parts)),
+            },
+            other => Err(unexpected(std::slice::from_ref(other))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ListPage::new(records, next))
+}
+
+/// One listed record: its member (the key's hex) and its view, as `inspect` answers it.
+fn decode_listed(member: &[u8], view: &[Value]) -> Result<ListedRecord, StoreError> {
+    let position = match view.get(10) {
+        Some(Value::Int(ms)) => u64::try_from(*ms).unwrap_or(0),
+        _ => return Err(unexpected(view)),
+    };
+    let view = decode_inspect(view)?.ok_or_else(|| unexpected(view))?;
+    Ok(ListedRecord::new(parse_key(member)?, view, position))
+}
+
+/// A ledger key from its 64 hex digits, as the indexes hold it.
+fn parse_key(hex: &[u8]) -> Result<LedgerKey, StoreError> {
+    let mut bytes = [0u8; 32];
+    if hex.len() != 64 {
+        return Err(StoreError::corrupt("index member is not 64 hex digits"));
+    }
+    for (byte, pair) in bytes.iter_mut().zip(hex.chunks_exact(2)) {
+        *byte = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
+    }
+    Ok(LedgerKey::from_bytes(bytes))
+}
+
+/// 16 hex digits as a u64 (a scope's digest): compared as plain strings in Lua.
+pub(super) fn u64_hex(value: u64) -> String {
+    format!("{value:016x}")
+}
+
+fn parse_hex_u64(hex: &[u8], what: &str) -> Result<u64, StoreError> {
+    std::str::from_utf8(hex)
+        .ok()
+        .filter(|hex| hex.len() == 16)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .ok_or_else(|| StoreError::corrupt(format!("stored {what} is not 16 hex digits")))
 }
 
 /// The generation of a record an earlier release wrote, which has no `gen` field: its
@@ -129,12 +203,7 @@ pub(super) fn generation_hex(generation: Generation) -> String {
 }
 
 fn parse_generation(hex: &[u8]) -> Result<Generation, StoreError> {
-    std::str::from_utf8(hex)
-        .ok()
-        .filter(|hex| hex.len() == 16)
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .map(Generation::from_u64)
-        .ok_or_else(|| StoreError::corrupt("stored generation is not 16 hex digits"))
+    parse_hex_u64(hex, "generation").map(Generation::from_u64)
 }
 
 /// The reply's tag, with `corrupt` replies already turned into errors.

@@ -31,16 +31,23 @@ pub(super) enum Connection {
     Cluster(::redis::cluster_async::ClusterConnection),
 }
 
-/// One ledger script applied to one key: `EVALSHA <sha> 1 <key> <args…>`.
+/// One ledger script applied to its keys: `EVALSHA <sha> <n> <keys…> <args…>`.
 pub(super) struct ScriptCall {
     script: &'static Script,
     command: Cmd,
 }
 
 impl ScriptCall {
+    /// The script on one key (the record).
     pub(super) fn new(script: &'static Script, key: String) -> Self {
+        Self::with_keys(script, &[key])
+    }
+
+    /// The script on `keys`: the record first, then any the script declares after it (the
+    /// listing indexes on a single Redis).
+    pub(super) fn with_keys(script: &'static Script, keys: &[String]) -> Self {
         let mut command = ::redis::cmd("EVALSHA");
-        command.arg(script.get_hash()).arg(1).arg(key);
+        command.arg(script.get_hash()).arg(keys.len()).arg(keys);
         Self { script, command }
     }
 

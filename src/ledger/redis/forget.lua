@@ -10,6 +10,7 @@
 -- ARGV[5]  the expected generation (16 hex)
 -- ARGV[6]  the same, in decimal: for a record an earlier release wrote, without `gen`, whose
 --          generation is its `created_ms` (see codec.rs)
+-- KEYS[2..5] the listing indexes, on a single Redis (see prelude.lua)
 local key = KEYS[1]
 
 local r = redis.call('HMGET', key, 'v', 'state', 'fp', 'attempts', 'lease_until_ms', 'gen',
@@ -41,4 +42,6 @@ if r[2] == 'in_flight' and ARGV[4] ~= '1' then
 end
 -- Tokens released while the record was there stay released (see prelude.lua).
 keep_only_markers(key, now_ms())
+-- The record is gone: listed no more.
+reindex(key, nil, nil, r[2])
 return {'forgotten'}

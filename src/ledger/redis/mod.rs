@@ -37,10 +37,11 @@
 //! # How it works
 //!
 //! - **One key per record**, `<prefix><64 hex digits of the LedgerKey>` (prefix `idem:` by
-//!   default), and every script touches only that key. A script is atomic on its key, so
-//!   `begin` is one step with no check-then-set, and the scripts stay valid under any
-//!   key-slot sharding.
-//! - **One round trip per ledger operation.** The seven scripts are loaded when the store
+//!   default), and every script works on that key (on a single Redis, a transition also
+//!   moves the record's entry in the [listing indexes](#listing), in the same step). A
+//!   script is atomic, so `begin` is one step with no check-then-set, and the scripts stay
+//!   valid under any key-slot sharding.
+//! - **One round trip per ledger operation.** The eight scripts are loaded when the store
 //!   connects and invoked by SHA (`EVALSHA`); if Redis has forgotten them (a restart,
 //!   `SCRIPT FLUSH`, a failover) the call loads the script and retries once. A fresh
 //!   operation costs two commands (`begin`, `complete`), a replay one.
@@ -84,8 +85,11 @@
 //! | `created_ms` | when the operation was first claimed, Redis time |
 //! | `attempts` | how many times ownership was handed out (the first claim and each resume) |
 //! | `gen` | the record's [`Generation`](super::Generation), 16 hex digits: drawn at random by the claim that creates it, never changed after (a record an earlier release wrote has none: its generation is its `created_ms`) |
+//! | `scope` | the digest of the key's scope ([`scope_id`](super::scope_id)), 16 hex digits, for listing (a record an earlier release wrote has none: scope 0) |
+//! | `touched_ms` | when the record last changed state (claimed, resumed, put in doubt, completed), Redis time (a record an earlier release wrote has none: its `created_ms`) |
 //! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |
 //! | `outcome` | the recorded outcome, [`Outcome::encode`](super::Outcome::encode) (only when `completed`) |
+//! | `status` | the outcome's HTTP status, so a look at a completed record need not read its outcome (only when `completed`; a record an earlier release completed has none, and its status is read from `outcome`) |
 //!
 //! A key without a record may hold a *released marker* instead (see "A release outlasts a
 //! late claim" in the [ledger docs](crate::ledger)): a hash with `v`, `state` = `released`
@@ -114,6 +118,41 @@
 //! An operator's [`forget`](super::IdempotencyStore::forget) deletes the key, in a script
 //! that first checks `gen`, `state`, `fp`, `attempts` and, while in flight, `lease_until_ms`
 //! against what the operator saw (see [`Records`](super::Records)).
+//!
+//! # Listing
+//!
+//! [`list`](super::IdempotencyStore::list) reads three sorted sets under the prefix,
+//! `<prefix>index:in_flight`, `<prefix>index:in_doubt` and `<prefix>index:completed`: one
+//! member per record in that state (the key's 64 hex digits), scored by its `created_ms`,
+//! the record's place in the list (ties ordered by key). Every transition moves its
+//! record's member **in the same script** as it writes the record (those scripts declare
+//! the indexes, and a cursor hash `<prefix>index:sweep`, after the record's key), so a
+//! record and its index entry never disagree.
+//!
+//! - **A page costs a bounded amount.** One `list.lua` script walks the indexes of the
+//!   states asked for, merged by position, from the cursor: at most ten entries per record
+//!   the page may hold (the page's limit at least, 1000 at most), never `KEYS` or `SCAN`.
+//!   A page that stops looking early comes back short with a cursor. Listing in doubt reads
+//!   the in-doubt index only: its cost follows the records in doubt, not the whole ledger.
+//!   The age filters are score ranges, so records outside them cost nothing; the scope and
+//!   status filters are applied per entry.
+//! - **Records leave by their TTL**, which no script sees. A list that meets a member whose
+//!   record is gone removes it and goes on; and every fourth claim looks at the next eight
+//!   members of every index (a cursor going round, by rank; one `EXISTS` for them all) and
+//!   removes those of records gone, so an index holds at most about twice its live records
+//!   whether or not anyone lists.
+//! - **An in-flight record whose lease ran out** is listed in flight, with no lease left,
+//!   as [`inspect`](super::IdempotencyStore::inspect) shows it.
+//! - **Cost.** Inside the scripts, a claim adds a `ZADD` and an `HINCRBY` (and every
+//!   fourth claim a sweep: `HMGET`, three `ZRANGE`, an `EXISTS`, an `HSET`), every other
+//!   transition a `ZADD` and a `ZREM`; in memory, each record holds one index entry (about
+//!   180 bytes with its 64-digit member) and three short fields.
+//! - **Records written before this release** (or by a process of an earlier release still
+//!   running) are not in the indexes until their next change of state; `inspect` still
+//!   sees them.
+//! - **Not on Redis Cluster.** A script may touch the keys of one slot only, so a record's
+//!   index entry cannot be written with it: a store on a cluster keeps no index, and `list`
+//!   answers an [unavailable](super::StoreError::is_unavailable) error.
 //!
 //! # Durability
 //!
@@ -163,7 +202,9 @@
 //! [`RedisStore::cluster_builder`] (feature `redis-cluster`) connects the same store to a
 //! Redis Cluster through redis-rs's cluster client. Nothing about the records changes: each
 //! is one key, each script touches only that key and declares it in `KEYS`, so the cluster
-//! runs every transition atomically on the primary that owns the key's slot.
+//! runs every transition atomically on the primary that owns the key's slot. The listing
+//! indexes are not kept there (they would sit in other slots): `list` is
+//! [unavailable](#listing) on a cluster.
 //!
 //! - **Sharding.** Records spread over every primary by key slot; throughput and memory grow
 //!   with the number of primaries. Keep hash tags (`{…}`) out of the prefix: a tagged prefix

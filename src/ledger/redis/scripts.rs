@@ -19,9 +19,10 @@ const MARK_IN_DOUBT_LUA: &str = concat!(
 const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
 const FORGET_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("forget.lua"));
+const LIST_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("list.lua"));
 
 /// Every script, for loading them all when the store connects.
-pub(super) const ALL_SCRIPTS: [&str; 7] = [
+pub(super) const ALL_SCRIPTS: [&str; 8] = [
     BEGIN_LUA,
     COMPLETE_LUA,
     ABANDON_LUA,
@@ -29,6 +30,7 @@ pub(super) const ALL_SCRIPTS: [&str; 7] = [
     RENEW_LUA,
     INSPECT_LUA,
     FORGET_LUA,
+    LIST_LUA,
 ];
 
 // Each script is hashed once per process; `Script` invokes by SHA and loads on NOSCRIPT.
@@ -40,3 +42,4 @@ pub(super) static MARK_IN_DOUBT: LazyLock<Script> =
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 pub(super) static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
+pub(super) static LIST: LazyLock<Script> = LazyLock::new(|| Script::new(LIST_LUA));

@@ -7,16 +7,32 @@ use std::time::Duration;
 use ::redis::{Client, Value};
 
 use super::builder::{RedisStoreBuilder, Target};
+use ::redis::Script;
+
 use super::codec::{
-    decode_begin, decode_forget, decode_inspect, generation_hex, millis, tag, token_hex, unexpected,
+    decode_begin, decode_forget, decode_inspect, decode_list, generation_hex, millis, tag,
+    token_hex, u64_hex, unexpected,
 };
 use super::connection::{Connection, ScriptCall};
 use super::errors::from_redis;
-use super::scripts::{ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, MARK_IN_DOUBT, RENEW};
+use super::scripts::{ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, LIST, MARK_IN_DOUBT, RENEW};
 use crate::ledger::{
-    Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoreError,
-    StoreFuture,
+    Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, ListOrder, ListPage,
+    ListQuery, Outcome, RecordKind, StoreError, StoreFuture,
 };
+
+/// The states a record is listed by, each with an index (a sorted set) of its own.
+const INDEXED_KINDS: [RecordKind; 3] = [
+    RecordKind::InFlight,
+    RecordKind::InDoubt,
+    RecordKind::Completed,
+];
+
+/// Index entries one page of a list may look at, per record it may hold...
+const LOOKED_AT_PER_RECORD: usize = 10;
+/// ...and at most (unless the page's limit is larger): a script blocks its Redis while it
+/// runs, and a page passing over this many entries takes it a few milliseconds.
+const MOST_LOOKED_AT: usize = 1000;
 
 /// The distributed ledger on Redis. See the [module docs](super) for how it works, the record
 /// layout and what durability to expect.
@@ -119,6 +135,63 @@ impl RedisStore {
         out
     }
 
+    /// The key of the listing index of records in state `kind`.
+    fn index_key(&self, kind: RecordKind) -> String {
+        format!("{}index:{}", self.prefix, kind.as_str())
+    }
+
+    /// Whether the store keeps the listing indexes: on a single Redis. On a cluster the
+    /// indexes would live in other slots than the records, and a script may touch one slot.
+    fn keeps_indexes(&self) -> bool {
+        matches!(self.connection, Connection::Single(_))
+    }
+
+    /// A transition of `key`'s record: the record, then (on a single Redis) the listing
+    /// indexes and the sweep's cursors, which the script keeps in step with the record.
+    fn transition(&self, script: &'static Script, key: &LedgerKey) -> ScriptCall {
+        let mut keys = vec![self.redis_key(key)];
+        if self.keeps_indexes() {
+            keys.extend(INDEXED_KINDS.map(|kind| self.index_key(kind)));
+            keys.push(format!("{}index:sweep", self.prefix));
+        }
+        ScriptCall::with_keys(script, &keys)
+    }
+
+    /// The call of `list.lua` for `query`: the indexes of the kinds it lists, then its
+    /// filters, order, limit and cursor.
+    fn list_call(&self, query: &ListQuery) -> ScriptCall {
+        let kinds: Vec<RecordKind> = if query.kinds().is_empty() {
+            INDEXED_KINDS.to_vec()
+        } else {
+            query.kinds().to_vec()
+        };
+        let indexes: Vec<String> = kinds.iter().map(|kind| self.index_key(*kind)).collect();
+        let mut call = ScriptCall::with_keys(&LIST, &indexes);
+        let limit = query.page_limit();
+        let budget = (limit * LOOKED_AT_PER_RECORD)
+            .min(MOST_LOOKED_AT)
+            .max(limit);
+        let cursor = query.cursor();
+        let (older, newer) = (query.older_than_filter(), query.newer_than_filter());
+        let optional_ms = |age: Option<Duration>| age.map(|age| millis(age, 0).to_string());
+        let (low, high) = query.status_filter().unzip();
+        call.arg(&*self.prefix)
+            .arg(match query.order() {
+                ListOrder::OldestFirst => "oldest",
+                _ => "newest",
+            })
+            .arg(limit)
+            .arg(budget)
+            .arg(cursor.map(|c| c.position().to_string()).unwrap_or_default())
+            .arg(cursor.map(|c| c.key().to_hex()).unwrap_or_default())
+            .arg(optional_ms(older).unwrap_or_default())
+            .arg(optional_ms(newer).unwrap_or_default())
+            .arg(low.map(|s| s.to_string()).unwrap_or_default())
+            .arg(high.map(|s| s.to_string()).unwrap_or_default())
+            .arg(query.scope_filter().map(u64_hex).unwrap_or_default());
+        call
+    }
+
     /// Run one script invocation: one `EVALSHA` (plus `SCRIPT LOAD` and a retry when Redis
     /// lost the script), bounded by the operation timeout.
     async fn invoke(&self, call: &ScriptCall) -> Result<Vec<Value>, StoreError> {
@@ -173,7 +246,7 @@ impl IdempotencyStore for RedisStore {
             // to offer scripts, and a `begin` sent again after a lost reply must bring the
             // same token to recognise its own claim.
             let token = request.token;
-            let mut call = ScriptCall::new(&BEGIN, self.redis_key(&request.key));
+            let mut call = self.transition(&BEGIN, &request.key);
             // The lease may be 0 (a claim born lapsed is legal): it is a field
             // compared with Redis's clock. The retention is the key's `PX` TTL, where 0 would
             // delete the record in the step that writes it, hence the floor of 1 ms.
@@ -187,9 +260,12 @@ impl IdempotencyStore for RedisStore {
                 .arg(generation_hex(Generation::random()));
             // Sent on every client-side ask, stored only by the ask that creates the record:
             // a resume or a retried `begin` never replaces the bytes first frozen.
-            if let Some(frozen) = &request.frozen {
-                call.arg(frozen.encode());
-            }
+            // Empty on the server side (nothing frozen), so the scope can follow it.
+            match &request.frozen {
+                Some(frozen) => call.arg(frozen.encode()),
+                None => call.arg(""),
+            };
+            call.arg(u64_hex(request.scope));
             let reply = self.invoke(&call).await?;
             decode_begin(&reply, token)
         })
@@ -206,7 +282,7 @@ impl IdempotencyStore for RedisStore {
             // The retention travels with the outcome: a completion starts the record's
             // retention again from now, so a replay stays available a full retention after
             // the operation finished, however long it was in flight or in doubt before.
-            let mut call = ScriptCall::new(&COMPLETE, self.redis_key(&key));
+            let mut call = self.transition(&COMPLETE, &key);
             call.arg(token_hex(token))
                 .arg(outcome.encode())
                 .arg(millis(retention, 1));
@@ -218,7 +294,7 @@ impl IdempotencyStore for RedisStore {
         StoreFuture::new(async move {
             // No retention: a released claim leaves only the released marker, which expires on
             // its own clock, and a record kept in doubt keeps the TTL it had.
-            let mut call = ScriptCall::new(&ABANDON, self.redis_key(&key));
+            let mut call = self.transition(&ABANDON, &key);
             call.arg(token_hex(token))
                 .arg(millis(crate::ledger::RELEASED_TOKEN_TTL, 1));
             self.settle(&call).await
@@ -232,7 +308,7 @@ impl IdempotencyStore for RedisStore {
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
         StoreFuture::new(async move {
-            let mut call = ScriptCall::new(&MARK_IN_DOUBT, self.redis_key(&key));
+            let mut call = self.transition(&MARK_IN_DOUBT, &key);
             call.arg(token_hex(token)).arg(millis(retention, 1));
             self.settle(&call).await
         })
@@ -243,6 +319,27 @@ impl IdempotencyStore for RedisStore {
             let call = ScriptCall::new(&INSPECT, self.redis_key(&key));
             let reply = self.invoke(&call).await?;
             decode_inspect(&reply)
+        })
+    }
+
+    /// A page from the listing indexes (see the [module docs](super#listing)): one script,
+    /// which looks at no more than ten index entries per record the page may hold (at
+    /// least the page's limit, at most 1000 otherwise), so a page costs the same however
+    /// many records the store holds. Not on a Redis Cluster (an unavailable error).
+    fn list(&self, query: ListQuery) -> StoreFuture<'_, ListPage> {
+        StoreFuture::new(async move {
+            if !self.keeps_indexes() {
+                return Err(StoreError::unavailable(
+                    "listing needs the per-state indexes, which a script can keep in step \
+                     with the records only on a single Redis (not yet on Redis Cluster)",
+                ));
+            }
+            let reply = self.invoke(&self.list_call(&query)).await?;
+            let mut page = decode_list(&reply)?;
+            // The script filtered already; the shared rule has the last word, so every store
+            // agrees on what a filter means.
+            page.records.retain(|record| query.matches(&record.view));
+            Ok(page)
         })
     }
 
@@ -262,7 +359,7 @@ impl IdempotencyStore for RedisStore {
         expected: crate::ledger::Expected,
     ) -> StoreFuture<'_, crate::ledger::Forget> {
         StoreFuture::new(async move {
-            let mut call = ScriptCall::new(&FORGET, self.redis_key(&key));
+            let mut call = self.transition(&FORGET, &key);
             call.arg(expected.kind.as_str())
                 .arg(expected.fingerprint.to_hex())
                 .arg(expected.attempts)

@@ -14,6 +14,7 @@ mod ledger {
     mod postgres_chaos;
     mod postgres_store;
     mod postgres_transactional;
+    mod records_cli;
     mod redis_chaos;
     mod redis_cluster;
     mod redis_store;

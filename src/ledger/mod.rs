@@ -403,7 +403,11 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
     /// then finds the operation [busy](Begin::Busy) cannot miss its end. It may also
     /// complete early (another key's settle, a reconnect): waiters ask `begin` again when
     /// woken, so a spurious wake costs one `begin`, never a wrong answer. A lease that runs
-    /// out need not be notified: waiters never sleep past the owner's lease.
+    /// out need not be notified, but a [held](Self::hold_lease) lease that its owner
+    /// [lets go](Self::let_go) of should be: a waiter that found the owner keeping its lease
+    /// look after look waits longer and longer between looks (twice the last nap each
+    /// time), so a lease that runs out unannounced is noticed at most about as late as the
+    /// time already waited. [`MemoryStore`] announces every way a held lease ends.
     ///
     /// The default answers `None`, "this store cannot notify": waiters then poll `begin`
     /// with a backoff (5 ms doubling to 250 ms). [`MemoryStore`] notifies in-process;

@@ -64,6 +64,8 @@ mod budget;
 mod builder;
 mod claim;
 mod eviction;
+#[cfg(all(test, not(tower_idempotency_loom)))]
+mod list_tests;
 #[cfg(all(test, tower_idempotency_loom))]
 mod model_check;
 mod pressure;

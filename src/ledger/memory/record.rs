@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, Outcome, RecordState,
-    RecordView, RequestFields,
+    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, ListQuery, Outcome, RecordKind,
+    RecordState, RecordView, RequestFields,
 };
 use crate::FrozenRequest;
 
@@ -167,6 +167,23 @@ impl Record {
     /// The bucket of the scope's bytes this record counts in (`0`: no scope).
     pub(super) fn bucket(&self) -> u16 {
         scope_bucket(self.scope)
+    }
+
+    /// What kind of record this is, as its view would say.
+    pub(super) fn kind(&self) -> RecordKind {
+        match self.state {
+            State::InFlight { .. } => RecordKind::InFlight,
+            State::InDoubt => RecordKind::InDoubt,
+            State::Completed { .. } => RecordKind::Completed,
+        }
+    }
+
+    /// Whether `query` may list this record, judged on what the record holds inline (its
+    /// kind and scope), before its view is made: the rest of the filters need the view.
+    pub(super) fn may_be_listed_by(&self, query: &ListQuery) -> bool {
+        let kinds = query.kinds();
+        (kinds.is_empty() || kinds.contains(&self.kind()))
+            && query.scope_filter().is_none_or(|scope| scope == self.scope)
     }
 
     /// Whether `token`'s lease holds this record at `now` (a record past its retention is

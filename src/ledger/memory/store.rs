@@ -7,10 +7,9 @@ use tokio::time::Instant;
 use super::record::{held_length, Stamp, State};
 use super::shared::{lock, shard_index, Inner, Shard};
 use super::sync::{Arc, Mutex, Ordering};
-use crate::ledger::list::sort_in_order;
 use crate::ledger::{
     Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, ListPage,
-    ListQuery, ListedRecord, Outcome, RecordView, Settled, StoreError, StoreFuture,
+    ListQuery, Outcome, RecordView, Settled, StoreError, StoreFuture,
 };
 
 /// The embedded ledger, in this process.
@@ -375,37 +374,6 @@ impl MemoryStore {
 
     pub(super) fn seq(&self) -> u64 {
         self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// A page of [`list`](IdempotencyStore::list): each shard looked through under its own
-    /// lock, one at a time, keeping the page's best candidates only. A record's place is
-    /// its generation, the store's count of claims when it was made.
-    fn list_now(&self, query: &ListQuery) -> ListPage {
-        let now = self.stamp(Instant::now());
-        let mut candidates = Vec::new();
-        for shard in self.inner.shards.iter() {
-            let shard = lock(shard);
-            candidates.extend(
-                shard
-                    .records
-                    .iter()
-                    .filter(|(key, record)| {
-                        record.retain_until > now && query.is_after_cursor(record.generation, **key)
-                    })
-                    .map(|(key, record)| {
-                        ListedRecord::new(*key, record.view(now), record.generation)
-                    })
-                    .filter(|listed| query.matches(&listed.view)),
-            );
-            drop(shard);
-            // Only the page's worth is kept between shards, so a page costs memory for
-            // itself, not for every record that passes the filters.
-            if candidates.len() > 2 * query.page_limit() {
-                sort_in_order(query, &mut candidates);
-                candidates.truncate(query.page_limit() + 1);
-            }
-        }
-        ListPage::from_candidates(query, candidates)
     }
 
     pub(super) fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {

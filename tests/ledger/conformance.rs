@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use tower_idempotency::ledger::MemoryStore;
-use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
+use tower_idempotency::testing::conformance::{
+    inspection_follows_the_record, listing_finds_what_it_asks_for, run_all, Clock,
+};
 
 #[tokio::test(start_paused = true)]
 async fn memory_store_passes_the_conformance_suite() {
@@ -26,4 +28,16 @@ async fn memory_store_refuses_a_late_begin_released_while_another_caller_held_th
         &MemoryStore::new(),
     )
     .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_lists_its_records() {
+    let clock = Clock::tokio_paused();
+    listing_finds_what_it_asks_for(&MemoryStore::new(), &clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_lists_its_records_on_real_time_and_threads() {
+    let clock = Clock::real();
+    listing_finds_what_it_asks_for(&MemoryStore::new(), &clock).await;
 }

@@ -68,7 +68,7 @@ impl MemoryStore {
     pub(super) fn forget(&self, record: &Record) {
         self.inner.used.fetch_sub(record.weight, Ordering::Relaxed);
         self.inner.gauges.removed(record.weight);
-        self.scoped(record.scope, record.weight, 0);
+        self.scoped(record.bucket(), record.weight, 0);
         if let Some((protect_until, seq)) = record.eviction_place() {
             self.inner
                 .completed_bytes
@@ -96,12 +96,12 @@ impl MemoryStore {
                 .fetch_add(record.weight, Ordering::Relaxed);
             lock(&self.inner.evictable).insert((protect_until, seq), key, record.weight);
         }
-        let (weight, scope) = (record.weight, record.scope);
+        let (weight, scope) = (record.weight, record.bucket());
         self.scoped(scope, 0, weight);
         match shard.records.insert(key, record) {
             Some(old) => {
                 self.inner.gauges.reweighed(old.weight, weight);
-                self.scoped(old.scope, old.weight, 0);
+                self.scoped(old.bucket(), old.weight, 0);
                 if let Some((protect_until, seq)) = old.eviction_place() {
                     self.inner
                         .completed_bytes

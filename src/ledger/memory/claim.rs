@@ -32,7 +32,7 @@ impl MemoryStore {
                 if let Some(never) = self.never_fits(record.weight) {
                     return Err(never);
                 }
-                if self.over_share(record.scope, record.weight, at) {
+                if self.over_share(record.bucket(), record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));
                 }
@@ -54,7 +54,7 @@ impl MemoryStore {
                 if let Some(never) = self.never_fits(record.weight) {
                     return Err(never);
                 }
-                if self.over_share(record.scope, record.weight, at) {
+                if self.over_share(record.bucket(), record.weight, at) {
                     drop(shard);
                     return Err(self.refuse(now));
                 }
@@ -125,7 +125,7 @@ impl MemoryStore {
             Ordering::Relaxed,
         );
         self.inner.gauges.added(record.weight);
-        self.scoped(record.scope, 0, record.weight);
+        self.scoped(record.bucket(), 0, record.weight);
         entry.insert(record);
         None
     }
@@ -206,6 +206,7 @@ impl MemoryStore {
                     resumed: true,
                     held: false,
                 };
+                record.touched = now;
                 record.attempts += 1;
                 Begin::Resume {
                     token: request.token,

@@ -13,6 +13,7 @@
 //! | `budget.rs` | bytes in and out of the budget, and eviction to make room |
 //! | `pressure.rs` | protected bytes, warnings, refusals, each scope's share |
 //! | `record.rs` | a record, its states and its weight |
+//! | `listing.rs` | `list`: a page of records, each shard read in chunks under its lock |
 //! | `released.rs` | tokens released on keys (a release outlasts a late claim) |
 //! | `eviction.rs` | the eviction order of completed records |
 //! | `sync.rs` | the locks and atomics, swapped for loom's by the model check (`model_check.rs`) |
@@ -64,6 +65,9 @@ mod budget;
 mod builder;
 mod claim;
 mod eviction;
+#[cfg(all(test, not(tower_idempotency_loom)))]
+mod list_tests;
+mod listing;
 #[cfg(all(test, tower_idempotency_loom))]
 mod model_check;
 mod pressure;

@@ -179,14 +179,14 @@ impl MemoryStore {
         // Judged before the bytes are taken, on the reading of this moment: were the
         // completion judged only by the claims after it, a scope's open operations could
         // fill the store as they complete, however small their claims were.
-        if self.over_share(record.scope, weight.saturating_sub(record.weight), at) {
+        if self.over_share(record.bucket(), weight.saturating_sub(record.weight), at) {
             return Err(Unkept::OverShare(outcome));
         }
         if !self.reweigh(record.weight, weight) {
             return Err(Unkept::NoRoom(outcome, weight - record.weight));
         }
         self.inner.gauges.reweighed(record.weight, weight);
-        self.scoped(record.scope, record.weight, weight);
+        self.scoped(record.bucket(), record.weight, weight);
         self.inner
             .completed_bytes
             .fetch_add(weight, Ordering::Relaxed);
@@ -197,6 +197,7 @@ impl MemoryStore {
             protect_until,
         };
         record.retain_until = retain_until;
+        record.touched = at;
         record.weight = weight;
         record.kept = kept;
         Ok(())

@@ -7,10 +7,9 @@ use tokio::time::Instant;
 use super::record::{held_length, Stamp, State};
 use super::shared::{lock, shard_index, Inner, Shard};
 use super::sync::{Arc, Mutex, Ordering};
-use crate::ledger::list::sort_in_order;
 use crate::ledger::{
     Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, ListPage,
-    ListQuery, ListedRecord, Outcome, RecordView, Settled, StoreError, StoreFuture,
+    ListQuery, Outcome, RecordView, Settled, StoreError, StoreFuture,
 };
 
 /// The embedded ledger, in this process.
@@ -62,6 +61,11 @@ use crate::ledger::{
 /// touched, when their room is needed, and by
 /// [`run_pending_tasks`](MemoryStore::run_pending_tasks).
 ///
+/// A page of [`list`](IdempotencyStore::list) looks through every record (they are kept by
+/// key, not in a list's order), on the calling thread: at a million records a page takes
+/// some 35 ms, holding each shard's lock for well under a millisecond at a time, so claims
+/// go on meanwhile (`benches/listing.rs`). An operator's look, not one for every request.
+///
 /// With feature `metrics`, the store reports what it holds as two gauges labelled
 /// `store = "memory"`: `idempotency_store_bytes` (the [weighted size](Self::weighted_size))
 /// and `idempotency_store_records` (the [records](Self::entry_count)). They move by each
@@ -80,8 +84,8 @@ use crate::ledger::{
 ///
 /// | completed record | bytes | window | the default 192 MiB sustains |
 /// |---|---|---|---|
-/// | server, ~50-byte response | 578 | 70 s | ~4,900 new operations a second (one scope ~4,000: shares start at 80 %) |
-/// | client, 1 KiB JSON request | 574 | 40 s | ~8,700 new operations a second |
+/// | server, ~50-byte response | 594 | 70 s | ~4,800 new operations a second (one scope ~3,900: shares start at 80 %) |
+/// | client, 1 KiB JSON request | 590 | 40 s | ~8,500 new operations a second |
 ///
 /// Past what it sustains, the store fails closed: a new operation is refused before it
 /// starts ([`Error::is_ledger_full`](crate::Error::is_ledger_full), with
@@ -207,7 +211,10 @@ impl IdempotencyStore for MemoryStore {
                     }
                     // An earlier attempt may have been sent: releasing would let the next
                     // caller send new bytes. Keep it in doubt so the next caller resumes.
-                    _ => record.state = State::InDoubt,
+                    _ => {
+                        record.state = State::InDoubt;
+                        record.touched = at;
+                    }
                 }
                 Ok(())
             }
@@ -233,6 +240,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> StoreFuture<'_, ()> {
         let settled = self.settle_record(key, token, Instant::now(), |_, record, _, at| {
             record.state = State::InDoubt;
+            record.touched = at;
             // A real attempt failed: keep the record at least `retention` from now.
             record.retain_until = record.retain_until.max(at + retention);
         });
@@ -375,37 +383,6 @@ impl MemoryStore {
 
     pub(super) fn seq(&self) -> u64 {
         self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// A page of [`list`](IdempotencyStore::list): each shard looked through under its own
-    /// lock, one at a time, keeping the page's best candidates only. A record's place is
-    /// its generation, the store's count of claims when it was made.
-    fn list_now(&self, query: &ListQuery) -> ListPage {
-        let now = self.stamp(Instant::now());
-        let mut candidates = Vec::new();
-        for shard in self.inner.shards.iter() {
-            let shard = lock(shard);
-            candidates.extend(
-                shard
-                    .records
-                    .iter()
-                    .filter(|(key, record)| {
-                        record.retain_until > now && query.is_after_cursor(record.generation, **key)
-                    })
-                    .map(|(key, record)| {
-                        ListedRecord::new(*key, record.view(now), record.generation)
-                    })
-                    .filter(|listed| query.matches(&listed.view)),
-            );
-            drop(shard);
-            // Only the page's worth is kept between shards, so a page costs memory for
-            // itself, not for every record that passes the filters.
-            if candidates.len() > 2 * query.page_limit() {
-                sort_in_order(query, &mut candidates);
-                candidates.truncate(query.page_limit() + 1);
-            }
-        }
-        ListPage::from_candidates(query, candidates)
     }
 
     pub(super) fn shard(&self, key: &LedgerKey) -> &Mutex<Shard> {

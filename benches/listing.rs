@@ -1,0 +1,279 @@
+//! What listing costs a `MemoryStore` of a million records, and what it costs the claims
+//! made meanwhile.
+//!
+//! The store holds 1M server records (no frozen request, a small JSON response): 1 % in
+//! doubt, the rest completed, under a budget large enough that nothing is evicted. Timed by
+//! criterion:
+//!
+//! | benchmark | what one iteration is |
+//! |---|---|
+//! | `listing/newest_first/1000000` | a page of 100 of every record, newest first |
+//! | `listing/in_doubt/1000000` | a page of 100 of the in-doubt records (10,000 of them), newest first |
+//! | `listing/in_doubt_next_page/1000000` | the page after that one |
+//!
+//! Then, outside criterion, the claims a listing may hold up: one thread makes new claims
+//! back to back (`begin` + `complete` of a new key, each timed) while another lists pages
+//! of both kinds, one after the other, for a few seconds; and the same claims with no
+//! listing, as the baseline (a claim on a busy machine waits now and then whatever the
+//! store does). Printed as `claims while listing: ...` and `claims alone: ...`, with the
+//! longest single claim (`max`), how many took over 1 ms and 5 ms, and the longest page
+//! (`page max`). On a busy machine a thread is preempted now and then for milliseconds,
+//! lock or no lock: compare the two runs. Each page is also run 10 times alone, printed
+//! as `page ...` with its CPU time (Linux: the thread's own, from `/proc`), which other
+//! processes do not inflate, and its fastest wall time.
+//!
+//! Run: `cargo bench --bench listing` (release). `cargo test --benches` runs it once on
+//! 20,000 records (two pages of in-doubt ones).
+
+// Shared with the ledger bench: this one claims its records its own way.
+#[path = "common/ledger.rs"]
+#[allow(dead_code)]
+mod ledger_common;
+
+use ledger_common::{fingerprint, key, outcome, LEASE, RETENTION};
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use tokio::runtime::Runtime;
+use tower_idempotency::ledger::{
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, ListPage, ListQuery, MemoryStore, Outcome,
+    RecordKind,
+};
+
+const RECORDS: u64 = 1_000_000;
+/// One record in this many is in doubt.
+const IN_DOUBT_EVERY: u64 = 100;
+const PAGE: usize = 100;
+/// How long the claims of the contention run go on, with listing and without.
+const CONTENTION_RUN: Duration = Duration::from_secs(4);
+
+/// Whether criterion runs each benchmark once as a test (`cargo test --benches`, or no
+/// `--bench` flag): then a small store, so that the run stays quick.
+fn quick() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test")
+}
+
+fn records() -> u64 {
+    if quick() {
+        RECORDS / 50
+    } else {
+        RECORDS
+    }
+}
+
+/// Keys of the claims made while listing, never reused (above every prefilled index).
+static NEXT_FRESH: AtomicU64 = AtomicU64::new(1 << 40);
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn request(key: LedgerKey) -> BeginRequest {
+    BeginRequest::new(key, fingerprint(), LEASE, RETENTION)
+}
+
+async fn claim(store: &MemoryStore, key: LedgerKey) -> tower_idempotency::ledger::LeaseToken {
+    match store.begin(request(key)).await.expect("begin") {
+        Begin::Acquired { token } => token,
+        other => panic!("a fresh key must be acquired, got {other:?}"),
+    }
+}
+
+/// `records` records, one in [`IN_DOUBT_EVERY`] in doubt, the rest completed.
+async fn filled_store(records: u64, outcome: &Outcome) -> MemoryStore {
+    // Far more than a million records weigh: nothing is evicted, nothing refused.
+    let store = MemoryStore::builder().max_bytes(8 << 30).build();
+    for i in 0..records {
+        let token = claim(&store, key(i)).await;
+        if i % IN_DOUBT_EVERY == 0 {
+            store
+                .mark_in_doubt(key(i), token, RETENTION)
+                .await
+                .expect("mark in doubt");
+        } else {
+            store
+                .complete(key(i), token, outcome.clone(), RETENTION)
+                .await
+                .expect("complete");
+        }
+    }
+    store
+}
+
+fn newest_first() -> ListQuery {
+    ListQuery::new().limit(PAGE)
+}
+
+fn in_doubt() -> ListQuery {
+    ListQuery::new().kind(RecordKind::InDoubt).limit(PAGE)
+}
+
+fn full_page(store: &MemoryStore, rt: &Runtime, query: ListQuery) -> ListPage {
+    let page = rt.block_on(store.list(query)).expect("list");
+    assert_eq!(page.records.len(), PAGE, "a full page");
+    page
+}
+
+fn listing(c: &mut Criterion) {
+    let rt = runtime();
+    let records = records();
+    let outcome = outcome();
+    let started = Instant::now();
+    let store = rt.block_on(filled_store(records, &outcome));
+    eprintln!(
+        "listing: filled {} records in {:.1?} ({} MiB weighed)",
+        store.entry_count(),
+        started.elapsed(),
+        store.weighted_size() >> 20
+    );
+    let first = full_page(&store, &rt, in_doubt());
+    let next = in_doubt().after(first.next.expect("more in-doubt records"));
+
+    let mut group = c.benchmark_group("listing");
+    group.bench_with_input(
+        BenchmarkId::new("newest_first", records),
+        &records,
+        |b, _| b.iter(|| full_page(&store, &rt, newest_first())),
+    );
+    group.bench_with_input(BenchmarkId::new("in_doubt", records), &records, |b, _| {
+        b.iter(|| full_page(&store, &rt, in_doubt()))
+    });
+    group.bench_with_input(
+        BenchmarkId::new("in_doubt_next_page", records),
+        &records,
+        |b, _| b.iter(|| full_page(&store, &rt, next.clone())),
+    );
+    group.finish();
+    for (name, query) in [
+        ("newest_first", newest_first()),
+        ("in_doubt", in_doubt()),
+        ("in_doubt_next_page", next),
+    ] {
+        page_cost(&store, &rt, name, query);
+    }
+
+    let run = if quick() {
+        Duration::from_millis(200)
+    } else {
+        CONTENTION_RUN
+    };
+    let (claims, pages) = claims_while(&store, &outcome, run, true);
+    report("claims while listing", &claims, Some(&pages));
+    let (claims, _) = claims_while(&store, &outcome, run, false);
+    report("claims alone", &claims, None);
+}
+
+/// What a page costs this thread in CPU time, besides its wall time: on a busy machine the
+/// wall time counts whatever else ran meanwhile.
+fn page_cost(store: &MemoryStore, rt: &Runtime, name: &str, query: ListQuery) {
+    const PAGES: u32 = 10;
+    let (mut fastest, cpu_before) = (Duration::MAX, thread_cpu_time());
+    for _ in 0..PAGES {
+        let start = Instant::now();
+        full_page(store, rt, query.clone());
+        fastest = fastest.min(start.elapsed());
+    }
+    let cpu = thread_cpu_time()
+        .zip(cpu_before)
+        .map_or("unknown".to_owned(), |(after, before)| {
+            format!("{:.1?}", (after - before) / PAGES)
+        });
+    eprintln!("page {name}: cpu {cpu} a page, fastest wall {fastest:.1?}");
+}
+
+/// The CPU time this thread has run so far, from Linux's scheduler statistics; `None`
+/// elsewhere.
+fn thread_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = stat.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+/// New claims (`begin` + `complete`), each timed, on a thread of their own for `run`,
+/// while this thread lists pages one after the other if `listing`: the claims' times and
+/// the pages'.
+fn claims_while(
+    store: &MemoryStore,
+    outcome: &Outcome,
+    run: Duration,
+    listing: bool,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let claimer = {
+        let (store, outcome, done) = (store.clone(), outcome.clone(), done.clone());
+        std::thread::spawn(move || {
+            let rt = runtime();
+            let mut times = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let fresh = key(NEXT_FRESH.fetch_add(1, Ordering::Relaxed));
+                let start = Instant::now();
+                rt.block_on(async {
+                    let token = claim(&store, fresh).await;
+                    store
+                        .complete(fresh, token, outcome.clone(), RETENTION)
+                        .await
+                        .expect("complete");
+                });
+                times.push(start.elapsed());
+            }
+            times
+        })
+    };
+    let rt = runtime();
+    let mut pages = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < run {
+        if listing {
+            for query in [newest_first(), in_doubt()] {
+                let start = Instant::now();
+                full_page(store, &rt, query);
+                pages.push(start.elapsed());
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    (claimer.join().expect("the claiming thread"), pages)
+}
+
+fn report(what: &str, claims: &[Duration], pages: Option<&[Duration]>) {
+    let mut claims = claims.to_vec();
+    claims.sort_unstable();
+    let at = |q: f64| claims[((claims.len() as f64 * q) as usize).min(claims.len() - 1)];
+    let pages = pages.map_or(String::new(), |pages| {
+        format!(
+            " pages={} page max={:.1?}",
+            pages.len(),
+            pages.iter().max().copied().unwrap_or_default()
+        )
+    });
+    let over = |limit: Duration| claims.iter().filter(|claim| **claim > limit).count();
+    eprintln!(
+        "{what}: claims={} p50={:.1?} p99={:.1?} p99.9={:.1?} max={:.1?} over 1 ms={} over 5 ms={}{pages}",
+        claims.len(),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        claims[claims.len() - 1],
+        over(Duration::from_millis(1)),
+        over(Duration::from_millis(5)),
+    );
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = listing
+}
+criterion_main!(benches);

@@ -21,6 +21,10 @@
 //!    request to wrap; the SDK ignores keys): a timeout after the write, the step re-run,
 //!    the call regenerated. Ours keeps the frozen arguments and reconciles.
 //!
+//! 6. **The operator's part.** A provider that ignores keys, and whose lookup is down,
+//!    leaves a charge in doubt: it is not sent again blind. The on-call operator lists it
+//!    through the console's JSON API, resolves it as not applied, and the next run charges.
+//!
 //! Every count in the final table is read from the provider's own records.
 //!
 //! ```text
@@ -717,6 +721,105 @@ async fn crash_against_a_provider_that_ignores_keys() -> Row {
     }
 }
 
+/// The operator's part: a provider that ignores keys answers `503` to the first charge
+/// (nothing was charged: it failed before committing), and its lookup is down too, so the
+/// operation stays in doubt and the next run is refused rather than charging blind. The
+/// on-call operator finds it through the console's JSON, checks with the provider (no
+/// charge), and resolves it as not applied, fenced by the look it was found with; the next
+/// run charges. Answers the charges the provider counts.
+async fn an_operator_resolves_an_operation_in_doubt() -> usize {
+    use http::request::Parts;
+    use tower_idempotency::console::{Console, Operator, Refusal, Role};
+    use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
+    use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
+    use tower_idempotency::FrozenRetryLayer;
+
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = provider.clone().serve(listener).await.unwrap();
+    let uri = server.uri("/charges").to_string();
+    let lookup_down = tower::service_fn(|_: Request<Full<Bytes>>| {
+        ready(Ok::<_, BoxError>(
+            http::Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(Full::new(Bytes::from_static(b"lookup down for maintenance")))
+                .unwrap(),
+        ))
+    });
+    let once = RetryPolicy::builder().max_attempts(1).build().unwrap();
+    let layer = IdempotencyLayer::client_builder(ledger().await)
+        .provider_deduplicates(false)
+        .retry_policy(once.clone())
+        .reconcile(LookupReconciler::by_key(
+            lookup_down,
+            LOOKUP_PATH,
+            "idempotency_key",
+            record_or_not_found,
+        ))
+        .build()
+        .expect("valid client settings");
+    let records = layer.records();
+    let client = ServiceBuilder::new()
+        .layer(layer)
+        .layer(FrozenRetryLayer::new(once))
+        .service(hyper_client());
+    let op = OperationId::new("task-6", "charge_customer");
+    let charge = || {
+        let mut req = json_post(&uri, &json!({"order_id": "order_46", "amount_cents": 1999}));
+        req.extensions_mut().insert(op.clone());
+        req
+    };
+
+    provider.push_fault(Fault::ServerError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        commit: false,
+    });
+    let first = client.clone().oneshot(charge()).await;
+    println!("  the charge: {}; the lookup: 503 as well", status_of(&first));
+    let refused = client.clone().oneshot(charge()).await.map(|_| ());
+    let refused = refused.expect_err("in doubt: not sent again blind");
+    assert!(refused.is_unreconciled());
+    println!("  the step run again: refused, in doubt until someone decides ({refused})");
+
+    // The operator's place, nested in the service's router, behind its sign-in.
+    let on_call = |_: &Parts| Ok::<_, Refusal>(Operator::new("on-call", Role::Act));
+    let app = Router::new().nest("/_idempotency", Console::new(records, on_call).router());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let console = format!("http://{}/_idempotency", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let read = |response: http::Response<hyper::body::Incoming>| async move {
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice::<Value>(&body).unwrap()
+    };
+    let list = hyper_client()
+        .request(
+            Request::get(format!("{console}/api/records?state=in_doubt"))
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let found = read(list).await["records"][0].clone();
+    println!(
+        "  GET /_idempotency/api/records?state=in_doubt: {} ({}, {} attempt)",
+        &found["key"].as_str().unwrap()[..16],
+        found["state"],
+        found["attempts"]
+    );
+    let resolve = json_post(
+        &format!("{console}/api/records/{}/resolve-not-applied", found["key"].as_str().unwrap()),
+        &json!({"expected": found["look"], "reason": "INC-46: no charge at the provider"}),
+    );
+    let resolved = read(hyper_client().request(resolve).await.unwrap()).await;
+    println!("  POST .../resolve-not-applied with that look: {}", resolved["result"]);
+
+    let charged = client.oneshot(charge()).await;
+    let charges = provider.effects();
+    println!("  the step run again: {}; charges: {charges}", status_of(&charged));
+    server.shutdown().await;
+    charges
+}
+
 /// The tool-call level: `create_order` through an SDK-like tool (no HTTP request to wrap,
 /// and the SDK ignores keys). Its first call writes the order, then times out; the
 /// orchestrator re-runs the step and the model regenerates the call (new `summary`, new
@@ -865,9 +968,14 @@ async fn main() {
     for row in &rows {
         println!("{}: {}", row.scenario, row.note);
     }
+    println!("\n6. The operator's part: charge_customer(order_46) to a provider that ignores keys,");
+    println!("   whose lookup is down, fails with a 503; the operation stays in doubt");
+    let operator_charges = an_operator_resolves_an_operation_in_doubt().await;
+
     let held = rows.iter().all(|r| r.naive >= 2 && r.ours == 1);
-    if !held {
-        eprintln!("\nexpected every naive count >= 2 and every count of ours == 1");
+    if !held || operator_charges != 1 {
+        eprintln!("\nexpected every naive count >= 2, every count of ours == 1, and one charge");
+        eprintln!("after the operator's resolution");
         std::process::exit(1);
     }
 }

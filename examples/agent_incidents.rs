@@ -742,7 +742,9 @@ async fn an_operator_resolves_an_operation_in_doubt() -> usize {
         ready(Ok::<_, BoxError>(
             http::Response::builder()
                 .status(StatusCode::SERVICE_UNAVAILABLE)
-                .body(Full::new(Bytes::from_static(b"lookup down for maintenance")))
+                .body(Full::new(Bytes::from_static(
+                    b"lookup down for maintenance",
+                )))
                 .unwrap(),
         ))
     });
@@ -775,7 +777,10 @@ async fn an_operator_resolves_an_operation_in_doubt() -> usize {
         commit: false,
     });
     let first = client.clone().oneshot(charge()).await;
-    println!("  the charge: {}; the lookup: 503 as well", status_of(&first));
+    println!(
+        "  the charge: {}; the lookup: 503 as well",
+        status_of(&first)
+    );
     let refused = client.clone().oneshot(charge()).await.map(|_| ());
     let refused = refused.expect_err("in doubt: not sent again blind");
     assert!(refused.is_unreconciled());
@@ -801,21 +806,30 @@ async fn an_operator_resolves_an_operation_in_doubt() -> usize {
         .unwrap();
     let found = read(list).await["records"][0].clone();
     println!(
-        "  GET /_idempotency/api/records?state=in_doubt: {} ({}, {} attempt)",
+        "  GET /_idempotency/api/records?state=in_doubt: {}… ({}, attempts: {})",
         &found["key"].as_str().unwrap()[..16],
         found["state"],
         found["attempts"]
     );
     let resolve = json_post(
-        &format!("{console}/api/records/{}/resolve-not-applied", found["key"].as_str().unwrap()),
+        &format!(
+            "{console}/api/records/{}/resolve-not-applied",
+            found["key"].as_str().unwrap()
+        ),
         &json!({"expected": found["look"], "reason": "INC-46: no charge at the provider"}),
     );
     let resolved = read(hyper_client().request(resolve).await.unwrap()).await;
-    println!("  POST .../resolve-not-applied with that look: {}", resolved["result"]);
+    println!(
+        "  POST .../resolve-not-applied with that look: {}",
+        resolved["result"]
+    );
 
     let charged = client.oneshot(charge()).await;
     let charges = provider.effects();
-    println!("  the step run again: {}; charges: {charges}", status_of(&charged));
+    println!(
+        "  the step run again: {}; charges: {charges}",
+        status_of(&charged)
+    );
     server.shutdown().await;
     charges
 }
@@ -968,7 +982,9 @@ async fn main() {
     for row in &rows {
         println!("{}: {}", row.scenario, row.note);
     }
-    println!("\n6. The operator's part: charge_customer(order_46) to a provider that ignores keys,");
+    println!(
+        "\n6. The operator's part: charge_customer(order_46) to a provider that ignores keys,"
+    );
     println!("   whose lookup is down, fails with a 503; the operation stays in doubt");
     let operator_charges = an_operator_resolves_an_operation_in_doubt().await;
 

@@ -569,8 +569,8 @@ impl fmt::Display for Error {
             ),
             Kind::InDoubt => f.write_str(
                 "an earlier attempt may have reached the provider, and sending it again could \
-                 run it twice: not sending it again; reconcile it (a reconciler on the layer, \
-                 or by hand)",
+                 run it twice: not sending it again; reconcile it (a reconciler on the layer), \
+                 or resolve it as an operator (`Records::list`, the console)",
             ),
             Kind::KeyInUse { .. } => f.write_str(
                 "the provider is still processing a request with this key (409, key in use): \

@@ -105,6 +105,20 @@ impl Fingerprint {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+
+    /// The fingerprint that 64 hex digits spell (as [`to_hex`](Self::to_hex) writes it,
+    /// either case); `None` for any other text.
+    ///
+    /// ```
+    /// use tower_idempotency::fingerprint::Fingerprint;
+    ///
+    /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// assert_eq!(Fingerprint::from_hex(&fp.to_hex()), Some(fp));
+    /// assert_eq!(Fingerprint::from_hex("not hex"), None);
+    /// ```
+    pub fn from_hex(text: &str) -> Option<Self> {
+        crate::key::derived::from_hex32(text).map(Self)
+    }
 }
 
 impl Fingerprint {

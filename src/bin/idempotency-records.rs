@@ -314,14 +314,14 @@ impl FromStr for Look {
         ) else {
             return Err(bad());
         };
-        let generation = u64::from_str_radix(generation, 16).map_err(|_| bad())?;
+        let generation = Generation::from_hex(generation).ok_or_else(bad)?;
         let attempts = attempts.parse().map_err(|_| bad())?;
-        let fingerprint = Fingerprint::from_bytes(hex32(fingerprint).ok_or_else(bad)?);
+        let fingerprint = Fingerprint::from_hex(fingerprint).ok_or_else(bad)?;
         Ok(Self(Expected::new(
             kind(kind_word)?,
             fingerprint,
             attempts,
-            Generation::from_u64(generation),
+            generation,
         )))
     }
 }
@@ -342,20 +342,8 @@ fn kind(word: &str) -> Result<RecordKind, Failure> {
 }
 
 fn key(text: &str) -> Result<LedgerKey, Failure> {
-    hex32(text)
-        .map(LedgerKey::from_bytes)
+    LedgerKey::from_hex(text)
         .ok_or_else(|| usage(format!("{text:?} is not a record key (64 hex digits)")))
-}
-
-fn hex32(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
-    let mut bytes = [0u8; 32];
-    for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
-        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(bytes)
 }
 
 fn duration(text: &str) -> Result<Duration, Failure> {

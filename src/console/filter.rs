@@ -158,9 +158,7 @@ pub(crate) fn parse_age(field: &str, text: &str) -> Result<Duration, Failure> {
 }
 
 fn parse_scope_id(text: &str) -> Option<u64> {
-    (text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| u64::from_str_radix(text, 16).ok())
-        .flatten()
+    crate::key::derived::from_hex16(text)
 }
 
 fn parse_limit(text: &str) -> Option<usize> {

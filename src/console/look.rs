@@ -14,21 +14,8 @@ const MAX_REASON: usize = 1000;
 
 /// A record key from a path: 64 hex digits.
 pub(crate) fn parse_key(text: &str) -> Result<LedgerKey, Failure> {
-    parse_hex32(text)
-        .map(LedgerKey::from_bytes)
+    LedgerKey::from_hex(text)
         .ok_or_else(|| Failure::bad_input("key", "not a record key: 64 hex digits"))
-}
-
-fn parse_hex32(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut bytes = [0u8; 32];
-    for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
-        // Hex digits are ASCII: every pair is a str.
-        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(bytes)
 }
 
 /// What an action request carries: the look it was made from, and why.
@@ -221,16 +208,12 @@ fn parse_look_kind(text: &str, field: &str) -> Result<RecordKind, Failure> {
 }
 
 fn parse_generation(text: &str, field: &str) -> Result<Generation, Failure> {
-    (text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| u64::from_str_radix(text, 16).ok())
-        .flatten()
-        .map(Generation::from_u64)
+    Generation::from_hex(text)
         .ok_or_else(|| Failure::bad_input(field, "not a generation: 16 hex digits"))
 }
 
 fn parse_fingerprint(text: &str, field: &str) -> Result<Fingerprint, Failure> {
-    parse_hex32(text)
-        .map(Fingerprint::from_bytes)
+    Fingerprint::from_hex(text)
         .ok_or_else(|| Failure::bad_input(field, "not a fingerprint: 64 hex digits"))
 }
 

@@ -171,6 +171,37 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     String::from_utf8(out).expect("hex digits are ASCII")
 }
 
+/// The 32 bytes that 64 hex digits (either case) spell, the inverse of [`hex`]; `None` for
+/// any other text (a sign, a space, another length).
+pub(crate) fn from_hex32(text: &str) -> Option<[u8; 32]> {
+    let digits = text.as_bytes();
+    if digits.len() != 64 {
+        return None;
+    }
+    let mut bytes = [0u8; 32];
+    for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
+    }
+    Some(bytes)
+}
+
+/// The number that 16 hex digits (either case) spell, as a `u64` is written in hex at its
+/// full width; `None` for any other text.
+pub(crate) fn from_hex16(text: &str) -> Option<u64> {
+    let digits = text.as_bytes();
+    if digits.len() != 16 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |value, &digit| {
+        Some(value << 4 | u64::from(hex_digit(digit)?))
+    })
+}
+
+/// The value of one hex digit, `None` for any other byte.
+fn hex_digit(digit: u8) -> Option<u8> {
+    char::from(digit).to_digit(16).map(|value| value as u8)
+}
+
 /// Write `bytes` as lowercase hex into `out`, two digits per byte.
 fn hex_into(bytes: &[u8], out: &mut [u8]) {
     // Both digits of a byte in one table load: keys are hex-encoded on every request.

@@ -49,6 +49,19 @@ impl Generation {
     pub const fn as_u64(self) -> u64 {
         self.0
     }
+
+    /// The generation that sixteen hex digits spell, as it is displayed; `None` for any
+    /// other text.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::Generation;
+    ///
+    /// assert_eq!(Generation::from_hex("000000000000002a"), Some(Generation::from_u64(42)));
+    /// assert_eq!(Generation::from_hex("2a"), None);
+    /// ```
+    pub fn from_hex(text: &str) -> Option<Self> {
+        crate::key::derived::from_hex16(text).map(Self)
+    }
 }
 
 /// Sixteen lowercase hex digits, as the stores' logs show it.

@@ -328,16 +328,9 @@ impl FromStr for ListCursor {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let (position, key) = text.split_once('.').ok_or(CursorError)?;
-        if position.len() != 16 || key.len() != 64 {
-            return Err(CursorError);
-        }
-        let position = u64::from_str_radix(position, 16).map_err(|_| CursorError)?;
-        let mut bytes = [0u8; 32];
-        for (byte, pair) in bytes.iter_mut().zip(key.as_bytes().chunks_exact(2)) {
-            let pair = std::str::from_utf8(pair).map_err(|_| CursorError)?;
-            *byte = u8::from_str_radix(pair, 16).map_err(|_| CursorError)?;
-        }
-        Ok(Self::new(position, LedgerKey::from_bytes(bytes)))
+        let position = crate::key::derived::from_hex16(position).ok_or(CursorError)?;
+        let key = LedgerKey::from_hex(key).ok_or(CursorError)?;
+        Ok(Self::new(position, key))
     }
 }
 
@@ -346,6 +339,9 @@ impl FromStr for ListCursor {
 /// ```
 /// use tower_idempotency::ledger::ListCursor;
 ///
+/// // A sign is not a digit, though `u64::from_str_radix` would take it.
+/// let signed = format!("+00000000000002a.{}", "ab".repeat(32));
+/// assert!(signed.parse::<ListCursor>().is_err());
 /// let err = "0000000000000001.zz".parse::<ListCursor>().unwrap_err();
 /// assert_eq!(err.to_string(), "not a list cursor: expected 16 hex digits, a dot and 64 hex digits");
 /// ```

@@ -126,6 +126,20 @@ impl LedgerKey {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+
+    /// The key that 64 hex digits spell (as [`to_hex`](Self::to_hex) writes it, either
+    /// case); `None` for any other text.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::LedgerKey;
+    ///
+    /// let key = LedgerKey::from_bytes([0xab; 32]);
+    /// assert_eq!(LedgerKey::from_hex(&key.to_hex()), Some(key));
+    /// assert_eq!(LedgerKey::from_hex("+b"), None);
+    /// ```
+    pub fn from_hex(text: &str) -> Option<Self> {
+        crate::key::derived::from_hex32(text).map(Self)
+    }
 }
 
 impl fmt::Debug for LedgerKey {

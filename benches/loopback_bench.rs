@@ -4,6 +4,7 @@
 //! cargo bench --bench loopback_bench
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo bench --features redis --bench loopback_bench
 //! ```
+//! use tower_idempotency::KeyHeader;
 //!
 //! axum servers and a hyper-util client in one process, each side on its own tokio runtime
 //! with one worker thread (two cores: one per side, as if they were two machines). Every
@@ -14,7 +15,7 @@
 //! |---|---|---|
 //! | `client_bare` | hyper-util | bare axum |
 //! | `client_frozen_retry` | `FrozenRetryLayer` over hyper-util | bare axum |
-//! | `client_stack` | the client stack as the README builds it (`client_builder(MemoryStore).provider_deduplicates(true).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), a new `OperationId` per request | bare axum |
+//! | `client_stack` | the client stack as the README builds it (`client_builder(MemoryStore).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), a new `OperationId` per request | bare axum |
 //! | `client_stack_copied` | diagnostic: `IdempotencyLayer` over `FrozenRetryLayer` stacked by hand with a layer in between that copies response bodies out of hyper's read buffer before they are recorded | bare axum |
 //! | `client_floor` | yardstick: the least a client layer keeping the ledger's promise does (`benches/common/floor.rs`, its own `MemoryStore`) over hyper-util, a new `OperationId` per request | bare axum |
 //! | `server_bare` | hyper-util, a new `Idempotency-Key` per request | bare axum |
@@ -30,7 +31,7 @@
 //! (`LOOPBACK_EMPTY_STORES=1` starts them empty instead).
 //!
 //! `LOOPBACK_DEFAULTS=1` measures **every setting at its default** instead, as the README
-//! wires the layers: `IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates)` and
+//! wires the layers: `IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates, KeyHeader::ietf())` and
 //! `IdempotencyLayer::server(MemoryStore::new())` (caller keys scoped by `Authorization`,
 //! which every request of every variant then carries), the stores starting empty. Each
 //! throughput phase then lasts 0.5 s unless `LOOPBACK_SECS` says otherwise, so that a run
@@ -91,7 +92,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{FrozenRetryLayer, OperationId};
+use tower_idempotency::{FrozenRetryLayer, KeyHeader, OperationId};
 
 const BODY_LEN: usize = 1024;
 const SERVER_THREAD: &str = "lb-server";
@@ -172,7 +173,11 @@ fn client_layer(
     store: impl IdempotencyStore,
 ) -> tower_idempotency::IdempotencyLayer<tower_idempotency::client::ClientFace> {
     if at_defaults() {
-        tower_idempotency::IdempotencyLayer::client(store, ProviderKeys::Deduplicates)
+        tower_idempotency::IdempotencyLayer::client(
+            store,
+            ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
+        )
     } else {
         common::client_layer(store)
     }
@@ -183,6 +188,7 @@ fn client_stack(store: impl IdempotencyStore) -> tower_idempotency::client::Clie
     if at_defaults() {
         tower_idempotency::IdempotencyLayer::client_builder(store)
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .build_stack()
             .expect("the defaults are valid")
     } else {

@@ -24,7 +24,7 @@
 //! | `frozen_retry_no_budget` | `FrozenRetryLayer`, the default policy without its retry budget (which `tower_retry_clone`'s policy does not keep either) |
 //! | `stack_read` | the client stack as the README builds it (`build_stack()`, its store empty) handed `bare`'s requests as `GET`s: a read, outside the ledger (frozen for its retries, never claimed) |
 //! | `client_fresh` / `client_replay` | client `IdempotencyLayer`, a new `OperationId` per call / always the same one (replayed) |
-//! | `stack_fresh` / `stack_replay` | the client stack as the README builds it (`client_builder(..).provider_deduplicates(true).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), the same two ways |
+//! | `stack_fresh` / `stack_replay` | the client stack as the README builds it (`client_builder(..).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack()`: `IdempotencyLayer` over `FrozenRetryLayer` as one service), the same two ways |
 //! | `stack_by_hand_fresh` | `IdempotencyLayer` over `FrozenRetryLayer` stacked with `ServiceBuilder` (the frozen request handed on through the extensions), a new `OperationId` per call |
 //! | `client_floor` / `client_floor_replay` | a yardstick, not the crate's code path: the least a client layer keeping the ledger's promise does for a new operation / a replay, written straight against the crate's public parts (`benches/common/floor.rs`) |
 //! | `stack_floor` | `client_floor` over the hand-written `tower::retry` of `tower_retry_clone` |
@@ -39,7 +39,7 @@
 //! | `sha256_1kib` | one SHA-256 of the 1 KiB body (`sha2`), to price SHA separately |
 //! | `field_digests_1kib` | the field digests `MemoryStore` keeps of the 1 KiB body (`FieldDigests::of`), the largest part of a record's cost |
 //! | `tool_bare` | a no-op tool (`Service<ToolCall<_>>`) called with typed arguments (four fields, ~1 KiB as JSON, built per call) and a new `OperationId`: the tool face's baseline |
-//! | `client_fresh_defaults` / `stack_fresh_defaults` | a new operation per call through the layer (`IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates)`) / the stack (`client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack()`) with **every setting at its default** and the store below its cap, as a user's runs: nothing evicted, nothing shortened |
+//! | `client_fresh_defaults` / `stack_fresh_defaults` | a new operation per call through the layer (`IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates, KeyHeader::ietf())`) / the stack (`client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack()`) with **every setting at its default** and the store below its cap, as a user's runs: nothing evicted, nothing shortened |
 //! | `tool_fresh_defaults` | the same through the tool face (`ToolLayer::builder(MemoryStore::new(), "charge", ProviderKeys::Ignored).build()`) |
 //! | `bare_op_waiting` | `bare_op` with a transport that is pending once before it answers, as one over a network is (`common::Waiting`): the baseline of the `_waiting` variants |
 //! | `stack_fresh_waiting` / `client_floor_waiting` / `stack_floor_waiting` | `stack_fresh`, `client_floor` and `stack_floor` over that transport: what a second poll of every layer, and whatever it arms while a call is on the wire (the default store holds the lease: no renewal timer), add |
@@ -95,7 +95,9 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{FieldDigests, MemoryStore, Outcome};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer, ToolSource};
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ResponseSource,
+};
 
 const BODY_LEN: usize = 1024;
 
@@ -737,6 +739,7 @@ where
     let store = MemoryStore::new();
     let stack = IdempotencyLayer::client_builder(store.clone())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .build_stack()
         .expect("the defaults are valid");
     let svc = ServiceBuilder::new().layer(stack).service(transport);
@@ -848,6 +851,7 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
                     .layer(IdempotencyLayer::client(
                         store.clone(),
                         ProviderKeys::Deduplicates,
+                        KeyHeader::ietf(),
                     ))
                     .service(Noop);
                 let plan = Plan::FreshAtDefaults;

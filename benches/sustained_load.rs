@@ -11,7 +11,7 @@
 //!   with a ~50-byte JSON body; every request a new `Idempotency-Key`, a 1 KiB JSON body and
 //!   one of eight `Authorization` principals (the default scope), at `--server-rate` (default
 //!   2,000/s).
-//! - `client`: `IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack()` over a transport answering
+//! - `client`: `IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack()` over a transport answering
 //!   the same; every request a new `OperationId` and a 1 KiB JSON body, at `--client-rate`
 //!   (default 1,000/s).
 //!
@@ -43,7 +43,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{IdempotencyLayer, OperationId};
+use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId};
 
 const BODY_LEN: usize = 1024;
 const REPORT_EVERY: Duration = Duration::from_secs(10);
@@ -263,6 +263,7 @@ fn client(rate: u64, secs: Option<u64>) {
     let store = MemoryStore::new();
     let stack = IdempotencyLayer::client_builder(store.clone())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .build_stack()
         .expect("the defaults are valid");
     let svc = stack.layer(Created::default());

@@ -56,7 +56,8 @@ use tower_idempotency::client::ClientFace;
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::{
-    DriftPolicy, FrozenRetryLayer, HeaderKey, IdempotencyLayer, OperationId, ResponseSource,
+    DriftPolicy, FrozenRetryLayer, HeaderKey, IdempotencyLayer, KeyHeader, OperationId,
+    ResponseSource,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -363,6 +364,7 @@ async fn ledger() -> Arc<dyn IdempotencyStore> {
 fn our_layer(store: Arc<dyn IdempotencyStore>, drift: DriftPolicy) -> IdempotencyLayer<ClientFace> {
     IdempotencyLayer::client_builder(store)
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .lease(Duration::from_secs(2))
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()

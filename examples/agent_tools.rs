@@ -18,7 +18,9 @@ use tower_idempotency::testing::{SideEffectService, ToolDouble, ToolFault};
 use tower_idempotency::tool::{
     applied, frozen_arguments, ProviderKeys, ToolCall, ToolClass, ToolLayer,
 };
-use tower_idempotency::{retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId};
+use tower_idempotency::{
+    retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId,
+};
 
 #[tokio::main]
 async fn main() -> Result<(), tower::BoxError> {
@@ -37,6 +39,7 @@ async fn main() -> Result<(), tower::BoxError> {
         .layer(IdempotencyLayer::client(
             ledger.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(policy))
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());

@@ -8,7 +8,9 @@ use http_body_util::Full;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower::{Layer, ServiceExt};
 use tower_idempotency::testing::{Fault, SideEffectService};
-use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer, OperationId};
+use tower_idempotency::{
+    ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer, KeyHeader, OperationId,
+};
 
 #[tokio::main]
 async fn main() -> Result<(), tower::BoxError> {
@@ -23,6 +25,7 @@ async fn main() -> Result<(), tower::BoxError> {
     // Once per operation outside, frozen retries inside: one service.
     let client = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .retry_policy(policy)
         .build_stack()?
         .layer(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());

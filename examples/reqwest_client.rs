@@ -21,7 +21,9 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::reqwest::ReqwestService;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ResponseSource,
+};
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -66,6 +68,7 @@ async fn main() -> Result<(), BoxError> {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .retry_policy(retry.clone())
                 .build()?,
         )

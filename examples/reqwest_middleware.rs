@@ -24,7 +24,7 @@ use reqwest_retry::RetryTransientMiddleware;
 use tower::BoxError;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
-use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId, ResponseSource};
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -67,6 +67,7 @@ async fn main() -> Result<(), BoxError> {
         .build_with_max_retries(3);
     let ledger = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         // Records must outlive reqwest-retry's whole schedule (here well under 5 s).
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()

@@ -10,10 +10,12 @@ use std::fmt;
 ///
 /// ```
 /// use std::time::Duration;
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
 /// let err = IdempotencyLayer::client_builder(MemoryStore::new())
 ///     .provider_deduplicates(true)
+///     .key_header(KeyHeader::ietf())
 ///     .retention(Duration::from_secs(10))
 ///     .build()
 ///     .unwrap_err();

@@ -16,7 +16,7 @@
 //!
 //! ```text
 //! ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client(store, ProviderKeys::Deduplicates))   // once per logical operation
+//!     .layer(IdempotencyLayer::client(store, ProviderKeys::Deduplicates, KeyHeader::ietf()))   // once per logical operation
 //!     .layer(FrozenRetryLayer::new(policy))     // freezes bytes, resends them on retry
 //!     .service(hyper_util_client)               // or reqwest through an adapter
 //! ```
@@ -30,6 +30,7 @@
 //! use http::Request;
 //! use http_body_util::Full;
 //! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_idempotency::KeyHeader;
 //! use tower_idempotency::testing::{Fault, SideEffectService};
 //! use tower_idempotency::{
 //!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
@@ -44,7 +45,7 @@
 //! // The retry policy goes to both layers: the outer one sizes its lease by it.
 //! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).retry_policy(policy.clone()).build()?)
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).retry_policy(policy.clone()).build()?)
 //!     .layer(FrozenRetryLayer::new(policy))
 //!     .service(provider.clone());
 //!
@@ -160,6 +161,7 @@ pub use idempotency::source::ResponseSource;
 pub use key::derived::IdempotencyKey;
 pub use key::header::{HeaderKey, InvalidKey};
 pub use key::operation::OperationId;
+pub use key::KeyHeader;
 pub use provider::ProviderKeys;
 pub use retry::layer::FrozenRetryLayer;
 pub use server::policy::{InDoubtPolicy, ServerErrorPolicy};

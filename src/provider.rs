@@ -12,12 +12,13 @@
 /// retry). Sending it again is one effect only if the provider recognises the key.
 ///
 /// ```
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::ledger::MemoryStore;
 /// use tower_idempotency::tool::ToolLayer;
 /// use tower_idempotency::{IdempotencyLayer, ProviderKeys};
 ///
 /// // A payment API that honours `Idempotency-Key`: an in-doubt charge may be sent again.
-/// let stripe = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates);
+/// let stripe = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates, KeyHeader::ietf());
 /// // An SDK that ignores keys: an in-doubt call is never made again blindly.
 /// let legacy = ToolLayer::builder(MemoryStore::new(), "charge_legacy", ProviderKeys::Ignored).build();
 /// # let _ = (stripe, legacy.unwrap());

@@ -28,10 +28,13 @@
 //!
 //! # A retrying layer inside
 //!
-//! The client face marks each operation's request (in its extensions), and
+//! A `tower::retry` or `tower::hedge` between the client face and [`ReqwestService`] is
+//! seen in the type the face wraps, and every side effect is refused before it is sent.
+//! One the type hides (boxed, or your own) is seen at run time: the client face marks each
+//! operation's request (in its extensions), and
 //! [`ReqwestService`] counts the sends made under that mark: a retrying layer between the
-//! two that is not a [`FrozenRetryLayer`](crate::FrozenRetryLayer) (`tower::retry`, a
-//! hedge) resends the attempt blind to the provider's keys, and its second send is refused
+//! two that is not a [`FrozenRetryLayer`](crate::FrozenRetryLayer) resends the attempt
+//! blind to the provider's keys, and its second send is refused
 //! before any byte of it leaves, with an error that names the wiring
 //! ([`Error::is_retry_inside`](crate::Error::is_retry_inside)). The operation is settled
 //! as the first send's outcome dictates: left in doubt if it may have reached the
@@ -47,6 +50,7 @@
 //! use bytes::Bytes;
 //! use http_body_util::Full;
 //! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_idempotency::KeyHeader;
 //! use tower_idempotency::reqwest::ReqwestService;
 //! use tower_idempotency::{
 //!     ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId,
@@ -56,7 +60,7 @@
 //! # async fn main() -> Result<(), tower::BoxError> {
 //! let policy = RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).retry_policy(policy.clone()).build()?)
+//!     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).retry_policy(policy.clone()).build()?)
 //!     .layer(FrozenRetryLayer::new(policy))
 //!     // Redirects off: a redirect comes back as the answer, never followed (see above).
 //!     .service(ReqwestService::from_builder(reqwest::Client::builder())?);
@@ -148,10 +152,11 @@ impl fmt::Debug for ReqwestService {
 ///
 /// ```
 /// use tower::Layer;
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::reqwest::{ReqwestClientStack, ReqwestService};
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack().unwrap();
 /// let no_redirects = reqwest::Client::builder()
 ///     .redirect(reqwest::redirect::Policy::none())
 ///     .build()

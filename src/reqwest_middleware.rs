@@ -77,7 +77,7 @@
 //! ```no_run
 //! use reqwest_middleware::ClientBuilder;
 //! use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
-//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId, ProviderKeys};
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, KeyHeader, OperationId, ProviderKeys};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -89,6 +89,7 @@
 //!     .with(IdempotencyMiddleware::new(IdempotencyLayer::client(
 //!         MemoryStore::new(),
 //!         ProviderKeys::Deduplicates,
+//!         KeyHeader::ietf(),
 //!     )))
 //!     .build();
 //!
@@ -131,10 +132,11 @@ use crate::{BoxError, EffectClass, OperationId, ResponseSource};
 /// [Retries](self#retries-put-reqwest-retry-before-it-never-after-it)).
 ///
 /// ```
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf())
 ///     .scope("billing-agent")
 ///     .build()
 ///     .unwrap();

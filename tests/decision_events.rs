@@ -18,7 +18,7 @@ use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{IdempotencyLayer, OperationId};
+use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId};
 
 fn op() -> OperationId {
     OperationId::new("task-9", "create-order")
@@ -52,6 +52,7 @@ async fn both_faces_log_each_decision_under_one_key_digest() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(http);
     let order = || {

@@ -17,7 +17,7 @@ use http_body_util::Full;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId};
+use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId};
 use tracing::Instrument;
 
 /// A side effect that answers `201 Created`.
@@ -71,6 +71,7 @@ async fn one_request_per_face(server_key: &str, step: &str) {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::default())
         .service(service_fn(created));

@@ -13,6 +13,7 @@ use std::hint::black_box;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use tower_idempotency::KeyHeader;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, USER_AGENT};
@@ -217,6 +218,7 @@ fn bench_client_builder(
 ) -> tower_idempotency::client::Builder {
     tower_idempotency::IdempotencyLayer::client_builder(store)
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .lease(BENCH_PROTECTION)
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()

@@ -28,9 +28,10 @@ use super::stack::ClientStack;
 /// [`ClientStack`] (the layer over a [`FrozenRetryLayer`]) from the same settings. Both check
 /// the TTLs against the retry window of the [retry policy](Builder::retry_policy).
 ///
-/// One setting has no default: whether the provider deduplicates on `Idempotency-Key`
+/// Two settings have no default: whether the provider deduplicates on the key
 /// ([`provider_keys`](Builder::provider_keys), or
-/// [`provider_deduplicates`](Builder::provider_deduplicates)). Left out, `build` and
+/// [`provider_deduplicates`](Builder::provider_deduplicates)), and, if it does, the header
+/// it reads the key from ([`key_header`](Builder::key_header)). Left out, `build` and
 /// `build_stack` return a [`ConfigError`] that says what each choice means.
 ///
 /// | setting | default |
@@ -39,7 +40,7 @@ use super::stack::ClientStack;
 /// | [scope](Builder::scope) (mixed into every key) | `""` |
 /// | [a caller's own key](Builder::caller_key_scope) | scoped by its `Authorization` header, refused without one |
 /// | [key required](Builder::require_key) on side effects | yes: a side effect without an `OperationId` or key fails, nothing sent |
-/// | [key header](Builder::key_header) (name and form) | [`KeyHeader::ietf`]: `Idempotency-Key: "<key>"` |
+/// | [key header](Builder::key_header) (name and form) | **no default** when the provider deduplicates: required, `build` refuses without it; else [`KeyHeader::ietf`], `Idempotency-Key: "<key>"` |
 /// | **The ledger** | |
 /// | [lease](Builder::lease) (renewed by a live owner) | 10 s |
 /// | [retention](Builder::retention) | 24 h |
@@ -60,10 +61,12 @@ use super::stack::ClientStack;
 ///
 /// ```
 /// use std::time::Duration;
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
 ///
 /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
 ///     .provider_deduplicates(true)
+///     .key_header(KeyHeader::ietf())
 ///     .scope("billing-agent")
 ///     .require_key(true)
 ///     .drift_policy(DriftPolicy::ResendFrozen)
@@ -87,7 +90,9 @@ pub struct Builder {
     /// Unset: the default here, the retry policy's own in `build_stack`.
     body_limit: Option<usize>,
     fail_open: bool,
-    key_header: KeyHeader,
+    /// `None` until told: required when the provider deduplicates (a provider that reads
+    /// another header never sees the key), the IETF header otherwise.
+    key_header: Option<KeyHeader>,
     /// `None` until told, and `build` refuses it: no default is safe for both kinds of
     /// provider.
     provider: Option<ProviderKeys>,
@@ -108,7 +113,7 @@ impl Builder {
             defining_fields: None,
             body_limit: None,
             fail_open: false,
-            key_header: KeyHeader::ietf(),
+            key_header: None,
             provider: None,
             phase_classifier: None,
             reconcile_when_deduplicating: false,
@@ -145,10 +150,12 @@ impl Builder {
     /// (one layer per tenant) or tenant-unique task ids.
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .caller_key_scope(|parts| {
     ///         parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
     ///     })
@@ -170,10 +177,12 @@ impl Builder {
     /// request through this layer acts for one principal.
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .caller_keys_unscoped()
     ///     .build()
     ///     .unwrap();
@@ -198,11 +207,13 @@ impl Builder {
     /// `SideEffect` in its extensions (a `POST` that only reads, say).
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// // Opt out: keyless side effects pass through, unprotected.
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .require_key(false)
     ///     .build()
     ///     .unwrap();
@@ -213,8 +224,11 @@ impl Builder {
         self
     }
 
-    /// The header the provider reads the key from, and the form of its value (default
-    /// [`KeyHeader::ietf`]: `Idempotency-Key: "<key>"`, the IETF draft's sf-string).
+    /// The header the provider reads the key from, and the form of its value. **Required**
+    /// when the provider deduplicates ([`provider_keys`](Self::provider_keys)): a key sent
+    /// under another header than the one it reads is never seen, and every resend of an
+    /// operation in doubt runs again, so `build` refuses to guess. Otherwise the default is
+    /// [`KeyHeader::ietf`] (`Idempotency-Key: "<key>"`, the IETF draft's sf-string).
     ///
     /// A key derived from an [`OperationId`](crate::OperationId) is sent under this header
     /// in this form, and a caller's own key is read from it. The same setting reaches what
@@ -235,9 +249,17 @@ impl Builder {
     ///     .build()
     ///     .unwrap();
     /// # let _ = layer;
+    ///
+    /// // Left out for a provider that deduplicates, the build names the presets.
+    /// let err = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.is_choice_missing());
+    /// assert!(err.to_string().contains("KeyHeader::paypal()"));
     /// ```
     pub fn key_header(mut self, header: KeyHeader) -> Self {
-        self.key_header = header;
+        self.key_header = Some(header);
         self
     }
 }
@@ -311,11 +333,13 @@ impl Builder {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer};
     ///
     /// let policy = RetryPolicy::builder().max_elapsed(Duration::from_secs(90)).build().unwrap();
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .retry_policy(policy)
     ///     .build()
     ///     .unwrap();
@@ -336,11 +360,13 @@ impl Builder {
     ///
     /// ```
     /// use http::StatusCode;
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::client::ReleaseOn;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .release_on(ReleaseOn::default().status(StatusCode::FORBIDDEN))
     ///     .build()
     ///     .unwrap();
@@ -385,10 +411,12 @@ impl Builder {
     /// changed [defining field](Self::defining_fields), when some are declared.
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .drift_policy(DriftPolicy::Reject)
     ///     .build()
     ///     .unwrap();
@@ -419,11 +447,13 @@ impl Builder {
     /// counts as the same operation, never what is sent.
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::fingerprint::PayloadFields;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     // A changed order or amount is refused; a reworded summary is not.
     ///     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap())
     ///     .build()
@@ -558,10 +588,12 @@ impl Builder {
     /// request's task, inside its span: keep it short and never block in it.
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .on_outcome(|event| eprintln!("{} {}", event.decision().as_str(), event.key_digest()))
     ///     .build()
     ///     .unwrap();
@@ -585,6 +617,7 @@ impl Builder {
             ));
         }
         let provider = self.provider.ok_or_else(provider_keys_missing)?;
+        let key_header = self.chosen_key_header()?;
         let ledger = self.operation.ledger()?;
         let retry_window = self.operation.retry.retry_window();
         let client = ClientFace {
@@ -599,7 +632,7 @@ impl Builder {
             body_limit: self.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
             response_limit: self.operation.response_limit,
             fail_open: self.fail_open,
-            key_header: self.key_header,
+            key_header,
             provider_deduplicates: provider == ProviderKeys::Deduplicates,
             phase_classifier: self.phase_classifier,
             reconciler: self.operation.reconciler,
@@ -621,11 +654,13 @@ impl Builder {
     /// ```
     /// use std::time::Duration;
     /// use tower::ServiceBuilder;
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::testing::SideEffectService;
     /// use tower_idempotency::{ledger::MemoryStore, retry::RetryPolicy, IdempotencyLayer};
     ///
     /// let stack = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .scope("billing-agent")
     ///     .retry_policy(RetryPolicy::builder().attempt_timeout(Duration::from_secs(2)).build().unwrap())
     ///     .body_limit(256 * 1024)
@@ -637,7 +672,7 @@ impl Builder {
     pub fn build_stack(self) -> Result<ClientStack, ConfigError> {
         let mut policy = self.operation.retry.clone();
         // The retry layer tells a keyed request by the header this layer sends.
-        policy.key_header = self.key_header.clone();
+        policy.key_header = self.chosen_key_header()?;
         if let Some(limit) = self.body_limit {
             policy.body_limit = limit;
         }
@@ -648,6 +683,19 @@ impl Builder {
             self.build()?,
             FrozenRetryLayer::new(policy),
         ))
+    }
+}
+
+impl Builder {
+    /// The header the key is sent under: the one chosen; unchosen, the IETF header, unless
+    /// the provider deduplicates — it must be told the header that provider reads, since
+    /// a key sent under any other is never seen and every resend runs again.
+    fn chosen_key_header(&self) -> Result<KeyHeader, ConfigError> {
+        match (&self.key_header, self.provider) {
+            (Some(header), _) => Ok(header.clone()),
+            (None, Some(ProviderKeys::Deduplicates)) => Err(key_header_missing()),
+            (None, _) => Ok(KeyHeader::ietf()),
+        }
     }
 }
 
@@ -664,18 +712,35 @@ fn provider_keys_missing() -> ConfigError {
     )
 }
 
+/// The refusal of a builder told that the provider deduplicates but not on which header:
+/// the presets, so the one reading it can choose without the docs.
+fn key_header_missing() -> ConfigError {
+    ConfigError::choice_missing(
+        "the provider deduplicates: say which header it reads the key from, as \
+         key_header(KeyHeader::ietf()) for `Idempotency-Key: \"<key>\"` (the IETF draft), \
+         KeyHeader::stripe() or ::adyen() for `Idempotency-Key: <key>`, \
+         KeyHeader::paypal() for `PayPal-Request-Id: <key>`, KeyHeader::checkout_com() for \
+         `Cko-Idempotency-Key: <key>`, or KeyHeader::new(name, form); a provider that reads \
+         another header than the one sent never sees the key, and runs every resend again",
+    )
+}
+
 impl IdempotencyLayer<ClientFace> {
     /// The client layer over `store`, every other setting at its default, for a provider
-    /// that deduplicates on `Idempotency-Key` or ignores it, as `provider` says (see
-    /// [`ProviderKeys`] and [`Builder::provider_keys`]; there is no default).
+    /// that deduplicates on the key or ignores it, as `provider` says (see [`ProviderKeys`]
+    /// and [`Builder::provider_keys`]; there is no default), sending the key under
+    /// `key_header` ([`Builder::key_header`]: the header a provider that deduplicates reads
+    /// it from; there is no default either, since a key sent under another header than the
+    /// provider reads is never seen, and every resend runs again).
     ///
     /// See the [module docs](crate::client) for the stack it belongs in, and
     /// [`client_builder`](Self::client_builder) for the other settings.
     ///
     /// ```
-    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, ProviderKeys};
+    /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, KeyHeader, ProviderKeys};
     ///
-    /// let layer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates);
+    /// // Stripe reads `Idempotency-Key: <key>`; PayPal would be `KeyHeader::paypal()`.
+    /// let layer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates, KeyHeader::stripe());
     /// # let _ = layer;
     /// ```
     ///
@@ -686,41 +751,53 @@ impl IdempotencyLayer<ClientFace> {
     /// one with [`build_stack`](crate::client::Builder::build_stack)): its retries know the
     /// provider's keys and keep "may have been sent" across attempts. Any other retry resends
     /// an attempt that may have run, and against a provider that ignores keys runs the
-    /// effect again. These wirings are refused with an error, before anything is sent:
+    /// effect again. These wirings are refused with an error
+    /// ([`Error::is_retry_inside`](crate::Error::is_retry_inside) or its siblings), before
+    /// anything is sent:
     ///
+    /// - `tower::retry` or `tower::hedge` anywhere in the type of the service this layer
+    ///   wraps (under a `FrozenRetryLayer` too), or in the transport a
+    ///   [`ClientStack`](crate::client::ClientStack) wraps: read from the type once, when
+    ///   the layer wraps it, and every side effect is refused before it is claimed;
     /// - a `FrozenRetryLayer` outside this layer ([`Error::is_retry_outside`](crate::Error::is_retry_outside));
     /// - a second `FrozenRetryLayer` under the first ([`Error::is_retry_nested`](crate::Error::is_retry_nested));
-    /// - a retrying layer that is not ours (`tower::retry`, a hedge) between this layer and
-    ///   [`ReqwestService`](crate::reqwest::ReqwestService), or between this layer and a
+    /// - a retrying layer the type does not show (boxed in a `BoxCloneService`, or one of
+    ///   your own) between this layer and a transport that counts its sends
+    ///   ([`ReqwestService`](crate::reqwest::ReqwestService), any transport wrapped in
+    ///   [`SendOnce`](crate::client::SendOnce)), or between this layer and a
     ///   `FrozenRetryLayer`: each operation's request carries a marker in its extensions,
-    ///   and the transport (or the `FrozenRetryLayer`) refuses a second send under it
-    ///   before any byte of it leaves ([`Error::is_retry_inside`](crate::Error::is_retry_inside));
-    ///   the operation is settled as the first send's outcome dictates.
+    ///   and the second send under it is refused before any byte of it leaves; the
+    ///   operation is settled as the first send's outcome dictates.
     ///
     /// **These cannot be detected**, and must be avoided by hand:
     ///
-    /// - a transport that is not this crate's (`hyper_util`'s `Client`, a service of your
-    ///   own): nothing counts the sends, so a retrying layer above it resends unseen;
+    /// - a retrying layer the type does not show above a transport that counts nothing
+    ///   (hyper-util's `Client` or a service of your own, not wrapped in `SendOnce`);
     /// - a retry policy that drops the request's extensions when it clones the request
     ///   (one that builds the copy from the method, URI, headers and body alone): the copy
     ///   carries no marker, and reads as a first send;
-    /// - a retrying layer that is not ours under a `FrozenRetryLayer` (between it and the
-    ///   transport), or any under the service a stack built with `build_stack` wraps: that
-    ///   layer's attempts carry no per-attempt marker;
+    /// - a retrying layer the type does not show under a `FrozenRetryLayer` or in the
+    ///   transport of a stack built with `build_stack`: those attempts carry no marker;
     /// - `reqwest-retry` after (inside) the
     ///   [`IdempotencyMiddleware`](crate::reqwest_middleware::IdempotencyMiddleware) in a
     ///   `reqwest-middleware` chain: the rest of the chain is opaque to a middleware, and
     ///   reqwest sends what it is handed (see
     ///   [its module docs](crate::reqwest_middleware#retries-put-reqwest-retry-before-it-never-after-it)).
-    pub fn client(store: impl IdempotencyStore, provider: ProviderKeys) -> Self {
+    pub fn client(
+        store: impl IdempotencyStore,
+        provider: ProviderKeys,
+        key_header: KeyHeader,
+    ) -> Self {
         Self::client_builder(store)
             .provider_keys(provider)
+            .key_header(key_header)
             .build()
             .expect("the default client settings are valid once the provider is named")
     }
 
     /// Configure the client layer over `store`. Whether the provider deduplicates
-    /// ([`provider_keys`](Builder::provider_keys)) must be said before it builds.
+    /// ([`provider_keys`](Builder::provider_keys)) must be said before it builds, and, if
+    /// it does, the header it reads the key from ([`key_header`](Builder::key_header)).
     pub fn client_builder(store: impl IdempotencyStore) -> Builder {
         Builder::new(Arc::new(store))
     }
@@ -730,11 +807,12 @@ impl IdempotencyLayer<ClientFace> {
     /// forget it, fenced. See [`Records`](crate::ledger::Records).
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
-    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).scope("agent").build().unwrap();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).scope("agent").build().unwrap();
     /// let records = layer.records();
     /// let key = records.operation_key(&OperationId::new("task-7", "charge"));
     /// assert!(records.inspect(key).await?.is_none());

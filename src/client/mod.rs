@@ -194,6 +194,7 @@
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::sync::Arc;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_idempotency::KeyHeader;
 //! use tower_idempotency::{
 //!     fingerprint::PayloadFields, ledger::MemoryStore, retry::RetryPolicy, FrozenRetryLayer,
 //!     IdempotencyLayer, OperationId, ResponseSource,
@@ -212,6 +213,7 @@
 //!
 //! let layer = IdempotencyLayer::client_builder(MemoryStore::new())
 //!     .provider_deduplicates(true)
+//!     .key_header(KeyHeader::ietf())
 //!     // What the operation is: never discarded, a change there is refused.
 //!     .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap())
 //!     .build()
@@ -256,6 +258,7 @@ mod refusal;
 mod release;
 mod resolve;
 mod send;
+mod send_once;
 mod service;
 mod settle;
 mod stack;
@@ -267,6 +270,7 @@ pub use future::{ResponseFuture, StackFuture};
 #[cfg(feature = "reqwest")]
 pub(crate) use release::AnsweredAfterRedirect;
 pub use release::ReleaseOn;
+pub use send_once::{SendOnce, SendOnceFuture, SendOnceLayer};
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::run;
 pub use stack::{ClientStack, StackService};
@@ -277,9 +281,10 @@ use crate::idempotency::IdempotencyLayer;
 /// [`Builder::build`] return it.
 ///
 /// ```
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::{client::ClientLayer, ledger::MemoryStore, IdempotencyLayer, ProviderKeys};
 ///
-/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates);
+/// let layer: ClientLayer = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates, KeyHeader::ietf());
 /// # let _ = layer;
 /// ```
 pub type ClientLayer = IdempotencyLayer<ClientFace>;
@@ -293,10 +298,11 @@ pub type ClientLayer = IdempotencyLayer<ClientFace>;
 /// use hyper_util::client::legacy::{connect::HttpConnector, Client};
 /// use hyper_util::rt::TokioExecutor;
 /// use tower::Layer;
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::client::HyperStack;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack().unwrap();
 /// let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
 /// let client: HyperStack<HttpConnector> = stack.layer(http);
 /// # let _ = client;

@@ -28,6 +28,7 @@
 //! - Anything else (busy, drift, in doubt, a store that must be awaited) goes to the slow
 //!   path with the inner service unused: it is the slow path's to call, at most once.
 
+use crate::idempotency::wiring::Wiring;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -117,7 +118,8 @@ where
         started: Option<tokio::time::Instant>,
     ) -> Self {
         let (parts, body) = req.into_parts();
-        let admission = Admission::of(&client, &parts, &body);
+        // A `reqwest-middleware` chain: what follows the middleware is not a type to read.
+        let admission = Admission::of(&client, Wiring::UNKNOWN, &parts, &body);
         Self::held(inner, client, (parts, body), admission, started)
     }
 
@@ -160,11 +162,17 @@ pub(crate) struct Admission {
 impl Admission {
     /// Look at a request's head and body.
     #[inline(always)]
-    pub(crate) fn of<B: Body>(client: &ClientFace, parts: &http::request::Parts, body: &B) -> Self {
+    pub(crate) fn of<B: Body>(
+        client: &ClientFace,
+        wiring: Wiring,
+        parts: &http::request::Parts,
+        body: &B,
+    ) -> Self {
         let side_effect = EffectClass::resolve(&parts.method, &parts.extensions).is_side_effect();
         let key = if side_effect {
-            client
-                .check_layer_order(&parts.extensions)
+            wiring
+                .check()
+                .and_then(|()| client.check_layer_order(&parts.extensions))
                 .and_then(|()| identify(client, parts))
         } else {
             Ok(None)

@@ -10,10 +10,11 @@ use crate::error::Drift;
 /// `Idempotency-Key`.
 ///
 /// ```
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer};
 ///
 /// // Refuse regenerated payloads even under an `OperationId`.
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf())
 ///     .drift_policy(DriftPolicy::Reject)
 ///     .build()
 ///     .unwrap();
@@ -52,6 +53,7 @@ pub enum DriftPolicy {
 /// use http::Request;
 /// use http_body_util::Full;
 /// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::testing::SideEffectService;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId, PayloadDiscarded, ProviderKeys};
 ///
@@ -59,7 +61,7 @@ pub enum DriftPolicy {
 /// # async fn main() -> Result<(), tower_idempotency::Error> {
 /// let provider = SideEffectService::new();
 /// let client = ServiceBuilder::new()
-///     .layer(IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates))
+///     .layer(IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates, KeyHeader::ietf()))
 ///     .service(provider.clone());
 /// let charge = |summary: &str| {
 ///     let body = format!(r#"{{"order_id":"order_42","amount_cents":1999,"summary":"{summary}"}}"#);

@@ -11,6 +11,7 @@ use tower_service::Service;
 
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{request_span, RequestSpan};
+use crate::idempotency::wiring::Wiring;
 use crate::idempotency::Idempotency;
 use crate::phase::FailurePhase;
 use crate::{BoxError, Error};
@@ -44,7 +45,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         start(
             ready_instance(&mut self.inner),
-            &self.face,
+            (&self.face, self.wiring),
             req,
             |operation, span| ResponseFuture { operation, span },
         )
@@ -65,7 +66,7 @@ pub(super) fn ready_instance<S: Clone>(service: &mut S) -> S {
 #[inline(always)]
 pub(super) fn start<S, B, ResB, M, F>(
     inner: S,
-    client: &Arc<ClientFace>,
+    (client, wiring): (&Arc<ClientFace>, Wiring),
     req: Request<B>,
     held: impl FnOnce(Operation<'static, S, B, ResB, M>, RequestSpan) -> F,
 ) -> F
@@ -79,7 +80,7 @@ where
     let (parts, body) = req.into_parts();
     let admission = {
         let _entered = span.enter();
-        Admission::of(client, &parts, &body)
+        Admission::of(client, wiring, &parts, &body)
     };
     held(
         Operation::held(inner, client.clone(), (parts, body), admission, started),

@@ -1,6 +1,7 @@
 //! [`ClientStack`]: the client layer over the frozen-retry layer, in the right order, and
 //! [`StackService`], the two as one service.
 
+use crate::idempotency::wiring::Wiring;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -30,10 +31,11 @@ use crate::{BoxError, Error};
 ///
 /// ```
 /// use tower::Layer;
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::testing::SideEffectService;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack().unwrap();
 /// let client = stack.layer(SideEffectService::new());
 /// # let _ = client;
 /// ```
@@ -65,6 +67,9 @@ impl<S> Layer<S> for ClientStack {
 
     fn layer(&self, inner: S) -> Self::Service {
         StackService {
+            // The transport's type: a foreign retrying layer in it would resend the
+            // attempts of the retry layer above it.
+            wiring: Wiring::of::<S>(),
             retry: self.retry.layer(inner),
             client: self.idempotency.face().clone(),
         }
@@ -84,11 +89,12 @@ impl<S> Layer<S> for ClientStack {
 ///
 /// ```
 /// use tower::Layer;
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::client::StackService;
 /// use tower_idempotency::testing::SideEffectService;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
 ///
-/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).build_stack().unwrap();
+/// let stack = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).build_stack().unwrap();
 /// let client: StackService<SideEffectService> = stack.layer(SideEffectService::new());
 /// # let _ = client;
 /// ```
@@ -96,6 +102,7 @@ impl<S> Layer<S> for ClientStack {
 pub struct StackService<S> {
     retry: FrozenRetry<S>,
     client: Arc<ClientFace>,
+    wiring: Wiring,
 }
 
 impl<S: Clone> Clone for StackService<S> {
@@ -103,6 +110,7 @@ impl<S: Clone> Clone for StackService<S> {
         Self {
             retry: self.retry.clone(),
             client: self.client.clone(),
+            wiring: self.wiring,
         }
     }
 }
@@ -147,7 +155,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         start(
             ready_instance(&mut self.retry),
-            &self.client,
+            (&self.client, self.wiring),
             req,
             |operation, span| StackFuture { operation, span },
         )

@@ -73,6 +73,10 @@ enum Kind {
     RetryInside {
         first: FailurePhase,
     },
+    /// `layer`: the retrying layer found in the type of the service under the face.
+    RetryLayerInside {
+        layer: &'static str,
+    },
 }
 
 impl Error {
@@ -174,6 +178,11 @@ impl Error {
     /// A second send of one attempt, refused; `first` is how far its first send got.
     pub(crate) fn retry_inside(first: FailurePhase) -> Self {
         Self::new(Kind::RetryInside { first }, None)
+    }
+
+    /// A retrying layer that is not ours found under the face by its type; nothing sent.
+    pub(crate) fn retry_layer_inside(layer: &'static str) -> Self {
+        Self::new(Kind::RetryLayerInside { layer }, None)
     }
 
     /// A side-effecting request carried no [`OperationId`](crate::OperationId) and no
@@ -368,19 +377,24 @@ impl Error {
 
     /// A retrying layer that is not this crate's (`tower::retry`, a hedge, a layer of
     /// your own) sits between the client [`IdempotencyLayer`](crate::IdempotencyLayer)
-    /// and the transport, and sent one attempt a second time: the transport of this crate
-    /// ([`ReqwestService`](crate::reqwest::ReqwestService), feature `reqwest`) or a
-    /// [`FrozenRetryLayer`](crate::FrozenRetryLayer) under it refused the second send
-    /// before any byte of it left. Such a layer resends blind to the provider's keys and
-    /// to the operation's doubt, and a provider that ignores keys would run the effect
-    /// again.
+    /// (or the tool face) and the transport. Such a layer resends blind to the provider's
+    /// keys and to the operation's doubt, and a provider that ignores keys would run the
+    /// effect again. Seen one of two ways:
     ///
-    /// The first send may have run: the operation is settled as that send's outcome
-    /// dictates, never released as unsent unless the first send failed before writing
-    /// ([`phase`](Error::phase) is the first send's). Refused on every operation until the
-    /// stack is fixed: retry with a [`FrozenRetryLayer`](crate::FrozenRetryLayer) directly
-    /// inside the idempotency layer (or
-    /// [`build_stack`](crate::client::Builder::build_stack)), and drop the other one.
+    /// - **by its type** (`tower::retry`, `tower::hedge`), when the layer wrapped the
+    ///   service: every side effect is refused before it is claimed, and nothing was sent
+    ///   ([`phase`](Error::phase) is `None`, the operation untouched);
+    /// - **by its second send** of one attempt, when the type hides it: the transport of
+    ///   this crate ([`ReqwestService`](crate::reqwest::ReqwestService), any transport
+    ///   wrapped in [`SendOnce`](crate::client::SendOnce)) or a
+    ///   [`FrozenRetryLayer`](crate::FrozenRetryLayer) under it refused the second send
+    ///   before any byte of it left. The first send may have run: the operation is settled
+    ///   as that send's outcome dictates, never released as unsent unless the first send
+    ///   failed before writing ([`phase`](Error::phase) is the first send's).
+    ///
+    /// Refused on every operation until the stack is fixed: retry with a
+    /// [`FrozenRetryLayer`](crate::FrozenRetryLayer) directly inside the idempotency layer
+    /// (or [`build_stack`](crate::client::Builder::build_stack)), and drop the other one.
     ///
     /// ```
     /// # use tower_idempotency::Error;
@@ -390,7 +404,10 @@ impl Error {
     /// # let _ = a_foreign_retry_layer_inside;
     /// ```
     pub fn is_retry_inside(&self) -> bool {
-        matches!(self.inner.kind, Kind::RetryInside { .. })
+        matches!(
+            self.inner.kind,
+            Kind::RetryInside { .. } | Kind::RetryLayerInside { .. }
+        )
     }
 
     /// Our error inside `err`, however deep: `err` itself, one of its
@@ -601,6 +618,14 @@ impl fmt::Display for Error {
                     FailurePhase::AfterWrite => "reached the provider",
                     FailurePhase::Unknown => "may have reached the provider",
                 }
+            ),
+            Kind::RetryLayerInside { layer } => write!(
+                f,
+                "a retrying layer ({layer}) is inside the idempotency layer, between it and \
+                 the transport: its retries would resend an attempt that may have taken \
+                 effect, blind to the provider's keys, so nothing was sent; retry with a \
+                 FrozenRetryLayer directly inside the idempotency layer (or build_stack()), \
+                 and put any other retrying layer outside it"
             ),
         }
     }

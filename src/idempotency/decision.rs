@@ -339,6 +339,7 @@ impl RequestSpan {
 /// ```
 /// use std::sync::{Arc, Mutex};
 /// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::idempotency::{Decision, OutcomeEvent};
 /// use tower_idempotency::testing::SideEffectService;
 /// use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, OperationId};
@@ -346,7 +347,7 @@ impl RequestSpan {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let seen = Arc::new(Mutex::new(Vec::new()));
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf())
 ///     .on_outcome({
 ///         let seen = seen.clone();
 ///         move |event: &OutcomeEvent<'_>| {
@@ -411,6 +412,7 @@ impl OutcomeEvent<'_> {
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::idempotency::{OutcomeEvent, Signal};
     /// use tower_idempotency::testing::SideEffectService;
     /// use tower_idempotency::{ledger::MemoryStore, DriftPolicy, IdempotencyLayer, OperationId};
@@ -420,6 +422,7 @@ impl OutcomeEvent<'_> {
     /// let discarded = Arc::new(Mutex::new(0));
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .drift_policy(DriftPolicy::ResendFrozen)
     ///     .on_outcome({
     ///         let discarded = discarded.clone();

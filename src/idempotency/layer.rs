@@ -49,6 +49,7 @@ impl<S, F> Layer<S> for IdempotencyLayer<F> {
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency {
+            wiring: super::wiring::Wiring::of::<S>(),
             inner,
             face: self.face.clone(),
         }
@@ -60,6 +61,8 @@ impl<S, F> Layer<S> for IdempotencyLayer<F> {
 pub struct Idempotency<S, F> {
     pub(crate) inner: S,
     pub(crate) face: Arc<F>,
+    /// What the type of `inner` shows (a retrying layer inside, refused on the client face).
+    pub(crate) wiring: super::wiring::Wiring,
 }
 
 impl<S: Clone, F> Clone for Idempotency<S, F> {
@@ -67,6 +70,7 @@ impl<S: Clone, F> Clone for Idempotency<S, F> {
         Self {
             inner: self.inner.clone(),
             face: self.face.clone(),
+            wiring: self.wiring,
         }
     }
 }

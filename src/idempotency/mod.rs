@@ -37,6 +37,7 @@ pub(crate) mod layer;
 pub(crate) mod reconcile;
 pub(crate) mod scope;
 pub(crate) mod source;
+pub(crate) mod wiring;
 
 pub use body::ResponseBody;
 #[cfg(feature = "reqwest-middleware")]

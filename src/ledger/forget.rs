@@ -331,12 +331,13 @@ enum Keys {
 /// # Example
 ///
 /// ```
+/// use tower_idempotency::KeyHeader;
 /// use tower_idempotency::ledger::{Expected, Forget, MemoryStore, RecordState};
 /// use tower_idempotency::{IdempotencyLayer, OperationId};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
-/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
+/// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf())
 ///     .scope("billing-agent")
 ///     .build()
 ///     .unwrap();
@@ -403,10 +404,11 @@ impl Records {
     /// scope. On a server layer's handle, the key of a client layer with the default scope.
     ///
     /// ```
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::ledger::{LedgerKey, MemoryStore};
     /// use tower_idempotency::{IdempotencyLayer, OperationId};
     ///
-    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).scope("agent").build().unwrap();
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).scope("agent").build().unwrap();
     /// let op = OperationId::new("task-7", "charge");
     /// assert_eq!(layer.records().operation_key(&op), LedgerKey::for_operation(op.key("agent")));
     /// ```

@@ -55,6 +55,7 @@ impl<S, C> Layer<S> for ToolLayer<C> {
 
     fn layer(&self, inner: S) -> Self::Service {
         ToolService {
+            wiring: crate::idempotency::wiring::Wiring::of::<S>(),
             inner,
             face: self.face.clone(),
         }

@@ -12,7 +12,10 @@ use tower_service::Service;
 
 use super::face::ToolFace;
 use super::operation::{run, Tower};
-use super::types::{ClassifyToolError, MayHaveHappened, ToolCall, ToolError, ToolOutput};
+use super::types::{
+    ClassifyToolError, MayHaveHappened, ToolCall, ToolClass, ToolError, ToolOutput,
+};
+use crate::idempotency::wiring::Wiring;
 
 /// The service of a [`ToolLayer`](super::ToolLayer): answers a [`ToolCall`] with a [`ToolOutput`].
 ///
@@ -20,6 +23,8 @@ use super::types::{ClassifyToolError, MayHaveHappened, ToolCall, ToolError, Tool
 pub struct ToolService<S, C = MayHaveHappened> {
     pub(super) inner: S,
     pub(super) face: Arc<ToolFace<C>>,
+    /// What the type of `inner` shows (a retrying layer inside, refused for side effects).
+    pub(super) wiring: Wiring,
 }
 
 impl<S: Clone, C> Clone for ToolService<S, C> {
@@ -27,6 +32,7 @@ impl<S: Clone, C> Clone for ToolService<S, C> {
         Self {
             inner: self.inner.clone(),
             face: self.face.clone(),
+            wiring: self.wiring,
         }
     }
 }
@@ -69,6 +75,14 @@ where
     }
 
     fn call(&mut self, call: ToolCall<A>) -> Self::Future {
+        // A retrying layer of tower's inside would call a side effect again, blind to the
+        // ledger: refused before anything is claimed or called. Reads and idempotent
+        // writes pass straight through anyway.
+        if self.face.class == ToolClass::SideEffect {
+            if let Err(refused) = self.wiring.check() {
+                return Box::pin(std::future::ready(Err(ToolError::Idempotency(refused))));
+            }
+        }
         let inner = self.inner.clone();
         let face = self.face.clone();
         Box::pin(async move { run(&face, call, &mut Tower(inner)).await })

@@ -26,7 +26,7 @@ use down::DownStore;
 use tower_idempotency::fingerprint::PayloadFields;
 use tower_idempotency::{
     BusyPolicy, DriftPolicy, EffectClass, FrozenRequest, FrozenRetryLayer, IdempotencyLayer,
-    OperationId, PayloadDiscarded, ResponseSource,
+    KeyHeader, OperationId, PayloadDiscarded, ResponseSource,
 };
 
 const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock: 200 units of SKU-4471, expedited freight","total_cents":184200,"fulfillment_intent_id":"fi_9a7e21"}"#;
@@ -68,7 +68,7 @@ fn stack_with(layer: IdempotencyLayer<ClientFace>, provider: &SideEffectService)
 
 fn stack(store: &Arc<MemoryStore>, provider: &SideEffectService) -> Stack {
     stack_with(
-        IdempotencyLayer::client(store.clone(), ProviderKeys::Deduplicates),
+        IdempotencyLayer::client(store.clone(), ProviderKeys::Deduplicates, KeyHeader::ietf()),
         provider,
     )
 }
@@ -175,6 +175,7 @@ async fn a_replay_carries_its_mark_and_none_of_the_requests_extensions() {
     let built = tower::Layer::layer(
         &IdempotencyLayer::client_builder(MemoryStore::new())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .build_stack()
             .unwrap(),
         provider.clone(),
@@ -379,6 +380,7 @@ async fn a_keyless_side_effect_is_refused_unless_keys_are_made_optional() {
     let lenient = stack_with(
         IdempotencyLayer::client_builder(store.clone())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .require_key(false)
             .build()
             .unwrap(),
@@ -422,6 +424,7 @@ async fn an_oversized_body_fails_before_anything_is_sent_or_recorded() {
     let svc = stack_with(
         IdempotencyLayer::client_builder(store.clone())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .body_limit(16)
             .build()
             .unwrap(),
@@ -474,6 +477,7 @@ async fn drift_is_rejected_naming_the_fields_that_changed() {
     }]);
     let layer = IdempotencyLayer::client_builder(store.clone())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .drift_policy(DriftPolicy::Reject)
         .build()
         .unwrap();
@@ -526,6 +530,7 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
 
     let reject = IdempotencyLayer::client_builder(store.clone())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .drift_policy(DriftPolicy::Reject)
         .build()
         .unwrap();
@@ -541,6 +546,7 @@ async fn drift_after_completion_names_the_fields_or_replays_the_outcome() {
 
     let resend_frozen = IdempotencyLayer::client_builder(store.clone())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .drift_policy(DriftPolicy::ResendFrozen)
         .build()
         .unwrap();
@@ -571,6 +577,7 @@ async fn a_regenerated_call_under_an_operation_id_finishes_by_default_and_says_w
         .layer(IdempotencyLayer::client(
             store.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(one_shot))
         .service(provider.clone());
@@ -661,6 +668,7 @@ async fn with_defining_fields_only_a_defining_change_is_drift() {
             .layer(
                 IdempotencyLayer::client_builder(store.clone())
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .drift_policy(DriftPolicy::Reject)
                     .defining_fields(defining())
                     .build()
@@ -713,6 +721,7 @@ async fn the_failure_that_put_the_operation_in_doubt_is_in_doubt() {
         .layer(IdempotencyLayer::client(
             store.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(one_shot))
         .service(provider.clone());
@@ -743,6 +752,7 @@ async fn drift_under_resend_frozen_sends_the_original_bytes() {
         .layer(
             IdempotencyLayer::client_builder(store.clone())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .drift_policy(DriftPolicy::ResendFrozen)
                 .build()
                 .unwrap(),
@@ -776,6 +786,7 @@ async fn a_crashed_client_is_resumed_with_the_frozen_bytes() {
     let after_restart = stack_with(
         IdempotencyLayer::client_builder(store.clone())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .drift_policy(DriftPolicy::ResendFrozen)
             .build()
             .unwrap(),
@@ -827,6 +838,7 @@ async fn an_expired_lease_resumes_with_the_stored_request_and_fences_the_dead_ow
     let svc = stack_with(
         IdempotencyLayer::client_builder(store.clone())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .busy_policy(BusyPolicy::Fail)
             .build()
             .unwrap(),
@@ -893,6 +905,7 @@ async fn an_oversized_response_reaches_its_caller_whole_and_is_never_run_again()
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(provider);
     let first = svc.clone().oneshot(post(ORIGINAL)).await.unwrap();
@@ -910,7 +923,7 @@ async fn an_oversized_response_reaches_its_caller_whole_and_is_never_run_again()
 async fn a_ledger_outage_fails_closed_unless_opted_out() {
     let provider = SideEffectService::new();
     let closed = stack_with(
-        IdempotencyLayer::client(DownStore, ProviderKeys::Deduplicates),
+        IdempotencyLayer::client(DownStore, ProviderKeys::Deduplicates, KeyHeader::ietf()),
         &provider,
     );
     let err = closed.oneshot(post(ORIGINAL)).await.unwrap_err();
@@ -924,6 +937,7 @@ async fn a_ledger_outage_fails_closed_unless_opted_out() {
     let open = stack_with(
         IdempotencyLayer::client_builder(DownStore)
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .fail_open(true)
             .build()
             .unwrap(),
@@ -944,6 +958,7 @@ async fn a_pre_write_failure_releases_the_operation() {
         .layer(IdempotencyLayer::client(
             store.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(provider.clone());
     let err = svc.clone().oneshot(post(ORIGINAL)).await.unwrap_err();
@@ -982,6 +997,7 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
     });
     let layer = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .classify_phase(|err: &(dyn std::error::Error + 'static)| {
             err.is::<CircuitOpen>().then_some(FailurePhase::PreWrite)
         })
@@ -999,6 +1015,7 @@ async fn a_users_own_error_type_is_classified_by_their_classifier() {
 fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
     let short_retention = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()
                 .max_elapsed(Duration::from_secs(30))
@@ -1015,6 +1032,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
     // A lease shorter than the retry window is fine: a live owner renews it.
     let _renewed = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()
                 .max_elapsed(Duration::from_secs(30))
@@ -1026,6 +1044,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .expect("short leases are renewed");
     let short_protection = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .retry_policy(
             tower_idempotency::retry::RetryPolicy::builder()
                 .max_elapsed(Duration::from_secs(30))
@@ -1045,6 +1064,7 @@ fn the_builder_refuses_retention_or_protection_shorter_than_the_retry_window() {
         .unwrap();
     let from_policy = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .retry_policy(policy.clone())
         .retention(Duration::from_secs(300))
         .build();
@@ -1090,6 +1110,7 @@ async fn the_body_is_read_once_per_operation_with_both_layers_stacked() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(RetryPolicy::default()))
         .service(provider.clone());

@@ -10,7 +10,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::fingerprint::{PayloadFields, RequestPart};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::testing::{Fault, SideEffectService};
-use tower_idempotency::{DriftPolicy, IdempotencyLayer, OperationId, PayloadDiscarded};
+use tower_idempotency::{DriftPolicy, IdempotencyLayer, KeyHeader, OperationId, PayloadDiscarded};
 
 const PAYMENT: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
 
@@ -52,6 +52,7 @@ async fn resend_frozen_refuses_a_completed_operation_sent_to_another_target() {
         .build_http::<Full<Bytes>>();
     let layer = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .drift_policy(DriftPolicy::ResendFrozen)
         .build()
         .unwrap();
@@ -103,6 +104,7 @@ async fn resend_frozen_never_resends_an_in_doubt_operation_for_another_target() 
         .build_http::<Full<Bytes>>();
     let layer = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .drift_policy(DriftPolicy::ResendFrozen)
         .build()
         .unwrap();
@@ -146,6 +148,7 @@ fn client_with(
     let provider = SideEffectService::new();
     let mut builder = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .defining_fields(PayloadFields::new(["/order_id", "/amount_cents"]).unwrap());
     if let Some(policy) = policy {
         builder = builder.drift_policy(policy);

@@ -26,7 +26,9 @@ use tower_idempotency::idempotency::Idempotency;
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::{FrozenRetry, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
-use tower_idempotency::{Error, FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    Error, FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ResponseSource,
+};
 
 /// The two layers stacked by hand: the frozen request handed on through the extensions.
 type ByHand = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
@@ -44,6 +46,8 @@ fn by_hand(store: &Arc<MemoryStore>, provider: &SideEffectService, dedup: bool) 
         .layer(
             IdempotencyLayer::client_builder(store.clone())
                 .provider_deduplicates(dedup)
+                .key_header(KeyHeader::ietf())
+                .key_header(KeyHeader::ietf())
                 .build()
                 .unwrap(),
         )
@@ -59,6 +63,7 @@ fn built(
 ) -> StackService<SideEffectService> {
     IdempotencyLayer::client_builder(store.clone())
         .provider_deduplicates(dedup)
+        .key_header(KeyHeader::ietf())
         .retry_policy(policy())
         .build_stack()
         .unwrap()

@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::{IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId, ResponseSource};
 
 /// How the provider says the key is in use.
 #[derive(Clone, Copy, Debug)]
@@ -81,6 +81,7 @@ fn stack(
         .unwrap();
     let layers = IdempotencyLayer::client_builder(ledger.clone())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .retry_policy(policy)
         .build_stack()
         .unwrap();

@@ -13,7 +13,7 @@ use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{
-    FrozenRetryLayer, IdempotencyLayer, OperationId, ProviderKeys, ResponseSource,
+    FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ProviderKeys, ResponseSource,
 };
 
 fn policy() -> RetryPolicy {
@@ -45,7 +45,11 @@ async fn a_frozen_retry_layer_outside_the_idempotency_layer_is_refused_before_an
         provider.push_fault(Fault::CommitThenTimeout);
         let upside_down = ServiceBuilder::new()
             .layer(FrozenRetryLayer::new(policy()))
-            .layer(IdempotencyLayer::client(MemoryStore::new(), provider_keys))
+            .layer(IdempotencyLayer::client(
+                MemoryStore::new(),
+                provider_keys,
+                KeyHeader::ietf(),
+            ))
             .service(provider.clone());
         for step in ["charge", "refund"] {
             let err = upside_down.clone().oneshot(charge(step)).await.unwrap_err();
@@ -63,6 +67,7 @@ async fn a_frozen_retry_layer_outside_the_idempotency_layer_is_refused_before_an
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Ignored,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(policy()))
         .service(provider.clone());
@@ -87,6 +92,7 @@ async fn a_second_frozen_retry_layer_inside_the_idempotency_layer_is_refused_bef
             .layer(
                 IdempotencyLayer::client_builder(MemoryStore::new())
                     .provider_deduplicates(provider_deduplicates)
+                    .key_header(KeyHeader::ietf())
                     .build()
                     .unwrap(),
             )

@@ -3,6 +3,7 @@
 #![cfg(feature = "test-util")]
 
 use crate::support::orders;
+use tower_idempotency::KeyHeader;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -58,6 +59,7 @@ async fn the_client_hook_hears_each_operation_once_with_its_last_decision() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 // A regenerated payload is refused, so the hook hears a drift.
                 .drift_policy(tower_idempotency::DriftPolicy::Reject)
                 .on_outcome(recording(&log))
@@ -111,6 +113,7 @@ async fn an_acquired_operation_that_times_out_is_reported_in_doubt() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .on_outcome(recording(&log))
                 .build()
                 .unwrap(),
@@ -141,6 +144,7 @@ async fn a_resent_operation_is_reported_by_what_its_resend_came_to() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .on_outcome(recording(&log))
                 .build()
                 .unwrap(),
@@ -176,6 +180,7 @@ async fn requests_outside_the_ledger_are_not_reported() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .require_key(false)
                 .on_outcome(recording(&log))
                 .build()
@@ -215,6 +220,7 @@ async fn both_faces_report_one_operation_under_one_digest() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .on_outcome(recording(&client_log))
                 .build()
                 .unwrap(),
@@ -234,6 +240,7 @@ async fn both_faces_report_one_operation_under_one_digest() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

@@ -13,7 +13,7 @@ use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::{
-    ConfigError, FrozenRetryLayer, IdempotencyLayer, OperationId, ProviderKeys,
+    ConfigError, FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ProviderKeys,
 };
 
 fn policy() -> RetryPolicy {
@@ -55,15 +55,52 @@ fn a_build_that_leaves_the_provider_choice_out_is_refused_naming_both_choices() 
         .build_stack();
     assert_names_both_choices(&stack.expect_err("refused"));
 
-    // Either choice, said either way, builds.
+    // Either choice, said either way, builds: a provider that deduplicates with the
+    // header it reads, one that ignores keys with or without one.
     for provider in [ProviderKeys::Deduplicates, ProviderKeys::Ignored] {
-        let told = IdempotencyLayer::client_builder(MemoryStore::new()).provider_keys(provider);
+        let told = IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_keys(provider)
+            .key_header(KeyHeader::paypal());
         assert!(told.build().is_ok());
     }
     for deduplicates in [true, false] {
         let told = IdempotencyLayer::client_builder(MemoryStore::new())
-            .provider_deduplicates(deduplicates);
+            .provider_deduplicates(deduplicates)
+            .key_header(KeyHeader::stripe());
         assert!(told.build_stack().is_ok());
+    }
+    let ignored = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(false);
+    assert!(ignored.build().is_ok());
+}
+
+/// A provider that deduplicates reads the key from one header: a key sent under another is
+/// never seen, and every resend of an operation in doubt charges again. So the header is a
+/// choice too, and a build told the provider deduplicates but not where it reads the key
+/// is refused, naming the presets (the layer, the stack, said either way).
+#[test]
+fn a_provider_that_deduplicates_needs_the_header_it_reads_named() {
+    let refusals = [
+        IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
+            .build()
+            .map(drop),
+        IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_keys(ProviderKeys::Deduplicates)
+            .retry_policy(policy())
+            .build_stack()
+            .map(drop),
+    ];
+    for refused in refusals {
+        let err = refused.expect_err("refused without the header");
+        let message = err.to_string();
+        assert!(err.is_choice_missing(), "{message}");
+        for preset in [
+            "KeyHeader::ietf()",
+            "KeyHeader::stripe()",
+            "KeyHeader::paypal()",
+        ] {
+            assert!(message.contains(preset), "{message}");
+        }
     }
 }
 
@@ -79,6 +116,7 @@ async fn told_the_provider_ignores_keys_a_timeout_after_the_effect_is_one_effect
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Ignored,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(policy()))
         .service(provider.clone());

@@ -46,7 +46,9 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{crash_after, Fault, SideEffectService};
-use tower_idempotency::{BusyPolicy, Error, FrozenRetryLayer, IdempotencyLayer, OperationId};
+use tower_idempotency::{
+    BusyPolicy, Error, FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId,
+};
 
 fn cases(default: u32) -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
@@ -201,7 +203,8 @@ async fn client_case_holds(
         .lease(LEASE)
         .retry_policy(policy.clone())
         .busy_policy(BusyPolicy::Wait(Duration::from_secs(5)))
-        .provider_deduplicates(case.provider_deduplicates);
+        .provider_deduplicates(case.provider_deduplicates)
+        .key_header(KeyHeader::ietf());
     if case.resend_frozen {
         builder = builder.drift_policy(tower_idempotency::DriftPolicy::ResendFrozen);
     }

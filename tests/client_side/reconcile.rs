@@ -24,7 +24,7 @@ use tower_idempotency::idempotency::{
 use tower_idempotency::ledger::{IdempotencyStore, LedgerKey, MemoryStore, RecordState};
 use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{BoxError, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{BoxError, IdempotencyLayer, KeyHeader, OperationId, ResponseSource};
 
 const BODY: &[u8] = br#"{"order_id":"order-42","amount_cents":1999}"#;
 const CHARGES: &str = "http://payments.local/charges";
@@ -334,6 +334,7 @@ async fn a_deduplicating_provider_is_reconciled_only_when_asked_to() {
             .layer(IdempotencyLayer::client(
                 ledger.clone(),
                 ProviderKeys::Deduplicates,
+                KeyHeader::ietf(),
             ))
             .service(provider.clone());
         let _ = tokio::time::timeout(Duration::from_secs(5), first.oneshot(charge())).await;
@@ -342,6 +343,7 @@ async fn a_deduplicating_provider_is_reconciled_only_when_asked_to() {
             .layer(
                 IdempotencyLayer::client_builder(ledger.clone())
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .reconcile(by_key(&provider))
                     .reconcile_when_deduplicating(reconcile_first)
                     .build()

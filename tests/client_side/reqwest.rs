@@ -15,7 +15,9 @@ use tower_idempotency::reqwest::ReqwestService;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ResponseSource,
+};
 
 const ORDER: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
 
@@ -51,6 +53,7 @@ async fn commit_then_timeout_through_reqwest_charges_once_and_ends_with_the_real
         .layer(
             IdempotencyLayer::client_builder(store)
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .retry_policy(policy().clone())
                 .build()
                 .unwrap(),
@@ -92,6 +95,7 @@ async fn a_refused_connection_through_reqwest_is_pre_write_and_releases_the_oper
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(policy()))
         .service(ReqwestService::new(reqwest::Client::new()));

@@ -12,7 +12,7 @@ use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::reqwest_middleware::IdempotencyMiddleware;
 use tower_idempotency::testing::{CapturedRequest, Fault, ServeHandle, SideEffectService};
 use tower_idempotency::{
-    DriftPolicy, Error, IdempotencyLayer, OperationId, PayloadDiscarded, ResponseSource,
+    DriftPolicy, Error, IdempotencyLayer, KeyHeader, OperationId, PayloadDiscarded, ResponseSource,
 };
 
 const ORDER: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
@@ -31,6 +31,7 @@ fn middleware() -> IdempotencyMiddleware {
     IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .retry_policy(
                 tower_idempotency::retry::RetryPolicy::builder()
                     .max_elapsed(Duration::from_secs(5))
@@ -125,6 +126,7 @@ async fn without_a_retry_layer_the_next_run_resends_the_stored_bytes_not_the_new
     let rejecting = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .retry_policy(
                 tower_idempotency::retry::RetryPolicy::builder()
                     .max_elapsed(Duration::from_secs(5))
@@ -225,6 +227,7 @@ async fn reads_and_keyless_side_effects_pass_through_marked_when_keys_are_option
     let lenient = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .require_key(false)
             .build()
             .unwrap(),
@@ -303,6 +306,7 @@ async fn error_find_reaches_our_refusal_behind_reqwest_retry() {
     let rejecting = IdempotencyMiddleware::new(
         IdempotencyLayer::client_builder(MemoryStore::new())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .retry_policy(
                 tower_idempotency::retry::RetryPolicy::builder()
                     .max_elapsed(Duration::from_secs(5))

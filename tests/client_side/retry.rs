@@ -31,7 +31,7 @@ use tower_idempotency::retry::{
     AttemptResult, Attempts, ClassifyRetry, FrozenRetry, RetryContext, RetryDecision, RetryPolicy,
 };
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{EffectClass, Error, FrozenRetryLayer, IdempotencyLayer};
+use tower_idempotency::{EffectClass, Error, FrozenRetryLayer, IdempotencyLayer, KeyHeader};
 
 // ---------------------------------------------------------------------------------------
 // The scripted upstream
@@ -527,6 +527,7 @@ async fn an_attempt_that_waits_for_readiness_or_outlives_its_failure_sends_the_s
                     .layer(IdempotencyLayer::client(
                         MemoryStore::new(),
                         ProviderKeys::Deduplicates,
+                        KeyHeader::ietf(),
                     ))
                     .layer(retry)
                     .service(hesitant)

@@ -13,13 +13,15 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::net::TcpListener;
 use tower::retry::RetryLayer;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::util::BoxCloneService;
+use tower::BoxError;
+use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::reqwest::ReqwestService;
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, ServeHandle, SideEffectService};
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ProviderKeys};
+use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ProviderKeys};
 
 const ORDER: &str = r#"{"order_id":"order_42","amount_cents":1999}"#;
 
@@ -58,6 +60,17 @@ impl<ResB, E> tower::retry::Policy<Request<Full<Bytes>>, Response<ResB>, E> for 
     }
 }
 
+/// `inner` behind a boxed service: the type the idempotency layer reads shows no retrying
+/// layer, as with a stack of your own that is boxed.
+fn hidden<S, ResB>(inner: S) -> BoxCloneService<Request<Full<Bytes>>, Response<ResB>, BoxError>
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+{
+    BoxCloneService::new(inner.map_err(Into::into))
+}
+
 fn charge(uri: http::Uri) -> Request<Full<Bytes>> {
     let mut req = Request::post(uri)
         .header("content-type", "application/json")
@@ -83,42 +96,85 @@ async fn failing_once() -> (SideEffectService, ServeHandle) {
     (provider, server)
 }
 
-/// `tower::retry` between the idempotency layer and `ReqwestService`: its resend of the
-/// attempt that charged and answered `500` is refused before it leaves, with an error that
-/// names the wiring; the operation stays in doubt (the first send reached the provider),
-/// so running the step again sends nothing either. One charge.
+/// A transport that counts its sends, boxed under `tower::retry` so that the type the
+/// idempotency layer reads shows no retrying layer: only the counted sends can tell.
+type Counted = BoxCloneService<Request<Full<Bytes>>, Response<BoxBody>, BoxError>;
+type BoxBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// The two transports that count their sends: `ReqwestService`, and hyper-util's `Client`
+/// (the README's own transport, which counts nothing by itself) wrapped in `SendOnce`.
+fn counted_transports(retries: usize) -> [(&'static str, Counted); 2] {
+    use http_body_util::BodyExt;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower_idempotency::client::SendOnceLayer;
+
+    let boxed = |response: Response<_>| {
+        response.map(|body: _| BodyExt::map_err(body, Into::into).boxed_unsync())
+    };
+    let reqwest = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryFailures { left: retries }))
+        .map_response(boxed)
+        .service(ReqwestService::new(reqwest::Client::new()));
+    let hyper = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryFailures { left: retries }))
+        .map_response(|response: Response<hyper::body::Incoming>| {
+            response.map(|body| body.map_err(Into::into).boxed_unsync())
+        })
+        .layer(SendOnceLayer::new())
+        .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
+    [
+        ("reqwest", hidden(reqwest)),
+        ("send_once(hyper-util)", hidden(hyper)),
+    ]
+}
+
+/// `tower::retry` between the idempotency layer and a transport that counts its sends:
+/// its resend of the attempt that charged and answered `500` is refused before it leaves,
+/// with an error that names the wiring; the operation stays in doubt (the first send
+/// reached the provider), so running the step again sends nothing either. One charge.
 #[tokio::test]
 async fn tower_retry_inside_the_layer_is_refused_before_its_second_send() {
-    let (provider, server) = failing_once().await;
-    let uri = server.uri("/charges");
-    let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(
-            MemoryStore::new(),
-            ProviderKeys::Ignored,
-        ))
-        .layer(RetryLayer::new(RetryFailures { left: 3 }))
-        .service(ReqwestService::new(reqwest::Client::new()));
+    for (name, transport) in counted_transports(3) {
+        let (provider, server) = failing_once().await;
+        let uri = server.uri("/charges");
+        let client = ServiceBuilder::new()
+            .layer(IdempotencyLayer::client(
+                MemoryStore::new(),
+                ProviderKeys::Ignored,
+                KeyHeader::ietf(),
+            ))
+            .service(transport);
 
-    let err = client
-        .clone()
-        .oneshot(charge(uri.clone()))
-        .await
-        .unwrap_err();
-    assert!(err.is_retry_inside(), "{err}");
-    assert!(err.to_string().contains("tower::retry"), "{err}");
-    assert!(err.to_string().contains("FrozenRetryLayer"), "{err}");
-    assert!(
-        err.is_in_doubt(),
-        "the first send reached the provider: {err}"
-    );
-    assert_eq!(err.phase(), Some(FailurePhase::AfterWrite));
-    assert_eq!(provider.effects(), 1, "the retry layer resent a charge");
-    assert_eq!(provider.attempts().len(), 1, "a second send left");
+        let err = client
+            .clone()
+            .oneshot(charge(uri.clone()))
+            .await
+            .unwrap_err();
+        assert!(err.is_retry_inside(), "{name}: {err}");
+        assert!(err.to_string().contains("tower::retry"), "{name}: {err}");
+        assert!(
+            err.to_string().contains("FrozenRetryLayer"),
+            "{name}: {err}"
+        );
+        assert!(
+            err.is_in_doubt(),
+            "{name}: the first send reached the provider: {err}"
+        );
+        assert_eq!(err.phase(), Some(FailurePhase::AfterWrite), "{name}");
+        assert_eq!(
+            provider.effects(),
+            1,
+            "{name}: the retry layer resent a charge"
+        );
+        assert_eq!(provider.attempts().len(), 1, "{name}: a second send left");
 
-    // Never released as unsent: the step run again is not sent again.
-    let again = client.oneshot(charge(uri)).await.unwrap_err();
-    assert!(again.is_unreconciled(), "{again}");
-    assert_eq!(provider.effects(), 1);
+        // Never released as unsent: the step run again is not sent again.
+        let again = client.oneshot(charge(uri)).await.unwrap_err();
+        assert!(again.is_unreconciled(), "{name}: {again}");
+        assert_eq!(provider.effects(), 1, "{name}");
+        server.shutdown().await;
+    }
 }
 
 /// A first send that failed before it was written (a closed port) leaves nothing in doubt:
@@ -126,33 +182,35 @@ async fn tower_retry_inside_the_layer_is_refused_before_its_second_send() {
 /// run again sends it.
 #[tokio::test]
 async fn a_resend_after_a_first_send_that_never_left_releases_the_operation() {
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri: http::Uri = format!("http://{}/charges", closed.local_addr().unwrap())
-        .parse()
-        .unwrap();
-    drop(closed);
-    let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(
-            MemoryStore::new(),
-            ProviderKeys::Ignored,
-        ))
-        .layer(RetryLayer::new(RetryFailures { left: 1 }))
-        .service(ReqwestService::new(reqwest::Client::new()));
+    for (name, transport) in counted_transports(1) {
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: http::Uri = format!("http://{}/charges", closed.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(closed);
+        let client = ServiceBuilder::new()
+            .layer(IdempotencyLayer::client(
+                MemoryStore::new(),
+                ProviderKeys::Ignored,
+                KeyHeader::ietf(),
+            ))
+            .service(transport);
 
-    let err = client
-        .clone()
-        .oneshot(charge(uri.clone()))
-        .await
-        .unwrap_err();
-    assert!(err.is_retry_inside(), "{err}");
-    assert_eq!(err.phase(), Some(FailurePhase::PreWrite), "{err}");
-    assert!(!err.is_in_doubt(), "{err}");
+        let err = client
+            .clone()
+            .oneshot(charge(uri.clone()))
+            .await
+            .unwrap_err();
+        assert!(err.is_retry_inside(), "{name}: {err}");
+        assert_eq!(err.phase(), Some(FailurePhase::PreWrite), "{name}: {err}");
+        assert!(!err.is_in_doubt(), "{name}: {err}");
 
-    // Released: a later run claims the operation afresh (and, with the port still closed,
-    // fails before writing again) rather than being refused as in doubt.
-    let again = client.oneshot(charge(uri)).await.unwrap_err();
-    assert!(!again.is_unreconciled(), "{again}");
-    assert!(again.is_retry_inside(), "{again}");
+        // Released: a later run claims the operation afresh (and, with the port still
+        // closed, fails before writing again) rather than being refused as in doubt.
+        let again = client.oneshot(charge(uri)).await.unwrap_err();
+        assert!(!again.is_unreconciled(), "{name}: {again}");
+        assert!(again.is_retry_inside(), "{name}: {again}");
+    }
 }
 
 /// `tower::retry` outside a `FrozenRetryLayer`, both inside the idempotency layer: the
@@ -174,10 +232,16 @@ async fn tower_retry_around_a_frozen_retry_layer_is_refused_at_the_second_hand_o
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Ignored,
+            KeyHeader::ietf(),
         ))
-        .layer(RetryLayer::new(RetryFailures { left: 2 }))
-        .layer(FrozenRetryLayer::new(policy))
-        .service(provider.clone());
+        // Boxed: its type no longer shows the retrying layer, so only the sends
+        // counted at run time can tell.
+        .service(hidden(
+            ServiceBuilder::new()
+                .layer(RetryLayer::new(RetryFailures { left: 2 }))
+                .layer(FrozenRetryLayer::new(policy))
+                .service(provider.clone()),
+        ));
 
     let err = client
         .oneshot(charge("http://payments.local/charges".parse().unwrap()))
@@ -186,4 +250,88 @@ async fn tower_retry_around_a_frozen_retry_layer_is_refused_at_the_second_hand_o
     assert!(err.is_retry_inside(), "{err}");
     assert!(err.is_in_doubt(), "{err}");
     assert_eq!(provider.effects(), 1, "charged again");
+}
+
+/// The newcomer's wiring: `tower::retry` between the idempotency layer and hyper-util's
+/// `Client`, which counts no sends. The layer reads the retrying layer in the type of the
+/// service it wraps, and refuses every side effect before claiming or sending anything,
+/// naming the layer; reads go through.
+#[tokio::test]
+async fn tower_retry_inside_the_layer_is_refused_by_its_type_before_anything_is_sent() {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let (provider, server) = failing_once().await;
+    let store = MemoryStore::new();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(
+            store.clone(),
+            ProviderKeys::Ignored,
+            KeyHeader::ietf(),
+        ))
+        .layer(RetryLayer::new(RetryFailures { left: 3 }))
+        .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
+
+    let err = client
+        .clone()
+        .oneshot(charge(server.uri("/charges")))
+        .await
+        .unwrap_err();
+    assert!(err.is_retry_inside(), "{err}");
+    assert!(err.to_string().contains("tower::retry"), "{err}");
+    assert!(err.to_string().contains("FrozenRetryLayer"), "{err}");
+    assert!(!err.is_in_doubt(), "nothing was sent: {err}");
+    assert!(provider.attempts().is_empty(), "a byte of it left");
+    assert_eq!(store.entry_count(), 0, "nothing claimed");
+
+    let read = Request::get(server.uri("/charges/ch_1"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert!(client.oneshot(read).await.is_ok(), "a read is refused");
+}
+
+/// The same under a stack built as one: a retrying layer wrapped into the transport the
+/// stack is given would resend the stack's own attempts; refused, nothing sent.
+#[tokio::test]
+async fn tower_retry_in_the_transport_of_a_built_stack_is_refused_by_its_type() {
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let client = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(false)
+        .build_stack()
+        .unwrap()
+        .layer(
+            ServiceBuilder::new()
+                .layer(RetryLayer::new(RetryFailures { left: 3 }))
+                .service(provider.clone()),
+        );
+
+    let err = client
+        .oneshot(charge("http://payments.local/charges".parse().unwrap()))
+        .await
+        .unwrap_err();
+    assert!(err.is_retry_inside(), "{err}");
+    assert!(provider.attempts().is_empty(), "sent");
+}
+
+/// Under a `FrozenRetryLayer` stacked by hand, too: its attempts carry no mark a transport
+/// could count, but the type shows the retrying layer under it.
+#[tokio::test]
+async fn tower_retry_under_a_frozen_retry_layer_is_refused_by_its_type() {
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let client = ServiceBuilder::new()
+        .layer(IdempotencyLayer::client(
+            MemoryStore::new(),
+            ProviderKeys::Ignored,
+            KeyHeader::ietf(),
+        ))
+        .layer(FrozenRetryLayer::new(RetryPolicy::default()))
+        .layer(RetryLayer::new(RetryFailures { left: 3 }))
+        .service(provider.clone());
+
+    let err = client
+        .oneshot(charge("http://payments.local/charges".parse().unwrap()))
+        .await
+        .unwrap_err();
+    assert!(err.is_retry_inside(), "{err}");
+    assert!(provider.attempts().is_empty(), "sent");
 }

@@ -15,7 +15,7 @@ use tower_idempotency::fingerprint::PayloadFields;
 use tower_idempotency::ledger::{IdempotencyStore, MemoryStore};
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::{
-    DriftPolicy, IdempotencyLayer, OperationId, PayloadDiscarded, ResponseSource,
+    DriftPolicy, IdempotencyLayer, KeyHeader, OperationId, PayloadDiscarded, ResponseSource,
 };
 
 /// What the client face answered a request: replayed, sent, or an error (by kind).
@@ -47,7 +47,9 @@ async fn first_then_regenerated(
     first: &'static str,
     again: &'static str,
 ) -> (Vec<Answer>, usize) {
-    let layer = IdempotencyLayer::client_builder(store).provider_deduplicates(true);
+    let layer = IdempotencyLayer::client_builder(store)
+        .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf());
     first_then_regenerated_through(
         layer.build().unwrap(),
         "create-order",
@@ -137,6 +139,7 @@ async fn judged_by_a_nested_field(
 ) -> (Vec<Answer>, usize) {
     let layer = IdempotencyLayer::client_builder(store)
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .drift_policy(DriftPolicy::Reject)
         .defining_fields(PayloadFields::new(["/customer/id"]).unwrap());
     let request = ("application/json", first, again);

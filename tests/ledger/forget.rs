@@ -20,7 +20,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::{Expected, Forget, MemoryStore, RecordState};
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{IdempotencyLayer, OperationId};
+use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId};
 
 fn charge(key: &str) -> Request<Body> {
     Request::post("/charges")
@@ -108,6 +108,7 @@ async fn an_operation_is_forgotten_by_operation_id_and_a_stale_look_is_refused()
     let provider = SideEffectService::new();
     let layer = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .scope("billing-agent")
         .build()
         .unwrap();
@@ -135,7 +136,12 @@ async fn an_operation_is_forgotten_by_operation_id_and_a_stale_look_is_refused()
         .expect("the layer's record");
     assert!(matches!(seen.state, RecordState::Completed { .. }));
     // Another scope keys the same operation elsewhere.
-    let other = IdempotencyLayer::client(MemoryStore::new(), ProviderKeys::Deduplicates).records();
+    let other = IdempotencyLayer::client(
+        MemoryStore::new(),
+        ProviderKeys::Deduplicates,
+        KeyHeader::ietf(),
+    )
+    .records();
     assert_ne!(other.operation_key(&op), key);
 
     // Not the record as it is now (another payload, or another attempt): refused.

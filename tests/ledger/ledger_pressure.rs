@@ -18,7 +18,7 @@ use tower_idempotency::ledger::{
     StoredResponse,
 };
 use tower_idempotency::testing::SideEffectService;
-use tower_idempotency::{fingerprint::Fingerprint, IdempotencyLayer};
+use tower_idempotency::{fingerprint::Fingerprint, IdempotencyLayer, KeyHeader};
 
 const LEASE: Duration = Duration::from_secs(10);
 const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
@@ -448,6 +448,7 @@ async fn a_request_heavier_than_the_whole_budget_is_told_it_can_never_fit() {
         .layer(
             IdempotencyLayer::client_builder(store.clone())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .build()
                 .unwrap(),
         )

@@ -13,7 +13,7 @@ use tower_idempotency::ledger::{
     Outcome, RecordKind, RecordState, StoredResponse,
 };
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, IdempotencyLayer};
+use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, IdempotencyLayer, KeyHeader};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -739,9 +739,17 @@ async fn arc_of_dyn_store_is_a_store_sharing_one_ledger() {
 fn shared_stores_plug_into_the_client_layer() {
     let memory = Arc::new(MemoryStore::new());
     let dynamic: Arc<dyn IdempotencyStore> = memory.clone();
-    let _ = IdempotencyLayer::client(memory.clone(), ProviderKeys::Deduplicates);
-    let _ = IdempotencyLayer::client(dynamic, ProviderKeys::Deduplicates);
-    let _ = IdempotencyLayer::client(MemoryStore::clone(&memory), ProviderKeys::Deduplicates);
+    let _ = IdempotencyLayer::client(
+        memory.clone(),
+        ProviderKeys::Deduplicates,
+        KeyHeader::ietf(),
+    );
+    let _ = IdempotencyLayer::client(dynamic, ProviderKeys::Deduplicates, KeyHeader::ietf());
+    let _ = IdempotencyLayer::client(
+        MemoryStore::clone(&memory),
+        ProviderKeys::Deduplicates,
+        KeyHeader::ietf(),
+    );
 }
 
 #[tokio::test]

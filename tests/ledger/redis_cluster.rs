@@ -37,7 +37,7 @@ use tower_idempotency::retry::FrozenRetry;
 use tower_idempotency::testing::conformance::{inspection_follows_the_record, run_all, Clock};
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{FrozenRequest, FrozenRetryLayer, IdempotencyLayer};
+use tower_idempotency::{FrozenRequest, FrozenRetryLayer, IdempotencyLayer, KeyHeader};
 
 use orders::{fast_policy, post};
 
@@ -313,7 +313,11 @@ type Stack = Idempotency<FrozenRetry<SideEffectService>, ClientFace>;
 /// A client stack as an orchestrator builds it, over `store`, calling `provider`.
 fn client_stack(store: RedisStore, provider: &SideEffectService) -> Stack {
     ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store, ProviderKeys::Deduplicates))
+        .layer(IdempotencyLayer::client(
+            store,
+            ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
+        ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(5))))
         .service(provider.clone())
 }

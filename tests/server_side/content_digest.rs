@@ -23,7 +23,7 @@ use tower_idempotency::digest::{BodyDigest, CONTENT_DIGEST, IDEMPOTENT_REQUEST_D
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::server::problem;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{IdempotencyLayer, OperationId};
+use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId};
 
 const BODY: &str = r#"{"order_id":"order-42","amount_cents":1999}"#;
 
@@ -209,6 +209,7 @@ async fn client_and_server_agree_on_one_digest_end_to_end() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(hyper_client());
     let response = first_client.oneshot(request()).await.unwrap();
@@ -223,6 +224,7 @@ async fn client_and_server_agree_on_one_digest_end_to_end() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(hyper_client());
     let response = second_client.oneshot(request()).await.unwrap();

@@ -18,7 +18,7 @@ use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::server::problem;
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{IdempotencyLayer, InvalidKey};
+use tower_idempotency::{IdempotencyLayer, InvalidKey, KeyHeader};
 
 /// An axum app whose `POST /orders` goes through the server layer, on a loopback port.
 async fn serve() -> SocketAddr {
@@ -108,6 +108,7 @@ async fn a_callers_own_bare_key_with_a_comma_is_a_clear_error_and_nothing_is_sen
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(provider.clone());
     let request = |key: &'static str| {

@@ -18,7 +18,9 @@ use tower_idempotency::phase::FailurePhase;
 use tower_idempotency::retry::{Attempts, RetryPolicy};
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ResponseSource,
+};
 
 fn hyper_client() -> HyperClient<HttpConnector, Full<Bytes>> {
     HyperClient::builder(TokioExecutor::new()).build_http()
@@ -67,6 +69,7 @@ async fn every_attempt_carries_byte_identical_method_uri_headers_and_body() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(quick_retries()))
         .service(hyper_client());
@@ -118,6 +121,7 @@ async fn commit_then_timeout_over_tcp_fires_once_and_ends_with_the_real_response
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(quick_retries()))
         .service(hyper_client());
@@ -151,6 +155,7 @@ async fn a_refused_connection_is_pre_write_and_releases_the_operation() {
         .layer(IdempotencyLayer::client(
             store.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(quick_retries()))
         .service(hyper_client());

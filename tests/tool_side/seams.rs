@@ -338,3 +338,59 @@ async fn a_caller_that_gives_up_on_a_retry_after_a_refusal_leaves_nothing_in_dou
     let out = call(&tool, charge("first")).await.unwrap();
     assert_eq!((out.source(), sdk.effects()), (ToolSource::Called, 1));
 }
+
+/// A tower `Policy` that retries every failure of a tool call, cloning the call whole.
+#[derive(Clone)]
+struct RetryEveryFailure;
+
+impl<R, E> tower::retry::Policy<ToolCall<Value>, R, E> for RetryEveryFailure {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut ToolCall<Value>,
+        result: &mut Result<R, E>,
+    ) -> Option<Self::Future> {
+        result.is_err().then(|| std::future::ready(()))
+    }
+
+    fn clone_request(&mut self, call: &ToolCall<Value>) -> Option<ToolCall<Value>> {
+        Some(call.clone())
+    }
+}
+
+/// `tower::retry` between the tool layer and the tool would call a side effect again,
+/// blind to the ledger: the layer reads it in the tool's type and refuses the call before
+/// anything is claimed or called, naming it. A read passes through it.
+#[tokio::test]
+async fn tower_retry_between_the_tool_layer_and_the_tool_is_refused_by_its_type() {
+    let sdk = ToolDouble::new().with_faults([ToolFault::CommitThenTimeout]);
+    let store = MemoryStore::new();
+    let retried = tower::retry::Retry::new(RetryEveryFailure, sdk.clone());
+    let tool = ToolLayer::builder(store.clone(), "settle", ProviderKeys::Ignored)
+        .build()
+        .unwrap()
+        .layer(retried.clone());
+
+    let refused = call(&tool, charge("first")).await.unwrap_err();
+    match &refused {
+        ToolError::Idempotency(ours) => {
+            assert!(ours.is_retry_inside(), "{ours}");
+            assert!(ours.to_string().contains("tower::retry"), "{ours}");
+        }
+        other => panic!("not refused as a retry inside: {other:?}"),
+    }
+    assert_eq!(sdk.calls(), 0, "the tool was called");
+    assert_eq!(store.entry_count(), 0, "claimed");
+
+    let read = ToolLayer::builder(store, "lookup", ProviderKeys::Ignored)
+        .class(tower_idempotency::tool::ToolClass::Read)
+        .build()
+        .unwrap()
+        .layer(retried);
+    sdk.clear_faults();
+    assert!(
+        call(&read, charge("look")).await.is_ok(),
+        "a read is refused"
+    );
+}

@@ -28,7 +28,7 @@ use tower_idempotency::ledger::{
 };
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
-use tower_idempotency::{BusyPolicy, IdempotencyLayer, OperationId};
+use tower_idempotency::{BusyPolicy, IdempotencyLayer, KeyHeader, OperationId};
 
 /// About 139 years: the longest duration the layers work with.
 const LONGEST: Duration = Duration::from_millis(1 << 42);
@@ -172,7 +172,7 @@ proptest! {
     /// `IdempotencyLayer::client_builder`: whatever it accepts serves keyed requests.
     #[test]
     fn every_client_configuration_the_builder_accepts_serves_requests(d in client_durations()) {
-        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true)
+        let mut builder = IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf())
             .lease(d.lease)
             .retention(d.retention)
             .retry_policy(tower_idempotency::retry::RetryPolicy::builder().max_elapsed(d.retry_window).build().unwrap())
@@ -232,6 +232,7 @@ proptest! {
 fn serve_client_stack(d: ClientDurations, policy: RetryPolicy) -> Result<(), TestCaseError> {
     let mut builder = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .lease(d.lease)
         .retention(d.retention)
         .busy_policy(d.busy)
@@ -398,6 +399,7 @@ async fn duplicate_of_a_slow_owner(
         .layer(
             IdempotencyLayer::client_builder(store.clone())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .lease(lease)
                 // Longer than any wait here: a record past its retention is claimed anew.
                 .retention(Duration::from_secs(30 * 24 * 60 * 60))
@@ -676,6 +678,7 @@ async fn redis_keeps_a_record_forever_with_unbounded_timeouts() {
         .layer(
             IdempotencyLayer::client_builder(store.clone())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .lease(Duration::MAX)
                 .retention(Duration::MAX)
                 .busy_policy(BusyPolicy::Wait(Duration::MAX))

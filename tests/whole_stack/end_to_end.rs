@@ -15,7 +15,9 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::retry::{Attempts, RetryPolicy};
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ResponseSource,
+};
 
 use axum_server::Charge;
 
@@ -41,6 +43,7 @@ async fn commit_then_timeout_charges_once_and_the_client_ends_with_the_real_resp
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(
             RetryPolicy::builder()

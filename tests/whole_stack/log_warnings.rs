@@ -26,7 +26,9 @@ use tower_idempotency::ledger::{
 use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource};
+use tower_idempotency::{
+    FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId, ResponseSource,
+};
 
 const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3"}"#;
 /// Defect 14's second half: the TTLs are checked against the retry policy really stacked
@@ -43,6 +45,7 @@ async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(long.clone()))
         .service(provider.clone());
@@ -64,6 +67,7 @@ async fn a_retry_policy_longer_than_the_layer_was_told_is_reported_once() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .retry_policy(long.clone())
                 .build()
                 .unwrap(),
@@ -80,6 +84,7 @@ async fn an_unprotected_side_effect_is_marked_and_reported() {
     let provider = SideEffectService::new();
     let lenient = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .require_key(false)
         .build()
         .unwrap();
@@ -168,6 +173,7 @@ async fn a_lost_reply_to_an_applied_completion_is_not_reported_as_a_failure() {
         .layer(IdempotencyLayer::client(
             store.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(provider.clone());
     let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();

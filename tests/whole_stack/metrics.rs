@@ -10,7 +10,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::testing::SideEffectService;
 use tower_idempotency::ProviderKeys;
-use tower_idempotency::{IdempotencyLayer, OperationId};
+use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId};
 
 #[test]
 fn decisions_are_counted_and_ledger_calls_timed() {
@@ -26,6 +26,7 @@ fn decisions_are_counted_and_ledger_calls_timed() {
                 .layer(IdempotencyLayer::client(
                     MemoryStore::new(),
                     ProviderKeys::Deduplicates,
+                    KeyHeader::ietf(),
                 ))
                 .service(SideEffectService::new());
             for _ in 0..2 {
@@ -117,12 +118,14 @@ fn the_memory_store_reports_its_bytes_and_records_as_gauges() {
             .layer(IdempotencyLayer::client(
                 store.clone(),
                 ProviderKeys::Deduplicates,
+                KeyHeader::ietf(),
             ))
             .service(SideEffectService::new());
         let other_client = ServiceBuilder::new()
             .layer(IdempotencyLayer::client(
                 other.clone(),
                 ProviderKeys::Deduplicates,
+                KeyHeader::ietf(),
             ))
             .service(SideEffectService::new());
         for (task, client) in [("a", &client), ("b", &client), ("c", &other_client)] {

@@ -24,7 +24,8 @@ use tower_idempotency::retry::RetryPolicy;
 use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::ProviderKeys;
 use tower_idempotency::{
-    BusyPolicy, DriftPolicy, FrozenRetryLayer, IdempotencyLayer, OperationId, ResponseSource,
+    BusyPolicy, DriftPolicy, FrozenRetryLayer, IdempotencyLayer, KeyHeader, OperationId,
+    ResponseSource,
 };
 
 use redis_support::RedisServer;
@@ -48,6 +49,7 @@ async fn orchestrator_child_process() {
         .expect("the child reaches Redis");
     let layer = IdempotencyLayer::client_builder(store)
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         // A short lease, so the survivor of a SIGKILL does not wait long for it to lapse.
         .lease(Duration::from_secs(2))
         .retry_policy(
@@ -196,7 +198,11 @@ async fn a_redis_outage_fails_closed_and_the_same_client_recovers() {
         .unwrap();
     let provider = SideEffectService::new();
     let client = ServiceBuilder::new()
-        .layer(IdempotencyLayer::client(store, ProviderKeys::Deduplicates))
+        .layer(IdempotencyLayer::client(
+            store,
+            ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
+        ))
         .service(provider.clone());
     let charge = |step: &str| {
         let mut req = Request::post("http://payments.local/charges")

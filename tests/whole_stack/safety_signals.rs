@@ -21,7 +21,7 @@ use tower_idempotency::ledger::{
 };
 use tower_idempotency::testing::{SideEffectService, ToolDouble, ToolFault};
 use tower_idempotency::tool::{ProviderKeys, ToolCall, ToolLayer};
-use tower_idempotency::{DriftPolicy, IdempotencyLayer, OperationId};
+use tower_idempotency::{DriftPolicy, IdempotencyLayer, KeyHeader, OperationId};
 
 /// What a hook saw of one request: its face, decision and signals.
 type Seen = (Face, Decision, Vec<Signal>);
@@ -77,6 +77,7 @@ fn a_client_that_fails_open_says_so_to_the_hook_and_the_metrics() {
             .layer(
                 IdempotencyLayer::client_builder(down::DownStore)
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .fail_open(true)
                     .on_outcome(recording(&log))
                     .build()
@@ -102,6 +103,7 @@ fn a_client_payload_discarded_for_the_frozen_one_says_so_to_the_hook_and_the_met
             .layer(
                 IdempotencyLayer::client_builder(MemoryStore::new())
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .drift_policy(DriftPolicy::ResendFrozen)
                     .on_outcome(recording(&log))
                     .build()
@@ -265,6 +267,7 @@ fn a_client_whose_lease_is_taken_over_while_it_works_says_so_to_the_hook_and_the
             .layer(
                 IdempotencyLayer::client_builder(store)
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .lease(Duration::from_secs(3))
                     .on_outcome(recording(&log))
                     .build()
@@ -310,6 +313,7 @@ fn a_followed_redirect_says_so_to_the_hook_and_the_metrics() {
         let layer = || {
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .on_outcome(recording(&log))
         };
 
@@ -453,6 +457,7 @@ fn a_client_answer_kept_only_as_a_tombstone_says_so_to_the_hook_and_the_metrics(
             .layer(
                 IdempotencyLayer::client_builder(no_room_for_the_answer())
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .on_outcome(recording(&log))
                     .build()
                     .unwrap(),
@@ -578,6 +583,7 @@ fn every_unkeyed_side_effect_passed_through_is_counted() {
             .layer(
                 IdempotencyLayer::client_builder(MemoryStore::new())
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .require_key(false)
                     .on_outcome(recording(&log))
                     .build()
@@ -614,6 +620,7 @@ fn a_retry_window_longer_than_the_layer_was_told_says_so_to_the_hook_and_the_met
             .layer(
                 IdempotencyLayer::client_builder(MemoryStore::new())
                     .provider_deduplicates(true)
+                    .key_header(KeyHeader::ietf())
                     .on_outcome(recording(&log))
                     .build()
                     .unwrap(),

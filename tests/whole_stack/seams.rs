@@ -8,9 +8,8 @@
 #![cfg(feature = "test-util")]
 
 #[cfg(feature = "redis")]
-use crate::support::redis as redis_support;
-
 use crate::support::orders;
+use crate::support::redis as redis_support;
 
 use crate::support::in_place;
 
@@ -40,7 +39,7 @@ use tower_idempotency::testing::{Fault, SideEffectService};
 use tower_idempotency::ProviderKeys;
 use tower_idempotency::{
     fingerprint::Fingerprint, BusyPolicy, DriftPolicy, FrozenRequest, FrozenRetryLayer,
-    IdempotencyLayer, InDoubtPolicy, OperationId, ResponseSource,
+    IdempotencyLayer, InDoubtPolicy, KeyHeader, OperationId, ResponseSource,
 };
 
 const ORIGINAL: &str = r#"{"order_id":"ord_8f21c3","summary":"Restock: 200 units of SKU-4471","fulfillment_intent_id":"fi_9a7e21"}"#;
@@ -180,6 +179,7 @@ async fn sent_then_refused_stays_in_doubt(
     // the regenerated payload.
     let builder = IdempotencyLayer::client_builder(store)
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .drift_policy(DriftPolicy::Reject);
     let policy = fast_policy(Duration::from_millis(300));
     if built {
@@ -310,6 +310,7 @@ async fn a_layer_between_the_two_keeps_its_change_on_every_attempt() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .map_request(|mut req: Request<Full<Bytes>>| {
             req.headers_mut().insert(
@@ -347,6 +348,7 @@ async fn a_layer_between_the_two_that_only_recases_the_host_is_kept_on_every_att
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .map_request(|mut req: Request<Full<Bytes>>| {
             *req.uri_mut() = "http://ORDERS.local/orders".parse().unwrap();
@@ -403,6 +405,7 @@ async fn resend_frozen_sends_the_first_bytes_even_when_the_owner_releases_meanwh
         .layer(
             IdempotencyLayer::client_builder(store.clone())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .drift_policy(DriftPolicy::ResendFrozen)
                 .busy_policy(BusyPolicy::Wait(Duration::from_secs(30)))
                 .build()
@@ -438,6 +441,7 @@ async fn a_callers_own_key_sent_to_two_hosts_is_two_operations() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Ignored,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
@@ -486,6 +490,7 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Ignored,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
@@ -533,6 +538,7 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .caller_key_scope(|parts| {
                     let tenant = parts.headers.get("x-tenant").map(|v| v.as_bytes());
                     String::from_utf8_lossy(tenant.unwrap_or_default()).into_owned()
@@ -557,6 +563,7 @@ async fn a_callers_own_key_sent_under_two_credentials_is_two_operations() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .caller_keys_unscoped()
                 .build()
                 .unwrap(),
@@ -586,6 +593,7 @@ async fn an_operation_id_sent_to_another_target_is_a_drift_never_a_replay() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
@@ -613,6 +621,7 @@ async fn a_caller_dropped_while_its_outcome_is_recorded_still_records_it() {
         .layer(IdempotencyLayer::client(
             store.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(provider.clone());
@@ -677,6 +686,7 @@ async fn a_business_409_is_a_final_recorded_outcome() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(conflict_provider(None, calls.clone()));
@@ -695,6 +705,7 @@ async fn an_in_progress_409_leaves_the_operation_open() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(conflict_provider(Some("1"), calls.clone()));
@@ -721,6 +732,7 @@ async fn a_slow_live_client_owner_is_never_overtaken() {
     let layer = |busy| {
         IdempotencyLayer::client_builder(store.clone())
             .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
             .lease(Duration::from_secs(3))
             .busy_policy(busy)
             .build()
@@ -1019,6 +1031,7 @@ async fn a_provider_outage_cannot_grow_the_client_ledger_past_its_budget() {
         .layer(IdempotencyLayer::client(
             store.clone(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .layer(FrozenRetryLayer::new(fast_policy(Duration::from_secs(1))))
         .service(flaky);
@@ -1298,6 +1311,7 @@ async fn a_recorded_response_keeps_no_transport_buffer_alive() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(provider);
     client.clone().oneshot(post(ORIGINAL)).await.unwrap();
@@ -1326,6 +1340,7 @@ async fn the_stack_builder_stacks_in_order_and_shares_its_settings() {
     let provider = SideEffectService::new().with_faults([Fault::CommitThenTimeout]);
     let stack = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .retry_policy(fast_policy(Duration::from_secs(1)))
         .body_limit(64)
         .build_stack()
@@ -1908,6 +1923,7 @@ async fn opted_out_records_the_refusal() {
         .layer(
             IdempotencyLayer::client_builder(MemoryStore::new())
                 .provider_deduplicates(true)
+                .key_header(KeyHeader::ietf())
                 .release_on(ReleaseOn::nothing())
                 .build()
                 .unwrap(),
@@ -1952,8 +1968,9 @@ async fn a_refusal_after_an_attempt_that_may_have_left_keeps_the_operation_in_do
             .no_budget()
             .build()
             .unwrap();
-        let builder =
-            IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true);
+        let builder = IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf());
         let client = composed(built, builder, policy, provider);
         let limited = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
         assert_eq!(
@@ -1995,8 +2012,9 @@ async fn a_success_whose_body_is_a_releasing_problem_is_recorded() {
             }
         });
         let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
-        let builder =
-            IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true);
+        let builder = IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf());
         let client = composed(built, builder, policy, provider);
         let first = client.clone().oneshot(post(ORIGINAL)).await.unwrap();
         assert_eq!(first.status(), StatusCode::OK, "built: {built}");
@@ -2039,6 +2057,7 @@ async fn the_server_faces_scope_missing_is_released_by_the_client_face() {
         .layer(IdempotencyLayer::client(
             MemoryStore::new(),
             ProviderKeys::Deduplicates,
+            KeyHeader::ietf(),
         ))
         .service(http);
     let charge = |credential: Option<&'static str>| {
@@ -2107,8 +2126,9 @@ async fn the_transport_gets_the_callers_extensions_on_every_attempt() {
             }
         });
         let policy = fast_policy(Duration::from_secs(1));
-        let builder =
-            IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true);
+        let builder = IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf());
         let client = composed(built, builder, policy, transport);
         let mut req = post(ORIGINAL);
         req.extensions_mut().insert(TraceContext("span-7"));
@@ -2140,6 +2160,7 @@ async fn a_stalled_owner_on_the_default_store_is_never_overtaken() {
         .build_http::<Full<Bytes>>();
     let stack = IdempotencyLayer::client_builder(MemoryStore::new())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .lease(lease)
         .busy_policy(BusyPolicy::Fail)
         .build_stack()
@@ -2197,6 +2218,7 @@ async fn a_stack_built_as_one_retries_what_it_lets_through_with_the_bytes_it_fro
     ]);
     let client = IdempotencyLayer::client_builder(store.clone())
         .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
         .require_key(false)
         .retry_policy(fast_policy(Duration::from_secs(1)))
         .build_stack()

@@ -234,12 +234,13 @@ impl SideEffectService {
     /// # use bytes::Bytes;
     /// # use http_body_util::Full;
     /// # use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_idempotency::KeyHeader;
     /// # use tower_idempotency::{ledger::MemoryStore, testing::SideEffectService, IdempotencyLayer, OperationId};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let provider = SideEffectService::new();
     /// let client = ServiceBuilder::new()
-    ///     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).scope("billing").build().unwrap())
+    ///     .layer(IdempotencyLayer::client_builder(MemoryStore::new()).provider_deduplicates(true).key_header(KeyHeader::ietf()).scope("billing").build().unwrap())
     ///     .service(provider.clone());
     /// let op = OperationId::new("task-7", "charge");
     /// let mut req = http::Request::post("http://payments.local/charges")

@@ -615,3 +615,48 @@ async fn resolving_a_live_operation_as_applied_needs_force() {
         .await;
     assert_eq!(absent.status, StatusCode::NOT_FOUND, "{}", absent.body);
 }
+
+/// A resolve as applied leaves its audit event: `WARN`, with the operator, the action, the
+/// key, the reason, the status recorded and the result.
+#[tokio::test(flavor = "current_thread")]
+async fn a_resolve_as_applied_leaves_an_audit_event_with_the_status_recorded() {
+    let (logs, _guard) = capture::events(tracing::Level::INFO);
+    let (console, store) = console_over_store().await;
+    in_doubt(&store, key(14), "").await;
+    let look = console
+        .get_as("alice", "act", &api_record(&key(14)))
+        .await
+        .json()["look"]
+        .clone();
+    let done = console
+        .post_json(
+            "alice",
+            "act",
+            &action(&key(14), "resolve-applied"),
+            &resolve_applied(&look, receipt()),
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let text = logs.text();
+    let audit: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("tower_idempotency::console"))
+        .collect();
+    assert_eq!(audit.len(), 1, "{text}");
+    for part in [
+        "WARN",
+        "operator=alice",
+        "resolve_applied",
+        "INC-51: the provider shows charge ch_1",
+        "receipt_status=201",
+        "result=\"resolved\"",
+        &key(14).to_hex(),
+    ] {
+        let loose = part.replace('"', "");
+        assert!(
+            audit[0].contains(part) || audit[0].contains(&loose),
+            "{part} in {}",
+            audit[0]
+        );
+    }
+}

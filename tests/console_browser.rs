@@ -66,9 +66,15 @@ impl Caller {
     /// charged by another provider, completes beside it, so the list has something to
     /// filter out.
     async fn left_in_doubt() -> Caller {
+        Self::left_in_doubt_having_charged(false).await
+    }
+
+    /// [`left_in_doubt`](Self::left_in_doubt), the provider having `charged` before its 503
+    /// or not: either way the caller cannot tell.
+    async fn left_in_doubt_having_charged(charged: bool) -> Caller {
         let provider = SideEffectService::new().with_faults([Fault::ServerError {
             status: StatusCode::SERVICE_UNAVAILABLE,
-            commit: false,
+            commit: charged,
         }]);
         let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
         let layer = IdempotencyLayer::client_builder(Arc::new(MemoryStore::new()))
@@ -89,7 +95,11 @@ impl Caller {
             .await
             .unwrap_err();
         assert!(err.is_unreconciled(), "not sent again on its own: {err}");
-        assert_eq!(caller.provider.effects(), 0, "the 503 never charged");
+        assert_eq!(
+            caller.provider.effects(),
+            usize::from(charged),
+            "the 503 charged only if the provider committed first"
+        );
 
         let neighbour = OperationId::new("task-8", "charge_customer");
         let elsewhere = SideEffectService::new();
@@ -113,6 +123,22 @@ impl Caller {
             .oneshot(charge(operation))
             .await
             .map(|response| response.status())
+    }
+
+    /// The body the caller's step gets for `operation` (a replay: no provider is reached,
+    /// the one given has no effect left to make).
+    async fn replayed_body(&self, operation: OperationId) -> Bytes {
+        let response = ServiceBuilder::new()
+            .layer(self.layer.clone())
+            .layer(FrozenRetryLayer::new(self.policy.clone()))
+            .service(self.provider.clone())
+            .oneshot(charge(operation))
+            .await
+            .unwrap();
+        http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes()
     }
 
     fn records(&self) -> Records {
@@ -200,15 +226,15 @@ async fn open_in_doubt_record(browser: &Browser, base: &str, key: &LedgerKey, sh
     assert!(fields.contains("in doubt"), "{fields}");
 }
 
-/// Fill in the record page's `action` form (its path: `resolve-not-applied`, `forget`),
-/// typing each of `fields` (input name, text) into it, and submit it; the record page is
-/// saved, filled in, as `record.png`.
+/// Fill in the record page's `action` form (its path: `resolve-not-applied`, `forget`,
+/// `resolve-applied`), typing each of `fields` (field name, text) into its input or text
+/// area, and submit it; the record page is saved, filled in, as `record.png`.
 async fn submit_action(browser: &Browser, action: &str, fields: &[(&str, &str)], shots: &str) {
     // Tall enough for the whole record and its forms: the screenshot shows what was acted on.
     browser.resize(1000, 1000).await;
     let form = format!("form[action$='/{action}']");
     for (name, text) in fields {
-        let field = browser.find(&format!("{form} input[name={name}]")).await;
+        let field = browser.find(&format!("{form} [name={name}]")).await;
         browser.type_into(&field, text).await;
     }
     browser
@@ -268,6 +294,64 @@ async fn an_operator_resolves_an_operation_in_doubt_as_not_applied_in_a_browser_
         std::fs::copy(screenshots().join("not-applied-list.png"), &docs).unwrap();
         eprintln!("the list's screenshot replaced {}", docs.display());
     }
+}
+
+/// The other way out, as a person takes it: the failed attempt did charge, the operator
+/// finds the charge on the provider's dashboard, opens the record in doubt and resolves it
+/// as applied with the provider's status and receipt, and sees it completed; the caller's
+/// next run replays the receipt and charges nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resolves_an_operation_in_doubt_as_applied_in_a_browser_and_it_is_never_charged_again(
+) {
+    let Some(browser) = Browser::launch().await else {
+        return;
+    };
+    let caller = Caller::left_in_doubt_having_charged(true).await;
+    let key = caller.key_of_the_charge();
+    let base = serve(caller.records()).await;
+
+    sign_in(&browser, &base, "alice").await;
+    open_in_doubt_record(&browser, &base, &key, "applied").await;
+    let receipt = r#"{"id":"ch_1","amount_cents":1999,"status":"succeeded"}"#;
+    submit_action(
+        &browser,
+        "resolve-applied",
+        &[
+            (
+                "reason",
+                "INC-51: the dashboard shows charge ch_1 for order_42",
+            ),
+            ("status", "201"),
+            ("body", receipt),
+        ],
+        "applied",
+    )
+    .await;
+    browser.wait_for_text(".flash", "Resolved as applied").await;
+    browser
+        .wait_for_url(&format!("{PREFIX}/records/{}?flash=applied", key.to_hex()))
+        .await;
+    browser.wait_for_text("table", "completed (201)").await;
+    browser
+        .screenshot(&screenshots().join("applied-completed.png"))
+        .await;
+
+    // The caller's step, run again: the receipt is replayed, and nothing charged.
+    for _ in 0..2 {
+        let replayed = caller.run(&caller.provider, the_charge()).await.unwrap();
+        assert_eq!(replayed, StatusCode::CREATED);
+    }
+    assert_eq!(
+        caller.provider.effects(),
+        1,
+        "the one charge, before the doubt"
+    );
+    let body = caller.replayed_body(the_charge()).await;
+    assert_eq!(
+        body,
+        receipt.as_bytes(),
+        "the operator's receipt, byte for byte"
+    );
 }
 
 /// Two operators on one incident: a colleague resolves the operation first and the caller's

@@ -821,6 +821,10 @@ impl IdempotencyLayer<ClientFace> {
     /// ```
     pub fn records(&self) -> crate::ledger::Records {
         let face = self.face();
-        crate::ledger::Records::client(face.ledger.store.clone(), face.scope.clone())
+        crate::ledger::Records::client(
+            face.ledger.store.clone(),
+            face.scope.clone(),
+            face.ledger.retention,
+        )
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::authorize::Operator;
 use super::look::{changed_parts, ActionInput};
 use super::problem::Failure;
-use crate::ledger::{Forget, LedgerKey, RecordKind, RecordView, Records};
+use crate::ledger::{Expected, Forget, LedgerKey, RecordKind, RecordView, Records, Resolve};
 
 /// The target of the console's audit events.
 pub(crate) const AUDIT_TARGET: &str = "tower_idempotency::console";
@@ -19,6 +19,9 @@ pub(crate) enum Action {
     /// Say an operation in doubt did not take effect: its record is forgotten, so the
     /// caller's next run sends it again.
     ResolveNotApplied,
+    /// Say an operation in doubt took effect, with its receipt: its record is completed
+    /// with the outcome the operator supplies, so the caller's next run replays it.
+    ResolveApplied,
 }
 
 impl Action {
@@ -27,6 +30,7 @@ impl Action {
         match self {
             Self::Forget => "forget",
             Self::ResolveNotApplied => "resolve_not_applied",
+            Self::ResolveApplied => "resolve_applied",
         }
     }
 
@@ -35,7 +39,14 @@ impl Action {
         match self {
             Self::Forget => "forget",
             Self::ResolveNotApplied => "resolve-not-applied",
+            Self::ResolveApplied => "resolve-applied",
         }
+    }
+
+    /// Whether it may be forced past a live owner's lease: a resolve as not applied is
+    /// for a record in doubt, which has no owner to override.
+    pub(crate) fn may_be_forced(self) -> bool {
+        matches!(self, Self::Forget | Self::ResolveApplied)
     }
 }
 
@@ -44,6 +55,9 @@ impl Action {
 pub(crate) enum Acted {
     /// The record is gone: the next request with its key runs the operation.
     Forgotten,
+    /// The record is completed with the operator's outcome: the next request with its key
+    /// replays it. `current` is how it is now (`None` if it left since).
+    Resolved { current: Option<RecordView> },
     /// There was no record; nothing changed.
     Absent,
     /// The record moved on since the look: nothing changed. `current` is how it is now
@@ -57,8 +71,9 @@ pub(crate) enum Acted {
         lease_left: Duration,
         current: Option<RecordView>,
     },
-    /// Resolve as not applied, on a look that was not in doubt: nothing was asked of the
-    /// store.
+    /// A resolve of a look that was not open (not in doubt, for resolve as not applied;
+    /// completed, for resolve as applied), or of a record completed since it was seen as
+    /// such: nothing changed.
     NotInDoubt,
 }
 
@@ -67,6 +82,7 @@ impl Acted {
     pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Self::Forgotten => "forgotten",
+            Self::Resolved { .. } => "resolved",
             Self::Absent => "absent",
             Self::Changed { .. } => "changed",
             Self::Live { .. } => "live",
@@ -89,7 +105,11 @@ pub(crate) async fn act(
         Ok(acted) => acted.as_str(),
         Err(_) => "error",
     };
-    audit(operator, action, &key, &input.reason, result);
+    let status = input
+        .receipt
+        .as_ref()
+        .map(|receipt| receipt.status.as_u16());
+    audit_with(operator, action, &key, (&input.reason, status), result);
     acted
 }
 
@@ -101,9 +121,52 @@ async fn run(
 ) -> Result<Acted, Failure> {
     // The look, not a fresh read, decides: an operator who saw the record in doubt
     // resolves that record, and the store's fence refuses it if it moved on since.
-    if action == Action::ResolveNotApplied && input.expected.kind != RecordKind::InDoubt {
-        return Ok(Acted::NotInDoubt);
+    match action {
+        Action::ResolveNotApplied if input.expected.kind != RecordKind::InDoubt => {
+            Ok(Acted::NotInDoubt)
+        }
+        Action::ResolveApplied if input.expected.kind == RecordKind::Completed => {
+            Ok(Acted::NotInDoubt)
+        }
+        Action::ResolveApplied => resolve_applied(records, key, input).await,
+        Action::Forget | Action::ResolveNotApplied => forget(records, key, input).await,
     }
+}
+
+/// Complete the record with the operator's receipt, if it is still the open record seen.
+async fn resolve_applied(
+    records: &Records,
+    key: LedgerKey,
+    input: &ActionInput,
+) -> Result<Acted, Failure> {
+    let Some(receipt) = &input.receipt else {
+        return Err(Failure::bad_input(
+            "outcome",
+            "missing: the outcome the provider shows",
+        ));
+    };
+    let resolved = records
+        .resolve(key, input.expected, receipt.outcome())
+        .await
+        .map_err(|err| Failure::store(&err))?;
+    Ok(match resolved {
+        Resolve::Resolved => Acted::Resolved {
+            current: current(records, key).await?,
+        },
+        Resolve::Absent => Acted::Absent,
+        Resolve::NotInDoubt => Acted::NotInDoubt,
+        Resolve::Live { lease_left } => Acted::Live {
+            lease_left,
+            current: current(records, key).await?,
+        },
+        // `Resolve` may grow: whatever else refused it changed nothing, and the record as
+        // it is now tells the operator what stood in the way.
+        _ => changed(records, key, &input.expected).await?,
+    })
+}
+
+/// Remove the record, if it is still as seen.
+async fn forget(records: &Records, key: LedgerKey, input: &ActionInput) -> Result<Acted, Failure> {
     let forget = records
         .forget(key, input.expected)
         .await
@@ -117,15 +180,18 @@ async fn run(
         },
         // `Forget` may grow: whatever else refused the removal changed nothing, and the
         // record as it is now tells the operator what stood in the way.
-        _ => {
-            let current = current(records, key).await?;
-            let changed = current
-                .as_ref()
-                .map(|view| changed_parts(&input.expected, view))
-                .unwrap_or_default();
-            Acted::Changed { current, changed }
-        }
+        _ => changed(records, key, &input.expected).await?,
     })
+}
+
+/// The record moved on since `look`: how it is now, and what differs.
+async fn changed(records: &Records, key: LedgerKey, look: &Expected) -> Result<Acted, Failure> {
+    let current = current(records, key).await?;
+    let changed = current
+        .as_ref()
+        .map(|view| changed_parts(look, view))
+        .unwrap_or_default();
+    Ok(Acted::Changed { current, changed })
 }
 
 async fn current(records: &Records, key: LedgerKey) -> Result<Option<RecordView>, Failure> {
@@ -146,10 +212,22 @@ pub(crate) fn audit(
     reason: &str,
     result: &'static str,
 ) {
+    audit_with(operator, action, key, (reason, None), result);
+}
+
+/// [`audit`], with the status of the receipt a resolve as applied recorded (`None` for
+/// the other actions).
+fn audit_with(
+    operator: &Operator,
+    action: Action,
+    key: &LedgerKey,
+    (reason, receipt_status): (&str, Option<u16>),
+    result: &'static str,
+) {
     let action_name = action.as_str();
-    if result == "forgotten" {
-        // The one console event that lets an operation run again: `WARN`, as the store's
-        // own event of the removal.
+    if matches!(result, "forgotten" | "resolved") {
+        // The console events that change what the key's next request does (run again, or
+        // replay an outcome nobody's call returned): `WARN`, as the store's own events.
         tracing::warn!(
             target: AUDIT_TARGET,
             operator = %operator.id,
@@ -157,6 +235,7 @@ pub(crate) fn audit(
             action = action_name,
             key = %key.to_hex(),
             reason,
+            receipt_status,
             result,
             "an operator acted on a ledger record"
         );

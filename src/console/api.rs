@@ -66,7 +66,8 @@ async fn one_record(shared: &Shared, head: &Parts, key: &str) -> Result<Response
     }
 }
 
-/// `POST api/records/{key}/forget` and `POST api/records/{key}/resolve-not-applied`.
+/// `POST api/records/{key}/forget`, `POST api/records/{key}/resolve-not-applied` and
+/// `POST api/records/{key}/resolve-applied`.
 pub(crate) async fn act(
     State(shared): State<Arc<Shared>>,
     Path(key): Path<String>,
@@ -89,7 +90,7 @@ async fn act_on(
     if !is_media_type(&head, "application/json") {
         return Err(Failure::media_type("application/json"));
     }
-    let input = from_json(&read_body(body).await?, action)?;
+    let input = from_json(&read_body(body, action).await?, action)?;
     let acted = run_action(&shared.records, &operator, action, key, &input).await?;
     Ok(outcome(action, &key, acted))
 }
@@ -113,8 +114,9 @@ pub(crate) fn may_act(
     Ok(())
 }
 
-/// An action's answer: `200` when done; `404` absent; `409` with the record as it is now
-/// when it moved on or is live; `422` for a resolve of a look not in doubt.
+/// An action's answer: `200` when done (with the record as it is now, once resolved as
+/// applied); `404` absent; `409` with the record as it is now when it moved on or is live;
+/// `422` for a resolve of a look that is not open.
 fn outcome(action: Action, key: &LedgerKey, acted: Acted) -> Response {
     let result = acted.as_str();
     let (status, body) = match acted {
@@ -125,6 +127,16 @@ fn outcome(action: Action, key: &LedgerKey, acted: Acted) -> Response {
                 "result": result,
                 "key": key.to_hex(),
                 "message": "the record is forgotten: the next request with its key runs the operation again",
+            }),
+        ),
+        Acted::Resolved { current } => (
+            StatusCode::OK,
+            json!({
+                "action": action.as_str(),
+                "result": result,
+                "key": key.to_hex(),
+                "message": "the record is completed with your outcome: the caller's next run replays it instead of sending again",
+                "current": current.map(|view| record_json(key, &view)),
             }),
         ),
         Acted::Absent => (
@@ -150,7 +162,10 @@ fn outcome(action: Action, key: &LedgerKey, acted: Acted) -> Response {
             StatusCode::CONFLICT,
             json!({
                 "error": result,
-                "message": "an owner holds the operation under a live lease: nothing changed; wait, or forget with force",
+                "message": format!(
+                    "an owner holds the operation under a live lease: nothing changed; wait, or {} with force",
+                    action.path()
+                ),
                 "lease_left_ms": u64::try_from(lease_left.as_millis()).unwrap_or(u64::MAX),
                 "current": current.map(|view| record_json(key, &view)),
             }),
@@ -160,11 +175,22 @@ fn outcome(action: Action, key: &LedgerKey, acted: Acted) -> Response {
             json!({
                 "error": result,
                 "field": "expected.kind",
-                "message": "expected.kind: resolve-not-applied is only for a record in doubt; nothing changed",
+                "message": format!("expected.kind: {}; nothing changed", not_open(action)),
             }),
         ),
     };
     json(status, &body)
+}
+
+/// Why a resolve of a look that is not open was refused.
+pub(crate) fn not_open(action: Action) -> &'static str {
+    match action {
+        Action::ResolveApplied => {
+            "resolve-applied is only for an open record (in doubt, or in flight); a completed \
+             one keeps its own outcome"
+        }
+        _ => "resolve-not-applied is only for a record in doubt",
+    }
 }
 
 fn answer(result: Result<Response, Failure>) -> Response {

@@ -126,8 +126,9 @@ pub(crate) fn record_fields(key: &LedgerKey, view: &RecordView) -> String {
 }
 
 /// The forms of the actions `view` allows, each carrying the look in hidden fields and the
-/// operator's token: resolve as not applied for a record in doubt, forget for any (with a
-/// force box for one in flight).
+/// operator's token: resolve as applied (with the receipt's fields) for an open record
+/// nobody works on (in doubt, or in flight under a lease that ran out), resolve as not
+/// applied for a record in doubt, forget for any (with a force box for one in flight).
 pub(crate) fn action_forms(base: &str, key: &LedgerKey, view: &RecordView, token: &str) -> String {
     let look = Expected::of(view);
     let hidden = format!(
@@ -154,6 +155,17 @@ pub(crate) fn action_forms(base: &str, key: &LedgerKey, view: &RecordView, token
         )
     };
     let mut out = String::new();
+    if is_ownerless(&view.state) {
+        out.push_str(&form(
+            Action::ResolveApplied,
+            "Resolve as applied",
+            "Only once you have seen with the provider that the effect happened: the record \
+             is completed with the outcome you give here, and the caller's next run replays \
+             it instead of sending the operation again. For a tool's record, give status 200 \
+             and the tool's result as JSON.",
+            RECEIPT_FIELDS,
+        ));
+    }
     if look.kind == RecordKind::InDoubt {
         out.push_str(&form(
             Action::ResolveNotApplied,
@@ -176,6 +188,24 @@ pub(crate) fn action_forms(base: &str, key: &LedgerKey, view: &RecordView, token
         force,
     ));
     out
+}
+
+/// The receipt a resolve as applied records: the provider's status, content type and
+/// body (at most 64 KiB; JSON when its content type says so).
+const RECEIPT_FIELDS: &str = "<label>Status the provider answered (100 to 599) \
+     <input name=\"status\" type=\"number\" min=\"100\" max=\"599\" required></label>\
+     <label>Content type <input name=\"content_type\" value=\"application/json\" size=\"40\"></label>\
+     <label>Body: the provider's answer, its receipt (at most 64 KiB) \
+     <textarea name=\"body\" rows=\"8\" cols=\"80\" maxlength=\"65536\"></textarea></label>";
+
+/// Whether no owner works on a record in `state`: in doubt, or in flight under a lease
+/// that ran out.
+fn is_ownerless(state: &RecordState) -> bool {
+    match state {
+        RecordState::InDoubt => true,
+        RecordState::InFlight { lease_left, .. } => lease_left.is_zero(),
+        RecordState::Completed { .. } => false,
+    }
 }
 
 #[cfg(test)]

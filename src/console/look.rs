@@ -1,16 +1,26 @@
 //! What an operator saw of a record and acts on: keys and looks read from the wire, and
 //! records written to it.
 
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, Version};
 use serde_json::{json, Map, Value};
 
 use super::action::Action;
 use super::filter::parse_kind;
 use super::problem::Failure;
 use crate::fingerprint::Fingerprint;
-use crate::ledger::{Expected, Generation, LedgerKey, RecordKind, RecordState, RecordView};
+use crate::ledger::{
+    Expected, Generation, LedgerKey, Outcome, RecordKind, RecordState, RecordView, StoredResponse,
+};
 
 /// The longest reason an action takes: a sentence or two for the audit trail, not a file.
 const MAX_REASON: usize = 1000;
+
+/// The largest receipt body a resolve as applied records: a provider's answer, not a file.
+pub(crate) const MAX_RECEIPT_BODY: usize = 64 * 1024;
+
+/// The longest content type a receipt takes.
+const MAX_CONTENT_TYPE: usize = 256;
 
 /// A record key from a path: 64 hex digits.
 pub(crate) fn parse_key(text: &str) -> Result<LedgerKey, Failure> {
@@ -18,11 +28,106 @@ pub(crate) fn parse_key(text: &str) -> Result<LedgerKey, Failure> {
         .ok_or_else(|| Failure::bad_input("key", "not a record key: 64 hex digits"))
 }
 
-/// What an action request carries: the look it was made from, and why.
+/// What an action request carries: the look it was made from, why, and for a resolve as
+/// applied the outcome to record.
 #[derive(Debug)]
 pub(crate) struct ActionInput {
     pub(crate) expected: Expected,
     pub(crate) reason: String,
+    pub(crate) receipt: Option<Receipt>,
+}
+
+/// The outcome an operator records when resolving as applied: what the provider shows.
+///
+/// One shape for every face, since a record does not say which made it: an HTTP face's
+/// record replays it as the provider's response (its status, its content type, its body);
+/// a tool face's replays a `200` whose body is the tool's result, as JSON.
+#[derive(Debug)]
+pub(crate) struct Receipt {
+    pub(crate) status: StatusCode,
+    pub(crate) content_type: Option<HeaderValue>,
+    pub(crate) body: Bytes,
+}
+
+impl Receipt {
+    /// The outcome the record is completed with.
+    pub(crate) fn outcome(&self) -> Outcome {
+        let mut headers = HeaderMap::new();
+        if let Some(content_type) = &self.content_type {
+            headers.insert(http::header::CONTENT_TYPE, content_type.clone());
+        }
+        Outcome::Response(StoredResponse::new(
+            self.status,
+            Version::HTTP_11,
+            headers,
+            self.body.clone(),
+        ))
+    }
+
+    /// A receipt from its parts as sent, each checked: `status` 100 to 599, a
+    /// `content_type` that is a header value, a `body` of at most [`MAX_RECEIPT_BODY`]
+    /// bytes, JSON when its content type says so. `field` names each part in a refusal.
+    fn read(
+        status: Option<u64>,
+        content_type: Option<String>,
+        body: String,
+        field: impl Fn(&str) -> String,
+    ) -> Result<Self, Failure> {
+        let status = status
+            .and_then(|status| u16::try_from(status).ok())
+            .filter(|status| (100..=599).contains(status))
+            .and_then(|status| StatusCode::from_u16(status).ok())
+            .ok_or_else(|| Failure::bad_input(&field("status"), "not a status: 100 to 599"))?;
+        let content_type =
+            match content_type.map(|text| text.trim().to_owned()) {
+                None => None,
+                Some(text) if text.is_empty() => None,
+                Some(text) if text.len() > MAX_CONTENT_TYPE => {
+                    return Err(Failure::bad_input(
+                        &field("content_type"),
+                        &format!("longer than {MAX_CONTENT_TYPE} characters"),
+                    ))
+                }
+                Some(text) => Some(HeaderValue::from_str(&text).map_err(|_| {
+                    Failure::bad_input(&field("content_type"), "not a header value")
+                })?),
+            };
+        if body.len() > MAX_RECEIPT_BODY {
+            return Err(Failure::bad_input(
+                &field("body"),
+                &format!(
+                    "longer than {} KiB: record the provider's answer, not a file",
+                    MAX_RECEIPT_BODY / 1024
+                ),
+            ));
+        }
+        if content_type.as_ref().is_some_and(is_json)
+            && serde_json::from_str::<serde::de::IgnoredAny>(&body).is_err()
+        {
+            return Err(Failure::bad_input(
+                &field("body"),
+                "not JSON, though its content type says it is",
+            ));
+        }
+        Ok(Self {
+            status,
+            content_type,
+            body: Bytes::from(body),
+        })
+    }
+}
+
+/// Whether a content type is JSON (`application/json`, `application/problem+json`…).
+fn is_json(content_type: &HeaderValue) -> bool {
+    let essence = content_type
+        .to_str()
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || essence.ends_with("+json")
 }
 
 /// The look a record shows, in the form an action sends back: `{kind, generation,
@@ -83,7 +188,8 @@ pub(crate) fn changed_parts(look: &Expected, current: &RecordView) -> Vec<&'stat
 }
 
 /// An API action's body: `{"expected": {kind, generation, attempts, fingerprint}, "reason",
-/// "force"?}`, nothing else.
+/// "force"?}`, and for a resolve as applied `"outcome": {"status", "content_type"?,
+/// "body"}`; nothing else.
 pub(crate) fn from_json(body: &[u8], action: Action) -> Result<ActionInput, Failure> {
     let body: Value = serde_json::from_slice(body)
         .map_err(|err| Failure::bad_input("body", &format!("not JSON: {err}")))?;
@@ -105,13 +211,65 @@ pub(crate) fn from_json(body: &[u8], action: Action) -> Result<ActionInput, Fail
         Some(Value::Bool(force)) => force,
         Some(_) => return Err(Failure::bad_input("force", "not a boolean")),
     };
+    let receipt = match (action, body.remove("outcome")) {
+        (Action::ResolveApplied, Some(Value::Object(outcome))) => Some(receipt_from_json(outcome)?),
+        (Action::ResolveApplied, Some(_)) => {
+            return Err(Failure::bad_input("outcome", "not an object"))
+        }
+        (Action::ResolveApplied, None) => {
+            return Err(Failure::bad_input(
+                "outcome",
+                "missing: the outcome the provider shows ({status, content_type?, body})",
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(Failure::bad_input(
+                "outcome",
+                "only resolve-applied records an outcome",
+            ))
+        }
+        (_, None) => None,
+    };
     if let Some(unknown) = body.keys().next() {
         return Err(Failure::bad_input(unknown, "not a field of an action"));
     }
     Ok(ActionInput {
         expected: forced(expected, force, action)?,
         reason,
+        receipt,
     })
+}
+
+/// A resolve's `outcome`: `{"status": 100..=599, "content_type"?: string, "body": string}`.
+fn receipt_from_json(mut outcome: Map<String, Value>) -> Result<Receipt, Failure> {
+    let field = |name: &str| format!("outcome.{name}");
+    let status = match outcome.remove("status") {
+        Some(Value::Number(number)) => Some(number.as_u64().unwrap_or(0)),
+        Some(_) => return Err(Failure::bad_input(&field("status"), "not a number")),
+        None => return Err(Failure::bad_input(&field("status"), "missing")),
+    };
+    let content_type = match outcome.remove("content_type") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text),
+        Some(_) => return Err(Failure::bad_input(&field("content_type"), "not a string")),
+    };
+    let body = match outcome.remove("body") {
+        Some(Value::String(body)) => body,
+        Some(_) => {
+            return Err(Failure::bad_input(
+                &field("body"),
+                "not a string: the receipt's text (JSON as a string)",
+            ))
+        }
+        None => return Err(Failure::bad_input(&field("body"), "missing")),
+    };
+    if let Some(unknown) = outcome.keys().next() {
+        return Err(Failure::bad_input(
+            &field(unknown),
+            "not a field of an outcome",
+        ));
+    }
+    Receipt::read(status, content_type, body, field)
 }
 
 fn look_from_json(mut look: Map<String, Value>) -> Result<Expected, Failure> {
@@ -143,8 +301,9 @@ fn look_from_json(mut look: Map<String, Value>) -> Result<Expected, Failure> {
     Ok(Expected::new(kind, fingerprint, attempts, generation))
 }
 
-/// A page's form: the look in hidden fields, the reason, the token (checked before), and
-/// for a forget an optional `force` box.
+/// A page's form: the look in hidden fields, the reason, the token (checked before), for a
+/// forget an optional `force` box, and for a resolve as applied the receipt's `status`,
+/// `content_type` and `body`.
 pub(crate) fn from_form(body: &[u8], action: Action) -> Result<ActionInput, Failure> {
     let mut fields: Vec<(String, String)> = Vec::new();
     for (name, value) in form_urlencoded::parse(body) {
@@ -176,6 +335,22 @@ pub(crate) fn from_form(body: &[u8], action: Action) -> Result<ActionInput, Fail
     let reason = check_reason(required(take("reason"), "reason")?)?;
     // A checkbox is sent only when ticked.
     let force = take("force").is_some();
+    let receipt = if action == Action::ResolveApplied {
+        let status = required(take("status"), "status")?;
+        let status = Some(status.trim().parse::<u64>().unwrap_or(0));
+        let body = required(take("body"), "body")?;
+        // A browser sends a textarea's line breaks as CR LF: the receipt is recorded as
+        // the operator pasted it.
+        let body = body.replace("\r\n", "\n");
+        Some(Receipt::read(
+            status,
+            take("content_type"),
+            body,
+            str::to_owned,
+        )?)
+    } else {
+        None
+    };
     if let Some((unknown, _)) = fields.first() {
         return Err(Failure::bad_input(unknown, "not a field of an action"));
     }
@@ -186,16 +361,17 @@ pub(crate) fn from_form(body: &[u8], action: Action) -> Result<ActionInput, Fail
             action,
         )?,
         reason,
+        receipt,
     })
 }
 
 /// Resolving as not applied is never forced: it is for a record in doubt, which has no
 /// owner to override.
 fn forced(expected: Expected, force: bool, action: Action) -> Result<Expected, Failure> {
-    match (force, action) {
+    match (force, action.may_be_forced()) {
         (false, _) => Ok(expected),
-        (true, Action::Forget) => Ok(expected.force()),
-        (true, Action::ResolveNotApplied) => Err(Failure::bad_input(
+        (true, true) => Ok(expected.force()),
+        (true, false) => Err(Failure::bad_input(
             "force",
             "resolve-not-applied is never forced: it is only for a record in doubt",
         )),
@@ -318,6 +494,122 @@ mod tests {
             "generation"
         );
         assert_eq!(field(from_form(b"kind=a&kind=b", Action::Forget)), "kind");
+    }
+
+    fn resolve_body(outcome: Value) -> Vec<u8> {
+        json!({"expected": look(), "reason": "the provider shows the charge", "outcome": outcome})
+            .to_string()
+            .into_bytes()
+    }
+
+    #[test]
+    fn a_json_receipt_is_read_back_as_the_outcome() {
+        let body = resolve_body(json!({"status": 201, "content_type": "application/json",
+            "body": "{\"id\":\"ch_1\"}"}));
+        let input = from_json(&body, Action::ResolveApplied).unwrap();
+        let Outcome::Response(response) = input.receipt.unwrap().outcome() else {
+            panic!("a receipt is a response");
+        };
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        assert_eq!(response.body().as_ref(), b"{\"id\":\"ch_1\"}");
+        // No content type: none recorded, and the body is taken as it is.
+        let body = resolve_body(json!({"status": 204, "body": ""}));
+        let receipt = from_json(&body, Action::ResolveApplied)
+            .unwrap()
+            .receipt
+            .unwrap();
+        assert_eq!(receipt.content_type, None);
+    }
+
+    #[test]
+    fn a_bad_receipt_names_its_field() {
+        let refused =
+            |outcome: Value| field(from_json(&resolve_body(outcome), Action::ResolveApplied));
+        assert_eq!(refused(json!({"status": 99, "body": ""})), "outcome.status");
+        assert_eq!(
+            refused(json!({"status": 600, "body": ""})),
+            "outcome.status"
+        );
+        assert_eq!(
+            refused(json!({"status": "201", "body": ""})),
+            "outcome.status"
+        );
+        assert_eq!(refused(json!({"body": ""})), "outcome.status");
+        assert_eq!(refused(json!({"status": 201})), "outcome.body");
+        assert_eq!(
+            refused(json!({"status": 201, "body": {"id": 1}})),
+            "outcome.body"
+        );
+        assert_eq!(
+            refused(json!({"status": 201, "body": "x".repeat(MAX_RECEIPT_BODY + 1)})),
+            "outcome.body"
+        );
+        assert_eq!(
+            refused(json!({"status": 201, "content_type": "application/json", "body": "{oops"})),
+            "outcome.body"
+        );
+        assert_eq!(
+            refused(json!({"status": 201, "content_type": "text/plain\u{1}", "body": ""})),
+            "outcome.content_type"
+        );
+        assert_eq!(
+            refused(json!({"status": 201, "body": "", "extra": 1})),
+            "outcome.extra"
+        );
+        // At the bound, accepted.
+        let at_bound = resolve_body(json!({"status": 201, "body": "x".repeat(MAX_RECEIPT_BODY)}));
+        assert!(from_json(&at_bound, Action::ResolveApplied).is_ok());
+        // Only a resolve as applied takes an outcome, and it needs one.
+        let without = json!({"expected": look(), "reason": "r"}).to_string();
+        assert_eq!(
+            field(from_json(without.as_bytes(), Action::ResolveApplied)),
+            "outcome"
+        );
+        let with = resolve_body(json!({"status": 201, "body": ""}));
+        assert_eq!(field(from_json(&with, Action::Forget)), "outcome");
+    }
+
+    #[test]
+    fn a_resolve_form_carries_its_receipt() {
+        let form = |status: &str, body: &str| {
+            form_urlencoded::Serializer::new(String::new())
+                .append_pair("kind", "in_doubt")
+                .append_pair("generation", "000000000000002a")
+                .append_pair("attempts", "2")
+                .append_pair("fingerprint", &"ab".repeat(32))
+                .append_pair("reason", "seen at the provider")
+                .append_pair("csrf", "t")
+                .append_pair("status", status)
+                .append_pair("content_type", "application/json")
+                .append_pair("body", body)
+                .finish()
+        };
+        let input = from_form(
+            form("201", "{\r\n\"id\": 1\r\n}").as_bytes(),
+            Action::ResolveApplied,
+        )
+        .unwrap();
+        let receipt = input.receipt.unwrap();
+        assert_eq!(receipt.status, StatusCode::CREATED);
+        assert_eq!(receipt.body.as_ref(), b"{\n\"id\": 1\n}");
+        assert_eq!(
+            field(from_form(form("", "{}").as_bytes(), Action::ResolveApplied)),
+            "status"
+        );
+        assert_eq!(
+            field(from_form(
+                form("201", "no").as_bytes(),
+                Action::ResolveApplied
+            )),
+            "body"
+        );
+        // Another action's form takes no receipt.
+        let forget = field(from_form(form("201", "{}").as_bytes(), Action::Forget));
+        assert!(
+            ["status", "content_type", "body"].contains(&forget.as_str()),
+            "{forget}"
+        );
     }
 
     #[test]

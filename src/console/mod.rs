@@ -8,9 +8,11 @@
 //! your own (`Router::new().nest("/_idempotency", console)`), with
 //!
 //! - a JSON API: `GET api/records` (a page of records, filtered), `GET api/records/{key}`,
-//!   `POST api/records/{key}/forget` and `POST api/records/{key}/resolve-not-applied`;
+//!   `POST api/records/{key}/forget`, `POST api/records/{key}/resolve-not-applied` and
+//!   `POST api/records/{key}/resolve-applied`;
 //! - HTML pages that work without JavaScript: `GET /` (the list, with a filter form),
-//!   `GET records/{key}` (one record, with its actions as forms), and the forms' `POST`s.
+//!   `GET records/{key}` (one record, with its actions as forms: resolve as applied and as
+//!   not applied for an operation in doubt, forget for any), and the forms' `POST`s.
 //!
 //! # Who may do what
 //!
@@ -38,12 +40,26 @@
 //! - **Resolve as not applied** is forgetting a record *in doubt*, after checking with the
 //!   provider that its effect did not happen: the caller's next run sends it again, once.
 //!   Asked of a look that is not in doubt, it is refused with `422`; it is never forced.
+//! - **Resolve as applied** completes an open record with the outcome the operator
+//!   supplies, after seeing with the provider that its effect happened (its dashboard
+//!   shows the charge): the caller's next run replays that outcome instead of sending the
+//!   operation again ([`Records::resolve`](crate::ledger::Records::resolve)). The record keeps its fingerprint, so another
+//!   payload under its key drifts as from any completed record. Asked of a completed look,
+//!   it is refused with `422`; an operation in flight under a live lease is refused (`409`)
+//!   unless `force`d. The outcome is `{"status", "content_type"?, "body"}` in the API
+//!   (`"outcome"` beside the look), three fields in the record page's form: a status
+//!   from 100 to 599, an optional content type, and the body as text, at most 64 KiB
+//!   (JSON when the content type says so). A record does not say which face made it, so
+//!   one shape serves both: for an HTTP call, the provider's response; for a tool call, a
+//!   `200` whose body is the tool's result as JSON, as the tool face records one. A bad
+//!   outcome is a `400` naming its field (`outcome.status`…), and nothing changes.
 //!
-//! Both need a `reason`, and each action, whatever came of it, leaves a `tracing` event
+//! Each needs a `reason`, and each action, whatever came of it, leaves a `tracing` event
 //! (target `tower_idempotency::console`: the operator's id and role, the action, the key,
-//! the reason and the result; `WARN` when a record was forgotten) and with feature
-//! `metrics` counts one in `idempotency_console_actions_total` (labels `action`:
-//! `forget`, `resolve_not_applied`; `result`: `forgotten`, `absent`, `changed`, `live`,
+//! the reason, the result, and for a resolve as applied the status recorded; `WARN` when a
+//! record was forgotten or resolved) and with feature `metrics` counts one in
+//! `idempotency_console_actions_total` (labels `action`: `forget`, `resolve_not_applied`,
+//! `resolve_applied`; `result`: `forgotten`, `resolved`, `absent`, `changed`, `live`,
 //! `not_in_doubt`, `forbidden`, `cross_site`, `csrf`, `error`). Identities are in events
 //! only, never in labels.
 //!
@@ -111,6 +127,11 @@ use crate::ledger::Records;
 
 /// The largest action body read: a look, a reason and a token fit many times over.
 const MAX_BODY: usize = 16 * 1024;
+
+/// The largest body a resolve as applied reads: its receipt's [`look::MAX_RECEIPT_BODY`]
+/// bytes, escaped (six bytes a character at worst in JSON, three in a form), and the rest.
+/// A receipt past its own bound within this is refused by name (`400`).
+const MAX_RESOLVE_BODY: usize = 6 * look::MAX_RECEIPT_BODY + MAX_BODY;
 
 /// The operator's console over a ledger: see the [module docs](self).
 ///
@@ -189,12 +210,20 @@ impl Console {
                 "/records/{key}/resolve-not-applied",
                 form(Action::ResolveNotApplied),
             )
+            .route(
+                "/records/{key}/resolve-applied",
+                form(Action::ResolveApplied),
+            )
             .route("/api/records", get(api::list))
             .route("/api/records/{key}", get(api::record))
             .route("/api/records/{key}/forget", action(Action::Forget))
             .route(
                 "/api/records/{key}/resolve-not-applied",
                 action(Action::ResolveNotApplied),
+            )
+            .route(
+                "/api/records/{key}/resolve-applied",
+                action(Action::ResolveApplied),
             )
             .with_state(Arc::new(self.shared))
     }
@@ -233,9 +262,14 @@ fn is_media_type(head: &Parts, media_type: &str) -> bool {
         .is_some_and(|value| value.trim().eq_ignore_ascii_case(media_type))
 }
 
-/// An action's body, up to [`MAX_BODY`].
-async fn read_body(body: Body) -> Result<axum::body::Bytes, Failure> {
-    axum::body::to_bytes(body, MAX_BODY)
+/// An action's body, up to [`MAX_BODY`] ([`MAX_RESOLVE_BODY`] for a resolve as applied,
+/// which carries a receipt).
+async fn read_body(body: Body, action: Action) -> Result<axum::body::Bytes, Failure> {
+    let limit = match action {
+        Action::ResolveApplied => MAX_RESOLVE_BODY,
+        Action::Forget | Action::ResolveNotApplied => MAX_BODY,
+    };
+    axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| Failure::too_large())
 }

@@ -11,7 +11,7 @@ use http::request::Parts;
 use http::{HeaderValue, StatusCode};
 
 use super::action::{act as run_action, audit, Acted, Action};
-use super::api::may_act;
+use super::api::{may_act, not_open};
 use super::filter::{parse_list, ListRequest};
 use super::html::{action_forms, escape, human, page, record_fields, state_text};
 use super::look::{from_form, parse_key};
@@ -29,6 +29,10 @@ const FLASHES: &[(&str, &str)] = &[
     (
         "resolved",
         "Resolved as not applied: the caller's next run sends the operation again.",
+    ),
+    (
+        "applied",
+        "Resolved as applied: the caller's next run replays the outcome you recorded.",
     ),
     (
         "absent",
@@ -226,8 +230,8 @@ fn actions_for(
     }
 }
 
-/// `POST records/{key}/forget` and `POST records/{key}/resolve-not-applied`, from the
-/// record page's forms.
+/// `POST records/{key}/forget`, `POST records/{key}/resolve-not-applied` and
+/// `POST records/{key}/resolve-applied`, from the record page's forms.
 pub(crate) async fn act(
     State(shared): State<Arc<Shared>>,
     Path(key): Path<String>,
@@ -255,7 +259,7 @@ async fn act_on(
     if !is_media_type(&head, "application/x-www-form-urlencoded") {
         return Err(Failure::media_type("application/x-www-form-urlencoded"));
     }
-    let body = read_body(body).await?;
+    let body = read_body(body, action).await?;
     // The token first: a forged form learns nothing about the rest of its fields.
     let token = form_urlencoded::parse(&body)
         .find(|(name, _)| name == "csrf")
@@ -270,10 +274,14 @@ async fn act_on(
     Ok(match acted {
         Acted::Forgotten => {
             let code = match action {
-                Action::Forget => "forgotten",
                 Action::ResolveNotApplied => "resolved",
+                Action::Forget | Action::ResolveApplied => "forgotten",
             };
             see_other(&format!("{}?flash={code}", home(base)))
+        }
+        // The record stays, completed: back to it, to see it so.
+        Acted::Resolved { .. } => {
+            see_other(&format!("{}/records/{}?flash=applied", base, key.to_hex()))
         }
         Acted::Absent => see_other(&format!("{}?flash=absent", home(base))),
         Acted::Changed { current, changed } => {
@@ -293,16 +301,21 @@ async fn act_on(
         } => {
             let mut body = format!(
                 "<p class=\"problem\">An owner holds the operation under a live lease ({} \
-                 left): nothing changed. Wait for it, or forget it with force.</p>",
-                human(lease_left)
+                 left): nothing changed. Wait for it, or {} with force.</p>",
+                human(lease_left),
+                match action {
+                    Action::ResolveApplied => "resolve it",
+                    _ => "forget it",
+                }
             );
             body.push_str(&as_it_is_now(shared, &operator, base, &key, current));
             page(StatusCode::CONFLICT, &home(base), "Conflict", &body)
         }
         Acted::NotInDoubt => {
             let body = format!(
-                "<p class=\"problem\">Resolve as not applied is only for a record in doubt; \
-                 this one was {} when you looked: nothing changed.</p><p><a href=\"{}/records/{}\">Back to the record</a></p>",
+                "<p class=\"problem\">{}; this one was {} when you looked: nothing \
+                 changed.</p><p><a href=\"{}/records/{}\">Back to the record</a></p>",
+                escape(&capitalized(not_open(action))),
                 escape(&input.expected.kind.as_str().replace('_', " ")),
                 escape(base),
                 key.to_hex(),
@@ -334,6 +347,15 @@ fn as_it_is_now(
         }
         None => "<p>It has left the ledger since.</p>".to_owned(),
     }
+}
+
+/// `text` with its first letter a capital, to open a sentence.
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 fn see_other(location: &str) -> Response {

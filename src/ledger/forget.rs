@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::request::Parts;
 
 use super::{
-    Generation, IdempotencyStore, LedgerKey, ListPage, ListQuery, RecordState, RecordView,
-    StoreError,
+    Generation, IdempotencyStore, LedgerKey, ListPage, ListQuery, Outcome, RecordState, RecordView,
+    Resolve, StoreError,
 };
 use crate::fingerprint::Fingerprint;
 use crate::OperationId;
@@ -361,31 +361,78 @@ enum Keys {
 pub struct Records {
     store: Arc<dyn IdempotencyStore>,
     keys: Keys,
+    /// How long a record an operator resolves is kept: its layer's retention.
+    retention: Duration,
 }
 
 impl Records {
     /// A handle on `store`, deriving keys as a client layer with the default scope does.
     pub fn new(store: impl IdempotencyStore) -> Self {
-        Self::client(Arc::new(store), String::new())
+        Self::client(
+            Arc::new(store),
+            String::new(),
+            crate::idempotency::engine::DEFAULT_RETENTION,
+        )
     }
 
-    /// A client layer's handle.
-    pub(crate) fn client(store: Arc<dyn IdempotencyStore>, scope: String) -> Self {
+    /// A client layer's handle; its records are kept for `retention`.
+    pub(crate) fn client(
+        store: Arc<dyn IdempotencyStore>,
+        scope: String,
+        retention: Duration,
+    ) -> Self {
         Self {
             store,
             keys: Keys::Client(scope),
+            retention,
         }
     }
 
-    /// A server layer's handle: `derive` is its key derivation from a request head.
+    /// A server layer's handle: `derive` is its key derivation from a request head, and
+    /// its records are kept for `retention`.
     pub(crate) fn server(
         store: Arc<dyn IdempotencyStore>,
         derive: impl Fn(&Parts) -> Option<LedgerKey> + Send + Sync + 'static,
+        retention: Duration,
     ) -> Self {
         Self {
             store,
             keys: Keys::Server(Arc::new(derive)),
+            retention,
         }
+    }
+
+    /// The handle, keeping the records it [resolves](Self::resolve) for `retention` (by
+    /// default its layer's retention; 24 h for [`Records::new`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{MemoryStore, Records};
+    ///
+    /// let records = Records::new(MemoryStore::new()).with_retention(Duration::from_secs(3600));
+    /// assert_eq!(records.retention(), Duration::from_secs(3600));
+    /// ```
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long a record this handle [resolves](Self::resolve) is kept from then on.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::MemoryStore;
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
+    ///     .provider_deduplicates(true)
+    ///     .retention(Duration::from_secs(7200))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.records().retention(), Duration::from_secs(7200));
+    /// ```
+    pub fn retention(&self) -> Duration {
+        self.retention
     }
 
     /// The store behind the handle.
@@ -478,6 +525,64 @@ impl Records {
     pub async fn forget(&self, key: LedgerKey, expected: Expected) -> Result<Forget, StoreError> {
         self.store.forget(key, expected).await
     }
+
+    /// [`IdempotencyStore::resolve`]: complete the record of `key` with `outcome` (the
+    /// receipt of an effect the operator saw happen) if it is still as `expected` and
+    /// open, kept for the handle's [retention](Self::retention). The caller's next run
+    /// with the same payload replays `outcome` instead of sending again.
+    ///
+    /// Only resolve an operation as applied once you know its effect happened: the
+    /// operation is never sent again under its key. The store logs the resolve (`WARN`)
+    /// and with feature `metrics` counts it in `idempotency_ledger_resolve_total` (labels
+    /// `store`, `state`: the expected one, `result`: `resolved`, `absent`, `changed`,
+    /// `live`, `not_in_doubt` or `error`).
+    ///
+    /// For a record of the tool face, the outcome is a `200` whose body is the tool's
+    /// result as JSON (what the tool would have answered); for an HTTP face, the
+    /// provider's response.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{
+    ///     Begin, BeginRequest, Expected, MemoryStore, Outcome, Records, Resolve, StoredResponse,
+    /// };
+    /// use tower_idempotency::OperationId;
+    /// # use tower_idempotency::fingerprint::Fingerprint;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let records = Records::new(MemoryStore::new());
+    /// let key = records.operation_key(&OperationId::new("task-7", "charge"));
+    /// # let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// # let request = BeginRequest::new(key, fp, Duration::from_secs(10), Duration::from_secs(60));
+    /// # let Begin::Acquired { token } = records.store().begin(request.clone()).await? else { unreachable!() };
+    /// # records.store().mark_in_doubt(key, token, Duration::from_secs(60)).await?;
+    /// // The charge is in doubt; the provider's dashboard shows it went through.
+    /// let view = records.inspect(key).await?.expect("a record");
+    /// let receipt = Outcome::Response(StoredResponse::new(
+    ///     http::StatusCode::CREATED,
+    ///     http::Version::HTTP_11,
+    ///     http::HeaderMap::new(),
+    ///     r#"{"id":"ch_1","status":"succeeded"}"#.into(),
+    /// ));
+    /// assert_eq!(records.resolve(key, Expected::of(&view), receipt).await?, Resolve::Resolved);
+    /// // The next run replays the receipt; the same look finds nothing open to resolve.
+    /// assert!(matches!(records.store().begin(request).await?, Begin::Replay(_)));
+    /// let again = Outcome::Tombstone { status: http::StatusCode::OK };
+    /// assert_eq!(records.resolve(key, Expected::of(&view), again).await?, Resolve::Changed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn resolve(
+        &self,
+        key: LedgerKey,
+        expected: Expected,
+        outcome: Outcome,
+    ) -> Result<Resolve, StoreError> {
+        self.store
+            .resolve(key, expected, outcome, self.retention)
+            .await
+    }
 }
 
 impl fmt::Debug for Records {
@@ -489,6 +594,7 @@ impl fmt::Debug for Records {
         f.debug_struct("Records")
             .field("store", &self.store)
             .field("keys", &keys)
+            .field("retention", &self.retention)
             .finish()
     }
 }

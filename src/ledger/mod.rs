@@ -83,6 +83,19 @@
 //! by the keys that layer derives (an [`OperationId`](crate::OperationId), or a request
 //! head). See [`Records`].
 //!
+//! # Resolving an operation in doubt as applied
+//!
+//! An operation in doubt whose effect an operator has seen happen (the provider's dashboard
+//! shows the charge) need not be sent again: [`IdempotencyStore::resolve`] completes its
+//! record with the outcome the operator supplies (the provider's receipt), without the
+//! owner's token, fenced like a forget by what an `inspect` showed ([`Expected`], judged by
+//! [`Expected::judge_resolve`]): the same life, still open (in doubt, or in flight under a
+//! lease that ran out, or a live one when forced), never a record completed already. The
+//! record keeps its fingerprint and request, so the caller's next run with the same
+//! payload replays the receipt ([`Begin::Replay`]) and one with another payload drifts, as
+//! from any completed record. [`Records::resolve`] is the operator's way to it, with the
+//! layer's retention; the console's *resolve as applied* is the same from a browser.
+//!
 //! # Bring your own store
 //!
 //! [`IdempotencyStore`] is object safe: the layers hold stores as
@@ -108,6 +121,7 @@ mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+mod resolve;
 
 pub use doubt::{DoubtSummary, MOST_COUNTED};
 pub use error::StoreError;
@@ -141,6 +155,8 @@ pub use redis::cluster::RedisClusterBuilder;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::store::RedisStore;
+pub(crate) use resolve::report as report_resolve;
+pub use resolve::Resolve;
 
 use std::fmt;
 use std::future::Future;
@@ -482,6 +498,70 @@ pub trait IdempotencyStore: Send + Sync + fmt::Debug + 'static {
             "this store cannot forget records",
         )))
     }
+
+    /// Complete the record of `key` with `outcome` on an operator's word (the provider
+    /// shows the effect happened: *resolved as applied*), kept for `retention` from now,
+    /// **only if it is still as `expected`** and open, in one atomic step, without the
+    /// owner's token.
+    ///
+    /// Judged as [`Expected::judge_resolve`] says: a record that moved on since the look,
+    /// or was created again (another [`Generation`]), is answered [`Resolve::Changed`]; one
+    /// completed already [`Resolve::NotInDoubt`] (its own outcome is never replaced); one in
+    /// flight under a live lease [`Resolve::Live`] unless [forced](Expected::force) (the
+    /// owner's later writes are then fenced, and its own outcome is lost); and none of them
+    /// is touched. A resolved record is completed as if its owner had completed it: its
+    /// fingerprint and what the store keeps of its request stay, so the next `begin` with
+    /// the same payload is [`Begin::Replay`] of `outcome` and one with another payload is a
+    /// drift, as for any completed record; it is listed as completed, and waiters are woken
+    /// as by a [`complete`](Self::complete). The built-in stores log and count each call
+    /// (see [`Records::resolve`]).
+    ///
+    /// The default answers an [unavailable](StoreError::is_unavailable) error and changes
+    /// nothing: a store that cannot resolve safely says so, never "resolved".
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Begin, BeginRequest, Expected, IdempotencyStore, LedgerKey, MemoryStore, Outcome, Resolve, StoredResponse};
+    /// use tower_idempotency::fingerprint::Fingerprint;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_idempotency::ledger::StoreError> {
+    /// let store = MemoryStore::new();
+    /// let key = LedgerKey::from_bytes([2; 32]);
+    /// let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let (lease, retention) = (Duration::from_secs(10), Duration::from_secs(3600));
+    /// let request = BeginRequest::new(key, fp, lease, retention);
+    /// let Begin::Acquired { token } = store.begin(request.clone()).await? else { unreachable!() };
+    /// store.mark_in_doubt(key, token, retention).await?;
+    ///
+    /// // In doubt; the provider's dashboard shows the charge: record its receipt.
+    /// let view = store.inspect(key).await?.expect("a record");
+    /// let receipt = Outcome::Response(StoredResponse::new(
+    ///     http::StatusCode::CREATED, http::Version::HTTP_11, http::HeaderMap::new(),
+    ///     r#"{"id":"ch_1"}"#.into()));
+    /// assert_eq!(store.resolve(key, Expected::of(&view), receipt, retention).await?, Resolve::Resolved);
+    /// let Begin::Replay(Outcome::Response(replayed)) = store.begin(request).await? else { unreachable!() };
+    /// assert_eq!(replayed.body(), r#"{"id":"ch_1"}"#);
+    /// // The old look no longer matches the completed record.
+    /// let again = Outcome::Tombstone { status: http::StatusCode::OK };
+    /// assert_eq!(store.resolve(key, Expected::of(&view), again, retention).await?, Resolve::Changed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn resolve(
+        &self,
+        key: LedgerKey,
+        expected: Expected,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, Resolve> {
+        let _ = (key, expected, outcome, retention);
+        // Never `Resolved`, nor a refusal: either would tell the operator something about a
+        // record this store never looked at.
+        StoreFuture::ready(Err(StoreError::unavailable(
+            "this store cannot resolve records",
+        )))
+    }
 }
 
 /// What [`IdempotencyStore::inspect`] shows of a record.
@@ -691,6 +771,16 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 
     fn forget(&self, key: LedgerKey, expected: Expected) -> StoreFuture<'_, Forget> {
         (**self).forget(key, expected)
+    }
+
+    fn resolve(
+        &self,
+        key: LedgerKey,
+        expected: Expected,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, Resolve> {
+        (**self).resolve(key, expected, outcome, retention)
     }
 }
 

@@ -254,6 +254,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The status it answers with (a tombstone's too).
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Self::Response(response) => response.status(),
+            Self::Tombstone { status } => *status,
+        }
+    }
+
     /// Bytes this outcome holds in memory, for weighing caches.
     pub fn weight(&self) -> usize {
         match self {

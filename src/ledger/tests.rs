@@ -80,3 +80,53 @@ fn store_futures_are_send_whenever_their_answer_is() {
     assert_send(&store.inspect(LedgerKey::from_bytes([2; 32])));
     assert_send(&StoreFuture::<'_, Vec<u8>>::new(async { Ok(Vec::new()) }));
 }
+
+/// A store of one's own that implements only the protocol's writes.
+#[derive(Debug)]
+struct WritesOnly;
+
+impl IdempotencyStore for WritesOnly {
+    fn begin(&self, _: BeginRequest) -> StoreFuture<'_, Begin> {
+        StoreFuture::ready(Err(StoreError::unavailable("not in this test")))
+    }
+    fn complete(
+        &self,
+        _: LedgerKey,
+        _: LeaseToken,
+        _: Outcome,
+        _: Duration,
+    ) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Ok(()))
+    }
+    fn abandon(&self, _: LedgerKey, _: LeaseToken) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Ok(()))
+    }
+    fn mark_in_doubt(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Ok(()))
+    }
+    fn renew(&self, _: LedgerKey, _: LeaseToken, _: Duration) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Ok(()))
+    }
+}
+
+/// A store that does not implement `resolve` fails closed: an unavailable error, never an
+/// answer about a record it never looked at (least of all `Resolved`), through an `Arc`
+/// too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_store_that_cannot_resolve_says_so() {
+    let fp = Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    let look = Expected::new(RecordKind::InDoubt, fp, 1, Generation::from_u64(1));
+    let receipt = Outcome::Tombstone {
+        status: http::StatusCode::OK,
+    };
+    let key = LedgerKey::from_bytes([1; 32]);
+    let answer = WritesOnly
+        .resolve(key, look, receipt.clone(), Duration::from_secs(60))
+        .await;
+    assert!(answer.unwrap_err().is_unavailable());
+    let shared: std::sync::Arc<dyn IdempotencyStore> = std::sync::Arc::new(WritesOnly);
+    let answer = shared
+        .resolve(key, look, receipt, Duration::from_secs(60))
+        .await;
+    assert!(answer.unwrap_err().is_unavailable());
+}

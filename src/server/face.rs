@@ -135,13 +135,18 @@ impl IdempotencyLayer<ServerFace> {
     pub fn records(&self) -> crate::ledger::Records {
         let face = self.face().clone();
         let store = face.ledger.store.clone();
+        let retention = face.ledger.retention;
         // The derivation `call` makes (`service.rs`), step for step: an operator's look-up
         // must land on the very record a request with this head would claim. A malformed or
         // repeated key finds nothing, as the layer never lets one reach the ledger.
-        crate::ledger::Records::server(store, move |head: &Parts| {
-            let key = crate::HeaderKey::from_headers(&head.headers).ok()??;
-            let scope = face.scope.of(head)?;
-            Some(LedgerKey::server_of(&scope, key.as_bytes()))
-        })
+        crate::ledger::Records::server(
+            store,
+            move |head: &Parts| {
+                let key = crate::HeaderKey::from_headers(&head.headers).ok()??;
+                let scope = face.scope.of(head)?;
+                Some(LedgerKey::server_of(&scope, key.as_bytes()))
+            },
+            retention,
+        )
     }
 }

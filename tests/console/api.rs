@@ -427,3 +427,236 @@ async fn every_action_leaves_an_audit_event_with_its_operator_and_reason() {
         );
     }
 }
+
+/// The body of a resolve as applied: the look, a reason, and the provider's receipt.
+fn resolve_applied(look: &Value, outcome: Value) -> Value {
+    json!({"expected": look, "reason": "INC-51: the provider shows charge ch_1", "outcome": outcome})
+}
+
+fn receipt() -> Value {
+    json!({"status": 201, "content_type": "application/json",
+        "body": "{\"id\":\"ch_1\",\"status\":\"succeeded\"}"})
+}
+
+/// Resolving as applied completes the record in doubt with the operator's receipt, shown at
+/// once as completed with its status; a look taken before the record moved on is `409`
+/// with what changed, a read-only operator is `403`, a bad receipt `400` naming its field,
+/// a completed look `422`; and none of those changes anything.
+#[tokio::test]
+async fn resolve_applied_is_fenced_by_the_look_and_records_the_operators_receipt() {
+    let (console, store) = console_over_store().await;
+    in_doubt(&store, key(11), "").await;
+    let path = action(&key(11), "resolve-applied");
+    let look = console
+        .get_as("alice", "act", &api_record(&key(11)))
+        .await
+        .json()["look"]
+        .clone();
+
+    let read_only = console
+        .post_json("bob", "read", &path, &resolve_applied(&look, receipt()))
+        .await;
+    assert_eq!(
+        read_only.status,
+        StatusCode::FORBIDDEN,
+        "{}",
+        read_only.body
+    );
+    assert_eq!(read_only.json()["error"], "read_only");
+
+    for (outcome, field) in [
+        (json!({"status": 700, "body": "{}"}), "outcome.status"),
+        (json!({"status": 201}), "outcome.body"),
+        (
+            json!({"status": 201, "body": "x".repeat(64 * 1024 + 1)}),
+            "outcome.body",
+        ),
+        (
+            json!({"status": 201, "content_type": "application/json", "body": "not json"}),
+            "outcome.body",
+        ),
+    ] {
+        let bad = console
+            .post_json("alice", "act", &path, &resolve_applied(&look, outcome))
+            .await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{field}: {}", bad.body);
+        assert_eq!(bad.json()["field"], field, "{}", bad.body);
+    }
+    let no_outcome = console
+        .post_json(
+            "alice",
+            "act",
+            &path,
+            &json!({"expected": look, "reason": "r"}),
+        )
+        .await;
+    assert_eq!(no_outcome.status, StatusCode::BAD_REQUEST);
+    assert_eq!(no_outcome.json()["field"], "outcome");
+    let view = store.inspect(key(11)).await.unwrap().unwrap();
+    assert_eq!(
+        RecordKind::of(&view.state),
+        RecordKind::InDoubt,
+        "refused, nothing changed"
+    );
+
+    // Meanwhile the caller resumed it, and it failed again: the look is stale.
+    let resume = BeginRequest::new(
+        key(11),
+        tower_idempotency::fingerprint::Fingerprint::of(&Method::POST, "/charges", b"{}"),
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_secs(3600),
+    );
+    let Begin::Resume { token, .. } = store.begin(resume).await.unwrap() else {
+        panic!("an in-doubt record is resumed");
+    };
+    store
+        .mark_in_doubt(key(11), token, std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let stale = console
+        .post_json("alice", "act", &path, &resolve_applied(&look, receipt()))
+        .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    let stale = stale.json();
+    assert_eq!(stale["error"], "changed");
+    assert_eq!(stale["changed"], json!(["attempts"]));
+    assert_eq!(stale["current"]["state"], "in_doubt");
+    assert_eq!(
+        RecordKind::of(&store.inspect(key(11)).await.unwrap().unwrap().state),
+        RecordKind::InDoubt
+    );
+
+    // With the record's look as it is now: resolved, completed with the receipt's status.
+    let fresh = stale["current"]["look"].clone();
+    let resolved = console
+        .post_json("alice", "act", &path, &resolve_applied(&fresh, receipt()))
+        .await;
+    assert_eq!(resolved.status, StatusCode::OK, "{}", resolved.body);
+    let resolved = resolved.json();
+    assert_eq!(resolved["result"], "resolved");
+    assert_eq!(resolved["current"]["state"], "completed");
+    assert_eq!(resolved["current"]["status"], 201);
+    assert_eq!(
+        store.inspect(key(11)).await.unwrap().unwrap().state,
+        RecordState::Completed {
+            status: StatusCode::CREATED
+        }
+    );
+    let Begin::Replay(tower_idempotency::ledger::Outcome::Response(replayed)) = store
+        .begin(BeginRequest::new(
+            key(11),
+            tower_idempotency::fingerprint::Fingerprint::of(&Method::POST, "/charges", b"{}"),
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_secs(3600),
+        ))
+        .await
+        .unwrap()
+    else {
+        panic!("a resolved record replays");
+    };
+    assert_eq!(
+        replayed.body().as_ref(),
+        br#"{"id":"ch_1","status":"succeeded"}"#
+    );
+    assert_eq!(replayed.headers()["content-type"], "application/json");
+
+    // The completed record's own look: it keeps its outcome.
+    let completed = resolved["current"]["look"].clone();
+    let again = console
+        .post_json(
+            "alice",
+            "act",
+            &path,
+            &resolve_applied(&completed, json!({"status": 200, "body": "other"})),
+        )
+        .await;
+    assert_eq!(
+        again.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        again.body
+    );
+    assert_eq!(again.json()["error"], "not_in_doubt");
+}
+
+/// A live owner's operation is resolved as applied only when forced; absent is `404`.
+#[tokio::test]
+async fn resolving_a_live_operation_as_applied_needs_force() {
+    let (console, store) = console_over_store().await;
+    in_flight(&store, key(12)).await;
+    let path = action(&key(12), "resolve-applied");
+    let look = console
+        .get_as("alice", "act", &api_record(&key(12)))
+        .await
+        .json()["look"]
+        .clone();
+    let live = console
+        .post_json("alice", "act", &path, &resolve_applied(&look, receipt()))
+        .await;
+    assert_eq!(live.status, StatusCode::CONFLICT, "{}", live.body);
+    assert_eq!(live.json()["error"], "live");
+    assert!(matches!(
+        store.inspect(key(12)).await.unwrap().unwrap().state,
+        RecordState::InFlight { .. }
+    ));
+    let mut forced = resolve_applied(&look, receipt());
+    forced["force"] = true.into();
+    let forced = console.post_json("alice", "act", &path, &forced).await;
+    assert_eq!(forced.status, StatusCode::OK, "{}", forced.body);
+    assert_eq!(forced.json()["current"]["state"], "completed");
+
+    let absent = console
+        .post_json(
+            "alice",
+            "act",
+            &action(&key(13), "resolve-applied"),
+            &resolve_applied(&look, receipt()),
+        )
+        .await;
+    assert_eq!(absent.status, StatusCode::NOT_FOUND, "{}", absent.body);
+}
+
+/// A resolve as applied leaves its audit event: `WARN`, with the operator, the action, the
+/// key, the reason, the status recorded and the result.
+#[tokio::test(flavor = "current_thread")]
+async fn a_resolve_as_applied_leaves_an_audit_event_with_the_status_recorded() {
+    let (logs, _guard) = capture::events(tracing::Level::INFO);
+    let (console, store) = console_over_store().await;
+    in_doubt(&store, key(14), "").await;
+    let look = console
+        .get_as("alice", "act", &api_record(&key(14)))
+        .await
+        .json()["look"]
+        .clone();
+    let done = console
+        .post_json(
+            "alice",
+            "act",
+            &action(&key(14), "resolve-applied"),
+            &resolve_applied(&look, receipt()),
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let text = logs.text();
+    let audit: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("tower_idempotency::console"))
+        .collect();
+    assert_eq!(audit.len(), 1, "{text}");
+    for part in [
+        "WARN",
+        "operator=alice",
+        "resolve_applied",
+        "INC-51: the provider shows charge ch_1",
+        "receipt_status=201",
+        "result=\"resolved\"",
+        &key(14).to_hex(),
+    ] {
+        let loose = part.replace('"', "");
+        assert!(
+            audit[0].contains(part) || audit[0].contains(&loose),
+            "{part} in {}",
+            audit[0]
+        );
+    }
+}

@@ -65,3 +65,79 @@ fn actions_are_counted_by_action_and_result_without_identities() {
         ]
     );
 }
+
+/// A resolve as applied counts one by its result in the console's counter, and one in the
+/// ledger's own `idempotency_ledger_resolve_total`, by store, expected state and result.
+#[test]
+fn a_resolve_as_applied_is_counted_by_the_console_and_the_ledger() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let key = LedgerKey::from_bytes([10; 32]);
+            let (console, store) = console_over_store().await;
+            in_doubt(&store, key, "").await;
+            let look = console
+                .get_as("alice", "act", &api_record(&key))
+                .await
+                .json()["look"]
+                .clone();
+            let body = json!({"expected": look, "reason": "INC-2",
+                "outcome": {"status": 201, "body": "ch_1"}});
+            let resolve = format!("{}/resolve-applied", api_record(&key));
+            let done = console.post_json("alice", "act", &resolve, &body).await;
+            assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+            let again = console.post_json("alice", "act", &resolve, &body).await;
+            assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+        })
+    });
+
+    let mut counted = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (_, key) = key.into_parts();
+        if !matches!(
+            key.name(),
+            "idempotency_console_actions_total" | "idempotency_ledger_resolve_total"
+        ) {
+            continue;
+        }
+        let DebugValue::Counter(n) = value else {
+            panic!("a counter");
+        };
+        let labels: Vec<String> = key
+            .labels()
+            .map(|label| format!("{}={}", label.key(), label.value()))
+            .collect();
+        counted.push((format!("{} {}", key.name(), labels.join(",")), n));
+    }
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            (
+                "idempotency_console_actions_total action=resolve_applied,result=changed"
+                    .to_owned(),
+                1
+            ),
+            (
+                "idempotency_console_actions_total action=resolve_applied,result=resolved"
+                    .to_owned(),
+                1
+            ),
+            (
+                "idempotency_ledger_resolve_total store=memory,state=in_doubt,result=changed"
+                    .to_owned(),
+                1
+            ),
+            (
+                "idempotency_ledger_resolve_total store=memory,state=in_doubt,result=resolved"
+                    .to_owned(),
+                1
+            ),
+        ]
+    );
+}

@@ -278,3 +278,92 @@ async fn hostile_values_are_escaped_in_pages() {
     assert!(!refused.body.contains("<script>"), "{}", refused.body);
     assert!(refused.body.contains("not a filter"));
 }
+
+/// The resolve-as-applied form of a record page, filled in with a receipt.
+fn resolve_applied_form(html: &str, csrf: &str, status: &str, body: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("kind", &hidden(html, "kind"))
+        .append_pair("generation", &hidden(html, "generation"))
+        .append_pair("attempts", &hidden(html, "attempts"))
+        .append_pair("fingerprint", &hidden(html, "fingerprint"))
+        .append_pair("csrf", csrf)
+        .append_pair("reason", "INC-51: the provider shows the charge")
+        .append_pair("status", status)
+        .append_pair("content_type", "application/json")
+        .append_pair("body", body)
+        .finish()
+}
+
+/// A record in doubt offers resolve as applied; its form acts only with the operator's
+/// token, refuses a bad receipt naming the field, and otherwise completes the record and
+/// leads back to it, completed with the receipt's status.
+#[tokio::test]
+async fn the_resolve_applied_form_needs_its_token_and_shows_the_record_completed() {
+    let (console, store) = console_over_store().await;
+    in_doubt(&store, key(9), "").await;
+    let page = console
+        .get_as("alice", "act", &record_page(&key(9)))
+        .await
+        .body;
+    assert!(
+        page.contains(&format!(
+            "action=\"{}/resolve-applied\"",
+            record_page(&key(9))
+        )),
+        "{page}"
+    );
+    assert!(page.contains("name=\"body\""), "{page}");
+    let token = hidden(&page, "csrf");
+    let path = format!("{}/resolve-applied", record_page(&key(9)));
+    let receipt = r#"{"id":"ch_1"}"#;
+
+    for forged in ["", &"0".repeat(64)] {
+        let refused = console
+            .post_form(
+                "alice",
+                &path,
+                &resolve_applied_form(&page, forged, "201", receipt),
+            )
+            .await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+        assert!(refused.body.contains("csrf"), "{}", refused.body);
+    }
+    let bad = console
+        .post_form(
+            "alice",
+            &path,
+            &resolve_applied_form(&page, &token, "42", receipt),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body.contains("status: not a status"), "{}", bad.body);
+    assert!(matches!(
+        store.inspect(key(9)).await.unwrap().unwrap().state,
+        tower_idempotency::ledger::RecordState::InDoubt
+    ));
+
+    let done = console
+        .post_form(
+            "alice",
+            &path,
+            &resolve_applied_form(&page, &token, "201", receipt),
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(
+        done.location(),
+        format!("{}?flash=applied", record_page(&key(9)))
+    );
+    let record = console.get_as("alice", "act", done.location()).await;
+    assert!(
+        record.body.contains("Resolved as applied"),
+        "{}",
+        record.body
+    );
+    assert!(record.body.contains("completed (201)"), "{}", record.body);
+    assert!(
+        !record.body.contains("/resolve-applied\""),
+        "a completed record offers no resolve: {}",
+        record.body
+    );
+}

@@ -509,3 +509,66 @@ async fn an_f32_argument_and_its_json_are_one_operation() {
     assert!(again.discarded().is_none());
     assert_eq!(sdk.effects(), 1);
 }
+
+/// A tool call left in doubt, resolved as applied by an operator with the tool's result
+/// (a `200` whose body is the result as JSON, as the console's form says), is replayed on
+/// the next call: the tool is not called again.
+#[tokio::test]
+async fn a_tool_call_resolved_as_applied_replays_the_operators_result() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tower_idempotency::ledger::{
+        Expected, Outcome, RecordKind, Records, Resolve, StoredResponse,
+    };
+
+    let store = Arc::new(MemoryStore::new());
+    let layer = ToolLayer::builder(store.clone(), "charge", ProviderKeys::Deduplicates)
+        .retry_policy(RetryPolicy::builder().max_attempts(1).build().unwrap())
+        .build()
+        .unwrap();
+    let first: Result<_, ToolError<&str>> =
+        idempotent_call(&layer, op(), charge("a", "fi_1"), |_: Value, _| async {
+            Err::<Value, _>("timed out")
+        })
+        .await;
+    assert!(matches!(first, Err(ToolError::Tool("timed out"))));
+
+    let records = Records::new(store);
+    let key = records.operation_key(&op());
+    let view = records.inspect(key).await.unwrap().expect("left in doubt");
+    assert_eq!(RecordKind::of(&view.state), RecordKind::InDoubt);
+    let result = json!({"charge_id": "ch_1", "status": "succeeded"});
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let receipt = Outcome::Response(StoredResponse::new(
+        http::StatusCode::OK,
+        http::Version::HTTP_11,
+        headers,
+        result.to_string().into(),
+    ));
+    assert_eq!(
+        records
+            .resolve(key, Expected::of(&view), receipt)
+            .await
+            .unwrap(),
+        Resolve::Resolved
+    );
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let replayed = idempotent_call(&layer, op(), charge("a", "fi_1"), {
+        let calls = calls.clone();
+        move |_: Value, _| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<Value, &str>(json!({"charged": "again"})) }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(replayed.source(), ToolSource::Replayed);
+    assert_eq!(replayed.value(), &result);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the tool is not called again"
+    );
+}

@@ -9,7 +9,7 @@ use super::record::{outcome_status, Record, Stamp, State};
 use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::{MutexGuard, Ordering};
-use crate::ledger::{LeaseToken, LedgerKey, Outcome, StoreError};
+use crate::ledger::{Expected, LeaseToken, LedgerKey, Outcome, Resolve, StoreError};
 
 /// Why [`complete_in_place`](MemoryStore::complete_in_place) left an outcome out.
 pub(super) enum Unkept {
@@ -26,25 +26,85 @@ pub(super) enum Tombstoned {
     OverShare,
 }
 
+/// Who completes a record: its owner, by the token its lease is under, or an operator
+/// resolving it as applied, by the look they took.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Completer {
+    Owner(LeaseToken),
+    Operator(Expected),
+}
+
+impl Completer {
+    /// Whether this completer may complete `record` at `at`: the owner while its lease
+    /// holds it, an operator while it is still the open record they saw.
+    fn may_complete(&self, record: &Record, at: Stamp) -> bool {
+        match self {
+            Self::Owner(token) => record.is_owned(*token, at),
+            Self::Operator(expected) => {
+                record.retain_until > at
+                    && expected.judge_resolve(Some(&record.view(at))).is_resolved()
+            }
+        }
+    }
+}
+
 impl MemoryStore {
-    /// The shard of `key`, locked, when `token`'s lease holds its record at `now` (for a
+    /// The shard of `key`, locked, when `by` may complete its record at `now` (for a
     /// settlement that may remove the record or put another in its place); else fenced.
-    pub(super) fn owned_shard(
+    pub(super) fn completable_shard(
         &self,
         key: &LedgerKey,
-        token: LeaseToken,
+        by: Completer,
         now: Instant,
     ) -> Result<MutexGuard<'_, Shard>, StoreError> {
         let shard = lock(self.shard(key));
         if shard
             .records
             .get(key)
-            .is_some_and(|record| record.is_owned(token, self.stamp(now)))
+            .is_some_and(|record| by.may_complete(record, self.stamp(now)))
         {
             Ok(shard)
         } else {
             Err(StoreError::fenced())
         }
+    }
+
+    /// An operator's resolve of `key` as applied (see `IdempotencyStore::resolve`): judged
+    /// under the shard's lock, then completed as its owner would complete it (room, shares
+    /// and tombstones alike), each step re-judging the record under the lock it writes
+    /// under, so nothing can move it in between unseen.
+    pub(super) fn resolve_now(
+        &self,
+        key: LedgerKey,
+        expected: Expected,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> Result<Resolve, StoreError> {
+        let judged = self.judge_resolve(&key, &expected);
+        if !judged.is_resolved() {
+            return Ok(judged);
+        }
+        match self.complete_now(key, Completer::Operator(expected), outcome, retention) {
+            Ok(()) => Ok(Resolve::Resolved),
+            // It moved on between the judgement and the write: say how it stands now.
+            Err(err) if err.is_fenced() => Ok(match self.judge_resolve(&key, &expected) {
+                Resolve::Resolved => Resolve::Changed,
+                refused => refused,
+            }),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// What a resolve of `key` as `expected` would do now.
+    fn judge_resolve(&self, key: &LedgerKey, expected: &Expected) -> Resolve {
+        let now = self.stamp(Instant::now());
+        let shard = lock(self.shard(key));
+        let current = shard
+            .records
+            .get(key)
+            .filter(|record| record.retain_until > now)
+            .map(|record| record.view(now));
+        expected.judge_resolve(current.as_ref())
     }
 
     /// Run `settle` on the open record of `key` owned by `token` at `now`, or refuse as
@@ -78,10 +138,12 @@ impl MemoryStore {
         }
     }
 
+    /// Complete `key`'s record with `outcome`, kept `retention`, if `by` may: fenced
+    /// otherwise.
     pub(super) fn complete_now(
         &self,
         key: LedgerKey,
-        token: LeaseToken,
+        by: Completer,
         mut outcome: Outcome,
         retention: Duration,
     ) -> Result<(), StoreError> {
@@ -108,13 +170,15 @@ impl MemoryStore {
                 || self.make_room(growth, now, at);
         }
         if room {
-            let left_out = self.settle_record_at(key, token, now, at, |store, open, _, at| {
-                store.complete_in_place(open, key, (outcome, weight), retention, at)
-            })?;
+            let left_out = {
+                let mut shard = self.completable_shard(&key, by, now)?;
+                let open = shard.records.get_mut(&key).expect("completable");
+                self.complete_in_place(open, key, (outcome, weight), retention, at)
+            };
             match left_out {
                 Ok(()) => return Ok(()),
                 Err(Unkept::OverShare(left)) => {
-                    return self.complete_past_share(key, token, left, retention);
+                    return self.complete_past_share(key, by, left, retention);
                 }
                 Err(Unkept::NoRoom(left, needed)) => {
                     // Other claims took the room meanwhile: evict once more.
@@ -126,8 +190,8 @@ impl MemoryStore {
         }
         // No room for the whole outcome: settle for less.
         let now = Instant::now();
-        let mut shard = self.owned_shard(&key, token, now)?;
-        let open = shard.records.get_mut(&key).expect("owned");
+        let mut shard = self.completable_shard(&key, by, now)?;
+        let open = shard.records.get_mut(&key).expect("completable");
         let (outcome, why) = if room {
             match self.complete_in_place(open, key, (outcome, weight), retention, self.stamp(now)) {
                 Ok(()) => return Ok(()),
@@ -147,13 +211,13 @@ impl MemoryStore {
     fn complete_past_share(
         &self,
         key: LedgerKey,
-        token: LeaseToken,
+        by: Completer,
         outcome: Outcome,
         retention: Duration,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
-        let mut shard = self.owned_shard(&key, token, now)?;
-        let open = shard.records.get_mut(&key).expect("owned");
+        let mut shard = self.completable_shard(&key, by, now)?;
+        let open = shard.records.get_mut(&key).expect("completable");
         let done = open.completed(outcome, retention, self.stamp(now));
         self.complete_as_tombstone(&mut shard, key, Box::new(done), Tombstoned::OverShare);
         Ok(())

@@ -5,11 +5,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::record::{held_length, Stamp, State};
+use super::settle::Completer;
 use super::shared::{lock, shard_index, Inner, Shard};
 use super::sync::{Arc, Mutex, Ordering};
 use crate::ledger::{
     Begin, BeginRequest, Expected, Forget, IdempotencyStore, LeaseToken, LedgerKey, ListPage,
-    ListQuery, Outcome, RecordView, Settled, StoreError, StoreFuture,
+    ListQuery, Outcome, RecordView, Resolve, Settled, StoreError, StoreFuture,
 };
 
 /// The embedded ledger, in this process.
@@ -192,7 +193,7 @@ impl IdempotencyStore for MemoryStore {
         outcome: Outcome,
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
-        let completed = self.complete_now(key, token, outcome, retention);
+        let completed = self.complete_now(key, Completer::Owner(token), outcome, retention);
         if completed.is_ok() {
             self.announce_settled(&key);
         }
@@ -359,6 +360,25 @@ impl IdempotencyStore for MemoryStore {
         }
         let answer = Ok(answer);
         crate::ledger::report_forget("memory", &key, &expected, &answer);
+        StoreFuture::ready(answer)
+    }
+
+    // An operator resolving one record as applied (see `ledger::resolve`): completed as its
+    // owner would complete it, judged by the look under each lock it writes under, and
+    // announced as a completion is (a waiter replays it at once).
+    fn resolve(
+        &self,
+        key: LedgerKey,
+        expected: Expected,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, Resolve> {
+        let status = outcome.status();
+        let answer = self.resolve_now(key, expected, outcome, retention);
+        if matches!(answer, Ok(Resolve::Resolved)) {
+            self.announce_settled(&key);
+        }
+        crate::ledger::report_resolve("memory", &key, &expected, status, &answer);
         StoreFuture::ready(answer)
     }
 }

@@ -79,6 +79,9 @@
 //! An operator's [`forget`](super::IdempotencyStore::forget) is one conditional `DELETE` of
 //! the record's row, which re-checks its state, fingerprint, attempts and, while in flight,
 //! its lease on the row it locks (see [`Records`](super::Records)); the schema is unchanged.
+//! An operator's [`resolve`](super::IdempotencyStore::resolve) is one conditional `UPDATE`
+//! of it making the same checks (and that it is open), which completes it as `complete_op`
+//! does: no schema change either.
 //!
 //! An operator's [`list`](super::IdempotencyStore::list) walks an index of each listed
 //! state's records, or of one scope's (`(state, created_at, key)`, `(scope, state,

@@ -349,6 +349,22 @@ impl IdempotencyStore for PostgresStore {
         })
     }
 
+    fn resolve(
+        &self,
+        key: LedgerKey,
+        expected: crate::ledger::Expected,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, crate::ledger::Resolve> {
+        StoreFuture::new(async move {
+            let answer = self
+                .resolve_record(key, expected, &outcome, retention)
+                .await;
+            crate::ledger::report_resolve("postgres", &key, &expected, outcome.status(), &answer);
+            answer
+        })
+    }
+
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<RecordView>> {
         StoreFuture::new(async move {
             let rows = self
@@ -438,6 +454,77 @@ impl PostgresStore {
         let current = self.inspect(key).await?;
         Ok(match expected.judge(current.as_ref()) {
             crate::ledger::Forget::Forgotten => crate::ledger::Forget::Changed,
+            refused => refused,
+        })
+    }
+}
+
+// An operator resolving one record as applied (see `ledger::resolve`): one conditional
+// `UPDATE`, its own statement as a forget's is, completing the record as `complete_op`
+// does (the fingerprint and frozen request stay, the token and lease go, the retention
+// starts again from now; the touch trigger stamps the change). No schema change: the
+// columns a completion writes are all there.
+impl PostgresStore {
+    /// Complete the record of `key` with `outcome` if it is still as `expected` and open.
+    /// The `UPDATE` re-checks its conditions on the row it locks (a concurrent transition
+    /// makes it wait, then judge the new version), so the record is judged and completed
+    /// in one atomic step. When nothing was written, a read says why; if the record
+    /// matches by then (a lease ran out in between), the answer is `Changed`: nothing was
+    /// resolved, look again.
+    async fn resolve_record(
+        &self,
+        key: LedgerKey,
+        expected: crate::ledger::Expected,
+        outcome: &Outcome,
+        retention: Duration,
+    ) -> Result<crate::ledger::Resolve, StoreError> {
+        let sql = format!(
+            "UPDATE {schema}.records \
+                SET state = 'completed', outcome = $7, status = $8, token = NULL, \
+                    lease_until = NULL, \
+                    retain_until = clock_timestamp() + $9::bigint * interval '1 millisecond' \
+              WHERE key = $1 AND retain_until > clock_timestamp() \
+                AND {schema}.generation_of(generation, created_at) = $6 \
+                AND state = $2 AND state IN ('in_flight', 'in_doubt') \
+                AND fingerprint = $3 AND attempts = $4 \
+                AND (state <> 'in_flight' OR $5 OR lease_until <= clock_timestamp()) \
+             RETURNING state",
+            schema = self.inner.schema
+        );
+        let attempts = i32::try_from(expected.attempts).unwrap_or(i32::MAX);
+        let generation = generation_column(expected.generation);
+        let encoded = outcome.encode();
+        let status = outcome_status(outcome);
+        let retention = millis(retention, 1);
+        let resolved = self
+            .bounded(async {
+                let client = self.inner.pool.get().await.map_err(from_pool)?;
+                let statement = client.prepare_cached(&sql).await.map_err(from_pg)?;
+                client
+                    .query(
+                        &statement,
+                        &[
+                            &key.as_bytes().as_slice(),
+                            &expected.kind.as_str(),
+                            &expected.fingerprint.as_bytes().as_slice(),
+                            &attempts,
+                            &expected.force,
+                            &generation,
+                            &encoded,
+                            &status,
+                            &retention,
+                        ],
+                    )
+                    .await
+                    .map_err(from_pg)
+            })
+            .await?;
+        if !resolved.is_empty() {
+            return Ok(crate::ledger::Resolve::Resolved);
+        }
+        let current = self.inspect(key).await?;
+        Ok(match expected.judge_resolve(current.as_ref()) {
+            crate::ledger::Resolve::Resolved => crate::ledger::Resolve::Changed,
             refused => refused,
         })
     }

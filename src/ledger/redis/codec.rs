@@ -33,6 +33,24 @@ pub(super) fn decode_forget(reply: &[Value]) -> Result<crate::ledger::Forget, St
     }
 }
 
+/// Turn `resolve`'s reply into the protocol's answer.
+pub(super) fn decode_resolve(reply: &[Value]) -> Result<crate::ledger::Resolve, StoreError> {
+    use crate::ledger::Resolve;
+    match tag(reply)? {
+        b"resolved" => Ok(Resolve::Resolved),
+        b"absent" => Ok(Resolve::Absent),
+        b"changed" => Ok(Resolve::Changed),
+        b"not_in_doubt" => Ok(Resolve::NotInDoubt),
+        b"live" => match reply.get(1) {
+            Some(Value::Int(ms)) => Ok(Resolve::Live {
+                lease_left: Duration::from_millis(u64::try_from(*ms).unwrap_or(0)),
+            }),
+            _ => Err(unexpected(reply)),
+        },
+        _ => Err(unexpected(reply)),
+    }
+}
+
 /// Turn `begin`'s reply into the protocol's answer; `token` is the one offered to the script.
 pub(super) fn decode_begin(reply: &[Value], token: LeaseToken) -> Result<Begin, StoreError> {
     // The script never makes a token of its own: an owner it names is always the caller's,

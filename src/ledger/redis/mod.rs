@@ -117,7 +117,11 @@
 //!
 //! An operator's [`forget`](super::IdempotencyStore::forget) deletes the key, in a script
 //! that first checks `gen`, `state`, `fp`, `attempts` and, while in flight, `lease_until_ms`
-//! against what the operator saw (see [`Records`](super::Records)).
+//! against what the operator saw (see [`Records`](super::Records)). An operator's
+//! [`resolve`](super::IdempotencyStore::resolve) makes the same checks in its own script,
+//! refuses a `completed` record, and completes the record as `complete` does (`outcome`,
+//! `status`, `touched_ms`, the retention as the key's TTL; `token` and `lease_until_ms`
+//! gone; `fp` and `frozen` kept), moving it to the completed index in the same step.
 //!
 //! # Listing
 //!

@@ -19,10 +19,11 @@ const MARK_IN_DOUBT_LUA: &str = concat!(
 const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
 const FORGET_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("forget.lua"));
+const RESOLVE_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("resolve.lua"));
 const LIST_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("list.lua"));
 
 /// Every script, for loading them all when the store connects.
-pub(super) const ALL_SCRIPTS: [&str; 8] = [
+pub(super) const ALL_SCRIPTS: [&str; 9] = [
     BEGIN_LUA,
     COMPLETE_LUA,
     ABANDON_LUA,
@@ -30,6 +31,7 @@ pub(super) const ALL_SCRIPTS: [&str; 8] = [
     RENEW_LUA,
     INSPECT_LUA,
     FORGET_LUA,
+    RESOLVE_LUA,
     LIST_LUA,
 ];
 
@@ -42,4 +44,5 @@ pub(super) static MARK_IN_DOUBT: LazyLock<Script> =
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 pub(super) static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
+pub(super) static RESOLVE: LazyLock<Script> = LazyLock::new(|| Script::new(RESOLVE_LUA));
 pub(super) static LIST: LazyLock<Script> = LazyLock::new(|| Script::new(LIST_LUA));

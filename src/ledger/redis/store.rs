@@ -10,12 +10,14 @@ use super::builder::{RedisStoreBuilder, Target};
 use ::redis::Script;
 
 use super::codec::{
-    decode_begin, decode_forget, decode_inspect, decode_list, generation_hex, millis, tag,
-    token_hex, u64_hex, unexpected,
+    decode_begin, decode_forget, decode_inspect, decode_list, decode_resolve, generation_hex,
+    millis, tag, token_hex, u64_hex, unexpected,
 };
 use super::connection::{Connection, ScriptCall};
 use super::errors::from_redis;
-use super::scripts::{ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, LIST, MARK_IN_DOUBT, RENEW};
+use super::scripts::{
+    ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, LIST, MARK_IN_DOUBT, RENEW, RESOLVE,
+};
 use crate::ledger::{
     Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, ListOrder, ListPage,
     ListQuery, Outcome, RecordKind, StoreError, StoreFuture,
@@ -373,6 +375,35 @@ impl IdempotencyStore for RedisStore {
             // Reported whatever the answer, errors included: an operator's deletion is audited
             // even when it did not happen.
             crate::ledger::report_forget("redis", &key, &expected, &answer);
+            answer
+        })
+    }
+
+    fn resolve(
+        &self,
+        key: LedgerKey,
+        expected: crate::ledger::Expected,
+        outcome: Outcome,
+        retention: Duration,
+    ) -> StoreFuture<'_, crate::ledger::Resolve> {
+        StoreFuture::new(async move {
+            // One script judges the look and completes the record, moving it to the
+            // completed index (on a single Redis) in the same step.
+            let mut call = self.transition(&RESOLVE, &key);
+            call.arg(expected.kind.as_str())
+                .arg(expected.fingerprint.to_hex())
+                .arg(expected.attempts)
+                .arg(if expected.force { "1" } else { "0" })
+                .arg(generation_hex(expected.generation))
+                .arg(expected.generation.as_u64())
+                .arg(outcome.encode())
+                .arg(millis(retention, 1));
+            let answer = match self.invoke(&call).await {
+                Ok(reply) => decode_resolve(&reply),
+                Err(err) => Err(err),
+            };
+            // Audited whatever the answer, as a forget is.
+            crate::ledger::report_resolve("redis", &key, &expected, outcome.status(), &answer);
             answer
         })
     }

@@ -8,7 +8,7 @@ use http::StatusCode;
 use super::{acquire, fresh_key, frozen, request, response, Clock, RETENTION};
 use crate::ledger::{
     scope_id, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, ListQuery, ListedRecord,
-    Outcome, RecordKind,
+    Outcome, RecordKind, Resolve, StoredResponse,
 };
 
 /// How long the oldest record of a check waits before the others are made: the line
@@ -221,6 +221,7 @@ pub async fn listing_finds_what_it_asks_for(store: &dyn IdempotencyStore, clock:
 
     listed_as_inspected(store, &seeded).await;
     a_forgotten_record_is_not_listed(store, &seeded).await;
+    a_resolved_record_is_listed_completed(store, &seeded).await;
 }
 
 /// Each listed record shows what `inspect` shows (after every list above: listing changed
@@ -285,5 +286,49 @@ async fn a_forgotten_record_is_not_listed(store: &dyn IdempotencyStore, seeded: 
         keys_of(store, ListQuery::new().scope(&seeded.scope)).await,
         [seeded.in_flight, seeded.in_doubt, seeded.completed],
         "listing: a forgotten record is still listed"
+    );
+}
+
+/// A record in doubt that an operator resolves as applied leaves the in-doubt list at once
+/// and is listed completed, at its claim's place, with the status of the operator's outcome.
+async fn a_resolved_record_is_listed_completed(store: &dyn IdempotencyStore, seeded: &Seeded) {
+    let seen = store
+        .inspect(seeded.in_doubt)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    let receipt = Outcome::Response(StoredResponse::new(
+        StatusCode::ACCEPTED,
+        http::Version::HTTP_11,
+        http::HeaderMap::new(),
+        bytes::Bytes::from_static(b"{\"id\":\"ch_1\"}"),
+    ));
+    assert_eq!(
+        store
+            .resolve(seeded.in_doubt, Expected::of(&seen), receipt, RETENTION)
+            .await
+            .expect("resolve"),
+        Resolve::Resolved
+    );
+    let scoped = || ListQuery::new().scope(&seeded.scope);
+    assert!(
+        keys_of(store, scoped().kind(RecordKind::InDoubt))
+            .await
+            .is_empty(),
+        "listing: a resolved record is still listed in doubt"
+    );
+    assert_eq!(
+        keys_of(store, scoped().kind(RecordKind::Completed)).await,
+        [seeded.in_doubt, seeded.completed],
+        "listing: a resolved record is listed completed, at its claim's place"
+    );
+    assert_eq!(
+        keys_of(
+            store,
+            scoped().completed_with(StatusCode::ACCEPTED, StatusCode::ACCEPTED)
+        )
+        .await,
+        [seeded.in_doubt],
+        "listing: a resolved record is listed with its receipt's status"
     );
 }

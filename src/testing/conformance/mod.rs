@@ -39,6 +39,7 @@ mod claims;
 mod fencing;
 mod lifecycle;
 mod listing;
+mod resolving;
 
 pub use claims::{
     a_repeated_begin_recognises_its_own_claim, acquire_complete_replay, busy_while_in_flight,
@@ -56,6 +57,7 @@ pub use lifecycle::{
     probes_change_nothing, retention_expiry_forgets, settle_notifications_wake_listeners,
 };
 pub use listing::listing_finds_what_it_asks_for;
+pub use resolving::resolving_is_fenced;
 
 /// The lease every check uses.
 pub const LEASE: Duration = Duration::from_millis(300);
@@ -114,6 +116,7 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>, clock: Clock) {
     settle_notifications_wake_listeners(&*store).await;
     forgetting_is_fenced(&*store, &clock).await;
     a_look_forgets_only_the_life_it_saw(&*store, &clock).await;
+    resolving_is_fenced(&*store, &clock).await;
     a_release_outlasts_another_callers_record(&*store).await;
 }
 

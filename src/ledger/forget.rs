@@ -421,11 +421,13 @@ impl Records {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use tower_idempotency::KeyHeader;
     /// use tower_idempotency::ledger::MemoryStore;
     /// use tower_idempotency::IdempotencyLayer;
     ///
     /// let layer = IdempotencyLayer::client_builder(MemoryStore::new())
     ///     .provider_deduplicates(true)
+    ///     .key_header(KeyHeader::ietf())
     ///     .retention(Duration::from_secs(7200))
     ///     .build()
     ///     .unwrap();

@@ -132,6 +132,17 @@ impl Expected {
         self
     }
 
+    /// Whether `current` is still the record this look saw: the same life of its key, in
+    /// the same state, with the same fingerprint and attempts. The generation first: another
+    /// life of the key can match in everything else (the same request, completed on its
+    /// first attempt), and acting on it would act on a record nobody looked at.
+    pub(crate) fn describes(&self, current: &RecordView) -> bool {
+        current.generation == self.generation
+            && RecordKind::of(&current.state) == self.kind
+            && current.fingerprint == self.fingerprint
+            && current.attempts == self.attempts
+    }
+
     /// What [`forget`](IdempotencyStore::forget) must do to the record `current` (`None`:
     /// absent), seen atomically with the removal: for stores that read the record and
     /// remove it under one lock or in one transaction.
@@ -149,14 +160,8 @@ impl Expected {
         };
         // Identity before liveness: a record that moved on is `Changed` even when its lease
         // runs, because the operator's look no longer describes it, forced or not. `force`
-        // only ever overrides a live lease on the very record that was seen. The generation
-        // first: another life of the key can match in everything else (the same request,
-        // completed on its first attempt), and forgetting it would run the operation again.
-        if current.generation != self.generation
-            || RecordKind::of(&current.state) != self.kind
-            || current.fingerprint != self.fingerprint
-            || current.attempts != self.attempts
-        {
+        // only ever overrides a live lease on the very record that was seen.
+        if !self.describes(current) {
             return Forget::Changed;
         }
         // A lapsed lease protects nobody: no owner is working, and the next `begin` would read

@@ -64,12 +64,12 @@ where
         )
         .await;
     match verdict {
-        Reconciled::Applied(found) => {
+        Ok(Reconciled::Applied(found)) => {
             track.decided(Decision::Reconciled);
             tracing::info!(key = %key.to_hex(), status = %found.status(), "in-doubt operation reconciled: it happened");
             record_reconciled(client, lease, found).await
         }
-        Reconciled::NotApplied => {
+        Ok(Reconciled::NotApplied) => {
             tracing::info!(key = %key.to_hex(), "in-doubt operation reconciled: it never happened; sending the frozen request");
             track.decided(Decision::Resumed);
             let token = lease.hand_on();
@@ -84,12 +84,13 @@ where
             )
             .await
         }
-        _ => {
+        unknown => {
             track.decided(Decision::InDoubt);
             if let Err(err) = lease.mark_in_doubt().await {
                 tracing::warn!(%err, "could not leave the operation in doubt; its lease will expire into doubt");
             }
-            Err(Error::in_doubt())
+            // `Reconciled` may grow: whatever else it says is not an answer either way.
+            Err(Error::unreconciled(unknown.err()))
         }
     }
 }

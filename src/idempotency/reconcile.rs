@@ -576,38 +576,39 @@ where
 }
 
 /// Ask `reconciler` about `operation` within `bound`. Its error, its panic and its running
-/// past the bound are all [`Reconciled::Unknown`]: a reconciler that cannot tell must never
-/// be read as "not applied". It runs on a task of its own, so its panic is caught there,
-/// and is aborted if this future is dropped or the bound passes.
+/// past the bound are all a failure (`Err`), which the caller takes as
+/// [`Reconciled::Unknown`]: a reconciler that cannot tell must never be read as "not
+/// applied". It runs on a task of its own, so its panic is caught there, and is aborted if
+/// this future is dropped or the bound passes.
 pub(crate) async fn ask(
     reconciler: &dyn Reconcile,
     operation: InDoubtOperation,
     bound: std::time::Duration,
-) -> Reconciled {
+) -> Result<Reconciled, BoxError> {
     let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         reconciler.reconcile(operation)
     }));
     let Ok(future) = started else {
         tracing::warn!("the reconciler panicked; the operation stays in doubt");
-        return Reconciled::Unknown;
+        return Err("the reconciler panicked".into());
     };
     let mut task = AbortOnDrop(tokio::spawn(future));
     match tokio::time::timeout(bound, &mut task.0).await {
-        Ok(Ok(Ok(verdict))) => verdict,
+        Ok(Ok(Ok(verdict))) => Ok(verdict),
         Ok(Ok(Err(err))) => {
             tracing::warn!(%err, "the reconciler failed; the operation stays in doubt");
-            Reconciled::Unknown
+            Err(err)
         }
         Ok(Err(join)) => {
             tracing::warn!(%join, "the reconciler panicked; the operation stays in doubt");
-            Reconciled::Unknown
+            Err(format!("the reconciler panicked: {join}").into())
         }
         Err(_) => {
             tracing::warn!(
                 ?bound,
                 "the reconciler did not answer in time; the operation stays in doubt"
             );
-            Reconciled::Unknown
+            Err(format!("the reconciler did not answer within {bound:?}").into())
         }
     }
 }

@@ -390,3 +390,37 @@ fn csrf_token(page: &str) -> String {
     let at = page.find("name=\"csrf\" value=\"").expect("a form's token") + 19;
     page[at..].split('"').next().unwrap().to_owned()
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reconcile_now_leaves_an_audit_event_with_what_the_reconciler_found() {
+    let (logs, _guard) = crate::capture::events(tracing::Level::INFO);
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let console = serve(layer(&ledger, Some(Arc::new(by_key(&provider)))).records()).await;
+    logs.clear();
+
+    let answer = ask(&console, "act", &look(&console).await).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let text = logs.text();
+    let audit: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("tower_idempotency::console"))
+        .collect();
+    assert_eq!(audit.len(), 1, "{text}");
+    for part in [
+        "WARN",
+        "operator=alice",
+        "action=\"reconcile_now\"",
+        "INC-7: the caller's run gave up",
+        "receipt_status=201",
+        "result=\"resolved\"",
+        &ledger_key().to_hex(),
+    ] {
+        let loose = part.replace('"', "");
+        assert!(
+            audit[0].contains(part) || audit[0].contains(&loose),
+            "{part} in {}",
+            audit[0]
+        );
+    }
+}

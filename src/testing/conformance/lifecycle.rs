@@ -416,9 +416,10 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
 /// For stores that implement [`IdempotencyStore::inspect`]: the frozen request a record was
 /// made with, as [`RecordView::request`](crate::ledger::RecordView) shows it while the
 /// operation is in flight and in doubt, is the very request stored by `begin`, byte for
-/// byte (method, URI, headers in order, body). Showing it is optional: a store that answers
-/// `None` passes, and the answer says whether the request was shown in doubt (the built-in
-/// stores show it). Not part of [`run_all`], since inspection is optional.
+/// byte (method, URI, headers in order, body), and a completed record shows none (nothing
+/// of it will be resent). Showing it is optional: a store that answers `None` passes, and
+/// the answer says whether the request was shown in doubt (the built-in stores show it).
+/// Not part of [`run_all`], since inspection is optional.
 ///
 /// ```
 /// use tower_idempotency::ledger::MemoryStore;
@@ -449,6 +450,20 @@ pub async fn inspection_shows_the_frozen_request(store: &dyn IdempotencyStore) -
         .expect("inspect")
         .expect("a record");
     same_request_if_shown(&in_doubt.request, &req, "in doubt");
+    let (token, _) = resume(store, request(key, &req)).await;
+    store
+        .complete(key, token, response("done"), RETENTION)
+        .await
+        .expect("complete");
+    let completed = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(
+        completed.request, None,
+        "inspection_shows_the_frozen_request: a completed record shows none"
+    );
     in_doubt.request.is_some()
 }
 

@@ -228,8 +228,9 @@ async fn reconcile_now(
     let Some(view) = current(records, key).await? else {
         return Ok(Acted::Absent);
     };
-    if !changed_parts(look, &view).is_empty() {
-        let changed = changed_parts(look, &view);
+    // Asked only of the record seen: a look that no longer describes it asks nothing.
+    let changed = changed_parts(look, &view);
+    if !changed.is_empty() {
         return Ok(Acted::Changed {
             current: Some(view),
             changed,
@@ -245,9 +246,8 @@ async fn reconcile_now(
             resolve(records, key, look, reconciling.outcome_of(&found)).await
         }
         Ok(Reconciled::NotApplied) => forget_seen(records, key, look).await,
+        Ok(Reconciled::Unknown) => Ok(Acted::Unknown),
         Err(why) => Ok(Acted::Unanswered(why)),
-        // `Reconciled` may grow: whatever else it says, it did not say what happened.
-        Ok(_) => Ok(Acted::Unknown),
     }
 }
 

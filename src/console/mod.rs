@@ -260,8 +260,9 @@ impl Console {
 
     /// Redact these fields of a JSON body, each named by its JSON pointer (RFC 6901:
     /// `/card/number`, `/items/0/cvc`; `""` is the whole body), wherever a record's frozen
-    /// request is shown. Each value is shown as `"[redacted]"`; a body that is not JSON
-    /// has no fields to redact and is shown as it is.
+    /// request is shown. Each value is shown as `"[redacted]"`, in the body written out
+    /// again as compact JSON (its members in key order); a body that is not JSON has no
+    /// fields to redact and is shown as it is.
     ///
     /// ```
     /// use tower_idempotency::console::{Console, Operator, Role};

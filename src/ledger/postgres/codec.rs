@@ -142,6 +142,12 @@ pub(super) fn decode_inspect(row: &Row) -> Result<RecordView, StoreError> {
     .with_scope(row.get::<_, i64>(10) as u64))
 }
 
+/// The frozen request the inspect statement reads beside the view (its `r_frozen` column):
+/// `None` for a completed or server-side record.
+pub(super) fn inspected_request(row: &Row) -> Result<Option<FrozenRequest>, StoreError> {
+    optional_frozen(row.get("r_frozen"))
+}
+
 /// A generation as its `bigint` column holds it: the same 64 bits (the database's counter
 /// never reaches the sign bit; a generation another store made may, and then matches no row).
 pub(super) fn generation_column(generation: Generation) -> i64 {

@@ -369,14 +369,50 @@ impl FrozenRequest {
 }
 
 impl fmt::Debug for FrozenRequest {
+    /// The head with its credentials' values redacted (`Authorization`, `Cookie`,
+    /// `Proxy-Authorization`), and the body's length: a record or an error logged with
+    /// `{:?}` must not carry a caller's secrets into the logs.
+    ///
+    /// ```
+    /// # use tower_idempotency::FrozenRequest;
+    /// let mut headers = http::HeaderMap::new();
+    /// headers.insert("authorization", "Bearer sk_live_secret".parse().unwrap());
+    /// let frozen = FrozenRequest::from_parts(http::Method::POST, "/charges".parse().unwrap(),
+    ///     http::Version::HTTP_11, headers, bytes::Bytes::from_static(b"{}"));
+    /// let shown = format!("{frozen:?}");
+    /// assert!(shown.contains("authorization") && !shown.contains("sk_live_secret"));
+    /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FrozenRequest")
             .field("method", &self.0.method)
             .field("uri", &self.0.uri)
             .field("version", &self.0.version)
-            .field("headers", self.headers())
+            .field("headers", &RedactedHeaders(self.headers()))
             .field("body_len", &self.0.body.len())
             .field("fingerprint", &self.fingerprint())
+            .finish()
+    }
+}
+
+/// Headers as `Debug` shows them, the values of credentials replaced.
+struct RedactedHeaders<'a>(&'a http::HeaderMap);
+
+impl fmt::Debug for RedactedHeaders<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SECRET: [http::HeaderName; 3] = [
+            http::header::AUTHORIZATION,
+            http::header::COOKIE,
+            http::header::PROXY_AUTHORIZATION,
+        ];
+        f.debug_map()
+            .entries(self.0.iter().map(|(name, value)| {
+                let shown: &dyn fmt::Debug = if SECRET.contains(name) {
+                    &"[redacted]"
+                } else {
+                    value
+                };
+                (name, shown)
+            }))
             .finish()
     }
 }

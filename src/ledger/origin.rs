@@ -252,6 +252,11 @@ impl Origin {
         self.face == OriginFace::Tool && self.target() == cut(name)
     }
 
+    /// `text` as an origin keeps it: what a store compares a filter's text with.
+    pub(crate) fn kept(text: &str) -> &str {
+        cut(text)
+    }
+
     fn empty(face: OriginFace) -> Self {
         Self {
             ids: None,

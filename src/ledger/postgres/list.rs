@@ -326,8 +326,10 @@ mod tests {
                 from_cursor: true,
             },
         );
-        assert!(sql.contains("t.scope = $7"), "{sql}");
-        assert!(sql.contains("(t.created_at, t.key) > ($8, $9)"), "{sql}");
+        assert!(sql.contains("$7::text IS NULL"), "the target prefix: {sql}");
+        assert!(sql.contains("$9::text IS NULL"), "the task: {sql}");
+        assert!(sql.contains("t.scope = $10"), "{sql}");
+        assert!(sql.contains("(t.created_at, t.key) > ($11, $12)"), "{sql}");
         let unscoped = list_sql(
             "ledger",
             Shape {
@@ -337,7 +339,7 @@ mod tests {
             },
         );
         assert!(
-            unscoped.contains("(t.created_at, t.key) < ($7, $8)"),
+            unscoped.contains("(t.created_at, t.key) < ($10, $11)"),
             "{unscoped}"
         );
         assert!(!unscoped.contains("t.scope ="), "{unscoped}");

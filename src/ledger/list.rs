@@ -29,7 +29,9 @@ pub enum ListOrder {
 /// record, newest first, [`DEFAULT_PAGE`] at a time.
 ///
 /// Filters a store answers from the record alone ([`matches`](Self::matches) applies them
-/// all), so a store of your own filters as the built-in ones do.
+/// all), so a store of your own filters as the built-in ones do: by state and status, age,
+/// scope, and what a record is of (its [`Origin`](super::Origin): a target's prefix, a
+/// tool, a task; a record of no known origin passes none of these).
 ///
 /// ```
 /// use std::time::Duration;
@@ -263,8 +265,8 @@ impl ListQuery {
         self.after
     }
 
-    /// Whether `view` passes every filter of the query (its kinds, statuses, age and
-    /// scope); the order and the cursor are the store's to apply.
+    /// Whether `view` passes every filter of the query (its kinds, statuses, age, scope and
+    /// origin); the order and the cursor are the store's to apply.
     ///
     /// ```
     /// use std::time::Duration;

@@ -89,7 +89,8 @@ pub struct Origin {
     /// Where `task_id` ends in `ids`.
     split: u32,
     face: OriginFace,
-    /// How many bytes of `target` are used.
+    /// How many bytes of `target` are used, and (its high bit, [`CUT`]) whether the
+    /// target was cut to fit.
     len: u8,
     target: [u8; Origin::TARGET_CAP],
 }
@@ -354,18 +355,24 @@ mod tests {
 
     #[test]
     fn a_cut_target_is_a_prefix_of_the_whole() {
-        // The host ends in a two-byte character that does not fit: nothing follows it.
-        let host = format!("{}é", "h".repeat(Origin::TARGET_CAP - 13));
-        let uri: http::Uri = format!("https://{host}/path").parse().unwrap_or_default();
+        // A two-byte character straddles the cap: cut before it, and nothing after.
+        let name = format!("{}é and more", "a".repeat(Origin::TARGET_CAP - 1));
+        let origin = Origin::tool(&name);
+        assert!(origin.is_target_cut());
+        assert_eq!(origin.target(), "a".repeat(Origin::TARGET_CAP - 1));
+        assert!(origin.is_tool(&name), "a name is matched on its kept part");
+
+        // A host that fills the cap: the path that follows is not written after the cut.
+        let host = format!("{}.example", "h".repeat(40));
+        let uri: http::Uri = format!("https://{host}/path").parse().expect("a URI");
         let origin = Origin::client(&http::Method::GET, &uri);
-        if uri.host().is_some() {
-            assert!(origin.is_target_cut());
-            assert!(format!("GET https://{host}/path").starts_with(origin.target()));
-        }
+        assert!(origin.is_target_cut());
+        assert!(format!("GET https://{host}/path").starts_with(origin.target()));
+        assert!(!origin.target().contains("/path"));
+
         let long = format!("/{}", "ab".repeat(40));
         let origin = Origin::server(&http::Method::POST, &long);
         assert_eq!(origin.target().len(), Origin::TARGET_CAP);
-        assert!(origin.is_target_cut());
         assert!(origin.target_starts_with(&format!("POST {long}")));
         assert!(!origin.target_starts_with("POST /ba"));
     }

@@ -126,9 +126,6 @@ local function first()
   return best, entry
 end
 
--- A first look at the record at `key`, listed in `state`'s index: 'gone' (it left, or is
--- in another state now), 'no' (it does not pass the scope or status filter) or 'maybe' (a
--- whole view decides). Four short fields: most entries a page passes over cost no more.
 -- Whether a record of this origin (face, target, task: nil or '' when it has none) passes
 -- the origin filters.
 local function origin_passes(face, target, of_task)
@@ -142,6 +139,10 @@ local function origin_passes(face, target, of_task)
   return true
 end
 
+-- A first look at the record at `key`, listed in `state`'s index: 'gone' (it left, or is
+-- in another state now), 'no' (it does not pass the scope, status or origin filter) or
+-- 'maybe' (a whole view decides). Four short fields (and three more for a list by origin):
+-- most entries a page passes over cost no more.
 local function glance(key, state)
   local r = redis.call('HMGET', key, 'v', 'state', 'scope', 'status')
   if r[1] == false or r[2] ~= state then

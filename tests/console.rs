@@ -10,5 +10,6 @@ mod console {
     mod harness;
     mod metrics;
     mod pages;
+    mod reconcile;
     mod scenario;
 }

@@ -24,9 +24,10 @@ use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::client::ClientFace;
 use tower_idempotency::console::{Console, Operator, Refusal, Role};
+use tower_idempotency::idempotency::{record_or_not_found, LookupReconciler};
 use tower_idempotency::ledger::{Expected, LedgerKey, MemoryStore, Records};
 use tower_idempotency::retry::RetryPolicy;
-use tower_idempotency::testing::{Fault, SideEffectService};
+use tower_idempotency::testing::{Fault, SideEffectService, LOOKUP_PATH};
 use tower_idempotency::{FrozenRetryLayer, IdempotencyLayer, OperationId};
 
 use webdriver::Browser;
@@ -167,9 +168,14 @@ fn cookie_authorizer(head: &http::request::Parts) -> Result<Operator, Refusal> {
 /// The console over `records`, nested under [`PREFIX`] in a user's router beside their own
 /// route, served on loopback; its base address.
 async fn serve(records: Records) -> String {
+    serve_console(Console::new(records, cookie_authorizer)).await
+}
+
+/// [`serve`], for a console built already (with [`cookie_authorizer`]).
+async fn serve_console(console: Console) -> String {
     let app = Router::new()
         .route("/health", get(|| async { "ok" }))
-        .nest(PREFIX, Console::new(records, cookie_authorizer).router());
+        .nest(PREFIX, console.router());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -441,4 +447,75 @@ async fn an_operator_pages_through_the_list_with_its_next_link() {
     let shows = |state: &str| pages.iter().filter(|page| page.contains(state)).count();
     assert_eq!(shows("in doubt"), 1, "{first}\n---\n{second}");
     assert_eq!(shows("completed (201)"), 1, "{first}\n---\n{second}");
+}
+
+/// Reconcile now, as a person does it: the failed attempt did charge, and the operator,
+/// rather than search the provider's dashboard, opens the record in doubt (its request
+/// shown with the field the console redacts hidden) and asks the layer's reconciler, which
+/// finds the charge. The record is completed with the provider's record, and the caller's
+/// next run replays it and charges nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reconciles_an_operation_in_doubt_now_in_a_browser_and_it_is_never_charged_again(
+) {
+    let Some(browser) = Browser::launch().await else {
+        return;
+    };
+    let caller = Caller::left_in_doubt_having_charged(true).await;
+    let key = caller.key_of_the_charge();
+    // The operators' console over a client layer of the same ledger, with a reconciler.
+    let reconciler = LookupReconciler::by_key(
+        caller.provider.clone(),
+        LOOKUP_PATH,
+        "idempotency_key",
+        record_or_not_found,
+    )
+    .applied_status(StatusCode::CREATED);
+    let operators = IdempotencyLayer::client_builder(caller.records().store().clone())
+        .provider_deduplicates(false)
+        .reconcile(reconciler)
+        .build()
+        .unwrap();
+    let base = serve_console(
+        Console::new(operators.records(), cookie_authorizer).redact_fields(["/order_id"]),
+    )
+    .await;
+
+    sign_in(&browser, &base, "alice").await;
+    open_in_doubt_record(&browser, &base, &key, "reconcile-now").await;
+    let body = browser.wait_for_text("pre", "[redacted]").await;
+    assert!(
+        !body.contains("order_42") && body.contains("1999"),
+        "the named field redacted, the rest shown: {body}"
+    );
+    submit_action(
+        &browser,
+        "reconcile-now",
+        &[(
+            "reason",
+            "INC-60: ask the provider whether order_42 was charged",
+        )],
+        "reconcile-now",
+    )
+    .await;
+    browser
+        .wait_for_text(".flash", "The reconciler found the operation applied")
+        .await;
+    browser
+        .wait_for_url(&format!(
+            "{PREFIX}/records/{}?flash=reconciled-applied",
+            key.to_hex()
+        ))
+        .await;
+    browser.wait_for_text("table", "completed (201)").await;
+
+    // The caller's step, run again: the provider's record is replayed, and nothing charged.
+    for _ in 0..2 {
+        let replayed = caller.run(&caller.provider, the_charge()).await.unwrap();
+        assert_eq!(replayed, StatusCode::CREATED);
+    }
+    assert_eq!(
+        caller.provider.effects(),
+        1,
+        "the one charge, before the doubt"
+    );
 }

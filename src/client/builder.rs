@@ -821,10 +821,20 @@ impl IdempotencyLayer<ClientFace> {
     /// ```
     pub fn records(&self) -> crate::ledger::Records {
         let face = self.face();
+        let reconciling =
+            face.reconciler
+                .clone()
+                .map(|reconciler| crate::idempotency::reconcile::Reconciling {
+                    reconciler,
+                    timeout: face.reconcile_timeout,
+                    key_header: face.key_header.clone(),
+                    response_limit: face.response_limit,
+                });
         crate::ledger::Records::client(
             face.ledger.store.clone(),
             face.scope.clone(),
             face.ledger.retention,
         )
+        .with_reconciling(reconciling)
     }
 }

@@ -229,6 +229,12 @@ where
                     };
                     let link = this.link.as_ref().expect("set when sent");
                     let sent = M::may_have_left(this.client, track, link, call.as_ref().get_ref());
+                    if sent {
+                        // A later attempt followed one that may have arrived: the provider
+                        // was trusted to deduplicate it (the retry layer resends after such
+                        // a failure only to a provider said to).
+                        track.signal(Signal::ResentInDoubt);
+                    }
                     // Out of `this.lease` before anything is decided: from here the guard
                     // moves with the settling (a boxed future, or back into `held` to read
                     // the body), so exactly one place settles it, and a drop of either
@@ -333,6 +339,11 @@ where
 {
     let status = response.status();
     let after_redirect = answered_after_redirect(track, &response);
+    // An answer to a resend of an attempt that may have arrived is a resent operation's.
+    let source = match source {
+        ResponseSource::Sent if sent => ResponseSource::Resent,
+        source => source,
+    };
     if client.release_on.releases_status(status) && !after_redirect {
         let settling = release_not_started(track, sent, lease);
         let mut response = response.map(ResponseBody::inner);

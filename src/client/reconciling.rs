@@ -12,9 +12,7 @@ use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{Decision, Track, WireKey};
 use crate::idempotency::engine::LeaseGuard;
 use crate::idempotency::reconcile::{self, InDoubtOperation, Reconciled};
-use crate::ledger::{
-    HeaderBlock, IdempotencyStore, LeaseToken, LedgerKey, Outcome, StoredResponse,
-};
+use crate::ledger::{IdempotencyStore, LeaseToken, LedgerKey};
 use crate::FrozenRequest;
 use crate::ResponseSource;
 use crate::{BoxError, Error};
@@ -64,12 +62,12 @@ where
         )
         .await;
     match verdict {
-        Reconciled::Applied(found) => {
+        Ok(Reconciled::Applied(found)) => {
             track.decided(Decision::Reconciled);
             tracing::info!(key = %key.to_hex(), status = %found.status(), "in-doubt operation reconciled: it happened");
             record_reconciled(client, lease, found).await
         }
-        Reconciled::NotApplied => {
+        Ok(Reconciled::NotApplied) => {
             tracing::info!(key = %key.to_hex(), "in-doubt operation reconciled: it never happened; sending the frozen request");
             track.decided(Decision::Resumed);
             let token = lease.hand_on();
@@ -84,12 +82,13 @@ where
             )
             .await
         }
-        _ => {
+        unknown => {
             track.decided(Decision::InDoubt);
             if let Err(err) = lease.mark_in_doubt().await {
                 tracing::warn!(%err, "could not leave the operation in doubt; its lease will expire into doubt");
             }
-            Err(Error::in_doubt())
+            // `Reconciled` may grow: whatever else it says is not an answer either way.
+            Err(Error::unreconciled(unknown.err()))
         }
     }
 }
@@ -102,18 +101,13 @@ async fn record_reconciled<T>(
     found: Response<Bytes>,
 ) -> Result<Response<ResponseBody<T>>, Error> {
     let (parts, body) = found.into_parts();
-    let outcome = if body.len() > client.response_limit {
-        Outcome::Tombstone {
-            status: parts.status,
-        }
-    } else {
-        let recorded = HeaderBlock::with_body(&parts.headers, &body);
-        Outcome::Response(StoredResponse::of_block_with_body(
-            parts.status,
-            parts.version,
-            recorded,
-        ))
-    };
+    let outcome = reconcile::recorded_outcome(
+        parts.status,
+        parts.version,
+        &parts.headers,
+        &body,
+        client.response_limit,
+    );
     if let Err(err) = lease.complete(outcome).await {
         // Fenced (the operation was taken over) or the store is away: the caller still
         // gets what happened; a later run finds it in doubt and reconciles again.
@@ -127,6 +121,7 @@ async fn record_reconciled<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::HeaderBlock;
 
     #[test]
     fn a_detached_copy_owns_its_bytes_and_keeps_every_header_as_it_was() {

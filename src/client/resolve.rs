@@ -198,6 +198,7 @@ where
             // Resend what was first frozen, never the request just handed to us.
             let original = stored.unwrap_or(to_send);
             tracing::info!(key = %key.to_hex(), "operation in doubt; resending the frozen request");
+            track.signal(Signal::ResentInDoubt);
             exchange::<S, ResBody, M>(
                 inner,
                 client,

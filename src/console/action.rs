@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
+use http::StatusCode;
+
 use super::authorize::Operator;
 use super::look::{changed_parts, ActionInput};
 use super::problem::Failure;
+use crate::idempotency::reconcile::{ask_telling_why, Reconciled, Unanswered};
 use crate::ledger::{Expected, Forget, LedgerKey, RecordKind, RecordView, Records, Resolve};
 
 /// The target of the console's audit events.
@@ -22,6 +25,9 @@ pub(crate) enum Action {
     /// Say an operation in doubt took effect, with its receipt: its record is completed
     /// with the outcome the operator supplies, so the caller's next run replays it.
     ResolveApplied,
+    /// Ask the layer's reconciler about an operation in doubt now, and settle it by its
+    /// answer: resolved as applied with the response it found, or as not applied.
+    ReconcileNow,
 }
 
 impl Action {
@@ -31,6 +37,7 @@ impl Action {
             Self::Forget => "forget",
             Self::ResolveNotApplied => "resolve_not_applied",
             Self::ResolveApplied => "resolve_applied",
+            Self::ReconcileNow => "reconcile_now",
         }
     }
 
@@ -40,11 +47,12 @@ impl Action {
             Self::Forget => "forget",
             Self::ResolveNotApplied => "resolve-not-applied",
             Self::ResolveApplied => "resolve-applied",
+            Self::ReconcileNow => "reconcile-now",
         }
     }
 
-    /// Whether it may be forced past a live owner's lease: a resolve as not applied is
-    /// for a record in doubt, which has no owner to override.
+    /// Whether it may be forced past a live owner's lease: a resolve as not applied and a
+    /// reconcile now are for a record in doubt, which has no owner to override.
     pub(crate) fn may_be_forced(self) -> bool {
         matches!(self, Self::Forget | Self::ResolveApplied)
     }
@@ -55,9 +63,13 @@ impl Action {
 pub(crate) enum Acted {
     /// The record is gone: the next request with its key runs the operation.
     Forgotten,
-    /// The record is completed with the operator's outcome: the next request with its key
-    /// replays it. `current` is how it is now (`None` if it left since).
-    Resolved { current: Option<RecordView> },
+    /// The record is completed with the operator's outcome (or the one the reconciler
+    /// found), of `status`: the next request with its key replays it. `current` is how it
+    /// is now (`None` if it left since).
+    Resolved {
+        status: StatusCode,
+        current: Option<RecordView>,
+    },
     /// There was no record; nothing changed.
     Absent,
     /// The record moved on since the look: nothing changed. `current` is how it is now
@@ -75,6 +87,15 @@ pub(crate) enum Acted {
     /// completed, for resolve as applied), or of a record completed since it was seen as
     /// such: nothing changed.
     NotInDoubt,
+    /// The reconciler could not tell whether the operation happened: nothing changed.
+    Unknown,
+    /// The reconciler failed or ran past its timeout: nothing changed.
+    Unanswered(Unanswered),
+    /// A reconcile now on a console without a reconciler: nothing was asked.
+    NoReconciler,
+    /// A reconcile now of a record whose store does not show its frozen request: nothing
+    /// was asked.
+    NoRequest,
 }
 
 impl Acted {
@@ -87,6 +108,11 @@ impl Acted {
             Self::Changed { .. } => "changed",
             Self::Live { .. } => "live",
             Self::NotInDoubt => "not_in_doubt",
+            Self::Unknown => "unknown",
+            Self::Unanswered(Unanswered::Failed) => "reconciler_failed",
+            Self::Unanswered(Unanswered::TimedOut) => "reconciler_timed_out",
+            Self::NoReconciler => "no_reconciler",
+            Self::NoRequest => "no_request",
         }
     }
 }
@@ -101,14 +127,11 @@ pub(crate) async fn act(
     input: &ActionInput,
 ) -> Result<Acted, Failure> {
     let acted = run(records, action, key, input).await;
-    let result = match &acted {
-        Ok(acted) => acted.as_str(),
-        Err(_) => "error",
+    let (result, status) = match &acted {
+        Ok(Acted::Resolved { status, .. }) => ("resolved", Some(status.as_u16())),
+        Ok(acted) => (acted.as_str(), None),
+        Err(_) => ("error", None),
     };
-    let status = input
-        .receipt
-        .as_ref()
-        .map(|receipt| receipt.status.as_u16());
     audit_with(operator, action, &key, (&input.reason, status), result);
     acted
 }
@@ -122,9 +145,13 @@ async fn run(
     // The look, not a fresh read, decides: an operator who saw the record in doubt
     // resolves that record, and the store's fence refuses it if it moved on since.
     match action {
-        Action::ResolveNotApplied if input.expected.kind != RecordKind::InDoubt => {
+        Action::ReconcileNow if records.reconciling.is_none() => Ok(Acted::NoReconciler),
+        Action::ResolveNotApplied | Action::ReconcileNow
+            if input.expected.kind != RecordKind::InDoubt =>
+        {
             Ok(Acted::NotInDoubt)
         }
+        Action::ReconcileNow => reconcile_now(records, key, &input.expected).await,
         Action::ResolveApplied if input.expected.kind == RecordKind::Completed => {
             Ok(Acted::NotInDoubt)
         }
@@ -145,12 +172,24 @@ async fn resolve_applied(
             "missing: the outcome the provider shows",
         ));
     };
+    resolve(records, key, &input.expected, receipt.outcome()).await
+}
+
+/// Complete the record with `outcome`, if it is still the open record `look` saw.
+async fn resolve(
+    records: &Records,
+    key: LedgerKey,
+    look: &Expected,
+    outcome: crate::ledger::Outcome,
+) -> Result<Acted, Failure> {
+    let status = outcome_status(&outcome);
     let resolved = records
-        .resolve(key, input.expected, receipt.outcome())
+        .resolve(key, *look, outcome)
         .await
         .map_err(|err| Failure::store(&err))?;
     Ok(match resolved {
         Resolve::Resolved => Acted::Resolved {
+            status,
             current: current(records, key).await?,
         },
         Resolve::Absent => Acted::Absent,
@@ -161,14 +200,66 @@ async fn resolve_applied(
         },
         // `Resolve` may grow: whatever else refused it changed nothing, and the record as
         // it is now tells the operator what stood in the way.
-        _ => changed(records, key, &input.expected).await?,
+        _ => changed(records, key, look).await?,
     })
+}
+
+fn outcome_status(outcome: &crate::ledger::Outcome) -> StatusCode {
+    match outcome {
+        crate::ledger::Outcome::Response(response) => response.status(),
+        crate::ledger::Outcome::Tombstone { status } => *status,
+    }
+}
+
+/// Ask the layer's reconciler about the record in doubt `look` saw, and settle it by the
+/// answer, fenced by the look as the operator's own resolves are: what it found is
+/// recorded as the outcome (as the layer records it), or the record is forgotten so the
+/// caller's next run sends the operation again. The reconciler is asked only of a record
+/// still as seen, with the frozen request it keeps; a record that moves on while it is
+/// asked is refused by the store's fence.
+async fn reconcile_now(
+    records: &Records,
+    key: LedgerKey,
+    look: &Expected,
+) -> Result<Acted, Failure> {
+    let Some(reconciling) = &records.reconciling else {
+        return Ok(Acted::NoReconciler);
+    };
+    let Some(view) = current(records, key).await? else {
+        return Ok(Acted::Absent);
+    };
+    // Asked only of the record seen: a look that no longer describes it asks nothing.
+    let changed = changed_parts(look, &view);
+    if !changed.is_empty() {
+        return Ok(Acted::Changed {
+            current: Some(view),
+            changed,
+        });
+    }
+    let Some(frozen) = view.request else {
+        return Ok(Acted::NoRequest);
+    };
+    let operation = reconciling.operation(&key, frozen, view.attempts);
+    let verdict = ask_telling_why(&*reconciling.reconciler, operation, reconciling.timeout).await;
+    match verdict {
+        Ok(Reconciled::Applied(found)) => {
+            resolve(records, key, look, reconciling.outcome_of(&found)).await
+        }
+        Ok(Reconciled::NotApplied) => forget_seen(records, key, look).await,
+        Ok(Reconciled::Unknown) => Ok(Acted::Unknown),
+        Err(why) => Ok(Acted::Unanswered(why)),
+    }
 }
 
 /// Remove the record, if it is still as seen.
 async fn forget(records: &Records, key: LedgerKey, input: &ActionInput) -> Result<Acted, Failure> {
+    forget_seen(records, key, &input.expected).await
+}
+
+/// Remove the record, if it is still as `look` saw it.
+async fn forget_seen(records: &Records, key: LedgerKey, look: &Expected) -> Result<Acted, Failure> {
     let forget = records
-        .forget(key, input.expected)
+        .forget(key, *look)
         .await
         .map_err(|err| Failure::store(&err))?;
     Ok(match forget {
@@ -180,7 +271,7 @@ async fn forget(records: &Records, key: LedgerKey, input: &ActionInput) -> Resul
         },
         // `Forget` may grow: whatever else refused the removal changed nothing, and the
         // record as it is now tells the operator what stood in the way.
-        _ => changed(records, key, &input.expected).await?,
+        _ => changed(records, key, look).await?,
     })
 }
 

@@ -14,6 +14,7 @@ use super::filter::parse_list;
 use super::look::{from_json, parse_key, record_json};
 use super::problem::{json, Failure};
 use super::{is_media_type, read_body, Operator, Shared};
+use crate::idempotency::reconcile::Unanswered;
 use crate::ledger::LedgerKey;
 
 /// `GET api/records?state=..&status=..&older_than=..&newer_than=..&scope=..&scope_id=..&target=..&tool=..&task=..&order=..&limit=..&after=..`
@@ -61,13 +62,23 @@ async fn one_record(shared: &Shared, head: &Parts, key: &str) -> Result<Response
         .await
         .map_err(|err| Failure::store(&err))?
     {
-        Some(view) => Ok(json(StatusCode::OK, &record_json(&key, &view))),
+        Some(view) => {
+            // The frozen request in this answer only: a list page stays small.
+            let mut shown = record_json(&key, &view);
+            shown["request"] = view
+                .request
+                .as_ref()
+                .map_or(serde_json::Value::Null, |request| {
+                    shared.redaction.request_json(request)
+                });
+            Ok(json(StatusCode::OK, &shown))
+        }
         None => Err(Failure::absent()),
     }
 }
 
-/// `POST api/records/{key}/forget`, `POST api/records/{key}/resolve-not-applied` and
-/// `POST api/records/{key}/resolve-applied`.
+/// `POST api/records/{key}/forget`, `POST api/records/{key}/resolve-not-applied`,
+/// `POST api/records/{key}/resolve-applied` and `POST api/records/{key}/reconcile-now`.
 pub(crate) async fn act(
     State(shared): State<Arc<Shared>>,
     Path(key): Path<String>,
@@ -115,11 +126,24 @@ pub(crate) fn may_act(
 }
 
 /// An action's answer: `200` when done (with the record as it is now, once resolved as
-/// applied); `404` absent; `409` with the record as it is now when it moved on or is live;
-/// `422` for a resolve of a look that is not open.
+/// applied), and for a reconcile now whose reconciler could not tell (`"result":
+/// "unknown"`); `404` absent; `409` with the record as it is now when it moved on or is
+/// live; `422` for a resolve or reconcile of a look that is not open, and a reconcile
+/// without a reconciler or a frozen request; `503` when the reconciler failed, `504` when
+/// it ran past its timeout.
 fn outcome(action: Action, key: &LedgerKey, acted: Acted) -> Response {
     let result = acted.as_str();
     let (status, body) = match acted {
+        Acted::Forgotten if action == Action::ReconcileNow => (
+            StatusCode::OK,
+            json!({
+                "action": action.as_str(),
+                "result": result,
+                "reconciled": "not_applied",
+                "key": key.to_hex(),
+                "message": "the reconciler found the operation did not happen: the record is forgotten, and the caller's next run sends it again",
+            }),
+        ),
         Acted::Forgotten => (
             StatusCode::OK,
             json!({
@@ -129,14 +153,60 @@ fn outcome(action: Action, key: &LedgerKey, acted: Acted) -> Response {
                 "message": "the record is forgotten: the next request with its key runs the operation again",
             }),
         ),
-        Acted::Resolved { current } => (
+        Acted::Resolved { status, current } if action == Action::ReconcileNow => (
+            StatusCode::OK,
+            json!({
+                "action": action.as_str(),
+                "result": result,
+                "reconciled": "applied",
+                "status": status.as_u16(),
+                "key": key.to_hex(),
+                "message": "the reconciler found the operation applied: the record is completed with the provider's answer, and the caller's next run replays it",
+                "current": current.map(|view| record_json(key, &view)),
+            }),
+        ),
+        Acted::Resolved { status, current } => (
+            StatusCode::OK,
+            json!({
+                "action": action.as_str(),
+                "result": result,
+                "status": status.as_u16(),
+                "key": key.to_hex(),
+                "message": "the record is completed with your outcome: the caller's next run replays it instead of sending again",
+                "current": current.map(|view| record_json(key, &view)),
+            }),
+        ),
+        Acted::Unknown => (
             StatusCode::OK,
             json!({
                 "action": action.as_str(),
                 "result": result,
                 "key": key.to_hex(),
-                "message": "the record is completed with your outcome: the caller's next run replays it instead of sending again",
-                "current": current.map(|view| record_json(key, &view)),
+                "message": UNKNOWN,
+            }),
+        ),
+        Acted::Unanswered(why) => (
+            match why {
+                Unanswered::Failed => StatusCode::SERVICE_UNAVAILABLE,
+                Unanswered::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+            },
+            json!({
+                "error": result,
+                "message": unanswered(why),
+            }),
+        ),
+        Acted::NoReconciler => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({
+                "error": result,
+                "message": NO_RECONCILER,
+            }),
+        ),
+        Acted::NoRequest => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({
+                "error": result,
+                "message": NO_REQUEST,
             }),
         ),
         Acted::Absent => (
@@ -189,7 +259,33 @@ pub(crate) fn not_open(action: Action) -> &'static str {
             "resolve-applied is only for an open record (in doubt, or in flight); a completed \
              one keeps its own outcome"
         }
+        Action::ReconcileNow => "reconcile-now is only for a record in doubt",
         _ => "resolve-not-applied is only for a record in doubt",
+    }
+}
+
+/// What a reconcile now answered `unknown` means.
+pub(crate) const UNKNOWN: &str = "the reconciler could not tell whether the operation \
+    happened: nothing changed, and the record stays in doubt";
+
+/// Why a reconcile now was refused on a console without a reconciler.
+pub(crate) const NO_RECONCILER: &str = "no reconciler: this console's records come from a \
+    layer without one (a client layer built with `reconcile` has one)";
+
+/// Why a reconcile now was refused of a record whose frozen request is not shown.
+pub(crate) const NO_REQUEST: &str = "the store does not show this record's frozen request: \
+    the reconciler cannot be asked about it; nothing changed";
+
+/// Why the reconciler gave no answer: nothing changed.
+pub(crate) fn unanswered(why: Unanswered) -> &'static str {
+    match why {
+        Unanswered::Failed => {
+            "the reconciler failed: nothing changed, and the record stays in doubt; try again"
+        }
+        Unanswered::TimedOut => {
+            "the reconciler did not answer in time: nothing changed, and the record stays in \
+             doubt; try again"
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use http::header::{
 use http::{HeaderValue, StatusCode};
 
 use super::action::Action;
+use super::redact::Redaction;
 use crate::ledger::{Expected, LedgerKey, Origin, RecordKind, RecordState, RecordView};
 
 /// Pages run no script, load nothing, are framed by nobody, and post only to themselves:
@@ -166,11 +167,26 @@ pub(crate) fn origin_cell(origin: Option<&Origin>) -> String {
     escape(&text)
 }
 
+/// The record's frozen request, redacted, if its store shows one.
+pub(crate) fn request_section(redaction: &Redaction, view: &RecordView) -> String {
+    view.request
+        .as_ref()
+        .map(|request| redaction.request_html(request))
+        .unwrap_or_default()
+}
+
 /// The forms of the actions `view` allows, each carrying the look in hidden fields and the
-/// operator's token: resolve as applied (with the receipt's fields) for an open record
-/// nobody works on (in doubt, or in flight under a lease that ran out), resolve as not
-/// applied for a record in doubt, forget for any (with a force box for one in flight).
-pub(crate) fn action_forms(base: &str, key: &LedgerKey, view: &RecordView, token: &str) -> String {
+/// operator's token: reconcile now for a record in doubt whose frozen request is shown, on
+/// a console that `reconciles`; resolve as applied (with the receipt's fields) for an open
+/// record nobody works on (in doubt, or in flight under a lease that ran out), resolve as
+/// not applied for a record in doubt, forget for any (with a force box for one in flight).
+pub(crate) fn action_forms(
+    base: &str,
+    key: &LedgerKey,
+    view: &RecordView,
+    token: &str,
+    reconciles: bool,
+) -> String {
     let look = Expected::of(view);
     let hidden = format!(
         "<input type=\"hidden\" name=\"kind\" value=\"{}\">\
@@ -196,6 +212,17 @@ pub(crate) fn action_forms(base: &str, key: &LedgerKey, view: &RecordView, token
         )
     };
     let mut out = String::new();
+    if reconciles && look.kind == RecordKind::InDoubt && view.request.is_some() {
+        out.push_str(&form(
+            Action::ReconcileNow,
+            "Reconcile now",
+            "Asks the layer's reconciler whether the operation happened, with the request \
+             above: if it did, the record is completed with the provider's answer; if it did \
+             not, the record is forgotten and the caller's next run sends it again; if it \
+             cannot tell, nothing changes.",
+            "",
+        ));
+    }
     if is_ownerless(&view.state) {
         out.push_str(&form(
             Action::ResolveApplied,

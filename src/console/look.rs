@@ -379,15 +379,18 @@ pub(crate) fn from_form(body: &[u8], action: Action) -> Result<ActionInput, Fail
     })
 }
 
-/// Resolving as not applied is never forced: it is for a record in doubt, which has no
-/// owner to override.
+/// Resolving as not applied and reconciling now are never forced: they are for a record in
+/// doubt, which has no owner to override.
 fn forced(expected: Expected, force: bool, action: Action) -> Result<Expected, Failure> {
     match (force, action.may_be_forced()) {
         (false, _) => Ok(expected),
         (true, true) => Ok(expected.force()),
         (true, false) => Err(Failure::bad_input(
             "force",
-            "resolve-not-applied is never forced: it is only for a record in doubt",
+            &format!(
+                "{} is never forced: it is only for a record in doubt",
+                action.path()
+            ),
         )),
     }
 }

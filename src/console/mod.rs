@@ -7,11 +7,13 @@
 //! happened. The console is where: [`Console::router`] is an axum [`Router`] you nest in
 //! your own (`Router::new().nest("/_idempotency", console)`), with
 //!
-//! - a JSON API: `GET api/records` (a page of records, filtered), `GET api/records/{key}`,
-//!   `POST api/records/{key}/forget`, `POST api/records/{key}/resolve-not-applied` and
-//!   `POST api/records/{key}/resolve-applied`;
+//! - a JSON API: `GET api/records` (a page of records, filtered), `GET api/records/{key}`
+//!   (one record, with its frozen request, redacted), `POST api/records/{key}/forget`,
+//!   `POST api/records/{key}/resolve-not-applied`, `POST api/records/{key}/resolve-applied`
+//!   and `POST api/records/{key}/reconcile-now`;
 //! - HTML pages that work without JavaScript: `GET /` (the list, with a filter form),
-//!   `GET records/{key}` (one record, with its actions as forms: resolve as applied and as
+//!   `GET records/{key}` (one record and its frozen request, redacted, with its actions as
+//!   forms: reconcile now, on a console with a reconciler, and resolve as applied and as
 //!   not applied for an operation in doubt, forget for any), and the forms' `POST`s.
 //!
 //! # Who may do what
@@ -53,15 +55,48 @@
 //!   one shape serves both: for an HTTP call, the provider's response; for a tool call, a
 //!   `200` whose body is the tool's result as JSON, as the tool face records one. A bad
 //!   outcome is a `400` naming its field (`outcome.status`…), and nothing changes.
+//! - **Reconcile now** asks the layer's [reconciler](crate::idempotency::Reconcile) about
+//!   a record in doubt, now rather than at the caller's next run, and settles it by the
+//!   answer. The record must still be as seen, in doubt, with its frozen request shown
+//!   (else `409`, `422`; the reconciler is not asked). The reconciler gets the
+//!   [`InDoubtOperation`](crate::idempotency::InDoubtOperation) the layer would build: the
+//!   frozen request, the key as sent (read from it under the layer's key header), the
+//!   record's attempts; within the layer's
+//!   [`reconcile_timeout`](crate::client::Builder::reconcile_timeout). On
+//!   [`Applied`](crate::idempotency::Reconciled::Applied) the record is resolved as applied
+//!   with the response found, recorded as the layer records one (`"reconciled":
+//!   "applied"`); on [`NotApplied`](crate::idempotency::Reconciled::NotApplied) it is
+//!   resolved as not applied (`"reconciled": "not_applied"`); both fenced by the look, as
+//!   the operator's own resolves. On [`Unknown`](crate::idempotency::Reconciled::Unknown)
+//!   nothing changes, answered `200` with `"result": "unknown"` (an answer, not a
+//!   failure); a reconciler that fails or panics is a `503`, one past its timeout a `504`,
+//!   and nothing changes either. Only a console over a client layer built with
+//!   [`reconcile`](crate::client::Builder::reconcile) has a reconciler (its
+//!   [`records`](crate::client::ClientLayer) carry it): on any other (a server layer's,
+//!   [`Records::new`]) the action is `422` (`"error": "no_reconciler"`) and its form is
+//!   not shown.
 //!
 //! Each needs a `reason`, and each action, whatever came of it, leaves a `tracing` event
 //! (target `tower_idempotency::console`: the operator's id and role, the action, the key,
 //! the reason, the result, and for a resolve as applied the status recorded; `WARN` when a
 //! record was forgotten or resolved) and with feature `metrics` counts one in
 //! `idempotency_console_actions_total` (labels `action`: `forget`, `resolve_not_applied`,
-//! `resolve_applied`; `result`: `forgotten`, `resolved`, `absent`, `changed`, `live`,
-//! `not_in_doubt`, `forbidden`, `cross_site`, `csrf`, `error`). Identities are in events
-//! only, never in labels.
+//! `resolve_applied`, `reconcile_now`; `result`: `forgotten`, `resolved`, `absent`,
+//! `changed`, `live`, `not_in_doubt`, `unknown`, `reconciler_failed`,
+//! `reconciler_timed_out`, `no_reconciler`, `no_request`, `forbidden`, `cross_site`,
+//! `csrf`, `error`). Identities are in events only, never in labels.
+//!
+//! # The frozen request, redacted
+//!
+//! A record in flight or in doubt keeps the request that may have reached the provider
+//! ([`RecordView::request`](crate::ledger::RecordView)), which an operator checks with the
+//! provider before acting. One record's page and JSON (`"request": {method, uri, version,
+//! headers: [[name, value]…], body: {size, text} | {size, hex_prefix}}`; `null` when its
+//! store shows none) show it with its secrets redacted: the values of `Authorization`,
+//! `Cookie`, `Proxy-Authorization` and of the headers named with
+//! [`redact_headers`](Console::redact_headers), and the JSON body fields named with
+//! [`redact_fields`](Console::redact_fields), read `[redacted]`; a body that is not UTF-8
+//! is shown as its size and the hex of its first 32 bytes. List pages leave it out.
 //!
 //! # Hostile input
 //!
@@ -107,6 +142,7 @@ mod html;
 mod look;
 mod pages;
 mod problem;
+mod redact;
 
 use std::fmt;
 use std::sync::Arc;
@@ -122,6 +158,7 @@ pub use authorize::{Authorize, Operator, Refusal, Role};
 use action::Action;
 use csrf::CsrfKey;
 use problem::Failure;
+use redact::Redaction;
 
 use crate::ledger::Records;
 
@@ -153,6 +190,8 @@ pub(crate) struct Shared {
     records: Records,
     authorizer: Box<dyn Authorize>,
     csrf: CsrfKey,
+    /// What a record's frozen request hides when shown.
+    redaction: Redaction,
 }
 
 impl Console {
@@ -172,6 +211,7 @@ impl Console {
                 records,
                 authorizer: Box::new(authorizer),
                 csrf: CsrfKey::random(),
+                redaction: Redaction::default(),
             },
         }
     }
@@ -191,6 +231,61 @@ impl Console {
     /// ```
     pub fn csrf_secret(mut self, secret: [u8; 32]) -> Self {
         self.shared.csrf = CsrfKey::from_secret(secret);
+        self
+    }
+
+    /// Redact the values of these headers (any case) too, wherever a record's frozen
+    /// request is shown; `Authorization`, `Cookie` and `Proxy-Authorization` always are.
+    /// Each value is shown as `[redacted]`.
+    ///
+    /// ```
+    /// use tower_idempotency::console::{Console, Operator, Role};
+    /// use tower_idempotency::ledger::{MemoryStore, Records};
+    ///
+    /// let console = Console::new(Records::new(MemoryStore::new()), |_: &http::request::Parts| {
+    ///     Ok(Operator::new("on-call", Role::Act))
+    /// })
+    /// .redact_headers(["X-Api-Key", "x-signature"]);
+    /// ```
+    pub fn redact_headers<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.shared
+            .redaction
+            .add_headers(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Redact these fields of a JSON body, each named by its JSON pointer (RFC 6901:
+    /// `/card/number`, `/items/0/cvc`; `""` is the whole body), wherever a record's frozen
+    /// request is shown. Each value is shown as `"[redacted]"`, in the body written out
+    /// again as compact JSON (its members in key order); a body that is not JSON has no
+    /// fields to redact and is shown as it is.
+    ///
+    /// ```
+    /// use tower_idempotency::console::{Console, Operator, Role};
+    /// use tower_idempotency::ledger::{MemoryStore, Records};
+    ///
+    /// let console = Console::new(Records::new(MemoryStore::new()), |_: &http::request::Parts| {
+    ///     Ok(Operator::new("on-call", Role::Act))
+    /// })
+    /// .redact_fields(["/card/number", "/card/cvc"]);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If a pointer is neither empty nor starts with `/`: it would name no field, and leave
+    /// the one it was meant to hide in sight.
+    pub fn redact_fields<I>(mut self, pointers: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.shared
+            .redaction
+            .add_fields(pointers.into_iter().map(Into::into));
         self
     }
 
@@ -214,6 +309,7 @@ impl Console {
                 "/records/{key}/resolve-applied",
                 form(Action::ResolveApplied),
             )
+            .route("/records/{key}/reconcile-now", form(Action::ReconcileNow))
             .route("/api/records", get(api::list))
             .route("/api/records/{key}", get(api::record))
             .route("/api/records/{key}/forget", action(Action::Forget))
@@ -224,6 +320,10 @@ impl Console {
             .route(
                 "/api/records/{key}/resolve-applied",
                 action(Action::ResolveApplied),
+            )
+            .route(
+                "/api/records/{key}/reconcile-now",
+                action(Action::ReconcileNow),
             )
             .with_state(Arc::new(self.shared))
     }
@@ -267,7 +367,7 @@ fn is_media_type(head: &Parts, media_type: &str) -> bool {
 async fn read_body(body: Body, action: Action) -> Result<axum::body::Bytes, Failure> {
     let limit = match action {
         Action::ResolveApplied => MAX_RESOLVE_BODY,
-        Action::Forget | Action::ResolveNotApplied => MAX_BODY,
+        Action::Forget | Action::ResolveNotApplied | Action::ReconcileNow => MAX_BODY,
     };
     axum::body::to_bytes(body, limit)
         .await

@@ -11,12 +11,15 @@ use http::request::Parts;
 use http::{HeaderValue, StatusCode};
 
 use super::action::{act as run_action, audit, Acted, Action};
-use super::api::{may_act, not_open};
+use super::api::{may_act, not_open, unanswered, NO_RECONCILER, NO_REQUEST};
 use super::filter::{parse_list, ListRequest};
-use super::html::{action_forms, escape, human, origin_cell, page, record_fields, state_text};
+use super::html::{
+    action_forms, escape, human, origin_cell, page, record_fields, request_section, state_text,
+};
 use super::look::{from_form, parse_key};
 use super::problem::Failure;
 use super::{is_media_type, prefix, read_body, Operator, Shared};
+use crate::idempotency::reconcile::Unanswered;
 use crate::ledger::{LedgerKey, ListPage, RecordView};
 
 /// The messages a redirect after an action shows, by the code in its `flash` parameter:
@@ -37,6 +40,21 @@ const FLASHES: &[(&str, &str)] = &[
     (
         "absent",
         "There was no record of that key any more: nothing changed.",
+    ),
+    (
+        "reconciled-applied",
+        "The reconciler found the operation applied: the record is completed with the \
+         provider's answer, and the caller's next run replays it.",
+    ),
+    (
+        "reconciled-not-applied",
+        "The reconciler found the operation did not happen: the record is forgotten, and \
+         the caller's next run sends it again.",
+    ),
+    (
+        "unknown",
+        "The reconciler could not tell whether the operation happened: nothing changed, and \
+         the record stays in doubt.",
     ),
 ];
 
@@ -220,6 +238,7 @@ async fn record_page(
     let mut body = signed_in(&operator);
     body.push_str(&flash(head.uri.query()));
     body.push_str(&record_fields(&key, &view));
+    body.push_str(&request_section(&shared.redaction, &view));
     body.push_str(&actions_for(shared, &operator, base, &key, &view));
     Ok(page(StatusCode::OK, &home(base), "Record", &body))
 }
@@ -232,14 +251,22 @@ fn actions_for(
     view: &RecordView,
 ) -> String {
     if operator.role.may_act() {
-        action_forms(base, key, view, &shared.csrf.token(&operator.id))
+        let reconciles = shared.records.reconciling.is_some();
+        action_forms(
+            base,
+            key,
+            view,
+            &shared.csrf.token(&operator.id),
+            reconciles,
+        )
     } else {
         "<p>Your role is read-only: no actions.</p>".to_owned()
     }
 }
 
-/// `POST records/{key}/forget`, `POST records/{key}/resolve-not-applied` and
-/// `POST records/{key}/resolve-applied`, from the record page's forms.
+/// `POST records/{key}/forget`, `POST records/{key}/resolve-not-applied`,
+/// `POST records/{key}/resolve-applied` and `POST records/{key}/reconcile-now`, from the
+/// record page's forms.
 pub(crate) async fn act(
     State(shared): State<Arc<Shared>>,
     Path(key): Path<String>,
@@ -279,18 +306,40 @@ async fn act_on(
     }
     let input = from_form(&body, action)?;
     let acted = run_action(&shared.records, &operator, action, key, &input).await?;
+    let record = format!("{}/records/{}", base, key.to_hex());
     Ok(match acted {
         Acted::Forgotten => {
             let code = match action {
                 Action::ResolveNotApplied => "resolved",
+                Action::ReconcileNow => "reconciled-not-applied",
                 Action::Forget | Action::ResolveApplied => "forgotten",
             };
             see_other(&format!("{}?flash={code}", home(base)))
         }
         // The record stays, completed: back to it, to see it so.
         Acted::Resolved { .. } => {
-            see_other(&format!("{}/records/{}?flash=applied", base, key.to_hex()))
+            let code = match action {
+                Action::ReconcileNow => "reconciled-applied",
+                _ => "applied",
+            };
+            see_other(&format!("{record}?flash={code}"))
         }
+        // Nothing changed: back to the record, still in doubt.
+        Acted::Unknown => see_other(&format!("{record}?flash=unknown")),
+        Acted::Unanswered(why) => {
+            let status = match why {
+                Unanswered::Failed => StatusCode::SERVICE_UNAVAILABLE,
+                Unanswered::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+            };
+            not_done(base, &record, status, unanswered(why))
+        }
+        Acted::NoReconciler => not_done(
+            base,
+            &record,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            NO_RECONCILER,
+        ),
+        Acted::NoRequest => not_done(base, &record, StatusCode::UNPROCESSABLE_ENTITY, NO_REQUEST),
         Acted::Absent => see_other(&format!("{}?flash=absent", home(base))),
         Acted::Changed { current, changed } => {
             let mut body = String::from(
@@ -312,7 +361,7 @@ async fn act_on(
                  left): nothing changed. Wait for it, or {} with force.</p>",
                 human(lease_left),
                 match action {
-                    Action::ResolveApplied => "resolve it",
+                    Action::ResolveApplied | Action::ReconcileNow => "resolve it",
                     _ => "forget it",
                 }
             );
@@ -338,6 +387,16 @@ async fn act_on(
     })
 }
 
+/// An action that changed nothing, and why, with the way back to the record.
+fn not_done(base: &str, record: &str, status: StatusCode, why: &str) -> Response {
+    let body = format!(
+        "<p class=\"problem\">{}.</p><p><a href=\"{}\">Back to the record</a></p>",
+        escape(&capitalized(why)),
+        escape(record),
+    );
+    page(status, &home(base), "Not done", &body)
+}
+
 /// The record as it is now (or that it has gone), with fresh forms carrying its new look.
 fn as_it_is_now(
     shared: &Shared,
@@ -350,6 +409,7 @@ fn as_it_is_now(
         Some(view) => {
             let mut out = String::from("<h2>As it is now</h2>");
             out.push_str(&record_fields(key, &view));
+            out.push_str(&request_section(&shared.redaction, &view));
             out.push_str(&actions_for(shared, operator, base, key, &view));
             out
         }

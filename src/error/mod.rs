@@ -62,7 +62,10 @@ enum Kind {
     },
     AttemptTimeout,
     ReplayUnavailable,
-    InDoubt,
+    /// What the reconciler said, if one was asked.
+    InDoubt {
+        reconciler: Asked,
+    },
     KeyInUse {
         retry_after: Option<Duration>,
     },
@@ -77,6 +80,17 @@ enum Kind {
     RetryLayerInside {
         layer: &'static str,
     },
+}
+
+/// Whether a reconciler was asked about an operation left in doubt, and what came of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asked {
+    /// None is configured, or the face does not ask one on this path.
+    No,
+    /// It answered [`Unknown`](crate::idempotency::Reconciled::Unknown).
+    Unknown,
+    /// It failed, panicked or ran past its bound: the error's source says which.
+    Failed,
 }
 
 impl Error {
@@ -160,7 +174,22 @@ impl Error {
     }
 
     pub(crate) fn in_doubt() -> Self {
-        Self::new(Kind::InDoubt, None)
+        Self::new(
+            Kind::InDoubt {
+                reconciler: Asked::No,
+            },
+            None,
+        )
+    }
+
+    /// Left in doubt after asking the reconciler: it answered `Unknown` (`failure` is
+    /// `None`) or failed with `failure`, kept as this error's source.
+    pub(crate) fn unreconciled(failure: Option<BoxError>) -> Self {
+        let reconciler = match failure {
+            Some(_) => Asked::Failed,
+            None => Asked::Unknown,
+        };
+        Self::new(Kind::InDoubt { reconciler }, failure)
     }
 
     pub(crate) fn response_body(source: BoxError) -> Self {
@@ -282,9 +311,10 @@ impl Error {
     /// ```
     pub fn is_in_doubt(&self) -> bool {
         match self.inner.kind {
-            Kind::InDoubt | Kind::AttemptTimeout | Kind::ResponseBody | Kind::KeyInUse { .. } => {
-                true
-            }
+            Kind::InDoubt { .. }
+            | Kind::AttemptTimeout
+            | Kind::ResponseBody
+            | Kind::KeyInUse { .. } => true,
             Kind::Inner { phase } | Kind::RetryInside { first: phase } => {
                 phase.may_have_been_sent()
             }
@@ -308,7 +338,7 @@ impl Error {
     /// # let _ = needs_reconciling;
     /// ```
     pub fn is_unreconciled(&self) -> bool {
-        matches!(self.inner.kind, Kind::InDoubt)
+        matches!(self.inner.kind, Kind::InDoubt { .. })
     }
 
     /// The provider refused the request because a request with its key is still being
@@ -584,10 +614,27 @@ impl fmt::Display for Error {
                 "the operation completed before, but its response was not kept (over the \
                  recording cap, or no room in the ledger when it completed); it is not run again",
             ),
-            Kind::InDoubt => f.write_str(
+            Kind::InDoubt {
+                reconciler: Asked::No,
+            } => f.write_str(
                 "an earlier attempt may have reached the provider, and sending it again could \
                  run it twice: not sending it again; reconcile it (a reconciler on the layer), \
                  or resolve it as an operator (`Records::list`, the console)",
+            ),
+            Kind::InDoubt {
+                reconciler: Asked::Unknown,
+            } => f.write_str(
+                "an earlier attempt may have reached the provider, and the reconciler answered \
+                 that it cannot tell whether it happened: not sending it again; a later run \
+                 asks again, or resolve it as an operator (`Records::list`, the console)",
+            ),
+            Kind::InDoubt {
+                reconciler: Asked::Failed,
+            } => f.write_str(
+                "an earlier attempt may have reached the provider, and the reconciler failed \
+                 to tell whether it happened (its failure is this error's source): not sending \
+                 it again; a later run asks again, or resolve it as an operator \
+                 (`Records::list`, the console)",
             ),
             Kind::KeyInUse { .. } => f.write_str(
                 "the provider is still processing a request with this key (409, key in use): \

@@ -381,6 +381,31 @@ impl fmt::Debug for FrozenRequest {
     }
 }
 
+/// Two frozen requests are equal when they are the same bytes: method, version, URI,
+/// headers in order, and body (what a store that keeps one must give back).
+///
+/// ```
+/// # use tower_idempotency::FrozenRequest;
+/// let frozen = |body: &'static [u8]| FrozenRequest::from_parts(
+///     http::Method::POST, "/charges".parse().unwrap(), http::Version::HTTP_11,
+///     http::HeaderMap::new(), bytes::Bytes::from_static(body));
+/// assert_eq!(frozen(b"{}"), FrozenRequest::decode(&frozen(b"{}").encode()).unwrap());
+/// assert_ne!(frozen(b"{}"), frozen(b"[]"));
+/// ```
+impl PartialEq for FrozenRequest {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (&*self.0, &*other.0);
+        Arc::ptr_eq(&self.0, &other.0)
+            || (a.method == b.method
+                && a.version == b.version
+                && same_uri_bytes(&a.uri, &b.uri)
+                && a.body == b.body
+                && same_headers(a.headers(), b.headers()))
+    }
+}
+
+impl Eq for FrozenRequest {}
+
 /// Bytes a header map holds in memory: its table (a `HeaderMap` with one entry already
 /// allocates about 600 bytes) and each name and value.
 pub(crate) fn headers_weight(headers: &HeaderMap) -> usize {

@@ -202,10 +202,19 @@ pub enum Signal {
     /// evicted while it is still retried, and the effect then run again. Build the face with
     /// the retry layer's policy.
     RetryWindowExceeded,
+    /// An attempt that may have reached the provider was sent again under its key: a retry
+    /// inside the client face after a failure that may have arrived, or the resume of an
+    /// operation in doubt. One effect only if the provider deduplicates on the key as it
+    /// was sent, as the face was told ([`ProviderKeys::Deduplicates`](crate::ProviderKeys)
+    /// and its [`key_header`](crate::client::Builder::key_header)); counted so that a
+    /// provider that does not (told wrongly, or reading another header) shows as resends
+    /// rather than as silent second effects. The response is marked
+    /// [`ResponseSource::Resent`](crate::ResponseSource::Resent).
+    ResentInDoubt,
 }
 
 impl Signal {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::FailOpen,
         Self::PayloadDiscarded,
         Self::LeaseLost,
@@ -213,10 +222,12 @@ impl Signal {
         Self::OutcomeDiscarded,
         Self::Unkeyed,
         Self::RetryWindowExceeded,
+        Self::ResentInDoubt,
     ];
 
     /// The name metrics use: `fail_open`, `payload_discarded`, `lease_lost`,
-    /// `redirect_followed`, `outcome_discarded`, `unkeyed`, `retry_window_exceeded`.
+    /// `redirect_followed`, `outcome_discarded`, `unkeyed`, `retry_window_exceeded`,
+    /// `resent_in_doubt`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::FailOpen => "fail_open",
@@ -226,6 +237,7 @@ impl Signal {
             Self::OutcomeDiscarded => "outcome_discarded",
             Self::Unkeyed => "unkeyed",
             Self::RetryWindowExceeded => "retry_window_exceeded",
+            Self::ResentInDoubt => "resent_in_doubt",
         }
     }
 

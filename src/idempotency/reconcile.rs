@@ -576,39 +576,150 @@ where
 }
 
 /// Ask `reconciler` about `operation` within `bound`. Its error, its panic and its running
-/// past the bound are all [`Reconciled::Unknown`]: a reconciler that cannot tell must never
-/// be read as "not applied". It runs on a task of its own, so its panic is caught there,
-/// and is aborted if this future is dropped or the bound passes.
+/// past the bound are all a failure (`Err`, kept as the source of the in-doubt error the
+/// caller gets), which counts as [`Reconciled::Unknown`]: a reconciler that cannot tell must
+/// never be read as "not applied". It runs on a task of its own, so its panic is caught
+/// there, and is aborted if this future is dropped or the bound passes.
 pub(crate) async fn ask(
     reconciler: &dyn Reconcile,
     operation: InDoubtOperation,
     bound: std::time::Duration,
-) -> Reconciled {
+) -> Result<Reconciled, BoxError> {
+    asked(reconciler, operation, bound)
+        .await
+        .map_err(|(_, failure)| failure)
+}
+
+/// Why a reconciler gave no answer: each counts as [`Reconciled::Unknown`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unanswered {
+    /// It failed, or panicked.
+    Failed,
+    /// It ran past its bound.
+    TimedOut,
+}
+
+/// [`ask`], telling a reconciler's failure and its running late apart from its answer (the
+/// console says which to the operator who asked).
+pub(crate) async fn ask_telling_why(
+    reconciler: &dyn Reconcile,
+    operation: InDoubtOperation,
+    bound: std::time::Duration,
+) -> Result<Reconciled, Unanswered> {
+    asked(reconciler, operation, bound)
+        .await
+        .map_err(|(why, _)| why)
+}
+
+/// The reconciler's answer, or why it gave none and the failure that says so.
+async fn asked(
+    reconciler: &dyn Reconcile,
+    operation: InDoubtOperation,
+    bound: std::time::Duration,
+) -> Result<Reconciled, (Unanswered, BoxError)> {
     let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         reconciler.reconcile(operation)
     }));
     let Ok(future) = started else {
         tracing::warn!("the reconciler panicked; the operation stays in doubt");
-        return Reconciled::Unknown;
+        return Err((Unanswered::Failed, "the reconciler panicked".into()));
     };
     let mut task = AbortOnDrop(tokio::spawn(future));
     match tokio::time::timeout(bound, &mut task.0).await {
-        Ok(Ok(Ok(verdict))) => verdict,
+        Ok(Ok(Ok(verdict))) => Ok(verdict),
         Ok(Ok(Err(err))) => {
             tracing::warn!(%err, "the reconciler failed; the operation stays in doubt");
-            Reconciled::Unknown
+            Err((Unanswered::Failed, err))
         }
         Ok(Err(join)) => {
             tracing::warn!(%join, "the reconciler panicked; the operation stays in doubt");
-            Reconciled::Unknown
+            let failure = format!("the reconciler panicked: {join}");
+            Err((Unanswered::Failed, failure.into()))
         }
         Err(_) => {
             tracing::warn!(
                 ?bound,
                 "the reconciler did not answer in time; the operation stays in doubt"
             );
-            Reconciled::Unknown
+            let failure = format!("the reconciler did not answer within {bound:?}");
+            Err((Unanswered::TimedOut, failure.into()))
         }
+    }
+}
+
+/// A client layer's reconciler and what asking it needs, carried by its
+/// [`Records`](crate::ledger::Records) so an operator can ask it now (the console's
+/// "reconcile now").
+#[derive(Clone)]
+#[cfg_attr(not(feature = "console"), allow(dead_code))]
+pub(crate) struct Reconciling {
+    pub(crate) reconciler: Arc<dyn Reconcile>,
+    /// How long it may take (the layer's `reconcile_timeout`).
+    pub(crate) timeout: std::time::Duration,
+    /// The header the key travels under, and its form.
+    pub(crate) key_header: KeyHeader,
+    /// The largest response recorded whole; a larger one is recorded as a tombstone.
+    pub(crate) response_limit: usize,
+}
+
+impl fmt::Debug for Reconciling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reconciling")
+            .field("timeout", &self.timeout)
+            .field("key_header", &self.key_header)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg_attr(not(feature = "console"), allow(dead_code))]
+impl Reconciling {
+    /// The operation a record in doubt under `ledger_key` keeps as `frozen`, as the layer
+    /// would ask about it: its key as sent (read from the frozen request's key header; a
+    /// request without one was keyed by an [`OperationId`](crate::OperationId), whose
+    /// derived key is the record key), and the attempts the record counts.
+    pub(crate) fn operation(
+        &self,
+        ledger_key: &crate::ledger::LedgerKey,
+        frozen: FrozenRequest,
+        attempts: u32,
+    ) -> InDoubtOperation {
+        let key = match self.key_header.read(frozen.headers()) {
+            Ok(Some(sent)) => sent.as_str().to_owned(),
+            _ => ledger_key.to_hex(),
+        };
+        InDoubtOperation::new(frozen, key, Some(attempts)).with_key_header(self.key_header.clone())
+    }
+
+    /// What an [`Applied`](Reconciled::Applied) answer records: the response found (a
+    /// tombstone of its status past the recording cap), as the layer records it.
+    pub(crate) fn outcome_of(&self, found: &Response<Bytes>) -> crate::ledger::Outcome {
+        recorded_outcome(
+            found.status(),
+            found.version(),
+            found.headers(),
+            found.body(),
+            self.response_limit,
+        )
+    }
+}
+
+/// The outcome a reconciler's found response is recorded as: whole, with its headers and
+/// body in one buffer, or as a tombstone of its status when its body is over `limit`.
+pub(crate) fn recorded_outcome(
+    status: StatusCode,
+    version: http::Version,
+    headers: &http::HeaderMap,
+    body: &Bytes,
+    limit: usize,
+) -> crate::ledger::Outcome {
+    use crate::ledger::{HeaderBlock, Outcome, StoredResponse};
+    if body.len() > limit {
+        Outcome::Tombstone { status }
+    } else {
+        let recorded = HeaderBlock::with_body(headers, body);
+        Outcome::Response(StoredResponse::of_block_with_body(
+            status, version, recorded,
+        ))
     }
 }
 

@@ -34,7 +34,10 @@ pub enum ResponseSource {
     /// provider deduplicates on the key (see
     /// [`provider_deduplicates`](crate::client::Builder::provider_deduplicates)).
     Sent,
-    /// The operation was in doubt; its stored frozen bytes were sent again.
+    /// An attempt of the operation may have reached the provider, and its frozen bytes
+    /// were sent again under its key: the operation was in doubt and was resumed, or a retry
+    /// inside the face followed a failure that may have arrived (see
+    /// [`Signal::ResentInDoubt`](crate::idempotency::Signal::ResentInDoubt)).
     Resent,
     /// The recorded response of a completed operation; the inner service was not called.
     Replayed,

@@ -11,6 +11,7 @@ use super::{
     Resolve, StoreError,
 };
 use crate::fingerprint::Fingerprint;
+use crate::idempotency::reconcile::Reconciling;
 use crate::OperationId;
 
 /// Which state a record is in, as [`Expected`] names it: [`RecordState`] without its
@@ -132,6 +133,17 @@ impl Expected {
         self
     }
 
+    /// Whether `current` is still the record this look saw: the same life of its key, in
+    /// the same state, with the same fingerprint and attempts. The generation first: another
+    /// life of the key can match in everything else (the same request, completed on its
+    /// first attempt), and acting on it would act on a record nobody looked at.
+    pub(crate) fn describes(&self, current: &RecordView) -> bool {
+        current.generation == self.generation
+            && RecordKind::of(&current.state) == self.kind
+            && current.fingerprint == self.fingerprint
+            && current.attempts == self.attempts
+    }
+
     /// What [`forget`](IdempotencyStore::forget) must do to the record `current` (`None`:
     /// absent), seen atomically with the removal: for stores that read the record and
     /// remove it under one lock or in one transaction.
@@ -149,14 +161,8 @@ impl Expected {
         };
         // Identity before liveness: a record that moved on is `Changed` even when its lease
         // runs, because the operator's look no longer describes it, forced or not. `force`
-        // only ever overrides a live lease on the very record that was seen. The generation
-        // first: another life of the key can match in everything else (the same request,
-        // completed on its first attempt), and forgetting it would run the operation again.
-        if current.generation != self.generation
-            || RecordKind::of(&current.state) != self.kind
-            || current.fingerprint != self.fingerprint
-            || current.attempts != self.attempts
-        {
+        // only ever overrides a live lease on the very record that was seen.
+        if !self.describes(current) {
             return Forget::Changed;
         }
         // A lapsed lease protects nobody: no owner is working, and the next `begin` would read
@@ -321,7 +327,11 @@ enum Keys {
 /// it happening again).
 ///
 /// A handle from a built layer derives record keys as the layer does, from an
-/// [`OperationId`] or a request head, so nobody computes a [`LedgerKey`] by hand.
+/// [`OperationId`] or a request head, so nobody computes a [`LedgerKey`] by hand. A client
+/// layer's handle also carries the layer's [reconciler](crate::client::Builder::reconcile),
+/// its timeout and its key header, so the operator's console can ask it about a record in
+/// doubt ("reconcile now", with feature `console`); a server layer's and
+/// [`Records::new`]'s carry none.
 ///
 /// Every built-in store logs each forget (`WARN` when a record was removed, `INFO` when it
 /// was refused) with the key's digest and the state forgotten, and with feature `metrics`
@@ -363,6 +373,10 @@ pub struct Records {
     keys: Keys,
     /// How long a record an operator resolves is kept: its layer's retention.
     retention: Duration,
+    /// A client layer's reconciler, which an operator may ask about a record in doubt
+    /// (the console's "reconcile now"); `None` for a server layer, a client layer built
+    /// without one, and [`Records::new`].
+    pub(crate) reconciling: Option<Reconciling>,
 }
 
 impl Records {
@@ -385,6 +399,7 @@ impl Records {
             store,
             keys: Keys::Client(scope),
             retention,
+            reconciling: None,
         }
     }
 
@@ -399,7 +414,14 @@ impl Records {
             store,
             keys: Keys::Server(Arc::new(derive)),
             retention,
+            reconciling: None,
         }
+    }
+
+    /// The handle, able to ask its client layer's reconciler (`None`: it has none).
+    pub(crate) fn with_reconciling(mut self, reconciling: Option<Reconciling>) -> Self {
+        self.reconciling = reconciling;
+        self
     }
 
     /// The handle, keeping the records it [resolves](Self::resolve) for `retention` (by
@@ -597,6 +619,7 @@ impl fmt::Debug for Records {
             .field("store", &self.store)
             .field("keys", &keys)
             .field("retention", &self.retention)
+            .field("reconciles", &self.reconciling.is_some())
             .finish()
     }
 }

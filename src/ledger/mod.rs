@@ -612,6 +612,14 @@ pub struct RecordView {
     /// ([`BeginRequest::with_origin`]); `None` for a record written before origins were
     /// kept, a claim that named none, and a store that does not keep it.
     pub origin: Option<Origin>,
+    /// The request as first frozen, while the operation is open: what a resume resends and
+    /// what an operator checks with the provider before resolving. Answered by
+    /// [`inspect`](IdempotencyStore::inspect) on the built-in stores for a record *in
+    /// flight* or *in doubt* made with one (the client and tool faces keep it; the server
+    /// face keeps none); `None` for a completed record (nothing will be resent), in
+    /// [`list`](IdempotencyStore::list) pages (kept small), and from a store that does not
+    /// show it: showing it is optional.
+    pub request: Option<FrozenRequest>,
 }
 
 impl RecordView {
@@ -654,6 +662,7 @@ impl RecordView {
             touched: age,
             scope: 0,
             origin: None,
+            request: None,
         }
     }
 
@@ -702,6 +711,31 @@ impl RecordView {
     /// ```
     pub fn with_origin(mut self, origin: Option<Origin>) -> Self {
         self.origin = origin;
+        self
+    }
+
+    /// The view, showing the record's frozen request (see
+    /// [`request`](Self#structfield.request)): `None` leaves it unshown.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Generation, RecordState, RecordView};
+    /// use tower_idempotency::FrozenRequest;
+    ///
+    /// let frozen = FrozenRequest::from_parts(
+    ///     http::Method::POST,
+    ///     "http://payments.local/charges".parse().unwrap(),
+    ///     http::Version::HTTP_11,
+    ///     http::HeaderMap::new(),
+    ///     bytes::Bytes::from_static(b"{\"amount\":4200}"),
+    /// );
+    /// let view = RecordView::new(RecordState::InDoubt, frozen.fingerprint(), 1,
+    ///     Generation::from_u64(1), Duration::ZERO, Duration::from_secs(3600))
+    ///     .with_request(Some(frozen.clone()));
+    /// assert_eq!(view.request, Some(frozen));
+    /// ```
+    pub fn with_request(mut self, request: Option<FrozenRequest>) -> Self {
+        self.request = request;
         self
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Expected, LedgerKey, RecordKind, RecordState, RecordView, StoreError};
+use super::{Expected, LedgerKey, RecordState, RecordView, StoreError};
 
 /// What [`IdempotencyStore::resolve`](super::IdempotencyStore::resolve) did.
 ///
@@ -83,11 +83,7 @@ impl Expected {
         };
         // Identity first, as for a forget: a record that moved on is `Changed` whatever
         // state it is in now, because the look no longer describes it.
-        if current.generation != self.generation
-            || RecordKind::of(&current.state) != self.kind
-            || current.fingerprint != self.fingerprint
-            || current.attempts != self.attempts
-        {
+        if !self.describes(current) {
             return Resolve::Changed;
         }
         match current.state {

@@ -182,7 +182,7 @@ const RESENT: Ended = Ended::Status(StatusCode::CREATED, ResponseSource::Resent)
 async fn commit_then_timeout() {
     assert_eq!(
         run_twice(Fault::CommitThenTimeout, true).await,
-        (CREATED, None, 1)
+        (RESENT, None, 1)
     );
     assert_eq!(
         run_twice(Fault::CommitThenTimeout, false).await,
@@ -208,7 +208,7 @@ async fn server_error_after_commit() {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         commit: true,
     };
-    assert_eq!(run_twice(fault(), true).await, (CREATED, None, 1));
+    assert_eq!(run_twice(fault(), true).await, (RESENT, None, 1));
     assert_eq!(
         run_twice(fault(), false).await,
         (
@@ -225,7 +225,7 @@ async fn server_error_without_commit() {
         status: StatusCode::SERVICE_UNAVAILABLE,
         commit: false,
     };
-    assert_eq!(run_twice(fault(), true).await, (CREATED, None, 1));
+    assert_eq!(run_twice(fault(), true).await, (RESENT, None, 1));
     assert_eq!(
         run_twice(fault(), false).await,
         (

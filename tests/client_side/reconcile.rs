@@ -123,6 +123,16 @@ async fn unknown_when_the_lookup_suffers(fault: Fault) {
         .await
         .unwrap_err();
     assert!(err.is_unreconciled(), "{fault:?}: {err}");
+    // The error says the reconciler was asked, and a failure of its own is the source.
+    assert!(
+        err.to_string().contains("the reconciler"),
+        "{fault:?}: {err}"
+    );
+    assert_eq!(
+        std::error::Error::source(&err).is_some(),
+        err.to_string().contains("failed"),
+        "{fault:?}: {err}"
+    );
     assert_eq!(effects(&provider), 1, "{fault:?}: nothing was sent again");
     assert_eq!(charges_sent(&provider), 1, "{fault:?}");
     assert_eq!(state(&ledger).await, RecordState::InDoubt, "{fault:?}");
@@ -232,6 +242,18 @@ async fn unknown_when_the_reconciler_times_out() {
 #[tokio::test(start_paused = true)]
 async fn unknown_when_the_reconciler_fails() {
     unknown_when_the_lookup_suffers(Fault::RefuseBeforeSend).await;
+
+    // Its failure reaches the caller as the error's source, not only a log line.
+    let (ledger, provider) = (MemoryStore::new(), naive_provider());
+    first_run(&ledger, &provider, Fault::CommitThenTimeout).await;
+    let failing = |_: InDoubtOperation| async {
+        Err::<Reconciled, BoxError>("the provider's search is down".into())
+    };
+    let err = resume(&ledger, &provider, failing).await.unwrap_err();
+    assert!(err.is_unreconciled(), "{err}");
+    assert!(err.to_string().contains("the reconciler failed"), "{err}");
+    let source = std::error::Error::source(&err).expect("the reconciler's failure");
+    assert_eq!(source.to_string(), "the provider's search is down");
 }
 
 #[tokio::test(start_paused = true)]
@@ -265,6 +287,8 @@ async fn unknown_from_the_reconciler_stays_in_doubt() {
     };
     let err = resume(&ledger, &provider, unsure).await.unwrap_err();
     assert!(err.is_unreconciled());
+    assert!(err.to_string().contains("cannot tell"), "{err}");
+    assert!(std::error::Error::source(&err).is_none(), "{err}");
     assert_eq!(effects(&provider), 1);
     assert_eq!(charges_sent(&provider), 1);
 

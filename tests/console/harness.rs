@@ -68,7 +68,12 @@ impl Answer {
 /// own route beside it and their layers around it (one on the nested console, one on the
 /// whole app), as users mount it.
 pub(crate) async fn serve(records: Records) -> Served {
-    let console = Console::new(records, authorizer)
+    serve_console(Console::new(records, authorizer)).await
+}
+
+/// Serve `console` as [`serve`] does (its authorizer should be [`authorizer`]).
+pub(crate) async fn serve_console(console: Console) -> Served {
+    let console = console
         .router()
         .layer(tower_http::catch_panic::CatchPanicLayer::new());
     let app = Router::new()

@@ -141,3 +141,52 @@ fn a_resolve_as_applied_is_counted_by_the_console_and_the_ledger() {
         ]
     );
 }
+
+/// A reconcile now counts one by its result, as every action does: here, refused on a
+/// console without a reconciler.
+#[test]
+fn a_reconcile_now_is_counted_by_its_result() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let key = LedgerKey::from_bytes([11; 32]);
+            let (console, store) = console_over_store().await;
+            in_doubt(&store, key, "").await;
+            let look = console
+                .get_as("alice", "act", &api_record(&key))
+                .await
+                .json()["look"]
+                .clone();
+            let body = json!({"expected": look, "reason": "INC-1"});
+            let reconcile = format!("{}/reconcile-now", api_record(&key));
+            let refused = console.post_json("alice", "act", &reconcile, &body).await;
+            assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+        })
+    });
+    let counted: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "idempotency_console_actions_total")
+        .map(|(key, _, _, value)| {
+            let labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|label| format!("{}={}", label.key(), label.value()))
+                .collect();
+            (labels.join(","), value)
+        })
+        .collect();
+    assert_eq!(
+        counted,
+        [(
+            "action=reconcile_now,result=no_reconciler".to_owned(),
+            DebugValue::Counter(1)
+        )]
+    );
+}

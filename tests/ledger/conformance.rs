@@ -41,3 +41,14 @@ async fn memory_store_lists_its_records_on_real_time_and_threads() {
     let clock = Clock::real();
     listing_finds_what_it_asks_for(&MemoryStore::new(), &clock).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_shows_the_frozen_request_it_keeps() {
+    assert!(
+        tower_idempotency::testing::conformance::inspection_shows_the_frozen_request(
+            &MemoryStore::new()
+        )
+        .await,
+        "the memory store shows a record's frozen request in doubt"
+    );
+}

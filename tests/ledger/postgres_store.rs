@@ -975,3 +975,15 @@ async fn a_sparse_list_comes_in_bounded_pages_and_misses_nothing() {
     assert_eq!(page.records.len(), 5);
     assert!(page.next.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_shows_the_frozen_request_it_keeps() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = store(pg.url()).await;
+    assert!(
+        tower_idempotency::testing::conformance::inspection_shows_the_frozen_request(&store).await,
+        "the PostgreSQL store shows a record's frozen request in doubt"
+    );
+}

@@ -870,3 +870,15 @@ async fn a_frozen_primary_trips_the_operation_timeout_and_the_same_store_recover
     }
     fresh_operation(&store, fresh_key()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_store_shows_the_frozen_request_it_keeps() {
+    let Some(cluster) = RedisCluster::shared().await else {
+        return;
+    };
+    let store = connect(&cluster.urls(), &unique_prefix()).await;
+    assert!(
+        tower_idempotency::testing::conformance::inspection_shows_the_frozen_request(&store).await,
+        "the Redis Cluster store shows a record's frozen request in doubt"
+    );
+}

@@ -1354,3 +1354,16 @@ async fn a_key_claimed_again_after_its_record_expired_is_listed_once_in_its_new_
         "the list dropped the earlier life's entry"
     );
 }
+
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_shows_the_frozen_request_it_keeps() {
+    let Some(redis) = redis_url().await else {
+        return;
+    };
+    let store = connect(redis.url(), &unique_prefix()).await;
+    assert!(
+        tower_idempotency::testing::conformance::inspection_shows_the_frozen_request(&store).await,
+        "the Redis store shows a record's frozen request in doubt"
+    );
+}

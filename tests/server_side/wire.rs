@@ -133,7 +133,11 @@ async fn commit_then_timeout_over_tcp_fires_once_and_ends_with_the_real_response
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
+    assert_eq!(
+        ResponseSource::of(&response),
+        ResponseSource::Resent,
+        "the timed-out attempt was resent"
+    );
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(
         String::from_utf8_lossy(&body).contains("eff_1"),

@@ -68,7 +68,11 @@ async fn commit_then_timeout_charges_once_and_the_client_ends_with_the_real_resp
     let response = client.oneshot(charge).await.expect("the real response");
 
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(ResponseSource::of(&response), ResponseSource::Sent);
+    assert_eq!(
+        ResponseSource::of(&response),
+        ResponseSource::Resent,
+        "the timed-out attempt was resent"
+    );
     let attempts = response.extensions().get::<Attempts>().unwrap().get();
     assert!(
         attempts >= 2,

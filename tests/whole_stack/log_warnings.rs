@@ -184,3 +184,38 @@ async fn a_lost_reply_to_an_applied_completion_is_not_reported_as_a_failure() {
     assert_eq!(source(&again), ResponseSource::Replayed);
     assert_eq!(provider.effects(), 1);
 }
+
+/// A store made per call, not once: the first call's charge is left in doubt against a
+/// provider that ignores keys, and the store that remembered it goes with the call. The
+/// second call, against a new store, charges again: its doubt was forgotten. The crate
+/// cannot see the second call is the same, but it says so when the doubt is dropped.
+#[tokio::test(start_paused = true)]
+async fn a_memory_store_dropped_with_an_operation_in_doubt_says_so() {
+    use tower_idempotency::testing::Fault;
+
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    provider.push_fault(Fault::CommitThenTimeout);
+    let call = || {
+        let per_call = MemoryStore::new();
+        ServiceBuilder::new()
+            .layer(IdempotencyLayer::client(
+                per_call,
+                ProviderKeys::Ignored,
+                KeyHeader::ietf(),
+            ))
+            .layer(tower_idempotency::FrozenRetryLayer::new(fast_policy(
+                Duration::from_secs(2),
+            )))
+            .service(provider.clone())
+    };
+    let (logs, _default) = capture::warnings();
+    let err = call().oneshot(post("{}")).await.unwrap_err();
+    assert!(err.is_in_doubt(), "{err}");
+    let logged = logs.text();
+    assert!(
+        logged.contains("a MemoryStore was dropped holding operations in flight or in doubt")
+            && logged.contains("open=1"),
+        "{logged}"
+    );
+    assert_eq!(provider.effects(), 1);
+}

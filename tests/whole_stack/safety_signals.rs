@@ -647,3 +647,56 @@ fn a_retry_window_longer_than_the_layer_was_told_says_so_to_the_hook_and_the_met
         [("face=client,signal=retry_window_exceeded".to_owned(), 2)]
     );
 }
+
+/// A provider said to deduplicate that does not (it ignores keys, or reads another header
+/// than the one sent): the retry after a timeout that followed the charge charges again.
+/// The face cannot tell, but it never hides the resend: the answer is marked `Resent`, the
+/// hook hears `ResentInDoubt`, and the metrics count it, so the misconfiguration shows.
+#[test]
+fn a_resend_of_an_attempt_that_may_have_arrived_says_so_to_the_hook_the_metrics_and_the_answer() {
+    use tower_idempotency::retry::RetryPolicy;
+    use tower_idempotency::testing::Fault;
+    use tower_idempotency::ResponseSource;
+
+    let log = Log::default();
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let counted = counted_signals(|| async {
+        tokio::time::pause();
+        provider.push_fault(Fault::CommitThenTimeout);
+        let client = IdempotencyLayer::client_builder(MemoryStore::new())
+            .provider_deduplicates(true)
+            .key_header(KeyHeader::ietf())
+            .retry_policy(
+                RetryPolicy::builder()
+                    .attempt_timeout(Duration::from_secs(2))
+                    .build()
+                    .unwrap(),
+            )
+            .on_outcome(recording(&log))
+            .build_stack()
+            .unwrap()
+            .layer(provider.clone());
+        let mut req = orders::post("{}");
+        req.extensions_mut()
+            .insert(OperationId::new("task-7", "charge"));
+        let response = client.oneshot(req).await.unwrap();
+        assert_eq!(ResponseSource::of(&response), ResponseSource::Resent);
+    });
+    assert_eq!(
+        provider.effects(),
+        2,
+        "the provider ignores keys, as it was not said"
+    );
+    assert_eq!(
+        taken(&log),
+        [(
+            Face::Client,
+            Decision::Acquired,
+            vec![Signal::ResentInDoubt]
+        )]
+    );
+    assert_eq!(
+        counted,
+        [("face=client,signal=resent_in_doubt".to_owned(), 1)]
+    );
+}

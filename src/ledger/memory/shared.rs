@@ -103,6 +103,18 @@ impl Gauges {
     pub(super) fn reweighed(&self, old: u64, new: u64) {
         self.bytes.increment(new as f64 - old as f64);
     }
+
+    /// The store went with `bytes` in `records` records, `open` of them in flight or in
+    /// doubt: stores add up in one series, so a store that goes takes its share out, and
+    /// the doubt it forgot is counted.
+    pub(super) fn dropped(&self, bytes: u64, records: u64, open: u64) {
+        self.bytes.decrement(bytes as f64);
+        self.records.decrement(records as f64);
+        if open > 0 {
+            metrics::counter!("idempotency_store_open_records_dropped_total", "store" => "memory")
+                .increment(open);
+        }
+    }
 }
 
 /// Without feature `metrics`, nothing to keep.
@@ -121,25 +133,46 @@ impl Gauges {
 
     pub(super) fn reweighed(&self, _: u64, _: u64) {}
 
+    pub(super) fn dropped(&self, _: u64, _: u64, _: u64) {}
+
     pub(super) fn protected(&self, _: f64) {}
 }
 
-#[cfg(feature = "metrics")]
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Stores add up in one series: a store that goes takes its share out.
-        let records: u64 = self
-            .shards
-            .iter_mut()
-            .map(|shard| {
-                let shard = shard
-                    .get_mut()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                shard.records.len() as u64
-            })
-            .sum();
-        self.gauges.bytes.decrement(*self.used.get_mut() as f64);
-        self.gauges.records.decrement(records as f64);
+        let (records, open) = self.count_records();
+        if open > 0 {
+            // The store was the only memory of these operations' doubt: the next run of
+            // each, against a new store, sends it as if for the first time. A store made
+            // per call (rather than once, cloned into each layer) does this on every call.
+            tracing::warn!(
+                open,
+                "a MemoryStore was dropped holding operations in flight or in doubt: their \
+                 doubt is forgotten, and a later run of each sends it again; make the store \
+                 once and clone it into each layer (or use Redis or PostgreSQL to outlive the \
+                 process)"
+            );
+        }
+        self.gauges.dropped(*self.used.get_mut(), records, open);
+    }
+}
+
+impl Inner {
+    /// How many records the store holds, and how many of them are open (in flight or in
+    /// doubt).
+    fn count_records(&self) -> (u64, u64) {
+        self.shards.iter().fold((0, 0), |(records, open), shard| {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            let open_here = shard
+                .records
+                .values()
+                .filter(|record| !matches!(record.state, super::record::State::Completed { .. }))
+                .count();
+            (
+                records + shard.records.len() as u64,
+                open + open_here as u64,
+            )
+        })
     }
 }
 

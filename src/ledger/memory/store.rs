@@ -267,7 +267,9 @@ impl IdempotencyStore for MemoryStore {
             .records
             .get(&key)
             .filter(|record| record.retain_until > now)
-            .map(|record| record.view(now));
+            // The frozen request is kept only while the operation is open (a completed
+            // record keeps the digests of its fields): a reference count, not a copy.
+            .map(|record| record.view(now).with_request(record.kept.frozen()));
         StoreFuture::ready(Ok(view))
     }
 

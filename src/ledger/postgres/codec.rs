@@ -186,6 +186,12 @@ pub(super) fn decode_inspect(row: &Row, origin_at: usize) -> Result<RecordView, 
     .with_origin(origin_of(row, origin_at)?))
 }
 
+/// The frozen request the inspect statement reads beside the view (its `r_frozen` column):
+/// `None` for a completed or server-side record.
+pub(super) fn inspected_request(row: &Row) -> Result<Option<FrozenRequest>, StoreError> {
+    optional_frozen(row.get("r_frozen"))
+}
+
 /// A generation as its `bigint` column holds it: the same 64 bits (the database's counter
 /// never reaches the sign bit; a generation another store made may, and then matches no row).
 pub(super) fn generation_column(generation: Generation) -> i64 {

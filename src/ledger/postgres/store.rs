@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 
 use super::codec::{
     begin_params, busy_behind_a_transaction, decode_begin, decode_inspect, generation_column,
-    millis, outcome_status, token_bytes,
+    inspected_request, millis, outcome_status, token_bytes,
 };
 use super::errors::{classify, from_pg, from_pool, PgFailure};
 use crate::ledger::{
@@ -94,11 +94,17 @@ impl Statements {
             abandon: format!("SELECT {schema}.abandon_op($1, $2, $3)"),
             mark_in_doubt: format!("SELECT {schema}.mark_in_doubt_op($1, $2, $3)"),
             renew: format!("SELECT {schema}.renew_op($1, $2, $3)"),
+            // The frozen request beside the view, for an open record only (nothing of a
+            // completed one will be resent), and only of the life the view shows: the
+            // function reads the row in a snapshot of its own.
             inspect: format!(
                 "SELECT r_state, r_fp, r_attempts, r_age_ms, r_lease_left_ms, \
                  r_retention_left_ms, r_sent, r_status, r_generation, r_touched_ms, r_scope, \
-                 r_origin, r_target, r_task, r_step \
-                 FROM {schema}.inspect_op($1)"
+                 r_origin, r_target, r_task, r_step, f.frozen AS r_frozen \
+                 FROM {schema}.inspect_op($1) i \
+                 LEFT JOIN {schema}.records f ON f.key = $1 \
+                   AND i.r_state IN ('in_flight', 'in_doubt') \
+                   AND {schema}.generation_of(f.generation, f.created_at) = i.r_generation"
             ),
             sweep: format!("SELECT {schema}.sweep_op($1)"),
         }
@@ -386,7 +392,10 @@ impl IdempotencyStore for PostgresStore {
                 .await?;
             // `inspect_op` answers no row for an absent, expired or released key.
             rows.first()
-                .map(|row| decode_inspect(row, INSPECTED_ORIGIN_AT))
+                .map(|row| {
+                    Ok(decode_inspect(row, INSPECTED_ORIGIN_AT)?
+                        .with_request(inspected_request(row)?))
+                })
                 .transpose()
         })
     }

@@ -163,6 +163,17 @@ fn decode_origin(items: &[Value]) -> Result<Option<Origin>, StoreError> {
     }))
 }
 
+/// The frozen request `inspect`'s reply ends with, after the view (see inspect.lua): `None`
+/// for an absent, completed or server-side record. Read from the end, so the view may grow.
+pub(super) fn decode_inspected_request(
+    reply: &[Value],
+) -> Result<Option<FrozenRequest>, StoreError> {
+    if tag(reply)? != b"record" {
+        return Ok(None);
+    }
+    optional_frozen(reply.last())
+}
+
 /// Turn `list`'s reply into a page: `{'page', next, records}` (see list.lua).
 pub(super) fn decode_list(reply: &[Value]) -> Result<ListPage, StoreError> {
     if tag(reply)? != b"page" {

@@ -10,8 +10,8 @@ use super::builder::{RedisStoreBuilder, Target};
 use ::redis::Script;
 
 use super::codec::{
-    decode_begin, decode_forget, decode_inspect, decode_list, decode_resolve, generation_hex,
-    millis, tag, token_hex, u64_hex, unexpected,
+    decode_begin, decode_forget, decode_inspect, decode_inspected_request, decode_list,
+    decode_resolve, generation_hex, millis, tag, token_hex, u64_hex, unexpected,
 };
 use super::connection::{Connection, ScriptCall};
 use super::errors::from_redis;
@@ -342,7 +342,8 @@ impl IdempotencyStore for RedisStore {
         StoreFuture::new(async move {
             let call = ScriptCall::new(&INSPECT, self.redis_key(&key));
             let reply = self.invoke(&call).await?;
-            decode_inspect(&reply)
+            let request = decode_inspected_request(&reply)?;
+            Ok(decode_inspect(&reply)?.map(|view| view.with_request(request)))
         })
     }
 

@@ -424,3 +424,98 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
         other => panic!("inspection_follows_the_record: expected Replay, got {other:?}"),
     }
 }
+
+/// For stores that implement [`IdempotencyStore::inspect`]: the frozen request a record was
+/// made with, as [`RecordView::request`](crate::ledger::RecordView) shows it while the
+/// operation is in flight and in doubt, is the very request stored by `begin`, byte for
+/// byte (method, URI, headers in order, body), and a completed record shows none (nothing
+/// of it will be resent). Showing it is optional: a store that answers `None` passes, and
+/// the answer says whether the request was shown in doubt (the built-in stores show it).
+/// Not part of [`run_all`], since inspection is optional.
+///
+/// ```
+/// use tower_idempotency::ledger::MemoryStore;
+/// use tower_idempotency::testing::conformance::inspection_shows_the_frozen_request;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// assert!(inspection_shows_the_frozen_request(&MemoryStore::new()).await);
+/// # }
+/// ```
+pub async fn inspection_shows_the_frozen_request(store: &dyn IdempotencyStore) -> bool {
+    let key = fresh_key();
+    let req = frozen_with_head("{\"amount\":16,\"card\":{\"number\":\"4242\"}}");
+    let token = acquire(store, request(key, &req)).await;
+    let in_flight = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    same_request_if_shown(&in_flight.request, &req, "in flight");
+    store
+        .mark_in_doubt(key, token, RETENTION)
+        .await
+        .expect("mark");
+    let in_doubt = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    same_request_if_shown(&in_doubt.request, &req, "in doubt");
+    let (token, _) = resume(store, request(key, &req)).await;
+    store
+        .complete(key, token, response("done"), RETENTION)
+        .await
+        .expect("complete");
+    let completed = store
+        .inspect(key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(
+        completed.request, None,
+        "inspection_shows_the_frozen_request: a completed record shows none"
+    );
+    in_doubt.request.is_some()
+}
+
+/// A request with a query, repeated headers and a key header: every part a store encodes.
+fn frozen_with_head(body: &'static str) -> FrozenRequest {
+    let mut headers = http::HeaderMap::new();
+    headers.append(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    headers.append(
+        "idempotency-key",
+        http::HeaderValue::from_static("\"order-16\""),
+    );
+    headers.append("x-trace", http::HeaderValue::from_static("a"));
+    headers.append("x-trace", http::HeaderValue::from_static("b"));
+    FrozenRequest::from_parts(
+        http::Method::PUT,
+        "http://provider.local/charges/16?expand=card"
+            .parse()
+            .expect("static URI"),
+        http::Version::HTTP_11,
+        headers,
+        bytes::Bytes::from_static(body.as_bytes()),
+    )
+}
+
+fn same_request_if_shown(shown: &Option<FrozenRequest>, stored: &FrozenRequest, state: &str) {
+    let Some(shown) = shown else { return };
+    let context = format!("inspection_shows_the_frozen_request: {state}");
+    assert_eq!(shown.method(), stored.method(), "{context}: method");
+    assert_eq!(shown.uri(), stored.uri(), "{context}: URI");
+    let pairs = |request: &FrozenRequest| -> Vec<(String, Vec<u8>)> {
+        request
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+            .collect()
+    };
+    assert_eq!(pairs(shown), pairs(stored), "{context}: headers, in order");
+    assert_eq!(shown.body(), stored.body(), "{context}: body");
+    assert_eq!(shown, stored, "{context}");
+}

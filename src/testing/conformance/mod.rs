@@ -54,7 +54,8 @@ pub use fencing::{
 };
 pub use lifecycle::{
     a_look_forgets_only_the_life_it_saw, forgetting_is_fenced, inspection_follows_the_record,
-    probes_change_nothing, retention_expiry_forgets, settle_notifications_wake_listeners,
+    inspection_shows_the_frozen_request, probes_change_nothing, retention_expiry_forgets,
+    settle_notifications_wake_listeners,
 };
 pub use listing::listing_finds_what_it_asks_for;
 pub use resolving::resolving_is_fenced;

@@ -386,7 +386,7 @@ impl<C> Operation<'_, C> {
             )
             .await;
         match verdict {
-            Reconciled::Applied(found) => {
+            Ok(Reconciled::Applied(found)) => {
                 tracing::info!(key = %self.ledger_key.to_hex(), "in-doubt tool operation reconciled: it happened");
                 let (parts, body) = found.into_parts();
                 if !parts.status.is_success() {
@@ -416,7 +416,7 @@ impl<C> Operation<'_, C> {
                     }
                 }
             }
-            Reconciled::NotApplied => {
+            Ok(Reconciled::NotApplied) => {
                 tracing::info!(key = %self.ledger_key.to_hex(), "in-doubt tool operation reconciled: it never happened; calling it with the frozen arguments");
                 let token = lease.hand_on();
                 self.exchange(
@@ -429,9 +429,9 @@ impl<C> Operation<'_, C> {
                 )
                 .await
             }
-            _ => {
+            unknown => {
                 settle(lease.mark_in_doubt(), "leave in doubt").await;
-                Err(ToolError::Idempotency(Error::in_doubt()))
+                Err(ToolError::Idempotency(Error::unreconciled(unknown.err())))
             }
         }
     }

@@ -134,15 +134,13 @@ impl Origin {
         let mut origin = Self::empty(OriginFace::Client);
         origin.push(method.as_str());
         origin.push(" ");
-        if let (Some(scheme), Some(host)) = (uri.scheme_str(), uri.host()) {
+        if let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) {
+            // The host and port as written, without any user info: one scan, no parsing.
+            let authority = authority.as_str();
+            let host_and_port = authority.rsplit_once('@').map_or(authority, |(_, at)| at);
             origin.push(scheme);
             origin.push("://");
-            origin.push(host);
-            if let Some(port) = uri.port_u16() {
-                origin.push(":");
-                let mut digits = [0u8; 5];
-                origin.push(decimal(port, &mut digits));
-            }
+            origin.push(host_and_port);
         }
         origin.push(uri.path());
         origin
@@ -335,20 +333,6 @@ fn cut_to(text: &str, room: usize) -> &str {
     &text[..end]
 }
 
-/// `n` in decimal, in `digits`: a port, written without an allocation.
-fn decimal(mut n: u16, digits: &mut [u8; 5]) -> &str {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&digits[at..]).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,14 +359,6 @@ mod tests {
         assert_eq!(origin.target().len(), Origin::TARGET_CAP);
         assert!(origin.target_starts_with(&format!("POST {long}")));
         assert!(!origin.target_starts_with("POST /ba"));
-    }
-
-    #[test]
-    fn ports_are_written_in_decimal() {
-        for port in [0u16, 7, 80, 8080, 65535] {
-            let mut digits = [0; 5];
-            assert_eq!(decimal(port, &mut digits), port.to_string());
-        }
     }
 
     #[test]

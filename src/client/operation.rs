@@ -51,7 +51,7 @@ use crate::effect::EffectClass;
 use crate::frozen::{check_declared_length, Adding, CollectRequest, FrozenRequest};
 use crate::idempotency::body::ResponseBody;
 use crate::idempotency::decision::{self, Decision, Face, Track, WireKey};
-use crate::ledger::{Begin, LedgerKey, Origin};
+use crate::ledger::{Begin, LedgerKey};
 use crate::ResponseSource;
 use crate::{BoxError, Error};
 
@@ -352,8 +352,7 @@ where
     let mut begin = client
         .ledger
         .request(keyed.key, keyed.frozen.fingerprint())
-        .with_frozen(keyed.frozen.clone())
-        .with_origin(origin_of(&keyed));
+        .with_frozen(keyed.frozen.clone());
     if !client.provider_deduplicates {
         // The server would run an in-doubt operation again: only ever look at one.
         begin = begin.probe();
@@ -395,18 +394,6 @@ where
             });
             None
         }
-    }
-}
-
-/// What the operation's record is of: the request's target, and the step its
-/// [`OperationId`](crate::OperationId) names, if one does. No allocation: the target is
-/// written inline, the ids shared.
-#[inline]
-fn origin_of(keyed: &Keyed) -> Origin {
-    let origin = Origin::client(keyed.frozen.method(), keyed.frozen.uri());
-    match keyed.extensions.get::<crate::OperationId>() {
-        Some(operation) => origin.with_operation(operation),
-        None => origin,
     }
 }
 

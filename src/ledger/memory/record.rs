@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, ListQuery, Origin, Outcome,
-    RecordKind, RecordState, RecordView, RequestFields,
+    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, ListQuery, Outcome, RecordKind,
+    RecordState, RecordView, RequestFields,
 };
 use crate::FrozenRequest;
 
@@ -47,9 +47,8 @@ impl std::ops::Add<Duration> for Stamp {
     }
 }
 
-/// A record, in whichever state. Boxed in its shard, in an allocation of 224 bytes (160
-/// before it kept its [`Origin`], which is 64): keep it there (its box grows by 16 bytes
-/// past each multiple of 16, less the allocator's 8).
+/// A record, in whichever state. Boxed in its shard, in an allocation of 160 bytes: keep it
+/// there (its box grows by 16 bytes past each multiple of 16, less the allocator's 8).
 ///
 /// Laid out in this order (`repr(C)`, no padding but the tail's): a list reads every
 /// record's place, retention, scope and state, one cache miss each at a million records,
@@ -81,9 +80,6 @@ pub(super) struct Record {
     /// What is kept of the request.
     pub(super) kept: Kept,
     pub(super) fingerprint: Fingerprint,
-    /// What the record is of, as its claim said: inline, its operation's ids shared with
-    /// the face's [`OperationId`](crate::OperationId) (no allocation of its own).
-    pub(super) origin: Option<Origin>,
     /// Ownership handed out: the first claim and each resume.
     pub(super) attempts: u32,
 }
@@ -137,7 +133,7 @@ impl State {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Record>() <= 216);
+const _: () = assert!(std::mem::size_of::<Record>() <= 152);
 
 /// A [`LeaseToken`] as a record holds it: two words, aligned as words (a `u128` is aligned
 /// to 16 bytes, which would pad every record to a multiple of 16).
@@ -183,13 +179,11 @@ impl Record {
     }
 
     /// Whether `query` may list this record, judged on what the record holds inline (its
-    /// kind, scope and origin), before its view is made: the rest of the filters need the
-    /// view.
+    /// kind and scope), before its view is made: the rest of the filters need the view.
     pub(super) fn may_be_listed_by(&self, query: &ListQuery) -> bool {
         let kinds = query.kinds();
         (kinds.is_empty() || kinds.contains(&self.kind()))
             && query.scope_filter().is_none_or(|scope| scope == self.scope)
-            && query.matches_origin(self.origin.as_ref())
     }
 
     /// Whether `token`'s lease holds this record at `now` (a record past its retention is
@@ -218,16 +212,14 @@ impl Record {
             generation,
             attempts: 1,
             scope: request.scope,
-            origin: request.origin.clone(),
         });
         record.weight = record.measure();
         record
     }
 
     /// This (open) record, completed with `outcome`, keeping nothing of its request but
-    /// that there was one (see [`Kept::Unnamed`]): for a tombstone, which takes this
-    /// record's place (its origin moves to it).
-    pub(super) fn completed(&mut self, outcome: Outcome, retention: Duration, now: Stamp) -> Self {
+    /// that there was one (see [`Kept::Unnamed`]): for a tombstone.
+    pub(super) fn completed(&self, outcome: Outcome, retention: Duration, now: Stamp) -> Self {
         let kept = match self.kept {
             Kept::Frozen(_) => Kept::Unnamed,
             _ => Kept::Nothing,
@@ -247,7 +239,6 @@ impl Record {
             generation: self.generation,
             attempts: self.attempts,
             scope: self.scope,
-            origin: self.origin.take(),
         };
         done.weight = done.measure();
         done
@@ -329,7 +320,6 @@ impl Record {
         )
         .with_touched(now.since(self.touched))
         .with_scope(self.scope)
-        .with_origin(self.origin.clone())
     }
 
     pub(super) fn measure(&self) -> u64 {

@@ -238,11 +238,9 @@ impl PostgresStore {
                 .prepare_cached(&self.inner.sql.claim)
                 .await
                 .map_err(classify)?;
-            let [key, fp, token, lease, retention, take_over, frozen, scope, face, target, task, step] =
-                params.as_params();
-            let params: [&(dyn ToSql + Sync); 13] = [
-                key, fp, token, lease, retention, take_over, frozen, &lock, scope, face, target,
-                task, step,
+            let [key, fp, token, lease, retention, take_over, frozen, scope] = params.as_params();
+            let params: [&(dyn ToSql + Sync); 9] = [
+                key, fp, token, lease, retention, take_over, frozen, &lock, scope,
             ];
             // `join!` polls in the order written, and tokio-postgres queues a request on its
             // first poll, so `BEGIN` reaches the server before the claim: the claim is the

@@ -9,10 +9,6 @@
 -- ARGV[6]  a fresh generation (16 hex), made by the client: used only if the record is created
 -- ARGV[7]  the encoded frozen request ('' or absent on the server side)
 -- ARGV[8]  [list index] the scope's digest (16 hex), kept by the record for listing
--- ARGV[9]  the origin's face ('client', 'server' or 'tool'; '' for no origin)...
--- ARGV[10] ...its target...
--- ARGV[11] ...and, when an operation id named it, its task id...
--- ARGV[12] ...and step id (both absent otherwise)
 -- KEYS[2..5] [list index] the listing indexes, on a single Redis (see prelude.lua)
 local key = KEYS[1]
 local fp, token = ARGV[1], ARGV[2]
@@ -23,7 +19,6 @@ local frozen = ARGV[7]
 -- [list index] an empty frozen request is none: the scope comes after it.
 if frozen == '' then frozen = nil end
 local scope = ARGV[8] or NO_SCOPE
-local origin = ARGV[9] or ''
 
 -- The frozen request and the outcome can be large: read them only when the answer needs them.
 local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent',
@@ -61,14 +56,6 @@ if r[1] == false then
   fields[#fields + 1] = scope
   fields[#fields + 1] = 'touched_ms'
   fields[#fields + 1] = now
-  -- What the record is of, for operators: kept by the claim that creates it only.
-  if origin ~= '' then
-    local kept = {'origin', origin, 'target', ARGV[10]}
-    if ARGV[12] then
-      kept[5], kept[6], kept[7], kept[8] = 'task', ARGV[11], 'step', ARGV[12]
-    end
-    for _, value in ipairs(kept) do fields[#fields + 1] = value end
-  end
   -- The TTL is set in the same step as the record: no record ever exists without its
   -- retention, even if the caller dies the moment this script returns.
   redis.call('HSET', key, unpack(fields))

@@ -20,7 +20,7 @@ use super::scripts::{
 };
 use crate::ledger::{
     Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, ListOrder, ListPage,
-    ListQuery, Origin, Outcome, RecordKind, StoreError, StoreFuture,
+    ListQuery, Outcome, RecordKind, StoreError, StoreFuture,
 };
 
 /// The states a record is listed by, each with an index (a sorted set) of its own.
@@ -190,10 +190,7 @@ impl RedisStore {
             .arg(optional_ms(newer).unwrap_or_default())
             .arg(low.map(|s| s.to_string()).unwrap_or_default())
             .arg(high.map(|s| s.to_string()).unwrap_or_default())
-            .arg(query.scope_filter().map(u64_hex).unwrap_or_default())
-            .arg(origin_filter(query.target_filter().map(Origin::kept)))
-            .arg(origin_filter(query.tool_filter().map(Origin::kept)))
-            .arg(origin_filter(query.task_filter()));
+            .arg(query.scope_filter().map(u64_hex).unwrap_or_default());
         call
     }
 
@@ -234,24 +231,6 @@ impl RedisStore {
     }
 }
 
-/// An origin filter as `list.lua` reads it: `=` and the value, `` for none.
-fn origin_filter(value: Option<&str>) -> String {
-    value.map(|value| format!("={value}")).unwrap_or_default()
-}
-
-/// The origin's arguments of `begin.lua`: its face (`` for none), its target, and the
-/// operation's task and step ids when one named it.
-fn push_origin(call: &mut ScriptCall, origin: Option<&Origin>) {
-    let Some(origin) = origin else {
-        call.arg("");
-        return;
-    };
-    call.arg(origin.face().as_str()).arg(origin.target());
-    if let (Some(task), Some(step)) = (origin.task_id(), origin.step_id()) {
-        call.arg(task).arg(step);
-    }
-}
-
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
@@ -289,7 +268,6 @@ impl IdempotencyStore for RedisStore {
                 None => call.arg(""),
             };
             call.arg(u64_hex(request.scope));
-            push_origin(&mut call, request.origin.as_ref());
             let reply = self.invoke(&call).await?;
             decode_begin(&reply, token)
         })

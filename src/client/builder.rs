@@ -761,8 +761,8 @@ impl IdempotencyLayer<ClientFace> {
     ///   the layer wraps it, and every side effect is refused before it is claimed;
     /// - a `FrozenRetryLayer` outside this layer ([`Error::is_retry_outside`](crate::Error::is_retry_outside));
     /// - a second `FrozenRetryLayer` under the first ([`Error::is_retry_nested`](crate::Error::is_retry_nested));
-    /// - a retrying layer the type does not show (boxed in a `BoxCloneService`, or one of
-    ///   your own) between this layer and a transport that counts its sends
+    /// - a retrying layer the type does not show (boxed in a `BoxCloneService`, behind a
+    ///   `Buffer`, or one of your own) between this layer and a transport that counts its sends
     ///   ([`ReqwestService`](crate::reqwest::ReqwestService), any transport wrapped in
     ///   [`SendOnce`](crate::client::SendOnce)), or between this layer and a
     ///   `FrozenRetryLayer`: each operation's request carries a marker in its extensions,

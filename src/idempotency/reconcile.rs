@@ -592,6 +592,7 @@ pub(crate) async fn ask(
 
 /// Why a reconciler gave no answer: each counts as [`Reconciled::Unknown`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "console"), allow(dead_code))]
 pub(crate) enum Unanswered {
     /// It failed, or panicked.
     Failed,
@@ -601,6 +602,7 @@ pub(crate) enum Unanswered {
 
 /// [`ask`], telling a reconciler's failure and its running late apart from its answer (the
 /// console says which to the operator who asked).
+#[cfg(feature = "console")]
 pub(crate) async fn ask_telling_why(
     reconciler: &dyn Reconcile,
     operation: InDoubtOperation,

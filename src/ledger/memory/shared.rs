@@ -153,7 +153,8 @@ impl Drop for Inner {
                  process)"
             );
         }
-        self.gauges.dropped(*self.used.get_mut(), records, open);
+        self.gauges
+            .dropped(self.used.load(Ordering::Relaxed), records, open);
     }
 }
 

@@ -13,11 +13,7 @@ use serde_json::{json, Value};
 use super::html::escape;
 use crate::FrozenRequest;
 
-/// What a redacted value is shown as.
-pub(crate) const REDACTED: &str = "[redacted]";
-
-/// The headers whose values are always redacted: credentials.
-const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+use crate::frozen::request::{CREDENTIAL_HEADERS, REDACTED};
 
 /// How many leading bytes of a body that is not text are shown, in hex.
 const HEX_PREFIX: usize = 32;

@@ -394,20 +394,22 @@ impl fmt::Debug for FrozenRequest {
     }
 }
 
+/// The headers whose values are never shown, wherever a request is (`Debug`, the console):
+/// credentials.
+pub(crate) const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+
+/// What a value that is not shown is shown as.
+pub(crate) const REDACTED: &str = "[redacted]";
+
 /// Headers as `Debug` shows them, the values of credentials replaced.
 struct RedactedHeaders<'a>(&'a http::HeaderMap);
 
 impl fmt::Debug for RedactedHeaders<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const SECRET: [http::HeaderName; 3] = [
-            http::header::AUTHORIZATION,
-            http::header::COOKIE,
-            http::header::PROXY_AUTHORIZATION,
-        ];
         f.debug_map()
             .entries(self.0.iter().map(|(name, value)| {
-                let shown: &dyn fmt::Debug = if SECRET.contains(name) {
-                    &"[redacted]"
+                let shown: &dyn fmt::Debug = if CREDENTIAL_HEADERS.contains(&name.as_str()) {
+                    &REDACTED
                 } else {
                     value
                 };

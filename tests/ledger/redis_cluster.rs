@@ -1112,3 +1112,151 @@ async fn records_of_the_earlier_untagged_layout_are_found_after_the_upgrade() {
         Begin::Acquired { .. }
     ));
 }
+
+/// `EVALSHA`s since the last reset, summed over every node: Redis's own microseconds and
+/// the calls; and every other command's calls (what the scripts ran inside).
+fn script_stats(cluster: &RedisCluster) -> (f64, u64, HashMap<String, u64>) {
+    let (mut usec, mut calls, mut inside) = (0.0, 0, HashMap::new());
+    for node in cluster.nodes() {
+        for line in cluster_support::cli(node.port(), &["info", "commandstats"]).lines() {
+            let Some((name, fields)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|line| line.split_once(':'))
+            else {
+                continue;
+            };
+            let field = |key: &str| {
+                fields
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(key))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            if name == "evalsha" {
+                usec += field("usec=");
+                calls += field("calls=") as u64;
+            } else if name != "info" && name != "config|resetstat" {
+                *inside.entry(name.to_owned()).or_default() += field("calls=") as u64;
+            }
+        }
+    }
+    (usec, calls, inside)
+}
+
+/// What the per-bucket listing indexes cost on a cluster: Redis's own time per claim and
+/// per completion (`INFO commandstats` of every node) with the indexes and without them
+/// (the same scripts on the record's key alone, as earlier releases ran them on a
+/// cluster), in alternating rounds; the commands the scripts ran inside; and the wall time
+/// of a `begin` + `complete` each way. A measurement, not a check: run with
+/// `cargo test --all-features --test ledger what_the_bucket -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn what_the_bucket_indexes_cost() {
+    const ROUNDS: usize = 10;
+    const PER_ROUND: usize = 300;
+    let Some(cluster) = RedisCluster::spawn(3, 0).await else {
+        return;
+    };
+    let store = connect(&cluster.urls(), "idem:").await;
+    let mut admin = ::redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    let unindexed = super::redis_store::Unindexed::new();
+    let req = frozen("{\"amount\":1}");
+    // (Redis µs, calls) of claims and completions, with the index then without; wall time
+    // of whole operations each way; the commands run inside the indexed scripts.
+    let (mut with, mut without) = ([(0.0, 0u64); 2], [(0.0, 0u64); 2]);
+    let (mut wall_with, mut wall_without) = (Duration::ZERO, Duration::ZERO);
+    let mut inside_with: HashMap<String, u64> = HashMap::new();
+    for round in 0..ROUNDS {
+        let keys: Vec<LedgerKey> = (0..PER_ROUND).map(|_| fresh_key()).collect();
+        let mut tokens = Vec::new();
+        reset_stats(&cluster);
+        let started = std::time::Instant::now();
+        for key in &keys {
+            let Begin::Acquired { token } = store.begin(request(*key, &req)).await.unwrap() else {
+                panic!("expected Acquired")
+            };
+            tokens.push(token);
+        }
+        let claims_took = started.elapsed();
+        let (usec, calls, inside) = script_stats(&cluster);
+        with[0].0 += usec;
+        with[0].1 += calls;
+        for (name, n) in inside {
+            *inside_with.entry(name).or_default() += n;
+        }
+        reset_stats(&cluster);
+        let started = std::time::Instant::now();
+        for (key, token) in keys.iter().zip(tokens) {
+            store
+                .complete(*key, token, response("done"), RETENTION)
+                .await
+                .unwrap();
+        }
+        wall_with += claims_took + started.elapsed();
+        let (usec, calls, inside) = script_stats(&cluster);
+        with[1].0 += usec;
+        with[1].1 += calls;
+        for (name, n) in inside {
+            *inside_with.entry(name).or_default() += n;
+        }
+
+        let plain: Vec<String> = (0..PER_ROUND)
+            .map(|i| format!("unindexed:{round}:{i:064}"))
+            .collect();
+        reset_stats(&cluster);
+        let started = std::time::Instant::now();
+        for key in &plain {
+            unindexed.claim(&mut admin, key, &req).await;
+        }
+        let claims_took = started.elapsed();
+        let (usec, calls, _) = script_stats(&cluster);
+        without[0].0 += usec;
+        without[0].1 += calls;
+        reset_stats(&cluster);
+        let started = std::time::Instant::now();
+        for key in &plain {
+            unindexed.complete(&mut admin, key).await;
+        }
+        wall_without += claims_took + started.elapsed();
+        let (usec, calls, _) = script_stats(&cluster);
+        without[1].0 += usec;
+        without[1].1 += calls;
+    }
+    let per_call = |(usec, calls): (f64, u64)| usec / calls.max(1) as f64;
+    for (i, what) in ["claim", "completion"].iter().enumerate() {
+        eprintln!(
+            "{what}: {:.2} us in Redis with the bucket's index, {:.2} us without ({} calls each)",
+            per_call(with[i]),
+            per_call(without[i]),
+            with[i].1
+        );
+    }
+    let operations = (ROUNDS * PER_ROUND) as u32;
+    eprintln!(
+        "begin + complete, wall: {:.1?} with the index, {:.1?} without",
+        wall_with / operations,
+        wall_without / operations
+    );
+    let mut inside: Vec<_> = inside_with.into_iter().collect();
+    inside.sort();
+    eprintln!(
+        "commands inside the scripts, per operation: {}",
+        inside
+            .iter()
+            .map(|(name, n)| format!("{name} {:.2}", *n as f64 / f64::from(operations)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let page = std::time::Instant::now();
+    let listed = store.list(ListQuery::new()).await.unwrap();
+    eprintln!(
+        "a page of {} from {} records: {:.1?}",
+        listed.records.len(),
+        ROUNDS * PER_ROUND,
+        page.elapsed()
+    );
+}

@@ -158,9 +158,11 @@
 //!   kept per bucket (see [below](#redis-cluster)): a record's key and its bucket's
 //!   indexes share a hash tag, so one slot, and every transition still updates both in one
 //!   script. A page asks every bucket's `list.lua` at once (sixteen scripts, each bounded
-//!   as above) and merges them by place: it holds the records, in order, up to the
-//!   earliest place at which a bucket stopped looking, and its cursor is a place, the same
-//!   for every bucket. A page of 100 looks at no more than 16,000 index entries.
+//!   as above) for its share of the page with room to spare (21 records of a page of
+//!   100), and merges them by place: it holds the records, in order, up to the earliest
+//!   place at which a bucket stopped, and its cursor is a place, the same for every
+//!   bucket. A page of 100 looks at no more than 16 × 210 index entries; it comes back
+//!   short (with its cursor) when one bucket's share ran out before the page filled.
 //!
 //! # Durability
 //!

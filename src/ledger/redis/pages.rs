@@ -7,7 +7,9 @@
 //! *frontier*, the place it stopped at: past it, that bucket's records are unseen. So the
 //! merged page holds the records, in order, up to the earliest frontier, and goes on from
 //! there (or from its last record, when it is full first). Each page moves past at least
-//! one entry of the bucket whose frontier is earliest, so a list always ends.
+//! one entry of the bucket whose frontier is earliest, so a list always ends. A bucket is
+//! asked for its share of a page, with room to spare, not for a whole page: a page of 100
+//! asks each of sixteen buckets for 21 records.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,6 +36,13 @@ const LOOKED_AT_PER_RECORD: usize = 10;
 /// runs, and a page passing over this many entries takes it a few milliseconds.
 const MOST_LOOKED_AT: usize = 1000;
 
+/// Beyond its even share of a page, the records a bucket is asked for: keys are uniform
+/// hashes, so each bucket holds about an even share of any stretch of the list, give or
+/// take a few. Asked for twice its share and this many more, the bucket that stops first
+/// seldom stops before the page is full; when it does, the page comes back short, with its
+/// cursor. Asking every bucket for a whole page would cost sixteen pages' work.
+const SLACK_PER_BUCKET: usize = 8;
+
 type BucketPage<'a> = Pin<Box<dyn Future<Output = Result<ListPage, StoreError>> + Send + 'a>>;
 
 impl RedisStore {
@@ -55,9 +64,10 @@ impl RedisStore {
     }
 
     /// The call of `list.lua` for `query` in `bucket`: the bucket's indexes of the kinds it
-    /// lists, then its filters, order, limit and cursor.
+    /// lists, then its filters, order, limit (its share of the page) and cursor.
     fn list_call(&self, query: &ListQuery, bucket: usize) -> ScriptCall {
         let base = self.layout.base(bucket);
+        let buckets = self.layout.buckets();
         let kinds: &[RecordKind] = if query.kinds().is_empty() {
             &INDEXED_KINDS
         } else {
@@ -65,7 +75,13 @@ impl RedisStore {
         };
         let indexes: Vec<String> = kinds.iter().map(|kind| index_key(&base, *kind)).collect();
         let mut call = ScriptCall::with_keys(&LIST, &indexes);
-        let limit = query.page_limit();
+        let limit = if buckets == 1 {
+            query.page_limit()
+        } else {
+            query
+                .page_limit()
+                .min(2 * query.page_limit().div_ceil(buckets) + SLACK_PER_BUCKET)
+        };
         let budget = (limit * LOOKED_AT_PER_RECORD)
             .min(MOST_LOOKED_AT)
             .max(limit);

@@ -1009,30 +1009,7 @@ async fn records_of_the_earlier_untagged_layout_are_found_after_the_upgrade() {
         .await
         .unwrap();
     for key in [completed, in_doubt] {
-        let current = store.redis_key(&key);
-        let dump: Vec<u8> = ::redis::cmd("DUMP")
-            .arg(&current)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        let ttl: i64 = ::redis::cmd("PTTL")
-            .arg(&current)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        let earlier = format!("{prefix}{}", key.to_hex());
-        let () = ::redis::cmd("RESTORE")
-            .arg(&earlier)
-            .arg(ttl)
-            .arg(dump)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        let () = ::redis::cmd("DEL")
-            .arg(&current)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
+        move_to_the_earlier_layout(&mut admin, &store, &prefix, key).await;
     }
     let marker_keys: Vec<String> = cluster_support::cli(cluster.nodes()[0].port(), &["--scan"])
         .lines()
@@ -1259,4 +1236,111 @@ async fn what_the_bucket_indexes_cost() {
         ROUNDS * PER_ROUND,
         page.elapsed()
     );
+}
+
+/// Move the record of `key` from where this release keeps it to where an earlier release
+/// kept it on a cluster (`<prefix><64 hex>`), byte for byte and with its TTL.
+async fn move_to_the_earlier_layout(
+    admin: &mut ::redis::cluster_async::ClusterConnection,
+    store: &RedisStore,
+    prefix: &str,
+    key: LedgerKey,
+) {
+    let current = store.redis_key(&key);
+    let dump: Vec<u8> = ::redis::cmd("DUMP")
+        .arg(&current)
+        .query_async(admin)
+        .await
+        .unwrap();
+    let ttl: i64 = ::redis::cmd("PTTL")
+        .arg(&current)
+        .query_async(admin)
+        .await
+        .unwrap();
+    let () = ::redis::cmd("RESTORE")
+        .arg(format!("{prefix}{}", key.to_hex()))
+        .arg(ttl)
+        .arg(dump)
+        .query_async(admin)
+        .await
+        .unwrap();
+    let () = ::redis::cmd("DEL")
+        .arg(&current)
+        .query_async(admin)
+        .await
+        .unwrap();
+}
+
+/// An operation completed before the upgrade, when the ledger kept records without a
+/// bucket's tag, is sent again by sixteen callers at once after it, through two client
+/// stacks on different nodes: the provider (which ignores keys) still counts one effect,
+/// and every caller gets the recorded response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_completed_before_the_upgrade_is_not_run_again_after_it() {
+    let Some(cluster) = RedisCluster::shared().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let urls = cluster.urls();
+    let provider = SideEffectService::builder().honour_keys(false).build();
+    let before = connect(&urls, &prefix).await;
+    let first = client_stack(before.clone(), &provider)
+        .oneshot(post(BODY))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(provider.effects(), 1);
+
+    // The ledger as the earlier release left it: its one record at the untagged key, and
+    // no marker.
+    let listed = before.list(ListQuery::new()).await.unwrap();
+    assert_eq!(listed.records.len(), 1);
+    let mut admin = ::redis::cluster::ClusterClient::new(urls.clone())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    move_to_the_earlier_layout(&mut admin, &before, &prefix, listed.records[0].key).await;
+    for node in cluster.nodes() {
+        for key in cluster_support::cli(
+            node.port(),
+            &["--scan", "--pattern", &format!("{prefix}*layout")],
+        )
+        .lines()
+        {
+            cluster_support::cli(node.port(), &["del", key]);
+        }
+    }
+
+    let stacks = [
+        client_stack(connect(&urls[..1], &prefix).await, &provider),
+        client_stack(connect(&urls[1..2], &prefix).await, &provider),
+    ];
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let callers: Vec<_> = (0..16)
+        .map(|i| {
+            let (stack, barrier) = (stacks[i % 2].clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = stack.oneshot(post(BODY)).await.unwrap();
+                let status = response.status();
+                (
+                    status,
+                    response.into_body().collect().await.unwrap().to_bytes(),
+                )
+            })
+        })
+        .collect();
+    for caller in callers {
+        let (status, body) = caller.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(body, first, "the recorded response, replayed");
+    }
+    assert_eq!(
+        provider.effects(),
+        1,
+        "one effect, before and after the upgrade"
+    );
+    assert_eq!(provider.calls(), 1, "no caller reached the provider again");
 }

@@ -12,4 +12,6 @@ mod grpc {
     mod codegen;
     mod fixture;
     mod retry;
+    mod server;
+    mod stores;
 }

@@ -41,9 +41,9 @@ mod collect;
 mod handoff;
 pub(crate) mod request;
 
-pub(crate) use collect::{
-    check_declared_length, check_length, collect_request, declared_length, CollectRequest,
-};
+#[cfg(feature = "tonic")]
+pub(crate) use collect::collect_request;
+pub(crate) use collect::{check_declared_length, check_length, declared_length, CollectRequest};
 pub(crate) use handoff::{
     hand_over, refuse_nested_retry, Handed, Handoff, OperationAttempt, RetriedOutside,
 };

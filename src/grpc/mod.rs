@@ -1,4 +1,5 @@
-//! gRPC unary calls, once: retries for tonic channels that resend the frozen message.
+//! gRPC unary calls, once: retries that resend the frozen message, and the server face in
+//! front of tonic services.
 //!
 //! tonic is built on tower, yet `tower::retry` cannot retry its calls: a request's body is a
 //! stream, and a stream cannot be cloned. [`RetryLayer`] freezes a unary call's encoded
@@ -59,10 +60,95 @@
 //! # let _ = client;
 //! # }
 //! ```
+//!
+//! # The server layer
+//!
+//! [`ServerLayer`] puts the [server face](crate::server) in front of a tonic service: the
+//! face built as usual (`IdempotencyLayer::server_builder(store)`: its store, scope,
+//! lease, retention, in-doubt policy and response allow-list), with the same ledger and the
+//! same state machine, every refusal told as a gRPC status. Put it around the tonic server's
+//! routes, `Server::builder().layer(layer)`.
+//!
+//! - **Which calls**: the unary methods of its [`Methods`] table, but the
+//!   `NO_SIDE_EFFECTS` ones ([`Methods::reads`]), which pass through as reads. **Streaming
+//!   methods, reads and methods the table does not name are passed through untouched**,
+//!   with no key needed and nothing recorded.
+//! - **The key**: from metadata `idempotency-key` (the face's syntax: a bare token or a
+//!   quoted string), another metadata entry, or a `string` field of the request message
+//!   (AIP-155's `request_id`, AEP-155's `idempotency_key`): see [`KeySource`]. Keys are
+//!   scoped as on the HTTP face: by the `authorization` metadata unless the face was given
+//!   a scope function.
+//! - **The fingerprint** is the face's: the method's path and the message's bytes as they
+//!   arrived. A client resending frozen bytes (as [`RetryLayer`] does) matches; a message
+//!   encoded afresh matches when its encoding is the same bytes. prost writes a `map` field
+//!   in its hash order, which may differ between processes: generate such messages with
+//!   `BTreeMap` (`tonic_prost_build::configure().btree_map(["."])`) if a client may
+//!   re-encode one under its key.
+//! - **Replays** answer the recorded headers (through the face's allow-list, as on the HTTP
+//!   face, plus `idempotent-replayed: true`), the data frames byte for byte and the
+//!   trailers, all of them: status, message, details and the status's metadata. A
+//!   trailers-only answer is replayed trailers-only.
+//! - **Released, not recorded**: a handler's `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with a
+//!   `grpc-retry-pushback-ms` (it turned the call away before doing anything), as an HTTP
+//!   handler's `503` with `Retry-After`. Every other status is the key's outcome.
+//! - **Compression**: a protected call reaches its handler without its
+//!   `grpc-accept-encoding`, so no recorded answer is compressed and a replay suits any
+//!   client. Requests may be compressed as usual (but not when the key is in the message).
+//! - **Cancellation**: the face runs the handler on its own task, so a client that hangs up
+//!   (or tonic's `grpc-timeout`, which wraps outside the layer) does not drop a call whose
+//!   effect already ran: its answer is still recorded.
+//!
+//! | the face says | status |
+//! |---|---|
+//! | key missing or malformed, message unreadable | `INVALID_ARGUMENT` |
+//! | keyed, but no principal to scope the key by | `UNAUTHENTICATED` |
+//! | message over the body limit | `RESOURCE_EXHAUSTED` |
+//! | the key's first call is in flight | `ABORTED`, with `grpc-retry-pushback-ms` |
+//! | another message (or method) under the key | `FAILED_PRECONDITION`, saying so |
+//! | the key's answer was too large to record | `ALREADY_EXISTS` |
+//! | the key's first call started and never finished (in doubt) | `UNKNOWN` |
+//! | ledger unavailable or full | `UNAVAILABLE`, with `grpc-retry-pushback-ms`; nothing ran |
+//! | completed | the recorded answer, `idempotent-replayed: true` |
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_idempotency::grpc::{KeySource, Methods, ServerLayer};
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let methods = Methods::new()
+//!     .unary("/payments.v1.Payments/Charge")
+//!     .reads("/payments.v1.Payments/GetCharge");
+//! let layer = ServerLayer::new(IdempotencyLayer::server(MemoryStore::new()), methods)
+//!     .key_source(KeySource::field(1)); // AIP-155: `string request_id = 1;`
+//! // tonic::transport::Server::builder().layer(layer).add_service(PaymentsServer::new(payments))
+//!
+//! // A tonic service stands in for the generated server here.
+//! let payments = service_fn(|_req: http::Request<tonic::body::Body>| async {
+//!     Ok::<_, Infallible>(http::Response::new(tonic::body::Body::default()))
+//! });
+//! // A charge whose message has no request id: refused, the handler never runs.
+//! let keyless = http::Request::post("http://payments.local/payments.v1.Payments/Charge")
+//!     .header("content-type", "application/grpc")
+//!     .body(tonic::body::Body::new(http_body_util::Full::new(
+//!         bytes::Bytes::from_static(&[0, 0, 0, 0, 0]),
+//!     )))
+//!     .unwrap();
+//! let response = layer.layer(payments).oneshot(keyless).await.unwrap();
+//! assert_eq!(response.headers()["grpc-status"], "3"); // INVALID_ARGUMENT
+//! # }
+//! ```
 
+mod key;
 mod methods;
+mod recorded;
 mod retry;
+mod server;
 mod wire;
 
+pub use key::KeySource;
 pub use methods::{Method, MethodEffect, MethodKind, Methods};
 pub use retry::{ResponseFuture, Retry, RetryLayer};
+pub use server::{IdempotentService, ServerFuture, ServerLayer};

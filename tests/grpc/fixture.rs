@@ -12,11 +12,13 @@ use http::{HeaderMap, Request};
 use http_body_util::{BodyExt, Full};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tonic::codec::CompressionEncoding;
 use tonic::codegen::tokio_stream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status};
+use tower_idempotency::grpc::ServerLayer;
 
 use crate::payments::payments_server::{Payments, PaymentsServer};
 use crate::payments::{ChargeReply, ChargeRequest, GetChargeRequest, ListChargesRequest};
@@ -32,6 +34,8 @@ pub enum Fault {
     ChargeThenStall(Duration),
     /// Charge, then answer `UNAVAILABLE` as if it had not: the side effect happened.
     ChargeThenUnavailable,
+    /// Decline: `FAILED_PRECONDITION` with a message, details and metadata, nothing charged.
+    Decline,
 }
 
 /// One request as the server received it.
@@ -102,6 +106,22 @@ fn unavailable_with_pushback(pushback: &'static str) -> Status {
     status
 }
 
+/// A decline with everything a status can carry: a message needing percent-encoding,
+/// binary details and custom metadata.
+pub fn declined() -> Status {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert(
+        "x-decline-code",
+        MetadataValue::from_static("insufficient_funds"),
+    );
+    Status::with_details_and_metadata(
+        tonic::Code::FailedPrecondition,
+        "card declined: solde insuffisant (€)",
+        Bytes::from_static(b"\x08\x01\x12\x03abc"),
+        metadata,
+    )
+}
+
 #[tonic::async_trait]
 impl Payments for Provider {
     async fn charge(
@@ -121,6 +141,7 @@ impl Payments for Provider {
                 self.charge_once(&request);
                 Err(Status::unavailable("provider restarting"))
             }
+            Some(Fault::Decline) => Err(declined()),
             None => Ok(Response::new(self.charge_once(&request))),
         }
     }
@@ -130,7 +151,7 @@ impl Payments for Provider {
         request: tonic::Request<GetChargeRequest>,
     ) -> Result<Response<ChargeReply>, Status> {
         match self.next_fault() {
-            Some(Fault::Unavailable | Fault::ChargeThenUnavailable) => {
+            Some(Fault::Unavailable | Fault::ChargeThenUnavailable | Fault::Decline) => {
                 Err(Status::unavailable("provider restarting"))
             }
             Some(Fault::Pushback(ms)) => Err(unavailable_with_pushback(ms)),
@@ -193,13 +214,8 @@ pub async fn serve(provider: Provider) -> Served {
 /// Serve `provider` on `listener`.
 pub async fn serve_on(listener: TcpListener, provider: Provider, addr: SocketAddr) -> Served {
     let (shutdown, stopped) = oneshot::channel::<()>();
-    let recorder = provider.clone();
-    let capture = tower::layer::layer_fn(move |inner| Capture {
-        inner,
-        provider: recorder.clone(),
-    });
     let server = tonic::transport::Server::builder()
-        .layer(capture)
+        .layer(capture(&provider))
         .add_service(PaymentsServer::new(provider.clone()))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
             stopped.await.ok();
@@ -210,6 +226,47 @@ pub async fn serve_on(listener: TcpListener, provider: Provider, addr: SocketAdd
         provider,
         _shutdown: shutdown,
     }
+}
+
+/// Serve `provider` behind the server `layer`, on a free loopback port; it compresses
+/// answers with gzip for clients that accept it.
+pub async fn serve_guarded(provider: Provider, layer: ServerLayer) -> Served {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_guarded_on(listener, provider, layer).await
+}
+
+/// Serve `provider` behind the server `layer` on `listener`.
+pub async fn serve_guarded_on(
+    listener: TcpListener,
+    provider: Provider,
+    layer: ServerLayer,
+) -> Served {
+    let addr = listener.local_addr().unwrap();
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let service = PaymentsServer::new(provider.clone())
+        .send_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Gzip);
+    let server = tonic::transport::Server::builder()
+        .layer(capture(&provider))
+        .layer(layer)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+            stopped.await.ok();
+        });
+    tokio::spawn(server);
+    Served {
+        addr,
+        provider,
+        _shutdown: shutdown,
+    }
+}
+
+fn capture<S>(provider: &Provider) -> impl tower::Layer<S, Service = Capture<S>> + Clone {
+    let provider = provider.clone();
+    tower::layer::layer_fn(move |inner| Capture {
+        inner,
+        provider: provider.clone(),
+    })
 }
 
 /// Keeps each request's path, metadata and body bytes before the service reads them.

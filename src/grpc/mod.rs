@@ -71,8 +71,10 @@
 //!
 //! - **Which calls**: the unary methods of its [`Methods`] table, but the
 //!   `NO_SIDE_EFFECTS` ones ([`Methods::reads`]), which pass through as reads. **Streaming
-//!   methods, reads and methods the table does not name are passed through untouched**,
-//!   with no key needed and nothing recorded.
+//!   methods and reads are passed through untouched**, with no key needed and nothing
+//!   recorded. A call to a method the table does not name is refused with `INTERNAL`
+//!   (saying so): run unguarded, a unary method left out of the table would be charged
+//!   again by every retry, in silence. Name every method of the services behind the layer.
 //! - **The key**: from metadata `idempotency-key` (the face's syntax: a bare token or a
 //!   quoted string), another metadata entry, or a `string` field of the request message
 //!   (AIP-155's `request_id`, AEP-155's `idempotency_key`): see [`KeySource`]. Keys are
@@ -97,6 +99,10 @@
 //! - **Cancellation**: the face runs the handler on its own task, so a client that hangs up
 //!   (or tonic's `grpc-timeout`, which wraps outside the layer) does not drop a call whose
 //!   effect already ran: its answer is still recorded.
+//!
+//! | the call | status |
+//! |---|---|
+//! | to a method the table does not name | `INTERNAL` |
 //!
 //! | the face says | status |
 //! |---|---|

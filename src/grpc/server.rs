@@ -112,13 +112,17 @@ where
     }
 
     fn call(&mut self, req: Request<GrpcBody>) -> Self::Future {
-        let guarded = self
-            .shared
-            .methods
-            .get(req.uri().path())
-            .is_some_and(|method| {
-                method.kind == MethodKind::Unary && method.effect != MethodEffect::NoSideEffects
-            });
+        let Some(method) = self.shared.methods.get(req.uri().path()) else {
+            // A unary method missing from the table would run unguarded, in silence: a
+            // retry of it could charge twice. Refused until the table names it.
+            let status = Status::internal(format!(
+                "the idempotency layer's method table does not name {}",
+                req.uri().path()
+            ));
+            return ServerFuture::new(async move { Ok(status.into_http()) });
+        };
+        let guarded =
+            method.kind == MethodKind::Unary && method.effect != MethodEffect::NoSideEffects;
         if !guarded {
             let answer = self.passed.call(req);
             return ServerFuture::new(async move { Ok(answer.await?.map(GrpcBody::new)) });

@@ -248,6 +248,24 @@ async fn reads_and_streaming_methods_pass_through_without_a_key() {
 }
 
 #[tokio::test]
+async fn a_method_the_table_does_not_name_is_refused_not_run_unguarded() {
+    let layer = ServerLayer::new(
+        IdempotencyLayer::server(MemoryStore::new()),
+        Methods::new().reads(GET_CHARGE),
+    );
+    let served = serve_guarded(Provider::default(), layer).await;
+
+    let refused = client(&served)
+        .charge(charge(Some("k-1"), "alice", 1999))
+        .await
+        .unwrap_err();
+
+    assert_eq!(refused.code(), Code::Internal);
+    assert!(refused.message().contains(CHARGE), "{}", refused.message());
+    assert_eq!(served.provider.calls(), 0);
+}
+
+#[tokio::test]
 async fn the_key_can_come_from_the_request_message() {
     let layer = layer_over(MemoryStore::new()).key_source(KeySource::field(1));
     let served = serve_guarded(Provider::default(), layer).await;

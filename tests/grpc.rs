@@ -14,4 +14,5 @@ mod grpc {
     mod retry;
     mod server;
     mod stores;
+    mod whole_stack;
 }

@@ -9,6 +9,7 @@ mod support;
 mod payments;
 
 mod grpc {
+    mod client;
     mod codegen;
     mod fixture;
     mod retry;

@@ -146,7 +146,68 @@
 //! assert_eq!(response.headers()["grpc-status"], "3"); // INVALID_ARGUMENT
 //! # }
 //! ```
+//!
+//! # The client layer
+//!
+//! [`ClientLayer`] puts the [client face](crate::client) in front of a channel, outside a
+//! [`RetryLayer`]: a unary call with side effects runs once per
+//! [`OperationId`](crate::OperationId) (in the request's extensions:
+//! `request.extensions_mut().insert(..)`), with its key derived from it and sent in
+//! metadata under the face's [key header](crate::client::Builder::key_header) (the
+//! server layer reads `idempotency-key`: `KeyHeader::ietf()`). The face is built as on HTTP,
+//! with the required [`provider_deduplicates`](crate::client::Builder::provider_deduplicates)
+//! choice; reads, streaming methods and methods the table does not name pass through.
+//!
+//! Its answer (headers, data and trailers, whatever its status) is recorded, and the next
+//! run of the operation gets it back without a call; a call that may have left and failed
+//! leaves the operation in doubt, and the next run resends the **frozen** message under the
+//! same key. A gRPC answer is HTTP `200` with its status in its trailers; the face judges
+//! it by its code:
+//!
+//! | code | the operation |
+//! |---|---|
+//! | `RESOURCE_EXHAUSTED`, `UNAUTHENTICATED` | released: nothing ran, the next run sends it |
+//! | `ABORTED` (a key in use, with its pushback) | in doubt: the next run resends under the key |
+//! | `UNAVAILABLE`, `UNKNOWN`, `INTERNAL`, `DEADLINE_EXCEEDED`, `CANCELLED`, `DATA_LOSS` | in doubt: the next run resends under the key |
+//! | every other code, `OK` included | completed: the answer is recorded and replayed |
+//! | no answer: a failure before anything was written | released |
+//! | no answer: a failure after the call may have left | in doubt |
+//!
+//! `UNAVAILABLE` is held in doubt rather than taken as "never sent": a server may answer it
+//! after its effect ran, and resending under the key is always safe where the provider
+//! deduplicates, while releasing would send a second call without that protection.
+//!
+//! ```
+//! use tonic::transport::Channel;
+//! use tower::ServiceBuilder;
+//! use tower_idempotency::grpc::{ClientLayer, Methods, RetryLayer};
+//! use tower_idempotency::retry::RetryPolicy;
+//! use tower_idempotency::{ledger::MemoryStore, IdempotencyLayer, KeyHeader, OperationId};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::ConfigError> {
+//! let methods = Methods::new()
+//!     .unary("/payments.v1.Payments/Charge")
+//!     .reads("/payments.v1.Payments/GetCharge");
+//! let face = IdempotencyLayer::client_builder(MemoryStore::new())
+//!     .provider_deduplicates(true) // the server runs the gRPC ServerLayer
+//!     .key_header(KeyHeader::ietf())
+//!     .build()?;
+//! let channel = Channel::from_static("http://127.0.0.1:50051").connect_lazy();
+//! let channel = ServiceBuilder::new()
+//!     .layer(ClientLayer::new(face, methods.clone())) // once per operation
+//!     .layer(RetryLayer::new(RetryPolicy::default(), methods)) // resends the frozen bytes
+//!     .service(channel);
+//! let client = tonic::client::Grpc::new(channel); // or `PaymentsClient::new(channel)`
+//!
+//! let mut charge = tonic::Request::new(());
+//! charge.extensions_mut().insert(OperationId::new("task-7", "charge_customer"));
+//! # let _ = (client, charge);
+//! # Ok(())
+//! # }
+//! ```
 
+mod client;
 mod key;
 mod methods;
 mod recorded;
@@ -154,6 +215,7 @@ mod retry;
 mod server;
 mod wire;
 
+pub use client::{ClientFuture, ClientLayer, IdempotentClient};
 pub use key::KeySource;
 pub use methods::{Method, MethodEffect, MethodKind, Methods};
 pub use retry::{ResponseFuture, Retry, RetryLayer};

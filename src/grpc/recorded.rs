@@ -186,14 +186,14 @@ pub(super) struct PackedBody {
 }
 
 impl PackedBody {
-    fn whole(data: Bytes) -> Self {
+    pub(super) fn whole(data: Bytes) -> Self {
         Self {
             data: Some(data),
             failure: None,
         }
     }
 
-    fn failed(err: BoxError) -> Self {
+    pub(super) fn failed(err: BoxError) -> Self {
         Self {
             data: None,
             failure: Some(err),
@@ -224,6 +224,48 @@ impl Body for PackedBody {
             Some(data) => SizeHint::with_exact(data.len() as u64),
             None => SizeHint::with_exact(0),
         }
+    }
+}
+
+/// A recorded answer's data, then its trailers.
+pub(super) struct Answer {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Answer {
+    pub(super) fn new(data: Bytes, trailers: HeaderMap) -> Self {
+        Self {
+            data: Some(data),
+            trailers: Some(trailers),
+        }
+    }
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(
+            self.trailers
+                .take()
+                .map(|trailers| Ok(Frame::trailers(trailers))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |data| data.len() as u64))
     }
 }
 

@@ -10,7 +10,7 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
@@ -19,7 +19,7 @@ use tower_service::Service;
 
 use super::key::{field_key, FieldKeyError, KeySource};
 use super::methods::{MethodEffect, MethodKind, Methods};
-use super::recorded::{unpack, PackedBody, Recorded};
+use super::recorded::{unpack, Answer, PackedBody, Recorded};
 use super::wire;
 use crate::idempotency::{Idempotency, ResponseBody};
 use crate::server::{problem, ServerFace};
@@ -261,48 +261,6 @@ fn refusal(headers: &HeaderMap, body: &[u8]) -> Status {
         metadata.insert(wire::RETRY_PUSHBACK, HeaderValue::from(ms));
     }
     Status::with_metadata(code, detail, MetadataMap::from_headers(metadata))
-}
-
-/// A recorded answer's data, then its trailers.
-struct Answer {
-    data: Option<Bytes>,
-    trailers: Option<HeaderMap>,
-}
-
-impl Answer {
-    fn new(data: Bytes, trailers: HeaderMap) -> Self {
-        Self {
-            data: Some(data),
-            trailers: Some(trailers),
-        }
-    }
-}
-
-impl Body for Answer {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Some(data) = self.data.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        Poll::Ready(
-            self.trailers
-                .take()
-                .map(|trailers| Ok(Frame::trailers(trailers))),
-        )
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.data.is_none() && self.trailers.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |data| data.len() as u64))
-    }
 }
 
 /// The future of [`IdempotentService`].

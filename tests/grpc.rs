@@ -11,6 +11,7 @@ mod payments;
 mod grpc {
     mod client;
     mod codegen;
+    mod descriptor;
     mod fixture;
     mod retry;
     mod server;

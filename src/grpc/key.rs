@@ -1,6 +1,8 @@
 //! Where a call's idempotency key is: in its metadata, or in a field of its message.
 
 use bytes::{Buf, Bytes};
+
+use super::protowire::{fields, Malformed, Value};
 use http::header::{HeaderName, HeaderValue};
 
 /// Where the server layer reads a call's key.
@@ -87,56 +89,17 @@ fn single_message(body: &Bytes) -> Result<Bytes, FieldKeyError> {
     Ok(rest)
 }
 
-/// The last length-delimited occurrence of field `number` in `message`, walking the
-/// protobuf wire format (and skipping every other field by its wire type).
-fn last_string_field(mut message: Bytes, number: u32) -> Result<Option<Bytes>, FieldKeyError> {
-    const MALFORMED: FieldKeyError = FieldKeyError::Unreadable("the message is malformed");
-    let mut found = None;
-    while message.has_remaining() {
-        let tag = varint(&mut message).ok_or(MALFORMED)?;
-        let (field, wire_type) = (tag >> 3, tag & 7);
-        match wire_type {
-            0 => {
-                varint(&mut message).ok_or(MALFORMED)?;
-            }
-            1 | 5 => {
-                let width = if wire_type == 1 { 8 } else { 4 };
-                if message.remaining() < width {
-                    return Err(MALFORMED);
-                }
-                message.advance(width);
-            }
-            2 => {
-                let len = usize::try_from(varint(&mut message).ok_or(MALFORMED)?)
-                    .map_err(|_| MALFORMED)?;
-                if message.remaining() < len {
-                    return Err(MALFORMED);
-                }
-                let value = message.split_to(len);
-                if field == u64::from(number) {
-                    found = Some(value);
-                }
-            }
-            // Groups (3, 4) are proto2's, never in a message with a key field of today.
-            _ => return Err(MALFORMED),
-        }
-    }
-    Ok(found)
-}
-
-fn varint(bytes: &mut Bytes) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        if !bytes.has_remaining() {
-            return None;
-        }
-        let byte = bytes.get_u8();
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
+/// The last length-delimited occurrence of field `number` in `message`.
+fn last_string_field(message: Bytes, number: u32) -> Result<Option<Bytes>, FieldKeyError> {
+    let fields = fields(message)
+        .map_err(|Malformed| FieldKeyError::Unreadable("the message is malformed"))?;
+    Ok(fields
+        .into_iter()
+        .rev()
+        .find_map(|(field, value)| match value {
+            Value::Delimited(bytes) if field == u64::from(number) => Some(bytes),
+            _ => None,
+        }))
 }
 
 /// `value` as an RFC 8941 sf-string (`"` and `\` escaped), if it is visible ASCII or space.

@@ -9,7 +9,9 @@
 //!
 //! # Which calls, and when (gRFC A6)
 //!
-//! - **Which calls**: the methods a [`Methods`] table names as unary or server-streaming.
+//! - **Which calls**: the methods a [`Methods`] table names as unary or server-streaming
+//!   (listed by hand, or read from the service's descriptor set with
+//!   [`Methods::from_descriptor_set`], streaming flags and `idempotency_level` included).
 //!   On the wire a unary call looks like a streaming one, so a method the table does not
 //!   name is passed through untouched, sent once.
 //! - **Committed once the answer's headers arrive**: an answer whose headers do not carry
@@ -208,14 +210,17 @@
 //! ```
 
 mod client;
+mod descriptor;
 mod key;
 mod methods;
+mod protowire;
 mod recorded;
 mod retry;
 mod server;
 mod wire;
 
 pub use client::{ClientFuture, ClientLayer, IdempotentClient};
+pub use descriptor::InvalidDescriptorSet;
 pub use key::KeySource;
 pub use methods::{Method, MethodEffect, MethodKind, Methods};
 pub use retry::{ResponseFuture, Retry, RetryLayer};

@@ -98,13 +98,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tokio::spawn(server);
 
     // The client: once per operation outside, retries of the frozen bytes inside.
-    let face = IdempotencyLayer::client_builder(MemoryStore::new())
-        .provider_deduplicates(true)
-        .key_header(KeyHeader::ietf())
-        .build()?;
     let policy = RetryPolicy::builder()
         .attempt_timeout(Duration::from_millis(250))
         .max_attempts(5)
+        .build()?;
+    let face = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
+        .retry_policy(policy.clone())
         .build()?;
     let retry =
         RetryLayer::new(policy, methods()).retryable_codes([Code::Unavailable, Code::Aborted]);

@@ -158,7 +158,9 @@
 //! metadata under the face's [key header](crate::client::Builder::key_header) (the
 //! server layer reads `idempotency-key`: `KeyHeader::ietf()`). The face is built as on HTTP,
 //! with the required [`provider_deduplicates`](crate::client::Builder::provider_deduplicates)
-//! choice; reads, streaming methods and methods the table does not name pass through.
+//! choice, and given the [`RetryLayer`]'s policy
+//! ([`retry_policy`](crate::client::Builder::retry_policy)) so that its lease outlasts the
+//! retries; reads, streaming methods and methods the table does not name pass through.
 //!
 //! Its answer (headers, data and trailers, whatever its status) is recorded, and the next
 //! run of the operation gets it back without a call; a call that may have left and failed
@@ -191,14 +193,17 @@
 //! let methods = Methods::new()
 //!     .unary("/payments.v1.Payments/Charge")
 //!     .reads("/payments.v1.Payments/GetCharge");
+//! // The retry policy goes to both layers: the face sizes its lease by it.
+//! let policy = RetryPolicy::default();
 //! let face = IdempotencyLayer::client_builder(MemoryStore::new())
 //!     .provider_deduplicates(true) // the server runs the gRPC ServerLayer
 //!     .key_header(KeyHeader::ietf())
+//!     .retry_policy(policy.clone())
 //!     .build()?;
 //! let channel = Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let channel = ServiceBuilder::new()
 //!     .layer(ClientLayer::new(face, methods.clone())) // once per operation
-//!     .layer(RetryLayer::new(RetryPolicy::default(), methods)) // resends the frozen bytes
+//!     .layer(RetryLayer::new(policy, methods)) // resends the frozen bytes
 //!     .service(channel);
 //! let client = tonic::client::Grpc::new(channel); // or `PaymentsClient::new(channel)`
 //!

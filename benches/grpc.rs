@@ -177,39 +177,32 @@ async fn main() {
     let mut spent = [Duration::ZERO; 4];
     let mut operation = 0;
     let message = charge_message();
-    // One warm-up round, not counted.
+    // One warm-up round, not counted; each round starts with another variant, so that
+    // none always runs first (or last) in a round.
     for round in 0..=rounds {
-        let started = Instant::now();
-        for _ in 0..per_round {
-            bare.charge(Request::new(message.clone())).await.unwrap();
-        }
-        let bare_took = started.elapsed();
-        let started = Instant::now();
-        for _ in 0..per_round {
-            operation += 1;
-            protected.charge(charge(operation)).await.unwrap();
-        }
-        let protected_took = started.elapsed();
-        let started = Instant::now();
-        for _ in 0..per_round {
-            retrying
-                .charge(Request::new(message.clone()))
-                .await
-                .unwrap();
-        }
-        let retry_took = started.elapsed();
-        let started = Instant::now();
-        for _ in 0..per_round {
-            clone_and_retry(&mut hand_written, &message).await;
-        }
-        let hand_took = started.elapsed();
-        if round > 0 {
-            for (total, took) in
-                spent
-                    .iter_mut()
-                    .zip([bare_took, protected_took, retry_took, hand_took])
-            {
-                *total += took;
+        for turn in 0..4 {
+            let variant = (round as usize + turn) % 4;
+            let started = Instant::now();
+            for _ in 0..per_round {
+                match variant {
+                    0 => {
+                        bare.charge(Request::new(message.clone())).await.unwrap();
+                    }
+                    1 => {
+                        operation += 1;
+                        protected.charge(charge(operation)).await.unwrap();
+                    }
+                    2 => {
+                        retrying
+                            .charge(Request::new(message.clone()))
+                            .await
+                            .unwrap();
+                    }
+                    _ => clone_and_retry(&mut hand_written, &message).await,
+                }
+            }
+            if round > 0 {
+                spent[variant] += started.elapsed();
             }
         }
     }

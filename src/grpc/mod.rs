@@ -76,7 +76,10 @@
 //!   methods and reads are passed through untouched**, with no key needed and nothing
 //!   recorded. A call to a method the table does not name is refused with `INTERNAL`
 //!   (saying so): run unguarded, a unary method left out of the table would be charged
-//!   again by every retry, in silence. Name every method of the services behind the layer.
+//!   again by every retry, in silence. Name every method of the services behind the layer,
+//!   a health check's and reflection's too (as [`Methods::reads`] or streaming), or put the
+//!   layer on the one service (`ServiceBuilder::new().layer(layer).service(PaymentsServer::new(..))`)
+//!   rather than on the whole server.
 //! - **The key**: from metadata `idempotency-key` (the face's syntax: a bare token or a
 //!   quoted string), another metadata entry, or a `string` field of the request message
 //!   (AIP-155's `request_id`, AEP-155's `idempotency_key`): see [`KeySource`]. Keys are

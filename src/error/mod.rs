@@ -80,6 +80,11 @@ enum Kind {
     RetryLayerInside {
         layer: &'static str,
     },
+    /// A gRPC call to a method the layer's table does not name.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    MethodNotListed {
+        path: Box<str>,
+    },
 }
 
 /// Whether a reconciler was asked about an operation left in doubt, and what came of it.
@@ -212,6 +217,12 @@ impl Error {
     /// A retrying layer that is not ours found under the face by its type; nothing sent.
     pub(crate) fn retry_layer_inside(layer: &'static str) -> Self {
         Self::new(Kind::RetryLayerInside { layer }, None)
+    }
+
+    /// A gRPC call to a method its layer's table does not name; nothing sent.
+    #[cfg(feature = "tonic")]
+    pub(crate) fn method_not_listed(path: &str) -> Self {
+        Self::new(Kind::MethodNotListed { path: path.into() }, None)
     }
 
     /// A side-effecting request carried no [`OperationId`](crate::OperationId) and no
@@ -440,6 +451,22 @@ impl Error {
         )
     }
 
+    /// A gRPC call to a method the layer's [`Methods`](crate::grpc::Methods) table does not
+    /// name was refused before anything was sent (feature `tonic`): on the wire a unary
+    /// call looks like a streaming one, and a side effect the table forgot would go out
+    /// unprotected. Name the method (`unary`, `reads`, `server_streaming`…).
+    ///
+    /// ```
+    /// # use tower_idempotency::Error;
+    /// fn a_method_the_table_forgot(err: &Error) -> bool {
+    ///     err.is_method_not_listed()
+    /// }
+    /// # let _ = a_method_the_table_forgot;
+    /// ```
+    pub fn is_method_not_listed(&self) -> bool {
+        matches!(self.inner.kind, Kind::MethodNotListed { .. })
+    }
+
     /// Our error inside `err`, however deep: `err` itself, one of its
     /// [`source`](std::error::Error::source)s, or (feature `reqwest-middleware`) the error
     /// a `reqwest_middleware::Error::Middleware` wraps.
@@ -531,6 +558,7 @@ impl Error {
                 | Kind::BodyTooLarge { .. }
                 | Kind::Body
                 | Kind::RetryNested
+                | Kind::MethodNotListed { .. }
         )
     }
 
@@ -673,6 +701,12 @@ impl fmt::Display for Error {
                  effect, blind to the provider's keys, so nothing was sent; retry with a \
                  FrozenRetryLayer directly inside the idempotency layer (or build_stack()), \
                  and put any other retrying layer outside it"
+            ),
+            Kind::MethodNotListed { path } => write!(
+                f,
+                "the gRPC method {path} is not in the layer's method table, so it cannot \
+                 tell a side effect from a read or a stream; nothing was sent: name it in \
+                 the table (unary, reads or server_streaming)"
             ),
         }
     }

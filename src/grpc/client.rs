@@ -37,7 +37,8 @@ pub struct ClientLayer {
 impl ClientLayer {
     /// The client face built as `face` (its store, the required `provider_deduplicates`
     /// choice, its key header, lease, retry policy…) in front of the unary methods of
-    /// `methods` that have side effects; every other call passes through.
+    /// `methods` that have side effects; reads and streaming methods pass through, and a
+    /// method `methods` does not name is refused before it is sent.
     pub fn new(face: HttpClientLayer, methods: Methods) -> Self {
         Self {
             face,
@@ -87,9 +88,14 @@ where
     }
 
     fn call(&mut self, req: Request<GrpcBody>) -> Self::Future {
-        let guarded = self.methods.get(req.uri().path()).is_some_and(|method| {
-            method.kind == MethodKind::Unary && method.effect == MethodEffect::SideEffect
-        });
+        // A method the table forgot is refused, not passed through: a unary side effect
+        // left out of it would go out with no key and no ledger, and a re-run step would
+        // charge again in silence.
+        let Some(method) = self.methods.get(req.uri().path()) else {
+            let refused = Error::method_not_listed(req.uri().path());
+            return ClientFuture::new(async move { Err(refused) });
+        };
+        let guarded = method.kind == MethodKind::Unary && method.effect == MethodEffect::SideEffect;
         if !guarded {
             let answer = self.passed.call(req);
             return ClientFuture::new(async move {

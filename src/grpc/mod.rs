@@ -163,7 +163,9 @@
 //! with the required [`provider_deduplicates`](crate::client::Builder::provider_deduplicates)
 //! choice, and given the [`RetryLayer`]'s policy
 //! ([`retry_policy`](crate::client::Builder::retry_policy)) so that its lease outlasts the
-//! retries; reads, streaming methods and methods the table does not name pass through.
+//! retries; reads and streaming methods pass through, and a call to a method the table does
+//! not name is refused before it is sent ([`Error::is_method_not_listed`](crate::Error::is_method_not_listed)):
+//! a unary side effect the table forgot would otherwise go out with no key and no ledger.
 //!
 //! Its answer (headers, data and trailers, whatever its status) is recorded, and the next
 //! run of the operation gets it back without a call; a call that may have left and failed

@@ -138,3 +138,34 @@ async fn a_charge_without_an_operation_is_refused_before_sending_and_reads_pass(
         "only the read reached the provider"
     );
 }
+
+#[tokio::test]
+async fn a_charge_to_a_method_the_table_forgot_is_refused_before_sending_not_passed_through() {
+    let served = serve(Provider::default()).await;
+    let face = IdempotencyLayer::client_builder(MemoryStore::new())
+        .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
+        .build()
+        .unwrap();
+    // A newcomer's table that names the read and forgets the charge.
+    let forgetful = tower_idempotency::grpc::Methods::new()
+        .reads(crate::payments::paths::GET_CHARGE)
+        .server_streaming(crate::payments::paths::LIST_CHARGES);
+    let mut client = PaymentsClient::new(
+        ServiceBuilder::new()
+            .layer(ClientLayer::new(face, forgetful))
+            .service(served.channel()),
+    );
+
+    let first = client.charge(operation_charge("task-9")).await.unwrap_err();
+    let again = client.charge(operation_charge("task-9")).await.unwrap_err();
+
+    assert_eq!(served.provider.calls(), 0, "nothing reached the provider");
+    for refused in [first, again] {
+        let ours = std::error::Error::source(&refused)
+            .and_then(tower_idempotency::Error::find)
+            .expect("our error is the status's source");
+        assert!(ours.is_method_not_listed(), "{ours}");
+        assert!(ours.to_string().contains("Charge"), "names the method: {ours}");
+    }
+}

@@ -137,6 +137,9 @@ pub mod frozen;
 pub mod idempotency;
 pub mod key;
 pub mod ledger;
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub mod mcp;
 pub mod phase;
 mod provider;
 #[cfg(feature = "reqwest")]

@@ -1,0 +1,7 @@
+//! MCP tool calls, once: a real rmcp server and client, over an in-process duplex and over
+//! Streamable HTTP on loopback, the server's routes behind a `ToolGuard`.
+
+mod mcp {
+    mod harness;
+    mod server;
+}

@@ -31,8 +31,10 @@ pub struct Effects {
     pub lookups: Arc<AtomicUsize>,
     /// While set, a charge waits here (mid-effect) for a permit.
     pub gate: Option<Arc<Semaphore>>,
-    /// Charges that have started (before the gate).
+    /// Charges made, waiting at the gate or past it.
     pub started: Arc<AtomicUsize>,
+    /// Charges that gave up at the gate, their request's token cancelled.
+    pub cancelled: Arc<AtomicUsize>,
 }
 
 impl Effects {
@@ -45,6 +47,13 @@ impl Effects {
 
     pub fn charges(&self) -> usize {
         self.charges.load(Ordering::SeqCst)
+    }
+
+    /// Wait until `n` charges were made.
+    pub async fn started(&self, n: usize) {
+        while self.started.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 
     pub fn release(&self, permits: usize) {
@@ -106,6 +115,7 @@ impl Billing {
             tokio::select! {
                 permit = gate.acquire() => permit.expect("open").forget(),
                 () = context.ct.cancelled() => {
+                    self.effects.cancelled.fetch_add(1, Ordering::SeqCst);
                     return Err(ErrorData::internal_error("cancelled after charging", None));
                 }
             }

@@ -2,6 +2,7 @@
 //! Streamable HTTP on loopback, the server's routes behind a `ToolGuard`.
 
 mod mcp {
+    mod client;
     mod dropped;
     mod harness;
     mod server;

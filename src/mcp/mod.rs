@@ -1,7 +1,9 @@
 //! MCP tool calls, once.
 
+pub mod client;
 pub mod server;
 
+pub use client::McpClient;
 pub use server::{CallerScope, ToolGuard};
 
 /// Where a `tools/call` carries its idempotency key: `params._meta["idempotency-key"]`, a

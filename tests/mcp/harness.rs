@@ -29,6 +29,7 @@ use tower_idempotency::mcp::ToolGuard;
 pub struct Effects {
     pub charges: Arc<AtomicUsize>,
     pub lookups: Arc<AtomicUsize>,
+    pub labels: Arc<AtomicUsize>,
     /// While set, a charge waits here (mid-effect) for a permit.
     pub gate: Option<Arc<Semaphore>>,
     /// Charges made, waiting at the gate or past it.
@@ -75,6 +76,8 @@ pub struct Lookup {
 #[derive(Clone)]
 pub struct Billing {
     effects: Effects,
+    /// Whether its routes are guarded, and so whether it advertises keys.
+    guarded: bool,
     tool_router: ToolRouter<Self>,
 }
 
@@ -83,6 +86,7 @@ impl Billing {
     pub fn new(guard: &ToolGuard, effects: Effects) -> Self {
         Self {
             effects,
+            guarded: true,
             tool_router: guard.router(Self::tool_router()),
         }
     }
@@ -91,6 +95,7 @@ impl Billing {
     pub fn bare(effects: Effects) -> Self {
         Self {
             effects,
+            guarded: false,
             tool_router: Self::tool_router(),
         }
     }
@@ -126,6 +131,14 @@ impl Billing {
         ))]))
     }
 
+    /// Sets a label: the server says a repeat is harmless, which a client must not take on
+    /// trust alone.
+    #[tool(description = "Label an order", annotations(idempotent_hint = true))]
+    async fn label(&self, Parameters(lookup): Parameters<Lookup>) -> String {
+        self.effects.labels.fetch_add(1, Ordering::SeqCst);
+        format!("labelled {}", lookup.order_id)
+    }
+
     #[tool(description = "Look an order up", annotations(read_only_hint = true))]
     async fn lookup(&self, Parameters(lookup): Parameters<Lookup>) -> String {
         self.effects.lookups.fetch_add(1, Ordering::SeqCst);
@@ -137,7 +150,9 @@ impl Billing {
 impl ServerHandler for Billing {
     fn get_info(&self) -> ServerConfig {
         let mut capabilities = ServerCapabilities::builder().enable_tools().build();
-        tower_idempotency::mcp::advertise(&mut capabilities);
+        if self.guarded {
+            tower_idempotency::mcp::advertise(&mut capabilities);
+        }
         ServerConfig::new(capabilities)
     }
 }

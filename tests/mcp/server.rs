@@ -290,7 +290,7 @@ async fn tools_list_and_other_methods_are_untouched() {
     let bare = duplex(Billing::bare(Effects::default())).await;
     let listed = guarded.list_all_tools().await.unwrap();
     assert_eq!(listed, bare.list_all_tools().await.unwrap());
-    assert_eq!(listed.len(), 2);
+    assert_eq!(listed.len(), 3);
     let info = guarded.peer_info().expect("initialized");
     let experimental = info.capabilities.experimental.as_ref().unwrap();
     assert_eq!(experimental["idempotency-key"]["meta"], "idempotency-key");

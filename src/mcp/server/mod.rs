@@ -50,10 +50,15 @@ type ServedBy<S> = ServerService<RouteService<S>>;
 #[derive(Clone)]
 pub struct CallerScope(ScopeKind);
 
+/// A principal read from the HTTP request's head.
+type FromHttp = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
+/// A scope read from the call's context.
+type FromContext = Arc<dyn Fn(&RequestContext<RoleServer>) -> Option<String> + Send + Sync>;
+
 #[derive(Clone)]
 enum ScopeKind {
-    Http(Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>),
-    Context(Arc<dyn Fn(&RequestContext<RoleServer>) -> Option<String> + Send + Sync>),
+    Http(FromHttp),
+    Context(FromContext),
     Single(String),
 }
 

@@ -7,6 +7,7 @@ mod redis_support;
 
 mod mcp {
     mod client;
+    mod console;
     mod dropped;
     #[cfg(feature = "redis")]
     mod faults;

@@ -181,10 +181,19 @@ pub async fn serve_http_with(
     make: impl Fn() -> Billing + Send + Sync + 'static,
     wrap: impl FnOnce(axum::Router) -> axum::Router,
 ) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    serve_http_configured(make, wrap, StreamableHttpServerConfig::default()).await
+}
+
+/// [`serve_http_with`], the transport configured by `config`.
+pub async fn serve_http_configured(
+    make: impl Fn() -> Billing + Send + Sync + 'static,
+    wrap: impl FnOnce(axum::Router) -> axum::Router,
+    config: StreamableHttpServerConfig,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let service = StreamableHttpService::new(
         move || Ok(make()),
         LocalSessionManager::default().into(),
-        StreamableHttpServerConfig::default(),
+        config,
     );
     let app = wrap(axum::Router::new().nest_service("/mcp", service));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -13,8 +13,8 @@ use tower_idempotency::mcp::{CallerScope, ToolGuard};
 use tower_idempotency::server::problem;
 
 use super::harness::{
-    call, duplex, http_client, http_client_with, is_replay, serve_http, serve_http_with, text,
-    Billing, Effects,
+    call, duplex, http_client, http_client_with, is_replay, serve_http, serve_http_configured,
+    serve_http_with, text, Billing, Effects,
 };
 
 fn stdio_guard() -> ToolGuard {
@@ -74,6 +74,35 @@ async fn two_request_ids_one_key_run_once_over_streamable_http() {
     let guard = stdio_guard();
     let served = effects.clone();
     let (addr, _server) = serve_http(move || Billing::new(&guard, served.clone())).await;
+    let client = http_client(addr).await;
+    let first = client
+        .call_tool(call("charge", charge_42(), Some("k-1")))
+        .await
+        .unwrap();
+    let again = client
+        .call_tool(call("charge", charge_42(), Some("k-1")))
+        .await
+        .unwrap();
+    assert_eq!(effects.charges(), 1);
+    assert_eq!(text(&again), text(&first));
+    assert!(is_replay(&again));
+}
+
+#[tokio::test]
+async fn two_request_ids_one_key_run_once_over_stateless_streamable_http() {
+    // The 2026-07-28 revision: no sessions, plain JSON answers.
+    let effects = Effects::default();
+    let guard = stdio_guard();
+    let served = effects.clone();
+    let mut config = rmcp::transport::StreamableHttpServerConfig::default();
+    config.legacy_session_mode = false;
+    config.json_response = true;
+    let (addr, _server) = serve_http_configured(
+        move || Billing::new(&guard, served.clone()),
+        |app| app,
+        config,
+    )
+    .await;
     let client = http_client(addr).await;
     let first = client
         .call_tool(call("charge", charge_42(), Some("k-1")))

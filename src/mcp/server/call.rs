@@ -18,7 +18,6 @@ use super::key::{self, KeyRefusal};
 use super::route::{Handoff, Pending, Recorded};
 use super::{ServedBy, Shared};
 use crate::fingerprint::canonical;
-use crate::key::HeaderKey;
 use crate::ledger::{Begin, BeginRequest, FieldDigests, LedgerKey, Outcome, RecordState};
 use crate::mcp::REPLAYED_META;
 use crate::server::{problem, IDEMPOTENT_REPLAYED};
@@ -110,7 +109,7 @@ where
     *request.uri_mut() = shared.target(&name);
     request
         .headers_mut()
-        .insert(crate::key::IDEMPOTENCY_KEY.clone(), key.clone());
+        .insert(crate::key::IDEMPOTENCY_KEY.clone(), key.header);
     request
         .extensions_mut()
         .insert(ResolvedScope(scope.clone()));
@@ -124,14 +123,7 @@ where
     if response.headers().contains_key(&IDEMPOTENT_REPLAYED) {
         return replayed(response).await;
     }
-    let header_key = HeaderKey::parse(&key).map_err(|_| ErrorData::internal_error("key", None))?;
-    refused(
-        &shared,
-        response,
-        (&scope, header_key.as_str()),
-        &argument_bytes,
-    )
-    .await
+    refused(&shared, response, (&scope, &key.text), &argument_bytes).await
 }
 
 /// A call without a key: run as it came, counted.

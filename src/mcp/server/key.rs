@@ -20,11 +20,16 @@ pub(super) enum KeyRefusal {
     Conflict,
 }
 
-/// The call's key as the `Idempotency-Key` header value the server face reads (an RFC 8941
-/// sf-string), or `None` for a keyless call.
-pub(super) fn read(
-    context: &RequestContext<RoleServer>,
-) -> Result<Option<HeaderValue>, KeyRefusal> {
+/// A call's key: as the client chose it, and as the `Idempotency-Key` header value the
+/// server face reads (an RFC 8941 sf-string).
+#[derive(Debug)]
+pub(super) struct CallKey {
+    pub(super) text: String,
+    pub(super) header: HeaderValue,
+}
+
+/// The call's key, or `None` for a keyless call.
+pub(super) fn read(context: &RequestContext<RoleServer>) -> Result<Option<CallKey>, KeyRefusal> {
     let in_meta = match context.meta.0 .0.get(META_KEY) {
         None => None,
         Some(serde_json::Value::String(key)) => Some(key.as_str()),
@@ -44,6 +49,10 @@ pub(super) fn read(
 }
 
 /// `key` as the server face's header spells it, refused as the header would be.
-fn spell(key: &str) -> Result<HeaderValue, KeyRefusal> {
-    KeyHeader::ietf().spell(key).map_err(KeyRefusal::Invalid)
+fn spell(key: &str) -> Result<CallKey, KeyRefusal> {
+    let header = KeyHeader::ietf().spell(key).map_err(KeyRefusal::Invalid)?;
+    Ok(CallKey {
+        text: key.to_owned(),
+        header,
+    })
 }

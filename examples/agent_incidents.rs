@@ -1033,10 +1033,12 @@ async fn mcp_tool_call_whose_stream_drops(provider: &Provider, base: &str) -> Ro
         let mut params = CallToolRequestParams::new("charge_customer");
         params.arguments = charge().as_object().cloned();
         match tokio::time::timeout(CALL_TIMEOUT, agent.call_tool(params)).await {
-            Ok(result) => println!(
-                "  naive: attempt {attempt}: {:?}",
-                result.map(|r| r.content)
-            ),
+            Ok(result) => {
+                let answer = result
+                    .ok()
+                    .and_then(|r| r.content.first()?.as_text().map(|t| t.text.clone()));
+                println!("  naive: attempt {attempt}: {}", answer.unwrap_or_default());
+            }
             Err(_) => println!(
                 "  naive: attempt {attempt}: timed out; the stream closed, the call issued again"
             ),

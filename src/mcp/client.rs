@@ -38,7 +38,7 @@ pub type McpCallResult = Result<ToolOutput<CallToolResult>, ToolError<ServiceErr
 ///
 /// ```
 /// use rmcp::ServiceError;
-/// use tower_idempotency::mcp::client::classify;
+/// use tower_idempotency::mcp::classify;
 /// use tower_idempotency::tool::Verdict;
 ///
 /// assert_eq!(classify(&ServiceError::TransportClosed), Verdict::may_have_happened());
@@ -93,7 +93,7 @@ type Classifier = fn(&ServiceError) -> Verdict;
 /// # let _ = client;
 /// # }
 /// ```
-pub struct ClientBuilder {
+pub struct McpClientBuilder {
     store: Arc<dyn IdempotencyStore>,
     peer: Peer<RoleClient>,
     scope: String,
@@ -101,16 +101,16 @@ pub struct ClientBuilder {
     settings: Arc<dyn Fn(tool::Builder<Classifier>) -> tool::Builder<Classifier> + Send + Sync>,
 }
 
-impl fmt::Debug for ClientBuilder {
+impl fmt::Debug for McpClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientBuilder")
+        f.debug_struct("McpClientBuilder")
             .field("scope", &self.scope)
             .field("trusted", &self.trusted)
             .finish_non_exhaustive()
     }
 }
 
-impl ClientBuilder {
+impl McpClientBuilder {
     /// Mixed into every key, so two orchestrators sharing a ledger (or a server) never
     /// collide on equal task ids. Empty by default.
     ///
@@ -227,9 +227,9 @@ impl fmt::Debug for McpClient {
 impl McpClient {
     /// Configure a client of the MCP server `peer` (initialized), over `store`.
     ///
-    /// See [`ClientBuilder`] for the settings and an example.
-    pub fn builder(store: impl IdempotencyStore, peer: Peer<RoleClient>) -> ClientBuilder {
-        ClientBuilder {
+    /// See [`McpClientBuilder`] for the settings and an example.
+    pub fn builder(store: impl IdempotencyStore, peer: Peer<RoleClient>) -> McpClientBuilder {
+        McpClientBuilder {
             store: Arc::new(store),
             peer,
             scope: String::new(),
@@ -296,7 +296,7 @@ impl McpClient {
             &*shared.settings,
         )
         // The settings were built once at `build`, and the name is made valid.
-        .expect("settings checked by ClientBuilder::build");
+        .expect("settings checked by McpClientBuilder::build");
         let mut layers = shared.layers.lock().expect("never poisoned");
         layers.entry(tool.to_owned()).or_insert(layer).clone()
     }

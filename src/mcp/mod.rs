@@ -34,7 +34,7 @@
 //!
 //! | the call | answer | ledger |
 //! |---|---|---|
-//! | no key | runs as it came, counted ([`ToolGuard::keyless_calls`], and `idempotency_mcp_keyless_calls_total{tool}` with feature `metrics`); refused `key-missing` for a tool not annotated read-only when keys are [required](server::Builder::require_keys) | not touched |
+//! | no key | runs as it came, counted ([`ToolGuard::keyless_calls`], and `idempotency_mcp_keyless_calls_total{tool}` with feature `metrics`); refused `key-missing` for a tool not annotated read-only when keys are [required](ToolGuardBuilder::require_keys) | not touched |
 //! | key malformed, not a string, or `_meta` and header disagree | `key-invalid` | not touched |
 //! | keyed, but no caller to scope it by ([`CallerScope`]) | `scope-missing` | not touched |
 //! | new key | the tool's result | recorded, `isError: true` included |
@@ -157,10 +157,10 @@
 //!   ([`ProviderKeys::Ignored`](crate::ProviderKeys::Ignored)), such an attempt is in
 //!   doubt: reconciled (the tool face's [reconciler](crate::tool::Builder::reconcile)) or
 //!   reported, never resent blind;
-//! - errors are classified by [`client::classify`]; a result with `isError: true` is the
+//! - errors are classified by [`classify`]; a result with `isError: true` is the
 //!   tool's answer, recorded;
 //! - tool classes come from annotations, failing closed: `readOnlyHint` passes a tool
-//!   straight through only on a server marked [trusted](client::ClientBuilder::trusted);
+//!   straight through only on a server marked [trusted](McpClientBuilder::trusted);
 //!   `idempotentHint` alone never makes a repeat safe; an unannotated tool is a side effect.
 //!
 //! rmcp's own retries are safe under this: its client re-sends a POST once when the server
@@ -215,11 +215,11 @@
 //! # }
 //! ```
 
-pub mod client;
-pub mod server;
+mod client;
+mod server;
 
-pub use client::McpClient;
-pub use server::{CallerScope, ToolGuard};
+pub use client::{classify, McpCallResult, McpClient, McpClientBuilder};
+pub use server::{CallerScope, ToolGuard, ToolGuardBuilder};
 
 /// Where a `tools/call` carries its idempotency key: `params._meta["idempotency-key"]`, a
 /// JSON string.

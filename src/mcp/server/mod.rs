@@ -172,16 +172,16 @@ impl Shared {
 ///     .unwrap();
 /// # let _ = guard;
 /// ```
-pub struct Builder {
+pub struct ToolGuardBuilder {
     store: Arc<dyn IdempotencyStore>,
     scope: CallerScope,
     require_keys: bool,
     server: crate::server::Builder,
 }
 
-impl fmt::Debug for Builder {
+impl fmt::Debug for ToolGuardBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("ToolGuardBuilder")
             .field("scope", &self.scope)
             .field("require_keys", &self.require_keys)
             .field("server", &self.server)
@@ -189,7 +189,7 @@ impl fmt::Debug for Builder {
     }
 }
 
-impl Builder {
+impl ToolGuardBuilder {
     /// Refuse a keyless call of a tool not annotated read-only (`readOnlyHint: true`),
     /// with `key-missing`. Off by default: most MCP clients send no key, and a keyless
     /// call then runs as it came (counted: [`ToolGuard::keyless_calls`], and with feature
@@ -272,10 +272,10 @@ impl fmt::Debug for ToolGuard {
 impl ToolGuard {
     /// Configure a guard over `store`, its calls' keys scoped by `scope`.
     ///
-    /// See [`Builder`] for the settings and an example.
-    pub fn builder(store: impl IdempotencyStore, scope: CallerScope) -> Builder {
+    /// See [`ToolGuardBuilder`] for the settings and an example.
+    pub fn builder(store: impl IdempotencyStore, scope: CallerScope) -> ToolGuardBuilder {
         let store: Arc<dyn IdempotencyStore> = Arc::new(store);
-        Builder {
+        ToolGuardBuilder {
             server: crate::IdempotencyLayer::server_builder(store.clone()),
             store,
             scope,

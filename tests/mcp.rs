@@ -12,5 +12,6 @@ mod mcp {
     #[cfg(feature = "redis")]
     mod faults;
     mod harness;
+    mod metrics;
     mod server;
 }

@@ -15,10 +15,12 @@
 //! back to back (`begin` + `complete` of a new key, each timed) while another lists pages
 //! of both kinds, one after the other, for a few seconds; and the same claims with no
 //! listing, as the baseline (a claim on a busy machine waits now and then whatever the
-//! store does). Printed as `claims while listing: ...` and `claims alone: ...`, with the
+//! store does), and beside a thread that spins without taking a lock (the CPU a listing
+//! takes from the claims, without its locks). Printed as `claims while listing: ...`,
+//! `claims beside a spinning thread: ...` and `claims alone: ...`, with the
 //! longest single claim (`max`), how many took over 1 ms and 5 ms, and the longest page
 //! (`page max`). On a busy machine a thread is preempted now and then for milliseconds,
-//! lock or no lock: compare the two runs. Each page is also run 10 times alone, printed
+//! lock or no lock: compare the runs. Each page is also run 10 times alone, printed
 //! as `page ...` with its CPU time (Linux: the thread's own, from `/proc`), which other
 //! processes do not inflate, and its fastest wall time.
 //!
@@ -164,9 +166,11 @@ fn listing(c: &mut Criterion) {
     } else {
         CONTENTION_RUN
     };
-    let (claims, pages) = claims_while(&store, &outcome, run, true);
+    let (claims, pages) = claims_while(&store, &outcome, run, Beside::Listing);
     report("claims while listing", &claims, Some(&pages));
-    let (claims, _) = claims_while(&store, &outcome, run, false);
+    let (claims, _) = claims_while(&store, &outcome, run, Beside::Spinning);
+    report("claims beside a spinning thread", &claims, None);
+    let (claims, _) = claims_while(&store, &outcome, run, Beside::Nothing);
     report("claims alone", &claims, None);
 }
 
@@ -196,14 +200,24 @@ fn thread_cpu_time() -> Option<Duration> {
     Some(Duration::from_nanos(nanos))
 }
 
+/// What this thread does while the claims run.
+#[derive(Clone, Copy, PartialEq)]
+enum Beside {
+    /// Lists pages one after the other.
+    Listing,
+    /// Spins without a lock: the CPU a listing takes from the claims, without its locks.
+    Spinning,
+    /// Sleeps.
+    Nothing,
+}
+
 /// New claims (`begin` + `complete`), each timed, on a thread of their own for `run`,
-/// while this thread lists pages one after the other if `listing`: the claims' times and
-/// the pages'.
+/// while this thread does `beside`: the claims' times and the pages'.
 fn claims_while(
     store: &MemoryStore,
     outcome: &Outcome,
     run: Duration,
-    listing: bool,
+    beside: Beside,
 ) -> (Vec<Duration>, Vec<Duration>) {
     let done = Arc::new(AtomicBool::new(false));
     let claimer = {
@@ -230,14 +244,21 @@ fn claims_while(
     let mut pages = Vec::new();
     let started = Instant::now();
     while started.elapsed() < run {
-        if listing {
-            for query in [newest_first(), in_doubt()] {
-                let start = Instant::now();
-                full_page(store, &rt, query);
-                pages.push(start.elapsed());
+        match beside {
+            Beside::Listing => {
+                for query in [newest_first(), in_doubt()] {
+                    let start = Instant::now();
+                    full_page(store, &rt, query);
+                    pages.push(start.elapsed());
+                }
             }
-        } else {
-            std::thread::sleep(Duration::from_millis(10));
+            Beside::Spinning => {
+                let until = Instant::now() + Duration::from_millis(10);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
+            Beside::Nothing => std::thread::sleep(Duration::from_millis(10)),
         }
     }
     done.store(true, Ordering::Relaxed);

@@ -96,6 +96,8 @@
 //!   write, a sub-agent): `ToolLayer` and `idempotent_call`.
 //! - [`retry`]: [`FrozenRetryLayer`], its policy, backoff and budget.
 //! - [`phase`]: whether a failed call may have reached the server.
+//! - `grpc` (feature `tonic`): gRPC unary calls over tonic, retried with their frozen
+//!   message, and the server face in front of tonic services.
 //! - `console` (feature `console`): the operator's console, an axum `Router` (JSON API and
 //!   HTML pages) that lists, inspects and resolves records, behind an authorizer.
 //! - `testing` (feature `test-util`): a fault-injecting provider double and the store
@@ -114,6 +116,7 @@
 //! | `axum` | yes | the server face reads axum's `OriginalUri`, so a layer inside `Router::nest` judges the whole path: without it, two accounts' `/accounts/{id}/charges` read as one request (`default-features = false, features = ["hyper-util"]` leaves it out) |
 //! | `metrics` | no | `idempotency_decisions_total` (labels `face`, `decision`), `idempotency_ledger_call_seconds` (labels `call`, `result`) and `MemoryStore`'s gauges `idempotency_store_bytes` / `idempotency_store_records` (label `store`) through the `metrics` facade |
 //! | `console` | no | `console::Console`: an axum `Router` to nest in your own, where operators list records, inspect one and resolve it (forget, resolve as not applied), fenced by what they saw, behind your authorizer, audited (implies `axum`) |
+//! | `tonic` | no | `grpc`: retries for tonic channels that resend a unary call's frozen message (gRFC A6), and the server face in front of tonic services (unary calls keyed, recorded with their trailers, replayed) |
 //! | `test-util` | no | `SideEffectService`, `ToolDouble` and the conformance suite |
 #![forbid(unsafe_code)]
 #![warn(
@@ -134,6 +137,9 @@ mod effect;
 mod error;
 pub mod fingerprint;
 pub mod frozen;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod grpc;
 pub mod idempotency;
 pub mod key;
 pub mod ledger;

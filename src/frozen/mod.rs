@@ -41,6 +41,8 @@ mod collect;
 mod handoff;
 pub(crate) mod request;
 
+#[cfg(feature = "tonic")]
+pub(crate) use collect::collect_request;
 pub(crate) use collect::{check_declared_length, check_length, declared_length, CollectRequest};
 pub(crate) use handoff::{
     hand_over, refuse_nested_retry, Handed, Handoff, OperationAttempt, RetriedOutside,

@@ -25,7 +25,7 @@ pub struct ServerFace {
     pub(super) methods: Vec<Method>,
     pub(super) require_key: bool,
     pub(super) busy: BusyPolicy,
-    pub(super) body_limit: usize,
+    pub(crate) body_limit: usize,
     pub(super) response_limit: usize,
     pub(super) replay_headers: Vec<HeaderName>,
     pub(super) server_errors: ServerErrorPolicy,

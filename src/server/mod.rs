@@ -282,7 +282,7 @@ mod future;
 mod head;
 pub(crate) mod policy;
 pub mod problem;
-mod replay;
+pub(crate) mod replay;
 mod report;
 mod service;
 mod staged;

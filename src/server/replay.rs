@@ -48,7 +48,7 @@ pub(super) const DEFAULT_REPLAY_HEADERS: &[HeaderName] = &[
 /// Headers never recorded nor replayed, whatever the configuration: credentials and
 /// session state of the first caller, per-response values, hop-by-hop headers, and the
 /// layer's own (a replay's digest is the request's, never a value the handler set).
-pub(super) const NEVER_REPLAYED: &[&str] = &[
+pub(crate) const NEVER_REPLAYED: &[&str] = &[
     "set-cookie",
     "set-cookie2",
     "www-authenticate",

@@ -1075,13 +1075,13 @@ async fn memory_usage(admin: &mut MultiplexedConnection, key: &str) -> u64 {
 
 /// The ledger's own scripts, run by hand without the listing indexes (one key, as on a
 /// cluster): the same work but the index's, for comparing.
-struct Unindexed {
+pub(super) struct Unindexed {
     begin: redis::Script,
     complete: redis::Script,
 }
 
 impl Unindexed {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         const PRELUDE: &str = include_str!("../../src/ledger/redis/prelude.lua");
         let script = |body: &str| redis::Script::new(&format!("{PRELUDE}{body}"));
         Self {
@@ -1090,7 +1090,12 @@ impl Unindexed {
         }
     }
 
-    async fn claim(&self, admin: &mut MultiplexedConnection, key: &str, req: &FrozenRequest) {
+    pub(super) async fn claim(
+        &self,
+        admin: &mut impl redis::aio::ConnectionLike,
+        key: &str,
+        req: &FrozenRequest,
+    ) {
         let reply: Vec<redis::Value> = self
             .begin
             .key(key)
@@ -1108,7 +1113,7 @@ impl Unindexed {
         assert_eq!(reply[0], redis::Value::BulkString(b"acquired".to_vec()));
     }
 
-    async fn complete(&self, admin: &mut MultiplexedConnection, key: &str) {
+    pub(super) async fn complete(&self, admin: &mut impl redis::aio::ConnectionLike, key: &str) {
         let reply: Vec<redis::Value> = self
             .complete
             .key(key)

@@ -9,6 +9,8 @@
 -- ARGV[6]  a fresh generation (16 hex), made by the client: used only if the record is created
 -- ARGV[7]  the encoded frozen request ('' or absent on the server side)
 -- ARGV[8]  [list index] the scope's digest (16 hex), kept by the record for listing
+-- ARGV[9]  '1' to answer only from a record already there, never to make one: the ask at
+--          the key an earlier release kept the record at, on a cluster (see cluster.rs)
 -- KEYS[2..5] [list index] the listing indexes, on a single Redis (see prelude.lua)
 local key = KEYS[1]
 local fp, token = ARGV[1], ARGV[2]
@@ -32,6 +34,11 @@ local now = now_ms()
 -- the record that is there now.
 if is_released(r[7], r[8], now) then
   return {'released'}
+end
+-- Not a record here (nothing, or only a released marker): the caller claims where this
+-- release keeps records. The marker stays, for the tokens it names.
+if ARGV[9] == '1' and (r[1] == false or is_marker(r[3])) then
+  return {'elsewhere'}
 end
 if is_marker(r[3]) then
   -- No record, only the tokens the key was released under: anyone else finds the key

@@ -215,7 +215,9 @@ impl RedisStoreBuilder {
 
         Ok(RedisStore {
             connection,
-            prefix: self.prefix.into(),
+            layout: super::layout::Layout::Single {
+                prefix: self.prefix.into(),
+            },
             operation_timeout: self.operation_timeout,
             addr: addr.into(),
         })

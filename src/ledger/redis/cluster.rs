@@ -13,11 +13,13 @@ use super::builder::{
 };
 use super::connection::Connection;
 use super::errors::from_redis;
+use super::layout::Layout;
 use super::scripts::ALL_SCRIPTS;
 use super::settings::{
     warn_if_ledger_keys_can_be_evicted, warn_unless_records_survive_a_restart, Persistence,
     PERSISTENCE_SETTINGS,
 };
+use super::upgrade::may_hold_earlier_records;
 use super::RedisStore;
 use crate::ledger::StoreError;
 
@@ -217,9 +219,15 @@ impl RedisClusterBuilder {
         // every node is asked, and each one that would forget the ledger is named.
         warn_if_nodes_do_not_keep_records(&connection, bound).await;
 
+        // Records an earlier release wrote before the buckets must still be found.
+        let legacy = may_hold_earlier_records(&connection, &self.prefix, bound).await;
+
         Ok(RedisStore {
             connection,
-            prefix: self.prefix.into(),
+            layout: Layout::Buckets {
+                prefix: self.prefix.into(),
+                legacy,
+            },
             operation_timeout: self.operation_timeout,
             addr: addr.into(),
         })

@@ -2,8 +2,8 @@
 -- newest or oldest first, looking at a bounded number of index entries. Writes no record:
 -- it only drops the index members of records that left by their TTL.
 --
--- On a single Redis only: it reads the records its indexes name, keys it cannot declare
--- before it has read the indexes (a cluster would refuse them, and the store does not ask).
+-- It reads the records its indexes name, keys it cannot declare before it has read the
+-- indexes: on a cluster, one call per bucket, whose records and indexes share one slot.
 --
 -- KEYS[1..n]  the indexes of the states listed, each ending in ':<state>'
 -- ARGV[1]   the records' key prefix

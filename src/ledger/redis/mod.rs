@@ -154,9 +154,15 @@
 //! - **Records written before this release** (or by a process of an earlier release still
 //!   running) are not in the indexes until their next change of state; `inspect` still
 //!   sees them.
-//! - **Not on Redis Cluster.** A script may touch the keys of one slot only, so a record's
-//!   index entry cannot be written with it: a store on a cluster keeps no index, and `list`
-//!   answers an [unavailable](super::StoreError::is_unavailable) error.
+//! - **On Redis Cluster**, a script may touch the keys of one slot only, so the indexes are
+//!   kept per bucket (see [below](#redis-cluster)): a record's key and its bucket's
+//!   indexes share a hash tag, so one slot, and every transition still updates both in one
+//!   script. A page asks every bucket's `list.lua` at once (sixteen scripts, each bounded
+//!   as above) for its share of the page with room to spare (21 records of a page of
+//!   100), and merges them by place: it holds the records, in order, up to the earliest
+//!   place at which a bucket stopped, and its cursor is a place, the same for every
+//!   bucket. A page of 100 looks at no more than 16 × 210 index entries; it comes back
+//!   short (with its cursor) when one bucket's share ran out before the page filled.
 //!
 //! # Durability
 //!
@@ -204,17 +210,38 @@
 //! # Redis Cluster
 //!
 //! [`RedisStore::cluster_builder`] (feature `redis-cluster`) connects the same store to a
-//! Redis Cluster through redis-rs's cluster client. Nothing about the records changes: each
-//! is one key, each script touches only that key and declares it in `KEYS`, so the cluster
-//! runs every transition atomically on the primary that owns the key's slot. The listing
-//! indexes are not kept there (they would sit in other slots): `list` is
-//! [unavailable](#listing) on a cluster.
+//! Redis Cluster through redis-rs's cluster client. The records are the same; each script
+//! touches one record and the listing indexes of its bucket, declared in `KEYS` and all in
+//! one slot, so the cluster runs every transition atomically on the primary that owns it.
 //!
-//! - **Sharding.** Records spread over every primary by key slot; throughput and memory grow
-//!   with the number of primaries. Keep hash tags (`{…}`) out of the prefix: a tagged prefix
-//!   puts the whole ledger in one slot (the store warns when it sees one).
+//! - **Buckets.** A record's key carries the hash tag of its bucket, one of sixteen picked
+//!   by the key's first hex digit: `<prefix>{<tag>}<64 hex>`, beside
+//!   `<prefix>{<tag>}index:<state>` and `<prefix>{<tag>}index:sweep`. The sixteen tags hash
+//!   to slots a sixteenth of the slot range apart, so with slots assigned in even ranges
+//!   (as `redis-cli --cluster create` does) each of three primaries holds five or six
+//!   buckets. A ledger spreads over at most sixteen primaries.
+//! - **Upgrading a cluster ledger in place.** Earlier releases kept each record at
+//!   `<prefix><64 hex>`, without a tag (so in another slot) and without an index. When a
+//!   store connects, it reads a marker (`<prefix>{0.13}layout`); unless the marker says no
+//!   such key is left, it looks for one (`SCAN` on every primary, within the connect's time
+//!   bound) and sets the marker when it finds none. While such records may be left, every
+//!   operation first asks the old key (one `HGET`, or for `begin` the script itself, which
+//!   answers only from a record already there): a record of the earlier release is found,
+//!   replayed, resumed and completed where it is, and never made there again. They are not
+//!   listed (they have no index entry). They leave by their retention; the next store to
+//!   connect after the last one left sets the marker, and stores connected from then on
+//!   ask nothing more. **Stop every process of the earlier release before the first
+//!   process of this one starts:** a process of the earlier release still claiming at the
+//!   old keys and one of this release claiming at the new ones could both claim one
+//!   operation.
+//!
+//! - **Sharding.** Records spread over the primaries holding the sixteen buckets' slots;
+//!   throughput and memory grow with the number of primaries, up to sixteen. Keep hash tags
+//!   (`{…}`) out of the prefix: a tagged prefix puts the whole ledger in one slot (the store
+//!   warns when it sees one).
 //! - **Round trips.** The client keeps the slot map and sends each script straight to the
-//!   key's primary: still two commands per fresh operation and one per replay.
+//!   key's primary: still two commands per fresh operation and one per replay (one more
+//!   for each while records of an earlier release may be left: see above).
 //! - **Resharding.** A key whose slot moved answers `MOVED`; the client follows it and
 //!   refreshes its map. A key whose slot is *migrating* and is not on the old owner any more
 //!   answers `ASK`; the store then sends `ASKING` and the script to the new owner as one
@@ -276,8 +303,12 @@ pub(crate) mod cluster;
 mod codec;
 mod connection;
 mod errors;
+mod layout;
+mod pages;
 mod scripts;
 mod settings;
 pub(crate) mod store;
+#[cfg(feature = "redis-cluster")]
+mod upgrade;
 
 pub(crate) use self::store::RedisStore;

@@ -1,9 +1,11 @@
 -- Shared by every ledger script (prepended at compile time; see mod.rs for the record layout).
 --
 -- Every transition touches one record, KEYS[1], and declares it, so the scripts stay valid
--- under any key-slot sharding (Redis Cluster). On a single Redis the store also declares its
--- listing indexes (KEYS[2..5], see the index block below), which each transition keeps in
--- step with the record in the same script; on a cluster it does not, and nothing is indexed.
+-- under any key-slot sharding (Redis Cluster). The store also declares the record's listing
+-- indexes (KEYS[2..5], see the index block below), which each transition keeps in step with
+-- the record in the same script: on a cluster those of the record's bucket, in the record's
+-- slot (see layout.rs). A record an earlier release wrote on a cluster is declared alone,
+-- and nothing is indexed.
 --
 -- Replies are arrays whose first element is a tag ('acquired', 'busy', 'resume', 'in_doubt',
 -- 'replay', 'drift', 'released', 'ok', 'fenced', 'corrupt'), never Lua errors, so the Rust
@@ -82,7 +84,8 @@ end
 -- [list index] ---------------------------------------------------------------------------
 -- Listing (list.lua) reads per-state sorted sets: member = the record key's 64 hex digits,
 -- score = the record's `created_ms` (its place in the list; ties are ordered by member,
--- which is the key's byte order). Declared by the store on a single Redis only:
+-- which is the key's byte order). Declared by the store beside each record (on a cluster,
+-- those of the record's bucket):
 --   KEYS[2] in flight, KEYS[3] in doubt, KEYS[4] completed, KEYS[5] the sweep's cursors.
 -- Every transition moves its record's member in the same script as it writes the record,
 -- so the indexes never disagree with the records, except for a record that left by its TTL,

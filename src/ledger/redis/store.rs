@@ -10,31 +10,25 @@ use super::builder::{RedisStoreBuilder, Target};
 use ::redis::Script;
 
 use super::codec::{
-    decode_begin, decode_forget, decode_inspect, decode_inspected_request, decode_list,
-    decode_resolve, generation_hex, millis, tag, token_hex, u64_hex, unexpected,
+    decode_begin, decode_forget, decode_inspect, decode_inspected_request, decode_resolve,
+    generation_hex, millis, tag, token_hex, u64_hex, unexpected,
 };
 use super::connection::{Connection, ScriptCall};
 use super::errors::from_redis;
-use super::scripts::{
-    ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, LIST, MARK_IN_DOUBT, RENEW, RESOLVE,
-};
+use super::layout::{index_key, sweep_key, Layout};
+use super::pages::INDEXED_KINDS;
+use super::scripts::{ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, MARK_IN_DOUBT, RENEW, RESOLVE};
 use crate::ledger::{
-    Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, ListOrder, ListPage,
-    ListQuery, Outcome, RecordKind, StoreError, StoreFuture,
+    Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, ListPage, ListQuery,
+    Outcome, StoreError, StoreFuture,
 };
 
-/// The states a record is listed by, each with an index (a sorted set) of its own.
-const INDEXED_KINDS: [RecordKind; 3] = [
-    RecordKind::InFlight,
-    RecordKind::InDoubt,
-    RecordKind::Completed,
-];
-
-/// Index entries one page of a list may look at, per record it may hold...
-const LOOKED_AT_PER_RECORD: usize = 10;
-/// ...and at most (unless the page's limit is larger): a script blocks its Redis while it
-/// runs, and a page passing over this many entries takes it a few milliseconds.
-const MOST_LOOKED_AT: usize = 1000;
+/// Where a record lives: where this release keeps it, or (on a cluster that may hold them)
+/// where an earlier release did, at the key named.
+enum Place {
+    Current,
+    Legacy(String),
+}
 
 /// The distributed ledger on Redis. See the [module docs](super) for how it works, the record
 /// layout and what durability to expect.
@@ -61,7 +55,8 @@ pub struct RedisStore {
     // One Redis (a `ConnectionManager`) or a cluster (redis-rs's cluster connection); both
     // are an `Arc` inside, and each operation clones it (no lock, no pool).
     pub(super) connection: Connection,
-    pub(super) prefix: Arc<str>,
+    /// The prefix, and on a cluster the buckets records are spread over.
+    pub(super) layout: Layout,
     pub(super) operation_timeout: Duration,
     /// `host:port` for `Debug`, without the credentials a URL may carry.
     pub(super) addr: Arc<str>,
@@ -117,8 +112,9 @@ impl RedisStore {
         Self::builder(url).connect().await
     }
 
-    /// The Redis key holding the record of `key`: the prefix and 64 hex digits. For operators
-    /// and tests; the store computes it itself.
+    /// The Redis key holding the record of `key`: the prefix and 64 hex digits (on a Redis
+    /// Cluster, with its bucket's hash tag between them: see the [module
+    /// docs](super#redis-cluster)). For operators and tests; the store computes it itself.
     ///
     /// ```no_run
     /// # use tower_idempotency::ledger::{LedgerKey, RedisStore};
@@ -131,72 +127,70 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn redis_key(&self, key: &LedgerKey) -> String {
-        let mut out = String::with_capacity(self.prefix.len() + 64);
-        out.push_str(&self.prefix);
-        out.push_str(&key.to_hex());
-        out
+        self.layout.record_key(key)
     }
 
-    /// The key of the listing index of records in state `kind`.
-    fn index_key(&self, kind: RecordKind) -> String {
-        format!("{}index:{}", self.prefix, kind.as_str())
-    }
-
-    /// Whether the store keeps the listing indexes: on a single Redis. On a cluster the
-    /// indexes would live in other slots than the records, and a script may touch one slot.
-    fn keeps_indexes(&self) -> bool {
-        matches!(self.connection, Connection::Single(_))
-    }
-
-    /// A transition of `key`'s record: the record, then (on a single Redis) the listing
-    /// indexes and the sweep's cursors, which the script keeps in step with the record.
-    fn transition(&self, script: &'static Script, key: &LedgerKey) -> ScriptCall {
-        let mut keys = vec![self.redis_key(key)];
-        if self.keeps_indexes() {
-            keys.extend(INDEXED_KINDS.map(|kind| self.index_key(kind)));
-            keys.push(format!("{}index:sweep", self.prefix));
+    /// A transition of `key`'s record where it lives (see [`Place`]): the record, then its
+    /// bucket's listing indexes and sweep cursors, which the script keeps in step with the
+    /// record. A record an earlier release wrote on a cluster has no indexes beside it.
+    fn transition_at(&self, script: &'static Script, key: &LedgerKey, place: &Place) -> ScriptCall {
+        match place {
+            Place::Current => {
+                let base = self.layout.base_of(key);
+                let mut keys = vec![self.layout.record_key(key)];
+                keys.extend(INDEXED_KINDS.map(|kind| index_key(&base, kind)));
+                keys.push(sweep_key(&base));
+                ScriptCall::with_keys(script, &keys)
+            }
+            Place::Legacy(legacy) => ScriptCall::new(script, legacy.clone()),
         }
-        ScriptCall::with_keys(script, &keys)
     }
 
-    /// The call of `list.lua` for `query`: the indexes of the kinds it lists, then its
-    /// filters, order, limit and cursor.
-    fn list_call(&self, query: &ListQuery) -> ScriptCall {
-        let kinds: Vec<RecordKind> = if query.kinds().is_empty() {
-            INDEXED_KINDS.to_vec()
-        } else {
-            query.kinds().to_vec()
+    /// Where `key`'s record lives: where this release keeps it, unless the ledger may still
+    /// hold a record an earlier release wrote on a cluster and does (one `HGET` more). Such a
+    /// record is never made anew (`begin` makes records only where this release keeps
+    /// them), so once gone it stays gone, and the answer goes stale only by the record
+    /// leaving, which the script then sees.
+    async fn place(&self, key: &LedgerKey) -> Result<Place, StoreError> {
+        let Some(legacy) = self.layout.legacy_key(key) else {
+            return Ok(Place::Current);
         };
-        let indexes: Vec<String> = kinds.iter().map(|kind| self.index_key(*kind)).collect();
-        let mut call = ScriptCall::with_keys(&LIST, &indexes);
-        let limit = query.page_limit();
-        let budget = (limit * LOOKED_AT_PER_RECORD)
-            .min(MOST_LOOKED_AT)
-            .max(limit);
-        let cursor = query.cursor();
-        let (older, newer) = (query.older_than_filter(), query.newer_than_filter());
-        let optional_ms = |age: Option<Duration>| age.map(|age| millis(age, 0).to_string());
-        let (low, high) = query.status_filter().unzip();
-        call.arg(&*self.prefix)
-            .arg(match query.order() {
-                ListOrder::OldestFirst => "oldest",
-                _ => "newest",
-            })
-            .arg(limit)
-            .arg(budget)
-            .arg(cursor.map(|c| c.position().to_string()).unwrap_or_default())
-            .arg(cursor.map(|c| c.key().to_hex()).unwrap_or_default())
-            .arg(optional_ms(older).unwrap_or_default())
-            .arg(optional_ms(newer).unwrap_or_default())
-            .arg(low.map(|s| s.to_string()).unwrap_or_default())
-            .arg(high.map(|s| s.to_string()).unwrap_or_default())
-            .arg(query.scope_filter().map(u64_hex).unwrap_or_default());
-        call
+        let mut connection = self.connection.clone();
+        let mut ask = ::redis::cmd("HGET");
+        ask.arg(&legacy).arg("state");
+        let state: Option<String> =
+            tokio::time::timeout(self.operation_timeout, ask.query_async(&mut connection))
+                .await
+                .map_err(|_elapsed| StoreError::timeout())?
+                .map_err(from_redis)?;
+        // A released marker is no record: the key's next life is made where this release
+        // keeps records.
+        Ok(match state {
+            Some(state) if state != "released" => Place::Legacy(legacy),
+            _ => Place::Current,
+        })
+    }
+
+    /// The key of `key`'s record, wherever it lives.
+    async fn located_key(&self, key: &LedgerKey) -> Result<String, StoreError> {
+        Ok(match self.place(key).await? {
+            Place::Current => self.layout.record_key(key),
+            Place::Legacy(legacy) => legacy,
+        })
+    }
+
+    /// A transition of `key`'s record, wherever it lives.
+    async fn transition(
+        &self,
+        script: &'static Script,
+        key: &LedgerKey,
+    ) -> Result<ScriptCall, StoreError> {
+        Ok(self.transition_at(script, key, &self.place(key).await?))
     }
 
     /// Run one script invocation: one `EVALSHA` (plus `SCRIPT LOAD` and a retry when Redis
     /// lost the script), bounded by the operation timeout.
-    async fn invoke(&self, call: &ScriptCall) -> Result<Vec<Value>, StoreError> {
+    pub(super) async fn invoke(&self, call: &ScriptCall) -> Result<Vec<Value>, StoreError> {
         // A clone per call is how both connections are meant to be shared: they are an `Arc`.
         let mut connection = self.connection.clone();
         // The timeout bounds our wait, not Redis: a script cut off here may still run, and
@@ -231,11 +225,34 @@ impl RedisStore {
     }
 }
 
+/// The arguments of `begin.lua` for `request`, in its order.
+fn begin_args(call: &mut ScriptCall, request: &BeginRequest) {
+    // The lease may be 0 (a claim born lapsed is legal): it is a field
+    // compared with Redis's clock. The retention is the key's `PX` TTL, where 0 would
+    // delete the record in the step that writes it, hence the floor of 1 ms.
+    call.arg(request.fingerprint.to_hex())
+        .arg(token_hex(request.token))
+        .arg(millis(request.lease, 0))
+        .arg(millis(request.retention, 1))
+        .arg(if request.take_over { "1" } else { "0" })
+        // Drawn here, not in the script (Redis has no good randomness to offer
+        // scripts): kept only by the ask that creates the record.
+        .arg(generation_hex(Generation::random()));
+    // Sent on every client-side ask, stored only by the ask that creates the record:
+    // a resume or a retried `begin` never replaces the bytes first frozen.
+    // Empty on the server side (nothing frozen), so the scope can follow it.
+    match &request.frozen {
+        Some(frozen) => call.arg(frozen.encode()),
+        None => call.arg(""),
+    };
+    call.arg(u64_hex(request.scope));
+}
+
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("addr", &self.addr)
-            .field("prefix", &self.prefix)
+            .field("prefix", &self.layout.prefix())
             .field("operation_timeout", &self.operation_timeout)
             .finish_non_exhaustive()
     }
@@ -248,26 +265,20 @@ impl IdempotencyStore for RedisStore {
             // to offer scripts, and a `begin` sent again after a lost reply must bring the
             // same token to recognise its own claim.
             let token = request.token;
-            let mut call = self.transition(&BEGIN, &request.key);
-            // The lease may be 0 (a claim born lapsed is legal): it is a field
-            // compared with Redis's clock. The retention is the key's `PX` TTL, where 0 would
-            // delete the record in the step that writes it, hence the floor of 1 ms.
-            call.arg(request.fingerprint.to_hex())
-                .arg(token_hex(token))
-                .arg(millis(request.lease, 0))
-                .arg(millis(request.retention, 1))
-                .arg(if request.take_over { "1" } else { "0" })
-                // Drawn here, not in the script (Redis has no good randomness to offer
-                // scripts): kept only by the ask that creates the record.
-                .arg(generation_hex(Generation::random()));
-            // Sent on every client-side ask, stored only by the ask that creates the record:
-            // a resume or a retried `begin` never replaces the bytes first frozen.
-            // Empty on the server side (nothing frozen), so the scope can follow it.
-            match &request.frozen {
-                Some(frozen) => call.arg(frozen.encode()),
-                None => call.arg(""),
-            };
-            call.arg(u64_hex(request.scope));
+            let key = request.key;
+            // A record an earlier release wrote on a cluster is asked first, and only if it
+            // is there does it answer: a claim is made only where this release keeps records.
+            if let Some(legacy) = self.layout.legacy_key(&key) {
+                let mut call = self.transition_at(&BEGIN, &key, &Place::Legacy(legacy));
+                begin_args(&mut call, &request);
+                call.arg("1");
+                let reply = self.invoke(&call).await?;
+                if tag(&reply)? != b"elsewhere" {
+                    return decode_begin(&reply, token);
+                }
+            }
+            let mut call = self.transition_at(&BEGIN, &key, &Place::Current);
+            begin_args(&mut call, &request);
             let reply = self.invoke(&call).await?;
             decode_begin(&reply, token)
         })
@@ -284,7 +295,7 @@ impl IdempotencyStore for RedisStore {
             // The retention travels with the outcome: a completion starts the record's
             // retention again from now, so a replay stays available a full retention after
             // the operation finished, however long it was in flight or in doubt before.
-            let mut call = self.transition(&COMPLETE, &key);
+            let mut call = self.transition(&COMPLETE, &key).await?;
             call.arg(token_hex(token))
                 .arg(outcome.encode())
                 .arg(millis(retention, 1));
@@ -296,7 +307,7 @@ impl IdempotencyStore for RedisStore {
         StoreFuture::new(async move {
             // No retention: a released claim leaves only the released marker, which expires on
             // its own clock, and a record kept in doubt keeps the TTL it had.
-            let mut call = self.transition(&ABANDON, &key);
+            let mut call = self.transition(&ABANDON, &key).await?;
             call.arg(token_hex(token))
                 .arg(millis(crate::ledger::RELEASED_TOKEN_TTL, 1));
             self.settle(&call).await
@@ -310,7 +321,7 @@ impl IdempotencyStore for RedisStore {
         retention: Duration,
     ) -> StoreFuture<'_, ()> {
         StoreFuture::new(async move {
-            let mut call = self.transition(&MARK_IN_DOUBT, &key);
+            let mut call = self.transition(&MARK_IN_DOUBT, &key).await?;
             call.arg(token_hex(token)).arg(millis(retention, 1));
             self.settle(&call).await
         })
@@ -318,29 +329,22 @@ impl IdempotencyStore for RedisStore {
 
     fn inspect(&self, key: LedgerKey) -> StoreFuture<'_, Option<crate::ledger::RecordView>> {
         StoreFuture::new(async move {
-            let call = ScriptCall::new(&INSPECT, self.redis_key(&key));
+            let call = ScriptCall::new(&INSPECT, self.located_key(&key).await?);
             let reply = self.invoke(&call).await?;
             let request = decode_inspected_request(&reply)?;
             Ok(decode_inspect(&reply)?.map(|view| view.with_request(request)))
         })
     }
 
-    /// A page from the listing indexes (see the [module docs](super#listing)): one script,
-    /// which looks at no more than ten index entries per record the page may hold (at
-    /// least the page's limit, at most 1000 otherwise), so a page costs the same however
-    /// many records the store holds. Not on a Redis Cluster (an unavailable error).
+    /// A page from the listing indexes (see the [module docs](super#listing)): one script
+    /// per bucket (one on a single Redis, sixteen on a cluster), each looking at no more
+    /// than ten index entries per record the page may hold (at least the page's limit, at
+    /// most 1000 otherwise), so a page costs the same however many records the store holds.
     fn list(&self, query: ListQuery) -> StoreFuture<'_, ListPage> {
         StoreFuture::new(async move {
-            if !self.keeps_indexes() {
-                return Err(StoreError::unavailable(
-                    "listing needs the per-state indexes, which a script can keep in step \
-                     with the records only on a single Redis (not yet on Redis Cluster)",
-                ));
-            }
-            let reply = self.invoke(&self.list_call(&query)).await?;
-            let mut page = decode_list(&reply)?;
-            // The script filtered already; the shared rule has the last word, so every store
-            // agrees on what a filter means.
+            let mut page = self.list_page(&query).await?;
+            // The scripts filtered already; the shared rule has the last word, so every
+            // store agrees on what a filter means.
             page.records.retain(|record| query.matches(&record.view));
             Ok(page)
         })
@@ -350,7 +354,7 @@ impl IdempotencyStore for RedisStore {
         StoreFuture::new(async move {
             // Only the lease field moves; the key's TTL is untouched, so an owner renewing in a
             // loop cannot stretch the record's retention.
-            let mut call = ScriptCall::new(&RENEW, self.redis_key(&key));
+            let mut call = ScriptCall::new(&RENEW, self.located_key(&key).await?);
             call.arg(token_hex(token)).arg(millis(lease, 1));
             self.settle(&call).await
         })
@@ -362,7 +366,7 @@ impl IdempotencyStore for RedisStore {
         expected: crate::ledger::Expected,
     ) -> StoreFuture<'_, crate::ledger::Forget> {
         StoreFuture::new(async move {
-            let mut call = self.transition(&FORGET, &key);
+            let mut call = self.transition(&FORGET, &key).await?;
             call.arg(expected.kind.as_str())
                 .arg(expected.fingerprint.to_hex())
                 .arg(expected.attempts)
@@ -390,7 +394,7 @@ impl IdempotencyStore for RedisStore {
         StoreFuture::new(async move {
             // One script judges the look and completes the record, moving it to the
             // completed index (on a single Redis) in the same step.
-            let mut call = self.transition(&RESOLVE, &key);
+            let mut call = self.transition(&RESOLVE, &key).await?;
             call.arg(expected.kind.as_str())
                 .arg(expected.fingerprint.to_hex())
                 .arg(expected.attempts)

@@ -1,0 +1,297 @@
+//! A gRPC answer as the server face records it, and back.
+//!
+//! The server face records a response's status, allow-listed headers and body; a gRPC
+//! answer also has trailers, where its status, message and details travel. The handler's
+//! answer is therefore handed to the face as one body: its trailers first, as a block,
+//! then its data frames exactly as the handler wrote them. Every store keeps that body as
+//! it keeps any other, so the trailers are recorded on each of them with no change to
+//! records or schemas, and a replay unpacks them again.
+//!
+//! The block: one byte `0x80` (gRPC-Web's flag for a trailers frame), a `u32` count, then
+//! for each trailer a `u16` name length, the name, a `u32` value length and the value (all
+//! big-endian), the value's bytes as sent (`grpc-message` percent-encoded,
+//! `grpc-status-details-bin` base64).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tonic::Code;
+use tower_service::Service;
+
+use super::wire::{self, Pushback};
+use crate::server::replay::NEVER_REPLAYED;
+use crate::server::{NotProcessed, RequestBody};
+use crate::BoxError;
+
+/// The flag that opens a trailer block (gRPC-Web's trailers frame).
+const TRAILERS_FLAG: u8 = 0x80;
+
+/// The request metadata by which a client says which compressions it accepts. Taken off
+/// a protected call before its handler sees it, so that no recorded answer is compressed:
+/// a replay may go to a client that accepts no compression at all.
+const ACCEPT_ENCODING: &str = "grpc-accept-encoding";
+
+/// Pack `trailers` and `data` as one recorded body.
+pub(super) fn pack(trailers: &HeaderMap, data: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + data.len() + 64);
+    out.put_u8(TRAILERS_FLAG);
+    out.put_u32(u32::try_from(trailers.len()).unwrap_or(u32::MAX));
+    for (name, value) in trailers {
+        out.put_u16(name.as_str().len() as u16);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value.len() as u32);
+        out.put_slice(value.as_bytes());
+    }
+    out.put_slice(data);
+    out.freeze()
+}
+
+/// The trailers and data of a body [`pack`] made; `None` for anything else.
+pub(super) fn unpack(mut body: Bytes) -> Option<(HeaderMap, Bytes)> {
+    if body.len() < 5 || body.get_u8() != TRAILERS_FLAG {
+        return None;
+    }
+    let count = body.get_u32();
+    let mut trailers = HeaderMap::new();
+    for _ in 0..count {
+        let name = take(&mut body, 2)?;
+        let value = take(&mut body, 4)?;
+        let name = HeaderName::from_bytes(&name).ok()?;
+        let value = HeaderValue::from_maybe_shared(value).ok()?;
+        trailers.append(name, value);
+    }
+    Some((trailers, body))
+}
+
+/// One length-prefixed field (a `u16` or `u32` length, by `width`).
+fn take(body: &mut Bytes, width: usize) -> Option<Bytes> {
+    if body.len() < width {
+        return None;
+    }
+    let len = if width == 2 {
+        usize::from(body.get_u16())
+    } else {
+        body.get_u32() as usize
+    };
+    (body.len() >= len).then(|| body.split_to(len))
+}
+
+/// The tonic service behind the server face: each call's answer gathered whole (headers,
+/// data, trailers) and handed to the face as one packed body.
+#[derive(Clone, Debug)]
+pub(super) struct Recorded<S> {
+    pub(super) inner: S,
+}
+
+impl<S, B, ResBody> Service<Request<RequestBody<B>>> for Recorded<S>
+where
+    S: Service<Request<tonic::body::Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<PackedBody>;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<RequestBody<B>>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        parts.headers.remove(ACCEPT_ENCODING);
+        let answer = self
+            .inner
+            .call(Request::from_parts(parts, tonic::body::Body::new(body)));
+        Box::pin(async move {
+            let answer = answer.await?;
+            Ok(gather(answer).await)
+        })
+    }
+}
+
+/// The answer read whole, its trailers (or a trailers-only answer's status) packed before
+/// its data. An answer whose body fails is handed on failing, so the face holds the call in
+/// doubt rather than recording half of it.
+async fn gather<ResBody>(answer: Response<ResBody>) -> Response<PackedBody>
+where
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let (mut parts, body) = answer.into_parts();
+    let collected = match body.collect().await {
+        Ok(collected) => collected,
+        Err(err) => return Response::from_parts(parts, PackedBody::failed(err.into())),
+    };
+    let mut trailers = collected.trailers().cloned().unwrap_or_default();
+    if parts.headers.contains_key(wire::GRPC_STATUS) {
+        trailers.extend(trailers_of_trailers_only(&mut parts.headers));
+    }
+    if is_released(&trailers) {
+        parts.extensions.insert(NotProcessed);
+    }
+    let data = collected.to_bytes();
+    Response::from_parts(parts, PackedBody::whole(pack(&trailers, &data)))
+}
+
+/// The trailers of a trailers-only answer, taken out of its `headers`: every entry but its
+/// `content-type` (a status's message, details and metadata all travel there), less what
+/// must never outlive an answer (cookies, credentials, dates, hop-by-hop headers). Packed
+/// as trailers, they are recorded as a normal answer's trailers are, whatever the face's
+/// allow-list for headers says.
+fn trailers_of_trailers_only(headers: &mut HeaderMap) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    let mut kept = HeaderMap::new();
+    let mut last = None;
+    for (name, value) in std::mem::take(headers) {
+        let name = name.or(last.clone()).expect("the first entry has a name");
+        last = Some(name.clone());
+        if name == CONTENT_TYPE {
+            kept.append(name, value);
+        } else if !NEVER_REPLAYED.contains(&name.as_str()) {
+            trailers.append(name, value);
+        }
+    }
+    *headers = kept;
+    trailers
+}
+
+/// `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with a `grpc-retry-pushback-ms`: the handler
+/// turned the call away before doing anything and asks for it again, as an HTTP handler's
+/// `503` with `Retry-After` does. Released, not recorded, so the retry runs.
+fn is_released(trailers: &HeaderMap) -> bool {
+    let code = trailers
+        .get(wire::GRPC_STATUS)
+        .map(|code| Code::from_bytes(code.as_bytes()));
+    matches!(code, Some(Code::Unavailable | Code::ResourceExhausted))
+        && matches!(wire::pushback(trailers), Pushback::After(_))
+}
+
+/// A packed answer, or the failure of the answer's body.
+#[derive(Debug)]
+pub(super) struct PackedBody {
+    data: Option<Bytes>,
+    failure: Option<BoxError>,
+}
+
+impl PackedBody {
+    pub(super) fn whole(data: Bytes) -> Self {
+        Self {
+            data: Some(data),
+            failure: None,
+        }
+    }
+
+    pub(super) fn failed(err: BoxError) -> Self {
+        Self {
+            data: None,
+            failure: Some(err),
+        }
+    }
+}
+
+impl Body for PackedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(err) = self.failure.take() {
+            return Poll::Ready(Some(Err(err)));
+        }
+        Poll::Ready(self.data.take().map(|data| Ok(Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.failure.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.data {
+            Some(data) => SizeHint::with_exact(data.len() as u64),
+            None => SizeHint::with_exact(0),
+        }
+    }
+}
+
+/// A recorded answer's data, then its trailers.
+pub(super) struct Answer {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Answer {
+    pub(super) fn new(data: Bytes, trailers: HeaderMap) -> Self {
+        Self {
+            data: Some(data),
+            trailers: Some(trailers),
+        }
+    }
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(
+            self.trailers
+                .take()
+                .map(|trailers| Ok(Frame::trailers(trailers))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |data| data.len() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packed_body_unpacks_to_its_trailers_and_data_byte_for_byte() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("9"));
+        trailers.insert("grpc-message", HeaderValue::from_static("card%20declined"));
+        trailers.append("x-note", HeaderValue::from_static("a"));
+        trailers.append("x-note", HeaderValue::from_static("b"));
+        let data = b"\0\0\0\0\x03abc";
+
+        let (back, rest) = unpack(pack(&trailers, data)).unwrap();
+
+        assert_eq!(back, trailers);
+        assert_eq!(rest.as_ref(), data);
+    }
+
+    #[test]
+    fn bodies_not_packed_are_refused() {
+        assert!(unpack(Bytes::from_static(b"\0\0\0\0\x01a")).is_none());
+        assert!(unpack(Bytes::from_static(b"\x80\0\0\0\x01\0\x09grpc")).is_none());
+        assert!(unpack(Bytes::new()).is_none());
+    }
+}

@@ -1,0 +1,20 @@
+//! The gRPC face: a real tonic server and client over loopback, with the generated payments
+//! service of tests/support/grpc.
+//!
+//! One test binary per area; each file below is a module of it.
+
+mod support;
+
+#[path = "support/grpc/mod.rs"]
+mod payments;
+
+mod grpc {
+    mod client;
+    mod codegen;
+    mod descriptor;
+    mod fixture;
+    mod retry;
+    mod server;
+    mod stores;
+    mod whole_stack;
+}

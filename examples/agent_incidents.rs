@@ -25,10 +25,18 @@
 //!    leaves a charge in doubt: it is not sent again blind. The on-call operator lists it
 //!    through the console's JSON API, resolves it as not applied, and the next run charges.
 //!
+//! 7. **An MCP tool call whose stream drops** (with the `mcp` feature). An agent calls
+//!    `charge_customer` on an MCP tool server over Streamable HTTP; the tool charges, the
+//!    provider's answer is slow, the agent's timeout closes the stream and the call is
+//!    issued again (a new JSON-RPC id). Ours: the tool server's routes behind a
+//!    `ToolGuard`, the agent an `McpClient`: the re-issue carries the operation's key and
+//!    is answered with the first run's result.
+//!
 //! Every count in the final table is read from the provider's own records.
 //!
 //! ```text
 //! cargo run --example agent_incidents
+//! cargo run --example agent_incidents --features mcp
 //! ```
 //!
 //! With `REDIS_URL` set (and the `redis` feature on), the ledger is Redis and scenario 3's
@@ -929,6 +937,163 @@ async fn send_as_orchestrator(
     stack.oneshot(req).await
 }
 
+// ---------------------------------------------------------------------------------------
+// 7. An MCP tool call whose stream drops (feature `mcp`).
+// ---------------------------------------------------------------------------------------
+
+#[cfg(feature = "mcp")]
+mod mcp_tool_server {
+    use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
+    use rmcp::model::{ServerCapabilities, ServerConfig};
+    use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler};
+    use serde_json::json;
+    use tower::ServiceExt;
+    use tower_idempotency::mcp::{self, ToolGuard};
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    pub struct Charge {
+        order_id: String,
+        amount_cents: u64,
+    }
+
+    /// An MCP tool server whose `charge_customer` charges through the payments API.
+    #[derive(Clone)]
+    pub struct Payments {
+        base: String,
+        guarded: bool,
+        tool_router: ToolRouter<Self>,
+    }
+
+    #[tool_router]
+    impl Payments {
+        pub fn new(base: String, guard: Option<&ToolGuard>) -> Self {
+            let tools = Self::tool_router();
+            Self {
+                base,
+                guarded: guard.is_some(),
+                tool_router: match guard {
+                    Some(guard) => guard.router(tools),
+                    None => tools,
+                },
+            }
+        }
+
+        #[tool(description = "Charge a customer for an order")]
+        async fn charge_customer(&self, Parameters(charge): Parameters<Charge>) -> String {
+            let body = json!({"order_id": charge.order_id, "amount_cents": charge.amount_cents});
+            let request = super::json_post(&format!("{}/charges", self.base), &body);
+            match super::hyper_client().oneshot(request).await {
+                Ok(response) => format!("charged: {}", response.status()),
+                Err(err) => format!("charge failed: {err}"),
+            }
+        }
+    }
+
+    #[tool_handler(router = self.tool_router)]
+    impl ServerHandler for Payments {
+        fn get_info(&self) -> ServerConfig {
+            let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+            if self.guarded {
+                mcp::advertise(&mut capabilities);
+            }
+            ServerConfig::new(capabilities)
+        }
+    }
+}
+
+#[cfg(feature = "mcp")]
+async fn mcp_tool_call_whose_stream_drops(provider: &Provider, base: &str) -> Row {
+    use mcp_tool_server::Payments;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::{StreamableHttpClientTransport, StreamableHttpService};
+    use rmcp::ServiceExt as _;
+    use tower_idempotency::mcp::{CallerScope, McpClient, ToolGuard};
+
+    /// Serve `payments` over Streamable HTTP on loopback; an agent's session with it.
+    async fn session(payments: Payments) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+        let service = StreamableHttpService::new(
+            move || Ok(payments.clone()),
+            LocalSessionManager::default().into(),
+            Default::default(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().nest_service("/mcp", service);
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let transport = StreamableHttpClientTransport::from_uri(format!("http://{addr}/mcp"));
+        ().serve(transport).await.expect("the agent connects")
+    }
+    let charge = || json!({"order_id": "order_47", "amount_cents": 1999});
+
+    // Naive: the agent's own timeout, then the call issued again.
+    provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
+    let agent = session(Payments::new(base.to_owned(), None)).await;
+    for attempt in 1..=2 {
+        let mut params = CallToolRequestParams::new("charge_customer");
+        params.arguments = charge().as_object().cloned();
+        match tokio::time::timeout(CALL_TIMEOUT, agent.call_tool(params)).await {
+            Ok(result) => {
+                let answer = result
+                    .ok()
+                    .and_then(|r| r.content.first()?.as_text().map(|t| t.text.clone()));
+                println!("  naive: attempt {attempt}: {}", answer.unwrap_or_default());
+            }
+            Err(_) => println!(
+                "  naive: attempt {attempt}: timed out; the stream closed, the call issued again"
+            ),
+        }
+    }
+    let naive = provider.charges_for("order_47");
+    println!("  naive: charges for order_47: {naive}");
+
+    // Ours: the routes behind a ToolGuard; the agent an McpClient.
+    provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
+    let guard = ToolGuard::builder(MemoryStore::new(), CallerScope::single_client("agent"))
+        .build()
+        .unwrap();
+    let agent = session(Payments::new(base.to_owned(), Some(&guard))).await;
+    let client = McpClient::builder(ledger().await, agent.peer().clone())
+        .tool_settings(|tool| {
+            tool.retry_policy(
+                RetryPolicy::builder()
+                    .attempt_timeout(CALL_TIMEOUT)
+                    .max_elapsed(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .build()
+        .unwrap();
+    let op = OperationId::new("task-7", "charge_customer");
+    let result = client
+        .call(
+            op,
+            "charge_customer",
+            charge().as_object().cloned().unwrap(),
+        )
+        .await
+        .expect("the re-issue is answered");
+    let replayed = result
+        .value()
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.0.get("idempotent-replayed"))
+        .is_some();
+    let ours = provider.charges_for("order_47") - naive;
+    println!(
+        "  ours:  the re-issue carried _meta[\"idempotency-key\"]; answered {:?} (a replay: {replayed}); charges made by this stack: {ours}",
+        result.value().content.first().and_then(|c| c.as_text()).map(|t| t.text.clone()).unwrap_or_default()
+    );
+    Row {
+        scenario: "7. MCP tool call: the stream drops, re-issued",
+        naive,
+        ours,
+        note: "the re-issue carried the operation's key; the tool server replayed the first run"
+            .into(),
+    }
+}
+
 fn status_of<B, E: std::fmt::Display>(result: &Result<http::Response<B>, E>) -> String {
     match result {
         Ok(response) => response.status().to_string(),
@@ -971,7 +1136,18 @@ async fn main() {
     println!("   orchestrator re-runs the step and the model regenerates the call");
     let five = regenerated_tool_call_over_an_sdk().await;
 
-    let rows = [one, two, three, four, five];
+    #[allow(unused_mut)]
+    let mut rows = vec![one, two, three, four, five];
+    #[cfg(feature = "mcp")]
+    {
+        println!(
+            "\n7. charge_customer(order_47) as an MCP tool over Streamable HTTP: the provider's"
+        );
+        println!(
+            "   answer is slow, the agent's timeout closes the stream, the call is issued again"
+        );
+        rows.push(mcp_tool_call_whose_stream_drops(&provider, &base).await);
+    }
     println!(
         "\n{:<52} {:>13} {:>12}",
         "scenario", "naive effects", "our effects"

@@ -143,6 +143,9 @@ pub mod grpc;
 pub mod idempotency;
 pub mod key;
 pub mod ledger;
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub mod mcp;
 pub mod phase;
 mod provider;
 #[cfg(feature = "reqwest")]

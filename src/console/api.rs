@@ -23,6 +23,18 @@ pub(crate) async fn list(State(shared): State<Arc<Shared>>, request: Request) ->
     answer(list_page(&shared, &head).await)
 }
 
+/// `GET api/records`' answer to `head`, refusals included (the MCP list tool's).
+#[cfg(feature = "mcp")]
+pub(crate) async fn list_answer(shared: &Shared, head: &Parts) -> Response {
+    answer(list_page(shared, head).await)
+}
+
+/// `GET api/records/{key}`' answer to `head`, refusals included (the MCP inspect tool's).
+#[cfg(feature = "mcp")]
+pub(crate) async fn record_answer(shared: &Shared, head: &Parts, key: &str) -> Response {
+    answer(one_record(shared, head, key).await)
+}
+
 async fn list_page(shared: &Shared, head: &Parts) -> Result<Response, Failure> {
     shared.operator(head)?;
     let list = parse_list(head.uri.query(), &[])?;

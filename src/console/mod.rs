@@ -140,6 +140,8 @@ mod csrf;
 mod filter;
 mod html;
 mod look;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod pages;
 mod problem;
 mod redact;
@@ -154,6 +156,8 @@ use axum::Router;
 use http::request::Parts;
 
 pub use authorize::{Authorize, Operator, Refusal, Role};
+#[cfg(feature = "mcp")]
+pub use mcp::{INSPECT_TOOL, LIST_TOOL};
 
 use action::Action;
 use csrf::CsrfKey;

@@ -25,7 +25,7 @@
 //!    leaves a charge in doubt: it is not sent again blind. The on-call operator lists it
 //!    through the console's JSON API, resolves it as not applied, and the next run charges.
 //!
-//! 7. **An MCP tool call whose stream drops** (with the `mcp` feature). An agent calls
+//! 7. **An MCP tool call whose stream drops.** An agent calls
 //!    `charge_customer` on an MCP tool server over Streamable HTTP; the tool charges, the
 //!    provider's answer is slow, the agent's timeout closes the stream and the call is
 //!    issued again (a new JSON-RPC id). Ours: the tool server's routes behind a
@@ -36,7 +36,6 @@
 //!
 //! ```text
 //! cargo run --example agent_incidents
-//! cargo run --example agent_incidents --features mcp
 //! ```
 //!
 //! With `REDIS_URL` set (and the `redis` feature on), the ledger is Redis and scenario 3's

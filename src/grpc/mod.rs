@@ -74,7 +74,9 @@
 //! - **Which calls**: the unary methods of its [`Methods`] table, but the
 //!   `NO_SIDE_EFFECTS` ones ([`Methods::reads`]), which pass through as reads. **Streaming
 //!   methods and reads are passed through untouched**, with no key needed and nothing
-//!   recorded. A call to a method the table does not name is refused with `INTERNAL`
+//!   recorded; but a read that arrives with a key in the key's metadata entry is guarded
+//!   like a side effect (its caller takes it for one and resends it under the key, so a
+//!   side effect the table calls a read runs once, not once per resend). A call to a method the table does not name is refused with `INTERNAL`
 //!   (saying so): run unguarded, a unary method left out of the table would be charged
 //!   again by every retry, in silence. Name every method of the services behind the layer,
 //!   a health check's and reflection's too (as [`Methods::reads`] or streaming), or put the

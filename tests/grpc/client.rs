@@ -166,6 +166,9 @@ async fn a_charge_to_a_method_the_table_forgot_is_refused_before_sending_not_pas
             .and_then(tower_idempotency::Error::find)
             .expect("our error is the status's source");
         assert!(ours.is_method_not_listed(), "{ours}");
-        assert!(ours.to_string().contains("Charge"), "names the method: {ours}");
+        assert!(
+            ours.to_string().contains("Charge"),
+            "names the method: {ours}"
+        );
     }
 }

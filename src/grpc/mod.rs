@@ -165,7 +165,10 @@
 //! with the required [`provider_deduplicates`](crate::client::Builder::provider_deduplicates)
 //! choice, and given the [`RetryLayer`]'s policy
 //! ([`retry_policy`](crate::client::Builder::retry_policy)) so that its lease outlasts the
-//! retries; reads and streaming methods pass through, and a call to a method the table does
+//! retries; reads and streaming methods pass through, and so does an `IDEMPOTENT` method's
+//! call without an `OperationId` (retried freely). An `IDEMPOTENT` call that carries one
+//! is kept once per operation like a side effect: a re-run step is answered from the
+//! ledger, and the provider (whose [`ServerLayer`] guards such methods) gets its key. A call to a method the table does
 //! not name is refused before it is sent ([`Error::is_method_not_listed`](crate::Error::is_method_not_listed)):
 //! a unary side effect the table forgot would otherwise go out with no key and no ledger.
 //!

@@ -71,6 +71,12 @@
 //! same state machine, every refusal told as a gRPC status. Put it around the tonic server's
 //! routes, `Server::builder().layer(layer)`.
 //!
+//! Its store is what makes a resent call a replay, so it must outlive the process and be
+//! shared by every replica: a `MemoryStore` forgets its keys when the server restarts, and
+//! a replica never sees another's, so a call resent after a restart, or to another
+//! replica, runs again. Behind more than one process, or where a restart can fall between
+//! a charge and its resend, use a shared, durable store (`RedisStore`, `PostgresStore`).
+//!
 //! - **Which calls**: the unary methods of its [`Methods`] table, but the
 //!   `NO_SIDE_EFFECTS` ones ([`Methods::reads`]), which pass through as reads. **Streaming
 //!   methods and reads are passed through untouched**, with no key needed and nothing

@@ -21,7 +21,7 @@ use super::wire::{self, Pushback};
 use crate::client::{ClientFace, ClientLayer as HttpClientLayer};
 use crate::idempotency::{Idempotency, ResponseBody};
 use crate::phase::{classify, FailurePhase};
-use crate::{BoxError, Error};
+use crate::{BoxError, Error, OperationId};
 
 type GrpcBody = tonic::body::Body;
 
@@ -95,7 +95,17 @@ where
             let refused = Error::method_not_listed(req.uri().path());
             return ClientFuture::new(async move { Err(refused) });
         };
-        let guarded = method.kind == MethodKind::Unary && method.effect == MethodEffect::SideEffect;
+        let guarded = method.kind == MethodKind::Unary
+            && match method.effect {
+                MethodEffect::SideEffect => true,
+                // The caller named an operation: keep it once, key and ledger, even for a
+                // method the table calls idempotent. Passed through, a re-run step would
+                // send it again with no key, and a method called idempotent that is not
+                // (or a provider that relies on the key to be so) would act twice in
+                // silence. Without an operation it passes through, retried freely, as before.
+                MethodEffect::Idempotent => req.extensions().get::<OperationId>().is_some(),
+                MethodEffect::NoSideEffects => false,
+            };
         if !guarded {
             let answer = self.passed.call(req);
             return ClientFuture::new(async move {

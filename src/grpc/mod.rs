@@ -71,10 +71,18 @@
 //! same state machine, every refusal told as a gRPC status. Put it around the tonic server's
 //! routes, `Server::builder().layer(layer)`.
 //!
+//! Its store is what makes a resent call a replay, so it must outlive the process and be
+//! shared by every replica: a `MemoryStore` forgets its keys when the server restarts, and
+//! a replica never sees another's, so a call resent after a restart, or to another
+//! replica, runs again. Behind more than one process, or where a restart can fall between
+//! a charge and its resend, use a shared, durable store (`RedisStore`, `PostgresStore`).
+//!
 //! - **Which calls**: the unary methods of its [`Methods`] table, but the
 //!   `NO_SIDE_EFFECTS` ones ([`Methods::reads`]), which pass through as reads. **Streaming
 //!   methods and reads are passed through untouched**, with no key needed and nothing
-//!   recorded. A call to a method the table does not name is refused with `INTERNAL`
+//!   recorded; but a read that arrives with a key in the key's metadata entry is guarded
+//!   like a side effect (its caller takes it for one and resends it under the key, so a
+//!   side effect the table calls a read runs once, not once per resend). A call to a method the table does not name is refused with `INTERNAL`
 //!   (saying so): run unguarded, a unary method left out of the table would be charged
 //!   again by every retry, in silence. Name every method of the services behind the layer,
 //!   a health check's and reflection's too (as [`Methods::reads`] or streaming), or put the
@@ -163,7 +171,10 @@
 //! with the required [`provider_deduplicates`](crate::client::Builder::provider_deduplicates)
 //! choice, and given the [`RetryLayer`]'s policy
 //! ([`retry_policy`](crate::client::Builder::retry_policy)) so that its lease outlasts the
-//! retries; reads and streaming methods pass through, and a call to a method the table does
+//! retries; reads and streaming methods pass through, and so does an `IDEMPOTENT` method's
+//! call without an `OperationId` (retried freely). An `IDEMPOTENT` call that carries one
+//! is kept once per operation like a side effect: a re-run step is answered from the
+//! ledger, and the provider (whose [`ServerLayer`] guards such methods) gets its key. A call to a method the table does
 //! not name is refused before it is sent ([`Error::is_method_not_listed`](crate::Error::is_method_not_listed)):
 //! a unary side effect the table forgot would otherwise go out with no key and no ledger.
 //!

@@ -121,8 +121,9 @@ where
             ));
             return ServerFuture::new(async move { Ok(status.into_http()) });
         };
-        let guarded =
-            method.kind == MethodKind::Unary && method.effect != MethodEffect::NoSideEffects;
+        let guarded = method.kind == MethodKind::Unary
+            && (method.effect != MethodEffect::NoSideEffects
+                || carries_metadata_key(&req, &self.shared.key));
         if !guarded {
             let answer = self.passed.call(req);
             return ServerFuture::new(async move { Ok(answer.await?.map(GrpcBody::new)) });
@@ -130,6 +131,19 @@ where
         let clone = self.guarded.clone();
         let ready = std::mem::replace(&mut self.guarded, clone);
         ServerFuture::new(guard(ready, self.shared.clone(), req))
+    }
+}
+
+/// Whether `req` carries a key in the metadata the layer reads keys from. A read that
+/// arrives keyed is guarded all the same: its caller takes it for a side effect, and will
+/// resend it under the key after a timeout, so a table that calls a side effect a read
+/// would otherwise run it once per resend, in silence. A read run once per key costs a
+/// ledger entry and nothing else. (A key in a message field is not looked for here: that
+/// would buffer every read's message.)
+fn carries_metadata_key(req: &Request<GrpcBody>, key: &KeySource) -> bool {
+    match key {
+        KeySource::Metadata(name) => req.headers().contains_key(name),
+        KeySource::Field(_) => false,
     }
 }
 

@@ -5,12 +5,13 @@
 use tonic::transport::Channel;
 use tonic::Code;
 use tower::ServiceBuilder;
-use tower_idempotency::grpc::{ClientLayer, IdempotentClient};
+use tower_idempotency::grpc::{ClientLayer, IdempotentClient, Methods, ServerLayer};
 use tower_idempotency::ledger::MemoryStore;
 use tower_idempotency::{IdempotencyLayer, KeyHeader, OperationId};
 
 use super::fixture::{serve, serve_guarded, Fault, Provider, Served};
 use super::server::{charge, layer_over, methods};
+use crate::payments::paths::{CHARGE, GET_CHARGE, LIST_CHARGES};
 use crate::payments::payments_client::PaymentsClient;
 use crate::payments::GetChargeRequest;
 
@@ -166,6 +167,95 @@ async fn a_charge_to_a_method_the_table_forgot_is_refused_before_sending_not_pas
             .and_then(tower_idempotency::Error::find)
             .expect("our error is the status's source");
         assert!(ours.is_method_not_listed(), "{ours}");
-        assert!(ours.to_string().contains("Charge"), "names the method: {ours}");
+        assert!(
+            ours.to_string().contains("Charge"),
+            "names the method: {ours}"
+        );
     }
+}
+
+/// The table of [`methods`], with `Charge` declared `IDEMPOTENT`.
+fn charge_declared_idempotent() -> Methods {
+    Methods::new()
+        .idempotent(CHARGE)
+        .reads(GET_CHARGE)
+        .server_streaming(LIST_CHARGES)
+}
+
+fn client_with(
+    served: &Served,
+    store: &MemoryStore,
+    methods: Methods,
+) -> PaymentsClient<IdempotentClient<Channel>> {
+    let face = IdempotencyLayer::client_builder(store.clone())
+        .provider_deduplicates(true)
+        .key_header(KeyHeader::ietf())
+        .build()
+        .unwrap();
+    PaymentsClient::new(
+        ServiceBuilder::new()
+            .layer(ClientLayer::new(face, methods))
+            .service(served.channel()),
+    )
+}
+
+#[tokio::test]
+async fn an_idempotent_methods_operation_run_again_is_answered_from_the_ledger_with_its_key_sent() {
+    // A charge declared IDEMPOTENT that is not: the operation still runs once.
+    let served = serve(Provider::default()).await;
+    let store = MemoryStore::new();
+
+    let first = client_with(&served, &store, charge_declared_idempotent())
+        .charge(operation_charge("task-7"))
+        .await
+        .unwrap();
+    let again = client_with(&served, &store, charge_declared_idempotent())
+        .charge(operation_charge("task-7"))
+        .await
+        .unwrap();
+
+    assert_eq!(first.get_ref(), again.get_ref());
+    assert_eq!(served.provider.effects(), 1);
+    let key = served.provider.seen()[0].headers["idempotency-key"].clone();
+    assert_eq!(key.len(), 66, "a derived key, quoted: {key:?}");
+}
+
+#[tokio::test]
+async fn an_idempotent_methods_operation_is_accepted_by_a_server_layer_that_guards_it() {
+    let served = serve_guarded(
+        Provider::default(),
+        ServerLayer::new(
+            IdempotencyLayer::server(MemoryStore::new()),
+            charge_declared_idempotent(),
+        ),
+    )
+    .await;
+
+    let reply = client_with(&served, &MemoryStore::new(), charge_declared_idempotent())
+        .charge(operation_charge("task-7"))
+        .await
+        .unwrap();
+
+    assert_eq!(reply.get_ref().charge_id, "ch_1");
+    assert_eq!(served.provider.effects(), 1);
+}
+
+#[tokio::test]
+async fn an_idempotent_methods_call_without_an_operation_passes_through_unkeyed() {
+    let served = serve(Provider::default()).await;
+    let store = MemoryStore::new();
+
+    for _ in 0..2 {
+        client_with(&served, &store, charge_declared_idempotent())
+            .charge(charge(None, "alice", 1999))
+            .await
+            .unwrap();
+    }
+
+    assert_eq!(served.provider.calls(), 2, "no operation, no ledger");
+    assert!(served
+        .provider
+        .seen()
+        .iter()
+        .all(|seen| !seen.headers.contains_key("idempotency-key")));
 }

@@ -13,12 +13,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 use tower::ServiceBuilder;
-use tower_idempotency::grpc::{Retry, RetryLayer};
+use tower_idempotency::grpc::{Methods, Retry, RetryLayer, ServerLayer};
 use tower_idempotency::retry::{Attempts, RetryPolicy};
+use tower_idempotency::IdempotencyLayer;
 
 use super::fixture::{serve_guarded, Fault, Provider, Served};
 use super::server::{charge, layer_over, methods};
+use crate::payments::paths::{CHARGE, GET_CHARGE, LIST_CHARGES};
 use crate::payments::payments_client::PaymentsClient;
+use crate::payments::GetChargeRequest;
 use tower_idempotency::ledger::MemoryStore;
 
 /// A client that retries `UNAVAILABLE` and a key in use (`ABORTED`), with `attempt_timeout`.
@@ -138,4 +141,50 @@ async fn sixty_four_concurrent_retrying_duplicates_all_get_the_one_charge() {
     }
 
     assert_eq!(served.provider.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_keyed_charge_the_servers_table_calls_a_read_is_still_charged_once() {
+    // The server's table mistakes the charge for a read; the client knows better and keys it.
+    let misnamed = Methods::new()
+        .reads(CHARGE)
+        .reads(GET_CHARGE)
+        .server_streaming(LIST_CHARGES);
+    let layer = ServerLayer::new(IdempotencyLayer::server(MemoryStore::new()), misnamed);
+    let served = serve_guarded(
+        Provider::with_faults([Fault::ChargeThenStall(Duration::from_millis(400))]),
+        layer,
+    )
+    .await;
+    let mut client = retrying_client(served.channel(), Duration::from_millis(150));
+
+    let reply = client
+        .charge(charge(Some("k-1"), "alice", 1999))
+        .await
+        .unwrap();
+
+    assert!(reply.extensions().get::<Attempts>().unwrap().get() >= 2);
+    assert_eq!(reply.get_ref().charge_id, "ch_1");
+    assert_eq!(served.provider.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_read_without_a_key_still_passes_through_unrecorded() {
+    let layer = ServerLayer::new(IdempotencyLayer::server(MemoryStore::new()), methods());
+    let served = serve_guarded(Provider::default(), layer).await;
+    let mut client = PaymentsClient::new(served.channel());
+    let read = || GetChargeRequest {
+        charge_id: "ch_9".into(),
+    };
+
+    let first = client.get_charge(read()).await.unwrap();
+    let again = client.get_charge(read()).await.unwrap();
+
+    assert!(first.metadata().get("idempotent-replayed").is_none());
+    assert!(again.metadata().get("idempotent-replayed").is_none());
+    assert_eq!(
+        served.provider.calls(),
+        2,
+        "no key, no ledger: each read runs"
+    );
 }

@@ -110,11 +110,23 @@ impl CallerScope {
 
     /// One scope for every call: for a transport with a single client, such as stdio (a
     /// server process per client). Over a transport shared by several clients, any of
-    /// them sending another's key and arguments would be served the other's result.
+    /// them sending another's key and arguments would be served the other's result, its
+    /// own effect lost: so a keyed call that came over HTTP (Streamable HTTP serves every
+    /// client that connects) is refused under this scope, `scope-missing`, and never
+    /// runs. Behind HTTP, scope by the principal ([`http_principal`](Self::http_principal)),
+    /// or, if one client is all there can ever be, say so with
+    /// [`function`](Self::function)`(|_| Some(name))`.
     ///
     /// See the [type docs](Self) for an example.
     pub fn single_client(name: impl Into<String>) -> Self {
         Self(ScopeKind::Single(name.into()))
+    }
+
+    /// Whether this is a single-client scope and the call came over HTTP, a transport
+    /// shared by every client that connects (see [`single_client`](Self::single_client)).
+    fn is_single_client_over_http(&self, context: &RequestContext<RoleServer>) -> bool {
+        matches!(self.0, ScopeKind::Single(_))
+            && context.extensions.get::<http::request::Parts>().is_some()
     }
 
     fn of(&self, context: &RequestContext<RoleServer>) -> Option<String> {

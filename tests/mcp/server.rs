@@ -452,3 +452,38 @@ async fn a_single_client_scope_behind_a_shared_http_server_is_refused_loudly() {
         .unwrap();
     assert_eq!(effects.charges(), 1);
 }
+
+/// A tool guarded by name runs once per key over a real transport; a name the router does
+/// not have (a misspelt tool, which would be left unguarded and charge on every re-issue)
+/// is refused when the router is built.
+#[tokio::test]
+async fn a_tool_guarded_by_name_runs_once_and_a_misspelt_name_fails_at_build() {
+    let effects = Effects::default();
+    let client = duplex(Billing::guarding_one(
+        &stdio_guard(),
+        effects.clone(),
+        "charge",
+    ))
+    .await;
+    for _ in 0..2 {
+        client
+            .call_tool(call("charge", charge_42(), Some("k-1")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(effects.charges(), 1, "the guarded tool charged once");
+
+    let guard = stdio_guard();
+    let misspelt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Billing::guarding_one(&guard, Effects::default(), "chrage")
+    }));
+    let Err(panic) = misspelt else {
+        panic!("a misspelt tool name is refused");
+    };
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("no tool \"chrage\""), "{message}");
+    assert!(
+        message.contains("\"charge\""),
+        "names the router's tools: {message}"
+    );
+}

@@ -95,9 +95,12 @@ fn main() {
         .build()
         .unwrap();
     let (bare_addr, guarded_addr) = servers.block_on(async {
-        let guard = ToolGuard::builder(MemoryStore::new(), CallerScope::single_client("bench"))
-            .build()
-            .unwrap();
+        let guard = ToolGuard::builder(
+            MemoryStore::new(),
+            CallerScope::function(|_| Some("bench".to_owned())),
+        )
+        .build()
+        .unwrap();
         let effects = Effects::default();
         let bare_effects = effects.clone();
         // Stateless, with plain JSON answers rather than an SSE stream per call: on loopback

@@ -1048,9 +1048,12 @@ async fn mcp_tool_call_whose_stream_drops(provider: &Provider, base: &str) -> Ro
 
     // Ours: the routes behind a ToolGuard; the agent an McpClient.
     provider.trouble_next("charges", Trouble::SlowAnswer(Duration::from_millis(800)));
-    let guard = ToolGuard::builder(MemoryStore::new(), CallerScope::single_client("agent"))
-        .build()
-        .unwrap();
+    let guard = ToolGuard::builder(
+        MemoryStore::new(),
+        CallerScope::function(|_| Some("agent".to_owned())),
+    )
+    .build()
+    .unwrap();
     let agent = session(Payments::new(base.to_owned(), Some(&guard))).await;
     let client = McpClient::builder(ledger().await, agent.peer().clone())
         .tool_settings(|tool| {

@@ -21,7 +21,7 @@ fn args(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> 
 fn guard() -> ToolGuard {
     ToolGuard::builder(
         MemoryStore::new(),
-        CallerScope::single_client("orchestrator"),
+        CallerScope::function(|_| Some("orchestrator".to_owned())),
     )
     .build()
     .unwrap()

@@ -53,7 +53,7 @@ async fn a_stream_dropped_mid_effect_then_reissued_gives_one_effect_and_the_firs
     let effects = Effects::gated();
     let guard = ToolGuard::builder(
         MemoryStore::new(),
-        CallerScope::single_client("orchestrator"),
+        CallerScope::function(|_| Some("orchestrator".to_owned())),
     )
     .build()
     .unwrap();
@@ -81,7 +81,7 @@ async fn a_client_gone_mid_effect_and_another_reissuing_gets_the_recorded_answer
     let effects = Effects::gated();
     let guard = ToolGuard::builder(
         MemoryStore::new(),
-        CallerScope::single_client("orchestrator"),
+        CallerScope::function(|_| Some("orchestrator".to_owned())),
     )
     .build()
     .unwrap();

@@ -37,11 +37,14 @@ impl ToolServer {
                     .connect()
                     .await
                     .unwrap();
-                let guard = ToolGuard::builder(store, CallerScope::single_client("orchestrator"))
-                    // A dead owner's call turns in doubt within half a second.
-                    .ledger(|server| server.lease(Duration::from_millis(500)))
-                    .build()
-                    .unwrap();
+                let guard = ToolGuard::builder(
+                    store,
+                    CallerScope::function(|_| Some("orchestrator".to_owned())),
+                )
+                // A dead owner's call turns in doubt within half a second.
+                .ledger(|server| server.lease(Duration::from_millis(500)))
+                .build()
+                .unwrap();
                 let (addr, _task) = serve_http(move || Billing::new(&guard, effects.clone())).await;
                 addr
             });

@@ -91,6 +91,15 @@ impl Billing {
         }
     }
 
+    /// A server whose one tool `name` is guarded ([`ToolGuard::tool`]), the others not.
+    pub fn guarding_one(guard: &ToolGuard, effects: Effects, name: &str) -> Self {
+        Self {
+            effects,
+            guarded: true,
+            tool_router: guard.tool(Self::tool_router(), name),
+        }
+    }
+
     /// A bare server: no guard.
     pub fn bare(effects: Effects) -> Self {
         Self {

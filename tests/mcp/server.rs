@@ -26,6 +26,16 @@ fn stdio_guard() -> ToolGuard {
     .unwrap()
 }
 
+/// Over HTTP, with one client in the test: the one caller named explicitly.
+fn one_http_caller_guard() -> ToolGuard {
+    ToolGuard::builder(
+        MemoryStore::new(),
+        CallerScope::function(|_| Some("orchestrator".to_owned())),
+    )
+    .build()
+    .unwrap()
+}
+
 fn charge_42() -> serde_json::Value {
     json!({"order_id": "o-42", "cents": 1999, "summary": "charge order 42"})
 }
@@ -71,7 +81,7 @@ async fn two_request_ids_one_key_run_once_over_duplex() {
 #[tokio::test]
 async fn two_request_ids_one_key_run_once_over_streamable_http() {
     let effects = Effects::default();
-    let guard = stdio_guard();
+    let guard = one_http_caller_guard();
     let served = effects.clone();
     let (addr, _server) = serve_http(move || Billing::new(&guard, served.clone())).await;
     let client = http_client(addr).await;
@@ -92,7 +102,7 @@ async fn two_request_ids_one_key_run_once_over_streamable_http() {
 async fn two_request_ids_one_key_run_once_over_stateless_streamable_http() {
     // The 2026-07-28 revision: no sessions, plain JSON answers.
     let effects = Effects::default();
-    let guard = stdio_guard();
+    let guard = one_http_caller_guard();
     let served = effects.clone();
     let mut config = rmcp::transport::StreamableHttpServerConfig::default();
     config.legacy_session_mode = false;
@@ -120,7 +130,7 @@ async fn two_request_ids_one_key_run_once_over_stateless_streamable_http() {
 #[tokio::test]
 async fn the_key_travels_as_an_http_header_too_and_a_different_meta_key_is_refused() {
     let effects = Effects::default();
-    let guard = stdio_guard();
+    let guard = one_http_caller_guard();
     let served = effects.clone();
     let (addr, _server) = serve_http(move || Billing::new(&guard, served.clone())).await;
     let client = http_client_with(addr, &[("idempotency-key", "\"k-h\"")]).await;
@@ -407,4 +417,73 @@ async fn a_keyed_call_without_a_principal_is_refused() {
         Some(problem::SCOPE_MISSING)
     );
     assert_eq!(effects.charges(), 0);
+}
+
+/// Two clients of one Streamable HTTP server, a guard scoped `single_client`: the second
+/// client's call, under the same key and arguments as the first's, must not be answered
+/// with the first's charge (its own charge lost in silence). The scope is refused over
+/// HTTP, loudly, for every keyed call, and the tool never runs under it.
+#[tokio::test]
+async fn a_single_client_scope_behind_a_shared_http_server_is_refused_loudly() {
+    let effects = Effects::default();
+    let guard = stdio_guard();
+    let served = effects.clone();
+    let (addr, _server) = serve_http(move || Billing::new(&guard, served.clone())).await;
+    let (alice, bob) = tokio::join!(http_client(addr), http_client(addr));
+    for client in [&alice, &bob] {
+        let error = client
+            .call_tool(call("charge", charge_42(), Some("order-42")))
+            .await
+            .expect_err("a keyed call under a single-client scope over HTTP is refused");
+        assert_eq!(
+            problem_type(&error).as_deref(),
+            Some(problem::SCOPE_MISSING)
+        );
+        assert!(error.to_string().contains("single_client"), "{error}");
+    }
+    assert_eq!(
+        effects.charges(),
+        0,
+        "no charge under a scope shared by all"
+    );
+    // Keyless calls are not scoped: they still run as they came.
+    bob.call_tool(call("charge", charge_42(), None))
+        .await
+        .unwrap();
+    assert_eq!(effects.charges(), 1);
+}
+
+/// A tool guarded by name runs once per key over a real transport; a name the router does
+/// not have (a misspelt tool, which would be left unguarded and charge on every re-issue)
+/// is refused when the router is built.
+#[tokio::test]
+async fn a_tool_guarded_by_name_runs_once_and_a_misspelt_name_fails_at_build() {
+    let effects = Effects::default();
+    let client = duplex(Billing::guarding_one(
+        &stdio_guard(),
+        effects.clone(),
+        "charge",
+    ))
+    .await;
+    for _ in 0..2 {
+        client
+            .call_tool(call("charge", charge_42(), Some("k-1")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(effects.charges(), 1, "the guarded tool charged once");
+
+    let guard = stdio_guard();
+    let misspelt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Billing::guarding_one(&guard, Effects::default(), "chrage")
+    }));
+    let Err(panic) = misspelt else {
+        panic!("a misspelt tool name is refused");
+    };
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("no tool \"chrage\""), "{message}");
+    assert!(
+        message.contains("\"charge\""),
+        "names the router's tools: {message}"
+    );
 }

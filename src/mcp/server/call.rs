@@ -47,6 +47,12 @@ where
     let Some(key) = key else {
         return keyless(&shared, handler, read_only, call).await;
     };
+    if shared
+        .scope
+        .is_single_client_over_http(&call.request_context)
+    {
+        return Err(single_client_over_http().await);
+    }
     let Some(scope) = shared.scope.of(&call.request_context) else {
         return Err(problem_error(problem::scope_missing::<Full<Bytes>>()).await);
     };
@@ -251,6 +257,17 @@ async fn changed_fields(shared: &Shared, key: LedgerKey, arguments: &[u8]) -> Op
 
 /// The lease of a probe that finds no record (see [`changed_fields`]): it is given back at once.
 const PROBE_LEASE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A keyed call over HTTP under a single-client scope: `scope-missing`, saying why (one
+/// scope for every client that connects would serve one client another's result).
+async fn single_client_over_http() -> ErrorData {
+    let mut error = problem_error(problem::scope_missing::<Full<Bytes>>()).await;
+    error.message = "CallerScope::single_client is for a transport with one client (stdio), \
+        but this call came over HTTP, which any client can reach: scope keys by the caller \
+        (CallerScope::http_principal), or name the single caller with CallerScope::function"
+        .into();
+    error
+}
 
 /// A refused key as a JSON-RPC error.
 async fn key_refused(refused: KeyRefusal) -> ErrorData {

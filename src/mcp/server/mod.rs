@@ -110,11 +110,23 @@ impl CallerScope {
 
     /// One scope for every call: for a transport with a single client, such as stdio (a
     /// server process per client). Over a transport shared by several clients, any of
-    /// them sending another's key and arguments would be served the other's result.
+    /// them sending another's key and arguments would be served the other's result, its
+    /// own effect lost: so a keyed call that came over HTTP (Streamable HTTP serves every
+    /// client that connects) is refused under this scope, `scope-missing`, and never
+    /// runs. Behind HTTP, scope by the principal ([`http_principal`](Self::http_principal)),
+    /// or, if one client is all there can ever be, say so with
+    /// [`function`](Self::function)`(|_| Some(name))`.
     ///
     /// See the [type docs](Self) for an example.
     pub fn single_client(name: impl Into<String>) -> Self {
         Self(ScopeKind::Single(name.into()))
+    }
+
+    /// Whether this is a single-client scope and the call came over HTTP, a transport
+    /// shared by every client that connects (see [`single_client`](Self::single_client)).
+    fn is_single_client_over_http(&self, context: &RequestContext<RoleServer>) -> bool {
+        matches!(self.0, ScopeKind::Single(_))
+            && context.extensions.get::<http::request::Parts>().is_some()
     }
 
     fn of(&self, context: &RequestContext<RoleServer>) -> Option<String> {
@@ -304,23 +316,45 @@ impl ToolGuard {
 
     /// The route of the tool `name` in `router`, protected; the others as they were.
     ///
+    /// # Panics
+    ///
+    /// If `router` has no tool `name` (a misspelt name would otherwise leave the tool it
+    /// meant unguarded, its re-issued calls run again): a mistake in the server's code,
+    /// reported when the router is built.
+    ///
     /// ```
     /// # use tower_idempotency::{ledger::MemoryStore, mcp::{CallerScope, ToolGuard}};
-    /// # use rmcp::handler::server::router::tool::ToolRouter;
-    /// # #[derive(Clone)] struct Server;
+    /// use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
+    /// use rmcp::model::{CallToolResult, ContentBlock, Tool};
+    ///
+    /// #[derive(Clone)]
+    /// struct Server;
+    ///
+    /// let send_email = ToolRoute::<Server>::new_dyn(Tool::new("send_email", "sends", serde_json::Map::new()), |_call| {
+    ///     Box::pin(async { Ok(CallToolResult::success(vec![ContentBlock::text("sent")]).into()) })
+    /// });
     /// let guard = ToolGuard::builder(MemoryStore::new(), CallerScope::single_client("stdio")).build().unwrap();
-    /// let router: ToolRouter<Server> = guard.tool(ToolRouter::new(), "send_email");
-    /// # let _ = router;
+    /// let router = guard.tool(ToolRouter::new().with_route(send_email), "send_email");
+    /// assert!(router.has_route("send_email"));
+    ///
+    /// // A name the router does not have is a mistake, not a no-op.
+    /// let misspelt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guard.tool(router, "send_mail")));
+    /// assert!(misspelt.is_err());
     /// ```
     pub fn tool<S>(&self, mut router: ToolRouter<S>, name: &str) -> ToolRouter<S>
     where
         S: Clone + Send + Sync + 'static,
     {
-        if let Some(route) = router.map.remove(name) {
-            router
-                .map
-                .insert(Cow::Owned(name.to_owned()), self.route(route));
-        }
+        let Some(route) = router.map.remove(name) else {
+            let mut names: Vec<&str> = router.map.keys().map(|name| name.as_ref()).collect();
+            names.sort_unstable();
+            panic!(
+                "ToolGuard::tool: the router has no tool {name:?} to guard (its tools: {names:?})"
+            );
+        };
+        router
+            .map
+            .insert(Cow::Owned(name.to_owned()), self.route(route));
         router
     }
 

@@ -13,5 +13,6 @@ mod mcp {
     mod faults;
     mod harness;
     mod metrics;
+    mod rounds;
     mod server;
 }

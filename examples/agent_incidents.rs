@@ -21,16 +21,16 @@
 //!    request to wrap; the SDK ignores keys): a timeout after the write, the step re-run,
 //!    the call regenerated. Ours keeps the frozen arguments and reconciles.
 //!
-//! 6. **The operator's part.** A provider that ignores keys, and whose lookup is down,
-//!    leaves a charge in doubt: it is not sent again blind. The on-call operator lists it
-//!    through the console's JSON API, resolves it as not applied, and the next run charges.
-//!
-//! 7. **An MCP tool call whose stream drops.** An agent calls
+//! 6. **An MCP tool call whose stream drops.** An agent calls
 //!    `charge_customer` on an MCP tool server over Streamable HTTP; the tool charges, the
 //!    provider's answer is slow, the agent's timeout closes the stream and the call is
 //!    issued again (a new JSON-RPC id). Ours: the tool server's routes behind a
 //!    `ToolGuard`, the agent an `McpClient`: the re-issue carries the operation's key and
 //!    is answered with the first run's result.
+//!
+//! 7. **The operator's part.** A provider that ignores keys, and whose lookup is down,
+//!    leaves a charge in doubt: it is not sent again blind. The on-call operator lists it
+//!    through the console's JSON API, resolves it as not applied, and the next run charges.
 //!
 //! Every count in the final table is read from the provider's own records.
 //!
@@ -1088,7 +1088,7 @@ async fn mcp_tool_call_whose_stream_drops(provider: &Provider, base: &str) -> Ro
         result.value().content.first().and_then(|c| c.as_text()).map(|t| t.text.clone()).unwrap_or_default()
     );
     Row {
-        scenario: "7. MCP tool call: the stream drops, re-issued",
+        scenario: "6. MCP tool call: the stream drops, re-issued",
         naive,
         ours,
         note: "the re-issue carried the operation's key; the tool server replayed the first run"
@@ -1143,7 +1143,7 @@ async fn main() {
     #[cfg(feature = "mcp")]
     {
         println!(
-            "\n7. charge_customer(order_47) as an MCP tool over Streamable HTTP: the provider's"
+            "\n6. charge_customer(order_47) as an MCP tool over Streamable HTTP: the provider's"
         );
         println!(
             "   answer is slow, the agent's timeout closes the stream, the call is issued again"
@@ -1163,7 +1163,7 @@ async fn main() {
         println!("{}: {}", row.scenario, row.note);
     }
     println!(
-        "\n6. The operator's part: charge_customer(order_46) to a provider that ignores keys,"
+        "\n7. The operator's part: charge_customer(order_46) to a provider that ignores keys,"
     );
     println!("   whose lookup is down, fails with a 503; the operation stays in doubt");
     let operator_charges = an_operator_resolves_an_operation_in_doubt().await;

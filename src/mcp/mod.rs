@@ -48,7 +48,8 @@
 //! arguments that do not parse: rmcp turns those into an error result *after* the guard,
 //! which sees `invalid_params`), and a round of a multi-round call that answers "input
 //! required" (the call goes on; the follow-up round's `inputResponses` and `requestState`
-//! are fingerprinted with the arguments). Other JSON-RPC errors of the tool may come after
+//! are fingerprinted with the arguments, so a key names one multi-round call: start another
+//! with a new key). Other JSON-RPC errors of the tool may come after
 //! its effect: the key is left in doubt. Never fingerprinted: `_meta` (the client adds a
 //! fresh `progressToken` per request) and the JSON-RPC id.
 //!

@@ -15,6 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{KeyForm, KeyHeader};
 use crate::Error;
 use crate::IdempotencyKey;
+use crate::OperationId;
 
 /// A request captured once, rebuilt cheaply for every attempt.
 ///
@@ -30,6 +31,9 @@ pub(super) struct Frozen {
     headers: Headers,
     body: Bytes,
     hashes: Hashes,
+    /// The operation a key derived from names, shared with its [`OperationId`]: what a
+    /// record of it shows an operator ([`Origin`](crate::ledger::Origin)).
+    operation: Option<OperationId>,
 }
 
 /// The frozen headers.
@@ -227,6 +231,7 @@ impl FrozenRequest {
         body: Bytes,
         adding: Adding<'_>,
     ) -> (Self, Extensions) {
+        let mut operation = None;
         let (headers, hashes) = match adding {
             Adding::Nothing => (Headers::Frozen(parts.headers), Hashes::on_first_use()),
             Adding::Digest { derived_key } => {
@@ -235,6 +240,10 @@ impl FrozenRequest {
                     digest: sha256,
                     fingerprint: Fingerprint::of_sent(&parts.method, &parts.uri, &sha256),
                 };
+                if derived_key.is_some() {
+                    // The key was derived from the request's `OperationId`: it is there.
+                    operation = parts.extensions.get::<OperationId>().cloned();
+                }
                 let headers = Headers::Pending {
                     added: OnceLock::new(),
                     caller: Mutex::new(Some(parts.headers)),
@@ -250,6 +259,7 @@ impl FrozenRequest {
             headers,
             body,
             hashes,
+            operation,
         };
         (Self(Arc::new(frozen)), parts.extensions)
     }
@@ -282,6 +292,7 @@ impl FrozenRequest {
             headers: Headers::Frozen(headers),
             body,
             hashes: Hashes::on_first_use(),
+            operation: None,
         }))
     }
 
@@ -326,6 +337,11 @@ impl FrozenRequest {
     /// The whole request body.
     pub fn body(&self) -> &Bytes {
         &self.0.body
+    }
+
+    /// The operation whose `OperationId` the request's key was derived from, if it was.
+    pub(crate) fn operation(&self) -> Option<&OperationId> {
+        self.0.operation.as_ref()
     }
 
     /// The SHA-256 of the body (what `Content-Digest: sha-256` carries), computed once, on

@@ -942,8 +942,9 @@ async fn typical_completed_records_weigh_a_few_hundred_bytes() {
         .await
         .unwrap();
     let server_record = server.weighted_size();
+    // 600 bytes before records kept their 64-byte origin.
     assert!(
-        server_record <= 600,
+        server_record <= 664,
         "a server record weighs {server_record}"
     );
 
@@ -969,8 +970,9 @@ async fn typical_completed_records_weigh_a_few_hundred_bytes() {
         .await
         .unwrap();
     let client_record = client.weighted_size();
+    // 700 bytes before records kept their 64-byte origin.
     assert!(
-        client_record <= 700,
+        client_record <= 764,
         "a client record weighs {client_record}"
     );
     assert!(

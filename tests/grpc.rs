@@ -9,6 +9,7 @@ mod support;
 mod payments;
 
 mod grpc {
+    mod changed_fields;
     mod client;
     mod codegen;
     mod descriptor;

@@ -16,6 +16,7 @@ mod grpc {
     mod fixture;
     mod retry;
     mod server;
+    mod server_errors;
     mod stores;
     mod whole_stack;
 }

@@ -105,7 +105,10 @@
 //!   trailers-only answer is replayed trailers-only.
 //! - **Released, not recorded**: a handler's `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with a
 //!   `grpc-retry-pushback-ms` (it turned the call away before doing anything), as an HTTP
-//!   handler's `503` with `Retry-After`. Every other status is the key's outcome.
+//!   handler's `503` with `Retry-After`. The face's
+//!   [`ServerErrorPolicy`](crate::ServerErrorPolicy) applies to the codes gRPC makes of
+//!   HTTP's `5xx`, its server errors: `INTERNAL`, `UNKNOWN`, `DATA_LOSS` and `UNAVAILABLE`
+//!   (see the table below). Every other status is the key's outcome.
 //! - **What changed**: with a table read from the service's descriptor set
 //!   ([`Methods::from_descriptor_set`]), each top-level field of a guarded call's message is
 //!   digested (8 bytes of a SHA-256; a `map` field's entries in any order are one value, a
@@ -126,6 +129,12 @@
 //! | the call | status |
 //! |---|---|
 //! | to a method the table does not name | `INTERNAL` |
+//!
+//! | the handler's status | [`ServerErrorPolicy::Record`](crate::ServerErrorPolicy::Record) (default) | [`ServerErrorPolicy::Release`](crate::ServerErrorPolicy::Release) |
+//! |---|---|---|
+//! | `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` | released | released |
+//! | `INTERNAL`, `UNKNOWN`, `DATA_LOSS`, `UNAVAILABLE` | recorded, replayed | released: the retry runs the handler again |
+//! | any other, `OK` included | recorded, replayed | recorded, replayed |
 //!
 //! | the face says | status |
 //! |---|---|

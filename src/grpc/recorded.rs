@@ -126,6 +126,9 @@ fn take(body: &mut Bytes, width: usize) -> Option<Bytes> {
 #[derive(Clone, Debug)]
 pub(super) struct Recorded<S> {
     pub(super) inner: S,
+    /// The face's [`ServerErrorPolicy`](crate::ServerErrorPolicy) is `Release`: a server
+    /// error's status releases the key (see [`is_released`]).
+    pub(super) release_server_errors: bool,
 }
 
 impl<S, B, ResBody> Service<Request<RequestBody<B>>> for Recorded<S>
@@ -158,9 +161,10 @@ where
         let answer = self
             .inner
             .call(Request::from_parts(parts, tonic::body::Body::new(body)));
+        let release_server_errors = self.release_server_errors;
         Box::pin(async move {
             let answer = answer.await?;
-            Ok(gather(answer, fields).await)
+            Ok(gather(answer, fields, release_server_errors).await)
         })
     }
 }
@@ -171,6 +175,7 @@ where
 async fn gather<ResBody>(
     answer: Response<ResBody>,
     fields: Option<MessageDigests>,
+    release_server_errors: bool,
 ) -> Response<PackedBody>
 where
     ResBody: Body<Data = Bytes>,
@@ -185,7 +190,7 @@ where
     if parts.headers.contains_key(wire::GRPC_STATUS) {
         trailers.extend(trailers_of_trailers_only(&mut parts.headers));
     }
-    if is_released(&trailers) {
+    if is_released(&trailers, release_server_errors) {
         parts.extensions.insert(NotProcessed);
     }
     let data = collected.to_bytes();
@@ -217,15 +222,33 @@ fn trailers_of_trailers_only(headers: &mut HeaderMap) -> HeaderMap {
     trailers
 }
 
-/// `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with a `grpc-retry-pushback-ms`: the handler
-/// turned the call away before doing anything and asks for it again, as an HTTP handler's
-/// `503` with `Retry-After` does. Released, not recorded, so the retry runs.
-fn is_released(trailers: &HeaderMap) -> bool {
-    let code = trailers
+/// Whether the handler's status releases the key rather than being recorded:
+///
+/// - `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with a `grpc-retry-pushback-ms`: the handler
+///   turned the call away before doing anything and asks for it again, as an HTTP
+///   handler's `503` with `Retry-After` does. Released whatever the policy, so the retry
+///   runs.
+/// - a server error (`INTERNAL`, `UNKNOWN`, `DATA_LOSS`, `UNAVAILABLE`: what gRPC makes of
+///   HTTP's `5xx`), when the face's [`ServerErrorPolicy`](crate::ServerErrorPolicy) is
+///   `Release`, as an HTTP handler's `5xx` is.
+fn is_released(trailers: &HeaderMap, release_server_errors: bool) -> bool {
+    let Some(code) = trailers
         .get(wire::GRPC_STATUS)
-        .map(|code| Code::from_bytes(code.as_bytes()));
-    matches!(code, Some(Code::Unavailable | Code::ResourceExhausted))
-        && matches!(wire::pushback(trailers), Pushback::After(_))
+        .map(|code| Code::from_bytes(code.as_bytes()))
+    else {
+        return false;
+    };
+    let shed = matches!(code, Code::Unavailable | Code::ResourceExhausted)
+        && matches!(wire::pushback(trailers), Pushback::After(_));
+    shed || (release_server_errors && is_server_error(code))
+}
+
+/// The codes the [`ServerErrorPolicy`](crate::ServerErrorPolicy) applies to.
+fn is_server_error(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Internal | Code::Unknown | Code::DataLoss | Code::Unavailable
+    )
 }
 
 /// A packed answer, or the failure of the answer's body.
@@ -374,6 +397,26 @@ mod tests {
         assert_eq!(back.trailers["grpc-status"], "0");
         assert_eq!(back.fields, None);
         assert_eq!(back.data.as_ref(), b"\0\0\0\0\x03abc");
+    }
+
+    #[test]
+    fn server_errors_are_released_only_under_the_release_policy_pushback_always() {
+        let status = |code: &'static str| {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static(code));
+            trailers
+        };
+        for code in ["13", "2", "15", "14"] {
+            assert!(is_released(&status(code), true), "{code}");
+            assert!(!is_released(&status(code), false), "{code}");
+        }
+        for code in ["0", "3", "4", "9", "8"] {
+            assert!(!is_released(&status(code), true), "{code}");
+        }
+        let mut pushback = status("14");
+        pushback.insert("grpc-retry-pushback-ms", HeaderValue::from_static("10"));
+        assert!(is_released(&pushback, false));
+        assert!(!is_released(&HeaderMap::new(), true));
     }
 
     #[test]

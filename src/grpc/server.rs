@@ -1,5 +1,18 @@
 //! The server face in front of a tonic service: unary calls keyed, recorded and replayed,
 //! every refusal a gRPC status.
+//!
+//! A gRPC answer is HTTP `200` whatever its status, so the face's
+//! [`ServerErrorPolicy`](crate::ServerErrorPolicy) is applied to the handler's status code
+//! (by [`Recorded`], which marks a released answer [`NotProcessed`](crate::server::NotProcessed)):
+//!
+//! | the handler's status | `Record` (default) | `Release` |
+//! |---|---|---|
+//! | `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` (as a `503` with `Retry-After`) | released | released |
+//! | `INTERNAL`, `UNKNOWN`, `DATA_LOSS`, `UNAVAILABLE` (gRPC's server errors, as HTTP's `5xx`) | recorded, replayed | released: the retry runs the handler again |
+//! | any other, `OK` included | recorded, replayed | recorded, replayed |
+//!
+//! `DEADLINE_EXCEEDED` is no server error here: a handler that answers it gave up waiting on
+//! something it called, which may have acted.
 
 use std::fmt;
 use std::future::Future;
@@ -81,6 +94,7 @@ impl<S: Clone> Layer<S> for ServerLayer {
         IdempotentService {
             guarded: self.http.layer(Recorded {
                 inner: inner.clone(),
+                release_server_errors: self.shared.face.releases_server_errors(),
             }),
             passed: inner,
             shared: self.shared.clone(),

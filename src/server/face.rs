@@ -77,6 +77,13 @@ impl ServerFace {
         Some(LedgerKey::server_of(&scope, key.as_bytes()))
     }
 
+    /// Whether a handler's server error releases the key
+    /// ([`ServerErrorPolicy::Release`]) rather than being recorded.
+    #[cfg(feature = "tonic")]
+    pub(crate) fn releases_server_errors(&self) -> bool {
+        self.server_errors == ServerErrorPolicy::Release
+    }
+
     /// Whether `req` goes through the ledger: its [`EffectClass`] when a layer outside set
     /// one, else its method.
     pub(super) fn is_side_effect<B>(&self, req: &Request<B>) -> bool {

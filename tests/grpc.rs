@@ -9,12 +9,14 @@ mod support;
 mod payments;
 
 mod grpc {
+    mod changed_fields;
     mod client;
     mod codegen;
     mod descriptor;
     mod fixture;
     mod retry;
     mod server;
+    mod server_errors;
     mod stores;
     mod whole_stack;
 }

@@ -139,8 +139,10 @@ async fn unpacked(answer: Response<ResponseBody<PackedBody>>) -> Result<Response
             FailurePhase::Unknown,
         )
     };
-    let (headers, packed) = unpack(bytes).ok_or_else(unreadable)?;
-    let (trailers, data) = unpack(packed).ok_or_else(unreadable)?;
+    let outer = unpack(bytes).ok_or_else(unreadable)?;
+    let (headers, packed) = (outer.trailers, outer.data);
+    let inner = unpack(packed).ok_or_else(unreadable)?;
+    let (trailers, data) = (inner.trailers, inner.data);
     parts.status = StatusCode::OK;
     // The face's own marks (a replay's) stay beside the answer's headers.
     for (name, value) in headers {
@@ -208,7 +210,11 @@ where
                     .headers
                     .insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
             }
-            let body = pack(&headers, &pack(&trailers, &collected.to_bytes()));
+            let body = pack(
+                &headers,
+                None,
+                &pack(&trailers, None, &collected.to_bytes()),
+            );
             Ok(Response::from_parts(parts, PackedBody::whole(body)))
         })
     }

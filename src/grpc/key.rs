@@ -72,7 +72,8 @@ pub(super) fn field_key(body: &Bytes, number: u32) -> Result<HeaderValue, FieldK
     quoted(&value).ok_or(FieldKeyError::Unreadable("the key is not visible ASCII"))
 }
 
-fn single_message(body: &Bytes) -> Result<Bytes, FieldKeyError> {
+/// The single uncompressed message of a unary request `body`, without its 5-byte prefix.
+pub(super) fn single_message(body: &Bytes) -> Result<Bytes, FieldKeyError> {
     let mut rest = body.clone();
     if rest.len() < 5 {
         return Err(FieldKeyError::Unreadable("no gRPC message"));

@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::fields::MessageFields;
+
 /// How a method's messages travel, as its `.proto` declares it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -77,6 +79,10 @@ impl Method {
 #[derive(Clone, Debug, Default)]
 pub struct Methods {
     by_path: Arc<HashMap<Box<str>, Method>>,
+    /// The top-level fields of a unary method's input message, by name, when the table
+    /// was read from a descriptor set: how the server layer names the fields a call that
+    /// reuses a key changed.
+    inputs: Arc<HashMap<Box<str>, Arc<MessageFields>>>,
 }
 
 impl Methods {
@@ -86,10 +92,25 @@ impl Methods {
     }
 
     /// Add `path` as a method of `kind` with `effect` (a later entry for a path replaces an
-    /// earlier one).
+    /// earlier one, and what a descriptor set said of its input message).
     pub fn method(mut self, path: &str, kind: MethodKind, effect: MethodEffect) -> Self {
         Arc::make_mut(&mut self.by_path).insert(path.into(), Method { kind, effect });
+        if self.inputs.contains_key(path) {
+            Arc::make_mut(&mut self.inputs).remove(path);
+        }
         self
+    }
+
+    /// Name the top-level fields of the input message of the method at `path`.
+    pub(super) fn with_input_fields(mut self, path: &str, fields: MessageFields) -> Self {
+        Arc::make_mut(&mut self.inputs).insert(path.into(), Arc::new(fields));
+        self
+    }
+
+    /// The top-level fields of the input message of the method at `path`, when the table
+    /// was read from a descriptor set that declares it.
+    pub(super) fn input_fields(&self, path: &str) -> Option<&Arc<MessageFields>> {
+        self.inputs.get(path)
     }
 
     /// Add a unary method with side effects (`idempotency_level` left unset).

@@ -105,7 +105,20 @@
 //!   trailers-only answer is replayed trailers-only.
 //! - **Released, not recorded**: a handler's `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with a
 //!   `grpc-retry-pushback-ms` (it turned the call away before doing anything), as an HTTP
-//!   handler's `503` with `Retry-After`. Every other status is the key's outcome.
+//!   handler's `503` with `Retry-After`. The face's
+//!   [`ServerErrorPolicy`](crate::ServerErrorPolicy) applies to the codes gRPC makes of
+//!   HTTP's `5xx`, its server errors: `INTERNAL`, `UNKNOWN`, `DATA_LOSS` and `UNAVAILABLE`
+//!   (see the table below). Every other status is the key's outcome.
+//! - **What changed**: with a table read from the service's descriptor set
+//!   ([`Methods::from_descriptor_set`]), each top-level field of a guarded call's message is
+//!   digested (8 bytes of a SHA-256; a `map` field's entries in any order are one value, a
+//!   repeated field's elements in their order) and the digests are recorded with the
+//!   answer. A later call under the key with another message is refused with a
+//!   `FAILED_PRECONDITION` that names the fields that changed (`fields changed:
+//!   amount_cents`), never their values; a nested message is named by the top-level field
+//!   that holds it, a field the descriptor does not declare by its number. Nothing is named
+//!   without a descriptor set, for a compressed message, or when the answer under the key
+//!   was recorded without digests.
 //! - **Compression**: a protected call reaches its handler without its
 //!   `grpc-accept-encoding`, so no recorded answer is compressed and a replay suits any
 //!   client. Requests may be compressed as usual (but not when the key is in the message).
@@ -117,13 +130,19 @@
 //! |---|---|
 //! | to a method the table does not name | `INTERNAL` |
 //!
+//! | the handler's status | [`ServerErrorPolicy::Record`](crate::ServerErrorPolicy::Record) (default) | [`ServerErrorPolicy::Release`](crate::ServerErrorPolicy::Release) |
+//! |---|---|---|
+//! | `UNAVAILABLE` or `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` | released | released |
+//! | `INTERNAL`, `UNKNOWN`, `DATA_LOSS`, `UNAVAILABLE` | recorded, replayed | released: the retry runs the handler again |
+//! | any other, `OK` included | recorded, replayed | recorded, replayed |
+//!
 //! | the face says | status |
 //! |---|---|
 //! | key missing or malformed, message unreadable | `INVALID_ARGUMENT` |
 //! | keyed, but no principal to scope the key by | `UNAUTHENTICATED` |
 //! | message over the body limit | `RESOURCE_EXHAUSTED` |
 //! | the key's first call is in flight | `ABORTED`, with `grpc-retry-pushback-ms` |
-//! | another message (or method) under the key | `FAILED_PRECONDITION`, saying so |
+//! | another message (or method) under the key | `FAILED_PRECONDITION`, saying so (naming the changed fields, see above) |
 //! | the key's answer was too large to record | `ALREADY_EXISTS` |
 //! | the key's first call started and never finished (in doubt) | `UNKNOWN` |
 //! | ledger unavailable or full | `UNAVAILABLE`, with `grpc-retry-pushback-ms`; nothing ran |
@@ -232,6 +251,7 @@
 
 mod client;
 mod descriptor;
+mod fields;
 mod key;
 mod methods;
 mod protowire;

@@ -1,5 +1,6 @@
-//! Just enough of the protobuf wire format to read a field of a message: the key field of a
-//! request, and the methods of a descriptor set.
+//! Just enough of the protobuf wire format to read the fields of a message: the key field
+//! of a request, the digests of its top-level fields, and the methods and message types of a
+//! descriptor set.
 
 use bytes::{Buf, Bytes};
 
@@ -10,8 +11,8 @@ pub(super) enum Value {
     Varint(u64),
     /// Wire type 2: a string, bytes, a message or a packed list.
     Delimited(Bytes),
-    /// Wire types 1 and 5.
-    Fixed,
+    /// Wire types 1 (eight bytes) and 5 (four bytes), as they were written.
+    Fixed(Bytes),
 }
 
 /// The message is not protobuf.
@@ -30,8 +31,7 @@ pub(super) fn fields(mut message: Bytes) -> Result<Vec<(u64, Value)>, Malformed>
                 if message.remaining() < width {
                     return Err(Malformed);
                 }
-                message.advance(width);
-                Value::Fixed
+                Value::Fixed(message.split_to(width))
             }
             2 => {
                 let len = usize::try_from(varint(&mut message).ok_or(Malformed)?)

@@ -354,7 +354,9 @@ impl Builder {
         self
     }
 
-    /// See [`ServerErrorPolicy`] (default [`Record`](ServerErrorPolicy::Record)).
+    /// See [`ServerErrorPolicy`] (default [`Record`](ServerErrorPolicy::Record)). Behind
+    /// the gRPC server layer (feature `tonic`), the gRPC status codes it counts as server
+    /// errors are in the `grpc` module's docs.
     pub fn server_error_policy(mut self, policy: ServerErrorPolicy) -> Self {
         self.server_errors = policy;
         self

@@ -62,6 +62,28 @@ impl fmt::Debug for ServerFace {
 }
 
 impl ServerFace {
+    /// The store of this face's ledger.
+    #[cfg(feature = "tonic")]
+    pub(crate) fn store(&self) -> &std::sync::Arc<dyn crate::ledger::IdempotencyStore> {
+        &self.ledger.store
+    }
+
+    /// The ledger key of the record a request with `head` claims (its `Idempotency-Key`,
+    /// scoped as this face scopes keys); `None` without a well-formed key or a principal.
+    /// The derivation `call` makes (`service.rs`), step for step.
+    pub(crate) fn ledger_key(&self, head: &Parts) -> Option<LedgerKey> {
+        let key = crate::HeaderKey::from_headers(&head.headers).ok()??;
+        let scope = self.scope.of(head)?;
+        Some(LedgerKey::server_of(&scope, key.as_bytes()))
+    }
+
+    /// Whether a handler's server error releases the key
+    /// ([`ServerErrorPolicy::Release`]) rather than being recorded.
+    #[cfg(feature = "tonic")]
+    pub(crate) fn releases_server_errors(&self) -> bool {
+        self.server_errors == ServerErrorPolicy::Release
+    }
+
     /// Whether `req` goes through the ledger: its [`EffectClass`] when a layer outside set
     /// one, else its method.
     pub(super) fn is_side_effect<B>(&self, req: &Request<B>) -> bool {
@@ -139,14 +161,6 @@ impl IdempotencyLayer<ServerFace> {
         // The derivation `call` makes (`service.rs`), step for step: an operator's look-up
         // must land on the very record a request with this head would claim. A malformed or
         // repeated key finds nothing, as the layer never lets one reach the ledger.
-        crate::ledger::Records::server(
-            store,
-            move |head: &Parts| {
-                let key = crate::HeaderKey::from_headers(&head.headers).ok()??;
-                let scope = face.scope.of(head)?;
-                Some(LedgerKey::server_of(&scope, key.as_bytes()))
-            },
-            retention,
-        )
+        crate::ledger::Records::server(store, move |head: &Parts| face.ledger_key(head), retention)
     }
 }

@@ -6,7 +6,8 @@ use tower_idempotency::grpc::{MethodEffect, MethodKind, Methods};
 
 use crate::payments::paths::{CHARGE, GET_CHARGE, LIST_CHARGES};
 
-fn payments_descriptor_set() -> Vec<u8> {
+/// The payments service's descriptor set, as `protox` compiles it.
+pub(super) fn payments_descriptor_set() -> Vec<u8> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/grpc");
     protox::compile(["payments.proto"], [dir])
         .expect("the .proto compiles")

@@ -36,6 +36,8 @@ pub enum Fault {
     ChargeThenUnavailable,
     /// Decline: `FAILED_PRECONDITION` with a message, details and metadata, nothing charged.
     Decline,
+    /// Fail with this code before charging (a rolled-back failure).
+    Fail(tonic::Code),
 }
 
 /// One request as the server received it.
@@ -142,6 +144,7 @@ impl Payments for Provider {
                 Err(Status::unavailable("provider restarting"))
             }
             Some(Fault::Decline) => Err(declined()),
+            Some(Fault::Fail(code)) => Err(Status::new(code, "the charge failed and rolled back")),
             None => Ok(Response::new(self.charge_once(&request))),
         }
     }
@@ -151,9 +154,9 @@ impl Payments for Provider {
         request: tonic::Request<GetChargeRequest>,
     ) -> Result<Response<ChargeReply>, Status> {
         match self.next_fault() {
-            Some(Fault::Unavailable | Fault::ChargeThenUnavailable | Fault::Decline) => {
-                Err(Status::unavailable("provider restarting"))
-            }
+            Some(
+                Fault::Unavailable | Fault::ChargeThenUnavailable | Fault::Decline | Fault::Fail(_),
+            ) => Err(Status::unavailable("provider restarting")),
             Some(Fault::Pushback(ms)) => Err(unavailable_with_pushback(ms)),
             Some(Fault::ChargeThenStall(stall)) => {
                 tokio::time::sleep(stall).await;

@@ -339,8 +339,9 @@ pub async fn probes_change_nothing(store: &dyn IdempotencyStore, clock: &Clock) 
 
 /// For stores that implement [`IdempotencyStore::inspect`]: the view follows the record
 /// through every state, in one [`Generation`], with the [`Origin`](crate::ledger::Origin)
-/// its claim gave it (a resume's is not kept), and looking changes nothing. Not part of
-/// [`run_all`], since inspection is optional.
+/// its claim gave it (a resume's is not kept; a claim naming none: its frozen request's,
+/// [`BeginRequest::named_origin`](crate::ledger::BeginRequest::named_origin)), and looking
+/// changes nothing. Not part of [`run_all`], since inspection is optional.
 pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
     use crate::ledger::{Origin, RecordState};
     let key = fresh_key();
@@ -423,6 +424,18 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
         Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"done"),
         other => panic!("inspection_follows_the_record: expected Replay, got {other:?}"),
     }
+    // A claim that names no origin of its own is of its frozen request, as the client
+    // face's claims are (`BeginRequest::named_origin`).
+    let unnamed = fresh_key();
+    acquire(store, request(unnamed, &req)).await;
+    let view = store
+        .inspect(unnamed)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    let origin = view.origin.expect("the frozen request's origin");
+    assert_eq!(origin.target(), "POST http://provider.local/charges");
+    assert_eq!(origin.face(), crate::ledger::OriginFace::Client);
 }
 
 /// For stores that implement [`IdempotencyStore::inspect`]: the frozen request a record was

@@ -10,6 +10,7 @@ mod server_side {
     mod hostile_input;
     mod in_flight_wait;
     mod key_syntax;
+    mod origin;
     mod postgres_server;
     mod refusals;
     mod scoping;

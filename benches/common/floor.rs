@@ -26,7 +26,8 @@ use tower_idempotency::{fingerprint::Fingerprint, FrozenRequest, OperationId};
 ///
 /// For one operation it derives the key from the request's `OperationId` and puts it on
 /// the request, reads and hashes the body and sends its `Content-Digest`, freezes the
-/// request and claims the operation with it (kept for a resume; fingerprinted as the layer
+/// request for the operation (`with_operation`: the record shows the operation's task and
+/// step, as every record of an `OperationId` must) and claims the operation with it (kept for a resume; fingerprinted as the layer
 /// fingerprints it, the absolute URI its target), sends a request rebuilt
 /// from the frozen one, reads the answer, records it and hands it back; or, for an
 /// operation already recorded, builds the answer from the record. Nothing else: no
@@ -68,11 +69,12 @@ where
     /// replay.
     pub async fn call(&mut self, req: Request<Full<Bytes>>) -> Response<Full<Bytes>> {
         let (mut parts, body) = req.into_parts();
-        let key = parts
+        let operation = parts
             .extensions
             .get::<OperationId>()
             .expect("the floor runs operations")
-            .key("");
+            .clone();
+        let key = operation.key("");
         let body = whole(body).await;
         let digest = BodyDigest::of(&body);
         let (key_value, digest_value) = key.header_values_with(&digest);
@@ -80,7 +82,8 @@ where
         parts.headers.insert(&CONTENT_DIGEST, digest_value);
         let fingerprint = Fingerprint::of_sent(&parts.method, &parts.uri, &digest);
         let frozen =
-            FrozenRequest::from_parts(parts.method, parts.uri, parts.version, parts.headers, body);
+            FrozenRequest::from_parts(parts.method, parts.uri, parts.version, parts.headers, body)
+                .with_operation(&operation);
         let ledger_key = LedgerKey::for_operation(key);
         let claim = BeginRequest::new(ledger_key, fingerprint, LEASE, RETENTION)
             .with_frozen(frozen.clone())

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::ledger::{
-    Expected, Forget, Generation, LedgerKey, ListCursor, ListQuery, PostgresStore, RecordKind,
-    RecordState, RecordView, Records, RedisStore, StoreError,
+    Expected, Forget, Generation, LedgerKey, ListCursor, ListQuery, Origin, PostgresStore,
+    RecordKind, RecordState, RecordView, Records, RedisStore, StoreError,
 };
 
 const USAGE: &str = "\
@@ -33,7 +33,8 @@ usage: idempotency-records (--redis URL [--prefix P] | --postgres URL [--schema 
 commands:
   summary                                   operations in doubt, and the oldest's age
   list [--state in_flight|in_doubt|completed]... [--scope S] [--older-than SECS]
-       [--newer-than SECS] [--oldest-first] [--limit N] [--after CURSOR]
+       [--newer-than SECS] [--target PREFIX] [--tool NAME] [--task ID]
+       [--oldest-first] [--limit N] [--after CURSOR]
   show KEY                                  one record, with its look
   resolve-not-applied KEY --look LOOK --reason TEXT
                                             an operation in doubt that did not happen:
@@ -160,6 +161,9 @@ async fn list(records: &Records, mut args: Args) -> Result<ExitCode, Failure> {
             "--scope" => query.scope(&args.value("--scope")?),
             "--older-than" => query.older_than(duration(&args.value("--older-than")?)?),
             "--newer-than" => query.newer_than(duration(&args.value("--newer-than")?)?),
+            "--target" => query.target(&args.value("--target")?),
+            "--tool" => query.tool(&args.value("--tool")?),
+            "--task" => query.task(&args.value("--task")?),
             "--oldest-first" => query.oldest_first(),
             "--limit" => query.limit(number(&args.value("--limit")?)?),
             "--after" => query.after(
@@ -171,18 +175,19 @@ async fn list(records: &Records, mut args: Args) -> Result<ExitCode, Failure> {
     }
     let page = records.list(query).await?;
     println!(
-        "{:<64}  {:<10}  {:>8}  {:>10}  state",
+        "{:<64}  {:<10}  {:>8}  {:>10}  state  origin",
         "key", "attempts", "age", "touched"
     );
     for record in &page.records {
         let view = &record.view;
         println!(
-            "{}  {:<10}  {:>8}  {:>10}  {}",
+            "{}  {:<10}  {:>8}  {:>10}  {}  {}",
             record.key.to_hex(),
             view.attempts,
             seconds(view.age),
             seconds(view.touched),
-            state(&view.state)
+            state(&view.state),
+            origin(view.origin.as_ref())
         );
     }
     match page.next {
@@ -215,8 +220,26 @@ fn print_record(key: LedgerKey, view: &RecordView) {
     println!("last touched   {} ago", seconds(view.touched));
     println!("kept for       {} more", seconds(view.retention_left));
     println!("scope digest   {:016x}", view.scope);
+    println!("origin         {}", origin(view.origin.as_ref()));
     println!("fingerprint    {}", view.fingerprint.to_hex());
     println!("look           {}", Look::of(view));
+}
+
+/// What a record is of, on one line: its face and target, then its task and step when an
+/// operation id named them; `-` when not known.
+fn origin(origin: Option<&Origin>) -> String {
+    let Some(origin) = origin else {
+        return "-".to_owned();
+    };
+    let cut = if origin.is_target_cut() { "..." } else { "" };
+    match (origin.task_id(), origin.step_id()) {
+        (Some(task), Some(step)) => format!(
+            "{} {}{cut} (task {task:?}, step {step:?})",
+            origin.face(),
+            origin.target()
+        ),
+        _ => format!("{} {}{cut}", origin.face(), origin.target()),
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

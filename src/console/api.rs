@@ -17,7 +17,7 @@ use super::{is_media_type, read_body, Operator, Shared};
 use crate::idempotency::reconcile::Unanswered;
 use crate::ledger::LedgerKey;
 
-/// `GET api/records?state=..&status=..&older_than=..&newer_than=..&scope=..&scope_id=..&order=..&limit=..&after=..`
+/// `GET api/records?state=..&status=..&older_than=..&newer_than=..&scope=..&scope_id=..&target=..&tool=..&task=..&order=..&limit=..&after=..`
 pub(crate) async fn list(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let (head, _) = request.into_parts();
     answer(list_page(&shared, &head).await)

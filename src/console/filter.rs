@@ -16,6 +16,9 @@ const FILTERS: &[&str] = &[
     "newer_than",
     "scope",
     "scope_id",
+    "target",
+    "tool",
+    "task",
     "order",
     "limit",
     "after",
@@ -42,8 +45,8 @@ pub(crate) fn parse_list(raw: Option<&str>, extra: &[&str]) -> Result<ListReques
         if !FILTERS.contains(&name.as_ref()) {
             return Err(Failure::bad_input(
                 &name,
-                "not a filter: state, status, older_than, newer_than, scope, scope_id, order, \
-                 limit and after are",
+                "not a filter: state, status, older_than, newer_than, scope, scope_id, target, \
+                 tool, task, order, limit and after are",
             ));
         }
         // A form's empty field means "not filtered by this".
@@ -89,6 +92,9 @@ fn apply(query: ListQuery, name: &str, value: &str) -> Result<ListQuery, Failure
                 "not a scope digest: 16 hex digits, as a record shows it",
             )
         })?),
+        "target" => query.target(value),
+        "tool" => query.tool(value),
+        "task" => query.task(value),
         "order" => match value {
             "oldest" => query.oldest_first(),
             "newest" => query.newest_first(),
@@ -206,8 +212,25 @@ mod tests {
     }
 
     #[test]
+    fn origin_filters_are_read() {
+        let list = parse_list(
+            Some("target=POST%20https%3A%2F%2Fpayments.example%2F&tool=refund&task=task-42"),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            list.query.target_filter(),
+            Some("POST https://payments.example/")
+        );
+        assert_eq!(list.query.tool_filter(), Some("refund"));
+        assert_eq!(list.query.task_filter(), Some("task-42"));
+        assert_eq!(list.filters.len(), 3);
+        assert_eq!(field_of("task=a&task=b"), "task");
+    }
+
+    #[test]
     fn empty_fields_are_no_filter() {
-        let list = parse_list(Some("state=&status=&limit="), &[]).unwrap();
+        let list = parse_list(Some("state=&status=&limit=&target=&tool=&task="), &[]).unwrap();
         assert_eq!(list.query, ListQuery::new());
     }
 

@@ -13,7 +13,7 @@ use http::{HeaderValue, StatusCode};
 
 use super::action::Action;
 use super::redact::Redaction;
-use crate::ledger::{Expected, LedgerKey, RecordKind, RecordState, RecordView};
+use crate::ledger::{Expected, LedgerKey, Origin, RecordKind, RecordState, RecordView};
 
 /// Pages run no script, load nothing, are framed by nobody, and post only to themselves:
 /// an escaping slip still could not run code or send a form elsewhere.
@@ -122,8 +122,49 @@ pub(crate) fn record_fields(key: &LedgerKey, view: &RecordView) -> String {
             escape(&value)
         );
     }
+    out.push_str(&origin_rows(view.origin.as_ref()));
     out.push_str("</table>");
     out
+}
+
+/// The record page's rows of what a record is of: the face that made it, its target, and
+/// the task and step that named it (each escaped: a target is the caller's text).
+fn origin_rows(origin: Option<&Origin>) -> String {
+    let Some(origin) = origin else {
+        return "<tr><th>Origin</th><td>not known (kept by none of its claims)</td></tr>"
+            .to_owned();
+    };
+    let cut = if origin.is_target_cut() { "…" } else { "" };
+    let mut rows = vec![
+        ("Made by", format!("the {} face", origin.face())),
+        ("Target", format!("{}{cut}", origin.target())),
+    ];
+    if let (Some(task), Some(step)) = (origin.task_id(), origin.step_id()) {
+        rows.push(("Task", task.to_owned()));
+        rows.push(("Step", step.to_owned()));
+    }
+    rows.iter()
+        .map(|(name, value)| {
+            format!(
+                "<tr><th>{name}</th><td class=\"mono\">{}</td></tr>",
+                escape(value)
+            )
+        })
+        .collect()
+}
+
+/// A record's origin in a list's cell: its target, then its task and step when an
+/// operation id named them (escaped); empty when not known.
+pub(crate) fn origin_cell(origin: Option<&Origin>) -> String {
+    let Some(origin) = origin else {
+        return String::new();
+    };
+    let cut = if origin.is_target_cut() { "…" } else { "" };
+    let mut text = format!("{}{cut}", origin.target());
+    if let (Some(task), Some(step)) = (origin.task_id(), origin.step_id()) {
+        let _ = write!(text, " ({task} / {step})");
+    }
+    escape(&text)
 }
 
 /// The record's frozen request, redacted, if its store shows one.
@@ -246,6 +287,22 @@ mod tests {
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;"
         );
         assert_eq!(escape("\" onload=\"x"), "&quot; onload=&quot;x");
+    }
+
+    #[test]
+    fn an_origin_is_escaped_in_its_cell_and_rows() {
+        let origin = Origin::server(&http::Method::POST, "/<script>")
+            .with_operation(&crate::OperationId::new("t&1", "s\"2"));
+        let cell = origin_cell(Some(&origin));
+        assert_eq!(cell, "POST /&lt;script&gt; (t&amp;1 / s&quot;2)");
+        let rows = origin_rows(Some(&origin));
+        assert!(
+            rows.contains("the server face") && rows.contains("t&amp;1"),
+            "{rows}"
+        );
+        assert!(!rows.contains("<script>"), "{rows}");
+        assert_eq!(origin_cell(None), "");
+        assert!(origin_rows(None).contains("not known"));
     }
 
     #[test]

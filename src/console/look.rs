@@ -161,11 +161,25 @@ pub(crate) fn record_json(key: &LedgerKey, view: &RecordView) -> Value {
         "attempts": view.attempts,
         "generation": view.generation.to_string(),
         "fingerprint": view.fingerprint.to_hex(),
+        "origin": view.origin.as_ref().map(origin_json),
         "age_ms": millis(view.age),
         "touched_ms": millis(view.touched),
         "retention_left_ms": millis(view.retention_left),
         "scope": format!("{:016x}", view.scope),
         "look": look_json(view),
+    })
+}
+
+/// What a record is of, as the API shows it: `face`, `target` (`target_cut` when it was
+/// longer than an origin keeps), and `task_id` and `step_id` (null when no operation id
+/// named it).
+fn origin_json(origin: &crate::ledger::Origin) -> Value {
+    json!({
+        "face": origin.face().as_str(),
+        "target": origin.target(),
+        "target_cut": origin.is_target_cut(),
+        "task_id": origin.task_id(),
+        "step_id": origin.step_id(),
     })
 }
 

@@ -13,7 +13,9 @@ use http::{HeaderValue, StatusCode};
 use super::action::{act as run_action, audit, Acted, Action};
 use super::api::{may_act, not_open, unanswered, NO_RECONCILER, NO_REQUEST};
 use super::filter::{parse_list, ListRequest};
-use super::html::{action_forms, escape, human, page, record_fields, request_section, state_text};
+use super::html::{
+    action_forms, escape, human, origin_cell, page, record_fields, request_section, state_text,
+};
 use super::look::{from_form, parse_key};
 use super::problem::Failure;
 use super::{is_media_type, prefix, read_body, Operator, Shared};
@@ -149,6 +151,9 @@ fn filter_form(base: &str, list: &ListRequest) -> String {
          <label>Newer than <input name=\"newer_than\" value=\"{newer}\"></label>\
          <label>Scope <input name=\"scope\" value=\"{scope}\"></label>\
          <label>Scope digest <input name=\"scope_id\" value=\"{scope_id}\"></label>\
+         <label>Target starts with (POST https://payments.example/) <input name=\"target\" value=\"{target}\" size=\"40\"></label>\
+         <label>Tool <input name=\"tool\" value=\"{tool}\"></label>\
+         <label>Task <input name=\"task\" value=\"{task}\"></label>\
          <label>Order <select name=\"order\">{newest}{oldest}</select></label>\
          <label>Page size <input name=\"limit\" value=\"{limit}\"></label>\
          <button type=\"submit\">Filter</button></form>",
@@ -162,6 +167,9 @@ fn filter_form(base: &str, list: &ListRequest) -> String {
         newer = value("newer_than"),
         scope = value("scope"),
         scope_id = value("scope_id"),
+        target = value("target"),
+        tool = value("tool"),
+        task = value("task"),
         newest = option(&order, "newest", "newest first"),
         oldest = option(&order, "oldest", "oldest first"),
         limit = value("limit"),
@@ -174,7 +182,7 @@ fn records_table(base: &str, page_of_records: &ListPage) -> String {
     }
     let mut out = String::from(
         "<table><tr><th>Key</th><th>State</th><th>Attempts</th><th>Age</th>\
-         <th>Last changed</th><th>Kept for</th><th>Scope digest</th></tr>",
+         <th>Last changed</th><th>Kept for</th><th>Scope digest</th><th>Origin</th></tr>",
     );
     for listed in &page_of_records.records {
         let key = listed.key.to_hex();
@@ -183,7 +191,8 @@ fn records_table(base: &str, page_of_records: &ListPage) -> String {
             out,
             "<tr><td class=\"mono\"><a href=\"{base}/records/{key}\">{short}…</a></td>\
              <td>{state}</td><td>{attempts}</td><td>{age}</td><td>{touched} ago</td>\
-             <td>{kept}</td><td class=\"mono\">{scope:016x}</td></tr>",
+             <td>{kept}</td><td class=\"mono\">{scope:016x}</td>\
+             <td class=\"mono\">{origin}</td></tr>",
             base = escape(base),
             short = &key[..16],
             state = escape(&state_text(&view.state)),
@@ -192,6 +201,7 @@ fn records_table(base: &str, page_of_records: &ListPage) -> String {
             touched = human(view.touched),
             kept = human(view.retention_left),
             scope = view.scope,
+            origin = origin_cell(view.origin.as_ref()),
         );
     }
     out.push_str("</table>");

@@ -15,6 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{KeyForm, KeyHeader};
 use crate::Error;
 use crate::IdempotencyKey;
+use crate::OperationId;
 
 /// A request captured once, rebuilt cheaply for every attempt.
 ///
@@ -30,6 +31,9 @@ pub(super) struct Frozen {
     headers: Headers,
     body: Bytes,
     hashes: Hashes,
+    /// The operation a key derived from names, shared with its [`OperationId`]: what a
+    /// record of it shows an operator ([`Origin`](crate::ledger::Origin)).
+    operation: Option<OperationId>,
 }
 
 /// The frozen headers.
@@ -227,6 +231,7 @@ impl FrozenRequest {
         body: Bytes,
         adding: Adding<'_>,
     ) -> (Self, Extensions) {
+        let mut operation = None;
         let (headers, hashes) = match adding {
             Adding::Nothing => (Headers::Frozen(parts.headers), Hashes::on_first_use()),
             Adding::Digest { derived_key } => {
@@ -235,6 +240,10 @@ impl FrozenRequest {
                     digest: sha256,
                     fingerprint: Fingerprint::of_sent(&parts.method, &parts.uri, &sha256),
                 };
+                if derived_key.is_some() {
+                    // The key was derived from the request's `OperationId`: it is there.
+                    operation = parts.extensions.get::<OperationId>().cloned();
+                }
                 let headers = Headers::Pending {
                     added: OnceLock::new(),
                     caller: Mutex::new(Some(parts.headers)),
@@ -250,6 +259,7 @@ impl FrozenRequest {
             headers,
             body,
             hashes,
+            operation,
         };
         (Self(Arc::new(frozen)), parts.extensions)
     }
@@ -282,6 +292,7 @@ impl FrozenRequest {
             headers: Headers::Frozen(headers),
             body,
             hashes: Hashes::on_first_use(),
+            operation: None,
         }))
     }
 
@@ -326,6 +337,59 @@ impl FrozenRequest {
     /// The whole request body.
     pub fn body(&self) -> &Bytes {
         &self.0.body
+    }
+
+    /// The operation whose `OperationId` the request's key was derived from, if it was
+    /// ([`with_operation`](Self::with_operation)).
+    pub(crate) fn operation(&self) -> Option<&OperationId> {
+        self.0.operation.as_ref()
+    }
+
+    /// This request, frozen for the operation `operation` names: a claim made with it
+    /// keeps the operation's `task_id` and `step_id` in its record's
+    /// [`Origin`](crate::ledger::Origin) ([`BeginRequest::named_origin`]), sharing its ids.
+    /// The client face does this for every request keyed by an `OperationId`; a layer of
+    /// your own does it before it claims. Call it on a request just frozen: on one already
+    /// shared, its head is copied.
+    ///
+    /// [`BeginRequest::named_origin`]: crate::ledger::BeginRequest::named_origin
+    ///
+    /// ```
+    /// use tower_idempotency::{FrozenRequest, OperationId};
+    /// use tower_idempotency::ledger::{BeginRequest, LedgerKey};
+    /// # use std::time::Duration;
+    ///
+    /// let op = OperationId::new("task-42", "charge");
+    /// let frozen = FrozenRequest::from_parts(
+    ///     http::Method::POST,
+    ///     "https://payments.example/v1/charges".parse().unwrap(),
+    ///     http::Version::HTTP_11,
+    ///     http::HeaderMap::new(),
+    ///     bytes::Bytes::from_static(b"{}"),
+    /// )
+    /// .with_operation(&op);
+    /// let claim = BeginRequest::new(LedgerKey::for_operation(op.key("")), frozen.fingerprint(),
+    ///     Duration::from_secs(10), Duration::from_secs(60))
+    ///     .with_frozen(frozen);
+    /// assert_eq!(claim.named_origin().unwrap().task_id(), Some("task-42"));
+    /// ```
+    pub fn with_operation(mut self, operation: &OperationId) -> Self {
+        match Arc::get_mut(&mut self.0) {
+            Some(frozen) => frozen.operation = Some(operation.clone()),
+            None => {
+                let frozen = &self.0;
+                self = Self(Arc::new(Frozen {
+                    method: frozen.method.clone(),
+                    uri: frozen.uri.clone(),
+                    version: frozen.version,
+                    headers: Headers::Frozen(frozen.headers().clone()),
+                    body: frozen.body.clone(),
+                    hashes: Hashes::on_first_use(),
+                    operation: Some(operation.clone()),
+                }));
+            }
+        }
+        self
     }
 
     /// The SHA-256 of the body (what `Content-Digest: sha-256` carries), computed once, on

@@ -51,6 +51,18 @@ impl OperationId {
         &self.ids[self.split..]
     }
 
+    /// The shared `task_id` + `step_id` and where the task's ends: what an
+    /// [`Origin`](crate::ledger::Origin) keeps of the operation, without a copy.
+    pub(crate) fn shared_parts(&self) -> (&std::sync::Arc<str>, usize) {
+        (&self.ids, self.split)
+    }
+
+    /// The operation whose ids are `ids`, the task's ending at `split` (a char boundary
+    /// [`shared_parts`](Self::shared_parts) gave).
+    pub(crate) fn from_shared(ids: std::sync::Arc<str>, split: usize) -> Self {
+        Self { ids, split }
+    }
+
     /// The idempotency key of this operation within `scope`.
     ///
     /// ```

@@ -29,7 +29,9 @@ pub enum ListOrder {
 /// record, newest first, [`DEFAULT_PAGE`] at a time.
 ///
 /// Filters a store answers from the record alone ([`matches`](Self::matches) applies them
-/// all), so a store of your own filters as the built-in ones do.
+/// all), so a store of your own filters as the built-in ones do: by state and status, age,
+/// scope, and what a record is of (its [`Origin`](super::Origin): a target's prefix, a
+/// tool, a task; a record of no known origin passes none of these).
 ///
 /// ```
 /// use std::time::Duration;
@@ -52,6 +54,9 @@ pub struct ListQuery {
     older_than: Option<Duration>,
     newer_than: Option<Duration>,
     scope: Option<u64>,
+    /// The origin filters: kept out of line, so a query without them (the common one) is
+    /// no larger.
+    origin: Option<Box<OriginFilter>>,
     order: ListOrder,
     limit: usize,
     after: Option<ListCursor>,
@@ -72,6 +77,7 @@ impl ListQuery {
             older_than: None,
             newer_than: None,
             scope: None,
+            origin: None,
             order: ListOrder::NewestFirst,
             limit: DEFAULT_PAGE,
             after: None,
@@ -141,6 +147,66 @@ impl ListQuery {
         self
     }
 
+    /// Records whose [origin](super::Origin)'s target starts with `prefix` (e.g.
+    /// `POST https://payments.example/`), as kept (see [`Origin::target_starts_with`]).
+    /// A record of no known origin is not listed.
+    ///
+    /// [`Origin::target_starts_with`]: super::Origin::target_starts_with
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::ListQuery;
+    ///
+    /// let query = ListQuery::new().target("POST https://payments.example/");
+    /// assert_eq!(query.target_filter(), Some("POST https://payments.example/"));
+    /// ```
+    pub fn target(mut self, prefix: &str) -> Self {
+        self.origin_filter().target = Some(prefix.to_owned());
+        self
+    }
+
+    /// Records of calls of the tool `name`, by the tool face.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::ListQuery;
+    ///
+    /// assert_eq!(ListQuery::new().tool("refund").tool_filter(), Some("refund"));
+    /// ```
+    pub fn tool(mut self, name: &str) -> Self {
+        self.origin_filter().tool = Some(name.to_owned());
+        self
+    }
+
+    /// Records of the operations of task `task_id` (its [`OperationId`](crate::OperationId)'s).
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::ListQuery;
+    ///
+    /// assert_eq!(ListQuery::new().task("task-42").task_filter(), Some("task-42"));
+    /// ```
+    pub fn task(mut self, task_id: &str) -> Self {
+        self.origin_filter().task = Some(task_id.to_owned());
+        self
+    }
+
+    fn origin_filter(&mut self) -> &mut OriginFilter {
+        self.origin.get_or_insert_with(Default::default)
+    }
+
+    /// The target prefix records must have, if the query names one.
+    pub fn target_filter(&self) -> Option<&str> {
+        self.origin.as_ref()?.target.as_deref()
+    }
+
+    /// The tool records must be calls of, if the query names one.
+    pub fn tool_filter(&self) -> Option<&str> {
+        self.origin.as_ref()?.tool.as_deref()
+    }
+
+    /// The task records must be of, if the query names one.
+    pub fn task_filter(&self) -> Option<&str> {
+        self.origin.as_ref()?.task.as_deref()
+    }
+
     /// The earliest claimed first.
     pub fn oldest_first(mut self) -> Self {
         self.order = ListOrder::OldestFirst;
@@ -199,8 +265,8 @@ impl ListQuery {
         self.after
     }
 
-    /// Whether `view` passes every filter of the query (its kinds, statuses, age and
-    /// scope); the order and the cursor are the store's to apply.
+    /// Whether `view` passes every filter of the query (its kinds, statuses, age, scope and
+    /// origin); the order and the cursor are the store's to apply.
     ///
     /// ```
     /// use std::time::Duration;
@@ -218,6 +284,40 @@ impl ListQuery {
             && self.older_than.is_none_or(|age| view.age >= age)
             && self.newer_than.is_none_or(|age| view.age < age)
             && self.scope.is_none_or(|scope| view.scope == scope)
+            && self.matches_origin(view.origin.as_ref())
+    }
+
+    /// Whether a record of `origin` passes the origin filters: always, without any.
+    ///
+    /// ```
+    /// use tower_idempotency::ledger::{ListQuery, Origin};
+    /// use tower_idempotency::OperationId;
+    ///
+    /// let origin = Origin::tool("refund").with_operation(&OperationId::new("task-42", "step-1"));
+    /// assert!(ListQuery::new().tool("refund").task("task-42").matches_origin(Some(&origin)));
+    /// assert!(!ListQuery::new().task("task-7").matches_origin(Some(&origin)));
+    /// assert!(!ListQuery::new().tool("refund").matches_origin(None));
+    /// assert!(ListQuery::new().matches_origin(None));
+    /// ```
+    pub fn matches_origin(&self, origin: Option<&super::Origin>) -> bool {
+        let Some(filter) = self.origin.as_deref() else {
+            return true;
+        };
+        let Some(origin) = origin else {
+            return filter.is_empty();
+        };
+        filter
+            .target
+            .as_deref()
+            .is_none_or(|prefix| origin.target_starts_with(prefix))
+            && filter
+                .tool
+                .as_deref()
+                .is_none_or(|name| origin.is_tool(name))
+            && filter
+                .task
+                .as_deref()
+                .is_none_or(|task| origin.task_id() == Some(task))
     }
 
     fn matches_kind(&self, state: &RecordState) -> bool {
@@ -279,6 +379,20 @@ impl ListQuery {
     /// narrows them.
     pub(crate) fn status_filter(&self) -> Option<(u16, u16)> {
         self.statuses
+    }
+}
+
+/// The filters on a record's [origin](super::Origin) a query may have.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct OriginFilter {
+    target: Option<String>,
+    tool: Option<String>,
+    task: Option<String>,
+}
+
+impl OriginFilter {
+    fn is_empty(&self) -> bool {
+        self.target.is_none() && self.tool.is_none() && self.task.is_none()
     }
 }
 

@@ -114,6 +114,7 @@ mod future;
 mod generation;
 pub(crate) mod list;
 mod memory;
+mod origin;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -133,6 +134,7 @@ pub use list::{
     CursorError, ListCursor, ListOrder, ListPage, ListQuery, ListedRecord, DEFAULT_PAGE, MAX_PAGE,
 };
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use origin::{Origin, OriginFace};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::builder::PostgresStoreBuilder;
@@ -606,6 +608,10 @@ pub struct RecordView {
     /// The digest of the scope (tenant, principal) its key belongs to ([`scope_id`]); `0`
     /// for none, and for a store that does not keep it.
     pub scope: u64,
+    /// What the record is of (the step that made it, what it acts on), as its claim said
+    /// ([`BeginRequest::with_origin`]); `None` for a record written before origins were
+    /// kept, a claim that named none, and a store that does not keep it.
+    pub origin: Option<Origin>,
     /// The request as first frozen, while the operation is open: what a resume resends and
     /// what an operator checks with the provider before resolving. Answered by
     /// [`inspect`](IdempotencyStore::inspect) on the built-in stores for a record *in
@@ -655,6 +661,7 @@ impl RecordView {
             retention_left,
             touched: age,
             scope: 0,
+            origin: None,
             request: None,
         }
     }
@@ -688,6 +695,22 @@ impl RecordView {
     /// ```
     pub fn with_scope(mut self, scope: u64) -> Self {
         self.scope = scope;
+        self
+    }
+
+    /// The view, of a record made by `origin` (`None`: not known).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::ledger::{Generation, Origin, RecordState, RecordView};
+    /// # let fingerprint = tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/charges", b"{}");
+    /// let view = RecordView::new(RecordState::InDoubt, fingerprint, 1, Generation::from_u64(1),
+    ///     Duration::ZERO, Duration::from_secs(3600))
+    ///     .with_origin(Some(Origin::tool("refund")));
+    /// assert_eq!(view.origin.unwrap().target(), "refund");
+    /// ```
+    pub fn with_origin(mut self, origin: Option<Origin>) -> Self {
+        self.origin = origin;
         self
     }
 
@@ -859,6 +882,10 @@ pub struct BeginRequest {
     /// [`BeginRequest::with_scope`]): a store with a memory budget keeps one scope from
     /// taking every other scope's room.
     pub scope: u64,
+    /// What the operation is of (see [`BeginRequest::with_origin`]): kept by the claim that
+    /// creates the record, for operators; `None` for none of its own (a store keeps
+    /// [`named_origin`](Self::named_origin), which then reads it from the frozen request).
+    pub origin: Option<Origin>,
 }
 
 impl BeginRequest {
@@ -884,6 +911,7 @@ impl BeginRequest {
             protected: retention,
             take_over: true,
             scope: 0,
+            origin: None,
         }
     }
 
@@ -931,6 +959,66 @@ impl BeginRequest {
     pub(crate) fn with_scope_id(mut self, scope: u64) -> Self {
         self.scope = scope;
         self
+    }
+
+    /// The operation is of `origin` (the step that made it, what it acts on): the record a
+    /// claim creates keeps it, for an operator to tell records apart
+    /// ([`RecordView::origin`], [`ListQuery::target`]); a resume or a replay leaves the
+    /// record's own. The server and tool faces name theirs; the client face's is its frozen
+    /// request's (see [`named_origin`](Self::named_origin)).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::{BeginRequest, LedgerKey, Origin};
+    /// # let fp = tower_idempotency::fingerprint::Fingerprint::of(&http::Method::POST, "/", b"");
+    /// use tower_idempotency::OperationId;
+    ///
+    /// let op = OperationId::new("task-42", "step-3");
+    /// let request = BeginRequest::new(LedgerKey::from_bytes([1; 32]), fp, Duration::from_secs(10), Duration::from_secs(60))
+    ///     .with_origin(Origin::tool("refund").with_operation(&op));
+    /// assert_eq!(request.origin.unwrap().task_id(), Some("task-42"));
+    /// ```
+    #[inline]
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// What the record a claim creates is of, as a store keeps it: the
+    /// [origin](Self::with_origin) the claim names, or else its [frozen
+    /// request](Self::with_frozen)'s (`METHOD scheme://host/path`, and the
+    /// [`OperationId`](crate::OperationId) its key was derived from, if it was); `None` for
+    /// neither. Read by the claim that creates a record, which is when a store keeps it: the
+    /// client face names no origin of its own, so that a claim answered from a record never
+    /// builds one.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::ledger::{BeginRequest, LedgerKey, Origin, OriginFace};
+    /// # use tower_idempotency::FrozenRequest;
+    /// let frozen = FrozenRequest::from_parts(
+    ///     http::Method::POST,
+    ///     "https://payments.example/v1/charges?x=1".parse().unwrap(),
+    ///     http::Version::HTTP_11,
+    ///     http::HeaderMap::new(),
+    ///     bytes::Bytes::from_static(b"{}"),
+    /// );
+    /// let claim = BeginRequest::new(LedgerKey::from_bytes([1; 32]), frozen.fingerprint(),
+    ///     Duration::from_secs(10), Duration::from_secs(60))
+    ///     .with_frozen(frozen);
+    /// let origin = claim.named_origin().unwrap();
+    /// assert_eq!(origin.face(), OriginFace::Client);
+    /// assert_eq!(origin.target(), "POST https://payments.example/v1/charges");
+    ///
+    /// let claim = claim.with_origin(Origin::tool("refund"));
+    /// assert_eq!(claim.named_origin().unwrap().target(), "refund");
+    /// ```
+    pub fn named_origin(&self) -> Option<Origin> {
+        match (&self.origin, &self.frozen) {
+            (Some(origin), _) => Some(origin.clone()),
+            (None, Some(frozen)) => Some(Origin::of_frozen(frozen)),
+            (None, None) => None,
+        }
     }
 
     /// Make this `begin` a probe: it never takes an in-doubt operation over.

@@ -351,7 +351,9 @@ where
     };
     // One key is one request: the method, the target as the client sent it and the body.
     // A reuse with anything else is a mismatch, never a second run and never a replay.
-    let fingerprint = Fingerprint::of_received(&parts.method, original_target(&parts), &digest);
+    let target = original_target(&parts);
+    let fingerprint = Fingerprint::of_received(&parts.method, target, &digest);
+    let origin = crate::ledger::Origin::server(&parts.method, target.path());
     let claimant = Claimant {
         parts,
         key,
@@ -362,7 +364,8 @@ where
     let mut begin = server
         .ledger
         .request(ledger_key, fingerprint)
-        .with_scope_id(scope);
+        .with_scope_id(scope)
+        .with_origin(origin);
     if server.in_doubt == InDoubtPolicy::OutcomeUnknown {
         // An in-doubt key is only ever looked at: answering it never changes its record,
         // so a client that keeps retrying cannot keep it alive. Without the probe, the

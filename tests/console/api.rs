@@ -3,10 +3,10 @@
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LedgerKey, RecordKind, RecordState,
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, Origin, RecordKind, RecordState,
 };
 
-use super::harness::{api_record, console_over_store, in_doubt, in_flight, PREFIX};
+use super::harness::{api_record, console_over_store, in_doubt, in_doubt_of, in_flight, PREFIX};
 use crate::capture;
 
 fn key(n: u8) -> LedgerKey {
@@ -174,6 +174,7 @@ async fn hostile_input_is_400_naming_the_field() {
         ("limit=-1", "limit"),
         ("order=sideways", "order"),
         ("scope_id=12", "scope_id"),
+        ("task=a&task=b", "task"),
         ("drop=table", "drop"),
     ] {
         assert_eq!(
@@ -368,6 +369,70 @@ async fn the_list_pages_with_cursors() {
     }
     let expected: Vec<String> = (10..15).map(|n| key(n).to_hex()).collect();
     assert_eq!(seen, expected, "oldest first, each once");
+}
+
+/// A record shows what it is of, and the list finds records by a target's prefix, a tool
+/// and a task, as query parameters.
+#[tokio::test(flavor = "current_thread")]
+async fn the_list_shows_and_filters_by_origin() {
+    let (console, store) = console_over_store().await;
+    let charges: http::Uri = "https://payments.example/v1/charges?secret=1"
+        .parse()
+        .unwrap();
+    let op = tower_idempotency::OperationId::new("task-42", "charge");
+    in_doubt_of(
+        &store,
+        key(20),
+        Origin::client(&Method::POST, &charges).with_operation(&op),
+    )
+    .await;
+    in_doubt_of(&store, key(21), Origin::tool("refund")).await;
+    in_doubt(&store, key(22), "").await;
+
+    let listed = |query: &'static str| {
+        let console = &console;
+        async move {
+            let page = console
+                .get_as("bob", "read", &format!("{PREFIX}/api/records?{query}"))
+                .await;
+            assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+            page.json()["records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["key"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        listed("target=POST%20https%3A%2F%2Fpayments.example%2F").await,
+        [key(20).to_hex()]
+    );
+    assert_eq!(listed("tool=refund").await, [key(21).to_hex()]);
+    assert_eq!(
+        listed("task=task-42&state=in_doubt").await,
+        [key(20).to_hex()]
+    );
+    assert!(listed("task=task-7").await.is_empty());
+
+    let record = console.get_as("bob", "read", &api_record(&key(20))).await;
+    assert_eq!(
+        record.json()["origin"],
+        json!({
+            "face": "client",
+            "target": "POST https://payments.example/v1/charges",
+            "target_cut": false,
+            "task_id": "task-42",
+            "step_id": "charge",
+        }),
+        "no query string: it may hold secrets"
+    );
+    let record = console.get_as("bob", "read", &api_record(&key(22))).await;
+    assert_eq!(
+        record.json()["origin"],
+        Value::Null,
+        "a claim that named none"
+    );
 }
 
 /// Each action leaves an audit event with the operator, the action, the key, the reason

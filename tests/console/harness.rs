@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tower_idempotency::console::{Console, Operator, Refusal, Role};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Records,
+    Begin, BeginRequest, IdempotencyStore, LedgerKey, MemoryStore, Origin, Records,
 };
 
 /// Where the console is nested in the user's router.
@@ -187,6 +187,25 @@ pub(crate) async fn in_doubt(store: &MemoryStore, key: LedgerKey, scope: &str) {
         Duration::from_secs(3600),
     )
     .with_scope(scope);
+    let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    store
+        .mark_in_doubt(key, token, Duration::from_secs(3600))
+        .await
+        .unwrap();
+}
+
+/// A record claimed for `key` with `origin` and left in doubt.
+pub(crate) async fn in_doubt_of(store: &MemoryStore, key: LedgerKey, origin: Origin) {
+    let fingerprint = Fingerprint::of(&Method::POST, "/charges", b"{}");
+    let claim = BeginRequest::new(
+        key,
+        fingerprint,
+        Duration::from_secs(30),
+        Duration::from_secs(3600),
+    )
+    .with_origin(origin);
     let Begin::Acquired { token } = store.begin(claim).await.unwrap() else {
         panic!("a fresh key is acquired");
     };

@@ -2,9 +2,9 @@
 //! CSRF refusals, and escaping.
 
 use http::{Method, StatusCode};
-use tower_idempotency::ledger::{IdempotencyStore, LedgerKey};
+use tower_idempotency::ledger::{IdempotencyStore, LedgerKey, Origin};
 
-use super::harness::{console_over_store, in_doubt, PREFIX};
+use super::harness::{console_over_store, in_doubt, in_doubt_of, PREFIX};
 
 fn key(n: u8) -> LedgerKey {
     LedgerKey::from_bytes([n; 32])
@@ -366,4 +366,54 @@ async fn the_resolve_applied_form_needs_its_token_and_shows_the_record_completed
         "a completed record offers no resolve: {}",
         record.body
     );
+}
+
+/// The list shows each record's origin in a column, and filters by it from its form; the
+/// record page shows the origin's parts. A target is the caller's text: escaped.
+#[tokio::test(flavor = "current_thread")]
+async fn the_origin_shows_in_the_list_and_on_the_record_page_escaped() {
+    let (console, store) = console_over_store().await;
+    let op = tower_idempotency::OperationId::new("task-<b>", "step-1");
+    in_doubt_of(
+        &store,
+        key(30),
+        Origin::server(&Method::POST, "/orders/<script>").with_operation(&op),
+    )
+    .await;
+    in_doubt_of(&store, key(31), Origin::tool("refund")).await;
+
+    let list = console.get_as("alice", "act", PREFIX).await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.body);
+    assert!(list.body.contains("<th>Origin</th>"), "{}", list.body);
+    assert!(
+        list.body
+            .contains("POST /orders/&lt;script&gt; (task-&lt;b&gt; / step-1)"),
+        "{}",
+        list.body
+    );
+    assert!(!list.body.contains("<script>"));
+    for field in ["target", "tool", "task"] {
+        assert!(
+            list.body.contains(&format!("name=\"{field}\"")),
+            "the filter form has {field}"
+        );
+    }
+
+    let filtered = console
+        .get_as("alice", "act", &format!("{PREFIX}?tool=refund"))
+        .await;
+    assert_eq!(filtered.status, StatusCode::OK, "{}", filtered.body);
+    assert!(filtered.body.contains(&record_page(&key(31))));
+    assert!(!filtered.body.contains(&record_page(&key(30))));
+    assert!(
+        filtered.body.contains("name=\"tool\" value=\"refund\""),
+        "the form keeps the filter"
+    );
+
+    let page = console.get_as("alice", "act", &record_page(&key(30))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("the server face"), "{}", page.body);
+    assert!(page.body.contains("POST /orders/&lt;script&gt;"));
+    assert!(page.body.contains("task-&lt;b&gt;"));
+    assert!(!page.body.contains("<script>"));
 }

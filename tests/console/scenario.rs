@@ -82,6 +82,27 @@ async fn an_operation_in_doubt_resolved_as_not_applied_runs_again_and_takes_effe
     assert_eq!(found["key"], key.as_str());
     assert_eq!(found["state"], "in_doubt");
     assert_eq!(list["next"], serde_json::Value::Null);
+    // What it is of: the step the orchestrator named, and the endpoint.
+    assert_eq!(
+        found["origin"],
+        json!({
+            "face": "client",
+            "target": "POST http://payments.local/charges",
+            "target_cut": false,
+            "task_id": "task-7",
+            "step_id": "charge_customer",
+        })
+    );
+    let by_task = console
+        .get_as(
+            "alice",
+            "act",
+            &format!(
+                "{PREFIX}/api/records?task=task-7&target=POST%20http%3A%2F%2Fpayments.local%2F"
+            ),
+        )
+        .await;
+    assert_eq!(by_task.json()["records"][0]["key"], key.as_str());
 
     let resolved = console
         .post_json(

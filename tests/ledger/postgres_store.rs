@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tower_idempotency::ledger::postgres::SCHEMA_VERSION;
 use tower_idempotency::ledger::{
-    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, ListQuery, Outcome,
+    Begin, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, ListQuery, Origin, Outcome,
     PostgresStore, RecordKind, StoredResponse,
 };
 use tower_idempotency::testing::conformance::{
@@ -637,13 +637,14 @@ async fn a_version_three_schema_migrates_and_remembers_a_token_released_beside_a
     ));
 }
 
-/// A schema at `version` (1 to 3), as the release of that version left it.
+/// A schema at `version` (1 to 4), as the release of that version left it.
 async fn schema_at(store: &PostgresStore, version: usize) {
     let schema = store.schema();
     let migrations = [
         include_str!("../../src/ledger/postgres/schema_v1.sql"),
         include_str!("../../src/ledger/postgres/schema_v2.sql"),
         include_str!("../../src/ledger/postgres/schema_v3.sql"),
+        include_str!("../../src/ledger/postgres/schema_v4.sql"),
     ];
     let steps: Vec<String> = migrations[..version]
         .iter()
@@ -787,6 +788,134 @@ async fn a_version_three_schema_migrates_and_its_records_are_listed() {
         .expect("list");
     let keys: Vec<LedgerKey> = unscoped.records.iter().map(|r| r.key).collect();
     assert_eq!(keys, [open.key, done.key, late.key]);
+}
+
+/// A claim made by `scoped_begin_op`, as a release at version 4 (or one still running
+/// during a rolling upgrade) makes it: in its scope, of no origin.
+async fn claim_as_version_four(store: &PostgresStore, request: &BeginRequest) {
+    let row = store
+        .pool()
+        .get()
+        .await
+        .expect("a connection")
+        .query_one(
+            &format!(
+                "SELECT r_answer FROM {}.scoped_begin_op($1, $2, $3, 30000, 600000, true, NULL, $4)",
+                store.schema()
+            ),
+            &[
+                &request.key.as_bytes().to_vec(),
+                &request.fingerprint.as_bytes().to_vec(),
+                &request.token.as_u128().to_be_bytes().to_vec(),
+                &(request.scope as i64),
+            ],
+        )
+        .await
+        .expect("a version-4 claim");
+    assert_eq!(row.get::<_, &str>(0), "acquired");
+}
+
+/// A database at version 4, with records in it, is brought to version 5 by `migrate`: its
+/// records read as of no origin (inspected and listed, in their scope still), an origin
+/// filter lists none of them, and what happens to them afterwards leaves them so; a claim
+/// made after the upgrade keeps its origin, one a version-4 release still makes (a rolling
+/// upgrade) none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_four_schema_migrates_and_its_records_are_of_no_origin() {
+    let Some(pg) = postgres_support::postgres_url().await else {
+        return;
+    };
+    let store = PostgresStore::builder(pg.url())
+        .schema(postgres_support::fresh_schema())
+        .connect()
+        .await
+        .expect("connect");
+    schema_at(&store, 4).await;
+    let retention = Duration::from_secs(600);
+    let request = |n: u8| {
+        BeginRequest::new(
+            LedgerKey::from_bytes([n; 32]),
+            sample_fingerprint(),
+            Duration::from_secs(30),
+            retention,
+        )
+        .with_scope("tenant-a")
+    };
+    let (open, done) = (request(51), request(52));
+    claim_as_version_four(&store, &open).await;
+    claim_as_version_four(&store, &done).await;
+    store
+        .complete(done.key, done.token, ok_outcome(), retention)
+        .await
+        .expect("a version-4 completion");
+
+    assert_eq!(store.migrate().await.expect("migrate"), SCHEMA_VERSION);
+    assert_eq!(SCHEMA_VERSION, 5);
+    let listed = store
+        .list(ListQuery::new().scope("tenant-a"))
+        .await
+        .expect("list");
+    let keys: Vec<LedgerKey> = listed.records.iter().map(|r| r.key).collect();
+    assert_eq!(keys, [done.key, open.key], "newest first, in their scope");
+    for record in &listed.records {
+        assert_eq!(
+            record.view.origin, None,
+            "a version-4 record is of no origin"
+        );
+        let inspected = store
+            .inspect(record.key)
+            .await
+            .expect("inspect")
+            .expect("a record");
+        assert_eq!(inspected.origin, None);
+    }
+    store
+        .mark_in_doubt(open.key, open.token, retention)
+        .await
+        .expect("the version-4 claim is settled after the upgrade");
+    let view = store
+        .inspect(open.key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(view.origin, None, "a change of state gives no origin");
+
+    let op = tower_idempotency::OperationId::new("task-after-the-upgrade", "step-1");
+    let target: http::Uri = "https://payments.example/v1/charges"
+        .parse()
+        .expect("a URI");
+    let origin = Origin::client(&http::Method::POST, &target).with_operation(&op);
+    let after = request(53).with_origin(origin.clone());
+    assert!(matches!(
+        store.begin(after.clone()).await.expect("begin"),
+        Begin::Acquired { .. }
+    ));
+    let late = request(54).with_origin(origin.clone());
+    claim_as_version_four(&store, &late).await;
+    let view = store
+        .inspect(after.key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(view.origin.as_ref(), Some(&origin));
+    let view = store
+        .inspect(late.key)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    assert_eq!(
+        view.origin, None,
+        "a version-4 release's claim names no origin"
+    );
+    for query in [
+        ListQuery::new().target("POST https://payments.example/"),
+        ListQuery::new().task("task-after-the-upgrade"),
+    ] {
+        let page = store.list(query.scope("tenant-a")).await.expect("list");
+        let keys: Vec<LedgerKey> = page.records.iter().map(|r| r.key).collect();
+        assert_eq!(keys, [after.key], "only the claim that named its origin");
+        assert_eq!(page.records[0].view.origin.as_ref(), Some(&origin));
+    }
 }
 
 /// A page looks at a bounded number of records: a list whose filter few records pass

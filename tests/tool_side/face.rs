@@ -537,6 +537,10 @@ async fn a_tool_call_resolved_as_applied_replays_the_operators_result() {
     let key = records.operation_key(&op());
     let view = records.inspect(key).await.unwrap().expect("left in doubt");
     assert_eq!(RecordKind::of(&view.state), RecordKind::InDoubt);
+    // What the record is of: the tool, and the step that called it.
+    let origin = view.origin.clone().expect("an origin");
+    assert!(origin.is_tool("charge"), "{origin:?}");
+    assert_eq!(origin.operation(), Some(op()));
     let result = json!({"charge_id": "ch_1", "status": "succeeded"});
     let mut headers = http::HeaderMap::new();
     headers.insert("content-type", "application/json".parse().unwrap());

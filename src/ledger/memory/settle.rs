@@ -236,7 +236,7 @@ impl MemoryStore {
     ) -> Result<(), Unkept> {
         // What can fail (an instant out of range panics) comes before anything is written,
         // so a panic leaves the record, the budget and the eviction order as they were.
-        let protect_until = at + Duration::from_nanos(record.protected).min(retention);
+        let protect_until = at + record.protection().min(retention);
         let retain_until = at + retention;
         let kept = record.kept.completed(record.open_kept_weight(), &outcome);
         let weight = record.completed_weight(outcome_weight, &kept);

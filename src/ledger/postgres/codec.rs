@@ -8,7 +8,8 @@ use tokio_postgres::Row;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    Begin, BeginRequest, Generation, LeaseToken, Outcome, RecordState, RecordView, StoreError,
+    Begin, BeginRequest, Generation, LeaseToken, Origin, OriginFace, Outcome, RecordState,
+    RecordView, StoreError,
 };
 use crate::FrozenRequest;
 
@@ -27,11 +28,18 @@ pub(crate) struct BeginParams<'a> {
     take_over: bool,
     frozen: Option<&'a [u8]>,
     scope: i64,
+    /// The origin's face, task and step (`NULL` for none)...
+    origin: [Option<&'a str>; 3],
+    /// ...and its target.
+    target: Option<String>,
 }
 
 impl BeginParams<'_> {
-    /// `begin_op`'s seven parameters, then the scope `scoped_begin_op` adds.
-    pub(crate) fn as_params(&self) -> [&(dyn ToSql + Sync); 8] {
+    /// `begin_op`'s seven parameters, then the scope `scoped_begin_op` adds, then the
+    /// origin `origin_begin_op` adds (face, target, task, step).
+    pub(crate) fn as_params(&self) -> [&(dyn ToSql + Sync); 12] {
+        let [face, task, step] = &self.origin;
+        let target = &self.target;
         [
             &self.key,
             &self.fingerprint,
@@ -41,13 +49,20 @@ impl BeginParams<'_> {
             &self.take_over,
             &self.frozen,
             &self.scope,
+            face,
+            target,
+            task,
+            step,
         ]
     }
 }
 
+/// `begin`'s parameters for `request`, its frozen request encoded as `frozen` and its
+/// origin `origin` ([`BeginRequest::named_origin`]).
 pub(crate) fn begin_params<'a>(
     request: &'a BeginRequest,
     frozen: &'a Option<Vec<u8>>,
+    origin: Option<&'a Origin>,
 ) -> BeginParams<'a> {
     BeginParams {
         key: request.key.as_bytes(),
@@ -58,7 +73,40 @@ pub(crate) fn begin_params<'a>(
         take_over: request.take_over,
         frozen: frozen.as_deref(),
         scope: scope_column(request.scope),
+        origin: origin_columns(origin),
+        target: origin.map(Origin::target),
     }
+}
+
+/// An origin as its columns hold it but its target: face, task and step.
+fn origin_columns(origin: Option<&Origin>) -> [Option<&str>; 3] {
+    match origin {
+        Some(origin) => [
+            Some(origin.face().as_str()),
+            origin.task_id(),
+            origin.step_id(),
+        ],
+        None => [None; 3],
+    }
+}
+
+/// The origin its four columns from `at` show (`None` when its face is `NULL`: a record
+/// an earlier version wrote, or one claimed without an origin).
+fn origin_of(row: &Row, at: usize) -> Result<Option<Origin>, StoreError> {
+    let Some(face) = row.get::<_, Option<&str>>(at) else {
+        return Ok(None);
+    };
+    let face = OriginFace::parse(face)
+        .ok_or_else(|| StoreError::corrupt(format!("unknown origin face {face:?}")))?;
+    let origin = Origin::new(face, row.get::<_, Option<&str>>(at + 1).unwrap_or_default());
+    let operation = (
+        row.get::<_, Option<&str>>(at + 2),
+        row.get::<_, Option<&str>>(at + 3),
+    );
+    Ok(Some(match operation {
+        (Some(task), Some(step)) => origin.with_operation(&crate::OperationId::new(task, step)),
+        _ => origin,
+    }))
 }
 
 /// A scope digest as its `bigint` column holds it: the same 64 bits.
@@ -107,8 +155,9 @@ pub(crate) fn decode_begin(row: &Row, token: LeaseToken) -> Result<Begin, StoreE
     })
 }
 
-/// Turn `inspect_op`'s row (or a listed record's, in the same columns) into a view.
-pub(super) fn decode_inspect(row: &Row) -> Result<RecordView, StoreError> {
+/// Turn `inspect_op`'s row (or a listed record's, in the same columns) into a view; the
+/// origin's four columns start at `origin_at`.
+pub(super) fn decode_inspect(row: &Row, origin_at: usize) -> Result<RecordView, StoreError> {
     let ms = |index: usize| Duration::from_millis(row.get::<_, i64>(index).max(0) as u64);
     let state = match row.get::<_, &str>(0) {
         "in_flight" => RecordState::InFlight {
@@ -139,7 +188,8 @@ pub(super) fn decode_inspect(row: &Row) -> Result<RecordView, StoreError> {
         ms(5),
     )
     .with_touched(ms(9))
-    .with_scope(row.get::<_, i64>(10) as u64))
+    .with_scope(row.get::<_, i64>(10) as u64)
+    .with_origin(origin_of(row, origin_at)?))
 }
 
 /// The frozen request the inspect statement reads beside the view (its `r_frozen` column):

@@ -1,4 +1,4 @@
-//! Listing records (schema version 4): a page is one statement per state listed, each
+//! Listing records (schema version 4; origins 5): a page is one statement per state listed, each
 //! walking that state's records in the order of their claims from the query's cursor, on
 //! the index of the states (`records_by_state`) or of the scope and states
 //! (`records_by_scope`); the walks go together, in one round trip, and their answers are
@@ -25,7 +25,8 @@ use super::errors::{from_pg, from_pool};
 use super::PostgresStore;
 use crate::ledger::list::sort_in_order;
 use crate::ledger::{
-    LedgerKey, ListCursor, ListOrder, ListPage, ListQuery, ListedRecord, RecordKind, StoreError,
+    LedgerKey, ListCursor, ListOrder, ListPage, ListQuery, ListedRecord, Origin, RecordKind,
+    StoreError,
 };
 
 /// The most records one state's walk looks at for a page, listed or not: a page of a list
@@ -54,14 +55,15 @@ struct Shape {
 
 /// The statement walking one state for one shape of query. Parameters: `$1` the state,
 /// `$2` how many records to answer, `$3` and `$4` the statuses a completed record must
-/// have, `$5` and `$6` the least and greatest age in milliseconds (NULL: no bound), then
-/// the scope, then the cursor's claim time and key.
+/// have, `$5` and `$6` the least and greatest age in milliseconds (NULL: no bound), `$7`
+/// the origin's target prefix, `$8` its tool and `$9` its task (NULL: any; schema version
+/// 5), then the scope, then the cursor's claim time and key.
 fn list_sql(schema: &str, shape: Shape) -> String {
     let (direction, after) = match shape.order {
         ListOrder::NewestFirst => ("DESC", "<"),
         ListOrder::OldestFirst => ("ASC", ">"),
     };
-    let mut next_param = 7;
+    let mut next_param = 10;
     let mut param = || {
         let name = format!("${next_param}");
         next_param += 1;
@@ -89,13 +91,20 @@ fn list_sql(schema: &str, shape: Shape) -> String {
                 greatest(0, floor(extract(epoch FROM w.retain_until - statement_timestamp()) * 1000))::bigint, \
                 w.sent, w.status, {schema}.generation_of(w.generation, w.created_at), \
                 greatest(0, floor(extract(epoch FROM statement_timestamp() - coalesce(w.touched_at, w.created_at)) * 1000))::bigint, \
-                w.scope, w.key, w.created_at, w.passes, w.seen = {SCAN_BUDGET} \
+                w.scope, w.key, w.created_at, w.passes, w.seen = {SCAN_BUDGET}, \
+                w.origin_face, w.origin_target, w.origin_task, w.origin_step \
            FROM (SELECT s.*, row_number() OVER (ORDER BY s.created_at {direction}, s.key {direction}) AS seen \
                    FROM (SELECT t.key, t.created_at, t.state, t.fingerprint, t.attempts, \
                                 t.lease_until, t.retain_until, t.sent, t.status, t.generation, \
-                                t.touched_at, t.scope, \
+                                t.touched_at, t.scope, t.origin_face, t.origin_target, \
+                                t.origin_task, t.origin_step, \
                                 (t.retain_until > statement_timestamp() \
-                                 AND (t.state <> 'completed' OR t.status BETWEEN $3 AND $4)) AS passes \
+                                 AND (t.state <> 'completed' OR t.status BETWEEN $3 AND $4) \
+                                 AND ($7::text IS NULL \
+                                      OR coalesce(left(t.origin_target, length($7::text)) = $7::text, false)) \
+                                 AND ($8::text IS NULL \
+                                      OR coalesce(t.origin_face = 'tool' AND t.origin_target = $8::text, false)) \
+                                 AND ($9::text IS NULL OR coalesce(t.origin_task = $9::text, false))) AS passes \
                            FROM {schema}.records t \
                           WHERE t.state = $1 {scope} \
                             AND t.created_at <= coalesce(statement_timestamp() - $5::bigint * interval '1 millisecond', 'infinity') \
@@ -144,7 +153,12 @@ impl PostgresStore {
                 cursor.key().as_bytes().to_vec(),
             )
         });
-        let mut rest: Vec<&(dyn ToSql + Sync)> = vec![&take, &low, &high, &older, &newer];
+        // As an origin keeps them: a longer text is matched on its kept part.
+        let target = query.target_filter().map(Origin::kept_target);
+        let tool = query.tool_filter().map(Origin::kept_tool);
+        let task = query.task_filter();
+        let mut rest: Vec<&(dyn ToSql + Sync)> =
+            vec![&take, &low, &high, &older, &newer, &target, &tool, &task];
         if let Some(scope) = &scope {
             rest.push(scope);
         }
@@ -244,7 +258,7 @@ fn walked(row: &Row) -> Result<Walked, StoreError> {
     let key = ledger_key(row.get(11))?;
     let position = position_of(row.get(12));
     let listed = if row.get::<_, bool>(13) {
-        Some(ListedRecord::new(key, decode_inspect(row)?, position))
+        Some(ListedRecord::new(key, decode_inspect(row, 15)?, position))
     } else {
         None
     };
@@ -312,8 +326,10 @@ mod tests {
                 from_cursor: true,
             },
         );
-        assert!(sql.contains("t.scope = $7"), "{sql}");
-        assert!(sql.contains("(t.created_at, t.key) > ($8, $9)"), "{sql}");
+        assert!(sql.contains("$7::text IS NULL"), "the target prefix: {sql}");
+        assert!(sql.contains("$9::text IS NULL"), "the task: {sql}");
+        assert!(sql.contains("t.scope = $10"), "{sql}");
+        assert!(sql.contains("(t.created_at, t.key) > ($11, $12)"), "{sql}");
         let unscoped = list_sql(
             "ledger",
             Shape {
@@ -323,7 +339,7 @@ mod tests {
             },
         );
         assert!(
-            unscoped.contains("(t.created_at, t.key) < ($7, $8)"),
+            unscoped.contains("(t.created_at, t.key) < ($10, $11)"),
             "{unscoped}"
         );
         assert!(!unscoped.contains("t.scope ="), "{unscoped}");

@@ -93,6 +93,11 @@
 //! claim's scope digest and when it last changed state, set by a trigger on the table, so
 //! every transition keeps them (a previous release's too, during a rolling upgrade: its
 //! claims are of no scope); [`inspect`](super::IdempotencyStore::inspect) shows both.
+//! The same trigger keeps a new record's [origin](super::Origin) (schema version 5: the
+//! nullable columns `origin_face`, `origin_target`, `origin_task` and `origin_step`, from
+//! the claim's transaction; a record an earlier version wrote, or a previous release
+//! claimed, has none), and a list filters by origin (a target's prefix, a tool, a task)
+//! within the walk's bound, as by status.
 //!
 //! # The transactional server mode
 //!

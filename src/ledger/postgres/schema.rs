@@ -8,7 +8,7 @@ use super::PostgresStore;
 use crate::ledger::StoreError;
 
 /// The schema version this release creates and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Each version's migration, applied in order; `{schema}` is the store's schema.
 const MIGRATIONS: &[&str] = &[
@@ -16,6 +16,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("schema_v2.sql"),
     include_str!("schema_v3.sql"),
     include_str!("schema_v4.sql"),
+    include_str!("schema_v5.sql"),
 ];
 
 impl PostgresStore {

@@ -19,6 +19,9 @@ use crate::ledger::{
 };
 use crate::FrozenRequest;
 
+/// Where the origin's columns start in `inspect_op`'s row.
+const INSPECTED_ORIGIN_AT: usize = 11;
+
 /// Rows deleted per sweep statement: small enough that each statement is brief.
 // Each batch is its own statement and its own transaction, so the row locks a batch takes
 // are released before the next: a live claim on an expired key waits at most one batch.
@@ -59,7 +62,7 @@ pub(super) struct Inner {
 
 /// The SQL of every call, with the schema filled in once.
 pub(super) struct Statements {
-    /// `begin_op` in the request's scope (`scoped_begin_op`).
+    /// `begin_op` in the request's scope, of its origin (`origin_begin_op`).
     pub(super) begin: String,
     /// `begin` in the transactional mode (`claim_op`): a completed record answered from a
     /// plain read, without the key's lock; anything else only under the key's advisory
@@ -79,13 +82,13 @@ impl Statements {
         Self {
             begin: format!(
                 "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome \
-                 FROM {schema}.scoped_begin_op($1, $2, $3, $4, $5, $6, $7, $8)"
+                 FROM {schema}.origin_begin_op($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
             ),
             claim: format!(
                 "SELECT r_answer, r_wait_ms, r_fp, r_frozen, r_outcome, \
                  set_config('statement_timeout', '0', true), \
                  set_config('lock_timeout', '0', true) \
-                 FROM {schema}.scoped_claim_op($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                 FROM {schema}.origin_claim_op($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
             ),
             complete: format!("SELECT {schema}.complete_op($1, $2, $3, $4, $5, $6)"),
             abandon: format!("SELECT {schema}.abandon_op($1, $2, $3)"),
@@ -97,7 +100,7 @@ impl Statements {
             inspect: format!(
                 "SELECT r_state, r_fp, r_attempts, r_age_ms, r_lease_left_ms, \
                  r_retention_left_ms, r_sent, r_status, r_generation, r_touched_ms, r_scope, \
-                 f.frozen AS r_frozen \
+                 r_origin, r_target, r_task, r_step, f.frozen AS r_frozen \
                  FROM {schema}.inspect_op($1) i \
                  LEFT JOIN {schema}.records f ON f.key = $1 \
                    AND i.r_state IN ('in_flight', 'in_doubt') \
@@ -256,10 +259,11 @@ impl IdempotencyStore for PostgresStore {
         StoreFuture::new(async move {
             let token = request.token;
             let frozen = request.frozen.as_ref().map(FrozenRequest::encode);
+            let origin = request.named_origin();
             let answer = self
                 .query_one(
                     &self.inner.sql.begin,
-                    &begin_params(&request, &frozen).as_params(),
+                    &begin_params(&request, &frozen, origin.as_ref()).as_params(),
                 )
                 .await;
             match answer {
@@ -389,7 +393,10 @@ impl IdempotencyStore for PostgresStore {
                 .await?;
             // `inspect_op` answers no row for an absent, expired or released key.
             rows.first()
-                .map(|row| Ok(decode_inspect(row)?.with_request(inspected_request(row)?)))
+                .map(|row| {
+                    Ok(decode_inspect(row, INSPECTED_ORIGIN_AT)?
+                        .with_request(inspected_request(row)?))
+                })
                 .transpose()
         })
     }

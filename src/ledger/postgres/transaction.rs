@@ -220,7 +220,8 @@ impl PostgresStore {
         request: &BeginRequest,
     ) -> Result<(Begin, OpenTransaction), StoreError> {
         let frozen = request.frozen.as_ref().map(crate::FrozenRequest::encode);
-        let params = begin_params(request, &frozen);
+        let origin = request.named_origin();
+        let params = begin_params(request, &frozen, origin.as_ref());
         let lock = claim_lock(&self.inner.schema, request.key);
         let work = async {
             let object = self
@@ -238,9 +239,11 @@ impl PostgresStore {
                 .prepare_cached(&self.inner.sql.claim)
                 .await
                 .map_err(classify)?;
-            let [key, fp, token, lease, retention, take_over, frozen, scope] = params.as_params();
-            let params: [&(dyn ToSql + Sync); 9] = [
-                key, fp, token, lease, retention, take_over, frozen, &lock, scope,
+            let [key, fp, token, lease, retention, take_over, frozen, scope, face, target, task, step] =
+                params.as_params();
+            let params: [&(dyn ToSql + Sync); 13] = [
+                key, fp, token, lease, retention, take_over, frozen, &lock, scope, face, target,
+                task, step,
             ];
             // `join!` polls in the order written, and tokio-postgres queues a request on its
             // first poll, so `BEGIN` reaches the server before the claim: the claim is the

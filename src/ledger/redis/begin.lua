@@ -11,6 +11,10 @@
 -- ARGV[8]  [list index] the scope's digest (16 hex), kept by the record for listing
 -- ARGV[9]  '1' to answer only from a record already there, never to make one: the ask at
 --          the key an earlier release kept the record at, on a cluster (see cluster.rs)
+-- ARGV[10] the origin's face ('client', 'server' or 'tool'; '' for none)...
+-- ARGV[11] ...its target...
+-- ARGV[12] ...and, when an operation id named it, its task id...
+-- ARGV[13] ...and step id (both absent otherwise)
 -- KEYS[2..5] [list index] the listing indexes, on a single Redis (see prelude.lua)
 local key = KEYS[1]
 local fp, token = ARGV[1], ARGV[2]
@@ -21,6 +25,7 @@ local frozen = ARGV[7]
 -- [list index] an empty frozen request is none: the scope comes after it.
 if frozen == '' then frozen = nil end
 local scope = ARGV[8] or NO_SCOPE
+local origin = ARGV[10] or ''
 
 -- The frozen request and the outcome can be large: read them only when the answer needs them.
 local r = redis.call('HMGET', key, 'v', 'fp', 'state', 'lease_until_ms', 'token', 'sent',
@@ -63,6 +68,14 @@ if r[1] == false then
   fields[#fields + 1] = scope
   fields[#fields + 1] = 'touched_ms'
   fields[#fields + 1] = now
+  -- What the record is of, for operators: kept by the claim that creates it only.
+  if origin ~= '' then
+    local kept = {'origin', origin, 'target', ARGV[11]}
+    if ARGV[13] then
+      kept[5], kept[6], kept[7], kept[8] = 'task', ARGV[12], 'step', ARGV[13]
+    end
+    for _, value in ipairs(kept) do fields[#fields + 1] = value end
+  end
   -- The TTL is set in the same step as the record: no record ever exists without its
   -- retention, even if the caller dies the moment this script returns.
   redis.call('HSET', key, unpack(fields))

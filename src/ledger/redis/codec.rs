@@ -7,8 +7,8 @@ use ::redis::Value;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    Begin, Generation, LeaseToken, LedgerKey, ListCursor, ListPage, ListedRecord, Outcome,
-    StoreError,
+    Begin, Generation, LeaseToken, LedgerKey, ListCursor, ListPage, ListedRecord, Origin,
+    OriginFace, Outcome, StoreError,
 };
 use crate::FrozenRequest;
 
@@ -136,8 +136,31 @@ pub(super) fn decode_inspect(
     // written before they were kept reads as scope 0, last touched when claimed).
     Ok(Some(
         view.with_scope(parse_hex_u64(text(11)?, "scope")?)
-            .with_touched(ms(12)?),
+            .with_touched(ms(12)?)
+            .with_origin(decode_origin(reply.get(13..).unwrap_or_default())?),
     ))
+}
+
+/// The origin a view's last four items show: its face (empty for none, as for a record
+/// written before origins were kept), target, and task and step ids (nil for none).
+fn decode_origin(items: &[Value]) -> Result<Option<Origin>, StoreError> {
+    let text = |i: usize| match items.get(i) {
+        Some(Value::BulkString(bytes)) => std::str::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| StoreError::corrupt("a record's origin is not UTF-8")),
+        Some(Value::Nil) | None => Ok(None),
+        Some(_) => Err(unexpected(items)),
+    };
+    let face = match text(0)? {
+        None | Some("") => return Ok(None),
+        Some(name) => OriginFace::parse(name)
+            .ok_or_else(|| StoreError::corrupt(format!("unknown origin face {name:?}")))?,
+    };
+    let origin = Origin::new(face, text(1)?.unwrap_or_default());
+    Ok(Some(match (text(2)?, text(3)?) {
+        (Some(task), Some(step)) => origin.with_operation(&crate::OperationId::new(task, step)),
+        _ => origin,
+    }))
 }
 
 /// The frozen request `inspect`'s reply ends with, after the view (see inspect.lua): `None`

@@ -17,6 +17,9 @@
 -- ARGV[9]   completed records of at least this status only ('' for any)...
 -- ARGV[10]  ...and at most this one
 -- ARGV[11]  records of this scope only (16 hex, '' for any)
+-- ARGV[12]  records whose origin's target starts with what follows a leading '=' ('' for any)
+-- ARGV[13]  records of calls of the tool named after a leading '=' ('' for any)
+-- ARGV[14]  records of the task named after a leading '=' ('' for any)
 --
 -- Reply: {'page', next, records}: next is {} at the end of the list, else {position,
 -- member} to go on after; each record is {member, view} with view as view_of shows it.
@@ -27,6 +30,13 @@ local cursor_position, cursor_member = tonumber(ARGV[5]), ARGV[6]
 local older_ms, newer_ms = tonumber(ARGV[7]), tonumber(ARGV[8])
 local status_low, status_high = tonumber(ARGV[9]), tonumber(ARGV[10])
 local scope = ARGV[11]
+-- The origin filters: nil for none.
+local function filter(arg)
+  if arg and string.sub(arg, 1, 1) == '=' then return string.sub(arg, 2) end
+  return nil
+end
+local target_prefix, tool, task = filter(ARGV[12]), filter(ARGV[13]), filter(ARGV[14])
+local by_origin = target_prefix or tool or task
 local now = now_ms()
 
 -- The age filters are ranges of claim times, so of index scores: applied by the range
@@ -116,9 +126,23 @@ local function first()
   return best, entry
 end
 
+-- Whether a record of this origin (face, target, task: nil or '' when it has none) passes
+-- the origin filters.
+local function origin_passes(face, target, of_task)
+  if not by_origin then return true end
+  if face == nil or face == false or face == '' then return false end
+  if target_prefix and string.sub(target, 1, #target_prefix) ~= target_prefix then
+    return false
+  end
+  if tool and (face ~= 'tool' or target ~= tool) then return false end
+  if task and of_task ~= task then return false end
+  return true
+end
+
 -- A first look at the record at `key`, listed in `state`'s index: 'gone' (it left, or is
--- in another state now), 'no' (it does not pass the scope or status filter) or 'maybe' (a
--- whole view decides). Four short fields: most entries a page passes over cost no more.
+-- in another state now), 'no' (it does not pass the scope, status or origin filter) or
+-- 'maybe' (a whole view decides). Four short fields (and three more for a list by origin):
+-- most entries a page passes over cost no more.
 local function glance(key, state)
   local r = redis.call('HMGET', key, 'v', 'state', 'scope', 'status')
   if r[1] == false or r[2] ~= state then
@@ -131,11 +155,17 @@ local function glance(key, state)
   if status_low and status and (status < status_low or status > status_high) then
     return 'no'
   end
+  if by_origin then
+    -- Read only by a list that filters on them: a target is longer than the fields above.
+    local o = redis.call('HMGET', key, 'origin', 'target', 'task')
+    if not origin_passes(o[1], o[2] or '', o[3]) then return 'no' end
+  end
   return 'maybe'
 end
 
 local function passes(view)
   if scope ~= '' and view[12] ~= scope then return false end
+  if not origin_passes(view[14], view[15], view[16]) then return false end
   if status_low and view[2] == 'completed' then
     return view[9] >= status_low and view[9] <= status_high
   end

@@ -87,6 +87,9 @@
 //! | `gen` | the record's [`Generation`](super::Generation), 16 hex digits: drawn at random by the claim that creates it, never changed after (a record an earlier release wrote has none: its generation is its `created_ms`) |
 //! | `scope` | the digest of the key's scope ([`scope_id`](super::scope_id)), 16 hex digits, for listing (a record an earlier release wrote has none: scope 0) |
 //! | `touched_ms` | when the record last changed state (claimed, resumed, put in doubt, completed), Redis time (a record an earlier release wrote has none: its `created_ms`) |
+//! | `origin` | what the record is of ([`Origin`](super::Origin)): the face that made it, `client`, `server` or `tool` (set by the claim that creates the record; a record an earlier release wrote, or one claimed without an origin, has none) |
+//! | `target` | the origin's target, as [`Origin::target`](super::Origin::target) keeps it (with `origin`) |
+//! | `task`, `step` | the `task_id` and `step_id` of the [`OperationId`](crate::OperationId) that named the operation (with `origin`, when one did) |
 //! | `frozen` | the frozen request, [`FrozenRequest::encode`](crate::FrozenRequest::encode) (absent on the server side) |
 //! | `outcome` | the recorded outcome, [`Outcome::encode`](super::Outcome::encode) (only when `completed`) |
 //! | `status` | the outcome's HTTP status, so a look at a completed record need not read its outcome (only when `completed`; a record an earlier release completed has none, and its status is read from `outcome`) |
@@ -138,8 +141,9 @@
 //!   the page may hold (the page's limit at least, 1000 at most), never `KEYS` or `SCAN`.
 //!   A page that stops looking early comes back short with a cursor. Listing in doubt reads
 //!   the in-doubt index only: its cost follows the records in doubt, not the whole ledger.
-//!   The age filters are score ranges, so records outside them cost nothing; the scope and
-//!   status filters are applied per entry.
+//!   The age filters are score ranges, so records outside them cost nothing; the scope,
+//!   status and origin filters (target prefix, tool, task) are applied per entry, within
+//!   the same bound (an origin filter reads three more fields of each entry's record).
 //! - **Records leave by their TTL**, which no script sees. A list that meets a member whose
 //!   record is gone removes it and goes on; and every fourth claim looks at the next eight
 //!   members of every index (a cursor going round, by rank; one `EXISTS` for them all) and

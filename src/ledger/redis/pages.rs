@@ -21,7 +21,7 @@ use super::connection::ScriptCall;
 use super::layout::index_key;
 use super::scripts::LIST;
 use super::store::RedisStore;
-use crate::ledger::{ListCursor, ListOrder, ListPage, ListQuery, RecordKind, StoreError};
+use crate::ledger::{ListCursor, ListOrder, ListPage, ListQuery, Origin, RecordKind, StoreError};
 
 /// The states a record is listed by, each with an index (a sorted set) of its own.
 pub(super) const INDEXED_KINDS: [RecordKind; 3] = [
@@ -102,9 +102,19 @@ impl RedisStore {
             .arg(optional_ms(newer).unwrap_or_default())
             .arg(low.map(|s| s.to_string()).unwrap_or_default())
             .arg(high.map(|s| s.to_string()).unwrap_or_default())
-            .arg(query.scope_filter().map(u64_hex).unwrap_or_default());
+            .arg(query.scope_filter().map(u64_hex).unwrap_or_default())
+            .arg(origin_filter(
+                query.target_filter().map(Origin::kept_target).as_deref(),
+            ))
+            .arg(origin_filter(query.tool_filter().map(Origin::kept_tool)))
+            .arg(origin_filter(query.task_filter()));
         call
     }
+}
+
+/// An origin filter as `list.lua` reads it: `=` and the value, `` for none.
+fn origin_filter(value: Option<&str>) -> String {
+    value.map(|value| format!("={value}")).unwrap_or_default()
 }
 
 /// Every future's output, in order, driven together (the buckets live on several nodes: a

@@ -191,12 +191,14 @@ local function outcome_status(outcome)
 end
 
 -- What inspect and list show of the record at `key`: {'record', state, fp, attempts, age_ms,
--- lease_left_ms, ttl_ms, sent, status, gen, created_ms, scope, touched_ago_ms}, {'absent'}
+-- lease_left_ms, ttl_ms, sent, status, gen, created_ms, scope, touched_ago_ms, origin,
+-- target, task, step} (origin '' for none, task and step nil for none), {'absent'}
 -- (no record, or only a released marker) or a 'corrupt' reply. An in-flight record whose
 -- lease ran out shows in flight with no lease left.
 local function view_of(key, now)
   local r = redis.call('HMGET', key, 'v', 'state', 'fp', 'attempts', 'created_ms',
-                       'lease_until_ms', 'sent', 'gen', 'scope', 'touched_ms', 'status')
+                       'lease_until_ms', 'sent', 'gen', 'scope', 'touched_ms', 'status',
+                       'origin', 'target', 'task', 'step')
   local bad = unreadable(key, r[1])
   if bad then return bad end
   if r[1] == false or is_marker(r[2]) then
@@ -214,6 +216,7 @@ local function view_of(key, now)
   -- and its generation is derived from when it was created (see codec.rs).
   return {'record', r[2], r[3], tonumber(r[4] or 0), now - created,
           math.max(0, tonumber(r[6] or 0) - now), redis.call('PTTL', key), r[7] or '0', status,
-          r[8] or '', created, r[9] or NO_SCOPE, math.max(0, now - touched)}
+          r[8] or '', created, r[9] or NO_SCOPE, math.max(0, now - touched),
+          r[12] or '', r[13] or '', r[14], r[15]}
 end
 -- [list index] end -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ use super::pages::INDEXED_KINDS;
 use super::scripts::{ABANDON, BEGIN, COMPLETE, FORGET, INSPECT, MARK_IN_DOUBT, RENEW, RESOLVE};
 use crate::ledger::{
     Begin, BeginRequest, Generation, IdempotencyStore, LeaseToken, LedgerKey, ListPage, ListQuery,
-    Outcome, StoreError, StoreFuture,
+    Origin, Outcome, StoreError, StoreFuture,
 };
 
 /// Where a record lives: where this release keeps it, or (on a cluster that may hold them)
@@ -225,8 +225,9 @@ impl RedisStore {
     }
 }
 
-/// The arguments of `begin.lua` for `request`, in its order.
-fn begin_args(call: &mut ScriptCall, request: &BeginRequest) {
+/// The arguments of `begin.lua` for `request`, in its order; `only_existing` for the ask at
+/// the key an earlier release kept the record at.
+fn begin_args(call: &mut ScriptCall, request: &BeginRequest, only_existing: bool) {
     // The lease may be 0 (a claim born lapsed is legal): it is a field
     // compared with Redis's clock. The retention is the key's `PX` TTL, where 0 would
     // delete the record in the step that writes it, hence the floor of 1 ms.
@@ -245,7 +246,22 @@ fn begin_args(call: &mut ScriptCall, request: &BeginRequest) {
         Some(frozen) => call.arg(frozen.encode()),
         None => call.arg(""),
     };
-    call.arg(u64_hex(request.scope));
+    call.arg(u64_hex(request.scope))
+        .arg(if only_existing { "1" } else { "" });
+    push_origin(call, request.named_origin().as_ref());
+}
+
+/// The origin's arguments of `begin.lua`: its face (`` for none), its target, and the
+/// operation's task and step ids when one named it.
+fn push_origin(call: &mut ScriptCall, origin: Option<&Origin>) {
+    let Some(origin) = origin else {
+        call.arg("");
+        return;
+    };
+    call.arg(origin.face().as_str()).arg(origin.target());
+    if let (Some(task), Some(step)) = (origin.task_id(), origin.step_id()) {
+        call.arg(task).arg(step);
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -270,15 +286,14 @@ impl IdempotencyStore for RedisStore {
             // is there does it answer: a claim is made only where this release keeps records.
             if let Some(legacy) = self.layout.legacy_key(&key) {
                 let mut call = self.transition_at(&BEGIN, &key, &Place::Legacy(legacy));
-                begin_args(&mut call, &request);
-                call.arg("1");
+                begin_args(&mut call, &request, true);
                 let reply = self.invoke(&call).await?;
                 if tag(&reply)? != b"elsewhere" {
                     return decode_begin(&reply, token);
                 }
             }
             let mut call = self.transition_at(&BEGIN, &key, &Place::Current);
-            begin_args(&mut call, &request);
+            begin_args(&mut call, &request, false);
             let reply = self.invoke(&call).await?;
             decode_begin(&reply, token)
         })

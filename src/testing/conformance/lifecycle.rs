@@ -338,19 +338,25 @@ pub async fn probes_change_nothing(store: &dyn IdempotencyStore, clock: &Clock) 
 }
 
 /// For stores that implement [`IdempotencyStore::inspect`]: the view follows the record
-/// through every state, in one [`Generation`], and looking changes nothing. Not part of [`run_all`], since
-/// inspection is optional.
+/// through every state, in one [`Generation`], with the [`Origin`](crate::ledger::Origin)
+/// its claim gave it (a resume's is not kept; a claim naming none: its frozen request's,
+/// [`BeginRequest::named_origin`](crate::ledger::BeginRequest::named_origin)), and looking
+/// changes nothing. Not part of [`run_all`], since inspection is optional.
 pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
-    use crate::ledger::RecordState;
+    use crate::ledger::{Origin, RecordState};
     let key = fresh_key();
     let req = frozen("{\"amount\":15}");
     assert_eq!(store.inspect(key).await.expect("inspect"), None);
-    let token = acquire(store, request(key, &req)).await;
+    let origin = Origin::client(req.method(), req.uri())
+        .with_operation(&crate::OperationId::new("task-é", "step-1"));
+    let token = acquire(store, request(key, &req).with_origin(origin.clone())).await;
     let view = store
         .inspect(key)
         .await
         .expect("inspect")
         .expect("a record");
+    assert_eq!(view.origin.as_ref(), Some(&origin), "{view:?}");
+    assert_eq!(origin.target(), "POST http://provider.local/charges");
     assert_eq!(view.fingerprint, req.fingerprint());
     assert_eq!(view.attempts, 1);
     let generation = view.generation;
@@ -375,7 +381,8 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
         .expect("inspect")
         .expect("a record");
     assert_eq!(view.state, RecordState::InDoubt);
-    let (token, _) = resume(store, request(key, &req)).await;
+    let another = Origin::tool("another");
+    let (token, _) = resume(store, request(key, &req).with_origin(another)).await;
     let view = store
         .inspect(key)
         .await
@@ -383,6 +390,11 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
         .expect("a record");
     assert_eq!(view.attempts, 2, "{view:?}");
     assert_eq!(view.generation, generation, "{view:?}");
+    assert_eq!(
+        view.origin.as_ref(),
+        Some(&origin),
+        "a resume keeps the claim's origin"
+    );
     assert!(matches!(
         view.state,
         RecordState::InFlight {
@@ -406,11 +418,24 @@ pub async fn inspection_follows_the_record(store: &dyn IdempotencyStore) {
         }
     );
     assert_eq!(view.generation, generation, "{view:?}");
+    assert_eq!(view.origin.as_ref(), Some(&origin), "{view:?}");
     // Looking changed nothing: the outcome still replays.
     match store.begin(request(key, &req)).await.expect("begin") {
         Begin::Replay(Outcome::Response(stored)) => assert_eq!(stored.body().as_ref(), b"done"),
         other => panic!("inspection_follows_the_record: expected Replay, got {other:?}"),
     }
+    // A claim that names no origin of its own is of its frozen request, as the client
+    // face's claims are (`BeginRequest::named_origin`).
+    let unnamed = fresh_key();
+    acquire(store, request(unnamed, &req)).await;
+    let view = store
+        .inspect(unnamed)
+        .await
+        .expect("inspect")
+        .expect("a record");
+    let origin = view.origin.expect("the frozen request's origin");
+    assert_eq!(origin.target(), "POST http://provider.local/charges");
+    assert_eq!(origin.face(), crate::ledger::OriginFace::Client);
 }
 
 /// For stores that implement [`IdempotencyStore::inspect`]: the frozen request a record was

@@ -8,8 +8,9 @@ use http::StatusCode;
 use super::{acquire, fresh_key, frozen, request, response, Clock, RETENTION};
 use crate::ledger::{
     scope_id, BeginRequest, Expected, Forget, IdempotencyStore, LedgerKey, ListQuery, ListedRecord,
-    Outcome, RecordKind, Resolve, StoredResponse,
+    Origin, OriginFace, Outcome, RecordKind, Resolve, StoredResponse,
 };
+use crate::OperationId;
 
 /// How long the oldest record of a check waits before the others are made: the line
 /// between "older than" and "newer than" sits half way.
@@ -23,9 +24,13 @@ const STEP: Duration = Duration::from_millis(10);
 const MOST_PAGES: usize = 1000;
 
 /// Four records in one fresh scope, claimed in this order: completed `201`, in doubt,
-/// completed `409` (a tombstone), in flight under a long lease.
+/// completed `409` (a tombstone), in flight under a long lease. The first two are steps of
+/// one task sent by the client face, the third a tool's call in another task, the last a
+/// request the server face received.
 struct Seeded {
     scope: String,
+    /// The task of the first two records.
+    task: String,
     completed: LedgerKey,
     in_doubt: LedgerKey,
     conflict: LedgerKey,
@@ -39,19 +44,58 @@ impl Seeded {
     fn newest_first(&self) -> Vec<LedgerKey> {
         vec![self.in_flight, self.conflict, self.in_doubt, self.completed]
     }
+
+    /// The origin each record was claimed with.
+    fn origin_of(&self, key: LedgerKey) -> Origin {
+        let charges = "https://payments.example/v1/charges"
+            .parse()
+            .expect("a URI");
+        let refunds = "https://payments.example/v1/refunds"
+            .parse()
+            .expect("a URI");
+        if key == self.completed {
+            Origin::client(&http::Method::POST, &charges)
+                .with_operation(&OperationId::new(self.task.as_str(), "charge"))
+        } else if key == self.in_doubt {
+            Origin::client(&http::Method::POST, &refunds)
+                .with_operation(&OperationId::new(self.task.as_str(), "refund"))
+        } else if key == self.conflict {
+            Origin::tool("send_email")
+                .with_operation(&OperationId::new(format!("{}-other", self.task), "notify"))
+        } else {
+            Origin::server(&http::Method::PUT, "/orders/7")
+        }
+    }
 }
 
 async fn seed(store: &dyn IdempotencyStore, clock: &Clock) -> Seeded {
     // A scope of its own: the store may hold other checks' (or a shared backend's) records.
     let scope = format!("conformance-listing-{:032x}", fastrand::u128(..));
+    let task = format!("conformance-task-{:032x}", fastrand::u128(..));
+    let (completed, in_doubt, conflict, in_flight) =
+        (fresh_key(), fresh_key(), fresh_key(), fresh_key());
+    let mut seeded = Seeded {
+        at: tokio::time::Instant::now(),
+        scope: scope.clone(),
+        task,
+        completed,
+        in_doubt,
+        conflict,
+        in_flight,
+    };
+    let origins = |key| seeded.origin_of(key);
     let claim = |key: LedgerKey, body: &'static str| {
         let scope = scope.clone();
+        let origin = origins(key);
         async move {
             let req = frozen(body);
-            acquire(store, request(key, &req).with_scope(&scope)).await
+            acquire(
+                store,
+                request(key, &req).with_scope(&scope).with_origin(origin),
+            )
+            .await
         }
     };
-    let completed = fresh_key();
     let owner = claim(completed, "{\"listed\":1}").await;
     store
         .complete(completed, owner, response("201"), RETENTION)
@@ -59,7 +103,6 @@ async fn seed(store: &dyn IdempotencyStore, clock: &Clock) -> Seeded {
         .expect("complete");
     clock.advance(GAP).await;
 
-    let in_doubt = fresh_key();
     let owner = claim(in_doubt, "{\"listed\":2}").await;
     clock.advance(STEP).await;
     store
@@ -68,7 +111,6 @@ async fn seed(store: &dyn IdempotencyStore, clock: &Clock) -> Seeded {
         .expect("mark");
     clock.advance(STEP).await;
 
-    let conflict = fresh_key();
     let owner = claim(conflict, "{\"listed\":3}").await;
     let tombstone = Outcome::Tombstone {
         status: StatusCode::CONFLICT,
@@ -79,20 +121,14 @@ async fn seed(store: &dyn IdempotencyStore, clock: &Clock) -> Seeded {
         .expect("complete");
     clock.advance(STEP).await;
 
-    let in_flight = fresh_key();
     let req = frozen("{\"listed\":4}");
     let long_lease = BeginRequest::new(in_flight, req.fingerprint(), RETENTION, RETENTION)
         .with_frozen(req)
-        .with_scope(&scope);
+        .with_scope(&scope)
+        .with_origin(origins(in_flight));
     acquire(store, long_lease).await;
-    Seeded {
-        at: tokio::time::Instant::now(),
-        scope,
-        completed,
-        in_doubt,
-        conflict,
-        in_flight,
-    }
+    seeded.at = tokio::time::Instant::now();
+    seeded
 }
 
 /// Every record of `query`'s list, following its cursors to the end.
@@ -219,9 +255,77 @@ pub async fn listing_finds_what_it_asks_for(store: &dyn IdempotencyStore, clock:
         "listing: another scope's list holds none of these records"
     );
 
+    listed_by_origin(store, &seeded).await;
     listed_as_inspected(store, &seeded).await;
     a_forgotten_record_is_not_listed(store, &seeded).await;
     a_resolved_record_is_listed_completed(store, &seeded).await;
+}
+
+/// `list` finds records by what they are of: a prefix of their target, a tool's name, a
+/// task, alone or with the other filters, a page at a time.
+async fn listed_by_origin(store: &dyn IdempotencyStore, seeded: &Seeded) {
+    let scoped = || ListQuery::new().scope(&seeded.scope);
+    let payments = [seeded.in_doubt, seeded.completed];
+    assert_eq!(
+        keys_of(store, scoped().target("POST https://payments.example/")).await,
+        payments,
+        "listing: by a target's prefix"
+    );
+    for limit in [1, 2] {
+        assert_eq!(
+            keys_of(
+                store,
+                scoped()
+                    .target("POST https://payments.example/")
+                    .limit(limit)
+            )
+            .await,
+            payments,
+            "listing: by a target's prefix, pages of {limit}"
+        );
+    }
+    assert_eq!(
+        keys_of(
+            store,
+            scoped().target("POST https://payments.example/v1/ch")
+        )
+        .await,
+        [seeded.completed],
+        "listing: by a longer target prefix"
+    );
+    assert_eq!(
+        keys_of(store, scoped().target("PUT /orders/")).await,
+        [seeded.in_flight],
+        "listing: by a server face's target"
+    );
+    assert!(
+        keys_of(store, scoped().target("GET ")).await.is_empty(),
+        "listing: a target prefix no record has"
+    );
+    assert_eq!(
+        keys_of(store, scoped().tool("send_email")).await,
+        [seeded.conflict],
+        "listing: by a tool's name"
+    );
+    assert!(
+        keys_of(store, scoped().tool("send")).await.is_empty(),
+        "listing: a tool's name is matched whole"
+    );
+    assert_eq!(
+        keys_of(store, scoped().task(&seeded.task)).await,
+        payments,
+        "listing: by a task"
+    );
+    assert_eq!(
+        keys_of(store, scoped().task(&seeded.task).kind(RecordKind::InDoubt)).await,
+        [seeded.in_doubt],
+        "listing: by a task and a state"
+    );
+    assert_eq!(
+        keys_of(store, scoped().task(&seeded.task).oldest_first().limit(1)).await,
+        [seeded.completed, seeded.in_doubt],
+        "listing: by a task, oldest first, a record a page"
+    );
 }
 
 /// Each listed record shows what `inspect` shows (after every list above: listing changed
@@ -261,6 +365,20 @@ async fn listed_as_inspected(store: &dyn IdempotencyStore, seeded: &Seeded) {
             scope_id(&seeded.scope),
             "listing: a listed record shows its scope's digest"
         );
+        let origin = seeded.origin_of(record.key);
+        assert_eq!(
+            (seen.origin.as_ref(), now.origin.as_ref()),
+            (Some(&origin), Some(&origin)),
+            "listing: a listed record shows its claim's origin, as inspect does"
+        );
+        let face = if record.key == seeded.conflict {
+            OriginFace::Tool
+        } else if record.key == seeded.in_flight {
+            OriginFace::Server
+        } else {
+            OriginFace::Client
+        };
+        assert_eq!(origin.face(), face);
         assert!(
             seen.touched <= seen.age,
             "listing: touched after its claim: {seen:?}"

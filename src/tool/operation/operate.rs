@@ -11,7 +11,7 @@ use crate::error::Drift;
 use crate::fingerprint::{canonical, Fingerprint, RequestPart};
 use crate::idempotency::decision::Track;
 use crate::idempotency::{ask_reconciler, InDoubtOperation, Reconciled};
-use crate::ledger::{Begin, LeaseToken, LedgerKey};
+use crate::ledger::{Begin, LeaseToken, LedgerKey, Origin};
 use crate::tool::face::ToolFace;
 use crate::tool::types::{
     ClassifyToolError, Discarded, FinalAnswer, ToolCall, ToolError, ToolOutput, ToolSource,
@@ -38,6 +38,16 @@ pub(super) struct Operation<'a, C> {
 }
 
 impl<C> Operation<'_, C> {
+    /// What the operation's record is of: the tool, and the step that called it.
+    fn origin(&self) -> Origin {
+        let name = self
+            .face
+            .target
+            .strip_prefix("/tools/")
+            .unwrap_or(&self.face.target);
+        Origin::tool(name).with_operation(&self.op)
+    }
+
     /// `ours`: the arguments handed in, frozen.
     pub(super) async fn operate<A, R, E, T>(
         &self,
@@ -54,7 +64,8 @@ impl<C> Operation<'_, C> {
         let ledger = &face.ledger;
         let begin = ledger
             .request(self.ledger_key, ours.fingerprint)
-            .with_frozen(ours.request.clone());
+            .with_frozen(ours.request.clone())
+            .with_origin(self.origin());
         let answer = self.begin(begin).await?;
         // What the operation is known by and what it sends, once the ledger has shown us
         // the first frozen arguments: never the ones just handed in, if they differ.

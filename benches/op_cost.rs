@@ -28,6 +28,7 @@
 //! | `stack_by_hand_fresh` | `IdempotencyLayer` over `FrozenRetryLayer` stacked with `ServiceBuilder` (the frozen request handed on through the extensions), a new `OperationId` per call |
 //! | `client_floor` / `client_floor_replay` | a yardstick, not the crate's code path: the least a client layer keeping the ledger's promise does for a new operation / a replay, written straight against the crate's public parts (`benches/common/floor.rs`) |
 //! | `stack_floor` | `client_floor` over the hand-written `tower::retry` of `tower_retry_clone` |
+//! | `stack_floor_defaults` | `stack_floor` with its store below its cap, as `stack_fresh_defaults`'s is: nothing evicted, so a record's allocations are new memory in both |
 //! | `server_bare` | the no-op handler (it reads the body), a new `Idempotency-Key` per call |
 //! | `server_fresh` / `server_replay` | server `IdempotencyLayer` over the handler, a new key per call / always the same key |
 //! | `server_fresh_defaults` | a new key per call through the server layer with every setting at its default but `unscoped()` (the bench's requests carry no `Authorization`) and the store below its cap: nothing evicted, nothing shortened |
@@ -120,6 +121,7 @@ const VARIANTS: &[&str] = &[
     "client_floor",
     "client_floor_replay",
     "stack_floor",
+    "stack_floor_defaults",
     "server_bare",
     "server_fresh",
     "server_replay",
@@ -658,12 +660,32 @@ where
     S::Future: Send,
     S::Error: std::fmt::Debug,
 {
+    floor_in(inner, make, Some(fill), replay, n).await
+}
+
+/// `floor_variant`, its store filled to its cap by `fill`, or with `None` left below it as
+/// the `_defaults` variants' stores are (`stack_floor_defaults`).
+async fn floor_in<S>(
+    inner: S,
+    make: impl Fn() -> Request<Full<Bytes>>,
+    fill: Option<impl Fn() -> Request<Full<Bytes>>>,
+    replay: bool,
+    n: u64,
+) -> (Counts, Option<StoreDelta>)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug,
+{
     let store = MemoryStore::new();
-    let mut filler = FloorService {
-        inner: inner.clone(),
-        store: store.clone(),
-    };
-    fill_to_cap(&mut filler, &store, &fill).await;
+    let at_cap = fill.is_some();
+    if let Some(fill) = fill {
+        let mut filler = FloorService {
+            inner: inner.clone(),
+            store: store.clone(),
+        };
+        fill_to_cap(&mut filler, &store, &fill).await;
+    }
     let mut floor = Floor::new(inner, store.clone());
     if replay {
         floor.call(make()).await;
@@ -686,10 +708,17 @@ where
         assert_eq!(floor.replays - replays, n, "every call must be a replay");
     } else {
         assert_eq!(floor.replays, replays, "no call may be a replay");
-        assert!(
-            delta.evictions >= n,
-            "every new operation must evict a record"
-        );
+        if at_cap {
+            assert!(
+                delta.evictions >= n,
+                "every new operation must evict a record"
+            );
+        } else {
+            assert_eq!(
+                delta.evictions, 0,
+                "below its cap, the store evicts nothing"
+            );
+        }
     }
     (counts, Some(delta))
 }
@@ -876,6 +905,10 @@ fn run(variant: &str, n: u64) -> (Counts, Option<StoreDelta>) {
             "client_floor" => floor_variant(Noop, fresh_op, fresh_op, false, n).await,
             "client_floor_replay" => floor_variant(Noop, fixed_op, fresh_op, true, n).await,
             "stack_floor" => floor_variant(clone_retry(Noop), fresh_op, fresh_op, false, n).await,
+            "stack_floor_defaults" => {
+                let no_fill: Option<fn() -> Request<Full<Bytes>>> = None;
+                floor_in(clone_retry(Noop), fresh_op, no_fill, false, n).await
+            }
             "server_bare" => {
                 let fresh_key = || t.fresh_key();
                 service_variant(handler(), None, Plan::Plain, fresh_key, fresh_key, n).await

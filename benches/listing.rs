@@ -26,6 +26,14 @@
 //!
 //! Run: `cargo bench --bench listing` (release). `cargo test --benches` runs it once on
 //! 20,000 records (two pages of in-doubt ones).
+//!
+//! `cargo bench --bench listing -- pages [QUERY] [PAGES]` skips criterion and the claims:
+//! it fills the store, then lists `PAGES` pages (default 10) of each query (or of `QUERY`
+//! alone: `newest_first`, `newest_first_next_page`, `oldest_first`, `in_doubt`,
+//! `in_doubt_next_page`, `in_doubt_deep`, the tenth page of in-doubt ones), printing each
+//! query's CPU time a page. Under callgrind, with
+//! `--collect-atstart=no --toggle-collect='*listed_pages*'`, it counts the instructions of the
+//! pages alone (divide by `PAGES`): deterministic, where times are not.
 
 // Shared with the ledger bench: this one claims its records its own way.
 #[path = "common/ledger.rs"]
@@ -38,7 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion};
 use tokio::runtime::Runtime;
 use tower_idempotency::ledger::{
     Begin, BeginRequest, IdempotencyStore, LedgerKey, ListPage, ListQuery, MemoryStore, Outcome,
@@ -289,12 +297,72 @@ fn report(what: &str, claims: &[Duration], pages: Option<&[Duration]>) {
     );
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
+/// `pages [QUERY] [PAGES]`: fill the store and list pages, nothing else (see the module
+/// docs).
+fn pages_only(args: &[String]) {
+    let rt = runtime();
+    let outcome = outcome();
+    let store = rt.block_on(filled_store(RECORDS, &outcome));
+    let only = args.first().filter(|arg| arg.parse::<u32>().is_err());
+    let pages: u32 = args.iter().find_map(|arg| arg.parse().ok()).unwrap_or(10);
+    for (name, query) in queries(&store, &rt) {
+        if only.is_none_or(|only| *only == name) {
+            let cpu_before = thread_cpu_time();
+            listed_pages(&store, &rt, &query, pages);
+            let cpu = thread_cpu_time()
+                .zip(cpu_before)
+                .map_or("unknown".to_owned(), |(after, before)| {
+                    format!("{:.1?}", (after - before) / pages)
+                });
+            eprintln!("pages {name}: {pages} pages, cpu {cpu} a page");
+        }
+    }
+}
+
+/// `pages` pages of `query`: what callgrind counts (`--toggle-collect='*listed_pages*'`).
+#[inline(never)]
+fn listed_pages(store: &MemoryStore, rt: &Runtime, query: &ListQuery, pages: u32) {
+    for _ in 0..pages {
+        std::hint::black_box(full_page(store, rt, query.clone()));
+    }
+}
+
+/// Every query `pages` knows, by name: the later pages go on from the pages before them.
+fn queries(store: &MemoryStore, rt: &Runtime) -> Vec<(&'static str, ListQuery)> {
+    let after = |query: ListQuery, pages: usize| {
+        let mut next = query.clone();
+        for _ in 0..pages {
+            let page = full_page(store, rt, next.clone());
+            next = query.clone().after(page.next.expect("another page"));
+        }
+        next
+    };
+    vec![
+        ("newest_first", newest_first()),
+        ("newest_first_next_page", after(newest_first(), 1)),
+        ("oldest_first", newest_first().oldest_first()),
+        ("in_doubt", in_doubt()),
+        ("in_doubt_next_page", after(in_doubt(), 1)),
+        ("in_doubt_deep", after(in_doubt(), 9)),
+    ]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|arg| arg == "pages") {
+        let rest: Vec<String> = args[at + 1..]
+            .iter()
+            .filter(|arg| !arg.starts_with("--"))
+            .cloned()
+            .collect();
+        pages_only(&rest);
+        return;
+    }
+    let mut criterion = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
-    targets = listing
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    listing(&mut criterion);
+    criterion.final_summary();
 }
-criterion_main!(benches);

@@ -11,6 +11,8 @@
 //! looked at exactly once. A record claimed or removed while the list is made may be in it
 //! or not, as it would be between two shards.
 
+use std::ops::RangeInclusive;
+
 use tokio::time::Instant;
 
 use super::record::{Record, Stamp};
@@ -18,7 +20,7 @@ use super::shared::{lock, Shard};
 use super::store::MemoryStore;
 use super::sync::Mutex;
 use crate::ledger::list::sort_in_order;
-use crate::ledger::{LedgerKey, ListOrder, ListPage, ListQuery, ListedRecord};
+use crate::ledger::{LedgerKey, ListOrder, ListPage, ListQuery, ListedRecord, RecordKind};
 
 /// The most records a chunk holds, on average. Each costs a cache miss for its box, and
 /// each chunk a walk over its whole shard's slots (to pick out its keys): at a million
@@ -54,7 +56,11 @@ fn look_through(shard: &Mutex<Shard>, best: &mut Best<'_>, now: Stamp) {
         let prefixes = chunk * PREFIXES / chunks..(chunk + 1) * PREFIXES / chunks;
         let shard = lock(shard);
         for (key, record) in &shard.records {
-            if chunks == 1 || prefixes.contains(&prefix(key)) {
+            // The key is in the map's slot, the record behind its box: the chunk's range
+            // first, then the record's place, one read of its first line.
+            if (chunks == 1 || prefixes.contains(&prefix(key)))
+                && best.window.contains(&record.generation)
+            {
                 best.offer(key, record, now);
             }
         }
@@ -72,20 +78,35 @@ fn prefix(key: &LedgerKey) -> usize {
 /// for every record that passes its filters.
 struct Best<'q> {
     query: &'q ListQuery,
+    /// The kinds listed, a bit each (`1 << kind`): every bit when the query names none.
+    kinds: u8,
     kept: Vec<ListedRecord>,
     /// Once the candidates were cut: the worst place kept. A record not before it in the
     /// query's order can no longer make the page, and is passed over without a look at its
     /// state.
     bar: Option<(u64, LedgerKey)>,
+    /// The generations that may still make the page, both ends included: between the
+    /// cursor's and the bar's. Most records fall outside, and are passed over on their
+    /// generation alone; the ends themselves are judged with their keys by
+    /// [`offer`](Self::offer).
+    window: RangeInclusive<u64>,
 }
 
 impl<'q> Best<'q> {
     fn new(query: &'q ListQuery) -> Self {
-        Self {
+        let kinds = match query.kinds() {
+            [] => u8::MAX,
+            kinds => kinds.iter().fold(0, |bits, kind| bits | kind_bit(*kind)),
+        };
+        let mut best = Self {
             query,
+            kinds,
             kept: Vec::with_capacity(2 * Self::wanted(query)),
             bar: None,
-        }
+            window: 0..=u64::MAX,
+        };
+        best.narrow();
+        best
     }
 
     /// The page and one more: whether the list goes on.
@@ -95,11 +116,16 @@ impl<'q> Best<'q> {
 
     /// Keep `record` of `key` if it passes the query at `now` and may make the page.
     fn offer(&mut self, key: &LedgerKey, record: &Record, now: Stamp) {
-        let place = (record.generation, *key);
         if record.retain_until <= now
+            || self.kinds & kind_bit(record.kind()) == 0
+            || self
+                .query
+                .scope_filter()
+                .is_some_and(|scope| scope != record.scope)
             || !self.query.is_after_cursor(record.generation, *key)
-            || self.bar.is_some_and(|bar| !self.comes_before(place, bar))
-            || !record.may_be_listed_by(self.query)
+            || self
+                .bar
+                .is_some_and(|bar| !self.comes_before((record.generation, *key), bar))
         {
             return;
         }
@@ -127,9 +153,29 @@ impl<'q> Best<'q> {
         sort_in_order(self.query, &mut self.kept);
         self.kept.truncate(Self::wanted(self.query));
         self.bar = self.kept.last().map(|record| (record.position, record.key));
+        self.narrow();
+    }
+
+    /// The window of generations between the cursor and the bar.
+    fn narrow(&mut self) {
+        let cursor = self.query.cursor().map(|cursor| cursor.position());
+        let bar = self.bar.map(|(position, _)| position);
+        self.window = match self.query.order() {
+            ListOrder::NewestFirst => bar.unwrap_or(0)..=cursor.unwrap_or(u64::MAX),
+            ListOrder::OldestFirst => cursor.unwrap_or(0)..=bar.unwrap_or(u64::MAX),
+        };
     }
 
     fn into_page(self) -> ListPage {
         ListPage::from_candidates(self.query, self.kept)
+    }
+}
+
+/// `kind`'s bit in [`Best::kinds`].
+fn kind_bit(kind: RecordKind) -> u8 {
+    match kind {
+        RecordKind::InFlight => 1,
+        RecordKind::InDoubt => 2,
+        RecordKind::Completed => 4,
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, ListQuery, Outcome, RecordKind,
+    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, Outcome, RecordKind,
     RecordState, RecordView, RequestFields,
 };
 use crate::FrozenRequest;
@@ -176,14 +176,6 @@ impl Record {
             State::InDoubt => RecordKind::InDoubt,
             State::Completed { .. } => RecordKind::Completed,
         }
-    }
-
-    /// Whether `query` may list this record, judged on what the record holds inline (its
-    /// kind and scope), before its view is made: the rest of the filters need the view.
-    pub(super) fn may_be_listed_by(&self, query: &ListQuery) -> bool {
-        let kinds = query.kinds();
-        (kinds.is_empty() || kinds.contains(&self.kind()))
-            && query.scope_filter().is_none_or(|scope| scope == self.scope)
     }
 
     /// Whether `token`'s lease holds this record at `now` (a record past its retention is

@@ -20,7 +20,12 @@
 //! `claims beside a spinning thread: ...` and `claims alone: ...`, with the
 //! longest single claim (`max`), how many took over 1 ms and 5 ms, and the longest page
 //! (`page max`). On a busy machine a thread is preempted now and then for milliseconds,
-//! lock or no lock: compare the runs. Each page is also run 10 times alone, printed
+//! lock or no lock: so each claim also reads its thread's context switches before and
+//! after (Linux, `getrusage(RUSAGE_THREAD)`). A claim whose involuntary count grew was
+//! preempted; one whose voluntary count grew blocked (it slept on a lock's futex, as it
+//! does behind a listing's chunk). Of the claims over 5 ms the line counts the `preempted`,
+//! the `blocked` (and not preempted) and the rest (`neither`), and gives the longest claim
+//! that was not preempted (`longest unpreempted`): what the locks cost, preemption aside. Each page is also run 10 times alone, printed
 //! as `page ...` with its CPU time (Linux: the thread's own, from `/proc`), which other
 //! processes do not inflate, and its fastest wall time.
 //!
@@ -219,22 +224,53 @@ enum Beside {
     Nothing,
 }
 
+/// One claim (`begin` + `complete`) of the contention run.
+#[derive(Clone, Copy)]
+struct Claim {
+    took: Duration,
+    /// Its thread switched out of its own accord meanwhile: it slept, on a lock's futex.
+    blocked: bool,
+    /// Its thread was switched out by the scheduler meanwhile.
+    preempted: bool,
+}
+
+/// This thread's context switches so far, voluntary and involuntary (Linux:
+/// `getrusage(RUSAGE_THREAD)`); `None` elsewhere.
+#[cfg(target_os = "linux")]
+fn context_switches() -> Option<(libc::c_long, libc::c_long)> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a valid, writable `rusage`; getrusage only writes it.
+    let status = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    if status != 0 {
+        return None;
+    }
+    // SAFETY: getrusage succeeded, so it wrote the whole struct (zeroed before anyway).
+    let usage = unsafe { usage.assume_init() };
+    Some((usage.ru_nvcsw, usage.ru_nivcsw))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn context_switches() -> Option<(i64, i64)> {
+    None
+}
+
 /// New claims (`begin` + `complete`), each timed, on a thread of their own for `run`,
-/// while this thread does `beside`: the claims' times and the pages'.
+/// while this thread does `beside`: the claims and the pages' times.
 fn claims_while(
     store: &MemoryStore,
     outcome: &Outcome,
     run: Duration,
     beside: Beside,
-) -> (Vec<Duration>, Vec<Duration>) {
+) -> (Vec<Claim>, Vec<Duration>) {
     let done = Arc::new(AtomicBool::new(false));
     let claimer = {
         let (store, outcome, done) = (store.clone(), outcome.clone(), done.clone());
         std::thread::spawn(move || {
             let rt = runtime();
-            let mut times = Vec::new();
+            let mut claims = Vec::new();
             while !done.load(Ordering::Relaxed) {
                 let fresh = key(NEXT_FRESH.fetch_add(1, Ordering::Relaxed));
+                let switches = context_switches();
                 let start = Instant::now();
                 rt.block_on(async {
                     let token = claim(&store, fresh).await;
@@ -243,13 +279,24 @@ fn claims_while(
                         .await
                         .expect("complete");
                 });
-                times.push(start.elapsed());
+                let took = start.elapsed();
+                let (voluntary, involuntary) = context_switches()
+                    .zip(switches)
+                    .map_or((false, false), |(after, before)| {
+                        (after.0 > before.0, after.1 > before.1)
+                    });
+                claims.push(Claim {
+                    took,
+                    blocked: voluntary,
+                    preempted: involuntary,
+                });
             }
-            times
+            claims
         })
     };
     let rt = runtime();
     let mut pages = Vec::new();
+    let switches = context_switches();
     let started = Instant::now();
     while started.elapsed() < run {
         match beside {
@@ -270,13 +317,27 @@ fn claims_while(
         }
     }
     done.store(true, Ordering::Relaxed);
+    if let Some((after, before)) = context_switches().zip(switches) {
+        // Preempted while it lists, this thread most likely holds a shard's lock: a claim
+        // on that shard then waits out the preemption, blocked.
+        eprintln!(
+            "  this thread ({}): preempted {} times, blocked {} times",
+            match beside {
+                Beside::Listing => "listing",
+                Beside::Spinning => "spinning",
+                Beside::Nothing => "sleeping",
+            },
+            after.1 - before.1,
+            after.0 - before.0
+        );
+    }
     (claimer.join().expect("the claiming thread"), pages)
 }
 
-fn report(what: &str, claims: &[Duration], pages: Option<&[Duration]>) {
-    let mut claims = claims.to_vec();
-    claims.sort_unstable();
-    let at = |q: f64| claims[((claims.len() as f64 * q) as usize).min(claims.len() - 1)];
+fn report(what: &str, claims: &[Claim], pages: Option<&[Duration]>) {
+    let mut times: Vec<Duration> = claims.iter().map(|claim| claim.took).collect();
+    times.sort_unstable();
+    let at = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)];
     let pages = pages.map_or(String::new(), |pages| {
         format!(
             " pages={} page max={:.1?}",
@@ -284,16 +345,34 @@ fn report(what: &str, claims: &[Duration], pages: Option<&[Duration]>) {
             pages.iter().max().copied().unwrap_or_default()
         )
     });
-    let over = |limit: Duration| claims.iter().filter(|claim| **claim > limit).count();
+    let over = |limit: Duration| times.iter().filter(|took| **took > limit).count();
+    let slow: Vec<&Claim> = claims
+        .iter()
+        .filter(|claim| claim.took > Duration::from_millis(5))
+        .collect();
+    let preempted = slow.iter().filter(|claim| claim.preempted).count();
+    let blocked = slow
+        .iter()
+        .filter(|claim| claim.blocked && !claim.preempted)
+        .count();
+    let unpreempted = claims
+        .iter()
+        .filter(|claim| !claim.preempted)
+        .map(|claim| claim.took)
+        .max()
+        .unwrap_or_default();
     eprintln!(
-        "{what}: claims={} p50={:.1?} p99={:.1?} p99.9={:.1?} max={:.1?} over 1 ms={} over 5 ms={}{pages}",
-        claims.len(),
+        "{what}: claims={} p50={:.1?} p99={:.1?} p99.9={:.1?} max={:.1?} over 1 ms={} \
+         over 5 ms={} (preempted {preempted}, blocked {blocked}, neither {}) \
+         longest unpreempted={unpreempted:.1?}{pages}",
+        times.len(),
         at(0.5),
         at(0.99),
         at(0.999),
-        claims[claims.len() - 1],
+        times[times.len() - 1],
         over(Duration::from_millis(1)),
-        over(Duration::from_millis(5)),
+        slow.len(),
+        slow.len() - preempted - blocked,
     );
 }
 

@@ -10,6 +10,13 @@
 //! rehashes, loses records): a record there throughout has one key, in one range, so it is
 //! looked at exactly once. A record claimed or removed while the list is made may be in it
 //! or not, as it would be between two shards.
+//!
+//! Most records cannot make the page, and cost only that cache miss: a record whose
+//! generation falls outside the window between the cursor and the worst candidate kept is
+//! passed over on it alone, before its retention, kind and scope are read (with no key
+//! copied, nothing compared but two numbers), and a view is built only for a record that
+//! passes them all and may still make the page: some 20 instructions a record, the same
+//! for a first page and the pages after a cursor.
 
 use std::ops::RangeInclusive;
 
@@ -24,9 +31,10 @@ use crate::ledger::{LedgerKey, ListOrder, ListPage, ListQuery, ListedRecord, Rec
 
 /// The most records a chunk holds, on average. Each costs a cache miss for its box, and
 /// each chunk a walk over its whole shard's slots (to pick out its keys): at a million
-/// records (some 15,600 a shard, one chunk each) a page took ~40 ms of CPU, ~0.6 ms a
-/// shard under its lock; chunks of 8,192 took ~55 ms, of 4,096 ~80 ms, for the walks.
-/// Measured with `benches/listing.rs`.
+/// records (some 15,600 a shard, one chunk each) a page takes 20–30 ms of CPU, any page
+/// (`benches/listing.rs`), a shard 0.33 ms under its lock at the median and under 0.9 ms
+/// at the most, in CPU time (`chunk_holds_of_a_listing_at_a_million_records`). With the
+/// walk of the time (then ~40 ms a page), chunks of 8,192 took ~55 ms, of 4,096 ~80 ms.
 pub(super) const CHUNK_RECORDS: usize = 16384;
 
 /// Key prefixes (a key's second and third bytes; its first picks the shard) split into
@@ -55,6 +63,8 @@ fn look_through(shard: &Mutex<Shard>, best: &mut Best<'_>, now: Stamp) {
     for chunk in 0..chunks {
         let prefixes = chunk * PREFIXES / chunks..(chunk + 1) * PREFIXES / chunks;
         let shard = lock(shard);
+        #[cfg(test)]
+        let held = holds::Held::start();
         for (key, record) in &shard.records {
             // The key is in the map's slot, the record behind its box: the chunk's range
             // first, then the record's place, one read of its first line.
@@ -64,6 +74,8 @@ fn look_through(shard: &Mutex<Shard>, best: &mut Best<'_>, now: Stamp) {
                 best.offer(key, record, now);
             }
         }
+        #[cfg(test)]
+        held.end(chunks);
     }
 }
 
@@ -177,5 +189,62 @@ fn kind_bit(kind: RecordKind) -> u8 {
         RecordKind::InFlight => 1,
         RecordKind::InDoubt => 2,
         RecordKind::Completed => 4,
+    }
+}
+
+/// Test builds time each chunk under its shard's lock, on a thread that asks
+/// ([`holds::recorded`]): how long a claim on the shard may wait behind a listing.
+#[cfg(test)]
+pub(super) mod holds {
+    use std::cell::RefCell;
+    use std::time::{Duration, Instant};
+
+    /// One chunk, looked through under its shard's lock.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Hold {
+        /// The time the lock was held, by the clock on the wall.
+        pub(crate) wall: Duration,
+        /// The thread's CPU time meanwhile: the wall time less any preemption.
+        pub(crate) cpu: Duration,
+        /// The shard's chunks.
+        pub(crate) chunks: usize,
+    }
+
+    thread_local! {
+        static HOLDS: RefCell<Option<Vec<Hold>>> = const { RefCell::new(None) };
+    }
+
+    /// The chunks `list` looks through on this thread, each timed.
+    pub(crate) fn recorded(list: impl FnOnce()) -> Vec<Hold> {
+        HOLDS.with(|holds| *holds.borrow_mut() = Some(Vec::new()));
+        list();
+        HOLDS.with(|holds| holds.borrow_mut().take().unwrap_or_default())
+    }
+
+    fn cpu_now() -> Duration {
+        let time = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+    }
+
+    /// A chunk's timing, started once its lock is held: nothing unless recording.
+    pub(super) struct Held(Option<(Instant, Duration)>);
+
+    impl Held {
+        pub(super) fn start() -> Self {
+            let recording = HOLDS.with(|holds| holds.borrow().is_some());
+            Self(recording.then(|| (Instant::now(), cpu_now())))
+        }
+
+        /// The chunk is looked through: its lock is released next.
+        pub(super) fn end(self, chunks: usize) {
+            if let Some((wall, cpu)) = self.0 {
+                let hold = Hold {
+                    wall: wall.elapsed(),
+                    cpu: cpu_now().saturating_sub(cpu),
+                    chunks,
+                };
+                HOLDS.with(|holds| holds.borrow_mut().as_mut().map(|holds| holds.push(hold)));
+            }
+        }
     }
 }

@@ -47,7 +47,7 @@ mod ledger_common;
 
 use ledger_common::{fingerprint, key, outcome, LEASE, RETENTION};
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,8 +80,15 @@ fn records() -> u64 {
     }
 }
 
-/// Keys of the claims made while listing, never reused (above every prefilled index).
-static NEXT_FRESH: AtomicU64 = AtomicU64::new(1 << 40);
+/// The key of a claim made while listing: random, as a digest is. Not the next of a
+/// sequence: [`key`] picks a record's shard by the index's low byte, so claims of
+/// consecutive indexes would walk the shards in the listing's own order, and fall in step
+/// behind it, each waiting out a chunk.
+fn fresh_key() -> LedgerKey {
+    let mut bytes = [0u8; 32];
+    fastrand::fill(&mut bytes);
+    LedgerKey::from_bytes(bytes)
+}
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -269,7 +276,7 @@ fn claims_while(
             let rt = runtime();
             let mut claims = Vec::new();
             while !done.load(Ordering::Relaxed) {
-                let fresh = key(NEXT_FRESH.fetch_add(1, Ordering::Relaxed));
+                let fresh = fresh_key();
                 let switches = context_switches();
                 let start = Instant::now();
                 rt.block_on(async {

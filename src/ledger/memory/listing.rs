@@ -31,10 +31,12 @@ use crate::ledger::{LedgerKey, ListOrder, ListPage, ListQuery, ListedRecord, Rec
 
 /// The most records a chunk holds, on average. Each costs a cache miss for its box, and
 /// each chunk a walk over its whole shard's slots (to pick out its keys): at a million
-/// records (some 15,600 a shard, one chunk each) a page takes 20–30 ms of CPU, any page
-/// (`benches/listing.rs`), a shard 0.33 ms under its lock at the median and under 0.9 ms
-/// at the most, in CPU time (`chunk_holds_of_a_listing_at_a_million_records`). With the
-/// walk of the time (then ~40 ms a page), chunks of 8,192 took ~55 ms, of 4,096 ~80 ms.
+/// records (some 15,600 a shard, one chunk each) a page takes 20–35 ms of CPU, any page
+/// (`benches/listing.rs`), a shard 0.3–0.45 ms under its lock at the median and 1.2 ms at
+/// the most, in CPU time (`chunk_holds_of_a_listing_at_a_million_records`). The walk over
+/// the slots grows with the shard: at 3.7 million records (four chunks a shard) a chunk
+/// took 1.5 ms at the median, 4 ms at the most. With the walk of the time (then ~40 ms a
+/// page), chunks of 8,192 took ~55 ms, of 4,096 ~80 ms.
 pub(super) const CHUNK_RECORDS: usize = 16384;
 
 /// Key prefixes (a key's second and third bytes; its first picks the shard) split into

@@ -249,3 +249,189 @@ async fn records_there_throughout_are_listed_once_while_the_map_changes() {
     let rounds = churn.await.expect("the churn");
     assert!(rounds > 0, "the map changed while it was listed");
 }
+
+/// Pages of every size, in both orders, under every filter the walk judges before a
+/// record's view (kind, scope) and with records past their retention among them: page
+/// after page is the records that pass, each once, in order, whatever the cursor and the
+/// cut candidates pass over on their place alone.
+#[tokio::test(start_paused = true)]
+async fn pages_under_every_filter_list_the_records_that_pass_in_order() {
+    let store = MemoryStore::builder().max_bytes(1 << 30).build();
+    let mut claimed = Vec::new();
+    for n in 0..600u32 {
+        let mut bytes = [0u8; 32];
+        fastrand::fill(&mut bytes);
+        let key = LedgerKey::from_bytes(bytes);
+        let scope = if n % 3 == 0 { "tenant-a" } else { "tenant-b" };
+        // The first records have a short retention: past it when the lists are made.
+        let retention = if n < 40 {
+            Duration::from_secs(1)
+        } else {
+            RETENTION
+        };
+        let request = BeginRequest::new(key, fingerprint(), LEASE, retention).with_scope(scope);
+        let token = acquire(&store, request).await;
+        let kind = match n % 5 {
+            0 => {
+                store.mark_in_doubt(key, token, retention).await.unwrap();
+                RecordKind::InDoubt
+            }
+            1 | 2 => {
+                store.complete(key, token, done(), retention).await.unwrap();
+                RecordKind::Completed
+            }
+            _ => RecordKind::InFlight,
+        };
+        if n >= 40 {
+            claimed.push((key, kind, scope_id(scope)));
+        }
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+
+    let kinds: [&[RecordKind]; 4] = [
+        &[],
+        &[RecordKind::InDoubt],
+        &[RecordKind::Completed],
+        &[RecordKind::InFlight, RecordKind::InDoubt],
+    ];
+    for kinds in kinds {
+        for scope in [None, Some("tenant-a")] {
+            for oldest_first in [false, true] {
+                for limit in [1, 7, 100] {
+                    let mut query = ListQuery::new().limit(limit);
+                    for kind in kinds {
+                        query = query.kind(*kind);
+                    }
+                    if let Some(scope) = scope {
+                        query = query.scope(scope);
+                    }
+                    if oldest_first {
+                        query = query.oldest_first();
+                    }
+                    let mut expected: Vec<LedgerKey> = claimed
+                        .iter()
+                        .filter(|(_, kind, id)| {
+                            (kinds.is_empty() || kinds.contains(kind))
+                                && scope.is_none_or(|scope| scope_id(scope) == *id)
+                        })
+                        .map(|(key, _, _)| *key)
+                        .collect();
+                    if !oldest_first {
+                        expected.reverse();
+                    }
+                    assert_eq!(
+                        whole_list(&store, query.clone()).await,
+                        expected,
+                        "{query:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// How long a listing holds a shard's lock at a million records: each chunk timed under
+/// the lock, by the wall clock and in the thread's CPU time (the wall time less any
+/// preemption), over ten pages of each kind the listing bench measures, alone and then
+/// beside a thread that claims back to back. A claim on the shard waits at most one
+/// chunk's hold: its CPU time, unless the listing thread is preempted while it holds the
+/// lock. A measurement, meaningful in a release build: `cargo test --release
+/// --all-features --lib chunk_holds -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: run in release with --ignored --nocapture"]
+async fn chunk_holds_of_a_listing_at_a_million_records() {
+    const RECORDS: u32 = 1_000_000;
+    let store = MemoryStore::builder().max_bytes(8 << 30).build();
+    for n in 0..RECORDS {
+        let mut bytes = [0u8; 32];
+        fastrand::fill(&mut bytes);
+        let key = LedgerKey::from_bytes(bytes);
+        let token = acquire(&store, request(key, "")).await;
+        if n % 100 == 0 {
+            store.mark_in_doubt(key, token, RETENTION).await.unwrap();
+        } else {
+            store.complete(key, token, done(), RETENTION).await.unwrap();
+        }
+    }
+    let in_doubt = ListQuery::new().kind(RecordKind::InDoubt);
+    let first = store.list_now(&in_doubt);
+    let next = in_doubt.clone().after(first.next.expect("a next page"));
+    let queries = [
+        ("newest_first", ListQuery::new()),
+        ("in_doubt", in_doubt),
+        ("in_doubt_next_page", next),
+    ];
+    for beside_claims in [false, true] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let claimer = beside_claims.then(|| {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("a runtime");
+                let mut claims = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut bytes = [0u8; 32];
+                    fastrand::fill(&mut bytes);
+                    let key = LedgerKey::from_bytes(bytes);
+                    rt.block_on(async {
+                        let token = acquire(&store, request(key, "")).await;
+                        store.complete(key, token, done(), RETENTION).await.unwrap();
+                    });
+                    claims += 1;
+                }
+                claims
+            })
+        });
+        let beside = if beside_claims { " beside claims" } else { "" };
+        for (name, query) in &queries {
+            chunk_holds_of(&store, &format!("{name}{beside}"), query);
+        }
+        stop.store(true, Ordering::Relaxed);
+        if let Some(claimer) = claimer {
+            let claims = claimer.join().expect("the claimer");
+            assert!(claims > 0, "claims were made");
+            println!(
+                "claims made meanwhile: {claims}, the store grown to {} records",
+                store.entry_count()
+            );
+        }
+    }
+}
+
+/// Ten pages of `query`, each chunk's hold timed, and what they took.
+fn chunk_holds_of(store: &MemoryStore, name: &str, query: &ListQuery) {
+    use super::listing::holds::recorded;
+    use super::shared::SHARDS;
+
+    const PAGES: usize = 10;
+    let holds = recorded(|| {
+        for _ in 0..PAGES {
+            assert_eq!(store.list_now(query).records.len(), 100, "a full page");
+        }
+    });
+    assert!(
+        holds.len() >= PAGES * SHARDS,
+        "every shard's chunks timed: {}",
+        holds.len()
+    );
+    let mut cpu: Vec<Duration> = holds.iter().map(|hold| hold.cpu).collect();
+    cpu.sort_unstable();
+    let wall = holds.iter().map(|hold| hold.wall).max().unwrap_or_default();
+    let preempted = holds
+        .iter()
+        .filter(|hold| hold.wall > hold.cpu + Duration::from_millis(1))
+        .count();
+    println!(
+        "{name}: {} chunks ({} a shard at most), cpu p50 {:.2?} max {:.2?}, wall max {wall:.2?}, \
+         {preempted} held over 1 ms longer than they ran",
+        holds.len(),
+        holds
+            .iter()
+            .map(|hold| hold.chunks)
+            .max()
+            .unwrap_or_default(),
+        cpu[cpu.len() / 2],
+        cpu[cpu.len() - 1],
+    );
+}

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::ledger::{
-    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, ListQuery, Origin, Outcome,
-    RecordKind, RecordState, RecordView, RequestFields,
+    BeginRequest, FieldDigests, Generation, LeaseToken, LedgerKey, Origin, Outcome, RecordKind,
+    RecordState, RecordView, RequestFields,
 };
 use crate::FrozenRequest;
 
@@ -193,16 +193,6 @@ impl Record {
             State::InDoubt => RecordKind::InDoubt,
             State::Completed { .. } => RecordKind::Completed,
         }
-    }
-
-    /// Whether `query` may list this record, judged on what the record holds inline (its
-    /// kind, scope and origin), before its view is made: the rest of the filters need the
-    /// view.
-    pub(super) fn may_be_listed_by(&self, query: &ListQuery) -> bool {
-        let kinds = query.kinds();
-        (kinds.is_empty() || kinds.contains(&self.kind()))
-            && query.scope_filter().is_none_or(|scope| scope == self.scope)
-            && query.matches_origin(self.origin.as_deref())
     }
 
     /// How long a completion of this record stays protected from eviction (at most its

@@ -263,21 +263,33 @@ impl Origin {
         };
         self.split = split;
         let rest = self.kept_len();
-        self.text = if rest + ids.len() <= INLINE {
-            let mut bytes = [0; INLINE];
-            bytes[..rest].copy_from_slice(self.rest().as_bytes());
-            bytes[INLINE - ids.len()..].copy_from_slice(ids.as_bytes());
-            // At most `INLINE` (47).
-            self.ids_len = ids.len() as u8;
-            self.len |= INLINE_IDS;
-            Text::Inline(bytes)
-        } else {
-            let mut bytes = [0; Self::TARGET_CAP];
-            bytes[..rest].copy_from_slice(self.rest().as_bytes());
-            self.ids_len = 0;
-            self.len &= !INLINE_IDS;
-            Text::Shared(bytes, ids.clone())
-        };
+        match &mut self.text {
+            // Written in place, after the rest.
+            Text::Inline(bytes) if rest + ids.len() <= INLINE => {
+                bytes[INLINE - ids.len()..].copy_from_slice(ids.as_bytes());
+                // At most `INLINE` (47).
+                self.ids_len = ids.len() as u8;
+                self.len |= INLINE_IDS;
+            }
+            Text::Shared(_, shared) if rest + ids.len() > INLINE => *shared = ids.clone(),
+            _ => {
+                let mut bytes = [0; Self::TARGET_CAP];
+                bytes[..rest].copy_from_slice(self.rest().as_bytes());
+                let text = if rest + ids.len() <= INLINE {
+                    let mut inline = [0; INLINE];
+                    inline[..rest].copy_from_slice(&bytes[..rest]);
+                    inline[INLINE - ids.len()..].copy_from_slice(ids.as_bytes());
+                    self.ids_len = ids.len() as u8;
+                    self.len |= INLINE_IDS;
+                    Text::Inline(inline)
+                } else {
+                    self.ids_len = 0;
+                    self.len &= !INLINE_IDS;
+                    Text::Shared(bytes, ids.clone())
+                };
+                self.text = text;
+            }
+        }
         self
     }
 

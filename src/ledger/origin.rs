@@ -61,12 +61,14 @@ impl fmt::Display for OriginFace {
 /// string nor any user info: they may hold secrets); for the server face `METHOD /path`,
 /// as the client sent it; for the tool face the tool's name.
 ///
-/// Compact, so a record in memory can keep it: a fixed 56 bytes with no allocation of its
-/// own (the memory store boxes it beside the record, in 64 bytes). The operation's ids are
-/// shared with the [`OperationId`] (a reference count). Of the target, a standard method
-/// and an `http` or `https` scheme are kept as codes, and the rest (the host and path, a
-/// path, a tool's name) inline, cut to its first [`TARGET_CAP`](Self::TARGET_CAP) bytes
-/// at a character boundary: a list filtered by a target prefix matches what is kept.
+/// Compact, so a record in memory can keep it: a fixed 56 bytes (the memory store boxes it
+/// beside the record, in 64). Of the target, a standard method and an `http` or `https`
+/// scheme are kept as codes, and the rest (the host and path, a path, a tool's name)
+/// inline, cut to its first [`TARGET_CAP`](Self::TARGET_CAP) bytes at a character
+/// boundary: a list filtered by a target prefix matches what is kept. The operation's ids
+/// are copied in beside it when both fit in 47 bytes (a task and step of up to ~20 bytes
+/// each, besides a typical target), and otherwise shared with the [`OperationId`] (a
+/// reference count): they are never cut.
 ///
 /// ```
 /// use tower_idempotency::ledger::{Origin, OriginFace};
@@ -83,13 +85,13 @@ impl fmt::Display for OriginFace {
 /// assert_eq!(Origin::server(&http::Method::PUT, "/orders/7").target(), "PUT /orders/7");
 /// assert_eq!(Origin::tool("send_email").task_id(), None);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Origin {
-    /// `task_id` then `step_id`, the [`OperationId`]'s own allocation.
-    ids: Option<Arc<str>>,
-    /// Where `task_id` ends in `ids`.
+    /// Where `task_id` ends in the ids.
     split: u16,
+    /// The length of the ids held inline (see [`Text::Inline`]).
+    ids_len: u8,
     face: OriginFace,
     /// The target's method, as its place in [`METHODS`] plus one; `0` for none, or one
     /// written out at the start of `rest`.
@@ -97,12 +99,25 @@ pub struct Origin {
     /// The target's scheme, as its place in [`SCHEMES`] plus one; `0` for none, or one
     /// written out in `rest`.
     scheme: u8,
-    /// How many bytes of `rest` are used, and (its high bit, [`CUT`]) whether the target
-    /// was cut to fit.
+    /// How many bytes of the rest are used (the low six bits), whether the target was cut to
+    /// fit ([`CUT`]) and whether the ids are held inline ([`INLINE_IDS`]).
     len: u8,
-    /// The rest of the target.
-    rest: [u8; Origin::TARGET_CAP],
+    /// The rest of the target, and the operation's ids.
+    text: Text,
 }
+
+/// The text an [`Origin`] holds: the rest of its target, and its operation's `task_id`
+/// then `step_id`.
+#[derive(Clone)]
+enum Text {
+    /// The rest from the start, and the ids, if any, in the last `ids_len` bytes.
+    Inline([u8; INLINE]),
+    /// The rest, and the ids shared with the [`OperationId`].
+    Shared([u8; Origin::TARGET_CAP], Arc<str>),
+}
+
+/// The bytes [`Text::Inline`] holds: the rest and the ids together.
+const INLINE: usize = 47;
 
 // A record in memory boxes one, in an allocation of 64 bytes (56 and the allocator's 8).
 const _: () = assert!(std::mem::size_of::<Origin>() == 56);
@@ -128,7 +143,7 @@ impl Origin {
     /// The most bytes of a target an origin keeps besides a standard method and an `http`
     /// or `https` scheme (the host and path, a path, a tool's name): a longer target is cut
     /// (at a character boundary) to at most this.
-    pub const TARGET_CAP: usize = 34;
+    pub const TARGET_CAP: usize = 31;
 
     /// The origin of a record `face` made, acting on `target` (as [`target`](Self::target)
     /// shows it, cut to fit): for a store reading one back.
@@ -222,11 +237,15 @@ impl Origin {
     /// What this origin weighs in a record that boxes it: the box, and the operation's ids
     /// (shared with the face's [`OperationId`] while it lives, then the record's own).
     pub(crate) fn weight(&self) -> u64 {
-        let ids = self.ids.as_deref().map_or(0, |ids| 16 + ids.len());
+        let ids = match &self.text {
+            Text::Inline(_) => 0,
+            Text::Shared(_, ids) => 16 + ids.len(),
+        };
         (64 + ids) as u64
     }
 
-    /// The origin, of the operation `operation` names: its ids are shared, not copied.
+    /// The origin, of the operation `operation` names: its ids copied in when they fit
+    /// beside the target, else shared.
     ///
     /// ```
     /// use tower_idempotency::ledger::Origin;
@@ -239,11 +258,50 @@ impl Origin {
     pub fn with_operation(mut self, operation: &OperationId) -> Self {
         let (ids, split) = operation.shared_parts();
         // A task id of 64 KiB is no id an orchestrator makes: such an origin names none.
-        if let Ok(split) = u16::try_from(split) {
-            self.ids = Some(ids.clone());
-            self.split = split;
+        let Ok(split) = u16::try_from(split) else {
+            return self;
+        };
+        self.split = split;
+        let rest = self.kept_len();
+        match &mut self.text {
+            // Written in place, after the rest.
+            Text::Inline(bytes) if rest + ids.len() <= INLINE => {
+                bytes[INLINE - ids.len()..].copy_from_slice(ids.as_bytes());
+                // At most `INLINE` (47).
+                self.ids_len = ids.len() as u8;
+                self.len |= INLINE_IDS;
+            }
+            Text::Shared(_, shared) if rest + ids.len() > INLINE => *shared = ids.clone(),
+            _ => {
+                let mut bytes = [0; Self::TARGET_CAP];
+                bytes[..rest].copy_from_slice(self.rest().as_bytes());
+                let text = if rest + ids.len() <= INLINE {
+                    let mut inline = [0; INLINE];
+                    inline[..rest].copy_from_slice(&bytes[..rest]);
+                    inline[INLINE - ids.len()..].copy_from_slice(ids.as_bytes());
+                    self.ids_len = ids.len() as u8;
+                    self.len |= INLINE_IDS;
+                    Text::Inline(inline)
+                } else {
+                    self.ids_len = 0;
+                    self.len &= !INLINE_IDS;
+                    Text::Shared(bytes, ids.clone())
+                };
+                self.text = text;
+            }
         }
         self
+    }
+
+    /// `task_id` then `step_id`, when an [`OperationId`] named the operation.
+    fn ids(&self) -> Option<&str> {
+        match &self.text {
+            Text::Inline(bytes) if self.len & INLINE_IDS != 0 => {
+                std::str::from_utf8(&bytes[INLINE - usize::from(self.ids_len)..]).ok()
+            }
+            Text::Inline(_) => None,
+            Text::Shared(_, ids) => Some(ids),
+        }
     }
 
     /// Which face made the record.
@@ -259,20 +317,24 @@ impl Origin {
 
     /// The task the operation belongs to, when an [`OperationId`] named it.
     pub fn task_id(&self) -> Option<&str> {
-        let ids = self.ids.as_deref()?;
-        ids.get(..usize::from(self.split))
+        self.ids()?.get(..usize::from(self.split))
     }
 
     /// The step within the task, when an [`OperationId`] named it.
     pub fn step_id(&self) -> Option<&str> {
-        let ids = self.ids.as_deref()?;
-        ids.get(usize::from(self.split)..)
+        self.ids()?.get(usize::from(self.split)..)
     }
 
-    /// The [`OperationId`] that named the operation, if one did (sharing its ids).
+    /// The [`OperationId`] that named the operation, if one did (sharing its ids when the
+    /// origin does).
     pub fn operation(&self) -> Option<OperationId> {
-        let ids = self.ids.clone()?;
-        Some(OperationId::from_shared(ids, usize::from(self.split)))
+        match &self.text {
+            Text::Shared(_, ids) => Some(OperationId::from_shared(
+                ids.clone(),
+                usize::from(self.split),
+            )),
+            Text::Inline(_) => Some(OperationId::new(self.task_id()?, self.step_id()?)),
+        }
     }
 
     /// Whether the target starts with `prefix`, both as kept (a prefix of a longer target
@@ -329,13 +391,13 @@ impl Origin {
 
     fn empty(face: OriginFace) -> Self {
         Self {
-            ids: None,
             split: 0,
+            ids_len: 0,
             face,
             method: 0,
             scheme: 0,
             len: 0,
-            rest: [0; Self::TARGET_CAP],
+            text: Text::Inline([0; INLINE]),
         }
     }
 
@@ -361,8 +423,12 @@ impl Origin {
 
     /// The part of the target kept as text.
     fn rest(&self) -> &str {
+        let bytes = match &self.text {
+            Text::Inline(bytes) => &bytes[..],
+            Text::Shared(bytes, _) => &bytes[..],
+        };
         // Only whole characters are ever written: see `push`.
-        std::str::from_utf8(&self.rest[..self.kept_len()]).unwrap_or_default()
+        std::str::from_utf8(&bytes[..self.kept_len()]).unwrap_or_default()
     }
 
     /// The method: a standard one as a code, any other written out with its space.
@@ -404,9 +470,24 @@ impl Origin {
         }
         let at = self.kept_len();
         let taken = cut_to(text, Self::TARGET_CAP - at);
-        self.rest[at..at + taken.len()].copy_from_slice(taken.as_bytes());
-        // At most `TARGET_CAP` (34): the low seven bits hold it.
-        self.len = (at + taken.len()) as u8;
+        let end = at + taken.len();
+        if end + usize::from(self.ids_len) > INLINE {
+            // Inline ids would be overwritten: share them instead.
+            if let Some(operation) = self.operation() {
+                self.len &= !INLINE_IDS;
+                self.ids_len = 0;
+                let mut bytes = [0; Self::TARGET_CAP];
+                bytes[..at].copy_from_slice(self.rest().as_bytes());
+                let (ids, _) = operation.shared_parts();
+                self.text = Text::Shared(bytes, ids.clone());
+            }
+        }
+        match &mut self.text {
+            Text::Inline(bytes) => bytes[at..end].copy_from_slice(taken.as_bytes()),
+            Text::Shared(bytes, _) => bytes[at..end].copy_from_slice(taken.as_bytes()),
+        }
+        // At most `TARGET_CAP` (31): the low six bits hold it.
+        self.len = (self.len & INLINE_IDS) | end as u8;
         if taken.len() < text.len() {
             self.len |= CUT;
         }
@@ -420,19 +501,43 @@ impl Origin {
     ///
     /// assert!(!Origin::tool("refund").is_target_cut());
     /// assert!(Origin::tool(&"é".repeat(40)).is_target_cut());
-    /// assert_eq!(Origin::tool(&"é".repeat(40)).target().len(), 34);
+    /// assert_eq!(Origin::tool(&"é".repeat(40)).target().len(), 30);
     /// ```
     pub fn is_target_cut(&self) -> bool {
         self.len & CUT != 0
     }
 
     fn kept_len(&self) -> usize {
-        usize::from(self.len & !CUT)
+        usize::from(self.len & !(CUT | INLINE_IDS))
     }
 }
 
 /// The flag in [`Origin`]'s `len` of a target cut to fit.
 const CUT: u8 = 0x80;
+
+/// The flag in [`Origin`]'s `len` of ids held inline.
+const INLINE_IDS: u8 = 0x40;
+
+/// Origins are equal when they show the same: face, target and ids, however held.
+impl PartialEq for Origin {
+    fn eq(&self, other: &Self) -> bool {
+        self.face == other.face
+            && (self.method, self.scheme) == (other.method, other.scheme)
+            && self.len & CUT == other.len & CUT
+            && self.rest() == other.rest()
+            && self.split == other.split
+            && self.ids() == other.ids()
+    }
+}
+
+impl Eq for Origin {}
+
+impl std::hash::Hash for Origin {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.face, self.method, self.scheme, self.len & CUT).hash(state);
+        (self.rest(), self.split, self.ids()).hash(state);
+    }
+}
 
 impl fmt::Debug for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -516,13 +621,10 @@ mod tests {
         let server = Origin::server(&http::Method::PATCH, "/a://b");
         assert_eq!(Origin::new(OriginFace::Server, &server.target()), server);
         // The codes keep the cap for the host and path: a typical target is whole.
-        let uri = "https://api.stripe.com/v1/payment_intents".parse().unwrap();
+        let uri = "https://api.stripe.com/v1/refunds".parse().unwrap();
         let origin = Origin::client(&http::Method::POST, &uri);
         assert!(!origin.is_target_cut());
-        assert_eq!(
-            origin.target(),
-            "POST https://api.stripe.com/v1/payment_intents"
-        );
+        assert_eq!(origin.target(), "POST https://api.stripe.com/v1/refunds");
         // A longer prefix than is kept matches on its kept part, as a store's text does.
         let uri = format!(
             "https://api.stripe.com/v1/payment_intents/{}",
@@ -533,6 +635,55 @@ mod tests {
         assert!(origin.target_starts_with(&long));
         assert!(long.starts_with(&Origin::kept_target(&long)));
         assert_eq!(Origin::kept_target(&long), origin.target());
+    }
+
+    #[test]
+    fn short_ids_are_held_inline_and_long_ones_shared_never_cut() {
+        let uri: http::Uri = "https://payments.example/v1/charges".parse().unwrap();
+        let short = OperationId::new("task-42", "charge");
+        let origin = Origin::client(&http::Method::POST, &uri).with_operation(&short);
+        assert!(matches!(origin.text, Text::Inline(_)));
+        assert_eq!(origin.weight(), 64, "inline ids weigh nothing more");
+        assert_eq!(
+            (origin.task_id(), origin.step_id()),
+            (Some("task-42"), Some("charge"))
+        );
+        assert_eq!(origin.operation(), Some(short.clone()));
+        assert_eq!(origin.target(), "POST https://payments.example/v1/charges");
+
+        let task = "0f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a";
+        let long = OperationId::new(task, "call_7Yx2kQ9mN3pL8rT1");
+        let origin = Origin::client(&http::Method::POST, &uri).with_operation(&long);
+        assert!(matches!(origin.text, Text::Shared(..)));
+        assert_eq!(
+            origin.weight(),
+            64 + 16 + 57,
+            "shared ids: their allocation"
+        );
+        assert_eq!(origin.task_id(), Some(task));
+        assert_eq!(origin.step_id(), Some("call_7Yx2kQ9mN3pL8rT1"));
+        assert_eq!(origin.operation(), Some(long));
+        assert_eq!(origin.target(), "POST https://payments.example/v1/charges");
+
+        // Named before its target is written: the ids move out of the target's way.
+        let mut origin = Origin::empty(OriginFace::Server)
+            .with_operation(&OperationId::new("t".repeat(20), "s".repeat(20)));
+        assert!(matches!(origin.text, Text::Inline(_)));
+        origin.push_target(&format!("POST /{}", "p".repeat(40)));
+        assert!(matches!(origin.text, Text::Shared(..)));
+        assert_eq!(origin.task_id(), Some("t".repeat(20).as_str()));
+        assert_eq!(origin.step_id(), Some("s".repeat(20).as_str()));
+        assert_eq!(origin.target().len(), "POST ".len() + Origin::TARGET_CAP);
+
+        // Equal by what they show, however the ids are held.
+        let inline = Origin::tool("refund").with_operation(&short);
+        let mut shared = inline.clone();
+        let mut bytes = [0; Origin::TARGET_CAP];
+        bytes[..6].copy_from_slice(b"refund");
+        shared.text = Text::Shared(bytes, short.shared_parts().0.clone());
+        shared.len &= !INLINE_IDS;
+        shared.ids_len = 0;
+        assert_eq!(inline, shared);
     }
 
     #[test]

@@ -86,7 +86,7 @@ use crate::ledger::{
 /// | completed record | bytes | window | the default 192 MiB sustains |
 /// |---|---|---|---|
 /// | server, ~50-byte response | 653 | 70 s | ~4,400 new operations a second (one scope ~3,500: shares start at 80 %) |
-/// | client, 1 KiB JSON request, an `OperationId` of 13 bytes | 686 | 40 s | ~7,300 new operations a second |
+/// | client, 1 KiB JSON request, an `OperationId` of 13 bytes | 657 | 40 s | ~7,600 new operations a second |
 ///
 /// Past what it sustains, the store fails closed: a new operation is refused before it
 /// starts ([`Error::is_ledger_full`](crate::Error::is_ledger_full), with

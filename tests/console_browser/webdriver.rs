@@ -43,7 +43,7 @@ const WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL_EVERY: Duration = Duration::from_millis(100);
 
 /// The window's size: modest, so screenshots stay small enough to commit.
-const WINDOW: (u32, u32) = (1000, 640);
+const WINDOW: (u32, u32) = (1200, 820);
 
 /// The key W3C WebDriver names a found element by.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";

@@ -610,6 +610,28 @@ mod tests {
     use super::*;
     use crate::key::IDEMPOTENCY_KEY;
 
+    #[test]
+    fn a_shared_request_named_for_an_operation_is_copied_whole() {
+        let first = FrozenRequest::from_parts(
+            Method::POST,
+            "http://pay.local/charges".parse().unwrap(),
+            Version::HTTP_11,
+            HeaderMap::new(),
+            Bytes::from_static(b"{}"),
+        );
+        let kept = first.clone();
+        let op = OperationId::new("task-1", "charge");
+        let named = first.with_operation(&op);
+        assert_eq!(named.operation(), Some(&op));
+        assert_eq!(
+            kept.operation(),
+            None,
+            "the other holder's request is unchanged"
+        );
+        assert_eq!(named.fingerprint(), kept.fingerprint());
+        assert_eq!(named.headers(), kept.headers());
+    }
+
     fn keyed_parts(digest: Option<&'static str>) -> http::request::Parts {
         let mut builder =
             Request::post("http://pay.local/charges").header("content-type", "application/json");

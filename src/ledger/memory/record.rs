@@ -451,3 +451,18 @@ pub(super) fn outcome_status(outcome: &Outcome) -> http::StatusCode {
         Outcome::Tombstone { status } => *status,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_protection_window_is_kept_never_shorter_than_asked() {
+        assert_eq!(protection_ms(Duration::ZERO), 0);
+        assert_eq!(protection_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(protection_ms(Duration::from_micros(1_500)), 2);
+        assert_eq!(protection_ms(Duration::from_secs(70)), 70_000);
+        // Past what four bytes of milliseconds hold: the whole retention.
+        assert_eq!(protection_ms(Duration::from_secs(60 * 24 * 3600)), u32::MAX);
+    }
+}
